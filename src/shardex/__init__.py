@@ -1,0 +1,34 @@
+"""shardex: export curated ML datasets to sharded storage and read them back fast.
+
+Importing shardex is light: torch, ray, zarr and tensordict are imported only by the
+modules that use them.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from shardex.api import open_dataset, read_config
+from shardex.backends.registry import get_backend, register_backend
+from shardex.contract import ExportConfig, KeySpec, ShardInfo, SplitInfo
+from shardex.dataset import Dataset
+from shardex.exporter import ExportOptions, export
+from shardex.sources import open_source
+from shardex.storage import open_storage
+
+__all__ = [
+    "Dataset",
+    "ExportConfig",
+    "ExportOptions",
+    "KeySpec",
+    "ShardInfo",
+    "SplitInfo",
+    "__version__",
+    "export",
+    "get_backend",
+    "open_dataset",
+    "open_source",
+    "open_storage",
+    "read_config",
+    "register_backend",
+]

@@ -1,0 +1,67 @@
+"""What an export backend implements: writing a split and opening one for reading."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from shardex.contract import ExportConfig, SplitInfo
+from shardex.dataset import Dataset
+from shardex.parallel import Runner
+from shardex.storage.base import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """Facts the CLI and the test suite branch on (never on backend names)."""
+
+    random_access: bool
+    streaming: bool
+    remote: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPlan:
+    """One split, ready to write.
+
+    ``rows`` is the split's scan table in sample order, with ``export_index``,
+    ``sample_index`` and (when present) the ``_json`` member text added; ``bounds`` are the
+    row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names.
+    """
+
+    split: str
+    rows: pa.Table
+    bounds: tuple[tuple[int, int], ...]
+    name_hash: str
+    with_label: bool
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+#: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).
+OnShard = Callable[[pa.Table], None]
+
+
+class Backend(ABC):
+    """An export format. Subclasses set the class attributes and implement two methods."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+    #: Categories as NexuML lists them: "data-export", "data-loader".
+    categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
+
+    @abstractmethod
+    def write_split(
+        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
+    ) -> SplitInfo:
+        """Write every shard and index file of a split; return what config.yaml records."""
+
+    @abstractmethod
+    def open(
+        self, storage: Storage, config: ExportConfig, split: str, *, decode: bool, verify: bool
+    ) -> Dataset:
+        """Open a committed split for reading."""

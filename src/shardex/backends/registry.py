@@ -1,0 +1,116 @@
+"""The backend registry: lazy, explicit, and the same for built-ins and plugins.
+
+Built-in backends are ``"module:Class"`` strings, imported only when used. Third-party
+backends register through the ``shardex.backends`` entry-point group (read on first use)
+or by calling :func:`register_backend`. A name registered twice raises; an unknown name
+lists the known ones; a backend whose optional dependency is missing names the extra to
+install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Final
+
+from shardex.backends.base import Backend
+from shardex.errors import BackendError, MissingDependencyError
+
+ENTRY_POINT_GROUP: Final = "shardex.backends"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEntry:
+    """A registered backend, not yet imported."""
+
+    name: str
+    target: str
+    requires: tuple[str, ...] = ()
+    install_hint: str | None = None
+    origin: str = "built-in"
+
+    @property
+    def available(self) -> bool:
+        """Whether its optional dependencies are importable (checked without importing)."""
+        return all(importlib.util.find_spec(mod) is not None for mod in self.requires)
+
+
+_BUILTINS: Final = (BackendEntry("webdataset", "shardex.backends.webdataset:WebDatasetBackend"),)
+
+
+class Registry:
+    """Name -> backend entry. One instance, :data:`REGISTRY`, serves the package."""
+
+    def __init__(self, entries: tuple[BackendEntry, ...] = _BUILTINS) -> None:
+        self._entries = {e.name: e for e in entries}
+        self._plugins_loaded = False
+
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            self.register(
+                ep.name, ep.value, origin=f"entry point ({ep.dist.name if ep.dist else '?'})"
+            )
+
+    def register(
+        self,
+        name: str,
+        target: str,
+        *,
+        requires: tuple[str, ...] = (),
+        install_hint: str | None = None,
+        origin: str = "register_backend",
+    ) -> None:
+        """Add a backend by ``"module:Class"``. Raises BackendError if the name is taken."""
+        if name in self._entries:
+            raise BackendError(
+                f"backend {name!r} is already registered (by {self._entries[name].origin}); "
+                "pick another name"
+            )
+        if ":" not in target:
+            raise BackendError(f"backend target {target!r} must look like 'module:Class'")
+        self._entries[name] = BackendEntry(name, target, requires, install_hint, origin)
+
+    def entries(self) -> list[BackendEntry]:
+        """Every registered backend, sorted by name."""
+        self._load_plugins()
+        return sorted(self._entries.values(), key=lambda e: e.name)
+
+    def get(self, name: str) -> Backend:
+        """An instance of the named backend."""
+        self._load_plugins()
+        entry = self._entries.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self._entries))
+            raise BackendError(f"unknown backend {name!r}; known backends: {known}")
+        module_name, _, cls_name = entry.target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            hint = entry.install_hint or f"install the package that provides {module_name}"
+            raise MissingDependencyError(
+                f"backend {name!r} needs a missing dependency ({exc.name}): {hint}"
+            ) from exc
+        cls = getattr(module, cls_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise BackendError(f"backend {name!r}: {entry.target} is not a Backend subclass")
+        return cls()
+
+
+REGISTRY: Final = Registry()
+
+
+def register_backend(
+    name: str, target: str, *, requires: tuple[str, ...] = (), install_hint: str | None = None
+) -> None:
+    """Register a backend under ``name``; see :class:`Registry.register`."""
+    REGISTRY.register(name, target, requires=requires, install_hint=install_hint)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered under ``name``."""
+    return REGISTRY.get(name)

@@ -1,0 +1,93 @@
+"""The default backend: WebDataset tar shards + Parquet sidecars + a random-access index.
+
+Layout of a split ``S`` (see docs/format.md)::
+
+    S/images-{hash}-000000.tar        plain POSIX tar, a sample's members consecutive
+    S/images-{hash}-000000.parquet    one row per sample: NeMo columns, metadata, byte range
+    S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
+    S/index-keys.npy                  sorted key hashes -> sample number
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
+from shardex.contract import ExportConfig, IndexInfo, ShardInfo, SplitInfo
+from shardex.dataset import Dataset
+from shardex.format.index import (
+    KEYS_FILE,
+    SAMPLES_FILE,
+    build_keys,
+    build_samples,
+    to_npy_bytes,
+)
+from shardex.format.reader import ShardDataset
+from shardex.format.shard import ShardJob, write_shard
+from shardex.parallel import Runner
+from shardex.storage.base import Storage
+
+
+def shard_stem(split: str, name_hash: str, number: int) -> str:
+    """``S/images-{hash}-{NNNNNN}``: the path of a shard without its extension."""
+    return f"{split}/images-{name_hash}-{number:06d}"
+
+
+class WebDatasetBackend(Backend):
+    """Tar shards that stock WebDataset and DALI read, with one-read random access."""
+
+    name: ClassVar[str] = "webdataset"
+    description: ClassVar[str] = "tar shards + Parquet + mmap index (default)"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=True, streaming=True, remote=False
+    )
+
+    def write_split(
+        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
+    ) -> SplitInfo:
+        stems = [shard_stem(plan.split, plan.name_hash, k) for k in range(len(plan.bounds))]
+        jobs = (
+            ShardJob(
+                storage,
+                f"{stem}.tar",
+                f"{stem}.parquet",
+                plan.rows.slice(a, b - a),
+                plan.with_label,
+            )
+            for stem, (a, b) in zip(stems, plan.bounds, strict=True)
+        )
+        shards: list[ShardInfo] = []
+        parts: list[tuple[np.ndarray, ...]] = []
+        for stem, (a, b), done in zip(
+            stems, plan.bounds, runner.imap(write_shard, jobs), strict=True
+        ):
+            shards.append(
+                ShardInfo(f"{stem}.tar", b - a, done.num_bytes, done.checksum, f"{stem}.parquet")
+            )
+            number = np.full(b - a, len(shards) - 1, np.uint32)
+            parts.append((number, done.offsets, done.lengths, done.checksums))
+            on_shard(done.table)
+        columns = [np.concatenate(p) if p else np.empty(0) for p in zip(*parts, strict=True)]
+        if not columns:
+            columns = [
+                np.empty(0, np.uint32),
+                np.empty(0, np.uint64),
+                np.empty(0, np.uint32),
+                np.empty(0, np.uint64),
+            ]
+        index = IndexInfo(f"{plan.split}/{SAMPLES_FILE}", f"{plan.split}/{KEYS_FILE}")
+        storage.put(index.samples, to_npy_bytes(build_samples(*columns)))
+        storage.put(index.keys, to_npy_bytes(build_keys(plan.rows.column("key").to_pylist())))
+        return SplitInfo(
+            num_samples=plan.rows.num_rows,
+            num_bytes=sum(s.num_bytes for s in shards),
+            shards=tuple(shards),
+            index=index,
+        )
+
+    def open(
+        self, storage: Storage, config: ExportConfig, split: str, *, decode: bool, verify: bool
+    ) -> Dataset:
+        return ShardDataset(storage, config, split, decode=decode, verify=verify)

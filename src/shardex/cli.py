@@ -1,0 +1,368 @@
+"""The ``shardex`` command: thin; parses arguments, calls the public API, shows progress."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from shardex import __version__
+from shardex.errors import SampleNotFoundError, ShardexError
+
+_SPLIT_HELP = "Split to use (default: the only split, else each split in turn)."
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+class _Group(click.Group):
+    """Turns shardex errors into one clear line and a non-zero exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ShardexError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shardex")
+def main() -> None:
+    """shardex: export datasets to sharded storage and read them back fast.
+
+    \b
+    Quick start:
+      shardex export-dataset demo -o out --split-fractions train=0.8,val=0.1,test=0.1
+      shardex inspect out
+      shardex ls out --split val --limit 5
+      shardex get out circle/000000 -o circle.jpg
+    """
+
+
+@main.command("export-dataset")
+@click.argument("source")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder to write the export to (new or empty, or see --overwrite).",
+)
+@click.option(
+    "--backend",
+    default="webdataset",
+    show_default=True,
+    help="Export backend (see `shardex backend list`).",
+)
+@click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    help="Export only this split (repeatable). Default: every split.",
+)
+@click.option(
+    "--x-key", "x_keys", multiple=True, help="Input key to store (repeatable). Default: image."
+)
+@click.option(
+    "--y-key",
+    "y_keys",
+    multiple=True,
+    help="Target key to store (repeatable). Default: label, when the source has one.",
+)
+@click.option(
+    "--labels/--no-labels",
+    default=True,
+    show_default=True,
+    help="Store class labels (.cls members and the label column).",
+)
+@click.option(
+    "--samples-per-shard",
+    "--images-per-tar",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Samples per shard; only the last shard of a split may hold fewer. Never padded.",
+)
+@click.option(
+    "--max-shard-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Also close a shard before it would pass this many bytes.",
+)
+@click.option(
+    "--deterministic-name/--random-name",
+    default=True,
+    show_default=True,
+    help="Shard names from a hash of the input and options (same input, same bytes), or random.",
+)
+@click.option(
+    "--split-fractions",
+    default=None,
+    metavar="NAME=F,...",
+    help="Split a source that has no splits, by a seeded hash of each key, e.g. "
+    "train=0.8,val=0.1,test=0.1. Default: one split, train.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of --split-fractions (recorded in config.yaml).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes (default: one per core, at most 8). Output is identical for any number.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing export at OUTPUT.")
+@click.option(
+    "--on-error",
+    type=click.Choice(["error", "skip"]),
+    default="error",
+    show_default=True,
+    help="On a bad sample: stop with an error naming it, or skip "
+    "it and record it in errors.parquet.",
+)
+@click.option(
+    "--validate",
+    type=click.Choice(["none", "header", "decode"]),
+    default="header",
+    show_default=True,
+    help="How images are checked: header (magic bytes and "
+    "end markers; cheap), decode (full decode), or none.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def export_dataset(
+    source: str,
+    output: str,
+    backend: str,
+    splits: tuple[str, ...],
+    x_keys: tuple[str, ...],
+    y_keys: tuple[str, ...],
+    labels: bool,
+    samples_per_shard: int,
+    max_shard_bytes: int | None,
+    deterministic_name: bool,
+    split_fractions: str | None,
+    seed: int,
+    workers: int | None,
+    overwrite: bool,
+    on_error: str,
+    validate: str,
+    quiet: bool,
+) -> None:
+    """Export SOURCE to sharded storage at OUTPUT.
+
+    SOURCE is an image folder ([split/][class/]image.jpg), a .parquet/.csv table, a .tar
+    file, a folder or glob of WebDataset tars, an existing export, or `demo` (`demo:N`):
+    the built-in labelled demo images (no download).
+    """
+    from shardex.exporter import ExportOptions, export, parse_split_fractions
+
+    opts = ExportOptions(
+        backend=backend,
+        splits=splits or None,
+        x_keys=x_keys or None,
+        y_keys=y_keys or None,
+        labels=labels,
+        samples_per_shard=samples_per_shard,
+        max_shard_bytes=max_shard_bytes,
+        deterministic_name=deterministic_name,
+        split_fractions=parse_split_fractions(split_fractions) if split_fractions else None,
+        seed=seed,
+        workers=workers,
+        overwrite=overwrite,
+        on_error=on_error,  # type: ignore[arg-type]
+        validate=validate,  # type: ignore[arg-type]
+    )
+    config = export(source, output, opts, progress=not quiet)
+    parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
+    shards = sum(len(s.shards) for s in config.splits.values())
+    size = sum(s.num_bytes for s in config.splits.values())
+    click.echo(
+        f"exported {config.num_samples} samples ({parts}) in {shards} shards, "
+        f"{_size(size)}, to {output}"
+    )
+    if config.num_skipped:
+        click.echo(f"skipped {config.num_skipped} bad samples: see {output}/{config.errors_file}")
+
+
+@main.command()
+@click.argument("output")
+@click.option("--json", "as_json", is_flag=True, help="Print config.yaml as JSON.")
+def inspect(output: str, as_json: bool) -> None:
+    """Summarise the export at OUTPUT (config.yaml, splits, shards, keys)."""
+    from rich.table import Table
+
+    from shardex.api import read_config
+
+    config = read_config(output)
+    if as_json:
+        click.echo(json.dumps(config.to_dict(), indent=2))
+        return
+    console = _console()
+    console.print(
+        f"[bold]{output}[/]: backend {config.backend}, format {config.format_version}, "
+        f"{config.num_samples} samples, written by shardex {config.shardex_version}"
+    )
+    splits = Table("split", "samples", "shards", "bytes", "samples/shard")
+    for name, info in config.splits.items():
+        per = info.num_samples / max(1, len(info.shards))
+        splits.add_row(
+            name, str(info.num_samples), str(len(info.shards)), _size(info.num_bytes), f"{per:.0f}"
+        )
+    console.print(splits)
+    keys = Table("key", "role", "dtype", "shape", "encoding", "storage")
+    for spec in config.key_specs:
+        shape = "" if spec.shape is None else str(list(spec.shape)).replace("None", "?")
+        keys.add_row(spec.key, spec.role, spec.dtype, shape, spec.encoding or "", spec.storage)
+    console.print(keys)
+    if config.label_names:
+        console.print(f"labels ({config.num_classes}): {', '.join(config.label_names)}")
+    if config.split_method == "fractions":
+        console.print(
+            f"split by seeded key hash: {config.split_fractions} (seed {config.split_seed})"
+        )
+    if config.num_skipped:
+        console.print(f"[yellow]{config.num_skipped} samples skipped[/] (see {config.errors_file})")
+
+
+@main.command("ls")
+@click.argument("output")
+@click.option("--split", default=None, help=_SPLIT_HELP)
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N rows.")
+def ls(output: str, split: str | None, limit: int | None) -> None:
+    """List the samples of OUTPUT: key, split, shard, byte range, original path."""
+    from shardex.api import read_config
+
+    config = read_config(output)
+    splits = [split] if split else list(config.splits)
+    shown = 0
+    for name in splits:
+        config.split(name)
+        meta = _open(output, name).metadata
+        cols = [
+            meta.column(c).to_pylist()
+            for c in ("key", "tar_file", "sample_offset", "sample_length", "original_path")
+        ]
+        for key, tar, offset, length, original in zip(*cols, strict=True):
+            if limit is not None and shown >= limit:
+                return
+            click.echo(f"{name}\t{key}\t{tar}\t{offset}\t{length}\t{original}")
+            shown += 1
+
+
+def _open(output: str, split: str) -> Any:
+    from shardex.api import open_dataset
+
+    return open_dataset(output, split=split)
+
+
+@main.command()
+@click.argument("output")
+@click.argument("key")
+@click.option("--split", default=None, help=_SPLIT_HELP)
+@click.option(
+    "-o",
+    "--out",
+    "dest",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write one field's exact bytes to this file (default field: the image).",
+)
+@click.option("--field", default=None, help="Field (extension) to write with -o, e.g. cls.")
+def get(output: str, key: str, split: str | None, dest: str | None, field: str | None) -> None:
+    """Fetch the sample KEY from OUTPUT: show its fields, or write one with -o."""
+    from shardex.api import read_config
+    from shardex.codecs.images import IMAGE_EXTENSIONS
+
+    config = read_config(output)
+    sample, where = None, ""
+    for name in [split] if split else list(config.splits):
+        try:
+            sample, where = _open(output, name).get(key), name
+            break
+        except SampleNotFoundError:
+            continue
+    if sample is None:
+        raise SampleNotFoundError(
+            f"no sample with key {key!r} in {output}" + (f" split {split!r}" if split else "")
+        )
+    fields = {k: v for k, v in sample.items() if k != "__key__"}
+    if dest is None:
+        click.echo(f"{key} (split {where})")
+        for ext, data in fields.items():
+            text = data.decode("utf-8", "replace") if ext in ("cls", "json", "txt") else ""
+            click.echo(f"  {ext}: {len(data)} bytes {text}".rstrip())
+        return
+    ext = field or next(
+        (e for e in fields if e.rpartition(".")[2] in IMAGE_EXTENSIONS), next(iter(fields))
+    )
+    if ext not in fields:
+        raise SampleNotFoundError(
+            f"sample {key!r} has no field {ext!r} (it has {', '.join(fields)})"
+        )
+    Path(dest).write_bytes(fields[ext])
+    click.echo(f"wrote {len(fields[ext])} bytes ({key}.{ext}) to {dest}")
+
+
+@main.group()
+def backend() -> None:
+    """Export backends."""
+
+
+@backend.command("list")
+@click.argument("category", required=False, type=click.Choice(["data-export", "data-loader"]))
+def backend_list(category: str | None) -> None:
+    """List the registered backends, whether each is usable here, and what it can do."""
+    from rich.table import Table
+
+    from shardex.backends.registry import REGISTRY
+
+    table = Table(
+        "name", "implementation", "available", "random access", "streaming", "remote", "description"
+    )
+    for entry in REGISTRY.entries():
+        if not entry.available:
+            table.add_row(
+                entry.name, entry.target, f"no: {entry.install_hint or 'missing'}", "", "", "", ""
+            )
+            continue
+        be = REGISTRY.get(entry.name)
+        if category and category not in be.categories:
+            continue
+        caps = be.capabilities
+        table.add_row(
+            entry.name,
+            entry.target,
+            "yes",
+            _yes(caps.random_access),
+            _yes(caps.streaming),
+            _yes(caps.remote),
+            be.description,
+        )
+    _console().print(table)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

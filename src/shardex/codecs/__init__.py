@@ -1,0 +1,1 @@
+"""Image encodings: recognising, checking and decoding encoded image bytes."""

@@ -1,0 +1,255 @@
+"""The export contract: the model of ``config.yaml``, its schema, and (de)serialisation.
+
+``config.yaml`` is written last and is the commit point of an export: a location without it
+holds no export. It is validated against ``schema/config.schema.json`` (shipped in the
+package) on every read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, Final, Literal
+
+import yaml
+
+from shardex.errors import ConfigError, SchemaError
+
+FORMAT_VERSION: Final = 1
+CONFIG_FILE: Final = "config.yaml"
+METADATA_FILE: Final = "metadata.parquet"
+ERRORS_FILE: Final = "errors.parquet"
+LABEL_PREFIX: Final = "label__"
+
+Role = Literal["x", "y", "meta"]
+Shape = tuple[int | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """One stored key, described as it is on disk (true dtype and shape).
+
+    ``shape`` entries are ``None`` where a dimension varies between samples (image height
+    and width); ``storage`` says where the values live (``tar`` member, ``parquet`` column).
+    """
+
+    key: str
+    role: Role
+    dtype: str
+    shape: Shape | None = None
+    layout: str | None = None
+    encoding: str | None = None
+    storage: str = "parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard file of a split and its Parquet sidecar."""
+
+    path: str
+    num_samples: int
+    num_bytes: int
+    checksum: str
+    metadata: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexInfo:
+    """The random-access index files of a split."""
+
+    samples: str
+    keys: str
+
+
+@dataclass(frozen=True, slots=True)
+class SplitInfo:
+    """One split: its sample count, shards and index."""
+
+    num_samples: int
+    num_bytes: int
+    shards: tuple[ShardInfo, ...]
+    index: IndexInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """Where the exported samples came from."""
+
+    uri: str
+    kind: str
+    num_samples: int
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExportConfig:
+    """Everything a reader needs to know about an export (the content of config.yaml)."""
+
+    backend: str
+    num_samples: int
+    splits: dict[str, SplitInfo]
+    key_specs: tuple[KeySpec, ...]
+    x_keys: tuple[str, ...]
+    y_keys: tuple[str, ...]
+    writer: dict[str, str]
+    shardex_version: str
+    format_version: int = FORMAT_VERSION
+    label_names: tuple[str, ...] | None = None
+    num_classes: int | None = None
+    modality: str = "image"
+    label_prefix: str = LABEL_PREFIX
+    feature_shapes: dict[str, list[int | None]] = field(default_factory=dict)
+    source_datasets: tuple[SourceInfo, ...] = ()
+    source_fingerprint: str = ""
+    split_seed: int | None = None
+    split_fractions: dict[str, float] | None = None
+    split_method: str = "single"
+    shard_options: dict[str, Any] = field(default_factory=dict)
+    checksum_algorithm: str = "xxh3_64"
+    metadata_file: str | None = METADATA_FILE
+    errors_file: str | None = None
+    num_skipped: int = 0
+    pipeline: tuple[dict[str, Any], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, name: str) -> SplitInfo:
+        """The named split; a clear error lists the splits when it is absent."""
+        try:
+            return self.splits[name]
+        except KeyError:
+            known = ", ".join(self.splits) or "none"
+            raise ConfigError(f"split {name!r} is not in this export (splits: {known})") from None
+
+    def key_spec(self, key: str) -> KeySpec | None:
+        """The spec of a stored key, if any."""
+        return next((s for s in self.key_specs if s.key == key), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict in the field order of config.yaml."""
+        raw = asdict(self)
+        for spec in raw["key_specs"]:
+            if spec["shape"] is not None:
+                spec["shape"] = list(spec["shape"])
+        for info in raw["splits"].values():
+            info["shards"] = list(info["shards"])
+        for name in ("key_specs", "x_keys", "y_keys", "source_datasets", "pipeline"):
+            raw[name] = list(raw[name])
+        if raw["label_names"] is not None:
+            raw["label_names"] = list(raw["label_names"])
+        order = [
+            "format_version",
+            "backend",
+            "writer",
+            "shardex_version",
+            "num_samples",
+            "label_names",
+            "num_classes",
+            "modality",
+            "x_keys",
+            "y_keys",
+            "label_prefix",
+            "feature_shapes",
+            "key_specs",
+            "source_datasets",
+            "source_fingerprint",
+            "split_method",
+            "split_seed",
+            "split_fractions",
+            "shard_options",
+            "checksum_algorithm",
+            "metadata_file",
+            "errors_file",
+            "num_skipped",
+            "pipeline",
+            "extra",
+            "splits",
+        ]
+        return {name: raw[name] for name in order}
+
+    def to_yaml(self) -> str:
+        """config.yaml text; deterministic for the same config."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ExportConfig:
+        """Build from a dict that already passed :func:`validate`."""
+        splits = {
+            name: SplitInfo(
+                num_samples=s["num_samples"],
+                num_bytes=s["num_bytes"],
+                shards=tuple(ShardInfo(**shard) for shard in s["shards"]),
+                index=IndexInfo(**s["index"]) if s.get("index") else None,
+            )
+            for name, s in raw["splits"].items()
+        }
+        specs = tuple(
+            KeySpec(**{**k, "shape": None if k.get("shape") is None else tuple(k["shape"])})
+            for k in raw["key_specs"]
+        )
+        names = raw.get("label_names")
+        return cls(
+            **{
+                **raw,
+                "splits": splits,
+                "key_specs": specs,
+                "x_keys": tuple(raw["x_keys"]),
+                "y_keys": tuple(raw["y_keys"]),
+                "label_names": None if names is None else tuple(names),
+                "source_datasets": tuple(SourceInfo(**s) for s in raw.get("source_datasets", [])),
+                "pipeline": tuple(raw.get("pipeline", [])),
+            }
+        )
+
+    @classmethod
+    def from_yaml(cls, text: str | bytes, *, where: str = CONFIG_FILE) -> ExportConfig:
+        """Parse and validate config.yaml text."""
+        try:
+            raw = yaml.load(text, Loader=_SafeLoader)
+        except yaml.YAMLError as exc:
+            raise SchemaError(f"{where}: not valid YAML ({exc})") from exc
+        validate(raw, where=where)
+        return cls.from_dict(raw)
+
+
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON schema of config.yaml shipped with the package."""
+    text = resources.files("shardex").joinpath("schema/config.schema.json").read_text("utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
+    """Check a parsed config.yaml against the schema and its cross-field rules.
+
+    Raises:
+        SchemaError: naming the first offending field and what was expected.
+    """
+    import jsonschema  # imported here: it is slow to import and only needed on read
+
+    validator = jsonschema.Draft202012Validator(schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(raw))
+    if error is not None:
+        path = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise SchemaError(f"{where}: field {path}: {error.message}")
+    total = sum(s["num_samples"] for s in raw["splits"].values())
+    if total != raw["num_samples"]:
+        raise SchemaError(
+            f"{where}: num_samples is {raw['num_samples']} but the splits hold {total}"
+        )
+    for name, split in raw["splits"].items():
+        in_shards = sum(s["num_samples"] for s in split["shards"])
+        if in_shards != split["num_samples"]:
+            raise SchemaError(
+                f"{where}: split {name!r} has num_samples {split['num_samples']} but its "
+                f"shards hold {in_shards}"
+            )
+    names = raw.get("label_names")
+    if names is not None and raw.get("num_classes") not in (None, len(names)):
+        raise SchemaError(
+            f"{where}: num_classes is {raw['num_classes']} but label_names has {len(names)}"
+        )

@@ -1,0 +1,55 @@
+"""The one dataset interface every backend's reader returns."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+
+from shardex.contract import ExportConfig
+
+Sample = dict[str, Any]
+
+
+class Dataset(ABC):
+    """A split of an export: ``len``, ``ds[i]``, ``ds.get(key)``, iteration, metadata.
+
+    A sample is a dict in WebDataset style: ``"__key__"`` plus one entry per stored field
+    (``"jpg"``, ``"cls"``, ``"json"`` ...), raw bytes unless the dataset decodes.
+    """
+
+    config: ExportConfig
+    split: str
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __getitem__(self, index: int) -> Sample:
+        """Sample number ``index`` of the split (negative counts from the end)."""
+
+    @abstractmethod
+    def get(self, key: str) -> Sample:
+        """The sample with this key. Raises SampleNotFoundError."""
+
+    def get_many(self, indices: Sequence[int]) -> list[Sample]:
+        """Several samples, in the order asked; backends batch the reads."""
+        return [self[i] for i in indices]
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i in range(len(self)):
+            yield self[i]
+
+    @cached_property
+    @abstractmethod
+    def metadata(self) -> pa.Table:
+        """One row per sample of the split, in sample order."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(backend={self.config.backend!r}, split={self.split!r}, "
+            f"num_samples={len(self)})"
+        )

@@ -1,0 +1,106 @@
+"""Errors raised by shardex.
+
+Every error subclasses :class:`ShardexError` and the nearest builtin exception, so callers
+can catch either. Third-party errors are mapped once, where they enter (``raise ... from``)::
+
+    ShardexError(Exception)
+    ├── ConfigError(ShardexError, ValueError)            bad options or a bad config.yaml
+    │   └── SchemaError(ConfigError)                     config.yaml does not match the schema
+    ├── SourceError(ShardexError, ValueError)            a source cannot be read as asked
+    │   ├── SourceNotFoundError(SourceError, FileNotFoundError)
+    │   ├── EmptySourceError(SourceError)
+    │   ├── DuplicateKeyError(SourceError)
+    │   └── BadSampleError(SourceError)                  one sample is corrupt / not an image
+    ├── ExportError(ShardexError, RuntimeError)          an export cannot be written
+    │   └── OutputExistsError(ExportError, FileExistsError)
+    ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
+    ├── StorageError(ShardexError, OSError)              a storage operation failed
+    │   └── ObjectNotFoundError(StorageError, FileNotFoundError)
+    ├── FormatError(ShardexError, ValueError)            shard / index bytes are malformed
+    │   └── ChecksumError(FormatError)                   bytes read do not match the checksum
+    ├── SampleNotFoundError(ShardexError, KeyError)      no sample with that key
+    └── BackendError(ShardexError, LookupError)          unknown / unavailable / duplicate backend
+        └── MissingDependencyError(BackendError, ImportError)
+"""
+
+from __future__ import annotations
+
+
+class ShardexError(Exception):
+    """Base class of every error shardex raises."""
+
+
+class ConfigError(ShardexError, ValueError):
+    """Options or a config.yaml are invalid."""
+
+
+class SchemaError(ConfigError):
+    """A config.yaml does not match the shipped JSON schema."""
+
+
+class SourceError(ShardexError, ValueError):
+    """A source cannot be read as requested."""
+
+
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """The source path, table or glob does not exist."""
+
+
+class EmptySourceError(SourceError):
+    """The source holds no samples."""
+
+
+class DuplicateKeyError(SourceError):
+    """Two samples of a source have the same key."""
+
+
+class BadSampleError(SourceError):
+    """A sample is corrupt, empty, or not the kind of file its name says."""
+
+    def __init__(self, message: str, *, path: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+
+class ExportError(ShardexError, RuntimeError):
+    """An export cannot be written."""
+
+
+class OutputExistsError(ExportError, FileExistsError):
+    """The output already holds an export (or its leftovers) and overwrite was not asked."""
+
+
+class NotAnExportError(ShardexError, FileNotFoundError):
+    """A location holds no committed export (no config.yaml)."""
+
+
+class StorageError(ShardexError, OSError):
+    """A storage operation failed."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object (file) is missing from a storage."""
+
+
+class FormatError(ShardexError, ValueError):
+    """Shard or index bytes do not follow the format."""
+
+
+class ChecksumError(FormatError):
+    """Bytes read back do not match their recorded checksum."""
+
+
+class SampleNotFoundError(ShardexError, KeyError):
+    """No sample has the requested key."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class BackendError(ShardexError, LookupError):
+    """A backend is unknown, unavailable, or registered twice."""
+
+
+class MissingDependencyError(BackendError, ImportError):
+    """An optional dependency is not installed."""

@@ -1,0 +1,159 @@
+"""The consolidated random-access index of one split.
+
+Two memory-mappable ``.npy`` files per split:
+
+* ``index-samples.npy``: one 24-byte record per sample, in sample order:
+  ``offset`` (u8, byte offset of the sample's first tar header in its shard),
+  ``checksum`` (u8, xxh3-64 of the sample's bytes), ``shard`` (u4, shard number in the
+  split), ``length`` (u4, bytes from the first header to the end of the last member's
+  padding). One ``pread`` of ``length`` bytes at ``offset`` returns every member.
+* ``index-keys.npy``: a (2, N) uint64 array; row 0 holds xxh3-64 hashes of the keys, sorted,
+  row 1 the sample number of each. A key is found by binary search in O(log N) page reads,
+  then confirmed against the key stored in the sample's tar header (hash collisions are
+  handled by checking each candidate).
+
+Opening is ``np.load(mmap_mode="r")``: O(1) time and memory whatever the size.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from shardex.errors import FormatError
+
+SAMPLE_DTYPE: Final = np.dtype(
+    [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
+)
+RECORD: Final = struct.Struct("<QQII")
+SAMPLES_FILE: Final = "index-samples.npy"
+KEYS_FILE: Final = "index-keys.npy"
+
+
+def key_hash(key: str) -> int:
+    """The 64-bit hash under which a key is filed in the key table."""
+    return int(xxhash.xxh3_64_intdigest(key.encode("utf-8")))
+
+
+def checksum(data: bytes | bytearray | memoryview) -> int:
+    """Per-sample checksum (xxh3-64)."""
+    return int(xxhash.xxh3_64_intdigest(data))
+
+
+def build_samples(
+    shard: npt.NDArray[np.integer],
+    offset: npt.NDArray[np.integer],
+    length: npt.NDArray[np.integer],
+    sample_checksum: npt.NDArray[np.integer],
+) -> npt.NDArray[np.void]:
+    """Pack per-sample columns into the on-disk record array."""
+    out = np.empty(len(offset), dtype=SAMPLE_DTYPE)
+    out["shard"], out["offset"] = shard, offset
+    out["length"], out["checksum"] = length, sample_checksum
+    return out
+
+
+def build_keys(keys: Sequence[str]) -> npt.NDArray[np.uint64]:
+    """The sorted (hash, sample) table of a split's keys."""
+    hashes = np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
+    return build_keys_from_hashes(hashes)
+
+
+def build_keys_from_hashes(hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """The sorted (hash, sample) table from per-sample key hashes."""
+    order = np.argsort(hashes, kind="stable")
+    table = np.empty((2, len(hashes)), dtype=np.uint64)
+    table[0] = hashes[order]
+    table[1] = order
+    return table
+
+
+def to_npy_bytes(array: npt.NDArray[np.generic]) -> bytes:
+    """Serialise an array as ``.npy`` bytes (no pickle)."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _load(path: Path, what: str) -> npt.NDArray[np.generic]:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"{path}: not a valid {what} index file ({exc})") from exc
+    return arr  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRecord:
+    """Where one sample's bytes lie."""
+
+    shard: int
+    offset: int
+    length: int
+    checksum: int
+
+
+class SplitIndex:
+    """Memory-mapped index of one split (see the module docstring for the layout)."""
+
+    def __init__(self, samples_path: Path, keys_path: Path, *, num_samples: int) -> None:
+        samples = _load(samples_path, "sample")
+        if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
+            raise FormatError(
+                f"{samples_path}: expected a 1-d array of {SAMPLE_DTYPE}, found "
+                f"{samples.dtype} with shape {samples.shape}"
+            )
+        if len(samples) != num_samples:
+            raise FormatError(
+                f"{samples_path}: holds {len(samples)} samples, config.yaml says {num_samples}"
+            )
+        self._samples = samples
+        # struct over the raw mapping is ~5x faster per lookup than numpy scalar access.
+        self._raw = memoryview(samples.view(np.uint8)) if num_samples else memoryview(b"")
+        self._keys_path = keys_path
+        self._keys: npt.NDArray[np.uint64] | None = None
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def record(self, i: int) -> tuple[int, int, int, int]:
+        """``(offset, checksum, shard, length)`` of sample ``i`` (0 <= i < len)."""
+        return RECORD.unpack_from(self._raw, i * 24)  # type: ignore[return-value]
+
+    @property
+    def samples(self) -> npt.NDArray[np.void]:
+        """The whole record array (memory-mapped)."""
+        return self._samples
+
+    def _key_table(self) -> npt.NDArray[np.uint64]:
+        if self._keys is None:
+            keys = _load(self._keys_path, "key")
+            if keys.dtype != np.uint64 or keys.shape != (2, self.num_samples):
+                raise FormatError(
+                    f"{self._keys_path}: expected uint64 of shape (2, {self.num_samples}), "
+                    f"found {keys.dtype} {keys.shape}"
+                )
+            self._keys = keys  # type: ignore[assignment]
+        assert self._keys is not None
+        return self._keys
+
+    def candidates(self, key: str) -> Iterator[int]:
+        """Sample numbers whose key hash equals ``key``'s (usually exactly one)."""
+        table = self._key_table()
+        hashes = table[0]
+        h = np.uint64(key_hash(key))
+        pos = int(np.searchsorted(hashes, h, side="left"))
+        while pos < len(hashes) and hashes[pos] == h:
+            yield int(table[1, pos])
+            pos += 1

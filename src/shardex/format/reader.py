@@ -1,0 +1,227 @@
+"""Reading a split of tar shards through its index: one ``pread`` (or ranged GET) per sample."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from shardex.codecs.images import IMAGE_EXTENSIONS, decode
+from shardex.contract import METADATA_FILE, ExportConfig
+from shardex.dataset import Dataset, Sample
+from shardex.errors import ChecksumError, FormatError, SampleNotFoundError
+from shardex.format.index import SplitIndex
+from shardex.format.tar import parse_sample
+from shardex.storage.base import Storage
+
+#: get_many merges two reads of one shard when the gap between them is at most this.
+DEFAULT_COALESCE_GAP = 0
+
+
+def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
+    """A local file for an object: itself when local, else a cached download."""
+    local = storage.local_path(path)
+    if local is not None:
+        return local
+    from shardex.sources.demo import cache_dir
+
+    digest = hashlib.sha256(f"{storage.uri}\0{fingerprint}".encode()).hexdigest()[:16]
+    target = cache_dir() / "index" / digest / path
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(storage.get(path))
+        os.replace(tmp, target)
+    return target
+
+
+def decode_fields(fields: dict[str, bytes]) -> dict[str, Any]:
+    """Decode by extension: images to arrays, cls to int, json to objects, txt to str."""
+    out: dict[str, Any] = {}
+    for ext, data in fields.items():
+        last = ext.rpartition(".")[2].lower()
+        if last in IMAGE_EXTENSIONS:
+            out[ext] = decode(data)
+        elif last in ("cls", "cls2", "index"):
+            out[ext] = int(data)
+        elif last == "json":
+            out[ext] = json.loads(data)
+        elif last in ("txt", "text"):
+            out[ext] = data.decode("utf-8")
+        elif last == "npy":
+            out[ext] = np.load(io.BytesIO(data), allow_pickle=False)
+        else:
+            out[ext] = data
+    return out
+
+
+class ShardDataset(Dataset):
+    """A split of a tar-shard export (the ``webdataset`` backend)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        *,
+        decode: bool = False,
+        verify: bool = True,
+    ) -> None:
+        info = config.split(split)
+        self.storage, self.config, self.split = storage, config, split
+        self.decode, self.verify = decode, verify
+        self._paths = [s.path for s in info.shards]
+        self._sizes = [s.num_bytes for s in info.shards]
+        self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
+        if info.index is None:
+            raise FormatError(f"split {split!r} of {storage.uri} has no index")
+        fp = config.source_fingerprint
+        self.index = SplitIndex(
+            local_copy(storage, info.index.samples, fp),
+            local_copy(storage, info.index.keys, fp),
+            num_samples=info.num_samples,
+        )
+        self._n = info.num_samples
+        self._local = [storage.local_path(p) for p in self._paths]
+        self._fds: list[int | None] = [None] * len(self._paths)
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "storage": self.storage,
+            "config": self.config,
+            "split": self.split,
+            "decode": self.decode,
+            "verify": self.verify,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _read(self, shard: int, offset: int, length: int) -> bytes:
+        if offset + length > self._sizes[shard]:
+            raise FormatError(
+                f"index entry points past the end of {self.storage.join(self._paths[shard])} "
+                f"({offset}+{length} > {self._sizes[shard]} bytes)"
+            )
+        local = self._local[shard]
+        if local is None:
+            return self.storage.get_range(self._paths[shard], offset, length)
+        if self._pid != os.getpid():  # forked: descriptors are per process
+            self._fds, self._pid = [None] * len(self._paths), os.getpid()
+        fd = self._fds[shard]
+        if fd is None:
+            fd = self._fds[shard] = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise FormatError(f"{local} is shorter than its index says (truncated?)")
+        return data
+
+    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int) -> Sample:
+        if self.verify and xxhash.xxh3_64_intdigest(buf) != checksum:
+            raise ChecksumError(
+                f"checksum mismatch for the sample at byte {offset} of "
+                f"{self.storage.join(self._paths[shard])}: the shard is damaged"
+            )
+        key, fields = parse_sample(buf, where=f"{self._paths[shard]}@{offset}")
+        sample: Sample = {"__key__": key}
+        sample.update(decode_fields(fields) if self.decode else fields)
+        return sample
+
+    def __getitem__(self, index: int) -> Sample:
+        n = self._n
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+        offset, checksum, shard, length = self.index.record(index)
+        return self._sample(self._read(shard, offset, length), checksum, shard, offset)
+
+    def get(self, key: str) -> Sample:
+        for i in self.index.candidates(key):
+            sample = self[i]
+            if sample["__key__"] == key:
+                return sample
+        raise SampleNotFoundError(
+            f"no sample with key {key!r} in split {self.split!r} of {self.storage.uri}"
+        )
+
+    def get_many(
+        self, indices: Sequence[int], *, coalesce_gap: int = DEFAULT_COALESCE_GAP
+    ) -> list[Sample]:
+        """Samples in the order asked; reads of one shard are sorted and merged when the
+        gap between them is at most ``coalesce_gap`` bytes (never whole shards)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return []
+        idx = np.where(idx < 0, idx + self._n, idx)
+        if idx.min() < 0 or idx.max() >= self._n:
+            raise IndexError(f"indices out of range for a split of {self._n} samples")
+        rec = self.index.samples[idx]
+        order = np.lexsort((rec["offset"], rec["shard"]))
+        out: list[Sample | None] = [None] * len(idx)
+        shards, offs = rec["shard"][order].tolist(), rec["offset"][order].tolist()
+        lens, sums = rec["length"][order].tolist(), rec["checksum"][order].tolist()
+        pos = order.tolist()
+        i = 0
+        while i < len(pos):
+            j, end = i + 1, offs[i] + lens[i]
+            while (
+                j < len(pos)
+                and shards[j] == shards[i]
+                and offs[j] - end <= coalesce_gap
+                and offs[j] >= offs[i]
+            ):
+                end = max(end, offs[j] + lens[j])
+                j += 1
+            block = self._read(shards[i], offs[i], end - offs[i])
+            for k in range(i, j):
+                start = offs[k] - offs[i]
+                out[pos[k]] = self._sample(
+                    block[start : start + lens[k]], sums[k], shards[k], offs[k]
+                )
+            i = j
+        return out  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Sample]:
+        """Samples in shard order; each shard is read whole, once."""
+        samples = self.index.samples
+        for shard, path in enumerate(self._paths):
+            lo, hi = int(self._first[shard]), int(self._first[shard + 1])
+            if lo == hi:
+                continue
+            local = self._local[shard]
+            data = local.read_bytes() if local is not None else self.storage.get(path)
+            rec = samples[lo:hi]
+            for off, length, checksum in zip(
+                rec["offset"].tolist(),
+                rec["length"].tolist(),
+                rec["checksum"].tolist(),
+                strict=True,
+            ):
+                yield self._sample(data[off : off + length], checksum, shard, off)
+
+    def keys(self) -> Iterator[str]:
+        """Sample keys in sample order (from the metadata)."""
+        yield from self.metadata.column("key").to_pylist()
+
+    @cached_property
+    def metadata(self) -> pa.Table:
+        name = self.config.metadata_file or METADATA_FILE
+        local = self.storage.local_path(name)
+        src: Any = str(local) if local is not None else pa.BufferReader(self.storage.get(name))
+        table = pq.read_table(src, filters=[("split", "=", self.split)])
+        return table.sort_by("sample_index")

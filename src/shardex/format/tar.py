@@ -1,0 +1,271 @@
+"""Deterministic POSIX (ustar) tar members, and parsing of member headers.
+
+Shards are plain tars that stock ``tarfile``, WebDataset and DALI read unchanged. Every
+header is fixed except name and size (mode 0644, uid/gid 0, mtime 0, no user names), so the
+same members always give the same bytes. Names longer than ustar's 100 + 155 bytes get a GNU
+``L`` long-name record in front (tarfile, GNU tar and libarchive read it); no PAX headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from shardex.errors import FormatError
+
+BLOCK: Final = 512
+END_OF_ARCHIVE: Final = bytes(2 * BLOCK)
+MAX_MEMBER_SIZE: Final = 8**11 - 1  # 11 octal digits
+
+_NAME, _PREFIX = slice(0, 100), slice(345, 500)
+_SIZE, _CHKSUM, _TYPE, _MAGIC = slice(124, 136), slice(148, 156), 156, slice(257, 263)
+_GNU_LONGNAME: Final = ord("L")
+_REGULAR: Final = (ord("0"), 0)
+
+
+def _template() -> bytearray:
+    h = bytearray(BLOCK)
+    h[100:108] = b"0000644\0"  # mode
+    h[108:116] = b"0000000\0"  # uid
+    h[116:124] = b"0000000\0"  # gid
+    h[136:148] = b"00000000000\0"  # mtime
+    h[156] = ord("0")
+    h[257:263] = b"ustar\0"
+    h[263:265] = b"00"
+    h[329:337] = b"0000000\0"  # devmajor
+    h[337:345] = b"0000000\0"  # devminor
+    return h
+
+
+_TEMPLATE: Final = bytes(_template())
+# The checksum is the byte sum of the header with the checksum field read as 8 spaces.
+_TEMPLATE_SUM: Final = sum(_TEMPLATE) + 8 * ord(" ")
+
+
+def padding(size: int) -> int:
+    """Zero bytes that follow ``size`` data bytes to reach a block boundary."""
+    return -size % BLOCK
+
+
+def _header(name: bytes, size: int, *, typeflag: int = ord("0")) -> bytes:
+    if size > MAX_MEMBER_SIZE:
+        raise FormatError(f"tar member {name!r} is {size} bytes; the limit is {MAX_MEMBER_SIZE}")
+    h = bytearray(_TEMPLATE)
+    prefix = b""
+    if len(name) > 100:
+        cut = name.rfind(b"/", 0, 156)
+        prefix, name = name[:cut], name[cut + 1 :]
+    h[0 : len(name)] = name
+    h[345 : 345 + len(prefix)] = prefix
+    size_field = b"%011o\0" % size
+    h[124:136] = size_field
+    total = _TEMPLATE_SUM + sum(name) + sum(prefix) + sum(size_field)
+    if typeflag != ord("0"):
+        h[156] = typeflag
+        total += typeflag - ord("0")
+    h[148:156] = b"%06o\0 " % total
+    return bytes(h)
+
+
+def fits_ustar(name: bytes) -> bool:
+    """Whether a member name fits ustar's name/prefix fields without a long-name record."""
+    if len(name) <= 100:
+        return True
+    cut = name.rfind(b"/", 0, 156)
+    return cut > 0 and len(name) - cut - 1 <= 100
+
+
+def member_header(name: str) -> tuple[bytes, int]:
+    """Encode a member name; returns (name bytes, header bytes needed before the data)."""
+    raw = name.encode("utf-8")
+    if b"\0" in raw:
+        raise FormatError(f"tar member name {name!r} contains a NUL byte")
+    if fits_ustar(raw):
+        return raw, BLOCK
+    return raw, 2 * BLOCK + len(raw) + 1 + padding(len(raw) + 1)
+
+
+def encode_member(name: bytes, size: int) -> bytes:
+    """Header bytes (long-name record included when needed) for a member of ``size`` bytes."""
+    if fits_ustar(name):
+        return _header(name, size)
+    long = name + b"\0"
+    return (
+        _header(b"././@LongLink", len(long), typeflag=_GNU_LONGNAME)
+        + long
+        + bytes(padding(len(long)))
+        + _header(name[:100], size)
+    )
+
+
+def member_bytes(name: str, data: bytes) -> bytes:
+    """A whole member: header, data and padding."""
+    raw, _ = member_header(name)
+    return encode_member(raw, len(data)) + data + bytes(padding(len(data)))
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One regular member found in tar bytes: its name and where its data lies."""
+
+    name: str
+    header_offset: int
+    data_offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """Offset just past the member's data padding."""
+        return self.data_offset + self.size + padding(self.size)
+
+
+def _octal(field: bytes, where: str) -> int:
+    text = field.rstrip(b"\0 ").lstrip(b" ")
+    if field[:1] == b"\x80":  # GNU base-256 for sizes past 8 GiB
+        return int.from_bytes(field[1:], "big")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError as exc:
+        raise FormatError(f"{where}: bad octal field {field!r}") from exc
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = header[_CHKSUM].rstrip(b"\0 ").lstrip(b" ")
+    try:
+        want = int(stored, 8)
+    except ValueError:
+        return False
+    return sum(header[:148]) + 8 * 32 + sum(header[156:]) == want
+
+
+def iter_members(
+    buf: bytes | memoryview, *, start: int = 0, where: str = "tar", strict: bool = True
+) -> Iterator[Member]:
+    """Yield the regular-file members of tar bytes, in order.
+
+    Directories and other non-file entries are skipped; GNU long names are applied; PAX
+    headers (written by other tools) are honoured for ``path`` and ``size``.
+
+    Raises:
+        FormatError: a header is malformed or a member runs past the end of ``buf``.
+    """
+    view = memoryview(buf)
+    pos, end = start, len(view)
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while pos + BLOCK <= end:
+        header = bytes(view[pos : pos + BLOCK])
+        if header == bytes(BLOCK):
+            return
+        if strict and not _checksum_ok(header):
+            raise FormatError(f"{where}: bad tar header checksum at byte {pos}")
+        size = int(pax["size"]) if "size" in pax else _octal(header[_SIZE], where)
+        data = pos + BLOCK
+        nxt = data + size + padding(size)
+        if data + size > end:
+            raise FormatError(f"{where}: member at byte {pos} runs past the end ({end} bytes)")
+        kind = header[_TYPE]
+        if kind == _GNU_LONGNAME:
+            long_name = bytes(view[data : data + size]).rstrip(b"\0").decode("utf-8", "replace")
+        elif kind in (ord("x"), ord("g")):
+            if kind == ord("x"):
+                pax = _parse_pax(bytes(view[data : data + size]), where)
+        else:
+            if kind in _REGULAR:
+                name = long_name or pax.get("path") or _ustar_name(header)
+                yield Member(name, pos, data, size)
+            long_name, pax = None, {}
+        pos = nxt
+    if pos < end and strict:
+        raise FormatError(f"{where}: {end - pos} trailing bytes are not a tar header")
+
+
+def _ustar_name(header: bytes) -> str:
+    name = header[_NAME].split(b"\0", 1)[0]
+    if header[_MAGIC] == b"ustar\0":
+        prefix = header[_PREFIX].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "replace")
+
+
+def _parse_pax(data: bytes, where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos)
+        if space < 0:
+            raise FormatError(f"{where}: malformed PAX header")
+        try:
+            length = int(data[pos:space])
+        except ValueError as exc:
+            raise FormatError(f"{where}: malformed PAX record length") from exc
+        if length <= 0:
+            raise FormatError(f"{where}: malformed PAX record length")
+        record = data[space + 1 : pos + length - 1]
+        key, _, value = record.partition(b"=")
+        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        pos += length
+    return out
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a member name into (key, extension) the way WebDataset does.
+
+    The key runs to the first dot of the last path component: ``a/b.c/x.seg.png`` gives
+    ``("a/b.c/x", "seg.png")``.
+    """
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :]
+
+
+def parse_sample(buf: bytes, *, where: str = "sample") -> tuple[str, dict[str, bytes]]:
+    """Split one sample's bytes (consecutive members of one key) into ``(key, {ext: data})``.
+
+    The hot path of every read: no header checksums (the sample checksum covers the
+    bytes), one slice per member.
+
+    Raises:
+        FormatError: the bytes are not whole members, or hold more than one key.
+    """
+    pos, end = 0, len(buf)
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    long_name: bytes | None = None
+    try:
+        while pos < end:
+            size = int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
+            data = pos + BLOCK
+            if data + size > end:
+                raise FormatError(f"{where}: member at byte {pos} runs past the sample's end")
+            if buf[pos + 156] == _GNU_LONGNAME:
+                long_name = buf[data : data + size].rstrip(b"\0")
+            else:
+                raw = long_name or _ustar_raw_name(buf, pos)
+                name = raw.decode("utf-8", "replace")
+                this_key, ext = split_name(name)
+                if key is None:
+                    key = this_key
+                elif this_key != key:
+                    raise FormatError(f"{where}: holds members of two keys ({key!r}, {this_key!r})")
+                fields[ext] = buf[data : data + size]
+                long_name = None
+            pos = data + size + (-size % BLOCK)
+    except (ValueError, IndexError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{where}: malformed tar header at byte {pos} ({exc})") from exc
+    if key is None:
+        raise FormatError(f"{where}: holds no members")
+    return key, fields
+
+
+def _ustar_raw_name(buf: bytes, pos: int) -> bytes:
+    name = buf[pos : pos + 100].split(b"\0", 1)[0]
+    if buf[pos + 257 : pos + 263] == b"ustar\0" and buf[pos + 345] != 0:
+        name = buf[pos + 345 : pos + 500].split(b"\0", 1)[0] + b"/" + name
+    return name

@@ -1,0 +1,69 @@
+"""Progress reporting: rich bars for people, nothing for library calls that did not ask."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+
+class Task(Protocol):
+    """One bar."""
+
+    def advance(self, n: int = 1) -> None: ...
+
+
+class _NoTask:
+    def advance(self, n: int = 1) -> None:
+        pass
+
+
+class Progress:
+    """A set of progress bars; silent unless ``enabled``."""
+
+    def __init__(self, enabled: bool = False) -> None:
+        self._bars: Any = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bars
+
+            self._bars = Bars(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+
+    def __enter__(self) -> Self:
+        if self._bars is not None:
+            self._bars.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+
+    def task(self, description: str, total: int | None) -> Task:
+        """Start a bar of ``total`` steps."""
+        if self._bars is None:
+            return _NoTask()
+        bars = self._bars
+        task_id = bars.add_task(description, total=total)
+
+        class _Bar:
+            def advance(self, n: int = 1) -> None:
+                bars.advance(task_id, n)
+
+        return _Bar()

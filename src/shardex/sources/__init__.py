@@ -1,0 +1,74 @@
+"""Sources: where samples come from. :func:`open_source` turns user input into a Source."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shardex.contract import CONFIG_FILE
+from shardex.errors import SourceError, SourceNotFoundError
+from shardex.sources.base import ScanResult, Source
+from shardex.sources.demo import DEFAULT_COUNT, DemoSource
+from shardex.sources.export import ExportSource
+from shardex.sources.folder import FolderSource
+from shardex.sources.table import TableSource
+from shardex.sources.tars import TarSource
+
+__all__ = [
+    "DemoSource",
+    "ExportSource",
+    "FolderSource",
+    "ScanResult",
+    "Source",
+    "TableSource",
+    "TarSource",
+    "open_source",
+]
+
+
+def _holds_only_tars(root: Path) -> bool:
+    has_tar = False
+    for _dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if name.lower().endswith(".tar"):
+                has_tar = True
+            elif not name.startswith("."):
+                return False
+    return has_tar
+
+
+def open_source(spec: str | os.PathLike[str] | Source) -> Source:
+    """The source a user names.
+
+    * ``demo`` or ``demo:N``: the built-in demo dataset (N images, default 5000);
+    * a folder with ``config.yaml``: an existing shardex export;
+    * a folder holding only ``.tar`` files, a ``.tar`` file, or a glob: WebDataset tars;
+    * any other folder: an image folder;
+    * a ``.parquet``/``.csv``/``.tsv`` file: a table of paths or bytes plus metadata.
+    """
+    if isinstance(spec, Source):
+        return spec
+    text = os.fspath(spec)
+    if text == "demo" or text.startswith("demo:"):
+        count = text.partition(":")[2]
+        if count and not count.isdigit():
+            raise SourceError(f"bad demo source {text!r}: use 'demo' or 'demo:N' (N images)")
+        return DemoSource(int(count) if count else DEFAULT_COUNT)
+    if any(c in text for c in "*?["):
+        return TarSource(text)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / CONFIG_FILE).is_file():
+            return ExportSource(path)
+        return TarSource(path) if _holds_only_tars(path) else FolderSource(path)
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".tar":
+            return TarSource(path)
+        if suffix in (".parquet", ".pq", ".csv", ".tsv"):
+            return TableSource(path)
+        raise SourceError(
+            f"source {text}: unsupported file type {suffix!r} (use a folder, a .tar, a glob of "
+            ".tar files, a .parquet/.csv table, or 'demo')"
+        )
+    raise SourceNotFoundError(f"source {text} does not exist")

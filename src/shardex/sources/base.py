@@ -1,0 +1,143 @@
+"""What every source yields: a table of sample references, metadata and labels.
+
+A source's :meth:`Source.scan` returns one Arrow table, one row per sample, with
+
+* ``key`` (string): the sample key, unique in the source; WebDataset rules apply (no dot in
+  its last path component, no empty key);
+* ``original_path`` (string): where the sample came from, for people;
+* ``split`` (string, optional): the split the source puts it in;
+* ``label`` (int64, optional): the class number (``label_names`` gives the names);
+* ``_members`` (list of struct ``ext, path, offset, size, data``): the sample's stored
+  fields, in member order. Each is a byte range of a local file (``offset`` -1 for the whole
+  file) or inline ``data``. Bytes are read only when the shard is written;
+* any other column: metadata, kept with its type.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+import pyarrow as pa
+
+from shardex.errors import SourceError
+
+MEMBERS: Final = "_members"
+MEMBER_TYPE: Final = pa.struct(
+    [
+        ("ext", pa.string()),
+        ("path", pa.string()),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+        ("data", pa.binary()),
+    ]
+)
+#: Columns that shardex fills itself; a source's metadata may not use these names.
+RESERVED: Final = frozenset(
+    {
+        "key",
+        "image_id",
+        "tar_file",
+        "member_name",
+        "original_path",
+        "metadata",
+        "split",
+        "export_index",
+        "label",
+        "sample_index",
+        "sample_offset",
+        "sample_length",
+        "sample_checksum",
+        MEMBERS,
+    }
+)
+_BAD_KEY_CHARS: Final = re.compile(r"[.]")
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What a scan found: the sample table and the label names (if labelled)."""
+
+    table: pa.Table
+    label_names: tuple[str, ...] | None = None
+
+
+class Source(ABC):
+    """A dataset to export. Subclasses implement :meth:`scan`."""
+
+    #: Short name of the kind of source, recorded in config.yaml.
+    kind: ClassVar[str]
+    #: Where it is (path, glob, ``demo``).
+    uri: str
+
+    @abstractmethod
+    def scan(self) -> ScanResult:
+        """List the samples (no image bytes are read)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def safe_key(key: str) -> str:
+    """A WebDataset-safe key: dots in the last path component become '_'.
+
+    WebDataset splits a member name at the first dot of its last component, so a key may
+    not hold one there.
+    """
+    head, _, name = key.replace(os.sep, "/").rpartition("/")
+    name = _BAD_KEY_CHARS.sub("_", name)
+    return f"{head}/{name}" if head else name
+
+
+def key_from_relpath(rel: str) -> str:
+    """A key from a relative path: drop the extension; ``cat/img.v2.jpg`` -> ``cat/img_v2``.
+
+    The original name stays in ``original_path``.
+    """
+    rel = rel.replace(os.sep, "/")
+    stem = rel.rsplit(".", 1)[0] if "." in rel.rpartition("/")[2] else rel
+    return safe_key(stem)
+
+
+def file_member(path: str, size: int, ext: str) -> dict[str, Any]:
+    """A member that is a whole local file."""
+    return {"ext": ext, "path": path, "offset": -1, "size": size, "data": None}
+
+
+def check_metadata_names(names: list[str], where: str) -> None:
+    """Refuse metadata columns whose names shardex uses itself."""
+    clash = sorted(set(names) & (RESERVED - {"key", "original_path", "split", "label"}))
+    if clash:
+        raise SourceError(
+            f"{where}: column(s) {', '.join(clash)} are reserved by shardex; rename them "
+            "in the source"
+        )
+
+
+def build_table(
+    keys: list[str],
+    original_paths: list[str],
+    members: list[list[dict[str, Any]]],
+    *,
+    splits: list[str] | None = None,
+    labels: list[int | None] | None = None,
+    metadata: pa.Table | None = None,
+) -> pa.Table:
+    """Assemble a scan table from per-sample lists (and optional metadata columns)."""
+    columns: dict[str, pa.Array] = {
+        "key": pa.array(keys, pa.string()),
+        "original_path": pa.array(original_paths, pa.string()),
+    }
+    if splits is not None:
+        columns["split"] = pa.array(splits, pa.string())
+    if labels is not None:
+        columns["label"] = pa.array(labels, pa.int64())
+    columns[MEMBERS] = pa.array(members, pa.list_(MEMBER_TYPE))
+    table = pa.table(columns)
+    if metadata is not None:
+        for name in metadata.column_names:
+            table = table.append_column(name, metadata.column(name))
+    return table

@@ -1,0 +1,123 @@
+"""The storage interface: a flat namespace of objects under one root.
+
+Paths are relative, '/'-separated object names (``"train/images-ab12-000000.tar"``). The same
+interface fits a local directory and an object store: whole and ranged reads, streaming
+writes that become visible only on :meth:`ObjectWriter.commit`, listing and deletion.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+
+@runtime_checkable
+class RangeReader(Protocol):
+    """What a reader needs from a storage: sizes and byte ranges of objects."""
+
+    def size(self, path: str) -> int: ...
+
+    def get_range(self, path: str, start: int, length: int) -> bytes: ...
+
+    def get_ranges(
+        self, path: str, starts: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes]: ...
+
+
+class ObjectWriter(ABC):
+    """A streaming write of one object, invisible under its name until :meth:`commit`.
+
+    Use as a context manager: leaving the block normally commits, an exception aborts and
+    removes what was written.
+    """
+
+    @abstractmethod
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes to the object."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make the object visible under its final name, atomically."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop everything written; the final name is left untouched."""
+
+    @property
+    @abstractmethod
+    def tell(self) -> int:
+        """Number of bytes written so far."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class Storage(ABC):
+    """A root under which objects are read and written.
+
+    Implementations override the abstract methods; ``get_ranges`` and ``put`` have generic
+    versions built on the others. Instances must be picklable and safe to use after a fork
+    (open handles are recreated per process).
+    """
+
+    #: URI of the root, e.g. ``/data/export`` or ``s3://bucket/prefix``.
+    uri: str
+
+    @abstractmethod
+    def get(self, path: str) -> bytes:
+        """Return the whole object. Raises ObjectNotFoundError when it is missing."""
+
+    @abstractmethod
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        """Return ``length`` bytes from ``start``; short only at the end of the object."""
+
+    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Return several ranges of one object, in the order asked."""
+        return [self.get_range(path, s, n) for s, n in zip(starts, lengths, strict=True)]
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """Size of the object in bytes. Raises ObjectNotFoundError when it is missing."""
+
+    @abstractmethod
+    def exists(self, path: str) -> bool:
+        """Whether the object exists."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Relative paths of the objects whose path starts with ``prefix``, sorted."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove the object; a missing object is not an error."""
+
+    @abstractmethod
+    def open_writer(self, path: str) -> ObjectWriter:
+        """Start a streaming write of ``path``; it is visible only once committed."""
+
+    def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Write a whole object atomically."""
+        with self.open_writer(path) as writer:
+            writer.write(data)
+
+    def local_path(self, path: str) -> Path | None:
+        """The object's local file, when it has one (lets readers mmap); else None."""
+        return None
+
+    def join(self, path: str) -> str:
+        """The full URI of an object, for messages."""
+        return f"{self.uri.rstrip('/')}/{path}"

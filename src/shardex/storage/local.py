@@ -1,0 +1,152 @@
+"""Local directory storage: ``os.pread`` for ranges, temp file + rename for atomic writes."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shardex.errors import ObjectNotFoundError, StorageError
+from shardex.storage.base import ObjectWriter, Storage
+
+_TMP_MARK = ".tmp-"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is an in-progress write of :class:`LocalObjectWriter`."""
+    return _TMP_MARK in name and name.startswith(".")
+
+
+class LocalObjectWriter(ObjectWriter):
+    """Writes ``.NAME.tmp-RANDOM`` beside the target, then fsyncs and renames it."""
+
+    def __init__(self, final: Path, *, buffer_size: int = 1 << 20) -> None:
+        self._final = final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = final.with_name(f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}")
+        self._file = open(self._tmp, "wb", buffering=buffer_size)  # noqa: SIM115
+        self._done = False
+        self._pos = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._file.write(data)
+        self._pos += len(data)
+
+    @property
+    def tell(self) -> int:
+        return self._pos
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self._final)
+        self._done = True
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+        self._done = True
+
+
+class LocalStorage(Storage):
+    """Objects are files under a root directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.uri = str(self.root)
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"LocalStorage({self.uri!r})"
+
+    def _path(self, path: str) -> Path:
+        return self.root / path
+
+    def _fd(self, path: str) -> int:
+        # Descriptors are cached per process: after a fork (DataLoader workers) the
+        # parent's descriptors share a file offset, harmless for pread but closed on exec.
+        if os.getpid() != self._pid:
+            self._fds = {}
+            self._pid = os.getpid()
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(self._path(path), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise ObjectNotFoundError(f"{self.join(path)} does not exist") from exc
+            except OSError as exc:
+                raise StorageError(f"cannot open {self.join(path)}: {exc.strerror}") from exc
+            self._fds[path] = fd
+        return fd
+
+    def close(self) -> None:
+        """Close cached file descriptors."""
+        if os.getpid() == self._pid:
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = {}
+
+    def get(self, path: str) -> bytes:
+        try:
+            return self._path(path).read_bytes()
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{self.join(path)} does not exist") from exc
+        except IsADirectoryError as exc:
+            raise ObjectNotFoundError(f"{self.join(path)} is a directory") from exc
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        return os.pread(self._fd(path), length, start)
+
+    def size(self, path: str) -> int:
+        try:
+            return self._path(path).stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{self.join(path)} does not exist") from exc
+
+    def exists(self, path: str) -> bool:
+        return self._path(path).is_file()
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        if not self.root.is_dir():
+            return iter(())
+        found = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for name in files:
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                rel = rel.replace(os.sep, "/")
+                if rel.startswith(prefix):
+                    found.append(rel)
+        return iter(sorted(found))
+
+    def delete(self, path: str) -> None:
+        self._fds.pop(path, None)
+        self._path(path).unlink(missing_ok=True)
+
+    def open_writer(self, path: str) -> LocalObjectWriter:
+        return LocalObjectWriter(self._path(path))
+
+    def local_path(self, path: str) -> Path:
+        return self._path(path)
+
+    def sync_dir(self, path: str = "") -> None:
+        """fsync a directory so that renames in it survive a power loss."""
+        fd = os.open(self._path(path) if path else self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
