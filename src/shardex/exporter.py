@@ -58,7 +58,7 @@ from shardex.progress import Progress
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage, open_storage
-from shardex.storage.local import LocalStorage, is_temporary
+from shardex.storage.local import LocalStorage
 
 OnError = Literal["error", "skip"]
 SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test")
@@ -403,7 +403,7 @@ def _select_keys(
 def _check_output(storage: Storage, overwrite: bool) -> list[str]:
     """Refuse an existing export unless overwriting; return the old files to replace."""
     existing = list(storage.list())
-    foreign = [p for p in existing if not (_OURS.match(p) or is_temporary(p.rpartition("/")[2]))]
+    foreign = [p for p in existing if not _OURS.match(p)]
     if foreign:
         raise OutputExistsError(
             f"output {storage.uri} holds files shardex did not write (e.g. {foreign[0]!r}); "
@@ -639,7 +639,9 @@ def export(
             ),
             source_fingerprint=fingerprint,
             split_seed=opts.seed if split_method == "fractions" else None,
-            split_fractions=dict(opts.split_fractions) if split_method == "fractions" else None,
+            split_fractions=(
+                dict(opts.split_fractions or {}) if split_method == "fractions" else None
+            ),
             split_method=split_method,
             shard_options={
                 "samples_per_shard": opts.samples_per_shard,

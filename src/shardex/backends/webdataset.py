@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
 from shardex.contract import ExportConfig, IndexInfo, ShardInfo, SplitInfo
@@ -59,7 +60,7 @@ class WebDatasetBackend(Backend):
             for stem, (a, b) in zip(stems, plan.bounds, strict=True)
         )
         shards: list[ShardInfo] = []
-        parts: list[tuple[np.ndarray, ...]] = []
+        parts: list[tuple[npt.NDArray[np.integer], ...]] = []
         for stem, (a, b), done in zip(
             stems, plan.bounds, runner.imap(write_shard, jobs), strict=True
         ):
@@ -69,16 +70,13 @@ class WebDatasetBackend(Backend):
             number = np.full(b - a, len(shards) - 1, np.uint32)
             parts.append((number, done.offsets, done.lengths, done.checksums))
             on_shard(done.table)
-        columns = [np.concatenate(p) if p else np.empty(0) for p in zip(*parts, strict=True)]
-        if not columns:
-            columns = [
-                np.empty(0, np.uint32),
-                np.empty(0, np.uint64),
-                np.empty(0, np.uint32),
-                np.empty(0, np.uint64),
-            ]
+        dtypes = (np.uint32, np.uint64, np.uint32, np.uint64)
+        shard_no, offsets, lengths, sums = (
+            np.concatenate([p[k] for p in parts]) if parts else np.empty(0, dtype)
+            for k, dtype in enumerate(dtypes)
+        )
         index = IndexInfo(f"{plan.split}/{SAMPLES_FILE}", f"{plan.split}/{KEYS_FILE}")
-        storage.put(index.samples, to_npy_bytes(build_samples(*columns)))
+        storage.put(index.samples, to_npy_bytes(build_samples(shard_no, offsets, lengths, sums)))
         storage.put(index.keys, to_npy_bytes(build_keys(plan.rows.column("key").to_pylist())))
         return SplitInfo(
             num_samples=plan.rows.num_rows,

@@ -114,10 +114,11 @@ def decode(data: bytes, *, max_pixels: int = MAX_PIXELS) -> npt.NDArray[np.gener
     """
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as img:
-        w, h = img.size
+    with Image.open(io.BytesIO(data)) as opened:
+        w, h = opened.size
         if w * h > max_pixels:
             raise ValueError(f"image too large ({w}x{h} pixels > limit {max_pixels})")
+        img: Image.Image = opened
         if img.mode == "P":
             img = img.convert("RGBA" if "transparency" in img.info else "RGB")
         elif img.mode in ("CMYK", "YCbCr"):

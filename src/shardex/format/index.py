@@ -20,9 +20,8 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -93,16 +92,6 @@ def _load(path: Path, what: str) -> npt.NDArray[np.generic]:
     return arr  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, slots=True)
-class SampleRecord:
-    """Where one sample's bytes lie."""
-
-    shard: int
-    offset: int
-    length: int
-    checksum: int
-
-
 class SplitIndex:
     """Memory-mapped index of one split (see the module docstring for the layout)."""
 
@@ -119,7 +108,8 @@ class SplitIndex:
             )
         self._samples = samples
         # struct over the raw mapping is ~5x faster per lookup than numpy scalar access.
-        self._raw = memoryview(samples.view(np.uint8)) if num_samples else memoryview(b"")
+        raw: Any = samples.view(np.uint8)
+        self._raw = memoryview(raw) if num_samples else memoryview(b"")
         self._keys_path = keys_path
         self._keys: npt.NDArray[np.uint64] | None = None
         self.num_samples = num_samples
@@ -129,12 +119,12 @@ class SplitIndex:
 
     def record(self, i: int) -> tuple[int, int, int, int]:
         """``(offset, checksum, shard, length)`` of sample ``i`` (0 <= i < len)."""
-        return RECORD.unpack_from(self._raw, i * 24)  # type: ignore[return-value]
+        return RECORD.unpack_from(self._raw, i * 24)
 
     @property
     def samples(self) -> npt.NDArray[np.void]:
         """The whole record array (memory-mapped)."""
-        return self._samples
+        return self._samples  # type: ignore[return-value]
 
     def _key_table(self) -> npt.NDArray[np.uint64]:
         if self._keys is None:

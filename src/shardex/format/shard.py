@@ -64,7 +64,7 @@ class MemberReader:
                 path=path,
                 reason="changed during export",
             )
-        return data  # type: ignore[no-any-return]
+        return data
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -122,7 +122,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
     members = rows.column(MEMBERS).to_pylist()
     labels = rows.column("label").to_pylist() if job.with_label else [None] * n
     has_json = JSON_COLUMN in rows.column_names
-    jsons = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
+    jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
     offsets = np.empty(n, np.uint64)
     lengths = np.empty(n, np.uint32)
     sums = np.empty(n, np.uint64)
@@ -133,11 +133,12 @@ def write_shard(job: ShardJob) -> ShardWritten:
         with job.storage.open_writer(job.tar_path) as out:
             for i, key in enumerate(keys):
                 parts: list[bytes] = []
-                fields = [(m["ext"], reader.read(m)) for m in members[i]]
+                fields: list[tuple[str, bytes]] = [(m["ext"], reader.read(m)) for m in members[i]]
                 if labels[i] is not None:
                     fields.append(("cls", str(labels[i]).encode()))
-                if jsons[i] is not None:
-                    fields.append(("json", jsons[i]))
+                text = jsons[i]
+                if text is not None:
+                    fields.append(("json", text))
                 for ext, data in fields:
                     name, _ = member_header(f"{key}.{ext}")
                     parts += (encode_member(name, len(data)), data, _ZEROS[: padding(len(data))])

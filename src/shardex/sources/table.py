@@ -122,7 +122,8 @@ class TableSource(Source):
         if "split" in table.column_names:
             splits = [str(s) for s in table.column("split").to_pylist()]
             used.add("split")
-        used |= {self._label_column} if labels is not None else set()
+        if labels is not None and self._label_column:
+            used.add(self._label_column)
         meta = table.drop_columns(sorted(used))
         check_metadata_names(meta.column_names, self.uri)
         return ScanResult(

@@ -127,6 +127,8 @@ class LocalStorage(Storage):
         for dirpath, _dirs, files in os.walk(self.root):
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in files:
+                if is_temporary(name):  # in-progress writes are not objects yet
+                    continue
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}"
                 rel = rel.replace(os.sep, "/")
                 if rel.startswith(prefix):

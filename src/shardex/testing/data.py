@@ -1,0 +1,101 @@
+"""Small, deterministic image datasets for tests."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def make_image(
+    seed: int, *, fmt: str = "JPEG", size: tuple[int, int] = (24, 20), mode: str = "RGB"
+) -> bytes:
+    """Encoded bytes of a small noisy image; the same seed gives the same bytes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    arr = rng.integers(0, 256, size=(size[1], size[0], channels), dtype=np.uint8)
+    img = Image.fromarray(arr[..., 0] if channels == 1 else arr, mode=mode)
+    out = io.BytesIO()
+    img.save(out, format=fmt)
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class SampleFolder:
+    """What :func:`make_sample_folder` wrote: the folder, a metadata table, and the bytes."""
+
+    root: Path
+    table: Path
+    images: dict[str, bytes]  # key -> encoded bytes
+    labels: dict[str, int]
+    label_names: tuple[str, ...]
+
+
+def make_sample_folder(root: Path, n: int = 23, *, classes: int = 3) -> SampleFolder:
+    """An image folder ``root/images/CLASS/NNNN.ext`` and ``root/table.parquet`` over it.
+
+    Formats rotate JPEG, PNG, WebP; the table has typed metadata: an int64 ``rank``, a
+    float64 ``score``, a string ``caption``, a float32 ``embedding`` of 4 values and string
+    labels.
+    """
+    names = tuple(f"class{c}" for c in range(classes))
+    images: dict[str, bytes] = {}
+    labels: dict[str, int] = {}
+    rows: dict[str, list[object]] = {
+        k: [] for k in ("path", "label", "rank", "score", "caption", "embedding")
+    }
+    for i in range(n):
+        fmt, ext = [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")][i % 3]
+        label = i % classes
+        rel = f"images/{names[label]}/{i:04d}.{ext}"
+        data = make_image(i, fmt=fmt, size=(16 + i % 7, 12 + i % 5))
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        key = rel.rsplit(".", 1)[0]
+        images[key], labels[key] = data, label
+        rows["path"].append(rel)
+        rows["label"].append(names[label])
+        rows["rank"].append(i)
+        rows["score"].append(i / 7)
+        rows["caption"].append(f"sample {i} ünïcode")
+        rows["embedding"].append([float(i), 0.5, -1.0, i / 3])
+    table = pa.table(
+        {
+            "path": pa.array(rows["path"], pa.string()),
+            "label": pa.array(rows["label"], pa.string()),
+            "rank": pa.array(rows["rank"], pa.int64()),
+            "score": pa.array(rows["score"], pa.float64()),
+            "caption": pa.array(rows["caption"], pa.string()),
+            "embedding": pa.array(rows["embedding"], pa.list_(pa.float32())),
+        }
+    )
+    pq.write_table(table, root / "table.parquet")
+    return SampleFolder(root / "images", root / "table.parquet", images, labels, names)
+
+
+def read_with_webdataset(urls: list[str]) -> list[dict[str, Any]]:
+    """Every sample of some shards as the stock ``webdataset`` library returns them.
+
+    webdataset leaves the last shard's file to the garbage collector; it is collected here
+    with ResourceWarning silenced, so ``filterwarnings = error`` test runs stay clean.
+    """
+    import gc
+    import warnings
+
+    import webdataset as wds
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        samples = [
+            {k: v for k, v in s.items() if k == "__key__" or not k.startswith("__")}
+            for s in wds.WebDataset(urls, shardshuffle=False)
+        ]
+        gc.collect()
+    return samples

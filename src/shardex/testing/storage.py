@@ -1,0 +1,89 @@
+"""The storage conformance suite: subclass and provide a ``storage`` fixture."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from shardex.errors import ObjectNotFoundError
+from shardex.storage.base import Storage
+
+
+class StorageTests:
+    """Every Storage must pass these. Provide ``storage``: an empty storage root."""
+
+    @pytest.fixture
+    def storage(self) -> Storage:
+        raise NotImplementedError("subclasses provide a `storage` fixture")
+
+    def test_put_get_round_trip(self, storage: Storage) -> None:
+        storage.put("a/b.bin", b"hello world")
+        assert storage.get("a/b.bin") == b"hello world"
+        assert storage.size("a/b.bin") == 11
+        assert storage.exists("a/b.bin")
+
+    def test_ranges(self, storage: Storage) -> None:
+        data = bytes(range(256)) * 40
+        storage.put("r.bin", data)
+        assert storage.get_range("r.bin", 100, 50) == data[100:150]
+        assert storage.get_range("r.bin", len(data) - 10, 100) == data[-10:]
+        starts, lengths = [5000, 0, 777], [10, 3, 1000]
+        got = storage.get_ranges("r.bin", starts, lengths)
+        assert got == [data[s : s + n] for s, n in zip(starts, lengths, strict=True)]
+
+    def test_missing_object(self, storage: Storage) -> None:
+        with pytest.raises(ObjectNotFoundError):
+            storage.get("nope.bin")
+        with pytest.raises(FileNotFoundError):
+            storage.size("nope.bin")
+        with pytest.raises(ObjectNotFoundError):
+            storage.get_range("nope.bin", 0, 1)
+        assert not storage.exists("nope.bin")
+
+    def test_list_sorted_with_prefix(self, storage: Storage) -> None:
+        for name in ("b/2", "a/1", "b/1", "c"):
+            storage.put(name, b"x")
+        assert list(storage.list()) == ["a/1", "b/1", "b/2", "c"]
+        assert list(storage.list("b/")) == ["b/1", "b/2"]
+
+    def test_delete_is_idempotent(self, storage: Storage) -> None:
+        storage.put("d.bin", b"x")
+        storage.delete("d.bin")
+        storage.delete("d.bin")
+        assert not storage.exists("d.bin")
+
+    def test_writer_invisible_until_commit(self, storage: Storage) -> None:
+        writer = storage.open_writer("w.bin")
+        writer.write(b"part1")
+        writer.write(b"part2")
+        assert writer.tell == 10
+        assert not storage.exists("w.bin")
+        assert list(storage.list()) == []
+        writer.commit()
+        assert storage.get("w.bin") == b"part1part2"
+
+    def test_writer_abort_leaves_nothing(self, storage: Storage) -> None:
+        storage.put("keep.bin", b"old")
+
+        def broken_write() -> None:
+            with storage.open_writer("keep.bin") as writer:
+                writer.write(b"new but broken")
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            broken_write()
+        assert storage.get("keep.bin") == b"old"
+        assert list(storage.list()) == ["keep.bin"]
+
+    def test_overwrite_replaces_whole_object(self, storage: Storage) -> None:
+        storage.put("o.bin", b"a long old value")
+        storage.put("o.bin", b"new")
+        assert storage.get("o.bin") == b"new"
+
+    def test_pickle_round_trip(self, storage: Storage) -> None:
+        storage.put("p.bin", b"pickled")
+        storage.get_range("p.bin", 0, 1)  # opens a cached handle
+        clone = pickle.loads(pickle.dumps(storage))
+        assert clone.get_range("p.bin", 1, 3) == b"ick"
+        assert clone.uri == storage.uri

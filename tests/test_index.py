@@ -1,0 +1,82 @@
+"""The memory-mapped split index: records, key lookup, collisions, bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardex.errors import FormatError
+from shardex.format.index import (
+    SAMPLE_DTYPE,
+    SplitIndex,
+    build_keys,
+    build_keys_from_hashes,
+    build_samples,
+    key_hash,
+    to_npy_bytes,
+)
+
+
+def _write(tmp: Path, samples: np.ndarray, keys: np.ndarray) -> tuple[Path, Path]:
+    s, k = tmp / "s.npy", tmp / "k.npy"
+    s.write_bytes(to_npy_bytes(samples))
+    k.write_bytes(to_npy_bytes(keys))
+    return s, k
+
+
+def test_record_is_24_bytes_and_round_trips(tmp_path: Path) -> None:
+    assert SAMPLE_DTYPE.itemsize == 24
+    n = 1000
+    rng = np.random.default_rng(0)
+    cols = (
+        rng.integers(0, 9, n),
+        rng.integers(0, 2**40, n),
+        rng.integers(0, 2**31, n),
+        rng.integers(0, 2**63, n, dtype=np.uint64),
+    )
+    samples = build_samples(*cols)
+    keys = [f"k/{i}" for i in range(n)]
+    idx = SplitIndex(*_write(tmp_path, samples, build_keys(keys)), num_samples=n)
+    for i in (0, 1, 517, n - 1):
+        assert idx.record(i) == (cols[1][i], cols[3][i], cols[0][i], cols[2][i])
+    for i in (0, 99, n - 1):
+        assert list(idx.candidates(keys[i])) == [i]
+    assert list(idx.candidates("absent")) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=200, unique=True))
+def test_every_key_is_found(tmp_path_factory: pytest.TempPathFactory, keys: list[str]) -> None:
+    tmp = tmp_path_factory.mktemp("idx")
+    samples = build_samples(*(np.zeros(len(keys), np.uint64) for _ in range(4)))
+    idx = SplitIndex(*_write(tmp, samples, build_keys(keys)), num_samples=len(keys))
+    for i, key in enumerate(keys):
+        assert i in list(idx.candidates(key))
+
+
+def test_hash_collisions_yield_every_candidate(tmp_path: Path) -> None:
+    hashes = np.array([5, key_hash("x"), 5, 9, 5], dtype=np.uint64)
+    samples = build_samples(*(np.zeros(5, np.uint64) for _ in range(4)))
+    idx = SplitIndex(*_write(tmp_path, samples, build_keys_from_hashes(hashes)), num_samples=5)
+    assert list(idx.candidates("x")) == [1]
+    table = np.load(tmp_path / "k.npy")
+    assert list(table[1][table[0] == 5]) == [0, 2, 4]
+
+
+def test_opening_is_lazy_and_checks_shape(tmp_path: Path) -> None:
+    samples = build_samples(*(np.zeros(3, np.uint64) for _ in range(4)))
+    s, k = _write(tmp_path, samples, build_keys(["a", "b", "c"]))
+    idx = SplitIndex(s, k, num_samples=3)
+    assert isinstance(idx.samples, np.memmap)
+    with pytest.raises(FormatError, match=r"config\.yaml says 4"):
+        SplitIndex(s, k, num_samples=4)
+    (tmp_path / "bad.npy").write_bytes(b"not numpy at all")
+    with pytest.raises(FormatError, match="not a valid"):
+        SplitIndex(tmp_path / "bad.npy", k, num_samples=3)
+    wrong = SplitIndex(s, s, num_samples=3)  # keys file of the wrong kind
+    with pytest.raises(FormatError, match="expected uint64"):
+        list(wrong.candidates("a"))
