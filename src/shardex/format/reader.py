@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
+from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.contract import METADATA_FILE, ExportConfig
@@ -111,35 +111,42 @@ class ShardDataset(Dataset):
     def __len__(self) -> int:
         return self._n
 
+    def _fd(self, shard: int) -> int:
+        if self._pid != os.getpid():  # forked: descriptors are per process
+            self._fds, self._pid = [None] * len(self._paths), os.getpid()
+        fd = self._fds[shard]
+        if fd is None:
+            fd = self._fds[shard] = os.open(self._local[shard], os.O_RDONLY | os.O_CLOEXEC)  # type: ignore[arg-type]
+        return fd
+
     def _read(self, shard: int, offset: int, length: int) -> bytes:
         if offset + length > self._sizes[shard]:
             raise FormatError(
                 f"index entry points past the end of {self.storage.join(self._paths[shard])} "
                 f"({offset}+{length} > {self._sizes[shard]} bytes)"
             )
-        local = self._local[shard]
-        if local is None:
-            return self.storage.get_range(self._paths[shard], offset, length)
-        if self._pid != os.getpid():  # forked: descriptors are per process
-            self._fds, self._pid = [None] * len(self._paths), os.getpid()
-        fd = self._fds[shard]
-        if fd is None:
-            fd = self._fds[shard] = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
-        data = os.pread(fd, length, offset)
+        if self._local[shard] is None:
+            data = self.storage.get_range(self._paths[shard], offset, length)
+        else:
+            data = os.pread(self._fd(shard), length, offset)
         if len(data) != length:
-            raise FormatError(f"{local} is shorter than its index says (truncated?)")
+            raise FormatError(
+                f"{self.storage.join(self._paths[shard])} is shorter than its index says "
+                "(truncated?)"
+            )
         return data
 
     def _sample(self, buf: bytes, checksum: int, shard: int, offset: int) -> Sample:
-        if self.verify and xxhash.xxh3_64_intdigest(buf) != checksum:
+        if self.verify and _xxh3(buf) != checksum:
             raise ChecksumError(
                 f"checksum mismatch for the sample at byte {offset} of "
                 f"{self.storage.join(self._paths[shard])}: the shard is damaged"
             )
-        key, fields = parse_sample(buf, where=f"{self._paths[shard]}@{offset}")
-        sample: Sample = {"__key__": key}
-        sample.update(decode_fields(fields) if self.decode else fields)
-        return sample
+        key, fields = parse_sample(buf, where=self._paths[shard])
+        if self.decode:
+            fields = decode_fields(fields)
+        fields["__key__"] = key
+        return fields
 
     def __getitem__(self, index: int) -> Sample:
         n = self._n

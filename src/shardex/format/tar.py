@@ -223,45 +223,70 @@ def split_name(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1 :]
 
 
+def _member_size(buf: bytes, pos: int) -> int:
+    try:  # shardex writes 11 octal digits and a NUL; other writers pad in other ways
+        return int(buf[pos + 124 : pos + 135], 8)
+    except ValueError:
+        return int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
+
+
+_EXTENSIONS: dict[bytes, str] = {}
+
+
 def parse_sample(buf: bytes, *, where: str = "sample") -> tuple[str, dict[str, bytes]]:
     """Split one sample's bytes (consecutive members of one key) into ``(key, {ext: data})``.
 
-    The hot path of every read: no header checksums (the sample checksum covers the
-    bytes), one slice per member.
+    The hot path of every read, so it works on bytes with as few calls as possible: no
+    header checksums (the sample checksum covers the bytes), one slice per member.
 
     Raises:
         FormatError: the bytes are not whole members, or hold more than one key.
     """
     pos, end = 0, len(buf)
-    key: str | None = None
+    key, klen = b"", 0
     fields: dict[str, bytes] = {}
     long_name: bytes | None = None
     try:
         while pos < end:
-            size = int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
+            size = _member_size(buf, pos)
             data = pos + BLOCK
-            if data + size > end:
+            stop = data + size
+            if stop > end:
                 raise FormatError(f"{where}: member at byte {pos} runs past the sample's end")
             if buf[pos + 156] == _GNU_LONGNAME:
-                long_name = buf[data : data + size].rstrip(b"\0")
+                long_name = buf[data:stop].rstrip(b"\0")
+                pos = stop + (-size % BLOCK)
+                continue
+            if long_name is not None:
+                name, long_name = long_name, None
+            elif buf[pos + 345]:
+                name = _ustar_raw_name(buf, pos)
             else:
-                raw = long_name or _ustar_raw_name(buf, pos)
-                name = raw.decode("utf-8", "replace")
-                this_key, ext = split_name(name)
-                if key is None:
-                    key = this_key
-                elif this_key != key:
-                    raise FormatError(f"{where}: holds members of two keys ({key!r}, {this_key!r})")
-                fields[ext] = buf[data : data + size]
-                long_name = None
-            pos = data + size + (-size % BLOCK)
+                # find() gives -1 for a name of exactly 100 bytes; % maps it to pos + 100
+                name = buf[pos : buf.find(b"\0", pos, pos + 100) % (pos + 101)]
+            if klen:  # same key, then "." (46), then an extension without "/" (47)
+                if name[:klen] != key or name[klen] != 46 or 47 in name[klen:]:
+                    other = name.decode("utf-8", "replace")
+                    raise FormatError(f"{where}: holds members of two keys ({key!r}, {other!r})")
+                ext = name[klen + 1 :]
+            else:
+                dot = name.find(b".", name.rfind(b"/") + 1)
+                key, ext = (name, b"") if dot < 0 else (name[:dot], name[dot + 1 :])
+                klen = len(key)
+            text = _EXTENSIONS.get(ext)
+            if text is None:
+                text = ext.decode("utf-8", "replace")
+                if len(_EXTENSIONS) < 1024:  # a bounded memo of the few extensions in use
+                    _EXTENSIONS[ext] = text
+            fields[text] = buf[data:stop]
+            pos = stop + (-size % BLOCK)
     except (ValueError, IndexError) as exc:
         if isinstance(exc, FormatError):
             raise
         raise FormatError(f"{where}: malformed tar header at byte {pos} ({exc})") from exc
-    if key is None:
+    if not klen:
         raise FormatError(f"{where}: holds no members")
-    return key, fields
+    return key.decode("utf-8", "replace"), fields
 
 
 def _ustar_raw_name(buf: bytes, pos: int) -> bytes:
