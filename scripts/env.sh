@@ -9,6 +9,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-install_extras() {  # install_extras EXTRAS: editable install of the project with extras
-  python -m pip install --quiet --disable-pip-version-check -e "$ROOT[$1]"
+install_extras() {  # install_extras [EXTRAS]: editable install of the project (with extras)
+  local target="$ROOT"
+  if [ -n "${1:-}" ]; then target="$ROOT[$1]"; fi
+  python -m pip install --quiet --disable-pip-version-check -e "$target"
 }

@@ -173,8 +173,13 @@ def export_dataset(
     file, a folder or glob of WebDataset tars, an existing export, or `demo` (`demo:N`):
     the built-in labelled demo images (no download).
     """
+    from shardex.errors import ConfigError
     from shardex.exporter import ExportOptions, export, parse_split_fractions
 
+    try:
+        fractions = parse_split_fractions(split_fractions) if split_fractions else None
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--split-fractions") from None
     opts = ExportOptions(
         backend=backend,
         splits=splits or None,
@@ -184,7 +189,7 @@ def export_dataset(
         samples_per_shard=samples_per_shard,
         max_shard_bytes=max_shard_bytes,
         deterministic_name=deterministic_name,
-        split_fractions=parse_split_fractions(split_fractions) if split_fractions else None,
+        split_fractions=fractions,
         seed=seed,
         workers=workers,
         overwrite=overwrite,
@@ -335,28 +340,22 @@ def backend_list(category: str | None) -> None:
 
     from shardex.backends.registry import REGISTRY
 
-    table = Table(
-        "name", "implementation", "available", "random access", "streaming", "remote", "description"
-    )
+    table = Table()
+    table.add_column("name", no_wrap=True)
+    for header in ("available", "random", "stream", "remote"):
+        table.add_column(header, no_wrap=True)
+    table.add_column("implementation / description", overflow="fold")
     for entry in REGISTRY.entries():
         if not entry.available:
-            table.add_row(
-                entry.name, entry.target, f"no: {entry.install_hint or 'missing'}", "", "", "", ""
-            )
+            hint = entry.install_hint or "missing dependency"
+            table.add_row(entry.name, "no", "", "", "", f"{entry.target}\n{hint}")
             continue
         be = REGISTRY.get(entry.name)
         if category and category not in be.categories:
             continue
         caps = be.capabilities
-        table.add_row(
-            entry.name,
-            entry.target,
-            "yes",
-            _yes(caps.random_access),
-            _yes(caps.streaming),
-            _yes(caps.remote),
-            be.description,
-        )
+        flags = (_yes(caps.random_access), _yes(caps.streaming), _yes(caps.remote))
+        table.add_row(entry.name, "yes", *flags, f"{entry.target}\n{be.description}")
     _console().print(table)
 
 

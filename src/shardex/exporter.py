@@ -339,10 +339,10 @@ def _member_keys(table: pa.Table) -> dict[str, set[str]]:
     """Logical key -> extensions: image extensions are the key ``image``."""
     exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext")).to_pylist()
     out: dict[str, set[str]] = {}
-    for ext in exts:
+    for ext in sorted(exts):
         key = "image" if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS else ext
         out.setdefault(key, set()).add(ext)
-    return out
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "image", kv[0])))
 
 
 def _key_specs(
@@ -385,9 +385,10 @@ def _key_specs(
 
 
 def _select_keys(
-    opts: ExportOptions, available: list[str], with_label: bool
+    opts: ExportOptions, available: list[str], stored: list[str], with_label: bool
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    x = opts.x_keys or (("image",) if "image" in available else ())
+    """The x and y keys: as asked, else every stored member (image first) and the label."""
+    x = opts.x_keys or tuple(stored)
     y = opts.y_keys if opts.y_keys is not None else (("label",) if with_label else ())
     for key in (*x, *y):
         if key not in available:
@@ -402,6 +403,9 @@ def _select_keys(
 
 def _check_output(storage: Storage, overwrite: bool) -> list[str]:
     """Refuse an existing export unless overwriting; return the old files to replace."""
+    root = storage.local_path("")
+    if root is not None and root.exists() and not root.is_dir():
+        raise OutputExistsError(f"output {storage.uri} exists and is not a folder")
     existing = list(storage.list())
     foreign = [p for p in existing if not _OURS.match(p)]
     if foreign:
@@ -599,7 +603,7 @@ def export(
             *(["label"] if with_label else []),
             *[c for c in table.column_names if c not in internal],
         ]
-        x_keys, y_keys = _select_keys(opts, available, with_label)
+        x_keys, y_keys = _select_keys(opts, available, list(members), with_label)
         table = _drop_unselected_members(table, members, x_keys, y_keys)
         write_label = with_label and "label" in (*x_keys, *y_keys)
         if CONFIG_FILE in old_files:

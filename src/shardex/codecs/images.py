@@ -92,7 +92,7 @@ def check_decode(data: bytes, *, max_pixels: int = MAX_PIXELS) -> str | None:
     reason = check_header(data[:HEAD_BYTES], data[-TAIL_BYTES:], len(data))
     if reason:
         return reason
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as img:
@@ -100,6 +100,8 @@ def check_decode(data: bytes, *, max_pixels: int = MAX_PIXELS) -> str | None:
             if w * h > max_pixels:
                 return f"image too large ({w}x{h} = {w * h} pixels > limit {max_pixels})"
             img.load()
+    except UnidentifiedImageError:
+        return "cannot decode: not an image Pillow can read"
     except Exception as exc:  # Pillow raises many types for bad data
         return f"cannot decode: {exc}"
     return None

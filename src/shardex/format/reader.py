@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -143,10 +143,9 @@ class ShardDataset(Dataset):
                 f"{self.storage.join(self._paths[shard])}: the shard is damaged"
             )
         key, fields = parse_sample(buf, where=self._paths[shard])
-        if self.decode:
-            fields = decode_fields(fields)
-        fields["__key__"] = key
-        return fields
+        sample = decode_fields(fields) if self.decode else cast(Sample, fields)
+        sample["__key__"] = key
+        return sample
 
     def __getitem__(self, index: int) -> Sample:
         n = self._n

@@ -1,0 +1,55 @@
+"""Small helpers shared by the source, bad-input and CLI tests: tiny images and folders."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+
+
+def image_bytes(seed: int, fmt: str = "jpg", size: tuple[int, int] = (12, 10)) -> bytes:
+    """A small encoded image whose pixels depend on ``seed`` (distinct bytes per seed)."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=_FORMATS[fmt.lower()])
+    return out.getvalue()
+
+
+def write_image(path: Path, seed: int, size: tuple[int, int] = (12, 10)) -> bytes:
+    """Write an image in the format its suffix names; returns its bytes."""
+    data = image_bytes(seed, path.suffix.lstrip("."), size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def make_tree(root: Path, rel_paths: list[str], *, first_seed: int = 0) -> dict[str, bytes]:
+    """Write one image per relative path under root; returns ``{rel_path: bytes}``."""
+    return {rel: write_image(root / rel, first_seed + i) for i, rel in enumerate(sorted(rel_paths))}
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every regular file under folder, by posix relative path, with its bytes."""
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def image_field(sample: dict[str, object]) -> bytes:
+    """The one image member of a raw sample (whatever its extension)."""
+    found = [
+        v
+        for k, v in sample.items()
+        if k.rpartition(".")[2] in {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
+    ]
+    assert len(found) == 1, f"expected one image field, sample has {sorted(sample)}"
+    data = found[0]
+    assert isinstance(data, bytes)
+    return data
