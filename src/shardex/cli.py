@@ -233,7 +233,11 @@ def inspect(output: str, as_json: bool) -> None:
             name, str(info.num_samples), str(len(info.shards)), _size(info.num_bytes), f"{per:.0f}"
         )
     console.print(splits)
-    keys = Table("key", "role", "dtype", "shape", "encoding", "storage")
+    keys = Table()
+    keys.add_column("key", no_wrap=True)
+    for header in ("role", "dtype", "shape", "encoding"):
+        keys.add_column(header)
+    keys.add_column("storage", overflow="fold")
     for spec in config.key_specs:
         shape = "" if spec.shape is None else str(list(spec.shape)).replace("None", "?")
         keys.add_row(spec.key, spec.role, spec.dtype, shape, spec.encoding or "", spec.storage)

@@ -586,7 +586,9 @@ def export(
     storage = open_storage(output, storage_options)
     old_files = _check_output(storage, opts.overwrite)
     with Progress(progress) as bars, Runner(opts.workers) as runner:
+        scanning = bars.task(f"scanning {src.uri}", None)
         scan = src.scan()
+        scanning.done()
         table, skipped = _check(_fixed_lists(scan.table), opts, runner, bars)
         if table.num_rows == 0:
             raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")

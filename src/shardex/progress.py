@@ -11,9 +11,14 @@ class Task(Protocol):
 
     def advance(self, n: int = 1) -> None: ...
 
+    def done(self) -> None: ...
+
 
 class _NoTask:
     def advance(self, n: int = 1) -> None:
+        pass
+
+    def done(self) -> None:
         pass
 
 
@@ -65,5 +70,9 @@ class Progress:
         class _Bar:
             def advance(self, n: int = 1) -> None:
                 bars.advance(task_id, n)
+
+            def done(self) -> None:
+                task = bars.tasks[task_id]
+                bars.update(task_id, total=task.completed or 1, completed=task.completed or 1)
 
         return _Bar()

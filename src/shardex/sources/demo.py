@@ -139,8 +139,23 @@ def draw_sample(
     return out.getvalue(), ext, meta
 
 
+def _draw_chunk(
+    job: tuple[Path, range, int, tuple[int, int]],
+) -> list[tuple[str, dict[str, object]]]:
+    folder, indices, seed, size_range = job
+    out = []
+    for i in indices:
+        data, ext, meta = draw_sample(i, seed=seed, size_range=size_range)
+        rel = f"{CLASSES[i % len(CLASSES)]}/{i:06d}.{ext}"
+        (folder / rel).write_bytes(data)
+        out.append((rel, meta))
+    return out
+
+
 def generate(target: Path, *, count: int, seed: int, size_range: tuple[int, int]) -> None:
     """Write ``count`` demo images and ``metadata.parquet`` into ``target`` atomically."""
+    from shardex.parallel import Runner
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
@@ -148,13 +163,16 @@ def generate(target: Path, *, count: int, seed: int, size_range: tuple[int, int]
         metas: list[dict[str, object]] = []
         for cls in CLASSES:
             (tmp / cls).mkdir()
-        for i in range(count):
-            data, ext, meta = draw_sample(i, seed=seed, size_range=size_range)
-            rel = f"{CLASSES[i % len(CLASSES)]}/{i:06d}.{ext}"
-            (tmp / rel).write_bytes(data)
-            rows["image_path"].append(rel)
-            rows["label"].append(CLASSES[i % len(CLASSES)])
-            metas.append(meta)
+        step = 500
+        jobs = (
+            (tmp, range(s, min(s + step, count)), seed, size_range) for s in range(0, count, step)
+        )
+        with Runner(None if count > step else 1) as runner:
+            for chunk in runner.imap(_draw_chunk, jobs):
+                for rel, meta in chunk:
+                    rows["image_path"].append(rel)
+                    rows["label"].append(rel.split("/", 1)[0])
+                    metas.append(meta)
         table = pa.table(
             {
                 **{k: pa.array(v) for k, v in rows.items()},
