@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import shardex
 from shardex.errors import ConfigError, SchemaError
-from shardex.exporter import plan_bounds
+from shardex.planning import plan_bounds
 from shardex.testing import SampleFolder, make_sample_folder
 from shardex.testing.backend import image_of
 from shardex.testing.data import read_with_webdataset

@@ -174,7 +174,8 @@ def export_dataset(
     the built-in labelled demo images (no download).
     """
     from shardex.errors import ConfigError
-    from shardex.exporter import ExportOptions, export, parse_split_fractions
+    from shardex.exporter import export
+    from shardex.options import ExportOptions, parse_split_fractions
 
     try:
         fractions = parse_split_fractions(split_fractions) if split_fractions else None

@@ -1,0 +1,69 @@
+"""Export options: every flag of ``shardex export-dataset`` as one frozen record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shardex.codecs.images import MAX_PIXELS, VALIDATE_CHOICES, Validate
+from shardex.errors import ConfigError
+
+OnError = Literal["error", "skip"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOptions:
+    """How to export. Every CLI flag of ``export-dataset`` maps to one field."""
+
+    backend: str = "webdataset"
+    splits: tuple[str, ...] | None = None
+    x_keys: tuple[str, ...] | None = None
+    y_keys: tuple[str, ...] | None = None
+    labels: bool = True
+    samples_per_shard: int = 1000
+    max_shard_bytes: int | None = None
+    deterministic_name: bool = True
+    split_fractions: dict[str, float] | None = None
+    seed: int = 0
+    workers: int | None = None
+    overwrite: bool = False
+    on_error: OnError = "error"
+    validate: Validate = "header"
+    max_pixels: int = MAX_PIXELS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.samples_per_shard < 1:
+            raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")
+        if self.max_shard_bytes is not None and self.max_shard_bytes < 1:
+            raise ConfigError(f"max_shard_bytes must be >= 1, got {self.max_shard_bytes}")
+        if self.on_error not in ("error", "skip"):
+            raise ConfigError(f"on_error must be 'error' or 'skip', got {self.on_error!r}")
+        if self.validate not in VALIDATE_CHOICES:
+            raise ConfigError(f"validate must be one of {VALIDATE_CHOICES}, got {self.validate!r}")
+        if self.split_fractions is not None:
+            total = sum(self.split_fractions.values())
+            if (
+                not self.split_fractions
+                or any(v < 0 for v in self.split_fractions.values())
+                or abs(total - 1.0) > 1e-6
+            ):
+                raise ConfigError(
+                    f"split fractions must be >= 0 and sum to 1, got {self.split_fractions}"
+                )
+
+
+def parse_split_fractions(text: str) -> dict[str, float]:
+    """``"train=0.8,val=0.1,test=0.1"`` -> ``{"train": 0.8, "val": 0.1, "test": 0.1}``."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        try:
+            if not eq or not name.strip():
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(
+                f"bad split fraction {part!r}: use NAME=FRACTION, e.g. train=0.8,val=0.2"
+            ) from None
+    return out

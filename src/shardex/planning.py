@@ -1,0 +1,214 @@
+"""Planning an export: splits, shard boundaries, deterministic names, and key specs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import Final, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from shardex.codecs.images import IMAGE_EXTENSIONS, encoding_of_extension
+from shardex.contract import KeySpec
+from shardex.errors import ConfigError
+from shardex.options import ExportOptions
+from shardex.sources.base import MEMBERS
+
+SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test")
+
+
+def fixed_lists(table: pa.Table) -> pa.Table:
+    """List columns whose rows all have one length become fixed-size lists."""
+    for i, f in enumerate(table.schema):
+        if (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)) and f.name != MEMBERS:
+            col = table.column(i)
+            lengths = pc.unique(pc.list_value_length(col)).to_pylist()
+            if len(lengths) == 1 and lengths[0] is not None and col.null_count == 0:
+                table = table.set_column(
+                    i, f.name, col.cast(pa.list_(f.type.value_type, lengths[0]))
+                )
+    return table
+
+
+def assign_splits(table: pa.Table, opts: ExportOptions) -> tuple[pa.Table, str]:
+    if "split" in table.column_names:
+        if opts.split_fractions:
+            raise ConfigError(
+                "the source already has splits; --split-fractions would re-split it "
+                "(drop the option, or export without the source's split folders)"
+            )
+        return table, "source"
+    if not opts.split_fractions:
+        return table.append_column("split", pa.array(["train"] * table.num_rows)), "single"
+    names = list(opts.split_fractions)
+    bounds = np.cumsum([opts.split_fractions[n] for n in names])
+    bounds[-1] = 1.0 + 1e-9
+    seed = str(opts.seed).encode() + b"\0"
+    u = (
+        np.fromiter(
+            (xxhash.xxh3_64_intdigest(seed + k.encode()) for k in table.column("key").to_pylist()),
+            dtype=np.uint64,
+            count=table.num_rows,
+        ).astype(np.float64)
+        / 2.0**64
+    )
+    picks = np.searchsorted(bounds, u, side="right")
+    return table.append_column("split", pa.array(np.array(names)[picks].tolist())), "fractions"
+
+
+def split_names(table: pa.Table, opts: ExportOptions) -> list[str]:
+    present = set(pc.unique(table.column("split")).to_pylist())
+    order = list(opts.split_fractions or ()) + [s for s in SPLIT_ORDER if s in present]
+    order += sorted(present - set(order))
+    names = [s for s in dict.fromkeys(order) if s in present]
+    if opts.splits:
+        missing = [s for s in opts.splits if s not in present]
+        if missing:
+            raise ConfigError(
+                f"split(s) {', '.join(missing)} not in the source (it has: {', '.join(names)})"
+            )
+        names = [s for s in names if s in opts.splits]
+    return names
+
+
+def plan_bounds(
+    sizes: np.ndarray, samples_per_shard: int, max_shard_bytes: int | None
+) -> tuple[tuple[int, int], ...]:
+    """Row ranges of shards: full by count, or until the next sample would pass the byte cap.
+
+    A sample larger than the cap gets a shard of its own; no shard is ever padded.
+    """
+    n = len(sizes)
+    if max_shard_bytes is None:
+        starts = range(0, n, samples_per_shard)
+        return tuple((s, min(s + samples_per_shard, n)) for s in starts)
+    from shardex.format.tar import END_OF_ARCHIVE
+
+    out, start, used = [], 0, len(END_OF_ARCHIVE)
+    for i, size in enumerate(sizes.tolist()):
+        full = i - start >= samples_per_shard or (i > start and used + size > max_shard_bytes)
+        if full:
+            out.append((start, i))
+            start, used = i, len(END_OF_ARCHIVE)
+        used += size
+    if start < n:
+        out.append((start, n))
+    return tuple(out)
+
+
+def content_digest(rows: pa.Table, sizes: np.ndarray) -> str:
+    h = xxhash.xxh3_128()
+    h.update("\n".join(rows.column("key").to_pylist()).encode())
+    h.update(sizes.astype("<i8").tobytes())
+    return str(h.hexdigest())
+
+
+def name_hash(opts: ExportOptions, split: str, digest: str) -> str:
+    if not opts.deterministic_name:
+        return secrets.token_hex(6)
+    basis = json.dumps(
+        {
+            "split": split,
+            "content": digest,
+            "backend": opts.backend,
+            "samples_per_shard": opts.samples_per_shard,
+            "max_shard_bytes": opts.max_shard_bytes,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(basis.encode()).hexdigest()[:12]
+
+
+def _dtype_of(t: pa.DataType) -> tuple[str, tuple[int | None, ...]]:
+    if pa.types.is_fixed_size_list(t):
+        inner, shape = _dtype_of(t.value_type)
+        return inner, (t.list_size, *shape)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner, shape = _dtype_of(t.value_type)
+        return inner, (None, *shape)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string", ()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytes", ()
+    if pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return t.to_pandas_dtype().__name__ if hasattr(t, "to_pandas_dtype") else str(t), ()
+    return str(t), ()
+
+
+def member_keys(table: pa.Table) -> dict[str, set[str]]:
+    """Logical key -> extensions: image extensions are the key ``image``."""
+    exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext")).to_pylist()
+    out: dict[str, set[str]] = {}
+    for ext in sorted(exts):
+        key = "image" if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS else ext
+        out.setdefault(key, set()).add(ext)
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "image", kv[0])))
+
+
+def key_specs(
+    table: pa.Table,
+    members: dict[str, set[str]],
+    with_label: bool,
+    x_keys: tuple[str, ...],
+    y_keys: tuple[str, ...],
+) -> tuple[KeySpec, ...]:
+    def role(key: str) -> Literal["x", "y", "meta"]:
+        return "x" if key in x_keys else "y" if key in y_keys else "meta"
+
+    specs = []
+    for key, exts in sorted(members.items(), key=lambda kv: (kv[0] != "image", kv[0])):
+        if key == "image":
+            enc = sorted({encoding_of_extension(e) or e for e in exts})
+            specs.append(
+                KeySpec(
+                    "image",
+                    role(key),
+                    "uint8",
+                    (None, None, None),
+                    "HWC",
+                    "|".join(enc),
+                    "tar:" + "|".join(sorted(exts)),
+                )
+            )
+        else:
+            specs.append(KeySpec(key, role(key), "bytes", None, None, key, f"tar:{key}"))
+    if with_label:
+        specs.append(
+            KeySpec("label", role("label"), "int64", (), None, "ascii-int", "tar:cls,parquet:label")
+        )
+    for f in table.schema:
+        if f.name in {MEMBERS, "key", "original_path", "split", "label"}:
+            continue
+        dtype, shape = _dtype_of(f.type)
+        specs.append(KeySpec(f.name, role(f.name), dtype, shape, None, None, "parquet"))
+    return tuple(specs)
+
+
+def select_keys(
+    opts: ExportOptions, available: list[str], stored: list[str], with_label: bool
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The x and y keys: as asked, else every stored member (image first) and the label."""
+    x = opts.x_keys or tuple(stored)
+    y = opts.y_keys if opts.y_keys is not None else (("label",) if with_label else ())
+    for key in (*x, *y):
+        if key not in available:
+            raise ConfigError(
+                f"key {key!r} is not in the source (available keys: {', '.join(available)})"
+            )
+    return tuple(x), tuple(y)
+
+
+def drop_unselected_members(
+    table: pa.Table, members: dict[str, set[str]], x_keys: tuple[str, ...], y_keys: tuple[str, ...]
+) -> pa.Table:
+    """Members whose key is neither an x key nor a y key are not stored."""
+    dropped = {e for key, exts in members.items() if key not in (*x_keys, *y_keys) for e in exts}
+    if not dropped:
+        return table
+    kept = [[m for m in ms if m["ext"] not in dropped] for ms in table.column(MEMBERS).to_pylist()]
+    i = table.column_names.index(MEMBERS)
+    return table.set_column(i, MEMBERS, pa.array(kept, table.schema.field(MEMBERS).type))
