@@ -117,7 +117,8 @@ def _json_columns(table: pa.Table) -> tuple[str, ...]:
 def _chunks(table: pa.Table, columns: list[str], size: int = CHUNK) -> Iterator[pa.Table]:
     narrow = table.select(columns)
     for start in range(0, table.num_rows, size):
-        yield narrow.slice(start, size)
+        # take() copies the rows: a pickled slice would carry its parent's whole buffers
+        yield narrow.take(np.arange(start, min(start + size, table.num_rows)))
 
 
 def check_samples(

@@ -8,6 +8,7 @@ package) on every read.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
@@ -218,9 +219,18 @@ _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @cache
 def schema() -> dict[str, Any]:
-    """The JSON schema of config.yaml shipped with the package."""
+    """The JSON schema (draft-07) of config.yaml shipped with the package."""
     text = resources.files("shardex").joinpath("schema/config.schema.json").read_text("utf-8")
     return json.loads(text)  # type: ignore[no-any-return]
+
+
+@cache
+def _validator() -> Callable[[Any], Any]:
+    # fastjsonschema compiles the schema to Python once per process: ~15x faster than an
+    # interpreting validator, which matters with tens of thousands of shards.
+    import fastjsonschema
+
+    return fastjsonschema.compile(schema())
 
 
 def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
@@ -229,13 +239,13 @@ def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
     Raises:
         SchemaError: naming the first offending field and what was expected.
     """
-    import jsonschema  # imported here: it is slow to import and only needed on read
+    import fastjsonschema
 
-    validator = jsonschema.Draft202012Validator(schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(raw))
-    if error is not None:
-        path = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise SchemaError(f"{where}: field {path}: {error.message}")
+    try:
+        _validator()(raw)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        text = exc.message.removeprefix("data.").removeprefix("data ")
+        raise SchemaError(f"{where}: {text} (schema rule {exc.rule!r})") from None
     total = sum(s["num_samples"] for s in raw["splits"].values())
     if total != raw["num_samples"]:
         raise SchemaError(

@@ -53,7 +53,6 @@ from shardex.progress import Progress
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage, open_storage
-from shardex.storage.local import LocalStorage
 
 _OURS: Final = re.compile(
     r"^(config\.yaml|metadata\.parquet|errors\.parquet|"
@@ -87,14 +86,19 @@ def _check_output(storage: Storage, overwrite: bool) -> list[str]:
     return existing
 
 
+def export_files(config: ExportConfig) -> list[str]:
+    """Every file of an export but config.yaml."""
+    files = [f for f in (config.metadata_file, config.errors_file) if f]
+    for info in config.splits.values():
+        files += [p for s in info.shards for p in (s.path, s.metadata) if p]
+        if info.index is not None:
+            files += [info.index.samples, info.index.keys]
+    return files
+
+
 def _remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) -> None:
     """Delete files of a replaced export that the new one does not have."""
-    keep = {CONFIG_FILE, METADATA_FILE}
-    keep.update(f for f in (config.errors_file,) if f)
-    for info in config.splits.values():
-        keep.update(p for s in info.shards for p in (s.path, s.metadata) if p)
-        if info.index is not None:
-            keep.update((info.index.samples, info.index.keys))
+    keep = {CONFIG_FILE, *export_files(config)}
     for path in old_files:
         if path not in keep:
             storage.delete(path)
@@ -257,9 +261,9 @@ def export(
             extra=dict(opts.extra),
         )
         _remove_stale(storage, old_files, config)
+        storage.sync(export_files(config))  # everything durable before the commit point
         storage.put(CONFIG_FILE, config.to_yaml().encode())
-        if isinstance(storage, LocalStorage):
-            storage.sync_dir()
+        storage.sync([CONFIG_FILE])
     return config
 
 

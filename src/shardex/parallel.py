@@ -28,6 +28,10 @@ def default_workers() -> int:
     return max(1, min(8, cores))
 
 
+def _noop() -> None:
+    pass
+
+
 class Runner:
     """Runs functions over items in order, on ``workers`` processes (inline for 1)."""
 
@@ -39,6 +43,10 @@ class Runner:
         if self.workers > 1:
             ctx = multiprocessing.get_context("forkserver")
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            # Start the workers now (they start lazily), so that their start-up (~0.5 s)
+            # overlaps with the caller's own work, such as scanning the source.
+            for _ in range(self.workers):
+                self._pool.submit(_noop)
         return self
 
     def __exit__(

@@ -92,6 +92,7 @@ class ShardDataset(Dataset):
             num_samples=info.num_samples,
         )
         self._n = info.num_samples
+        self._record = self.index.record
         self._local = [storage.local_path(p) for p in self._paths]
         self._fds: list[int | None] = [None] * len(self._paths)
         self._pid = os.getpid()
@@ -111,24 +112,33 @@ class ShardDataset(Dataset):
     def __len__(self) -> int:
         return self._n
 
-    def _fd(self, shard: int) -> int:
+    def _open(self, shard: int) -> int | None:
+        """The descriptor of a local shard (opened once per process); None if remote."""
         if self._pid != os.getpid():  # forked: descriptors are per process
             self._fds, self._pid = [None] * len(self._paths), os.getpid()
+        local = self._local[shard]
+        if local is None:
+            return None
         fd = self._fds[shard]
         if fd is None:
-            fd = self._fds[shard] = os.open(self._local[shard], os.O_RDONLY | os.O_CLOEXEC)  # type: ignore[arg-type]
+            fd = self._fds[shard] = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
         return fd
 
     def _read(self, shard: int, offset: int, length: int) -> bytes:
+        # The index is checked against the shard sizes of config.yaml on every read, so
+        # a damaged index cannot make a read leave its shard.
         if offset + length > self._sizes[shard]:
             raise FormatError(
                 f"index entry points past the end of {self.storage.join(self._paths[shard])} "
                 f"({offset}+{length} > {self._sizes[shard]} bytes)"
             )
-        if self._local[shard] is None:
+        fd = self._fds[shard] if self._pid == os.getpid() else None
+        if fd is None:
+            fd = self._open(shard)
+        if fd is None:
             data = self.storage.get_range(self._paths[shard], offset, length)
         else:
-            data = os.pread(self._fd(shard), length, offset)
+            data = os.pread(fd, length, offset)
         if len(data) != length:
             raise FormatError(
                 f"{self.storage.join(self._paths[shard])} is shorter than its index says "
@@ -153,7 +163,7 @@ class ShardDataset(Dataset):
             index += n
         if not 0 <= index < n:
             raise IndexError(f"sample {index} is out of range for a split of {n} samples")
-        offset, checksum, shard, length = self.index.record(index)
+        offset, checksum, shard, length = self._record(index)
         return self._sample(self._read(shard, offset, length), checksum, shard, offset)
 
     def get(self, key: str) -> Sample:
@@ -203,22 +213,28 @@ class ShardDataset(Dataset):
         return out  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[Sample]:
-        """Samples in shard order; each shard is read whole, once."""
+        """Samples in shard order.
+
+        Local shards are read sample by sample (the kernel reads ahead); remote shards are
+        fetched whole, one request per shard.
+        """
         samples = self.index.samples
         for shard, path in enumerate(self._paths):
             lo, hi = int(self._first[shard]), int(self._first[shard + 1])
-            if lo == hi:
-                continue
-            local = self._local[shard]
-            data = local.read_bytes() if local is not None else self.storage.get(path)
             rec = samples[lo:hi]
-            for off, length, checksum in zip(
+            ranges = zip(
                 rec["offset"].tolist(),
                 rec["length"].tolist(),
                 rec["checksum"].tolist(),
                 strict=True,
-            ):
-                yield self._sample(data[off : off + length], checksum, shard, off)
+            )
+            if self._local[shard] is not None:
+                for off, length, checksum in ranges:
+                    yield self._sample(self._read(shard, off, length), checksum, shard, off)
+            elif lo < hi:
+                data = self.storage.get(path)
+                for off, length, checksum in ranges:
+                    yield self._sample(data[off : off + length], checksum, shard, off)
 
     def keys(self) -> Iterator[str]:
         """Sample keys in sample order (from the metadata)."""

@@ -44,9 +44,12 @@ class MemberReader:
             return data  # type: ignore[no-any-return]
         path, offset, size = member["path"], member["offset"], member["size"]
         try:
-            if offset < 0:
-                with open(path, "rb") as f:
-                    data = f.read()
+            if offset < 0:  # a whole file: one read of one byte more shows if it grew
+                whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    data = os.read(whole, size + 1)
+                finally:
+                    os.close(whole)
             else:
                 fd = self._fds.get(path)
                 if fd is None:

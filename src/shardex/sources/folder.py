@@ -21,6 +21,7 @@ SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test"})
 def _walk(root: Path) -> list[tuple[str, int]]:
     """(relative posix path, size) of every image file under root, sorted by path."""
     found: list[tuple[str, int]] = []
+    prefix = len(str(root)) + 1  # entry paths all start with "root/"
     stack = [root]
     while stack:
         top = stack.pop()
@@ -31,7 +32,7 @@ def _walk(root: Path) -> list[tuple[str, int]]:
                     continue
                 ext = entry.name.rpartition(".")[2].lower()
                 if "." in entry.name and ext in IMAGE_EXTENSIONS and entry.is_file():
-                    rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
+                    rel = entry.path[prefix:].replace(os.sep, "/")
                     found.append((rel, entry.stat().st_size))
     found.sort()
     return found
@@ -61,6 +62,7 @@ class FolderSource(Source):
                 f"with other entries ({', '.join(others)}); put every image under a split"
             )
         keys, paths, splits, classes = [], [], [], []
+        root = str(self.root)
         members: list[list[dict[str, Any]]] = []
         for rel, size in files:
             parts = rel.split("/")
@@ -70,7 +72,7 @@ class FolderSource(Source):
             ext = rel.rpartition(".")[2].lower()
             keys.append(key_from_relpath(rel))
             paths.append(rel)
-            members.append([file_member(str(self.root / rel), size, ext)])
+            members.append([file_member(f"{root}/{rel}", size, ext)])
         names = sorted({c for c in classes if c is not None})
         number = {name: i for i, name in enumerate(names)}
         labels = [None if c is None else number[c] for c in classes] if names else None

@@ -8,7 +8,7 @@ writes that become visible only on :meth:`ObjectWriter.commit`, listing and dele
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
@@ -113,6 +113,10 @@ class Storage(ABC):
         """Write a whole object atomically."""
         with self.open_writer(path) as writer:
             writer.write(data)
+
+    def sync(self, paths: Iterable[str]) -> None:
+        """Make committed objects durable (a no-op where commit already is, as on S3)."""
+        del paths
 
     def local_path(self, path: str) -> Path | None:
         """The object's local file, when it has one (lets readers mmap); else None."""

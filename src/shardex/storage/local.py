@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,10 @@ class LocalObjectWriter(ObjectWriter):
         return self._pos
 
     def commit(self) -> None:
+        # No fsync here: an export syncs all of its files in one pass before it commits
+        # (Storage.sync), which lets the kernel write back while shards are still made.
         if self._done:
             return
-        self._file.flush()
-        os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self._tmp, self._final)
         self._done = True
@@ -145,10 +145,20 @@ class LocalStorage(Storage):
     def local_path(self, path: str) -> Path:
         return self._path(path)
 
-    def sync_dir(self, path: str = "") -> None:
-        """fsync a directory so that renames in it survive a power loss."""
-        fd = os.open(self._path(path) if path else self.root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def sync(self, paths: Iterable[str]) -> None:
+        """fsync the files and then their folders, so that they survive a power loss."""
+        folders = {self.root}
+        for path in paths:
+            full = self._path(path)
+            folders.add(full.parent)
+            _fsync(full)
+        for folder in folders:
+            _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
