@@ -29,6 +29,33 @@ def _size(n: float) -> str:
     return f"{n} B"
 
 
+def _storage_flags(fn: Any) -> Any:
+    """The object-storage flags every command that takes a location accepts."""
+    fn = click.option(
+        "--s3-profile",
+        default=None,
+        metavar="NAME",
+        help="Named AWS profile for s3:// locations (needs boto3).",
+    )(fn)
+    fn = click.option(
+        "--s3-region", default=None, help="Region for s3:// locations (default: AWS_REGION)."
+    )(fn)
+    fn = click.option(
+        "--s3-endpoint-url",
+        default=None,
+        metavar="URL",
+        help="S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: AWS_ENDPOINT_URL).",
+    )(fn)
+    return fn
+
+
+def _storage_options(
+    endpoint_url: str | None, region: str | None, profile: str | None
+) -> dict[str, Any] | None:
+    options = {"endpoint_url": endpoint_url, "region": region, "profile": profile}
+    return {k: v for k, v in options.items() if v} or None
+
+
 class _Group(click.Group):
     """Turns shardex errors into one clear line and a non-zero exit code."""
 
@@ -130,7 +157,16 @@ def main() -> None:
     default=None,
     help="Processes (default: one per core, at most 8). Output is identical for any number.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an existing export at OUTPUT.")
+@click.option(
+    "--mode",
+    type=click.Choice(["error", "overwrite", "resume"]),
+    default="error",
+    show_default=True,
+    help="If OUTPUT holds an export: refuse (error), replace it "
+    "(overwrite: stale files of the old one are removed), or finish an interrupted "
+    "one (resume: shards that verify against the source are kept).",
+)
+@click.option("--overwrite", is_flag=True, help="Shorthand for --mode overwrite.")
 @click.option(
     "--on-error",
     type=click.Choice(["error", "skip"]),
@@ -148,6 +184,7 @@ def main() -> None:
     "end markers; cheap), decode (full decode), or none.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@_storage_flags
 def export_dataset(
     source: str,
     output: str,
@@ -162,10 +199,14 @@ def export_dataset(
     split_fractions: str | None,
     seed: int,
     workers: int | None,
+    mode: str,
     overwrite: bool,
     on_error: str,
     validate: str,
     quiet: bool,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
 ) -> None:
     """Export SOURCE to sharded storage at OUTPUT.
 
@@ -193,11 +234,13 @@ def export_dataset(
         split_fractions=fractions,
         seed=seed,
         workers=workers,
+        mode=mode,  # type: ignore[arg-type]
         overwrite=overwrite,
         on_error=on_error,  # type: ignore[arg-type]
         validate=validate,  # type: ignore[arg-type]
     )
-    config = export(source, output, opts, progress=not quiet)
+    storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
+    config = export(source, output, opts, progress=not quiet, storage_options=storage_options)
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
     size = sum(s.num_bytes for s in config.splits.values())
@@ -212,13 +255,20 @@ def export_dataset(
 @main.command()
 @click.argument("output")
 @click.option("--json", "as_json", is_flag=True, help="Print config.yaml as JSON.")
-def inspect(output: str, as_json: bool) -> None:
+@_storage_flags
+def inspect(
+    output: str,
+    as_json: bool,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
+) -> None:
     """Summarise the export at OUTPUT (config.yaml, splits, shards, keys)."""
     from rich.table import Table
 
     from shardex.api import read_config
 
-    config = read_config(output)
+    config = read_config(output, _storage_options(s3_endpoint_url, s3_region, s3_profile))
     if as_json:
         click.echo(json.dumps(config.to_dict(), indent=2))
         return
@@ -257,16 +307,25 @@ def inspect(output: str, as_json: bool) -> None:
 @click.argument("output")
 @click.option("--split", default=None, help=_SPLIT_HELP)
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N rows.")
-def ls(output: str, split: str | None, limit: int | None) -> None:
+@_storage_flags
+def ls(
+    output: str,
+    split: str | None,
+    limit: int | None,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
+) -> None:
     """List the samples of OUTPUT: key, split, shard, byte range, original path."""
     from shardex.api import read_config
 
-    config = read_config(output)
+    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    config = read_config(storage)
     splits = [split] if split else list(config.splits)
     shown = 0
     for name in splits:
         config.split(name)
-        meta = _open(output, name).metadata
+        meta = _open(storage, name).metadata
         cols = [
             meta.column(c).to_pylist()
             for c in ("key", "tar_file", "sample_offset", "sample_length", "original_path")
@@ -278,10 +337,18 @@ def ls(output: str, split: str | None, limit: int | None) -> None:
             shown += 1
 
 
-def _open(output: str, split: str) -> Any:
+def _location(
+    output: str, endpoint_url: str | None, region: str | None, profile: str | None
+) -> Any:
+    from shardex.storage import open_storage
+
+    return open_storage(output, _storage_options(endpoint_url, region, profile))
+
+
+def _open(storage: Any, split: str) -> Any:
     from shardex.api import open_dataset
 
-    return open_dataset(output, split=split)
+    return open_dataset(storage, split=split)
 
 
 @main.command()
@@ -297,16 +364,27 @@ def _open(output: str, split: str) -> Any:
     help="Write one field's exact bytes to this file (default field: the image).",
 )
 @click.option("--field", default=None, help="Field (extension) to write with -o, e.g. cls.")
-def get(output: str, key: str, split: str | None, dest: str | None, field: str | None) -> None:
+@_storage_flags
+def get(
+    output: str,
+    key: str,
+    split: str | None,
+    dest: str | None,
+    field: str | None,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
+) -> None:
     """Fetch the sample KEY from OUTPUT: show its fields, or write one with -o."""
     from shardex.api import read_config
     from shardex.codecs.images import IMAGE_EXTENSIONS
 
-    config = read_config(output)
+    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    config = read_config(storage)
     sample, where = None, ""
     for name in [split] if split else list(config.splits):
         try:
-            sample, where = _open(output, name).get(key), name
+            sample, where = _open(storage, name).get(key), name
             break
         except SampleNotFoundError:
             continue

@@ -35,7 +35,7 @@ from shardex.errors import (
     OutputExistsError,
 )
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
-from shardex.options import ExportOptions, OnError, parse_split_fractions
+from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
 from shardex.planning import (
     assign_splits,
@@ -64,8 +64,8 @@ _CHUNK: Final = 2000
 # ---------------------------------------------------------------- output handling
 
 
-def _check_output(storage: Storage, overwrite: bool) -> list[str]:
-    """Refuse an existing export unless overwriting; return the old files to replace."""
+def _check_output(storage: Storage, mode: Mode) -> list[str]:
+    """Refuse what the mode does not allow; return the old files to replace or resume."""
     root = storage.local_path("")
     if root is not None and root.exists() and not root.is_dir():
         raise OutputExistsError(f"output {storage.uri} exists and is not a folder")
@@ -76,13 +76,18 @@ def _check_output(storage: Storage, overwrite: bool) -> list[str]:
             f"output {storage.uri} holds files shardex did not write (e.g. {foreign[0]!r}); "
             "export into an empty or new folder"
         )
-    if existing and not overwrite:
-        what = (
-            "holds an export"
-            if CONFIG_FILE in existing
-            else "holds the files of an unfinished export"
+    committed = CONFIG_FILE in existing
+    if committed and mode == "resume":
+        raise OutputExistsError(
+            f"output {storage.uri} holds a complete export: nothing to resume "
+            "(use mode 'overwrite' to write it again)"
         )
-        raise OutputExistsError(f"output {storage.uri} {what}; pass --overwrite to replace it")
+    if existing and mode == "error":
+        what = "holds an export" if committed else "holds the files of an unfinished export"
+        hint = "--overwrite to replace it" + (
+            "" if committed else ", or --mode resume to finish it"
+        )
+        raise OutputExistsError(f"output {storage.uri} {what}; pass {hint}")
     return existing
 
 
@@ -172,7 +177,8 @@ def export(
         storage_options: options for remote storage.
 
     Raises:
-        OutputExistsError: the output holds an export and ``overwrite`` is off.
+        OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
+            does not allow replacing or resuming it.
         BadSampleError: a sample is corrupt (and ``on_error`` is ``"error"``).
         SourceError: the source is missing, empty or malformed.
     """
@@ -184,7 +190,7 @@ def export(
     src = open_source(source)
     backend = get_backend(opts.backend)
     storage = open_storage(output, storage_options)
-    old_files = _check_output(storage, opts.overwrite)
+    old_files = _check_output(storage, opts.mode)
     with Progress(progress) as bars, Runner(opts.workers) as runner:
         scanning = bars.task(f"scanning {src.uri}", None)
         scan = src.scan()
@@ -295,7 +301,14 @@ def _write_splits(
             digest = content_digest(rows, sizes)
             digests.append(digest)
             bounds = plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes)
-            plan = SplitPlan(split, rows, bounds, name_hash(opts, split, digest), write_label)
+            plan = SplitPlan(
+                split,
+                rows,
+                bounds,
+                name_hash(opts, split, digest),
+                write_label,
+                resume=opts.mode == "resume",
+            )
             written[split] = backend.write_split(storage, plan, runner, on_shard)
         sink.commit()
     except BaseException:

@@ -9,6 +9,9 @@ from shardex.codecs.images import MAX_PIXELS, VALIDATE_CHOICES, Validate
 from shardex.errors import ConfigError
 
 OnError = Literal["error", "skip"]
+#: What to do with an output that already holds an export or an interrupted one.
+Mode = Literal["error", "overwrite", "resume"]
+MODES: tuple[Mode, ...] = ("error", "overwrite", "resume")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +29,20 @@ class ExportOptions:
     split_fractions: dict[str, float] | None = None
     seed: int = 0
     workers: int | None = None
-    overwrite: bool = False
+    mode: Mode = "error"
+    overwrite: bool = False  # shorthand for mode="overwrite"
     on_error: OnError = "error"
     validate: Validate = "header"
     max_pixels: int = MAX_PIXELS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.overwrite:
+            if self.mode == "resume":
+                raise ConfigError("overwrite=True and mode='resume' contradict each other")
+            object.__setattr__(self, "mode", "overwrite")
         if self.samples_per_shard < 1:
             raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")
         if self.max_shard_bytes is not None and self.max_shard_bytes < 1:

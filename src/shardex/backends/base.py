@@ -30,7 +30,8 @@ class SplitPlan:
 
     ``rows`` is the split's scan table in sample order, with ``export_index``,
     ``sample_index`` and (when present) the ``_json`` member text added; ``bounds`` are the
-    row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names.
+    row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names;
+    ``resume`` keeps shards of an interrupted export that verify.
     """
 
     split: str
@@ -38,6 +39,7 @@ class SplitPlan:
     bounds: tuple[tuple[int, int], ...]
     name_hash: str
     with_label: bool
+    resume: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
 

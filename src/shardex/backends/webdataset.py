@@ -56,6 +56,7 @@ class WebDatasetBackend(Backend):
                 f"{stem}.parquet",
                 plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
                 plan.with_label,
+                plan.resume,
             )
             for stem, (a, b) in zip(stems, plan.bounds, strict=True)
         )

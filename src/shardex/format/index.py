@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -95,7 +95,9 @@ def _load(path: Path, what: str) -> npt.NDArray[np.generic]:
 class SplitIndex:
     """Memory-mapped index of one split (see the module docstring for the layout)."""
 
-    def __init__(self, samples_path: Path, keys_path: Path, *, num_samples: int) -> None:
+    def __init__(
+        self, samples_path: Path, keys_path: Path | Callable[[], Path], *, num_samples: int
+    ) -> None:
         samples = _load(samples_path, "sample")
         if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
             raise FormatError(
@@ -128,10 +130,11 @@ class SplitIndex:
 
     def _key_table(self) -> npt.NDArray[np.uint64]:
         if self._keys is None:
-            keys = _load(self._keys_path, "key")
+            path = self._keys_path if isinstance(self._keys_path, Path) else self._keys_path()
+            keys = _load(path, "key")
             if keys.dtype != np.uint64 or keys.shape != (2, self.num_samples):
                 raise FormatError(
-                    f"{self._keys_path}: expected uint64 of shape (2, {self.num_samples}), "
+                    f"{path}: expected uint64 of shape (2, {self.num_samples}), "
                     f"found {keys.dtype} {keys.shape}"
                 )
             self._keys = keys  # type: ignore[assignment]

@@ -26,6 +26,8 @@ from shardex.storage.base import Storage
 
 #: get_many merges two reads of one shard when the gap between them is at most this.
 DEFAULT_COALESCE_GAP = 0
+#: The same on object storage, where a request costs far more than a few KiB of bytes.
+REMOTE_COALESCE_GAP = 64 * 1024
 
 
 def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
@@ -85,10 +87,13 @@ class ShardDataset(Dataset):
         self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
         if info.index is None:
             raise FormatError(f"split {split!r} of {storage.uri} has no index")
-        fp = config.source_fingerprint
+        # Cached copies of remote index files are keyed by the shards' checksums, so a
+        # rewritten export never meets a stale index.
+        fp = "\n".join(s.checksum for s in info.shards)
+        keys = info.index.keys
         self.index = SplitIndex(
             local_copy(storage, info.index.samples, fp),
-            local_copy(storage, info.index.keys, fp),
+            lambda: local_copy(storage, keys, fp),
             num_samples=info.num_samples,
         )
         self._n = info.num_samples
@@ -175,11 +180,23 @@ class ShardDataset(Dataset):
             f"no sample with key {key!r} in split {self.split!r} of {self.storage.uri}"
         )
 
-    def get_many(
-        self, indices: Sequence[int], *, coalesce_gap: int = DEFAULT_COALESCE_GAP
-    ) -> list[Sample]:
-        """Samples in the order asked; reads of one shard are sorted and merged when the
-        gap between them is at most ``coalesce_gap`` bytes (never whole shards)."""
+    def get_many(self, indices: Sequence[int], *, coalesce_gap: int | None = None) -> list[Sample]:
+        """Samples in the order asked, read as one batch.
+
+        Reads are sorted per shard; two reads of a shard merge when the gap between them is
+        at most ``coalesce_gap`` bytes (default: 0 locally, 64 KiB on object storage), which
+        bounds the bytes read beyond the samples. Whole shards are never fetched. On object
+        storage the reads run concurrently.
+        """
+        gap = (
+            coalesce_gap
+            if coalesce_gap is not None
+            else (
+                DEFAULT_COALESCE_GAP
+                if self._local and self._local[0] is not None
+                else REMOTE_COALESCE_GAP
+            )
+        )
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
             return []
@@ -188,29 +205,42 @@ class ShardDataset(Dataset):
             raise IndexError(f"indices out of range for a split of {self._n} samples")
         rec = self.index.samples[idx]
         order = np.lexsort((rec["offset"], rec["shard"]))
-        out: list[Sample | None] = [None] * len(idx)
         shards, offs = rec["shard"][order].tolist(), rec["offset"][order].tolist()
         lens, sums = rec["length"][order].tolist(), rec["checksum"][order].tolist()
-        pos = order.tolist()
+        blocks: list[tuple[int, int, int, int]] = []  # shard, start, length, first..last
         i = 0
-        while i < len(pos):
+        while i < len(order):
             j, end = i + 1, offs[i] + lens[i]
-            while (
-                j < len(pos)
-                and shards[j] == shards[i]
-                and offs[j] - end <= coalesce_gap
-                and offs[j] >= offs[i]
-            ):
+            while j < len(order) and shards[j] == shards[i] and offs[j] - end <= gap:
                 end = max(end, offs[j] + lens[j])
                 j += 1
-            block = self._read(shards[i], offs[i], end - offs[i])
-            for k in range(i, j):
-                start = offs[k] - offs[i]
-                out[pos[k]] = self._sample(
-                    block[start : start + lens[k]], sums[k], shards[k], offs[k]
-                )
+            blocks.append((shards[i], offs[i], end - offs[i], j))
             i = j
+        datas = self._read_blocks([(b[0], b[1], b[2]) for b in blocks])
+        out: list[Sample | None] = [None] * len(idx)
+        pos, first = order.tolist(), 0
+        for (shard, start, _length, stop), data in zip(blocks, datas, strict=True):
+            for k in range(first, stop):
+                at = offs[k] - start
+                out[pos[k]] = self._sample(data[at : at + lens[k]], sums[k], shard, offs[k])
+            first = stop
         return out  # type: ignore[return-value]
+
+    def _read_blocks(self, blocks: list[tuple[int, int, int]]) -> list[bytes]:
+        """Read (shard, offset, length) blocks: preads locally, one concurrent batch remotely."""
+        if all(self._local[shard] is not None for shard, _, _ in blocks):
+            return [self._read(shard, off, n) for shard, off, n in blocks]
+        for shard, off, n in blocks:
+            if off + n > self._sizes[shard]:
+                self._read(shard, off, n)  # raises the out-of-shard error
+        datas = self.storage.get_range_batch([(self._paths[s], o, n) for s, o, n in blocks])
+        for (shard, _off, n), data in zip(blocks, datas, strict=True):
+            if len(data) != n:
+                raise FormatError(
+                    f"{self.storage.join(self._paths[shard])} is shorter than "
+                    "its index says (truncated?)"
+                )
+        return datas
 
     def __iter__(self) -> Iterator[Sample]:
         """Samples in shard order.

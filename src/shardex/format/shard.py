@@ -8,17 +8,21 @@ padding; its checksum covers exactly that range.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex.errors import BadSampleError
+from shardex.errors import BadSampleError, ShardexError
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_member, member_header, padding
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -97,18 +101,24 @@ def sample_sizes(rows: pa.Table, *, with_label: bool) -> npt.NDArray[np.int64]:
 
 @dataclass(frozen=True, slots=True)
 class ShardJob:
-    """One shard to write: its rows (a slice of the split's table) and where to put it."""
+    """One shard to write: its rows (a slice of the split's table) and where to put it.
+
+    With ``resume``, a shard whose tar and sidecar already exist is kept when the sidecar's
+    keys, byte ranges and checksums equal those of the samples it should hold (the source
+    is read and hashed, nothing is uploaded); otherwise it is written again.
+    """
 
     storage: Storage
     tar_path: str
     parquet_path: str
     rows: pa.Table
     with_label: bool
+    resume: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ShardWritten:
-    """What writing one shard produced."""
+    """What writing (or keeping) one shard produced."""
 
     num_bytes: int
     checksum: str
@@ -116,50 +126,95 @@ class ShardWritten:
     lengths: npt.NDArray[np.uint32]
     checksums: npt.NDArray[np.uint64]
     table: pa.Table
+    kept: bool = False
 
 
-def write_shard(job: ShardJob) -> ShardWritten:
-    """Write the tar and its Parquet sidecar; both appear only when complete."""
+def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes]]:
+    """(first member name, sample bytes) of each row, as the tar holds them."""
     rows, n = job.rows, job.rows.num_rows
-    keys = rows.column("key").to_pylist()
     members = rows.column(MEMBERS).to_pylist()
     labels = rows.column("label").to_pylist() if job.with_label else [None] * n
     has_json = JSON_COLUMN in rows.column_names
     jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
+    for i, key in enumerate(rows.column("key").to_pylist()):
+        parts: list[bytes] = []
+        fields: list[tuple[str, bytes]] = [(m["ext"], reader.read(m)) for m in members[i]]
+        if labels[i] is not None:
+            fields.append(("cls", str(labels[i]).encode()))
+        text = jsons[i]
+        if text is not None:
+            fields.append(("json", text))
+        for ext, data in fields:
+            name, _ = member_header(f"{key}.{ext}")
+            parts += (encode_member(name, len(data)), data, _ZEROS[: padding(len(data))])
+        yield (f"{key}.{fields[0][0]}" if fields else ""), b"".join(parts)
+
+
+def write_shard(job: ShardJob) -> ShardWritten:
+    """Write the tar and its Parquet sidecar (each appears only when complete), or keep
+    them when resuming and they verify."""
+    n = job.rows.num_rows
     offsets = np.empty(n, np.uint64)
     lengths = np.empty(n, np.uint32)
     sums = np.empty(n, np.uint64)
-    member_names: list[str] = []
+    names: list[str] = []
     whole = xxhash.xxh3_64()
     reader = MemberReader()
+    old = _existing(job) if job.resume else None
     try:
-        with job.storage.open_writer(job.tar_path) as out:
-            for i, key in enumerate(keys):
-                parts: list[bytes] = []
-                fields: list[tuple[str, bytes]] = [(m["ext"], reader.read(m)) for m in members[i]]
-                if labels[i] is not None:
-                    fields.append(("cls", str(labels[i]).encode()))
-                text = jsons[i]
-                if text is not None:
-                    fields.append(("json", text))
-                for ext, data in fields:
-                    name, _ = member_header(f"{key}.{ext}")
-                    parts += (encode_member(name, len(data)), data, _ZEROS[: padding(len(data))])
-                member_names.append(f"{key}.{fields[0][0]}" if fields else "")
-                sample = b"".join(parts)
-                offsets[i], lengths[i] = out.tell, len(sample)
+        with contextlib.ExitStack() as stack:
+            out = None if old else stack.enter_context(job.storage.open_writer(job.tar_path))
+            pos = 0
+            for i, (name, sample) in enumerate(_samples(job, reader)):
+                names.append(name)
+                offsets[i], lengths[i] = pos, len(sample)
                 sums[i] = xxhash.xxh3_64_intdigest(sample)
                 whole.update(sample)
-                out.write(sample)
-            out.write(END_OF_ARCHIVE)
+                pos += len(sample)
+                if out is not None:
+                    out.write(sample)
+                elif not _same_prefix(old, i, pos, int(sums[i])):
+                    return write_shard(dataclasses.replace(job, resume=False))
             whole.update(END_OF_ARCHIVE)
-            size = out.tell
+            size = pos + len(END_OF_ARCHIVE)
+            if out is not None:
+                out.write(END_OF_ARCHIVE)
     finally:
         reader.close()
-    table = _sidecar(job, member_names, offsets, lengths, sums)
-    with job.storage.open_writer(job.parquet_path) as out:
-        pq.write_table(table, _WriterFile(out), compression="zstd")
+    table = _sidecar(job, names, offsets, lengths, sums)
+    if old is not None:
+        if old.size == size and old.table.equals(table):
+            return ShardWritten(size, shard_checksum(whole), offsets, lengths, sums, table, True)
+        return write_shard(dataclasses.replace(job, resume=False))
+    with job.storage.open_writer(job.parquet_path) as out_parquet:
+        pq.write_table(table, _WriterFile(out_parquet), compression="zstd")
     return ShardWritten(size, shard_checksum(whole), offsets, lengths, sums, table)
+
+
+@dataclass(frozen=True, slots=True)
+class _Existing:
+    size: int
+    table: pa.Table
+    ends: list[int]
+    sums: list[int]
+
+
+def _existing(job: ShardJob) -> _Existing | None:
+    """The shard an interrupted export left, if both of its files are there."""
+    try:
+        size = job.storage.size(job.tar_path)
+        table = pq.read_table(pa.BufferReader(job.storage.get(job.parquet_path)))
+    except (ShardexError, pa.ArrowInvalid, OSError):
+        return None
+    if table.num_rows != job.rows.num_rows or "sample_checksum" not in table.column_names:
+        return None
+    ends = pc.add(table.column("sample_offset"), table.column("sample_length")).to_pylist()
+    return _Existing(size, table, ends, table.column("sample_checksum").to_pylist())
+
+
+def _same_prefix(old: _Existing | None, i: int, end: int, checksum: int) -> bool:
+    """Whether sample i, ending at byte ``end``, matches the existing sidecar's record."""
+    return old is not None and old.ends[i] == end and old.sums[i] == checksum
 
 
 def _sidecar(

@@ -12,17 +12,23 @@ from typing import Any
 from shardex.errors import ConfigError
 from shardex.storage.base import ObjectWriter, RangeReader, Storage
 from shardex.storage.local import LocalStorage
+from shardex.storage.object import SCHEMES, ObjectStorage
 
-__all__ = ["LocalStorage", "ObjectWriter", "RangeReader", "Storage", "open_storage"]
-
-_REMOTE_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "http://", "https://")
+__all__ = [
+    "LocalStorage",
+    "ObjectStorage",
+    "ObjectWriter",
+    "RangeReader",
+    "Storage",
+    "open_storage",
+]
 
 
 def open_storage(
     location: str | os.PathLike[str] | Storage,
     storage_options: dict[str, Any] | None = None,
 ) -> Storage:
-    """Return the storage for a location: a local path, ``file://`` URL or Storage.
+    """Return the storage for a location: a local path, ``file://`` or object-store URL.
 
     Args:
         location: where the objects live.
@@ -36,11 +42,12 @@ def open_storage(
     text = os.fspath(location)
     if text.startswith("file://"):
         return LocalStorage(text[len("file://") :])
-    if text.startswith(_REMOTE_SCHEMES):
+    if text.startswith(SCHEMES):
+        return ObjectStorage(text, storage_options)
+    if "://" in text:
         scheme = text.split("://", 1)[0]
         raise ConfigError(
-            f"{text!r}: the {scheme}:// scheme is not supported by this version of shardex; "
-            "export to a local directory"
+            f"{text!r}: unknown scheme {scheme}:// (use a local path, file://, "
+            f"{', '.join(SCHEMES)})"
         )
-    del storage_options  # used by remote stores only
     return LocalStorage(text)

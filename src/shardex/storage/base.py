@@ -89,6 +89,13 @@ class Storage(ABC):
         """Return several ranges of one object, in the order asked."""
         return [self.get_range(path, s, n) for s, n in zip(starts, lengths, strict=True)]
 
+    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """Return ``(path, start, length)`` ranges of any objects, in the order asked.
+
+        Remote stores run them concurrently; each range is still one request.
+        """
+        return [self.get_range(path, start, n) for path, start, n in requests]
+
     @abstractmethod
     def size(self, path: str) -> int:
         """Size of the object in bytes. Raises ObjectNotFoundError when it is missing."""

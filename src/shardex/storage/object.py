@@ -1,0 +1,314 @@
+"""Object-store storage (S3 and S3-compatible, GCS, Azure, HTTP) through obstore.
+
+One ranged GET per ``get_range``; writes stream as multipart uploads with a few parts in
+memory and become visible only when completed, so an aborted write leaves nothing.
+
+The obstore client is made lazily in each process. obstore's I/O runtime does not survive
+``os.fork()``: a child forked from a process that already did obstore I/O hangs on its
+first request. Such a child gets a :class:`StorageError` naming the cause and the fix
+(``spawn`` or ``forkserver`` workers) instead of a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
+from shardex.storage.base import ObjectWriter, Storage
+
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
+
+T = TypeVar("T")
+
+SCHEMES: Final = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "http://", "https://")
+#: Bytes per multipart part; with MAX_PARTS_IN_FLIGHT, a writer holds at most ~32 MiB.
+PART_SIZE: Final = 8 * 1024 * 1024
+MAX_PARTS_IN_FLIGHT: Final = 4
+#: Concurrent requests of one batch of ranged reads.
+MAX_CONCURRENT_READS: Final = 32
+RETRY: Final = {
+    "max_retries": 8,
+    "retry_timeout": timedelta(seconds=120),
+    "backoff": {
+        "init_backoff": timedelta(milliseconds=100),
+        "max_backoff": timedelta(seconds=10),
+        "base": 2.0,
+    },
+}
+#: Options users may pass (CLI flags --s3-endpoint-url, --s3-region, --s3-profile).
+_OPTION_NAMES: Final = {"endpoint_url": "endpoint", "region": "region"}
+
+# The pid of the process whose obstore runtime has done I/O (None before any).
+_runtime_pid: int | None = None
+
+
+def _check_fork() -> None:
+    global _runtime_pid
+    pid = os.getpid()
+    if _runtime_pid is not None and _runtime_pid != pid:
+        raise StorageError(
+            "this process was forked from one that had already read or written object "
+            "storage, and obstore cannot work after such a fork; start workers with "
+            "'spawn' or 'forkserver' (DataLoader(multiprocessing_context='forkserver'), "
+            "multiprocessing.set_start_method('forkserver'))"
+        )
+    _runtime_pid = pid
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "object storage needs obstore: pip install 'shardex[s3]'"
+        ) from exc
+    return obstore
+
+
+def _map_error(exc: BaseException, what: str) -> StorageError:
+    """One shardex error for an obstore error; messages name the object, never secrets."""
+    obstore = _obstore()
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(f"{what} does not exist")
+    if isinstance(
+        exc, (obstore.exceptions.PermissionDeniedError, obstore.exceptions.UnauthenticatedError)
+    ):
+        return StorageError(
+            f"access to {what} was denied ({type(exc).__name__}); check the "
+            "credentials and their permissions"
+        )
+    return StorageError(f"{what}: {first}")
+
+
+class _Loop:
+    """One event loop per process on a daemon thread, for batches of concurrent reads."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="shardex-object-io"
+        ).start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+_loop: _Loop | None = None
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    global _loop
+    if _loop is None or _loop.pid != os.getpid():
+        _loop = _Loop()
+    return _loop.run(coro)
+
+
+class ObjectStorage(Storage):
+    """Objects under ``s3://bucket/prefix`` (or ``gs://``, ``az://``, ``http(s)://``).
+
+    Args:
+        url: the root URL.
+        storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile;
+            needs boto3), and any obstore store option (``access_key_id``,
+            ``secret_access_key``, ``session_token``, ``virtual_hosted_style_request``,
+            ...). Unset options come from the standard ``AWS_*`` environment variables.
+            Credentials stay in memory: they are never written to config.yaml, logs or
+            error messages.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        if not url.startswith(SCHEMES):
+            raise ConfigError(f"{url!r} is not an object-store URL ({', '.join(SCHEMES)})")
+        self.uri = url.rstrip("/")
+        self._options = dict(storage_options or {})
+        self._store: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"uri": self.uri, "options": self._options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["uri"], state["options"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:  # no options: they may hold credentials
+        return f"ObjectStorage({self.uri!r})"
+
+    def _client(self) -> ObjectStore:
+        if self._store is None or self._pid != os.getpid():
+            _check_fork()
+            self._store = self._make_store()
+            self._pid = os.getpid()
+        return self._store  # type: ignore[no-any-return]
+
+    def _make_store(self) -> Any:
+        from obstore.store import from_url
+
+        options = {k: v for k, v in self._options.items() if v is not None}
+        config: dict[str, Any] = {}
+        for name, value in options.items():
+            if name == "profile":
+                continue
+            config[_OPTION_NAMES.get(name, name)] = value if isinstance(value, bool) else str(value)
+        client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
+        endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
+        if endpoint.startswith("http://") or self.uri.startswith("http://"):
+            client["allow_http"] = True
+        kwargs: dict[str, Any] = {"client_options": client, "retry_config": RETRY}
+        if options.get("profile"):
+            kwargs["credential_provider"] = _profile_credentials(str(options["profile"]))
+        try:
+            return from_url(self.uri, config=config or None, **kwargs)  # type: ignore[arg-type]
+        except Exception as exc:  # obstore rejects bad options with several types
+            raise ConfigError(f"cannot use {self.uri}: {str(exc).splitlines()[0]}") from exc
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self._client(), *args, **kwargs)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc, what) from exc
+
+    def get(self, path: str) -> bytes:
+        result = self._call(self.join(path), _obstore().get, path)
+        return bytes(result.bytes())
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        if length == 0:
+            return b""
+        data = self._call(self.join(path), _obstore().get_range, path, start=start, length=length)
+        return bytes(data)
+
+    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
+
+    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """Ranged GETs of several objects, at most MAX_CONCURRENT_READS at a time.
+
+        Each range is its own request: obstore's ``get_ranges`` would merge ranges up to
+        1 MiB apart into one GET, fetching far more than asked.
+        """
+        if len(requests) <= 1:
+            return [self.get_range(*r) for r in requests]
+        obstore, store = _obstore(), self._client()
+
+        async def gather() -> list[bytes]:
+            limit = asyncio.Semaphore(MAX_CONCURRENT_READS)
+
+            async def one(path: str, start: int, length: int) -> bytes:
+                async with limit:
+                    data = await obstore.get_range_async(store, path, start=start, length=length)
+                return bytes(data)
+
+            return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+        try:
+            return _run(gather())
+        except Exception as exc:
+            raise _map_error(exc, f"{self.uri} (one of {len(requests)} ranged reads)") from exc
+
+    def size(self, path: str) -> int:
+        return int(self._call(self.join(path), _obstore().head, path)["size"])
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.size(path)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        def walk() -> list[str]:
+            names: list[str] = []
+            for batch in _obstore().list(self._client(), prefix=prefix or None):
+                names.extend(str(meta["path"]) for meta in batch)
+            return names
+
+        try:
+            return iter(sorted(walk()))
+        except Exception as exc:
+            raise _map_error(exc, f"{self.uri}/{prefix}") from exc
+
+    def delete(self, path: str) -> None:
+        self._call(self.join(path), _obstore().delete, path)
+
+    def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        self._call(
+            self.join(path),
+            _obstore().put,
+            path,
+            bytes(data),
+            chunk_size=PART_SIZE,
+            max_concurrency=MAX_PARTS_IN_FLIGHT,
+        )
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        try:
+            writer = _obstore().open_writer(
+                self._client(), path, buffer_size=PART_SIZE, max_concurrency=MAX_PARTS_IN_FLIGHT
+            )
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc, self.join(path)) from exc
+        return _MultipartWriter(writer, self.join(path))
+
+
+class _MultipartWriter(ObjectWriter):
+    """obstore's writer: parts upload as they fill; completing makes the object appear."""
+
+    def __init__(self, writer: Any, where: str) -> None:
+        self._w = writer
+        self._where = where
+        self._pos = 0
+        self._done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._w.write(data)
+        except Exception as exc:
+            self.abort()
+            raise _map_error(exc, self._where) from exc
+        self._pos += len(data)
+
+    @property
+    def tell(self) -> int:
+        return self._pos
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._w.close()
+        except Exception as exc:
+            raise _map_error(exc, self._where) from exc
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        # Leaving obstore's writer through an exception aborts the multipart upload.
+        error = RuntimeError("aborted")
+        with contextlib.suppress(Exception):  # already gone: nothing is visible either way
+            self._w.__exit__(type(error), error, None)
+
+
+def _profile_credentials(profile: str) -> Any:
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the AWS profile {profile!r} needs boto3: pip install boto3"
+        ) from exc
+    return Boto3CredentialProvider(boto3.Session(profile_name=profile))
