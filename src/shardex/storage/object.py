@@ -129,7 +129,9 @@ class ObjectStorage(Storage):
         if not url.startswith(SCHEMES):
             raise ConfigError(f"{url!r} is not an object-store URL ({', '.join(SCHEMES)})")
         self.uri = url.rstrip("/")
-        self._options = dict(storage_options or {})
+        # Credentials and endpoint are read from the environment here, once, so that they
+        # travel with the storage to worker processes (whose environment may be older).
+        self._options = {**_from_environment(), **(storage_options or {})}
         self._store: Any = None
         self._pid = -1
 
@@ -159,7 +161,7 @@ class ObjectStorage(Storage):
                 continue
             config[_OPTION_NAMES.get(name, name)] = value if isinstance(value, bool) else str(value)
         client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
-        endpoint = str(config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", ""))
+        endpoint = str(config.get("endpoint", ""))
         if endpoint.startswith("http://") or self.uri.startswith("http://"):
             client["allow_http"] = True
         kwargs: dict[str, Any] = {"client_options": client, "retry_config": RETRY}
@@ -251,6 +253,11 @@ class ObjectStorage(Storage):
             max_concurrency=MAX_PARTS_IN_FLIGHT,
         )
 
+    def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
+        """A presigned HTTPS/HTTP GET URL of an object, for tools that read plain URLs
+        (``webdataset.WebDataset("pipe:curl -s URL")``, DALI, browsers)."""
+        return str(self._call(self.join(path), _obstore().sign, "GET", path, expires_in))
+
     def open_writer(self, path: str) -> ObjectWriter:
         try:
             writer = _obstore().open_writer(
@@ -301,6 +308,26 @@ class _MultipartWriter(ObjectWriter):
         error = RuntimeError("aborted")
         with contextlib.suppress(Exception):  # already gone: nothing is visible either way
             self._w.__exit__(type(error), error, None)
+
+
+_ENVIRONMENT: Final = {
+    "AWS_ACCESS_KEY_ID": "access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_REGION": "region",
+    "AWS_DEFAULT_REGION": "region",
+    "AWS_ENDPOINT_URL": "endpoint_url",
+    "AWS_PROFILE": "profile",
+}
+
+
+def _from_environment() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for variable, option in _ENVIRONMENT.items():
+        value = os.environ.get(variable)
+        if value and option not in found:
+            found[option] = value
+    return found
 
 
 def _profile_credentials(profile: str) -> Any:
