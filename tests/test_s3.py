@@ -94,6 +94,19 @@ def test_reads_cost_one_ranged_get_per_sample_and_no_list(s3: S3Location) -> Non
     assert len(proxy.requests) == 1  # the index is cached locally: config.yaml only
 
 
+def test_iteration_streams_each_shard_with_one_get(s3: S3Location, tmp_path: Path) -> None:
+    _export_s3(s3)
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
+    ds.stream_chunk_size = 1000  # type: ignore[attr-defined]  # many chunks per shard
+    s3.proxy.reset()
+    samples = list(ds)
+    s3.proxy.wait_idle()
+    shards = shardex.read_config(ObjectStorage(s3.url, s3.direct)).splits["train"].shards
+    assert [r.method for r in s3.proxy.requests] == ["GET"] * len(shards)
+    assert all(r.range is None for r in s3.proxy.requests)
+    assert samples == [ds[i] for i in range(len(ds))]
+
+
 def test_get_many_runs_bounded_ranged_gets(s3: S3Location) -> None:
     _export_s3(s3)
     ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
@@ -202,25 +215,54 @@ def _read_in_child(ds: shardex.Dataset) -> str:
         return f"error: {exc}"
 
 
-def test_fork_after_io_fails_clearly_and_spawn_works(s3: S3Location) -> None:
-    import multiprocessing
-
-    _export_s3(s3)
-    ds = shardex.open_dataset(s3.url, split="val", storage_options=s3.direct)
-    key = ds[0]["__key__"]
+def _in_forked_child(ds: shardex.Dataset) -> str:
+    """What ds[0] gives in a child forked now (an alarm turns a hang into an answer)."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: must answer with an error, not hang
+    if pid == 0:
+        signal.alarm(20)
         os.write(write, _read_in_child(ds).encode())
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
     answer = os.read(read, 4096).decode()
     os.close(read)
-    assert answer.startswith("error:")
-    assert "forkserver" in answer
+    return answer or "hang"
+
+
+def test_dataloader_style_workers_fork_or_spawn(s3: S3Location) -> None:
+    import multiprocessing
+
+    _export_s3(s3)
+    ds = shardex.open_dataset(s3.url, split="val", storage_options=s3.direct)
+    key = ds[0]["__key__"]  # the parent has read: its requests went through the helper
+    assert _in_forked_child(ds) == key
+    assert ds[1]["__key__"] != key  # and the parent still reads after the fork
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         assert pool.map(_read_in_child, [pickle.loads(pickle.dumps(ds))] * 2) == [key, key]
+
+
+def test_direct_mode_refuses_a_fork_after_io_clearly(s3: S3Location) -> None:
+    import json
+
+    _export_s3(s3)
+    # In a fresh interpreter: after this, that process runs obstore itself.
+    code = (
+        "import json, sys; import shardex; from shardex.storage import ObjectStorage\n"
+        "from test_s3 import _in_forked_child\n"
+        "storage = ObjectStorage(sys.argv[1], json.loads(sys.argv[2]), delegate=False)\n"
+        "ds = shardex.open_dataset(storage, split='val'); ds[0]\n"
+        "print(_in_forked_child(ds))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, s3.url, json.dumps(s3.direct)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent,
+    ).stdout
+    assert out.startswith("error:")
+    assert "forkserver" in out
 
 
 def test_cli_reads_and_writes_s3(s3: S3Location, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,6 +70,9 @@ def decode_fields(fields: dict[str, bytes]) -> dict[str, Any]:
 class ShardDataset(Dataset):
     """A split of a tar-shard export (the ``webdataset`` backend)."""
 
+    #: Bytes per chunk when remote shards are streamed for iteration.
+    stream_chunk_size = 4 << 20
+
     def __init__(
         self,
         storage: Storage,
@@ -246,7 +249,7 @@ class ShardDataset(Dataset):
         """Samples in shard order.
 
         Local shards are read sample by sample (the kernel reads ahead); remote shards are
-        fetched whole, one request per shard.
+        streamed, one GET per shard, holding about one 4 MiB chunk in memory.
         """
         samples = self.index.samples
         for shard, path in enumerate(self._paths):
@@ -262,9 +265,22 @@ class ShardDataset(Dataset):
                 for off, length, checksum in ranges:
                     yield self._sample(self._read(shard, off, length), checksum, shard, off)
             elif lo < hi:
-                data = self.storage.get(path)
-                for off, length, checksum in ranges:
-                    yield self._sample(data[off : off + length], checksum, shard, off)
+                yield from self._stream_shard(shard, path, ranges)
+
+    def _stream_shard(
+        self, shard: int, path: str, ranges: Iterator[tuple[int, int, int]]
+    ) -> Iterator[Sample]:
+        """Samples of a remote shard from one streamed GET; holds about one chunk."""
+        chunks = self.storage.iter_chunks(path, self.stream_chunk_size)
+        window, base = b"", 0  # window holds the shard's bytes from offset `base`
+        for off, length, checksum in ranges:
+            while base + len(window) < off + length:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    raise FormatError(f"{self.storage.join(path)} is shorter than its index says")
+                window, base = window[off - base :] + chunk, off  # drop what was read
+            start = off - base
+            yield self._sample(window[start : start + length], checksum, shard, off)
 
     def keys(self) -> Iterator[str]:
         """Sample keys in sample order (from the metadata)."""

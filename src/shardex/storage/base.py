@@ -89,6 +89,12 @@ class Storage(ABC):
         """Return several ranges of one object, in the order asked."""
         return [self.get_range(path, s, n) for s, n in zip(starts, lengths, strict=True)]
 
+    def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        """The whole object as a stream of chunks (object stores: one GET)."""
+        size = self.size(path)
+        for start in range(0, size, chunk_size):
+            yield self.get_range(path, start, min(chunk_size, size - start))
+
     def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Return ``(path, start, length)`` ranges of any objects, in the order asked.
 

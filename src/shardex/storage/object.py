@@ -5,8 +5,12 @@ memory and become visible only when completed, so an aborted write leaves nothin
 
 The obstore client is made lazily in each process. obstore's I/O runtime does not survive
 ``os.fork()``: a child forked from a process that already did obstore I/O hangs on its
-first request. Such a child gets a :class:`StorageError` naming the cause and the fix
-(``spawn`` or ``forkserver`` workers) instead of a hang.
+first request. So the process that creates an ObjectStorage hands its requests to a helper
+process (see :mod:`shardex.storage.delegate`) and never starts that runtime itself; every
+other process (forked or spawned DataLoader workers, export workers) requests directly.
+``SHARDEX_OBJECT_IO=direct`` (or ``delegate=False``) makes the creating process request
+directly too: faster, but then it must not fork; a forked child that would hang gets a
+:class:`StorageError` naming the cause and the fix instead.
 """
 
 from __future__ import annotations
@@ -125,7 +129,13 @@ class ObjectStorage(Storage):
             error messages.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        delegate: bool | None = None,
+    ) -> None:
         if not url.startswith(SCHEMES):
             raise ConfigError(f"{url!r} is not an object-store URL ({', '.join(SCHEMES)})")
         self.uri = url.rstrip("/")
@@ -134,12 +144,25 @@ class ObjectStorage(Storage):
         self._options = {**_from_environment(), **(storage_options or {})}
         self._store: Any = None
         self._pid = -1
+        if delegate is None:
+            delegate = os.environ.get("SHARDEX_OBJECT_IO", "helper") != "direct"
+        # Requests are delegated only in the creating process; its children request directly.
+        self._delegate_in = os.getpid() if delegate else -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "options": self._options}
+        return {"uri": self.uri, "options": self._options, "delegate_in": self._delegate_in}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["uri"], state["options"])  # type: ignore[misc]
+        self.__init__(state["uri"], state["options"], delegate=False)  # type: ignore[misc]
+        self._delegate_in = state["delegate_in"]
+
+    def _remote(self, op: str, *args: Any) -> tuple[bool, Any]:
+        """(True, result) when this process delegates its requests; else (False, None)."""
+        if self._delegate_in != os.getpid():
+            return False, None
+        from shardex.storage import delegate
+
+        return True, delegate.call(self.uri, self._options, op, *args)
 
     def __repr__(self) -> str:  # no options: they may hold credentials
         return f"ObjectStorage({self.uri!r})"
@@ -181,12 +204,18 @@ class ObjectStorage(Storage):
             raise _map_error(exc, what) from exc
 
     def get(self, path: str) -> bytes:
+        done, value = self._remote("get", path)
+        if done:
+            return value  # type: ignore[no-any-return]
         result = self._call(self.join(path), _obstore().get, path)
         return bytes(result.bytes())
 
     def get_range(self, path: str, start: int, length: int) -> bytes:
         if length == 0:
             return b""
+        done, value = self._remote("get_range", path, start, length)
+        if done:
+            return value  # type: ignore[no-any-return]
         data = self._call(self.join(path), _obstore().get_range, path, start=start, length=length)
         return bytes(data)
 
@@ -201,6 +230,9 @@ class ObjectStorage(Storage):
         """
         if len(requests) <= 1:
             return [self.get_range(*r) for r in requests]
+        done, value = self._remote("get_range_batch", requests)
+        if done:
+            return value  # type: ignore[no-any-return]
         obstore, store = _obstore(), self._client()
 
         async def gather() -> list[bytes]:
@@ -218,7 +250,26 @@ class ObjectStorage(Storage):
         except Exception as exc:
             raise _map_error(exc, f"{self.uri} (one of {len(requests)} ranged reads)") from exc
 
+    def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        """The object as a stream: one GET, read as chunks arrive (bounded memory)."""
+        done, stream_id = self._remote("open_stream", path, chunk_size)
+        if done:
+            while (chunk := self._remote("next_chunk", stream_id)[1]) is not None:
+                yield chunk
+            return
+        try:
+            result = _obstore().get(self._client(), path)
+            for chunk in result.stream(min_chunk_size=chunk_size):
+                yield bytes(chunk)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc, self.join(path)) from exc
+
     def size(self, path: str) -> int:
+        done, value = self._remote("size", path)
+        if done:
+            return int(value)
         return int(self._call(self.join(path), _obstore().head, path)["size"])
 
     def exists(self, path: str) -> bool:
@@ -229,6 +280,10 @@ class ObjectStorage(Storage):
         return True
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        done, value = self._remote("list", prefix)
+        if done:
+            return iter(value)
+
         def walk() -> list[str]:
             names: list[str] = []
             for batch in _obstore().list(self._client(), prefix=prefix or None):
@@ -241,9 +296,13 @@ class ObjectStorage(Storage):
             raise _map_error(exc, f"{self.uri}/{prefix}") from exc
 
     def delete(self, path: str) -> None:
+        if self._remote("delete", path)[0]:
+            return
         self._call(self.join(path), _obstore().delete, path)
 
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        if self._remote("put", path, bytes(data))[0]:
+            return
         self._call(
             self.join(path),
             _obstore().put,
@@ -256,9 +315,15 @@ class ObjectStorage(Storage):
     def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
         """A presigned HTTPS/HTTP GET URL of an object, for tools that read plain URLs
         (``webdataset.WebDataset("pipe:curl -s URL")``, DALI, browsers)."""
+        done, value = self._remote("presign", path, expires_in)
+        if done:
+            return str(value)
         return str(self._call(self.join(path), _obstore().sign, "GET", path, expires_in))
 
     def open_writer(self, path: str) -> ObjectWriter:
+        done, value = self._remote("open_writer", path)
+        if done:
+            return _DelegatedWriter(self, int(value))
         try:
             writer = _obstore().open_writer(
                 self._client(), path, buffer_size=PART_SIZE, max_concurrency=MAX_PARTS_IN_FLIGHT
@@ -328,6 +393,31 @@ def _from_environment() -> dict[str, str]:
         if value and option not in found:
             found[option] = value
     return found
+
+
+class _DelegatedWriter(ObjectWriter):
+    """A multipart write made by the helper process on behalf of this one."""
+
+    def __init__(self, storage: ObjectStorage, writer_id: int) -> None:
+        self._storage, self._id, self._pos, self._done = storage, writer_id, 0, False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._storage._remote("write", self._id, bytes(data))
+        self._pos += len(data)
+
+    @property
+    def tell(self) -> int:
+        return self._pos
+
+    def commit(self) -> None:
+        if not self._done:
+            self._done = True
+            self._storage._remote("commit", self._id)
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self._storage._remote("abort", self._id)
 
 
 def _profile_credentials(profile: str) -> Any:
