@@ -283,3 +283,16 @@ def test_cli_reads_and_writes_s3(s3: S3Location, monkeypatch: pytest.MonkeyPatch
     assert result.exit_code == 0, result.output
     assert "cls: 1 bytes 0" in result.output
     assert s3.server.secret_key not in result.output
+
+
+def test_storage_docs_example_runs(s3: S3Location) -> None:
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "storage.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    code = code.replace("http://127.0.0.1:8333", s3.server.endpoint).replace(
+        "s3://my-bucket/exports/demo", s3.url
+    )
+    scope: dict[str, object] = {}
+    exec(compile(code, "docs/storage.md", "exec"), scope)
+    assert len(scope["batch"]) == 22  # type: ignore[arg-type]
