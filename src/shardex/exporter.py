@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex import __version__
-from shardex.backends.base import SplitPlan
+from shardex.backends.base import Backend, SplitPlan
 from shardex.backends.registry import get_backend
 from shardex.checks import check_samples
 from shardex.contract import (
@@ -53,6 +54,8 @@ from shardex.progress import Progress
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage, open_storage
+
+__all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 
 _OURS: Final = re.compile(
     r"^(config\.yaml|metadata\.parquet|errors\.parquet|"
@@ -153,7 +156,109 @@ class _MetadataSink:
         self._out.abort()
 
 
-__all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """The checked, split sample table and the decisions made about it."""
+
+    table: pa.Table
+    skipped: list[dict[str, str]]
+    split_method: str
+    splits: list[str]
+    x_keys: tuple[str, ...]
+    y_keys: tuple[str, ...]
+    with_label: bool
+    write_label: bool
+    label_names: tuple[str, ...] | None
+
+
+def _prepare(src: Source, opts: ExportOptions, runner: Runner, bars: Progress) -> _Prepared:
+    """Scan, check, split and select keys; nothing is written yet."""
+    scanning = bars.task(f"scanning {src.uri}", None)
+    scan = src.scan()
+    scanning.done()
+    table, skipped = check_samples(fixed_lists(scan.table), opts, runner, bars)
+    if table.num_rows == 0:
+        raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
+    with_label = opts.labels and "label" in table.column_names
+    if "label" in table.column_names and not with_label:
+        table = table.drop_columns(["label"])
+    table, split_method = assign_splits(table, opts)
+    table = table.append_column("export_index", pa.array(np.arange(table.num_rows)))
+    members = member_keys(table)
+    internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
+    available = [
+        *members,
+        *(["label"] if with_label else []),
+        *[c for c in table.column_names if c not in internal],
+    ]
+    x_keys, y_keys = select_keys(opts, available, list(members), with_label)
+    return _Prepared(
+        table=drop_unselected_members(table, members, x_keys, y_keys),
+        skipped=skipped,
+        split_method=split_method,
+        splits=split_names(table, opts),
+        x_keys=x_keys,
+        y_keys=y_keys,
+        with_label=with_label,
+        write_label=with_label and "label" in (*x_keys, *y_keys),
+        label_names=scan.label_names if with_label else None,
+    )
+
+
+def _contract(
+    prep: _Prepared,
+    src: Source,
+    opts: ExportOptions,
+    backend_name: str,
+    written: dict[str, SplitInfo],
+    fingerprint: str,
+    errors_file: str | None,
+) -> ExportConfig:
+    """The config.yaml of what was written."""
+    table = prep.table
+    num_classes = None
+    if prep.with_label:
+        top = pc.max(table.column("label")).as_py()
+        num_classes = (
+            len(prep.label_names) if prep.label_names else (None if top is None else top + 1)
+        )
+    columns = [c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]
+    specs = key_specs(
+        table.select(columns), member_keys(table), prep.with_label, prep.x_keys, prep.y_keys
+    )
+    fractions = prep.split_method == "fractions"
+    return ExportConfig(
+        backend=backend_name,
+        num_samples=sum(s.num_samples for s in written.values()),
+        splits=written,
+        key_specs=specs,
+        x_keys=prep.x_keys,
+        y_keys=prep.y_keys,
+        writer={"name": "shardex", "version": __version__},
+        shardex_version=__version__,
+        label_names=prep.label_names,
+        num_classes=num_classes,
+        feature_shapes={
+            s.key: list(s.shape) for s in specs if s.key in prep.x_keys and s.shape is not None
+        },
+        source_datasets=(
+            SourceInfo(src.uri, src.kind, table.num_rows + len(prep.skipped), fingerprint),
+        ),
+        source_fingerprint=fingerprint,
+        split_seed=opts.seed if fractions else None,
+        split_fractions=dict(opts.split_fractions or {}) if fractions else None,
+        split_method=prep.split_method,
+        shard_options={
+            "samples_per_shard": opts.samples_per_shard,
+            "max_shard_bytes": opts.max_shard_bytes,
+            "naming": "deterministic" if opts.deterministic_name else "random",
+            "validate": opts.validate,
+            "on_error": opts.on_error,
+        },
+        errors_file=errors_file,
+        num_skipped=len(prep.skipped),
+        extra=dict(opts.extra),
+    )
 
 
 def export(
@@ -169,12 +274,13 @@ def export(
 
     Args:
         source: a path, table, tar glob, ``demo``, or a Source (see :func:`open_source`).
-        output: the export's folder (or storage).
+        output: the export's folder or URL (or a Storage).
         options: an ExportOptions; or pass its fields as keyword arguments
-            (``samples_per_shard=500``, ``split_fractions={"train": 0.9, "val": 0.1}`` ...;
-            NeMo's ``images_per_tar`` is accepted for ``samples_per_shard``).
+            (``samples_per_shard=500``, ``split_fractions={"train": 0.9, "val": 0.1}``,
+            ``mode="resume"`` ...; NeMo's ``images_per_tar`` is accepted for
+            ``samples_per_shard``).
         progress: show progress bars.
-        storage_options: options for remote storage.
+        storage_options: options for object storage (see docs/storage.md).
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -192,79 +298,13 @@ def export(
     storage = open_storage(output, storage_options)
     old_files = _check_output(storage, opts.mode)
     with Progress(progress) as bars, Runner(opts.workers) as runner:
-        scanning = bars.task(f"scanning {src.uri}", None)
-        scan = src.scan()
-        scanning.done()
-        table, skipped = check_samples(fixed_lists(scan.table), opts, runner, bars)
-        if table.num_rows == 0:
-            raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
-        with_label = opts.labels and "label" in table.column_names
-        if "label" in table.column_names and not with_label:
-            table = table.drop_columns(["label"])
-        table, split_method = assign_splits(table, opts)
-        table = table.append_column("export_index", pa.array(np.arange(table.num_rows)))
-        names = split_names(table, opts)
-        members = member_keys(table)
-        internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
-        available = [
-            *members,
-            *(["label"] if with_label else []),
-            *[c for c in table.column_names if c not in internal],
-        ]
-        x_keys, y_keys = select_keys(opts, available, list(members), with_label)
-        table = drop_unselected_members(table, members, x_keys, y_keys)
-        write_label = with_label and "label" in (*x_keys, *y_keys)
+        prep = _prepare(src, opts, runner, bars)
         if CONFIG_FILE in old_files:
             storage.delete(CONFIG_FILE)  # de-commit first: the folder stops being an export
-        written, digests = _write_splits(
-            storage, backend, table, names, opts, write_label, runner, bars
-        )
-        label_names = scan.label_names if with_label else None
-        num_classes = None
-        if with_label:
-            top = pc.max(table.column("label")).as_py()
-            num_classes = len(label_names) if label_names else (None if top is None else top + 1)
-        specs = key_specs(
-            table.select([c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]),
-            members,
-            with_label,
-            x_keys,
-            y_keys,
-        )
-        fingerprint = _fingerprint(digests)
-        config = ExportConfig(
-            backend=backend.name,
-            num_samples=sum(s.num_samples for s in written.values()),
-            splits=written,
-            key_specs=specs,
-            x_keys=x_keys,
-            y_keys=y_keys,
-            writer={"name": "shardex", "version": __version__},
-            shardex_version=__version__,
-            label_names=label_names,
-            num_classes=num_classes,
-            feature_shapes={
-                s.key: list(s.shape) for s in specs if s.key in x_keys and s.shape is not None
-            },
-            source_datasets=(
-                SourceInfo(src.uri, src.kind, table.num_rows + len(skipped), fingerprint),
-            ),
-            source_fingerprint=fingerprint,
-            split_seed=opts.seed if split_method == "fractions" else None,
-            split_fractions=(
-                dict(opts.split_fractions or {}) if split_method == "fractions" else None
-            ),
-            split_method=split_method,
-            shard_options={
-                "samples_per_shard": opts.samples_per_shard,
-                "max_shard_bytes": opts.max_shard_bytes,
-                "naming": "deterministic" if opts.deterministic_name else "random",
-                "validate": opts.validate,
-                "on_error": opts.on_error,
-            },
-            errors_file=_write_errors(storage, skipped),
-            num_skipped=len(skipped),
-            extra=dict(opts.extra),
+        written, digests = _write_splits(storage, backend, prep, opts, runner, bars)
+        errors_file = _write_errors(storage, prep.skipped)
+        config = _contract(
+            prep, src, opts, backend.name, written, _fingerprint(digests), errors_file
         )
         _remove_stale(storage, old_files, config)
         storage.sync(export_files(config))  # everything durable before the commit point
@@ -275,15 +315,14 @@ def export(
 
 def _write_splits(
     storage: Storage,
-    backend: Any,
-    table: pa.Table,
-    names: list[str],
+    backend: Backend,
+    prep: _Prepared,
     opts: ExportOptions,
-    write_label: bool,
     runner: Runner,
     bars: Progress,
 ) -> tuple[dict[str, SplitInfo], list[str]]:
     """Write every selected split through the backend, streaming metadata.parquet."""
+    table, names, write_label = prep.table, prep.splits, prep.write_label
     selected = [table.filter(pc.equal(table.column("split"), s)) for s in names]
     bar = bars.task("writing shards", sum(t.num_rows for t in selected))
     sink = _MetadataSink(storage)
