@@ -410,6 +410,46 @@ def get(
     click.echo(f"wrote {len(fields[ext])} bytes ({key}.{ext}) to {dest}")
 
 
+@main.command("verify")
+@click.argument("output")
+@click.option("--deep", is_flag=True, help="Also decode every image.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_storage_flags
+def verify_command(
+    output: str,
+    deep: bool,
+    as_json: bool,
+    quiet: bool,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
+) -> None:
+    """Check OUTPUT byte for byte: config, index, shards, every sample's checksum.
+
+    Exits 1 when anything is wrong, listing each problem with its file and sample key.
+    """
+    from shardex.verify import verify
+
+    report = verify(
+        _location(output, s3_endpoint_url, s3_region, s3_profile),
+        deep=deep,
+        progress=not (quiet or as_json),
+    )
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for problem in report.problems:
+            click.echo(str(problem))
+        state = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        click.echo(
+            f"{output}: {state}; checked {report.samples} samples in {report.shards} "
+            f"shards ({_size(report.bytes)}){', images decoded' if deep else ''}"
+        )
+    if not report.ok:
+        sys.exit(1)
+
+
 @main.group()
 def backend() -> None:
     """Export backends."""
