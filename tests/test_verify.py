@@ -17,7 +17,7 @@ import shardex
 from shardex.cli import main
 from shardex.errors import ChecksumError, FormatError
 from shardex.testing import make_sample_folder
-from shardex.verify import verify
+from shardex.verification import verify
 
 
 @pytest.fixture(scope="module")

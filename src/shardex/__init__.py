@@ -15,6 +15,7 @@ from shardex.dataset import Dataset
 from shardex.exporter import ExportOptions, export
 from shardex.sources import open_source
 from shardex.storage import open_storage
+from shardex.verification import VerifyReport, verify
 
 __all__ = [
     "Dataset",
@@ -23,6 +24,7 @@ __all__ = [
     "KeySpec",
     "ShardInfo",
     "SplitInfo",
+    "VerifyReport",
     "__version__",
     "export",
     "get_backend",
@@ -31,4 +33,5 @@ __all__ = [
     "open_storage",
     "read_config",
     "register_backend",
+    "verify",
 ]

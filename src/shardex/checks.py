@@ -29,7 +29,7 @@ from shardex.format.shard import JSON_COLUMN, MemberReader
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
-from shardex.sources.base import MEMBERS
+from shardex.sources.base import INVALID, MEMBERS
 
 CHUNK: Final = 2000
 
@@ -42,11 +42,19 @@ class _CheckJob:
     json_columns: tuple[str, ...]
 
 
-def _head_tail(member: dict[str, Any], reader: MemberReader) -> tuple[bytes, bytes, int]:
+def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
+    """check_header on a member, reading only its first and last KiBs (and a few more
+    small reads for JPEGs whose metadata pushes the frame header further)."""
     size = member["size"]
     if member["data"] is not None:
         data = member["data"]
-        return data[:HEAD_BYTES], data[-TAIL_BYTES:], size
+        return check_header(
+            data[:HEAD_BYTES],
+            data[-TAIL_BYTES:],
+            size,
+            read_at=lambda o, n: data[o : o + n],
+            max_pixels=max_pixels,
+        )
     base = max(member["offset"], 0)
     path = member["path"]
     try:
@@ -57,11 +65,16 @@ def _head_tail(member: dict[str, Any], reader: MemberReader) -> tuple[bytes, byt
         ) from exc
     try:
         head = os.pread(fd, min(HEAD_BYTES, size), base)
-        tail = os.pread(fd, min(TAIL_BYTES, size), base + max(0, size - TAIL_BYTES))
+        tail = (
+            head
+            if size <= HEAD_BYTES
+            else os.pread(fd, min(TAIL_BYTES, size), base + max(0, size - TAIL_BYTES))
+        )
+        return check_header(
+            head, tail, size, max_pixels=max_pixels, read_at=lambda o, n: os.pread(fd, n, base + o)
+        )
     finally:
         os.close(fd)
-    del reader
-    return head, tail, size
 
 
 def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
@@ -78,7 +91,7 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
                     if job.validate == "decode":
                         reason = check_decode(reader.read(m), max_pixels=job.max_pixels)
                     elif job.validate == "header":
-                        reason = check_header(*_head_tail(m, reader))
+                        reason = _check_member_header(m, job.max_pixels)
                     elif m["size"] == 0:
                         reason = "empty file (0 bytes)"
                 except BadSampleError as exc:
@@ -121,6 +134,43 @@ def _chunks(table: pa.Table, columns: list[str], size: int = CHUNK) -> Iterator[
         yield narrow.take(np.arange(start, min(start + size, table.num_rows)))
 
 
+def unsafe_key(key: str) -> str | None:
+    """Why a key cannot name tar members safely, or None.
+
+    Keys become member names (``KEY.jpg``) that other tools extract to disk, so a key may
+    not be absolute, climb out with ``..``, hold empty or ``.`` path parts, backslashes or
+    control characters (NUL included).
+    """
+    if not key:
+        return "empty sample key"
+    if key.startswith("/") or "\\" in key:
+        return f"unsafe key {key!r} (absolute path or backslash)"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return f"unsafe key {key!r} (empty, '.' or '..' path part)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        return f"unsafe key {key!r} (control character)"
+    return None
+
+
+def _check_keys(keys: list[str], reasons: list[str | None], originals: pa.ChunkedArray) -> None:
+    """Mark unsafe keys, duplicates, and keys that differ only by case (which collide on
+    case-insensitive file systems when the tars are extracted)."""
+    seen: dict[str, int] = {}
+    folded: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if reasons[i] is not None:
+            continue
+        reason = unsafe_key(key)
+        if reason is None and key in seen:
+            reason = f"duplicate key {key!r} (also used by {originals[seen[key]].as_py()})"
+        elif reason is None and key.casefold() in folded:
+            other = keys[folded[key.casefold()]]
+            reason = f"duplicate key {key!r}: differs only by case from {other!r}"
+        if reason is None:
+            seen[key] = folded[key.casefold()] = i
+        reasons[i] = reason
+
+
 def check_samples(
     table: pa.Table, opts: ExportOptions, runner: Runner, progress: Progress
 ) -> tuple[pa.Table, list[dict[str, str]]]:
@@ -137,19 +187,14 @@ def check_samples(
         reasons += r
         texts += t
         bar.advance(len(r))
+    if INVALID in table.column_names:  # problems the source found while scanning
+        for i, found in enumerate(table.column(INVALID).to_pylist()):
+            reasons[i] = found or reasons[i]
+        table = table.drop_columns([INVALID])
     keys = table.column("key").to_pylist()
-    seen: dict[str, int] = {}
-    for i, key in enumerate(keys):
-        if not key:
-            reasons[i] = reasons[i] or "empty sample key"
-        elif key in seen:
-            if reasons[i] is None:
-                first = table.column("original_path")[seen[key]].as_py()
-                reasons[i] = f"duplicate key {key!r} (also used by {first})"
-        elif reasons[i] is None:
-            seen[key] = i
-    bad = [i for i, r in enumerate(reasons) if r is not None]
     originals = table.column("original_path")
+    _check_keys(keys, reasons, originals)
+    bad = [i for i, r in enumerate(reasons) if r is not None]
     skipped = [
         {"key": keys[i], "original_path": originals[i].as_py(), "reason": str(reasons[i])}
         for i in bad

@@ -183,6 +183,12 @@ def main() -> None:
     help="How images are checked: header (magic bytes and "
     "end markers; cheap), decode (full decode), or none.",
 )
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Refuse images larger than this many pixels (decompression bombs); default 178956970.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags
 def export_dataset(
@@ -203,6 +209,7 @@ def export_dataset(
     overwrite: bool,
     on_error: str,
     validate: str,
+    max_pixels: int | None,
     quiet: bool,
     s3_endpoint_url: str | None,
     s3_region: str | None,
@@ -214,6 +221,7 @@ def export_dataset(
     file, a folder or glob of WebDataset tars, an existing export, or `demo` (`demo:N`):
     the built-in labelled demo images (no download).
     """
+    from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
     from shardex.exporter import export
     from shardex.options import ExportOptions, parse_split_fractions
@@ -235,6 +243,7 @@ def export_dataset(
         seed=seed,
         workers=workers,
         mode=mode,  # type: ignore[arg-type]
+        max_pixels=max_pixels or MAX_PIXELS,
         overwrite=overwrite,
         on_error=on_error,  # type: ignore[arg-type]
         validate=validate,  # type: ignore[arg-type]
@@ -429,7 +438,7 @@ def verify_command(
 
     Exits 1 when anything is wrong, listing each problem with its file and sample key.
     """
-    from shardex.verify import verify
+    from shardex.verification import verify
 
     report = verify(
         _location(output, s3_endpoint_url, s3_region, s3_profile),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Callable
 from typing import Final, Literal
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy.typing as npt
 Validate = Literal["none", "header", "decode"]
 VALIDATE_CHOICES: Final = ("none", "header", "decode")
 IMAGE_EXTENSIONS: Final = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
-HEAD_BYTES: Final = 64
+HEAD_BYTES: Final = 4096
 TAIL_BYTES: Final = 4096
 #: Default pixel limit for decoding (the same order as Pillow's bomb warning).
 MAX_PIXELS: Final = 178_956_970
@@ -61,13 +62,83 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
-def check_header(head: bytes, tail: bytes, size: int) -> str | None:
+ReadAt = Callable[[int, int], bytes]
+_JPEG_FRAMES: Final = frozenset(
+    {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+)
+
+
+def _jpeg_size(head: bytes, read_at: ReadAt | None, size: int) -> tuple[int, int] | None:
+    """Walk the JPEG markers to the frame header; reads past ``head`` go to ``read_at``."""
+    pos = 2
+    for _ in range(512):  # a real file reaches its frame header in a few markers
+        if pos + 9 > size:
+            return None
+        block = (
+            head[pos : pos + 9]
+            if pos + 9 <= len(head)
+            else (read_at(pos, 9) if read_at is not None else b"")
+        )
+        if len(block) < 9 or block[0] != 0xFF:
+            return None
+        if block[1] in _JPEG_FRAMES:
+            height, width = struct.unpack_from(">HH", block, 5)
+            return width, height
+        pos += 2 + struct.unpack_from(">H", block, 2)[0]
+    return None
+
+
+def pixel_size(
+    fmt: str, head: bytes, size: int, read_at: ReadAt | None = None
+) -> tuple[int, int] | None:
+    """(width, height) from the header of an encoded image, or None if not found."""
+    try:
+        if fmt == "jpeg":
+            return _jpeg_size(head, read_at, size)
+        if fmt == "png":
+            return struct.unpack_from(">II", head, 16)
+        if fmt == "gif":
+            return struct.unpack_from("<HH", head, 6)
+        if fmt == "bmp":
+            w, h = struct.unpack_from("<ii", head, 18)
+            return abs(w), abs(h)
+        if fmt == "webp":
+            chunk = head[12:16]
+            if chunk == b"VP8 ":
+                w, h = struct.unpack_from("<HH", head, 26)
+                return w & 0x3FFF, h & 0x3FFF
+            if chunk == b"VP8L":
+                bits = int.from_bytes(head[21:25], "little")
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            if chunk == b"VP8X":
+                return (
+                    int.from_bytes(head[24:27], "little") + 1,
+                    int.from_bytes(head[27:30], "little") + 1,
+                )
+    except struct.error:
+        return None
+    return None
+
+
+def check_header(
+    head: bytes,
+    tail: bytes,
+    size: int,
+    *,
+    read_at: ReadAt | None = None,
+    max_pixels: int = MAX_PIXELS,
+) -> str | None:
     """Cheap structural check; returns the reason the bytes are not a whole image, or None.
+
+    Besides magic bytes and end markers it reads the pixel size from the header (a few
+    more small reads for JPEGs with large metadata) and refuses decompression bombs.
 
     Args:
         head: the first :data:`HEAD_BYTES` (or all) bytes.
         tail: the last :data:`TAIL_BYTES` (or all) bytes.
         size: the total size in bytes.
+        read_at: ``read_at(offset, n)`` reads more of the file when the header needs it.
+        max_pixels: the largest width x height accepted.
     """
     if size == 0:
         return "empty file (0 bytes)"
@@ -84,12 +155,28 @@ def check_header(head: bytes, tail: bytes, size: int) -> str | None:
         return "truncated BMP (file shorter than its header size)"
     if fmt == "gif" and not tail.rstrip(b"\0").endswith(b";"):
         return "truncated GIF (no trailer)"
+    dims = pixel_size(fmt, head, size, read_at)
+    if dims is not None and dims[0] * dims[1] > max_pixels:
+        return _too_large(*dims, max_pixels)
     return None
+
+
+def _too_large(width: int, height: int, max_pixels: int) -> str:
+    return (
+        f"image too large ({width}x{height} = {width * height} pixels > limit "
+        f"{max_pixels}; a decompression bomb? raise max_pixels to accept it)"
+    )
 
 
 def check_decode(data: bytes, *, max_pixels: int = MAX_PIXELS) -> str | None:
     """Decode fully; returns the reason decoding failed, or None."""
-    reason = check_header(data[:HEAD_BYTES], data[-TAIL_BYTES:], len(data))
+    reason = check_header(
+        data[:HEAD_BYTES],
+        data[-TAIL_BYTES:],
+        len(data),
+        read_at=lambda o, n: data[o : o + n],
+        max_pixels=max_pixels,
+    )
     if reason:
         return reason
     from PIL import Image, UnidentifiedImageError
@@ -98,7 +185,7 @@ def check_decode(data: bytes, *, max_pixels: int = MAX_PIXELS) -> str | None:
         with Image.open(io.BytesIO(data)) as img:
             w, h = img.size
             if w * h > max_pixels:
-                return f"image too large ({w}x{h} = {w * h} pixels > limit {max_pixels})"
+                return _too_large(w, h, max_pixels)
             img.load()
     except UnidentifiedImageError:
         return "cannot decode: not an image Pillow can read"

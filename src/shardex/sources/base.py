@@ -10,6 +10,8 @@ A source's :meth:`Source.scan` returns one Arrow table, one row per sample, with
 * ``_members`` (list of struct ``ext, path, offset, size, data``): the sample's stored
   fields, in member order. Each is a byte range of a local file (``offset`` -1 for the whole
   file) or inline ``data``. Bytes are read only when the shard is written;
+* ``_invalid`` (string, optional): why the source cannot use the sample (a symlink that
+  leaves the source folder, ...); such samples are refused or skipped like corrupt ones;
 * any other column: metadata, kept with its type.
 """
 
@@ -26,6 +28,8 @@ import pyarrow as pa
 from shardex.errors import SourceError
 
 MEMBERS: Final = "_members"
+#: Optional column: why the source could not use a sample (None when fine).
+INVALID: Final = "_invalid"
 MEMBER_TYPE: Final = pa.struct(
     [
         ("ext", pa.string()),
@@ -52,6 +56,7 @@ RESERVED: Final = frozenset(
         "sample_length",
         "sample_checksum",
         MEMBERS,
+        INVALID,
     }
 )
 _BAD_KEY_CHARS: Final = re.compile(r"[.]")
@@ -125,6 +130,7 @@ def build_table(
     splits: list[str] | None = None,
     labels: list[int | None] | None = None,
     metadata: pa.Table | None = None,
+    invalid: list[str | None] | None = None,
 ) -> pa.Table:
     """Assemble a scan table from per-sample lists (and optional metadata columns)."""
     columns: dict[str, pa.Array] = {
@@ -136,6 +142,8 @@ def build_table(
     if labels is not None:
         columns["label"] = pa.array(labels, pa.int64())
     columns[MEMBERS] = pa.array(members, pa.list_(MEMBER_TYPE))
+    if invalid is not None and any(invalid):
+        columns[INVALID] = pa.array(invalid, pa.string())
     table = pa.table(columns)
     if metadata is not None:
         for name in metadata.column_names:

@@ -18,10 +18,15 @@ from shardex.sources.base import ScanResult, Source, build_table, file_member, k
 SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test"})
 
 
-def _walk(root: Path) -> list[tuple[str, int]]:
-    """(relative posix path, size) of every image file under root, sorted by path."""
-    found: list[tuple[str, int]] = []
+def _walk(root: Path) -> list[tuple[str, int, str | None]]:
+    """(relative posix path, size, problem) of every image file under root, sorted.
+
+    Symlinked folders are not followed; a symlinked file is a problem when it points
+    outside the source folder (an export must not leak files from elsewhere).
+    """
+    found: list[tuple[str, int, str | None]] = []
     prefix = len(str(root)) + 1  # entry paths all start with "root/"
+    real_root = os.path.realpath(root)
     stack = [root]
     while stack:
         top = stack.pop()
@@ -33,7 +38,12 @@ def _walk(root: Path) -> list[tuple[str, int]]:
                 ext = entry.name.rpartition(".")[2].lower()
                 if "." in entry.name and ext in IMAGE_EXTENSIONS and entry.is_file():
                     rel = entry.path[prefix:].replace(os.sep, "/")
-                    found.append((rel, entry.stat().st_size))
+                    problem = None
+                    if entry.is_symlink():
+                        target = os.path.realpath(entry.path)
+                        if os.path.commonpath([real_root, target]) != real_root:
+                            problem = f"symlink to {target}, outside the source folder"
+                    found.append((rel, entry.stat().st_size, problem))
     found.sort()
     return found
 
@@ -53,9 +63,9 @@ class FolderSource(Source):
         files = _walk(self.root)
         if not files:
             raise EmptySourceError(f"source folder {self.uri} holds no image files")
-        top = {rel.split("/", 1)[0] for rel, _ in files if "/" in rel}
+        top = {rel.split("/", 1)[0] for rel, _, _ in files if "/" in rel}
         split_dirs = top & SPLIT_DIRS
-        if split_dirs and (top - SPLIT_DIRS or any("/" not in rel for rel, _ in files)):
+        if split_dirs and (top - SPLIT_DIRS or any("/" not in rel for rel, _, _ in files)):
             others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
             raise SourceError(
                 f"source folder {self.uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
@@ -64,7 +74,7 @@ class FolderSource(Source):
         keys, paths, splits, classes = [], [], [], []
         root = str(self.root)
         members: list[list[dict[str, Any]]] = []
-        for rel, size in files:
+        for rel, size, _problem in files:
             parts = rel.split("/")
             split = parts.pop(0) if split_dirs else None
             splits.append(split or "")
@@ -77,6 +87,11 @@ class FolderSource(Source):
         number = {name: i for i, name in enumerate(names)}
         labels = [None if c is None else number[c] for c in classes] if names else None
         table = build_table(
-            keys, paths, members, splits=splits if split_dirs else None, labels=labels
+            keys,
+            paths,
+            members,
+            splits=splits if split_dirs else None,
+            labels=labels,
+            invalid=[problem for _, _, problem in files],
         )
         return ScanResult(table, tuple(names) if names else None)
