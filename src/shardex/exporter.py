@@ -7,6 +7,7 @@ is the commit point, so a reader never takes a half-written folder for an export
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -85,12 +86,13 @@ def _check_output(storage: Storage, mode: Mode) -> list[str]:
             f"output {storage.uri} holds a complete export: nothing to resume "
             "(use mode 'overwrite' to write it again)"
         )
-    if existing and mode == "error":
+    if (existing or storage.leftovers()) and mode == "error":
         what = "holds an export" if committed else "holds the files of an unfinished export"
         hint = "--overwrite to replace it" + (
             "" if committed else ", or --mode resume to finish it"
         )
         raise OutputExistsError(f"output {storage.uri} {what}; pass {hint}")
+    storage.remove_leftovers()  # temporary files of a killed export
     return existing
 
 
@@ -153,6 +155,9 @@ class _MetadataSink:
         self._out.commit()
 
     def abort(self) -> None:
+        if self._writer is not None:  # closed here, or its finaliser writes to a dead file
+            with contextlib.suppress(Exception):
+                self._writer.close()
         self._out.abort()
 
 

@@ -7,6 +7,7 @@ writes that become visible only on :meth:`ObjectWriter.commit`, listing and dele
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -126,6 +127,18 @@ class Storage(ABC):
         """Write a whole object atomically."""
         with self.open_writer(path) as writer:
             writer.write(data)
+
+    def leftovers(self) -> builtins.list[str]:
+        """Writes that never committed (a killed process's temporary files), by path.
+
+        Object stores hide unfinished multipart uploads, so they report none.
+        """
+        return []
+
+    def remove_leftovers(self) -> None:
+        """Delete what :meth:`leftovers` reports."""
+        for path in self.leftovers():
+            self.delete(path)
 
     def sync(self, paths: Iterable[str]) -> None:
         """Make committed objects durable (a no-op where commit already is, as on S3)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import os
 import secrets
 from collections.abc import Iterable, Iterator
@@ -31,7 +33,13 @@ class LocalObjectWriter(ObjectWriter):
         self._pos = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as exc:  # ENOSPC, EIO, EDQUOT ...: nothing partial is left behind
+            self.abort()
+            raise StorageError(
+                f"cannot write {self._final}: {exc.strerror or exc}; the file was not created"
+            ) from exc
         self._pos += len(data)
 
     @property
@@ -43,16 +51,21 @@ class LocalObjectWriter(ObjectWriter):
         # (Storage.sync), which lets the kernel write back while shards are still made.
         if self._done:
             return
-        self._file.close()
-        os.replace(self._tmp, self._final)
+        try:
+            self._file.close()
+            os.replace(self._tmp, self._final)
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"cannot write {self._final}: {exc.strerror or exc}") from exc
         self._done = True
 
     def abort(self) -> None:
         if self._done:
             return
-        self._file.close()
-        self._tmp.unlink(missing_ok=True)
         self._done = True
+        with contextlib.suppress(OSError):  # a full disk may fail the flush in close()
+            self._file.close()
+        self._tmp.unlink(missing_ok=True)
 
 
 class LocalStorage(Storage):
@@ -120,20 +133,26 @@ class LocalStorage(Storage):
     def exists(self, path: str) -> bool:
         return self._path(path).is_file()
 
-    def list(self, prefix: str = "") -> Iterator[str]:
+    def _walk(self, prefix: str, *, temporary: bool) -> builtins.list[str]:
         if not self.root.is_dir():
-            return iter(())
+            return []
         found = []
         for dirpath, _dirs, files in os.walk(self.root):
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in files:
-                if is_temporary(name):  # in-progress writes are not objects yet
+                if is_temporary(name) != temporary:
                     continue
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}"
                 rel = rel.replace(os.sep, "/")
                 if rel.startswith(prefix):
                     found.append(rel)
-        return iter(sorted(found))
+        return sorted(found)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return iter(self._walk(prefix, temporary=False))  # in-progress writes are not objects
+
+    def leftovers(self) -> builtins.list[str]:
+        return self._walk("", temporary=True)
 
     def delete(self, path: str) -> None:
         self._fds.pop(path, None)
