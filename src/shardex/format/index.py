@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shardex.errors import FormatError
+from shardex.errors import FormatError, ObjectNotFoundError
 
 SAMPLE_DTYPE: Final = np.dtype(
     [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
@@ -85,9 +85,9 @@ def to_npy_bytes(array: npt.NDArray[np.generic]) -> bytes:
 def _load(path: Path, what: str) -> npt.NDArray[np.generic]:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (ValueError, OSError) as exc:
+    except FileNotFoundError as exc:
+        raise ObjectNotFoundError(f"{path}: the {what} index file is missing") from exc
+    except (ValueError, OSError, EOFError, TypeError) as exc:
         raise FormatError(f"{path}: not a valid {what} index file ({exc})") from exc
     return arr  # type: ignore[no-any-return]
 

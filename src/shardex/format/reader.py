@@ -135,6 +135,11 @@ class ShardDataset(Dataset):
     def _read(self, shard: int, offset: int, length: int) -> bytes:
         # The index is checked against the shard sizes of config.yaml on every read, so
         # a damaged index cannot make a read leave its shard.
+        if shard >= len(self._sizes):
+            raise FormatError(
+                f"index entry names shard {shard} but split {self.split!r} has "
+                f"{len(self._sizes)} shards: the index is damaged"
+            )
         if offset + length > self._sizes[shard]:
             raise FormatError(
                 f"index entry points past the end of {self.storage.join(self._paths[shard])} "
