@@ -242,6 +242,24 @@ def test_dataloader_style_workers_fork_or_spawn(s3: S3Location) -> None:
         assert pool.map(_read_in_child, [pickle.loads(pickle.dumps(ds))] * 2) == [key, key]
 
 
+def test_delegated_reads_from_threads_and_stopped_streams(s3: S3Location) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardex.storage import delegate
+
+    _export_s3(s3)
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
+    expected = [ds[i] for i in range(len(ds))]
+    with ThreadPoolExecutor(4) as pool:  # each thread has its own connection to the helper
+        assert list(pool.map(ds.__getitem__, range(len(ds)))) == expected
+    for _ in range(3):  # iterations stopped early must not leave open streams behind
+        it = iter(ds)
+        next(it)
+        it.close()  # type: ignore[attr-defined]
+    storage = ds.storage  # type: ignore[attr-defined]
+    assert delegate.call(storage.uri, storage._options, "open_handles") == 0
+
+
 def test_direct_mode_refuses_a_fork_after_io_clearly(s3: S3Location) -> None:
     import json
 

@@ -137,3 +137,14 @@ def test_deep_verify_catches_an_image_that_does_not_decode(tmp_path: Path) -> No
     assert verify(tmp_path / "out").ok  # bytes are as exported
     deep = verify(tmp_path / "out", deep=True)
     assert [p.key for p in deep.problems] == ["class0/0000"]
+
+
+def test_iteration_can_skip_damaged_samples(export: Path) -> None:
+    key = _flip_byte(export)
+    ds = shardex.open_dataset(export, on_error="skip")
+    samples = list(ds)
+    assert len(samples) == len(ds) - 1
+    assert key not in {s["__key__"] for s in samples}
+    assert [(n, "checksum mismatch" in m) for n, m in ds.skipped] == [(10, True)]  # type: ignore[attr-defined]
+    with pytest.raises(ChecksumError):
+        list(shardex.open_dataset(export))  # the default is to raise

@@ -7,7 +7,7 @@ from typing import Any
 
 from shardex.backends.registry import get_backend
 from shardex.contract import CONFIG_FILE, ExportConfig
-from shardex.dataset import Dataset
+from shardex.dataset import Dataset, OnReadError
 from shardex.errors import ConfigError, NotAnExportError, ObjectNotFoundError
 from shardex.storage import Storage, open_storage
 
@@ -51,6 +51,7 @@ def open_dataset(
     *,
     decode: bool = False,
     verify: bool = True,
+    on_error: OnReadError = "raise",
     storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
     """Open one split of an export, whatever its backend.
@@ -61,6 +62,9 @@ def open_dataset(
         decode: decode images to numpy arrays, ``cls`` to int, ``json`` to objects;
             with False (default) every field is the exact stored bytes.
         verify: check each sample's checksum as it is read.
+        on_error: ``"skip"`` makes iteration pass over damaged samples (checksum or tar
+            errors), recording ``(index, message)`` in ``dataset.skipped``; random access
+            always raises.
         storage_options: options for remote storage.
 
     Returns:
@@ -70,4 +74,6 @@ def open_dataset(
     storage = open_storage(location, storage_options)
     config = read_config(storage)
     name = resolve_split(config, split, storage.uri)
-    return get_backend(config.backend).open(storage, config, name, decode=decode, verify=verify)
+    return get_backend(config.backend).open(
+        storage, config, name, decode=decode, verify=verify, on_error=on_error
+    )

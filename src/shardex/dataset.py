@@ -5,13 +5,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from shardex.contract import ExportConfig
 
 Sample = dict[str, Any]
+#: What iteration does with a damaged sample: raise (default) or skip and record it.
+OnReadError = Literal["raise", "skip"]
 
 
 class Dataset(ABC):

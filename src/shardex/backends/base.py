@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from shardex.contract import ExportConfig, SplitInfo
-from shardex.dataset import Dataset
+from shardex.dataset import Dataset, OnReadError
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
 
@@ -64,6 +64,17 @@ class Backend(ABC):
 
     @abstractmethod
     def open(
-        self, storage: Storage, config: ExportConfig, split: str, *, decode: bool, verify: bool
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        *,
+        decode: bool,
+        verify: bool,
+        on_error: OnReadError = "raise",
     ) -> Dataset:
-        """Open a committed split for reading."""
+        """Open a committed split for reading.
+
+        ``on_error="skip"`` makes iteration pass over damaged samples (recorded in
+        ``dataset.skipped``) instead of raising.
+        """

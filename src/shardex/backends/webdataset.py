@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
 from shardex.contract import ExportConfig, IndexInfo, ShardInfo, SplitInfo
-from shardex.dataset import Dataset
+from shardex.dataset import Dataset, OnReadError
 from shardex.format.index import (
     KEYS_FILE,
     SAMPLES_FILE,
@@ -87,6 +87,13 @@ class WebDatasetBackend(Backend):
         )
 
     def open(
-        self, storage: Storage, config: ExportConfig, split: str, *, decode: bool, verify: bool
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        *,
+        decode: bool,
+        verify: bool,
+        on_error: OnReadError = "raise",
     ) -> Dataset:
-        return ShardDataset(storage, config, split, decode=decode, verify=verify)
+        return ShardDataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -18,11 +19,13 @@ from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.contract import METADATA_FILE, ExportConfig
-from shardex.dataset import Dataset, Sample
+from shardex.dataset import Dataset, OnReadError, Sample
 from shardex.errors import ChecksumError, FormatError, SampleNotFoundError
 from shardex.format.index import SplitIndex
 from shardex.format.tar import parse_sample
 from shardex.storage.base import Storage
+
+log = logging.getLogger(__name__)
 
 #: get_many merges two reads of one shard when the gap between them is at most this.
 DEFAULT_COALESCE_GAP = 0
@@ -81,10 +84,13 @@ class ShardDataset(Dataset):
         *,
         decode: bool = False,
         verify: bool = True,
+        on_error: OnReadError = "raise",
     ) -> None:
         info = config.split(split)
         self.storage, self.config, self.split = storage, config, split
-        self.decode, self.verify = decode, verify
+        self.decode, self.verify, self.on_error = decode, verify, on_error
+        #: (sample number, message) of damaged samples that iteration skipped.
+        self.skipped: list[tuple[int, str]] = []
         self._paths = [s.path for s in info.shards]
         self._sizes = [s.num_bytes for s in info.shards]
         self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
@@ -112,6 +118,7 @@ class ShardDataset(Dataset):
             "split": self.split,
             "decode": self.decode,
             "verify": self.verify,
+            "on_error": self.on_error,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -260,32 +267,69 @@ class ShardDataset(Dataset):
         for shard, path in enumerate(self._paths):
             lo, hi = int(self._first[shard]), int(self._first[shard + 1])
             rec = samples[lo:hi]
-            ranges = zip(
-                rec["offset"].tolist(),
-                rec["length"].tolist(),
-                rec["checksum"].tolist(),
-                strict=True,
+            ranges = list(
+                zip(
+                    rec["offset"].tolist(),
+                    rec["length"].tolist(),
+                    rec["checksum"].tolist(),
+                    strict=True,
+                )
             )
-            if self._local[shard] is not None:
-                for off, length, checksum in ranges:
-                    yield self._sample(self._read(shard, off, length), checksum, shard, off)
-            elif lo < hi:
-                yield from self._stream_shard(shard, path, ranges)
+            if self._local[shard] is None:
+                yield from self._remote_shard(shard, path, ranges, lo)
+                continue
+            for number, (off, length, checksum) in enumerate(ranges, lo):
+                try:
+                    sample = self._sample(self._read(shard, off, length), checksum, shard, off)
+                except (ChecksumError, FormatError) as exc:
+                    self._skip(number, exc)
+                    continue
+                yield sample
 
-    def _stream_shard(
-        self, shard: int, path: str, ranges: Iterator[tuple[int, int, int]]
+    def _skip(self, number: int, exc: Exception) -> None:
+        """Raise, or (on_error="skip") record and log a damaged sample."""
+        if self.on_error != "skip":
+            raise exc
+        self.skipped.append((number, str(exc)))
+        log.warning("skipped damaged sample %d of split %r: %s", number, self.split, exc)
+
+    def _remote_shard(
+        self, shard: int, path: str, ranges: list[tuple[int, int, int]], first: int
     ) -> Iterator[Sample]:
-        """Samples of a remote shard from one streamed GET; holds about one chunk."""
+        """Samples of a remote shard from one streamed GET, holding about one chunk."""
         chunks = self.storage.iter_chunks(path, self.stream_chunk_size)
+        try:
+            yield from self._samples_of_stream(shard, path, chunks, ranges, first)
+        finally:  # stopped early: end the request now, not when collected
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    def _samples_of_stream(
+        self,
+        shard: int,
+        path: str,
+        chunks: Iterator[bytes],
+        ranges: list[tuple[int, int, int]],
+        first: int,
+    ) -> Iterator[Sample]:
         window, base = b"", 0  # window holds the shard's bytes from offset `base`
-        for off, length, checksum in ranges:
+        for number, (off, length, checksum) in enumerate(ranges, first):
             while base + len(window) < off + length:
                 chunk = next(chunks, None)
-                if chunk is None:
-                    raise FormatError(f"{self.storage.join(path)} is shorter than its index says")
+                if chunk is None:  # a short shard: this sample and the rest are lost
+                    short = FormatError(f"{self.storage.join(path)} is shorter than its index says")
+                    for lost in range(number, first + len(ranges)):
+                        self._skip(lost, short)
+                    return
                 window, base = window[off - base :] + chunk, off  # drop what was read
             start = off - base
-            yield self._sample(window[start : start + length], checksum, shard, off)
+            try:
+                sample = self._sample(window[start : start + length], checksum, shard, off)
+            except (ChecksumError, FormatError) as exc:
+                self._skip(number, exc)
+                continue
+            yield sample
 
     def keys(self) -> Iterator[str]:
         """Sample keys in sample order (from the metadata)."""

@@ -254,8 +254,14 @@ class ObjectStorage(Storage):
         """The object as a stream: one GET, read as chunks arrive (bounded memory)."""
         done, stream_id = self._remote("open_stream", path, chunk_size)
         if done:
-            while (chunk := self._remote("next_chunk", stream_id)[1]) is not None:
-                yield chunk
+            finished = False
+            try:
+                while (chunk := self._remote("next_chunk", stream_id)[1]) is not None:
+                    yield chunk
+                finished = True
+            finally:
+                if not finished:  # stopped early: let the helper drop the response
+                    self._remote("close_stream", stream_id)
             return
         try:
             result = _obstore().get(self._client(), path)
