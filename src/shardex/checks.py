@@ -152,7 +152,12 @@ def unsafe_key(key: str) -> str | None:
     return None
 
 
-def _check_keys(keys: list[str], reasons: list[str | None], originals: pa.ChunkedArray) -> None:
+def _check_keys(
+    keys: list[str],
+    reasons: list[str | None],
+    originals: pa.ChunkedArray,
+    taken: frozenset[str] = frozenset(),
+) -> None:
     """Mark unsafe keys, duplicates, and keys that differ only by case (which collide on
     case-insensitive file systems when the tars are extracted)."""
     seen: dict[str, int] = {}
@@ -161,7 +166,9 @@ def _check_keys(keys: list[str], reasons: list[str | None], originals: pa.Chunke
         if reasons[i] is not None:
             continue
         reason = unsafe_key(key)
-        if reason is None and key in seen:
+        if reason is None and key in taken:
+            reason = f"duplicate key {key!r}: already in the export"
+        elif reason is None and key in seen:
             reason = f"duplicate key {key!r} (also used by {originals[seen[key]].as_py()})"
         elif reason is None and key.casefold() in folded:
             other = keys[folded[key.casefold()]]
@@ -172,9 +179,16 @@ def _check_keys(keys: list[str], reasons: list[str | None], originals: pa.Chunke
 
 
 def check_samples(
-    table: pa.Table, opts: ExportOptions, runner: Runner, progress: Progress
+    table: pa.Table,
+    opts: ExportOptions,
+    runner: Runner,
+    progress: Progress,
+    taken: frozenset[str] = frozenset(),
 ) -> tuple[pa.Table, list[dict[str, str]]]:
-    """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text."""
+    """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
+
+    ``taken`` holds keys already exported (when appending): they count as duplicates.
+    """
     json_cols = _json_columns(table)
     jobs = (
         _CheckJob(chunk, opts.validate, opts.max_pixels, json_cols)
@@ -193,7 +207,7 @@ def check_samples(
         table = table.drop_columns([INVALID])
     keys = table.column("key").to_pylist()
     originals = table.column("original_path")
-    _check_keys(keys, reasons, originals)
+    _check_keys(keys, reasons, originals, taken)
     bad = [i for i, r in enumerate(reasons) if r is not None]
     skipped = [
         {"key": keys[i], "original_path": originals[i].as_py(), "reason": str(reasons[i])}

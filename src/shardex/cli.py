@@ -159,12 +159,13 @@ def main() -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["error", "overwrite", "resume"]),
+    type=click.Choice(["error", "overwrite", "resume", "append"]),
     default="error",
     show_default=True,
-    help="If OUTPUT holds an export: refuse (error), replace it "
-    "(overwrite: stale files of the old one are removed), or finish an interrupted "
-    "one (resume: shards that verify against the source are kept).",
+    help="If OUTPUT holds an export: refuse (error); replace it, readable at every "
+    "moment (overwrite: unchanged shards are kept, stale files removed); finish an "
+    "interrupted one (resume: shards that verify against the source are kept); or add "
+    "SOURCE's samples to it as new shards (append: same split rule, labels and keys).",
 )
 @click.option("--overwrite", is_flag=True, help="Shorthand for --mode overwrite.")
 @click.option(

@@ -8,6 +8,7 @@ is the commit point, so a reader never takes a half-written folder for an export
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex import __version__
+from shardex.api import read_config
 from shardex.backends.base import Backend, SplitPlan
 from shardex.backends.registry import get_backend
 from shardex.checks import check_samples
@@ -28,12 +30,14 @@ from shardex.contract import (
     ERRORS_FILE,
     METADATA_FILE,
     ExportConfig,
+    IndexInfo,
     SourceInfo,
     SplitInfo,
 )
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
+    ExportError,
     OutputExistsError,
 )
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
@@ -59,8 +63,8 @@ from shardex.storage import Storage, open_storage
 __all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 
 _OURS: Final = re.compile(
-    r"^(config\.yaml|metadata\.parquet|errors\.parquet|"
-    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet)|index-(samples|keys)\.npy))$"
+    r"^(config\.yaml|metadata(\.pending)?\.parquet|errors\.parquet|"
+    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet)|index-(samples|keys)(\.pending)?\.npy))$"
 )
 _CHUNK: Final = 2000
 
@@ -81,6 +85,10 @@ def _check_output(storage: Storage, mode: Mode) -> list[str]:
             "export into an empty or new folder"
         )
     committed = CONFIG_FILE in existing
+    if mode == "append" and not committed:
+        raise OutputExistsError(
+            f"output {storage.uri} holds no complete export to append to (no {CONFIG_FILE})"
+        )
     if committed and mode == "resume":
         raise OutputExistsError(
             f"output {storage.uri} holds a complete export: nothing to resume "
@@ -136,8 +144,8 @@ def _fingerprint(digests: list[str]) -> str:
 class _MetadataSink:
     """Streams shard rows into metadata.parquet as shards complete."""
 
-    def __init__(self, storage: Storage) -> None:
-        self._out = storage.open_writer(METADATA_FILE)
+    def __init__(self, storage: Storage, name: str = METADATA_FILE) -> None:
+        self._out = storage.open_writer(name)
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
 
@@ -176,19 +184,36 @@ class _Prepared:
     label_names: tuple[str, ...] | None
 
 
-def _prepare(src: Source, opts: ExportOptions, runner: Runner, bars: Progress) -> _Prepared:
-    """Scan, check, split and select keys; nothing is written yet."""
+def _prepare(
+    src: Source,
+    opts: ExportOptions,
+    runner: Runner,
+    bars: Progress,
+    previous: ExportConfig | None = None,
+    taken: frozenset[str] = frozenset(),
+) -> _Prepared:
+    """Scan, check, split and select keys; nothing is written yet.
+
+    When appending, ``previous`` is the committed export: its split rule, label names and
+    keys apply to the new samples, and ``taken`` are its keys.
+    """
     scanning = bars.task(f"scanning {src.uri}", None)
     scan = src.scan()
     scanning.done()
-    table, skipped = check_samples(fixed_lists(scan.table), opts, runner, bars)
+    table, skipped = check_samples(fixed_lists(scan.table), opts, runner, bars, taken)
     if table.num_rows == 0:
         raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
     with_label = opts.labels and "label" in table.column_names
     if "label" in table.column_names and not with_label:
         table = table.drop_columns(["label"])
+    label_names = scan.label_names if with_label else None
+    if previous is not None:
+        opts = _appending_options(opts, previous)
+        if with_label:
+            table, label_names = _relabel(table, label_names, previous)
     table, split_method = assign_splits(table, opts)
-    table = table.append_column("export_index", pa.array(np.arange(table.num_rows)))
+    start = previous.num_samples if previous is not None else 0
+    table = table.append_column("export_index", pa.array(np.arange(start, start + table.num_rows)))
     members = member_keys(table)
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
     available = [
@@ -196,18 +221,48 @@ def _prepare(src: Source, opts: ExportOptions, runner: Runner, bars: Progress) -
         *(["label"] if with_label else []),
         *[c for c in table.column_names if c not in internal],
     ]
+    if previous is not None:
+        opts = dataclasses.replace(opts, x_keys=previous.x_keys, y_keys=previous.y_keys)
     x_keys, y_keys = select_keys(opts, available, list(members), with_label)
     return _Prepared(
         table=drop_unselected_members(table, members, x_keys, y_keys),
         skipped=skipped,
-        split_method=split_method,
+        split_method=previous.split_method if previous is not None else split_method,
         splits=split_names(table, opts),
         x_keys=x_keys,
         y_keys=y_keys,
         with_label=with_label,
         write_label=with_label and "label" in (*x_keys, *y_keys),
-        label_names=scan.label_names if with_label else None,
+        label_names=label_names,
     )
+
+
+def _appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOptions:
+    """New samples are split the way the export was."""
+    if previous.split_method == "fractions":
+        return dataclasses.replace(
+            opts, split_fractions=previous.split_fractions, seed=previous.split_seed or 0
+        )
+    return dataclasses.replace(opts, split_fractions=None)
+
+
+def _relabel(
+    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
+) -> tuple[pa.Table, tuple[str, ...] | None]:
+    """Label numbers of appended samples follow the export's label names."""
+    if not (names and previous.label_names) or names == previous.label_names:
+        return table, previous.label_names or names
+    number = {name: i for i, name in enumerate(previous.label_names)}
+    unknown = sorted(set(names) - set(number))
+    if unknown:
+        raise ConfigError(
+            f"appended samples have labels the export does not know: {', '.join(unknown)} "
+            f"(its labels: {', '.join(previous.label_names)})"
+        )
+    mapping = [number[name] for name in names]
+    labels = [None if v is None else mapping[v] for v in table.column("label").to_pylist()]
+    column = table.column_names.index("label")
+    return table.set_column(column, "label", pa.array(labels, pa.int64())), previous.label_names
 
 
 def _contract(
@@ -302,20 +357,42 @@ def export(
     backend = get_backend(opts.backend)
     storage = open_storage(output, storage_options)
     old_files = _check_output(storage, opts.mode)
+    previous = read_config(storage) if opts.mode == "append" else None
+    # A committed export being replaced or extended stays readable throughout: the new
+    # index and metadata files are written as .pending, a config naming them commits,
+    # then they take their usual names and the final config commits.
+    pending = CONFIG_FILE in old_files
     with Progress(progress) as bars, Runner(opts.workers) as runner:
-        prep = _prepare(src, opts, runner, bars)
-        if CONFIG_FILE in old_files:
-            storage.delete(CONFIG_FILE)  # de-commit first: the folder stops being an export
-        written, digests = _write_splits(storage, backend, prep, opts, runner, bars)
+        taken = _exported_keys(storage, previous)
+        prep = _prepare(src, opts, runner, bars, previous, taken)
+        written, digests = _write_splits(
+            storage, backend, prep, opts, runner, bars, previous, pending
+        )
         errors_file = _write_errors(storage, prep.skipped)
         config = _contract(
             prep, src, opts, backend.name, written, _fingerprint(digests), errors_file
         )
+        if pending:
+            config = dataclasses.replace(config, metadata_file=_metadata_name(pending))
+            _commit(storage, config)
+            config = _promote(storage, config)
+        _commit(storage, config)
         _remove_stale(storage, old_files, config)
-        storage.sync(export_files(config))  # everything durable before the commit point
-        storage.put(CONFIG_FILE, config.to_yaml().encode())
-        storage.sync([CONFIG_FILE])
     return config
+
+
+def _commit(storage: Storage, config: ExportConfig) -> None:
+    """Make every file durable, then write config.yaml: the commit point."""
+    storage.sync(export_files(config))
+    storage.put(CONFIG_FILE, config.to_yaml().encode())
+    storage.sync([CONFIG_FILE])
+
+
+def _exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
+    if previous is None or not previous.metadata_file:
+        return frozenset()
+    table = pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)), columns=["key"])
+    return frozenset(table.column("key").to_pylist())
 
 
 def _write_splits(
@@ -325,33 +402,58 @@ def _write_splits(
     opts: ExportOptions,
     runner: Runner,
     bars: Progress,
+    previous: ExportConfig | None,
+    pending: bool,
 ) -> tuple[dict[str, SplitInfo], list[str]]:
-    """Write every selected split through the backend, streaming metadata.parquet."""
-    table, names, write_label = prep.table, prep.splits, prep.write_label
+    """Write every selected split through the backend, streaming metadata.parquet.
+
+    When appending, the export's splits come first in their order, each followed by its
+    new samples; its metadata rows are copied into the new metadata file.
+    """
+    table, write_label = prep.table, prep.write_label
+    names = [
+        *(previous.splits if previous else ()),
+        *(s for s in prep.splits if not previous or s not in previous.splits),
+    ]
     selected = [table.filter(pc.equal(table.column("split"), s)) for s in names]
-    bar = bars.task("writing shards", sum(t.num_rows for t in selected))
-    sink = _MetadataSink(storage)
+    bar = bars.task("writing shards", table.num_rows)
+    suffix = ".pending" if pending else ""
+    sink = _MetadataSink(storage, _metadata_name(pending))
 
     def on_shard(shard_table: pa.Table) -> None:
-        sink(shard_table)
+        try:
+            sink(shard_table)
+        except ValueError as exc:  # pyarrow: the schema differs from the rows before
+            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
         bar.advance(shard_table.num_rows)
 
+    old_meta = _old_metadata(storage, previous)
     written: dict[str, SplitInfo] = {}
     digests: list[str] = []
     try:
         for split, rows in zip(names, selected, strict=True):
-            rows = rows.append_column("sample_index", pa.array(np.arange(rows.num_rows)))
+            before = previous.splits.get(split) if previous else None
+            if old_meta is not None and before is not None:
+                sink(old_meta.filter(pc.equal(old_meta.column("split"), split)))
+            if rows.num_rows == 0 and before is not None:
+                written[split] = before
+                continue
+            start = before.num_samples if before is not None else 0
+            rows = rows.append_column(
+                "sample_index", pa.array(np.arange(start, start + rows.num_rows))
+            )
             sizes = sample_sizes(rows, with_label=write_label)
             digest = content_digest(rows, sizes)
             digests.append(digest)
-            bounds = plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes)
             plan = SplitPlan(
                 split,
                 rows,
-                bounds,
+                plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes),
                 name_hash(opts, split, digest),
                 write_label,
-                resume=opts.mode == "resume",
+                resume=opts.mode in ("resume", "overwrite"),
+                previous=before,
+                index_suffix=suffix,
             )
             written[split] = backend.write_split(storage, plan, runner, on_shard)
         sink.commit()
@@ -359,3 +461,34 @@ def _write_splits(
         sink.abort()
         raise
     return written, digests
+
+
+def _metadata_name(pending: bool) -> str:
+    return "metadata.pending.parquet" if pending else METADATA_FILE
+
+
+def _old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:
+    if previous is None or not previous.metadata_file:
+        return None
+    return pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)))
+
+
+def _promote(storage: Storage, config: ExportConfig) -> ExportConfig:
+    """Move ``.pending`` index and metadata files to their usual names (after the config
+    naming the pending files committed, so that a reader always finds a whole export)."""
+    splits = {}
+    for name, info in config.splits.items():
+        index = info.index
+        if index is not None and ".pending" in index.samples:
+            final = IndexInfo(
+                index.samples.replace(".pending", ""), index.keys.replace(".pending", "")
+            )
+            storage.rename(index.samples, final.samples)
+            storage.rename(index.keys, final.keys)
+            info = dataclasses.replace(info, index=final)
+        splits[name] = info
+    metadata = config.metadata_file
+    if metadata and ".pending" in metadata:
+        storage.rename(metadata, METADATA_FILE)
+        metadata = METADATA_FILE
+    return dataclasses.replace(config, splits=splits, metadata_file=metadata)

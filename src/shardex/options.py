@@ -10,8 +10,8 @@ from shardex.errors import ConfigError
 
 OnError = Literal["error", "skip"]
 #: What to do with an output that already holds an export or an interrupted one.
-Mode = Literal["error", "overwrite", "resume"]
-MODES: tuple[Mode, ...] = ("error", "overwrite", "resume")
+Mode = Literal["error", "overwrite", "resume", "append"]
+MODES: tuple[Mode, ...] = ("error", "overwrite", "resume", "append")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,8 @@ class ExportOptions:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.overwrite:
-            if self.mode == "resume":
-                raise ConfigError("overwrite=True and mode='resume' contradict each other")
+            if self.mode not in ("error", "overwrite"):
+                raise ConfigError(f"overwrite=True and mode={self.mode!r} contradict each other")
             object.__setattr__(self, "mode", "overwrite")
         if self.samples_per_shard < 1:
             raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")

@@ -31,7 +31,10 @@ class SplitPlan:
     ``rows`` is the split's scan table in sample order, with ``export_index``,
     ``sample_index`` and (when present) the ``_json`` member text added; ``bounds`` are the
     row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names;
-    ``resume`` keeps shards of an interrupted export that verify.
+    ``resume`` keeps shards of an interrupted export that verify; ``previous`` is the
+    split as already committed when appending (new shards continue its numbering and the
+    index covers old and new samples); ``index_suffix`` goes before ``.npy`` in the index
+    file names (``.pending`` while a committed export is being replaced).
     """
 
     split: str
@@ -40,6 +43,8 @@ class SplitPlan:
     name_hash: str
     with_label: bool
     resume: bool = False
+    previous: SplitInfo | None = None
+    index_suffix: str = ""
     options: dict[str, Any] = field(default_factory=dict)
 
 

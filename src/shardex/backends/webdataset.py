@@ -10,6 +10,7 @@ Layout of a split ``S`` (see docs/format.md)::
 
 from __future__ import annotations
 
+import io
 from typing import ClassVar
 
 import numpy as np
@@ -19,10 +20,9 @@ from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
 from shardex.contract import ExportConfig, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, OnReadError
 from shardex.format.index import (
-    KEYS_FILE,
-    SAMPLES_FILE,
-    build_keys,
+    build_keys_from_hashes,
     build_samples,
+    key_hash,
     to_npy_bytes,
 )
 from shardex.format.reader import ShardDataset
@@ -42,13 +42,15 @@ class WebDatasetBackend(Backend):
     name: ClassVar[str] = "webdataset"
     description: ClassVar[str] = "tar shards + Parquet + mmap index (default)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=True, streaming=True, remote=False
+        random_access=True, streaming=True, remote=True
     )
 
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
-        stems = [shard_stem(plan.split, plan.name_hash, k) for k in range(len(plan.bounds))]
+        before = plan.previous
+        first = len(before.shards) if before is not None else 0
+        stems = [shard_stem(plan.split, plan.name_hash, first + k) for k in range(len(plan.bounds))]
         jobs = (
             ShardJob(
                 storage,
@@ -60,7 +62,7 @@ class WebDatasetBackend(Backend):
             )
             for stem, (a, b) in zip(stems, plan.bounds, strict=True)
         )
-        shards: list[ShardInfo] = []
+        shards = list(before.shards) if before is not None else []
         parts: list[tuple[npt.NDArray[np.integer], ...]] = []
         for stem, (a, b), done in zip(
             stems, plan.bounds, runner.imap(write_shard, jobs), strict=True
@@ -76,11 +78,24 @@ class WebDatasetBackend(Backend):
             np.concatenate([p[k] for p in parts]) if parts else np.empty(0, dtype)
             for k, dtype in enumerate(dtypes)
         )
-        index = IndexInfo(f"{plan.split}/{SAMPLES_FILE}", f"{plan.split}/{KEYS_FILE}")
-        storage.put(index.samples, to_npy_bytes(build_samples(shard_no, offsets, lengths, sums)))
-        storage.put(index.keys, to_npy_bytes(build_keys(plan.rows.column("key").to_pylist())))
+        samples = build_samples(shard_no, offsets, lengths, sums)
+        hashes = np.fromiter(
+            (key_hash(k) for k in plan.rows.column("key").to_pylist()),
+            dtype=np.uint64,
+            count=plan.rows.num_rows,
+        )
+        if before is not None and before.index is not None:
+            old_samples, old_hashes = _old_index(storage, before.index)
+            samples = np.concatenate([old_samples, samples])
+            hashes = np.concatenate([old_hashes, hashes])
+        suffix = plan.index_suffix
+        index = IndexInfo(
+            f"{plan.split}/index-samples{suffix}.npy", f"{plan.split}/index-keys{suffix}.npy"
+        )
+        storage.put(index.samples, to_npy_bytes(samples))
+        storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(hashes)))
         return SplitInfo(
-            num_samples=plan.rows.num_rows,
+            num_samples=len(samples),
             num_bytes=sum(s.num_bytes for s in shards),
             shards=tuple(shards),
             index=index,
@@ -97,3 +112,14 @@ class WebDatasetBackend(Backend):
         on_error: OnReadError = "raise",
     ) -> Dataset:
         return ShardDataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
+
+
+def _old_index(
+    storage: Storage, index: IndexInfo
+) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
+    """The committed records of a split, and its key hashes in sample order."""
+    samples = np.load(io.BytesIO(storage.get(index.samples)), allow_pickle=False)
+    table = np.load(io.BytesIO(storage.get(index.keys)), allow_pickle=False)
+    hashes = np.empty(table.shape[1], dtype=np.uint64)
+    hashes[table[1]] = table[0]
+    return samples, hashes

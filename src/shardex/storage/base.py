@@ -123,6 +123,12 @@ class Storage(ABC):
     def open_writer(self, path: str) -> ObjectWriter:
         """Start a streaming write of ``path``; it is visible only once committed."""
 
+    def rename(self, source: str, target: str) -> None:
+        """Move an object to another name, replacing what is there (atomically where the
+        store can: a local rename; a copy then a delete on object stores)."""
+        self.put(target, self.get(source))
+        self.delete(source)
+
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Write a whole object atomically."""
         with self.open_writer(path) as writer:

@@ -158,6 +158,12 @@ class LocalStorage(Storage):
         self._fds.pop(path, None)
         self._path(path).unlink(missing_ok=True)
 
+    def rename(self, source: str, target: str) -> None:
+        self._fds.pop(source, None)
+        self._fds.pop(target, None)
+        self._path(target).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(source), self._path(target))
+
     def open_writer(self, path: str) -> LocalObjectWriter:
         return LocalObjectWriter(self._path(path))
 

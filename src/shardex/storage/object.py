@@ -306,6 +306,11 @@ class ObjectStorage(Storage):
             return
         self._call(self.join(path), _obstore().delete, path)
 
+    def rename(self, source: str, target: str) -> None:
+        if self._remote("rename", source, target)[0]:
+            return
+        self._call(self.join(source), _obstore().rename, source, target)
+
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
         if self._remote("put", path, bytes(data))[0]:
             return
