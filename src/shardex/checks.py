@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -32,6 +33,9 @@ from shardex.progress import Progress
 from shardex.sources.base import INVALID, MEMBERS
 
 CHUNK: Final = 2000
+# Anything that may make a key unsafe: a control character, a backslash, a leading "/",
+# or an empty, "." or ".." path part.
+_UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +147,13 @@ def unsafe_key(key: str) -> str | None:
     """
     if not key:
         return "empty sample key"
+    if _UNSAFE_KEY.search(key) is None:  # one regex pass: the common case is a safe key
+        return None
     if key.startswith("/") or "\\" in key:
         return f"unsafe key {key!r} (absolute path or backslash)"
     if any(part in ("", ".", "..") for part in key.split("/")):
         return f"unsafe key {key!r} (empty, '.' or '..' path part)"
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        return f"unsafe key {key!r} (control character)"
-    return None
+    return f"unsafe key {key!r} (control character)"
 
 
 def _check_keys(
