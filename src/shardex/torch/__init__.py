@@ -1,0 +1,28 @@
+"""PyTorch loading: a random-access dataset with a distributed sampler, and a streaming one.
+
+Needs the ``torch`` extra (``pip install 'shardex[torch]'``); ``import shardex`` itself
+never imports torch.
+
+* :class:`MapDataset` + :class:`ShardexSampler`: one read per sample, a global shuffle in
+  O(1) memory (:class:`IndexPermutation`), exactly equal shares per rank, resume.
+* :class:`StreamDataset`: shard order, seeded shard shuffle and bounded buffer shuffle,
+  exactly equal sample counts per rank, read-ahead of the next run of samples, resume.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the install
+    from shardex.errors import MissingDependencyError
+
+    raise MissingDependencyError(
+        "shardex.torch needs PyTorch: pip install 'shardex[torch]'"
+    ) from exc
+
+from shardex.torch.map import MapDataset
+from shardex.torch.permutation import IndexPermutation
+from shardex.torch.sampler import ShardexSampler
+from shardex.torch.stream import StreamDataset, StreamLoader
+
+__all__ = ["IndexPermutation", "MapDataset", "ShardexSampler", "StreamDataset", "StreamLoader"]

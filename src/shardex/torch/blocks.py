@@ -1,0 +1,109 @@
+"""Reading runs of consecutive samples of a shard, one request each, one run ahead.
+
+A streaming worker reads its samples as *blocks*: runs of consecutive samples of one shard
+(adjacent in the tar), at most ``block_bytes`` long (or one sample when larger), each
+fetched with one ``pread`` or one ranged GET. A background thread fetches the next block
+while the current one is parsed, so at most two blocks are held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+from xxhash import xxh3_64_intdigest
+
+from shardex.dataset import Sample
+from shardex.errors import ChecksumError, FormatError
+from shardex.format.reader import ShardDataset
+from shardex.format.tar import parse_sample
+from shardex.torch.order import EpochOrder, Segment
+
+#: Bytes read at once from a shard (a run of consecutive samples; one sample if larger).
+DEFAULT_BLOCK_BYTES: Final = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A run of consecutive samples of one shard, read with one request."""
+
+    shard: int
+    first: int  # sample number of the run's first sample
+    offsets: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    checksums: npt.NDArray[np.uint64]
+
+
+def blocks(
+    ds: ShardDataset, order: EpochOrder, segments: Sequence[Segment], block_bytes: int
+) -> Iterator[Block]:
+    """The runs of consecutive samples to read for some positions, in order."""
+    records = ds.index.samples
+    for start, stop in segments:
+        for shard, first, count in order.runs(start, stop):
+            rec = records[first : first + count]
+            offsets = rec["offset"].astype(np.int64)
+            lengths = rec["length"].astype(np.int64)
+            checksums = np.asarray(rec["checksum"], dtype=np.uint64)
+            ends = offsets + lengths
+            ordered = bool(np.all(offsets[1:] >= ends[:-1]))
+            i = 0
+            while i < count:
+                j = i + 1
+                if ordered:  # extend the run while it stays within block_bytes
+                    limit = int(offsets[i]) + block_bytes
+                    j = max(j, int(np.searchsorted(ends, limit, side="right")))
+                yield Block(shard, first + i, offsets[i:j], lengths[i:j], checksums[i:j])
+                i = j
+
+
+def read_blocks(ds: ShardDataset, runs: Iterator[Block]) -> Iterator[tuple[int, Sample]]:
+    """``(sample number, raw sample)`` of each block's samples; the next block is read by a
+    background thread meanwhile (so at most two blocks are held)."""
+    storage = ds.storage
+    shards = ds.config.split(ds.split).shards
+
+    def fetch(block: Block) -> bytes:
+        start = int(block.offsets[0])
+        end = int(block.offsets[-1] + block.lengths[-1])
+        info = shards[block.shard]
+        if end > info.num_bytes:
+            raise FormatError(
+                f"index entry points past the end of {storage.join(info.path)} "
+                f"({end} > {info.num_bytes} bytes)"
+            )
+        data = storage.get_range(info.path, start, end - start)
+        if len(data) != end - start:
+            raise FormatError(f"{storage.join(info.path)} is shorter than its index says")
+        return data
+
+    with ThreadPoolExecutor(1, thread_name_prefix="shardex-prefetch") as pool:
+        block = next(runs, None)
+        pending: Future[bytes] | None = None if block is None else pool.submit(fetch, block)
+        while block is not None and pending is not None:
+            data = pending.result()
+            current, block = block, next(runs, None)
+            pending = None if block is None else pool.submit(fetch, block)
+            yield from _parse(ds, current, data, shards[current.shard].path)
+
+
+def _parse(ds: ShardDataset, block: Block, data: bytes, path: str) -> Iterator[tuple[int, Sample]]:
+    base = int(block.offsets[0])
+    verify = ds.verify
+    for k, (offset, length, checksum) in enumerate(
+        zip(block.offsets.tolist(), block.lengths.tolist(), block.checksums.tolist(), strict=True)
+    ):
+        buf = data[offset - base : offset - base + length]
+        if verify and xxh3_64_intdigest(buf) != checksum:
+            raise ChecksumError(
+                f"checksum mismatch for the sample at byte {offset} of "
+                f"{ds.storage.join(path)}: the shard is damaged"
+            )
+        key, fields = parse_sample(buf, where=path)
+        sample: Sample = dict(fields)
+        sample["__key__"] = key
+        yield block.first + k, sample

@@ -1,0 +1,72 @@
+"""A map-style PyTorch dataset over an export: one read per sample."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from shardex.storage import Storage
+from shardex.torch.handle import DatasetHandle
+from shardex.torch.samples import SampleMaker, SampleSpec, Transform
+
+
+class MapDataset(Dataset[Any]):
+    """True random access for PyTorch: ``ds[i]`` is one ``pread`` locally, one ranged GET
+    on object storage; a DataLoader batch is one :meth:`~shardex.Dataset.get_many` (reads
+    sorted per shard, concurrent on object storage).
+
+    Pair it with :class:`~shardex.torch.ShardexSampler` for an exactly equal share per rank,
+    a global shuffle per epoch and mid-epoch resume. The split is opened lazily in each
+    process, so the dataset pickles as a few names and works with forked and spawned
+    DataLoader workers alike; decoding happens in the workers.
+
+    Args:
+        uri: the export's folder or URL (or a Storage).
+        split: the split; may be left out when the export has only one.
+        decode: True (default): items are ``{"__key__", "image", "label", *keys}`` with the
+            image an (H, W, C) uint8 tensor, or ``transform(pixels)`` of the decoded numpy
+            array; False: the raw sample ``{"__key__", ext: bytes ...}`` plus ``keys``
+            (passed to ``transform`` when one is given).
+        transform: see ``decode``; must pickle for spawned workers.
+        keys: metadata columns to add to each item (e.g. ``("label", "score")``); a
+            column named ``label`` replaces the label of the ``cls`` member.
+        storage_options: options for object storage.
+        verify: check each sample's checksum as it is read.
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str] | Storage,
+        split: str | None = None,
+        *,
+        decode: bool = True,
+        transform: Transform | None = None,
+        keys: Sequence[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        verify: bool = True,
+    ) -> None:
+        self._handle = DatasetHandle(uri, split, storage_options=storage_options, verify=verify)
+        spec = SampleSpec(decode=decode, transform=transform, keys=tuple(keys or ()))
+        self._make = SampleMaker(spec, self._handle)
+
+    def __len__(self) -> int:
+        return len(self._handle)
+
+    def __getitem__(self, index: int) -> Any:
+        n = len(self._handle)
+        if index < 0:
+            index += n
+        return self._make(self._handle.dataset()[index], index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch as one batched read (the DataLoader calls this with a batch's indices)."""
+        n = len(self._handle)
+        wanted = [i + n if i < 0 else i for i in indices]
+        raws = self._handle.dataset().get_many(wanted)
+        return [self._make(raw, i) for raw, i in zip(raws, wanted, strict=True)]
+
+    def __repr__(self) -> str:
+        return f"MapDataset({self._handle.storage.uri!r}, split={self._handle.split!r})"

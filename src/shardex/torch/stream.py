@@ -1,0 +1,336 @@
+"""A streaming PyTorch dataset: shard order, bounded shuffle, exactly equal ranks, resume.
+
+How an epoch is cut (see :mod:`shardex.torch.order`): the epoch's sequence is every shard
+in a seeded order, each front to back; rank ``r`` of ``W`` takes positions
+``[r * L, (r + 1) * L)`` of it, ``L = ceil(N / W)`` (or ``N // W`` with ``drop_last``),
+positions past ``N`` wrapping around to the epoch's first samples, so every rank yields
+exactly ``L`` samples. Each DataLoader worker takes one contiguous piece of its rank's
+share (sizes differ by at most one) and reads it in runs of consecutive samples, one
+``pread`` or ranged GET per run of at most ``block_bytes``, the next run read by a
+background thread while the current one is used. A shuffle buffer of ``buffer_size``
+samples, seeded by (seed, epoch, rank, worker), mixes the run order.
+
+Memory per worker: two runs (``2 * block_bytes``) and ``buffer_size`` samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from shardex.dataset import Sample
+from shardex.errors import ConfigError
+from shardex.storage import Storage
+from shardex.torch.blocks import DEFAULT_BLOCK_BYTES, blocks, read_blocks
+from shardex.torch.delivery import deliver, deliverable
+from shardex.torch.distributed import check_state, rank_share, resolve_ranks
+from shardex.torch.handle import DatasetHandle
+from shardex.torch.order import (
+    EpochOrder,
+    Segment,
+    cut,
+    merge,
+    piece_sizes,
+    plan_length,
+    worker_piece,
+)
+from shardex.torch.permutation import derive_key
+from shardex.torch.samples import SampleMaker, SampleSpec, Transform
+from shardex.torch.shuffle import ShuffleBuffer, leftovers, replay
+
+STATE_KIND: Final = "shardex.StreamDataset"
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """Where a pass over an epoch starts: the rank's plan and each worker's position."""
+
+    plan: tuple[Segment, ...]
+    generation: int  # how many times the plan was remade for another number of workers
+    given: tuple[int, ...]  # samples each worker (by role) has given out; () = none
+    rotation: int  # the role of DataLoader worker 0 (the worker whose batch comes next)
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """What a StreamLoader tells its dataset about the loader."""
+
+    workers: int
+    batch_size: int
+    drop_last: bool
+
+
+class StreamDataset(IterableDataset[Any]):
+    """Streams a split in shard order with a seeded shard shuffle and a bounded buffer
+    shuffle, every rank yielding exactly the same number of samples.
+
+    Each rank yields ``len(ds)`` samples per epoch: its contiguous share of the epoch's
+    shard-ordered sequence, padded (without ``drop_last``) by wrapping around to the
+    sequence's first samples. Call :meth:`set_epoch` before each epoch for a new order.
+
+    Resuming: iterate through :meth:`dataloader` and call :meth:`advance` with each batch's
+    size; :meth:`state_dict` then says how far each worker got. After
+    :meth:`load_state_dict`, the next pass yields exactly the rest of that epoch: with the
+    same number of workers and batch size, in the same order as an uninterrupted run
+    (another batch size keeps each worker's order but interleaves the batches otherwise);
+    with another number of workers, in a new order: what each old worker had not given
+    out (its buffer, then what it had not read) is cut afresh among the new workers.
+    States are per rank: save one per rank.
+    Iterating in the main process (``num_workers=0`` or a plain ``for``) needs no
+    :meth:`dataloader`; a plain DataLoader with workers iterates correctly but cannot
+    report its state.
+
+    Args:
+        uri: the export's folder or URL (or a Storage).
+        split: the split; may be left out when the export has only one.
+        shuffle: shuffle the shard order per epoch and mix samples in a buffer.
+        seed: the shuffle seed; the same on every rank.
+        buffer_size: samples held by each worker's shuffle buffer.
+        decode, transform, keys: what each item is, as for
+            :class:`~shardex.torch.MapDataset`.
+        rank: this process's rank; default torch.distributed's, or 0.
+        world_size: the number of ranks; default torch.distributed's, or 1.
+        drop_last: give every rank ``N // world_size`` samples instead of padding.
+        block_bytes: the most bytes read with one request (and held twice per worker).
+        storage_options: options for object storage.
+        verify: check each sample's checksum as it is read.
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str] | Storage,
+        split: str | None = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        buffer_size: int = 1000,
+        decode: bool = True,
+        transform: Transform | None = None,
+        keys: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        storage_options: dict[str, Any] | None = None,
+        verify: bool = True,
+    ) -> None:
+        if buffer_size < 0 or block_bytes < 1:
+            raise ConfigError(
+                f"buffer_size must be >= 0 and block_bytes >= 1 "
+                f"(got {buffer_size} and {block_bytes})"
+            )
+        self._handle = DatasetHandle(uri, split, storage_options=storage_options, verify=verify)
+        spec = SampleSpec(decode=decode, transform=transform, keys=tuple(keys or ()))
+        self._make = SampleMaker(spec, self._handle)
+        self.rank, self.world_size = resolve_ranks(rank, world_size)
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.buffer_size = buffer_size if shuffle else 0
+        self.block_bytes = block_bytes
+        self.epoch = 0
+        self._pending: _Start | None = None  # from load_state_dict, for the next pass
+        self._pass: _Start | None = None  # where the current pass started
+        self._armed = False  # a StreamLoader has started a pass its workers will read
+        self._geometry: _Geometry | None = None
+        self._consumed = 0  # samples of the current pass handed to the training loop
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (a resumed pass yields the rest of it)."""
+        return rank_share(len(self._handle), self.world_size, drop_last=self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use this epoch's order for the next pass (a new epoch forgets a resume point)."""
+        if epoch != self.epoch:
+            self.epoch, self._pending, self._pass, self._consumed = epoch, None, None, 0
+
+    def advance(self, n: int) -> None:
+        """Record that the training loop has taken ``n`` more samples (one whole batch)."""
+        if n < 0:
+            raise ConfigError(f"advance() takes a number of samples >= 0, got {n}")
+        self._consumed += n
+
+    def dataloader(
+        self, batch_size: int | None = 1, *, num_workers: int = 0, **kwargs: Any
+    ) -> StreamLoader:
+        """A DataLoader over this dataset that can report and restore its state.
+
+        ``kwargs`` go to :class:`torch.utils.data.DataLoader` (``drop_last``,
+        ``collate_fn``, ``pin_memory``, ``multiprocessing_context`` ...).
+        """
+        return StreamLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
+
+    # -- passes and state -------------------------------------------------------------
+
+    def _fresh(self) -> _Start:
+        share = len(self)
+        return _Start(((self.rank * share, (self.rank + 1) * share),), 0, (), 0)
+
+    def _key(self, role: int, generation: int) -> int:
+        return derive_key(self.seed, self.epoch, self.rank, role, generation)
+
+    def _begin_pass(self, workers: int) -> _Start:
+        start, self._pending = self._pending or self._fresh(), None
+        if len(start.given) != workers:
+            if any(start.given):
+                start = self._replan(start)
+            start = _Start(start.plan, start.generation, (0,) * workers, 0)
+        self._pass, self._consumed = start, 0
+        return start
+
+    def _replan(self, start: _Start) -> _Start:
+        """The rest of an epoch left by ``len(start.given)`` workers, as a new plan."""
+        old = len(start.given)
+        rest: list[Segment] = []
+        for role, given in enumerate(start.given):
+            piece = worker_piece(start.plan, old, role)
+            rest += leftovers(piece, self.buffer_size, self._key(role, start.generation), given)
+        return _Start(tuple(merge(rest)), start.generation + 1, (), 0)
+
+    def _setup(self) -> dict[str, Any]:
+        return {
+            "num_samples": len(self._handle),
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "buffer_size": self.buffer_size,
+            "drop_last": self.drop_last,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able record of how far this rank got in the current epoch.
+
+        Raises:
+            ConfigError: samples were consumed from workers of a loader that was not made
+                by :meth:`dataloader` (their share cannot be known).
+        """
+        start = self._pass or self._pending or self._fresh()
+        given, rotation = list(start.given), start.rotation
+        if self._consumed:
+            given, rotation = self._progress(self._pass)
+        return {
+            "kind": STATE_KIND,
+            "version": 1,
+            **self._setup(),
+            "epoch": self.epoch,
+            "plan": [list(s) for s in start.plan],
+            "generation": start.generation,
+            "given": given,
+            "rotation": rotation,
+        }
+
+    def _progress(self, start: _Start | None) -> tuple[list[int], int]:
+        # A pass the main process did not begin ran in the workers of a plain DataLoader.
+        workers = 0 if start is None else len(start.given)
+        geometry = _Geometry(1, 1, False) if workers == 1 else self._geometry
+        if start is None or geometry is None or geometry.workers != workers:
+            raise ConfigError(
+                "cannot tell how far each DataLoader worker got: make the loader with "
+                "StreamDataset.dataloader(...) to save and restore a streaming state"
+            )
+        sizes = piece_sizes(plan_length(start.plan), workers)
+        roles = [(i + start.rotation) % workers for i in range(workers)]
+        remaining = [sizes[r] - start.given[r] for r in roles]
+        total = sum(deliverable(r, geometry.batch_size, geometry.drop_last) for r in remaining)
+        if self._consumed > total:
+            raise ConfigError(
+                f"advance() recorded {self._consumed} samples but this pass yields {total}"
+            )
+        taken, next_id = deliver(self._consumed, remaining, geometry.batch_size, geometry.drop_last)
+        given = list(start.given)
+        for i, role in enumerate(roles):
+            given[role] += taken[i]
+        return given, roles[next_id]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch.
+
+        Raises:
+            ConfigError: the state was saved for another split size, rank, world size,
+                seed, shuffle, buffer size or drop_last.
+        """
+        check_state(state, STATE_KIND, self._setup())
+        plan = tuple((int(a), int(b)) for a, b in state["plan"])
+        given = tuple(int(g) for g in state["given"])
+        self.epoch = int(state["epoch"])
+        self._pending = _Start(plan, int(state["generation"]), given, int(state["rotation"]))
+        self._pass, self._consumed = None, 0
+
+    # -- iteration --------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        # A StreamLoader has begun the pass (its workers hold a copy of it); otherwise the
+        # main process begins one, and each worker of a plain DataLoader its own copy.
+        start = self._pass if self._armed else None
+        if start is None or len(start.given) != workers:
+            start = self._begin_pass(workers)
+        if info is None:
+            self._armed = False
+        role = (worker + start.rotation) % workers
+        piece = worker_piece(start.plan, workers, role)
+        return self._samples(piece, self._key(role, start.generation), start.given[role])
+
+    def _samples(self, piece: list[Segment], key: int, given: int) -> Iterator[Any]:
+        ds = self._handle.shards()
+        info = ds.config.split(ds.split)
+        order = EpochOrder.make(
+            [s.num_samples for s in info.shards],
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=self.epoch,
+        )
+        held, taken = replay(piece, self.buffer_size, key, given)
+        buffer = ShuffleBuffer[tuple[int, Sample]](self.buffer_size, key, step=given)
+        if held:  # the samples the buffer held at the resume point: read them again
+            numbers = order.sample_numbers(held)
+            buffer.items = list(zip(numbers, ds.get_many(numbers), strict=True))
+        make = self._make
+        rest = cut(piece, taken, plan_length(piece))
+        for item in read_blocks(ds, blocks(ds, order, rest, self.block_bytes)):
+            out = buffer.push(item)
+            if out is not None:
+                yield make(out[1], out[0])
+        while buffer.items:
+            number, raw = buffer.pop()
+            yield make(raw, number)
+
+
+class StreamLoader(DataLoader[Any]):
+    """A DataLoader over a :class:`StreamDataset` (made by :meth:`StreamDataset.dataloader`)
+    that tells the dataset its number of workers and batch size, so that the dataset's
+    :meth:`~StreamDataset.state_dict` can say how far each worker got, and that starts
+    each pass where a loaded state left off."""
+
+    dataset: StreamDataset
+
+    def __init__(self, dataset: StreamDataset, **kwargs: Any) -> None:
+        if kwargs.get("persistent_workers"):
+            raise ConfigError(
+                "persistent_workers would keep each worker's copy of the dataset from one "
+                "epoch to the next, so set_epoch() and load_state_dict() would not reach it"
+            )
+        super().__init__(dataset, **kwargs)
+
+    def __iter__(self) -> Any:
+        ds = self.dataset
+        workers = max(1, self.num_workers)
+        ds._geometry = _Geometry(workers, self.batch_size or 1, self.drop_last)
+        ds._begin_pass(workers)
+        ds._armed = True
+        try:
+            return super().__iter__()
+        finally:
+            ds._armed = False
+
+    def __len__(self) -> int:
+        """Batches per epoch, counting each worker's short last batch."""
+        workers, size = max(1, self.num_workers), self.batch_size or 1
+        return sum(
+            -(-deliverable(n, size, self.drop_last) // size)
+            for n in piece_sizes(len(self.dataset), workers)
+        )
