@@ -1,0 +1,442 @@
+"""Throughput and size of the tar-shard format against the physical limits of this machine.
+
+Builds (once, cached) an image folder of N JPEGs of about ``--size-kb`` KB in 10 class
+folders, exports it with shardex and measures, in one run and with a warm page cache:
+
+* export throughput (``workers=1`` and ``2``) against a plain "read every file, write one
+  file" copy;
+* random ``ds[i]`` (verify on/off) and ``get_many`` against ``os.pread`` of the same image
+  bytes, in the same order, from ONE concatenated file;
+* sequential iteration (shardex and stock ``webdataset``) against ``os.pread`` of every
+  image in file order from that file;
+* ``open_dataset`` time, and bytes on disk relative to the raw image bytes.
+
+The machine is shared and noisy: every throughput is the median of a few repeats, and each
+is reported as a ratio to a baseline measured in the same run.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_format.py [--images 20000] [--size-kb 16]
+        [--workdir DIR] [--repeats 3] [--json PATH] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import shardex
+from _report import Row, machine, median_times, minor_faults, render
+
+DEFAULT_WORKDIR = Path(__file__).resolve().parent / "_data"
+CLASSES = 10
+HEIGHT = 128
+QUALITY = 90
+SEED = 1234
+BATCH = 64
+OPEN_REPEATS = 20
+READ_REPEATS = 9  # reads are cheap (~50 ms a run): more repeats, steadier medians
+
+
+# ---------------------------------------------------------------- the image folder
+
+
+def encode_image(index: int, width: int) -> bytes:
+    """Image ``index``: uniform RGB noise (a stable size), JPEG at quality 90."""
+    from PIL import Image
+
+    rng = np.random.default_rng([SEED, index])
+    w = max(8, int(width * rng.uniform(0.9, 1.1)))  # sizes vary, as real ones do
+    pixels = rng.integers(0, 256, size=(HEIGHT, w, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=QUALITY)
+    return out.getvalue()
+
+
+def calibrate_width(target_bytes: int) -> int:
+    """The nominal width at which images average ``target_bytes`` (bisection)."""
+    from PIL import Image
+
+    def mean_size(width: int) -> float:
+        sizes = []
+        for k in range(4):
+            rng = np.random.default_rng([SEED + 1, k])
+            pixels = rng.integers(0, 256, size=(HEIGHT, width, 3), dtype=np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, format="JPEG", quality=QUALITY)
+            sizes.append(len(out.getvalue()))
+        return statistics.fmean(sizes)
+
+    lo, hi = 8, 8192
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if mean_size(mid) < target_bytes else (lo, mid)
+    return hi
+
+
+def image_relpath(index: int) -> str:
+    return f"class_{index % CLASSES:02d}/img_{index:07d}.jpg"
+
+
+def _write_images(job: tuple[str, int, int, int]) -> int:
+    root, lo, hi, width = job
+    total = 0
+    for i in range(lo, hi):
+        data = encode_image(i, width)
+        with open(os.path.join(root, image_relpath(i)), "wb") as f:
+            f.write(data)
+        total += len(data)
+    return total
+
+
+def build_folder(workdir: Path, count: int, size_kb: int) -> Path:
+    """The cached image folder for (count, size); generated atomically when missing."""
+    folder = workdir / f"images-n{count}-kb{size_kb}-v1"
+    if folder.is_dir():
+        print(f"image folder: {folder} (cached)")
+        return folder
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    width = calibrate_width(size_kb * 1024)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=workdir))
+    try:
+        for c in range(CLASSES):
+            (tmp / f"class_{c:02d}").mkdir()
+        step = 500
+        jobs = [(str(tmp), lo, min(lo + step, count), width) for lo in range(0, count, step)]
+        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            total = sum(pool.map(_write_images, jobs))
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    took = time.perf_counter() - t0
+    print(
+        f"image folder: generated {count} images, {total / count / 1024:.1f} KiB mean, "
+        f"{HEIGHT}px high, ~{width}px wide, in {took:.1f} s ({count / took:,.0f} images/s)"
+    )
+    return folder
+
+
+# ---------------------------------------------------------------- the pread baseline
+
+
+@dataclass
+class Concat:
+    """Every image's bytes back to back in one file, in the export's sample order."""
+
+    path: Path
+    offsets: list[int]
+    lengths: list[int]
+
+    @property
+    def raw_bytes(self) -> int:
+        return sum(self.lengths)
+
+
+def build_concat(folder: Path, count: int, target: Path) -> Concat:
+    """Concatenate the images in sorted relative-path order (the export's sample order).
+
+    Reading every image here also warms the page cache for the export.
+    """
+    rels = sorted(image_relpath(i) for i in range(count))
+    offsets, lengths, pos = [], [], 0
+    with open(target, "wb", buffering=1 << 20) as out:
+        for rel in rels:
+            data = (folder / rel).read_bytes()
+            out.write(data)
+            offsets.append(pos)
+            lengths.append(len(data))
+            pos += len(data)
+    return Concat(target, offsets, lengths)
+
+
+def copy_files(folder: Path, count: int, target: Path) -> None:
+    """The export-throughput baseline: open+read every file, write one file, fsync."""
+    with open(target, "wb", buffering=1 << 20) as out:
+        for i in range(count):
+            with open(folder / image_relpath(i), "rb") as f:
+                out.write(f.read())
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def pread_in_order(concat: Concat, order: Sequence[int]) -> None:
+    """``os.pread`` of each image's (offset, length) in ``order``: the physical limit."""
+    offs, lens, pread = concat.offsets, concat.lengths, os.pread
+    fd = os.open(concat.path, os.O_RDONLY)
+    try:
+        for i in order:
+            pread(fd, lens[i], offs[i])
+    finally:
+        os.close(fd)
+
+
+def warm(paths: Iterator[Path]) -> None:
+    """Read files once so that the timed runs find them in the page cache."""
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+# ---------------------------------------------------------------- readers under test
+
+
+def read_random(ds: Any, order: Sequence[int]) -> None:
+    for i in order:
+        ds[i]
+
+
+def read_batches(ds: Any, batches: Sequence[Sequence[int]]) -> None:
+    for batch in batches:
+        ds.get_many(batch)
+
+
+def read_all(ds: Any) -> int:
+    n = 0
+    for _ in ds:
+        n += 1
+    return n
+
+
+def webdataset_count(urls: list[str]) -> int:
+    import webdataset as wds
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return read_all(wds.WebDataset(urls, shardshuffle=False))
+
+
+def tar_urls(out: Path) -> list[str]:
+    return sorted(str(p) for p in out.rglob("*.tar"))
+
+
+def disk_bytes(out: Path, pattern: str = "*") -> int:
+    return sum(p.stat().st_size for p in out.rglob(pattern) if p.is_file())
+
+
+def check_same_bytes(ds: Any, concat: Concat, picks: Sequence[int]) -> None:
+    """The export's sample order is the baseline's file order (else ratios lie)."""
+    with open(concat.path, "rb") as f:
+        for i in picks:
+            f.seek(concat.offsets[i])
+            if ds[i]["jpg"] != f.read(concat.lengths[i]):
+                raise SystemExit(f"sample {i} differs from image {i} of the baseline file")
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def bench_export(
+    folder: Path, out_root: Path, count: int, repeats: int
+) -> tuple[list[Row], Path, Path]:
+    """Export with 1 and 2 workers, each timed against the copy baseline."""
+    copy_target = out_root / "copy.bin"
+    main = out_root / "export"
+    trash = out_root / "trash"
+    shutil.rmtree(trash, ignore_errors=True)
+    trash.mkdir()
+    rows = []
+    for workers in (1, 2):
+
+        def run(workers: int = workers) -> None:
+            # Each run writes a fresh folder, as a user's export does: replacing files
+            # in place makes ext4 flush them at rename (auto_da_alloc), a cost of
+            # overwriting, not of exporting.
+            if main.exists():
+                main.rename(trash / f"{time.monotonic_ns()}")
+            shardex.export(folder, main, workers=workers)
+
+        def copy() -> None:
+            copy_files(folder, count, copy_target)
+
+        took, base = median_times([run, copy], repeats)
+        note = "baseline: read every file + write one file + fsync"
+        name = f"export, workers={workers}"
+        rate, base_rate = count / took, count / base
+        rows.append(Row(name, "images/s", rate, base_rate, 20_000, "value", note=note))
+    copy_target.unlink()
+    shutil.rmtree(trash)
+    nolabels = out_root / "export-nolabels"
+    # labels kept in Parquet (and metadata.parquet) only: no .cls member in the tars
+    shardex.export(folder, nolabels, workers=1, y_keys=(), overwrite=True)
+    return rows, main, nolabels
+
+
+class ReadBench:
+    """Read measures of one export, each paired with its pread baseline."""
+
+    RANDOM_NOTE = "baseline: pread, same random order, one file"
+    SEQUENTIAL_NOTE = "baseline: pread in file order, one file"
+
+    def __init__(self, out: Path, concat: Concat, count: int, repeats: int) -> None:
+        self.out, self.concat, self.count, self.repeats = out, concat, count, repeats
+        self.order = np.random.default_rng(SEED).permutation(count).tolist()
+        self.sequential = list(range(count))
+        self.ds = shardex.open_dataset(out, split="train")
+        self.ds_fast = shardex.open_dataset(out, split="train", verify=False)
+        check_same_bytes(self.ds, concat, [0, count // 2, count - 1, *self.order[:20]])
+        warm(iter([concat.path, *map(Path, tar_urls(out))]))
+        read_random(self.ds, self.order)  # faults in the index pages, opens every shard
+        read_random(self.ds_fast, self.order)
+
+    def _rates(self, fn: Callable[[], object], order: list[int]) -> tuple[float, float]:
+        took, base = median_times([fn, lambda: pread_in_order(self.concat, order)], self.repeats)
+        return self.count / took, self.count / base
+
+    def random(self, name: str, fn: Callable[[], object], target: float | None = 0.5) -> Row:
+        value, base = self._rates(fn, self.order)
+        return Row(name, "samples/s", value, base, target, note=self.RANDOM_NOTE)
+
+    def sequential_row(
+        self, name: str, fn: Callable[[], object], target: float | None = 0.5
+    ) -> Row:
+        value, base = self._rates(fn, self.sequential)
+        faults = minor_faults(fn) / self.count
+        note = f"{self.SEQUENTIAL_NOTE}; {faults:.2f} page faults/sample"
+        return Row(name, "samples/s", value, base, target, note=note)
+
+    def rows(self) -> list[Row]:
+        ds, fast, order = self.ds, self.ds_fast, self.order
+        batches = [order[k : k + BATCH] for k in range(0, self.count, BATCH)]
+        urls = tar_urls(self.out)
+        iterate = self.sequential_row("iterate shardex (for s in ds)", lambda: read_all(ds))
+        peer = self.sequential_row(
+            "iterate webdataset.WebDataset (peer)", lambda: webdataset_count(urls), None
+        )
+        return [
+            self.random("ds[i] random, verify=True", lambda: read_random(ds, order)),
+            self.random("ds[i] random, verify=False", lambda: read_random(fast, order)),
+            self.random(
+                f"get_many({BATCH}) random, verify=True", lambda: read_batches(ds, batches)
+            ),
+            self.random(
+                f"get_many({BATCH}) random, verify=False", lambda: read_batches(fast, batches)
+            ),
+            iterate,
+            self.sequential_row(
+                "ds[i] in order (for i in range(n))",
+                lambda: read_random(ds, self.sequential),
+                None,
+            ),
+            peer,
+            Row(
+                "iterate: shardex / webdataset",
+                "x",
+                iterate.value / peer.value,
+                note="how many times faster shardex iterates than stock webdataset",
+            ),
+        ]
+
+
+def bench_open(out: Path) -> Row:
+    times = []
+    for _ in range(OPEN_REPEATS):
+        t0 = time.perf_counter()
+        shardex.open_dataset(out, split="train")
+        times.append(time.perf_counter() - t0)
+    return Row(
+        "open_dataset", "ms", 1000 * statistics.median(times), note=f"median of {OPEN_REPEATS}"
+    )
+
+
+def bench_sizes(main: Path, nolabels: Path, concat: Concat, count: int) -> list[Row]:
+    """Bytes on disk (all files, and tars only) over the raw image bytes."""
+    raw = concat.raw_bytes
+    rows = []
+    for label, out in (("", main), (", label in Parquet only", nolabels)):
+        tar = disk_bytes(out, "*.tar")
+        extra = f"{(tar - raw) / count:,.0f} tar bytes per sample beyond the image"
+        for what, size, note in (
+            ("disk", disk_bytes(out), "all files: tars, parquet, index, config"),
+            ("tar", tar, extra),
+        ):
+            name = f"{what} bytes / raw image bytes{label}"
+            rows.append(Row(name, "x", size / raw, None, 1.10, "value", higher=False, note=note))
+    return rows
+
+
+def profile(out: Path, folder: Path, count: int, limit: int = 15) -> None:
+    """cProfile of random ds[i] and of a one-worker export (top functions by own time)."""
+    ds = shardex.open_dataset(out, split="train")
+    order = np.random.default_rng(SEED).permutation(count).tolist()
+    for title, fn in (
+        ("random ds[i], verify=True", lambda: read_random(ds, order)),
+        ("export workers=1", lambda: shardex.export(folder, out, workers=1, overwrite=True)),
+    ):
+        prof = cProfile.Profile()
+        prof.runcall(fn)
+        print(f"\n--- cProfile: {title} (top {limit} by tottime) ---")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(limit)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--images", type=int, default=20_000, help="number of images")
+    p.add_argument("--size-kb", type=int, default=16, help="mean JPEG size in KB")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="cache folder")
+    p.add_argument(
+        "--repeats", type=int, default=3, help=f"repeats per export measure (reads: {READ_REPEATS})"
+    )
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--profile", action="store_true", help="print cProfile of ds[i] and export")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    count = args.images
+    folder = build_folder(args.workdir, count, args.size_kb)
+    out_root = args.workdir / f"exports-n{count}-kb{args.size_kb}"
+    out_root.mkdir(parents=True, exist_ok=True)
+    concat = build_concat(folder, count, out_root / "concat.bin")
+    print(f"raw image bytes: {concat.raw_bytes:,} ({concat.raw_bytes / count / 1024:.2f} KiB mean)")
+    export_rows, main_out, nolabels = bench_export(folder, out_root, count, args.repeats)
+    reads = max(args.repeats, READ_REPEATS)
+    rows = [
+        *export_rows,
+        *ReadBench(main_out, concat, count, reads).rows(),
+        bench_open(main_out),
+        *bench_sizes(main_out, nolabels, concat, count),
+    ]
+    print()
+    print(render(rows))
+    took = time.perf_counter() - started
+    print(f"\n{count} images; medians of {args.repeats} (export) and {reads} (read) runs")
+    print(f"total {took:.0f} s")
+    if args.profile:
+        profile(main_out, folder, count)
+    if args.json:
+        doc = {
+            "images": count,
+            "size_kb": args.size_kb,
+            "raw_bytes": concat.raw_bytes,
+            "machine": {**machine(), "shardex": shardex.__version__},
+            "seconds": took,
+            "rows": [asdict(r) for r in rows],
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
