@@ -149,6 +149,19 @@ def test_disk_full_keeps_shards_and_resumes(clean: dict[str, bytes], tmp_path: P
     assert _files(out) == clean
 
 
+def test_s3_requests_that_time_out_are_retried(s3: S3Location) -> None:
+    shardex.export("demo:30", s3.url, storage_options=s3.direct, workers=1)
+    quick = {**s3.counted, "timeout": "500ms"}
+    ds = shardex.open_dataset(s3.url, storage_options=quick)
+    expected = shardex.open_dataset(s3.url, storage_options=s3.direct)[4]
+    s3.proxy.reset()
+    s3.proxy.delay_next(2, 1.5, when=lambda head: head.range is not None)
+    assert ds[4] == expected  # two attempts time out, the third answers
+    s3.proxy.wait_idle()
+    delayed = [r for r in s3.proxy.requests if r.fault == "delay"]
+    assert len(delayed) == 2
+
+
 def test_s3_export_survives_errors_and_a_server_restart(s3: S3Location, tmp_path: Path) -> None:
     DemoSource(120).scan()
     shardex.export(SOURCE, tmp_path / "local", **OPTIONS)

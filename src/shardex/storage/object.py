@@ -48,6 +48,8 @@ RETRY: Final = {
 }
 #: Options users may pass (CLI flags --s3-endpoint-url, --s3-region, --s3-profile).
 _OPTION_NAMES: Final = {"endpoint_url": "endpoint", "region": "region"}
+#: Options of the HTTP client rather than the store: durations such as "500ms", "60s".
+_CLIENT_OPTIONS: Final = frozenset({"timeout", "connect_timeout"})
 
 # The pid of the process whose obstore runtime has done I/O (None before any).
 _runtime_pid: int | None = None
@@ -122,7 +124,9 @@ class ObjectStorage(Storage):
     Args:
         url: the root URL.
         storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile;
-            needs boto3), and any obstore store option (``access_key_id``,
+            needs boto3), ``timeout`` and ``connect_timeout`` per request (defaults
+            ``"60s"`` and ``"5s"``; a timed-out request is retried), and any obstore store
+            option (``access_key_id``,
             ``secret_access_key``, ``session_token``, ``virtual_hosted_style_request``,
             ...). Unset options come from the standard ``AWS_*`` environment variables.
             Credentials stay in memory: they are never written to config.yaml, logs or
@@ -179,11 +183,14 @@ class ObjectStorage(Storage):
 
         options = {k: v for k, v in self._options.items() if v is not None}
         config: dict[str, Any] = {}
-        for name, value in options.items():
-            if name == "profile":
-                continue
-            config[_OPTION_NAMES.get(name, name)] = value if isinstance(value, bool) else str(value)
         client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
+        for name, value in options.items():
+            if name in _CLIENT_OPTIONS:
+                client[name] = str(value)
+            elif name != "profile":
+                config[_OPTION_NAMES.get(name, name)] = (
+                    value if isinstance(value, bool) else str(value)
+                )
         endpoint = str(config.get("endpoint", ""))
         if endpoint.startswith("http://") or self.uri.startswith("http://"):
             client["allow_http"] = True
