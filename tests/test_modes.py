@@ -57,6 +57,8 @@ def test_append_adds_shards_and_keeps_everything_else(
     }
     after = shardex.export(second, out, mode="append", workers=1, samples_per_shard=6)
     assert after.num_samples == 40
+    assert (after.split_fractions, after.split_seed) == (FRACTIONS, 4)  # the rule is kept
+    assert [s.uri for s in after.source_datasets] == [str(first), str(second)]
     for path, data in old_shards.items():  # old shards untouched
         assert (out / path).read_bytes() == data
     shardex.export(whole, tmp_path / "fresh", **opts)

@@ -207,10 +207,8 @@ def _prepare(
     if "label" in table.column_names and not with_label:
         table = table.drop_columns(["label"])
     label_names = scan.label_names if with_label else None
-    if previous is not None:
-        opts = _appending_options(opts, previous)
-        if with_label:
-            table, label_names = _relabel(table, label_names, previous)
+    if previous is not None and with_label:
+        table, label_names = _relabel(table, label_names, previous)
     table, split_method = assign_splits(table, opts)
     start = previous.num_samples if previous is not None else 0
     table = table.append_column("export_index", pa.array(np.arange(start, start + table.num_rows)))
@@ -221,8 +219,6 @@ def _prepare(
         *(["label"] if with_label else []),
         *[c for c in table.column_names if c not in internal],
     ]
-    if previous is not None:
-        opts = dataclasses.replace(opts, x_keys=previous.x_keys, y_keys=previous.y_keys)
     x_keys, y_keys = select_keys(opts, available, list(members), with_label)
     return _Prepared(
         table=drop_unselected_members(table, members, x_keys, y_keys),
@@ -238,12 +234,15 @@ def _prepare(
 
 
 def _appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOptions:
-    """New samples are split the way the export was."""
-    if previous.split_method == "fractions":
-        return dataclasses.replace(
-            opts, split_fractions=previous.split_fractions, seed=previous.split_seed or 0
-        )
-    return dataclasses.replace(opts, split_fractions=None)
+    """New samples are split the way the export was, and keep its keys."""
+    fractions = previous.split_method == "fractions"
+    return dataclasses.replace(
+        opts,
+        split_fractions=previous.split_fractions if fractions else None,
+        seed=(previous.split_seed or 0) if fractions else opts.seed,
+        x_keys=previous.x_keys,
+        y_keys=previous.y_keys,
+    )
 
 
 def _relabel(
@@ -273,6 +272,7 @@ def _contract(
     written: dict[str, SplitInfo],
     fingerprint: str,
     errors_file: str | None,
+    previous: ExportConfig | None = None,
 ) -> ExportConfig:
     """The config.yaml of what was written."""
     table = prep.table
@@ -302,9 +302,12 @@ def _contract(
             s.key: list(s.shape) for s in specs if s.key in prep.x_keys and s.shape is not None
         },
         source_datasets=(
+            *(previous.source_datasets if previous else ()),
             SourceInfo(src.uri, src.kind, table.num_rows + len(prep.skipped), fingerprint),
         ),
-        source_fingerprint=fingerprint,
+        source_fingerprint=(
+            _fingerprint([previous.source_fingerprint, fingerprint]) if previous else fingerprint
+        ),
         split_seed=opts.seed if fractions else None,
         split_fractions=dict(opts.split_fractions or {}) if fractions else None,
         split_method=prep.split_method,
@@ -358,6 +361,8 @@ def export(
     storage = open_storage(output, storage_options)
     old_files = _check_output(storage, opts.mode)
     previous = read_config(storage) if opts.mode == "append" else None
+    if previous is not None:
+        opts = _appending_options(opts, previous)
     # A committed export being replaced or extended stays readable throughout: the new
     # index and metadata files are written as .pending, a config naming them commits,
     # then they take their usual names and the final config commits.
@@ -370,7 +375,7 @@ def export(
         )
         errors_file = _write_errors(storage, prep.skipped)
         config = _contract(
-            prep, src, opts, backend.name, written, _fingerprint(digests), errors_file
+            prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
         )
         if pending:
             config = dataclasses.replace(config, metadata_file=_metadata_name(pending))
