@@ -330,6 +330,7 @@ def test_overwrite_replaces_the_export_and_removes_stale_files(tmp_path: Path) -
         index.keys,
         *(s.path for s in shards),
         *(s.metadata for s in shards if s.metadata),
+        *(s.dali_index for s in shards if s.dali_index),
     }
     assert set(files_of(out)) == expected  # no stale shards, no stale errors.parquet
     assert old_files - expected  # the old export's shards really were different files

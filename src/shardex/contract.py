@@ -47,13 +47,15 @@ class KeySpec:
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """One shard file of a split and its Parquet sidecar."""
+    """One shard file of a split, its Parquet sidecar and its DALI index file (``.idx``,
+    absent where the shard's members cannot be described in that format)."""
 
     path: str
     num_samples: int
     num_bytes: int
     checksum: str
     metadata: str | None = None
+    dali_index: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

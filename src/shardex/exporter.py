@@ -64,7 +64,7 @@ __all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 
 _OURS: Final = re.compile(
     r"^(config\.yaml|metadata(\.pending)?\.parquet|errors\.parquet|"
-    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet)|index-(samples|keys)(\.pending)?\.npy))$"
+    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet|idx)|index-(samples|keys)(\.pending)?\.npy))$"
 )
 _CHUNK: Final = 2000
 
@@ -108,7 +108,7 @@ def export_files(config: ExportConfig) -> list[str]:
     """Every file of an export but config.yaml."""
     files = [f for f in (config.metadata_file, config.errors_file) if f]
     for info in config.splits.values():
-        files += [p for s in info.shards for p in (s.path, s.metadata) if p]
+        files += [p for s in info.shards for p in (s.path, s.metadata, s.dali_index) if p]
         if info.index is not None:
             files += [info.index.samples, info.index.keys]
     return files

@@ -3,9 +3,10 @@
 Checks, in order: config.yaml against its schema; for every split the index files (shape,
 every record inside its shard, samples tiling each shard exactly, the key table a
 permutation of the samples); every shard (present, size, whole-file checksum) and every
-sample in it (checksum, tar members, key); the Parquet sidecars and metadata.parquet (row
-counts, keys); with ``deep``, that every image decodes. Problems are collected, not
-raised: the report lists each with the file and, where known, the sample key.
+sample in it (checksum, tar members, key); the Parquet sidecars, the DALI index files (the
+same bytes as the shard's members give) and metadata.parquet (row counts, keys); with
+``deep``, that every image decodes. Problems are collected, not raised: the report lists
+each with the file and, where known, the sample key.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import xxhash
 from shardex.codecs.images import IMAGE_EXTENSIONS, check_decode
 from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ShardexError
+from shardex.format.dali_index import DaliIndex
 from shardex.format.index import SAMPLE_DTYPE
-from shardex.format.tar import END_OF_ARCHIVE, parse_sample
+from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.progress import Progress
 from shardex.storage import Storage, open_storage
 
@@ -203,6 +205,7 @@ def _verify_shard(
         return
     whole = xxhash.xxh3_64()
     window, base, keys = b"", 0, []
+    dali: DaliIndex | None = DaliIndex() if shard.dali_index else None
     for off, length, checksum in zip(
         records["offset"].tolist(),
         records["length"].tolist(),
@@ -215,6 +218,8 @@ def _verify_shard(
             window, base = window[off - base :] + chunk, off
         sample = window[off - base : off - base + length]
         keys.append(_verify_sample(shard, off, sample, checksum, report, deep))
+        if dali is not None:
+            dali = _add_members(dali, off, sample)
     for chunk in chunks:
         whole.update(chunk)
     report.bytes += shard.num_bytes
@@ -223,6 +228,34 @@ def _verify_shard(
             Problem(shard.path, "shard", "whole-file checksum differs from config.yaml")
         )
     _verify_sidecar(storage, shard, keys, report)
+    if shard.dali_index and dali is not None:
+        _verify_dali_index(storage, shard.dali_index, dali.to_bytes(), report)
+
+
+def _add_members(dali: DaliIndex, offset: int, sample: bytes) -> DaliIndex | None:
+    """Add a sample's members to the index expected beside the shard; None (nothing left to
+    compare) when the sample is damaged, which is reported on its own."""
+    try:
+        members = [
+            (split_name(m.name)[1], m.data_offset, m.size, m.name)
+            for m in iter_members(sample, strict=False)
+        ]
+    except FormatError:
+        return None
+    dali.add(offset, members)
+    return dali
+
+
+def _verify_dali_index(
+    storage: Storage, path: str, expected: bytes | None, report: VerifyReport
+) -> None:
+    try:
+        found = storage.get(path)
+    except ShardexError as exc:
+        report.problems.append(Problem(path, "dali-index", f"cannot be read: {exc}"))
+        return
+    if found != expected:
+        report.problems.append(Problem(path, "dali-index", "differs from the members of its shard"))
 
 
 def _verify_sample(

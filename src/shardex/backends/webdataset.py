@@ -4,6 +4,7 @@ Layout of a split ``S`` (see docs/format.md)::
 
     S/images-{hash}-000000.tar        plain POSIX tar, a sample's members consecutive
     S/images-{hash}-000000.parquet    one row per sample: NeMo columns, metadata, byte range
+    S/images-{hash}-000000.idx        DALI's index of the tar's members (wds2idx format)
     S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
     S/index-keys.npy                  sorted key hashes -> sample number
 """
@@ -59,6 +60,7 @@ class WebDatasetBackend(Backend):
                 plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
                 plan.with_label,
                 plan.resume,
+                f"{stem}.idx",
             )
             for stem, (a, b) in zip(stems, plan.bounds, strict=True)
         )
@@ -68,7 +70,14 @@ class WebDatasetBackend(Backend):
             stems, plan.bounds, runner.imap(write_shard, jobs), strict=True
         ):
             shards.append(
-                ShardInfo(f"{stem}.tar", b - a, done.num_bytes, done.checksum, f"{stem}.parquet")
+                ShardInfo(
+                    f"{stem}.tar",
+                    b - a,
+                    done.num_bytes,
+                    done.checksum,
+                    f"{stem}.parquet",
+                    done.dali_index,
+                )
             )
             number = np.full(b - a, len(shards) - 1, np.uint32)
             parts.append((number, done.offsets, done.lengths, done.checksums))

@@ -3,7 +3,8 @@
 A sample's members are written back to back: the source members in order (the image
 first), then ``KEY.cls`` (the label as ASCII digits) and ``KEY.json`` (scalar metadata).
 The sample's byte range runs from its first header to the end of its last member's
-padding; its checksum covers exactly that range.
+padding; its checksum covers exactly that range. Beside the tar goes DALI's index file of
+the members (see :mod:`shardex.format.dali_index`), computed from the same layout.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex.errors import BadSampleError, ShardexError
+from shardex.format.dali_index import Component, DaliIndex
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_member, member_header, padding
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -114,6 +116,7 @@ class ShardJob:
     rows: pa.Table
     with_label: bool
     resume: bool = False
+    dali_index_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +130,12 @@ class ShardWritten:
     checksums: npt.NDArray[np.uint64]
     table: pa.Table
     kept: bool = False
+    dali_index: str | None = None
 
 
-def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes]]:
-    """(first member name, sample bytes) of each row, as the tar holds them."""
+def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes, list[Component]]]:
+    """(first member name, sample bytes, members' data offsets within the sample) of each
+    row, as the tar holds them."""
     rows, n = job.rows, job.rows.num_rows
     members = rows.column(MEMBERS).to_pylist()
     labels = rows.column("label").to_pylist() if job.with_label else [None] * n
@@ -138,6 +143,8 @@ def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes]]
     jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
     for i, key in enumerate(rows.column("key").to_pylist()):
         parts: list[bytes] = []
+        layout: list[Component] = []
+        at = 0
         fields: list[tuple[str, bytes]] = [(m["ext"], reader.read(m)) for m in members[i]]
         if labels[i] is not None:
             fields.append(("cls", str(labels[i]).encode()))
@@ -145,9 +152,13 @@ def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes]]
         if text is not None:
             fields.append(("json", text))
         for ext, data in fields:
-            name, _ = member_header(f"{key}.{ext}")
-            parts += (encode_member(name, len(data)), data, _ZEROS[: padding(len(data))])
-        yield (f"{key}.{fields[0][0]}" if fields else ""), b"".join(parts)
+            name = f"{key}.{ext}"
+            header = encode_member(member_header(name)[0], len(data))
+            at += len(header)
+            layout.append((ext, at, len(data), name))
+            at += len(data) + padding(len(data))
+            parts += (header, data, _ZEROS[: padding(len(data))])
+        yield (f"{key}.{fields[0][0]}" if fields else ""), b"".join(parts), layout
 
 
 def write_shard(job: ShardJob) -> ShardWritten:
@@ -158,6 +169,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
     lengths = np.empty(n, np.uint32)
     sums = np.empty(n, np.uint64)
     names: list[str] = []
+    dali = DaliIndex()
     whole = xxhash.xxh3_64()
     reader = MemberReader()
     old = _existing(job) if job.resume else None
@@ -165,8 +177,9 @@ def write_shard(job: ShardJob) -> ShardWritten:
         with contextlib.ExitStack() as stack:
             out = None if old else stack.enter_context(job.storage.open_writer(job.tar_path))
             pos = 0
-            for i, (name, sample) in enumerate(_samples(job, reader)):
+            for i, (name, sample, layout) in enumerate(_samples(job, reader)):
                 names.append(name)
+                dali.add(pos, layout)
                 offsets[i], lengths[i] = pos, len(sample)
                 sums[i] = xxhash.xxh3_64_intdigest(sample)
                 whole.update(sample)
@@ -182,13 +195,35 @@ def write_shard(job: ShardJob) -> ShardWritten:
     finally:
         reader.close()
     table = _sidecar(job, names, offsets, lengths, sums)
+    index = dali.to_bytes() if job.dali_index_path else None
+    index_path = job.dali_index_path if index is not None else None
+    done = ShardWritten(
+        size, shard_checksum(whole), offsets, lengths, sums, table, dali_index=index_path
+    )
     if old is not None:
         if old.size == size and old.table.equals(table):
-            return ShardWritten(size, shard_checksum(whole), offsets, lengths, sums, table, True)
+            _keep_index(job.storage, index_path, index)
+            return dataclasses.replace(done, kept=True)
         return write_shard(dataclasses.replace(job, resume=False))
+    # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
+    if index_path is not None and index is not None:
+        job.storage.put(index_path, index)
     with job.storage.open_writer(job.parquet_path) as out_parquet:
         pq.write_table(table, _WriterFile(out_parquet), compression="zstd")
-    return ShardWritten(size, shard_checksum(whole), offsets, lengths, sums, table)
+    return done
+
+
+def _keep_index(storage: Storage, path: str | None, index: bytes | None) -> None:
+    """Rewrite a kept shard's index file unless it already holds these bytes (one small
+    read, against an upload when it does)."""
+    if path is None or index is None:
+        return
+    try:
+        if storage.get(path) == index:
+            return
+    except (ShardexError, OSError):
+        pass
+    storage.put(path, index)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,230 @@
+"""NVIDIA DALI: read an export's tar shards with ``fn.readers.webdataset``.
+
+Every shard of the ``webdataset`` backend has a DALI index file beside it (``.idx``, see
+:mod:`shardex.format.dali_index`), so DALI opens an export without scanning its tars.
+:func:`reader_arguments` gives the reader's ``paths``, ``index_paths`` and ``ext`` for a
+split and needs no DALI; :func:`pipeline` builds a ready pipeline and needs DALI itself
+(``pip install 'shardex[dali]'``; ``import shardex.dali`` works without it).
+
+Where the shards are read from:
+
+* a local export: the files themselves;
+* an export on ``s3://``: DALI reads the tars from the bucket itself (DALI releases built
+  with S3 support, as the PyPI wheels are), with credentials and endpoint from *its own*
+  environment: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` and
+  ``AWS_ENDPOINT_URL`` (read once per process, when DALI first touches S3). The index files
+  are copied to the shardex cache (``$SHARDEX_CACHE_DIR/index/``), since older DALI
+  releases read ``index_paths`` from local files only;
+* anything else (``gs://``, ``az://``, ``http(s)://`` and presigned URLs, which DALI's reader
+  cannot open): pass ``shard_root``, a local folder or mount (s3fs, mountpoint-s3, a synced
+  copy) that holds the export's files under the same relative paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shardex.api import read_config, resolve_split
+from shardex.contract import ExportConfig, ShardInfo
+from shardex.errors import ConfigError, MissingDependencyError
+from shardex.format.reader import local_copy
+from shardex.storage import Storage, open_storage
+
+__all__ = ["ReaderArguments", "pipeline", "reader_arguments"]
+
+#: Schemes whose tars DALI's reader opens itself.
+DIRECT_SCHEMES: Final = ("s3://",)
+#: Index files fetched at once when staging them from object storage.
+_STAGING_THREADS: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderArguments:
+    """What ``nvidia.dali.fn.readers.webdataset`` needs to read one split.
+
+    ``index_paths`` is None when a shard has no index file (an export written before shardex
+    wrote them, or a member name the format cannot hold): DALI then scans the tars.
+    """
+
+    paths: tuple[str, ...]
+    index_paths: tuple[str, ...] | None
+    ext: tuple[str, ...]
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``fn.readers.webdataset``."""
+        out: dict[str, Any] = {"paths": list(self.paths), "ext": list(self.ext)}
+        if self.index_paths is not None:
+            out["index_paths"] = list(self.index_paths)
+        return out
+
+
+def default_ext(config: ExportConfig) -> tuple[str, ...]:
+    """One reader output per x and y key stored in the tars, e.g. ``("jpg;png", "cls")``
+    (DALI sends every extension of a ``;``-separated set to one output)."""
+    out = []
+    for key in (*config.x_keys, *config.y_keys):
+        spec = config.key_spec(key)
+        where = spec.storage.split(",") if spec is not None else []
+        tar = next((w.removeprefix("tar:") for w in where if w.startswith("tar:")), None)
+        if tar:
+            out.append(tar.replace("|", ";"))
+    if not out:
+        raise ConfigError("no x or y key of this export is stored in its tars; pass ext=[...]")
+    return tuple(out)
+
+
+def reader_arguments(
+    location: str | os.PathLike[str] | Storage,
+    split: str | None = None,
+    *,
+    ext: Sequence[str] | None = None,
+    shard_root: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> ReaderArguments:
+    """``paths``, ``index_paths`` and ``ext`` for DALI's webdataset reader over one split.
+
+    Args:
+        location: the export (a folder, an ``s3://`` URL or a storage).
+        split: which split; may be left out when the export has only one.
+        ext: the reader's outputs, each an extension or a ``;``-separated set of them
+            (default: the export's x and y keys, see :func:`default_ext`).
+        shard_root: a local folder or mount holding the export's files; DALI reads the
+            tars and index files there instead of from ``location``.
+        storage_options: options for reading config.yaml and index files from object
+            storage (see docs/storage.md); DALI itself does not see them.
+
+    Raises:
+        ConfigError: the export is not of the ``webdataset`` backend, or DALI cannot read
+            its shards where they are and no ``shard_root`` was given.
+    """
+    storage = open_storage(location, storage_options)
+    config = read_config(storage)
+    if config.backend != "webdataset":
+        raise ConfigError(
+            f"{storage.uri} is a {config.backend!r} export; DALI reads 'webdataset' exports"
+        )
+    shards = config.split(resolve_split(config, split, storage.uri)).shards
+    chosen = tuple(ext) if ext is not None else default_ext(config)
+    local = shard_root if shard_root is not None else storage.local_path("")
+    if local is not None:
+        root = os.path.abspath(os.fspath(local))
+        return ReaderArguments(
+            tuple(os.path.join(root, s.path) for s in shards),
+            _indexes(shards, lambda p: os.path.join(root, p)),
+            chosen,
+        )
+    if not storage.uri.startswith(DIRECT_SCHEMES):
+        raise ConfigError(
+            f"DALI's webdataset reader cannot read shards at {storage.uri} (it opens local "
+            f"files and {', '.join(DIRECT_SCHEMES)} URLs); mount or copy the export and pass "
+            "shard_root=<that folder>"
+        )
+    return ReaderArguments(
+        tuple(storage.join(s.path) for s in shards), _staged(storage, shards), chosen
+    )
+
+
+def _indexes(shards: Sequence[ShardInfo], where: Callable[[str], str]) -> tuple[str, ...] | None:
+    paths = [s.dali_index for s in shards if s.dali_index is not None]
+    return tuple(where(p) for p in paths) if len(paths) == len(shards) else None
+
+
+def _staged(storage: Storage, shards: Sequence[ShardInfo]) -> tuple[str, ...] | None:
+    """Local copies of a remote split's index files, keyed (like the sample index's) by the
+    shards' checksums, so a rewritten export never meets stale copies."""
+    paths = [s.dali_index for s in shards if s.dali_index is not None]
+    if len(paths) != len(shards):
+        return None
+    fingerprint = "\n".join(s.checksum for s in shards)
+    with ThreadPoolExecutor(min(_STAGING_THREADS, max(1, len(paths)))) as pool:
+        return tuple(str(p) for p in pool.map(lambda p: local_copy(storage, p, fingerprint), paths))
+
+
+def pipeline(
+    location: str | os.PathLike[str] | Storage,
+    split: str | None = None,
+    *,
+    batch_size: int,
+    ext: Sequence[str] | None = None,
+    num_threads: int = 4,
+    device_id: int | None = None,
+    random_shuffle: bool = False,
+    seed: int | None = None,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    shard_root: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    **reader_options: Any,
+) -> Any:
+    """A DALI pipeline whose outputs are the reader's, one per ``ext`` entry (raw bytes as
+    ``uint8`` tensors; add decoding with your own pipeline and :func:`reader_arguments`).
+
+    Args:
+        location, split, ext, shard_root, storage_options: as for :func:`reader_arguments`.
+        batch_size, num_threads, device_id, seed: the ``Pipeline``'s; ``device_id=None``
+            runs on the CPU only.
+        random_shuffle, shard_id, num_shards: the reader's (``num_shards`` is the number
+            of pipelines reading the split, e.g. one per GPU).
+        reader_options: more ``fn.readers.webdataset`` arguments
+            (``missing_component_behavior``, ``dtypes``, ``pad_last_batch`` ...).
+
+    Returns:
+        An ``nvidia.dali.Pipeline``; its reader is named ``"Reader"`` for DALI's framework
+        iterators (``DALIGenericIterator(pipe, [...], reader_name="Reader")``).
+
+    Raises:
+        MissingDependencyError: DALI is not installed.
+        ConfigError: as for :func:`reader_arguments`.
+    """
+    fn, pipeline_class = _dali()
+    args = reader_arguments(
+        location, split, ext=ext, shard_root=shard_root, storage_options=storage_options
+    )
+    _check_endpoint(args, storage_options)
+    # seed is left out unless given: DALI 1.x wants -1 for "any", DALI 2.x warns at -1
+    seeded = {} if seed is None else {"seed": seed}
+    pipe = pipeline_class(
+        batch_size=batch_size, num_threads=num_threads, device_id=device_id, **seeded
+    )
+    with pipe:
+        outputs = fn.readers.webdataset(
+            **args.as_kwargs(),
+            random_shuffle=random_shuffle,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            name="Reader",
+            **reader_options,
+        )
+        pipe.set_outputs(*(outputs if isinstance(outputs, (list, tuple)) else [outputs]))
+    return pipe
+
+
+def _check_endpoint(args: ReaderArguments, storage_options: dict[str, Any] | None) -> None:
+    """DALI's S3 client takes its endpoint from the environment only: refuse to let it go
+    to another server than the one shardex was told about."""
+    endpoint = (storage_options or {}).get("endpoint_url")
+    if not endpoint or not any(p.startswith(DIRECT_SCHEMES) for p in args.paths):
+        return
+    if os.environ.get("AWS_ENDPOINT_URL") != endpoint:
+        raise ConfigError(
+            f"DALI reads the shards through its own S3 client, configured from the "
+            f"environment only: set AWS_ENDPOINT_URL={endpoint} (and AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, AWS_REGION) before the first pipeline, or pass shard_root"
+        )
+
+
+def _dali() -> tuple[Any, Any]:
+    try:
+        fn = importlib.import_module("nvidia.dali.fn")
+        pipeline_class = importlib.import_module("nvidia.dali.pipeline").Pipeline
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "shardex.dali.pipeline needs NVIDIA DALI: pip install 'shardex[dali]' (DALI for "
+            "CUDA 12; for CUDA 13 install nvidia-dali-cuda130)"
+        ) from exc
+    return fn, pipeline_class
