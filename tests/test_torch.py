@@ -554,3 +554,24 @@ def test_torch_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     exec(compile(code, "docs/torch.md", "exec"), scope)
     assert scope["images"].shape[1:] == (3, 32, 32)
     assert scope["resumed_keys"] == scope["remaining_keys"]
+
+
+def test_decode_size_decodes_large_jpegs_at_a_reduced_scale(tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    from shardex.codecs.images import decode
+
+    big = io.BytesIO()
+    Image.new("RGB", (1600, 1200), (200, 30, 30)).save(big, "JPEG")
+    assert decode(big.getvalue()).shape == (1200, 1600, 3)
+    assert decode(big.getvalue(), size_hint=(224, 224)).shape == (300, 400, 3)  # 1/4 scale
+    png = io.BytesIO()
+    Image.new("RGB", (640, 480)).save(png, "PNG")
+    assert decode(png.getvalue(), size_hint=(224, 224)).shape == (480, 640, 3)  # full size
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jpg").write_bytes(big.getvalue())
+    shardex.export(tmp_path / "src", tmp_path / "out", workers=1)
+    dataset = MapDataset(tmp_path / "out", decode_size=(224, 224))
+    assert tuple(dataset[0]["image"].shape) == (300, 400, 3)

@@ -31,6 +31,9 @@ class MapDataset(Dataset[Any]):
             array; False: the raw sample ``{"__key__", ext: bytes ...}`` plus ``keys``
             (passed to ``transform`` when one is given).
         transform: see ``decode``; must pickle for spawned workers.
+        decode_size: ``(width, height)`` that ``transform`` resizes to: JPEGs are decoded
+            at a reduced scale (1/2, 1/4, 1/8) that stays at least that large, several
+            times faster on large photos.
         keys: metadata columns to add to each item (e.g. ``("label", "score")``); a
             column named ``label`` replaces the label of the ``cls`` member.
         storage_options: options for object storage.
@@ -44,12 +47,15 @@ class MapDataset(Dataset[Any]):
         *,
         decode: bool = True,
         transform: Transform | None = None,
+        decode_size: tuple[int, int] | None = None,
         keys: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         verify: bool = True,
     ) -> None:
         self._handle = DatasetHandle(uri, split, storage_options=storage_options, verify=verify)
-        spec = SampleSpec(decode=decode, transform=transform, keys=tuple(keys or ()))
+        spec = SampleSpec(
+            decode=decode, transform=transform, keys=tuple(keys or ()), decode_size=decode_size
+        )
         self._make = SampleMaker(spec, self._handle)
 
     def __len__(self) -> int:

@@ -33,6 +33,8 @@ class SampleSpec:
             the raw sample (``{"__key__", ext: bytes ...}``) plus ``keys``, passed to
             ``transform`` when one is given.
         transform: see ``decode``; must pickle for spawned DataLoader workers.
+        decode_size: ``(width, height)`` the transform resizes to: JPEGs decode at a
+            reduced scale that stays at least that large (see ``codecs.images.decode``).
         keys: metadata columns (of ``metadata.parquet``) to add to each item, e.g.
             ``("label", "score", "embedding")``: numbers become Python scalars, fixed-size
             lists tensors, anything else its Python value.
@@ -41,6 +43,7 @@ class SampleSpec:
     decode: bool = True
     transform: Transform | None = None
     keys: tuple[str, ...] = ()
+    decode_size: tuple[int, int] | None = None
 
 
 class SampleMaker:
@@ -72,7 +75,7 @@ class SampleMaker:
                 None,
             )
             if image is not None:
-                pixels = decode(image)
+                pixels = decode(image, size_hint=spec.decode_size)
                 out["image"] = spec.transform(pixels) if spec.transform else to_tensor(pixels)
             if "cls" in raw:
                 out["label"] = int(raw["cls"])

@@ -90,7 +90,7 @@ class StreamDataset(IterableDataset[Any]):
         shuffle: shuffle the shard order per epoch and mix samples in a buffer.
         seed: the shuffle seed; the same on every rank.
         buffer_size: samples held by each worker's shuffle buffer.
-        decode, transform, keys: what each item is, as for
+        decode, transform, decode_size, keys: what each item is, as for
             :class:`~shardex.torch.MapDataset`.
         rank: this process's rank; default torch.distributed's, or 0.
         world_size: the number of ranks; default torch.distributed's, or 1.
@@ -110,6 +110,7 @@ class StreamDataset(IterableDataset[Any]):
         buffer_size: int = 1000,
         decode: bool = True,
         transform: Transform | None = None,
+        decode_size: tuple[int, int] | None = None,
         keys: Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -124,7 +125,9 @@ class StreamDataset(IterableDataset[Any]):
                 f"(got {buffer_size} and {block_bytes})"
             )
         self._handle = DatasetHandle(uri, split, storage_options=storage_options, verify=verify)
-        spec = SampleSpec(decode=decode, transform=transform, keys=tuple(keys or ()))
+        spec = SampleSpec(
+            decode=decode, transform=transform, keys=tuple(keys or ()), decode_size=decode_size
+        )
         self._make = SampleMaker(spec, self._handle)
         self.rank, self.world_size = resolve_ranks(rank, world_size)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
