@@ -50,6 +50,7 @@ class _Client:
         child.close()
         self._address = self._lifeline.recv()  # the helper's listening socket
         self._local = threading.local()
+        self._pid = os.getpid()
         atexit.register(self.close)
 
     @property
@@ -74,6 +75,8 @@ class _Client:
         return value
 
     def close(self) -> None:
+        if os.getpid() != self._pid:  # a forked child inherited this at-exit call
+            return
         with contextlib.suppress(OSError):
             self._lifeline.close()  # the helper exits when its lifeline closes
         self._proc.join(timeout=2)
