@@ -158,3 +158,19 @@ def test_failed_overwrite_leaves_the_old_export_readable(
         shardex.export(whole, FailingWrites(out), mode="overwrite", workers=1, samples_per_shard=7)
     assert list(shardex.open_dataset(out)) == expected
     assert shardex.verify(out).ok
+
+
+def test_append_keeps_the_record_of_skipped_samples(tmp_path: Path) -> None:
+    from helpers import image_bytes, make_tree
+
+    for name, first_seed in (("a", 0), ("b", 10)):
+        make_tree(tmp_path / name, [f"{name}{i}.jpg" for i in range(3)], first_seed=first_seed)
+        (tmp_path / name / f"bad-{name}.jpg").write_bytes(image_bytes(99)[:100])
+    shardex.export(tmp_path / "a", tmp_path / "out", workers=1, on_error="skip")
+    config = shardex.export(
+        tmp_path / "b", tmp_path / "out", mode="append", workers=1, on_error="skip"
+    )
+    assert config.num_samples == 6
+    assert config.num_skipped == 2
+    errors = pq.read_table(tmp_path / "out" / "errors.parquet").column("key").to_pylist()
+    assert errors == ["bad-a", "bad-b"]

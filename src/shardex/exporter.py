@@ -122,8 +122,14 @@ def _remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) 
             storage.delete(path)
 
 
-def _write_errors(storage: Storage, skipped: list[dict[str, str]]) -> str | None:
-    """errors.parquet: one row per skipped sample with the reason."""
+def _write_errors(
+    storage: Storage, skipped: list[dict[str, str]], previous: ExportConfig | None = None
+) -> str | None:
+    """errors.parquet: one row per skipped sample with the reason (when appending, the
+    export's earlier rows first)."""
+    if previous is not None and previous.errors_file:
+        old = pq.read_table(pa.BufferReader(storage.get(previous.errors_file)))
+        skipped = old.to_pylist() + skipped
     if not skipped:
         return None
     table = pa.Table.from_pylist(
@@ -319,7 +325,7 @@ def _contract(
             "on_error": opts.on_error,
         },
         errors_file=errors_file,
-        num_skipped=len(prep.skipped),
+        num_skipped=len(prep.skipped) + (previous.num_skipped if previous else 0),
         extra=dict(opts.extra),
     )
 
@@ -373,7 +379,7 @@ def export(
         written, digests = _write_splits(
             storage, backend, prep, opts, runner, bars, previous, pending
         )
-        errors_file = _write_errors(storage, prep.skipped)
+        errors_file = _write_errors(storage, prep.skipped, previous)
         config = _contract(
             prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
         )
