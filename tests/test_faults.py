@@ -39,6 +39,9 @@ class SlowWriter(LocalObjectWriter):
 class Slow(LocalStorage):
     def open_writer(self, path):
         return SlowWriter(self._path(path))
+    def sync(self, paths):  # leaves time to be killed after metadata.parquet, before commit
+        time.sleep(0.5)
+        super().sync(paths)
 shardex.export(sys.argv[1], Slow(sys.argv[2]), mode=sys.argv[3], samples_per_shard=10,
                workers=1, split_fractions={"train": 0.8, "val": 0.2})
 """
