@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pyarrow as pa
 
@@ -45,7 +45,6 @@ class SplitPlan:
     resume: bool = False
     previous: SplitInfo | None = None
     index_suffix: str = ""
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 #: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).

@@ -21,6 +21,8 @@ from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
 from shardex.contract import ExportConfig, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, OnReadError
 from shardex.format.index import (
+    KEYS_FILE,
+    SAMPLES_FILE,
     build_keys_from_hashes,
     build_samples,
     key_hash,
@@ -97,9 +99,10 @@ class WebDatasetBackend(Backend):
             old_samples, old_hashes = _old_index(storage, before.index)
             samples = np.concatenate([old_samples, samples])
             hashes = np.concatenate([old_hashes, hashes])
-        suffix = plan.index_suffix
+        suffix = f"{plan.index_suffix}.npy"
         index = IndexInfo(
-            f"{plan.split}/index-samples{suffix}.npy", f"{plan.split}/index-keys{suffix}.npy"
+            f"{plan.split}/{SAMPLES_FILE.replace('.npy', suffix)}",
+            f"{plan.split}/{KEYS_FILE.replace('.npy', suffix)}",
         )
         storage.put(index.samples, to_npy_bytes(samples))
         storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(hashes)))

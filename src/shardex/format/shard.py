@@ -129,7 +129,6 @@ class ShardWritten:
     lengths: npt.NDArray[np.uint32]
     checksums: npt.NDArray[np.uint64]
     table: pa.Table
-    kept: bool = False
     dali_index: str | None = None
 
 
@@ -203,7 +202,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
     if old is not None:
         if old.size == size and old.table.equals(table):
             _keep_index(job.storage, index_path, index)
-            return dataclasses.replace(done, kept=True)
+            return done
         return write_shard(dataclasses.replace(job, resume=False))
     # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
     if index_path is not None and index is not None:
