@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import platform
 import resource
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -121,3 +123,15 @@ def machine() -> dict[str, Any]:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
     }
+
+
+def write_json(
+    path: Path, rows: Sequence[Row], *, versions: dict[str, str] | None = None, **fields: Any
+) -> None:
+    """The ``--json`` report: the given fields, the machine (with ``versions``), the rows."""
+    doc = {
+        **fields,
+        "machine": {**machine(), **(versions or {})},
+        "rows": [asdict(r) for r in rows],
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import shutil
@@ -36,14 +35,14 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import shardex
-from _report import Row, machine, median_times, minor_faults, render
+from _report import Row, median_times, minor_faults, render, write_json
 
 DEFAULT_WORKDIR = Path(__file__).resolve().parent / "_data"
 CLASSES = 10
@@ -426,15 +425,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile(main_out, folder, count)
     if args.json:
-        doc = {
-            "images": count,
-            "size_kb": args.size_kb,
-            "raw_bytes": concat.raw_bytes,
-            "machine": {**machine(), "shardex": shardex.__version__},
-            "seconds": took,
-            "rows": [asdict(r) for r in rows],
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(
+            args.json,
+            rows,
+            versions={"shardex": shardex.__version__},
+            images=count,
+            size_kb=args.size_kb,
+            raw_bytes=concat.raw_bytes,
+            seconds=took,
+        )
     return 0
 
 

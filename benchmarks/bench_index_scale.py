@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from _report import Row, machine, render
+from _report import Row, render, write_json
 from shardex.format.index import (
     KEYS_FILE,
     SAMPLES_FILE,
@@ -273,15 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render(rows))
     if args.json:
-        doc = {
-            "entries": n,
-            "build_seconds": times,
-            "file_bytes": sizes,
-            "machine": machine(),
-            "measures": measures,
-            "rows": [r.__dict__ for r in rows],
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(
+            args.json, rows, entries=n, build_seconds=times, file_bytes=sizes, measures=measures
+        )
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import json
 import multiprocessing
 import os
 import pstats
@@ -40,14 +39,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import shardex
-from _report import Row, machine, median_times, render
+from _report import Row, median_times, render, write_json
 from bench_format import DEFAULT_WORKDIR, build_folder
 
 SEED = 4321
@@ -65,19 +63,10 @@ def loopback_only() -> None:
 
     Set before any client is made; spawned children inherit it.
     """
-    os.environ["AWS_METADATA_ENDPOINT"] = "http://127.0.0.1:9"
-    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_ENDPOINT_URL",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
-        "SHARDEX_OBJECT_IO",  # the default (delegated) mode is measured as such
-    ):
-        os.environ.pop(name, None)
+    from shardex.testing.seaweedfs import loopback_only_environment
+
+    loopback_only_environment()
+    os.environ.pop("SHARDEX_OBJECT_IO", None)  # the default (delegated) mode is measured as such
 
 
 # ---------------------------------------------------------------- stores and datasets
@@ -585,15 +574,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"total {took:.0f} s")
     if args.json:
-        doc = {
-            "images": count,
-            "size_kb": args.size_kb,
-            "reads": args.reads,
-            "machine": {**machine(), "shardex": shardex.__version__},
-            "seconds": took,
-            "rows": [asdict(r) for r in rows],
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(
+            args.json,
+            rows,
+            versions={"shardex": shardex.__version__},
+            images=count,
+            size_kb=args.size_kb,
+            reads=args.reads,
+            seconds=took,
+        )
     return 0
 
 

@@ -31,14 +31,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import multiprocessing
 import pstats
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +46,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 import shardex
-from _report import Row, machine, median_time, median_times, render
+from _report import Row, median_time, median_times, render, write_json
 from bench_format import DEFAULT_WORKDIR, build_folder, tar_urls, warm
 from shardex.torch import MapDataset, ShardexSampler, StreamDataset
 
@@ -375,16 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile(out, jpegs, labels)
     if args.json:
-        doc = {
-            "images": count,
-            "size_kb": args.size_kb,
-            "batch_size": BATCH,
-            "image_size": [width, height],
-            "machine": {**machine(), "shardex": shardex.__version__, "torch": torch.__version__},
-            "seconds": took,
-            "rows": [asdict(r) for r in rows],
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(
+            args.json,
+            rows,
+            versions={"shardex": shardex.__version__, "torch": torch.__version__},
+            images=count,
+            size_kb=args.size_kb,
+            batch_size=BATCH,
+            image_size=[width, height],
+            seconds=took,
+        )
     return 0
 
 

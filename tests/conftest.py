@@ -17,24 +17,13 @@ from typing import Any
 import pytest
 
 from shardex.testing.proxy import CountingProxy
-from shardex.testing.seaweedfs import SeaweedFS
+from shardex.testing.seaweedfs import SeaweedFS, loopback_only_environment
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["SHARDEX_CACHE_DIR"] = str(tmp_path_factory.mktemp("shardex-cache"))
-    # Tests talk to loopback only: should a client ever look for cloud instance
-    # credentials, it asks a closed port on 127.0.0.1 instead of the metadata service.
-    os.environ["AWS_METADATA_ENDPOINT"] = "http://127.0.0.1:9"
-    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    for name in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_ENDPOINT_URL",
-    ):
-        os.environ.pop(name, None)
+    loopback_only_environment()  # tests never ask a cloud for credentials
 
 
 @pytest.fixture

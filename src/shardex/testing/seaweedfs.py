@@ -560,3 +560,24 @@ class SeaweedFS:
 
 
 # --------------------------------------------------------------------------- the proxy
+
+
+def loopback_only_environment() -> None:
+    """Make S3 clients of this process (and the children it starts later) reach loopback
+    only: the cloud metadata endpoint becomes a closed local port, and AWS credentials,
+    profiles, endpoints and regions from the caller's environment are dropped.
+
+    Call before any client is made.
+    """
+    os.environ["AWS_METADATA_ENDPOINT"] = "http://127.0.0.1:9"
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+    ):
+        os.environ.pop(name, None)
