@@ -46,6 +46,25 @@ class KeySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One stored field of every sample, as it is on disk.
+
+    ``name`` is the WebDataset member name (``jpg``, ``cls``, ``x.npy``); ``kind`` says how
+    it is stored: ``bytes`` (encoded as it came), ``array`` (numbers with a dtype and shape)
+    or ``label`` (an int64). ``shape`` is the per-sample shape, ``None`` where it varies
+    (a byte string's length, an image's height); ``optional`` fields are missing from some
+    samples; ``column`` is what array backends name it.
+    """
+
+    name: str
+    kind: Literal["bytes", "array", "label"]
+    dtype: str
+    shape: tuple[int | None, ...]
+    optional: bool = False
+    column: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ShardInfo:
     """One shard file of a split, its Parquet sidecar and its DALI index file (``.idx``,
     absent where the shard's members cannot be described in that format)."""
@@ -68,12 +87,19 @@ class IndexInfo:
 
 @dataclass(frozen=True, slots=True)
 class SplitInfo:
-    """One split: its sample count, shards and index."""
+    """One split: its sample count, shards and index.
+
+    ``files`` are the split's other files (an array backend's arrays, a manifest);
+    ``keys`` is the key-hash table of backends without a per-sample byte index (``index``
+    is the ``webdataset`` backend's).
+    """
 
     num_samples: int
     num_bytes: int
     shards: tuple[ShardInfo, ...]
     index: IndexInfo | None = None
+    files: tuple[str, ...] = ()
+    keys: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +142,7 @@ class ExportConfig:
     num_skipped: int = 0
     pipeline: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    fields: tuple[FieldSpec, ...] = ()
 
     def split(self, name: str) -> SplitInfo:
         """The named split; a clear error lists the splits when it is absent."""
@@ -137,8 +164,15 @@ class ExportConfig:
                 spec["shape"] = list(spec["shape"])
         for info in raw["splits"].values():
             info["shards"] = list(info["shards"])
-        for name in ("key_specs", "x_keys", "y_keys", "source_datasets", "pipeline"):
+            info["files"] = list(info["files"])
+            if not info["files"]:
+                del info["files"]
+            if info["keys"] is None:
+                del info["keys"]
+        for name in ("key_specs", "x_keys", "y_keys", "source_datasets", "pipeline", "fields"):
             raw[name] = list(raw[name])
+        for spec in raw["fields"]:
+            spec["shape"] = list(spec["shape"])
         if raw["label_names"] is not None:
             raw["label_names"] = list(raw["label_names"])
         order = [
@@ -155,6 +189,7 @@ class ExportConfig:
             "label_prefix",
             "feature_shapes",
             "key_specs",
+            "fields",
             "source_datasets",
             "source_fingerprint",
             "split_method",
@@ -184,6 +219,8 @@ class ExportConfig:
                 num_bytes=s["num_bytes"],
                 shards=tuple(ShardInfo(**shard) for shard in s["shards"]),
                 index=IndexInfo(**s["index"]) if s.get("index") else None,
+                files=tuple(s.get("files", ())),
+                keys=s.get("keys"),
             )
             for name, s in raw["splits"].items()
         }
@@ -202,6 +239,9 @@ class ExportConfig:
                 "label_names": None if names is None else tuple(names),
                 "source_datasets": tuple(SourceInfo(**s) for s in raw.get("source_datasets", [])),
                 "pipeline": tuple(raw.get("pipeline", [])),
+                "fields": tuple(
+                    FieldSpec(**{**f, "shape": tuple(f["shape"])}) for f in raw.get("fields", [])
+                ),
             }
         )
 

@@ -28,8 +28,10 @@ from shardex.checks import check_samples
 from shardex.contract import (
     CONFIG_FILE,
     ERRORS_FILE,
+    LABEL_PREFIX,
     METADATA_FILE,
     ExportConfig,
+    FieldSpec,
     IndexInfo,
     SourceInfo,
     SplitInfo,
@@ -40,6 +42,7 @@ from shardex.errors import (
     ExportError,
     OutputExistsError,
 )
+from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
 from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
@@ -64,7 +67,9 @@ __all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 
 _OURS: Final = re.compile(
     r"^(config\.yaml|metadata(\.pending)?\.parquet|errors\.parquet|"
-    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet|idx)|index-(samples|keys)(\.pending)?\.npy))$"
+    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet|idx)|index-(samples|keys)(\.pending)?\.npy"
+    # the array backends: every path under a split starts with its kind and content hash
+    r"|(arrays|tensordict|zarr|tensors|samples)-[0-9a-f]+(-\d{6})?([./-].*)?))$"
 )
 _CHUNK: Final = 2000
 
@@ -105,20 +110,23 @@ def _check_output(storage: Storage, mode: Mode) -> list[str]:
 
 
 def export_files(config: ExportConfig) -> list[str]:
-    """Every file of an export but config.yaml."""
+    """Every file of an export but config.yaml (a shard that is a folder, as the ``numpy``
+    backend's, is named by its folder)."""
     files = [f for f in (config.metadata_file, config.errors_file) if f]
     for info in config.splits.values():
         files += [p for s in info.shards for p in (s.path, s.metadata, s.dali_index) if p]
         if info.index is not None:
             files += [info.index.samples, info.index.keys]
-    return files
+        files += info.files
+    return list(dict.fromkeys(files))
 
 
 def _remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) -> None:
     """Delete files of a replaced export that the new one does not have."""
     keep = {CONFIG_FILE, *export_files(config)}
     for path in old_files:
-        if path not in keep:
+        parents = (path[:i] for i, c in enumerate(path) if c == "/")
+        if path not in keep and not any(p in keep for p in parents):
             storage.delete(path)
 
 
@@ -180,6 +188,7 @@ class _Prepared:
     """The checked, split sample table and the decisions made about it."""
 
     table: pa.Table
+    fields: tuple[FieldSpec, ...]
     skipped: list[dict[str, str]]
     split_method: str
     splits: list[str]
@@ -226,15 +235,25 @@ def _prepare(
         *[c for c in table.column_names if c not in internal],
     ]
     x_keys, y_keys = select_keys(opts, available, list(members), with_label)
+    table = drop_unselected_members(table, members, x_keys, y_keys)
+    # metadata columns asked for as keys are stored as sample fields (NAME.npy / NAME.txt)
+    as_fields = [k for k in (*x_keys, *y_keys) if k not in members and k != "label"]
+    if as_fields:
+        table = add_members(table, [column_members(table.column(k), k) for k in as_fields])
+    if opts.dtype is not None:
+        table = cast_members(table, opts.dtype)
+    write_label = with_label and "label" in (*x_keys, *y_keys)
+    label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
     return _Prepared(
-        table=drop_unselected_members(table, members, x_keys, y_keys),
+        table=table,
+        fields=with_columns(field_specs(table, write_label), y_keys, label_prefix),
         skipped=skipped,
         split_method=previous.split_method if previous is not None else split_method,
         splits=split_names(table, opts),
         x_keys=x_keys,
         y_keys=y_keys,
         with_label=with_label,
-        write_label=with_label and "label" in (*x_keys, *y_keys),
+        write_label=write_label,
         label_names=label_names,
     )
 
@@ -289,9 +308,8 @@ def _contract(
             len(prep.label_names) if prep.label_names else (None if top is None else top + 1)
         )
     columns = [c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]
-    specs = key_specs(
-        table.select(columns), member_keys(table), prep.with_label, prep.x_keys, prep.y_keys
-    )
+    where = "tar" if backend_name == "webdataset" else backend_name
+    specs = key_specs(table.select(columns), prep.fields, prep.x_keys, prep.y_keys, where)
     fractions = prep.split_method == "fractions"
     return ExportConfig(
         backend=backend_name,
@@ -323,10 +341,12 @@ def _contract(
             "naming": "deterministic" if opts.deterministic_name else "random",
             "validate": opts.validate,
             "on_error": opts.on_error,
+            **({"dtype": opts.dtype} if opts.dtype else {}),
         },
         errors_file=errors_file,
         num_skipped=len(prep.skipped) + (previous.num_skipped if previous else 0),
         extra=dict(opts.extra),
+        fields=prep.fields,
     )
 
 
@@ -364,6 +384,11 @@ def export(
     opts = options if options is not None else ExportOptions(**kwargs)
     src = open_source(source)
     backend = get_backend(opts.backend)
+    if opts.mode == "append" and not backend.capabilities.append:
+        raise ConfigError(
+            f"the {backend.name} backend cannot append to an export; export the combined "
+            "source again with --overwrite (the webdataset backend can append)"
+        )
     storage = open_storage(output, storage_options)
     old_files = _check_output(storage, opts.mode)
     previous = read_config(storage) if opts.mode == "append" else None
@@ -462,6 +487,7 @@ def _write_splits(
                 plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes),
                 name_hash(opts, split, digest),
                 write_label,
+                prep.fields,
                 resume=opts.mode in ("resume", "overwrite"),
                 previous=before,
                 index_suffix=suffix,

@@ -34,6 +34,9 @@ class ExportOptions:
     on_error: OnError = "error"
     validate: Validate = "header"
     max_pixels: int = MAX_PIXELS
+    #: Explicit cast of floating-point array fields (recorded in config.yaml); images and
+    #: integer arrays are never cast.
+    dtype: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -47,6 +50,11 @@ class ExportOptions:
             raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")
         if self.max_shard_bytes is not None and self.max_shard_bytes < 1:
             raise ConfigError(f"max_shard_bytes must be >= 1, got {self.max_shard_bytes}")
+        if self.dtype is not None and self.dtype not in ("float16", "float32", "float64"):
+            raise ConfigError(
+                f"dtype must be float16, float32 or float64 (floating-point fields only), "
+                f"got {self.dtype!r}"
+            )
         if self.on_error not in ("error", "skip"):
             raise ConfigError(f"on_error must be 'error' or 'skip', got {self.on_error!r}")
         if self.validate not in VALIDATE_CHOICES:

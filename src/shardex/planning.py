@@ -12,9 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, encoding_of_extension
-from shardex.contract import KeySpec
+from shardex.codecs.images import encoding_of_extension
+from shardex.contract import FieldSpec, KeySpec
 from shardex.errors import ConfigError
+from shardex.fields import field_key
 from shardex.options import ExportOptions
 from shardex.sources.base import MEMBERS
 
@@ -140,51 +141,67 @@ def _dtype_of(t: pa.DataType) -> tuple[str, tuple[int | None, ...]]:
 
 
 def member_keys(table: pa.Table) -> dict[str, set[str]]:
-    """Logical key -> extensions: image extensions are the key ``image``."""
+    """Logical key -> member names: image extensions are the key ``image``, ``x.npy`` is
+    ``x``."""
     exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext")).to_pylist()
     out: dict[str, set[str]] = {}
     for ext in sorted(exts):
-        key = "image" if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS else ext
-        out.setdefault(key, set()).add(ext)
+        out.setdefault(field_key(ext), set()).add(ext)
     return dict(sorted(out.items(), key=lambda kv: (kv[0] != "image", kv[0])))
 
 
 def key_specs(
     table: pa.Table,
-    members: dict[str, set[str]],
-    with_label: bool,
+    fields: tuple[FieldSpec, ...],
     x_keys: tuple[str, ...],
     y_keys: tuple[str, ...],
+    where: str,
 ) -> tuple[KeySpec, ...]:
+    """What config.yaml says of each key: the stored fields (true dtype and shape) and the
+    Parquet metadata columns. ``where`` prefixes the storage of fields (``tar``)."""
+
     def role(key: str) -> Literal["x", "y", "meta"]:
         return "x" if key in x_keys else "y" if key in y_keys else "meta"
 
     specs = []
-    for key, exts in sorted(members.items(), key=lambda kv: (kv[0] != "image", kv[0])):
-        if key == "image":
-            enc = sorted({encoding_of_extension(e) or e for e in exts})
-            specs.append(
-                KeySpec(
-                    "image",
-                    role(key),
-                    "uint8",
-                    (None, None, None),
-                    "HWC",
-                    "|".join(enc),
-                    "tar:" + "|".join(sorted(exts)),
-                )
-            )
-        else:
-            specs.append(KeySpec(key, role(key), "bytes", None, None, key, f"tar:{key}"))
-    if with_label:
+    images = [f for f in fields if f.kind == "bytes" and field_key(f.name) == "image"]
+    if images:
+        exts = sorted(f.name for f in images)
+        enc = sorted({encoding_of_extension(e) or e for e in exts})
         specs.append(
-            KeySpec("label", role("label"), "int64", (), None, "ascii-int", "tar:cls,parquet:label")
+            KeySpec(
+                "image",
+                role("image"),
+                "uint8",
+                (None, None, None),
+                "HWC",
+                "|".join(enc),
+                f"{where}:" + "|".join(exts),
+            )
         )
-    for f in table.schema:
-        if f.name in {MEMBERS, "key", "original_path", "split", "label"}:
+    stored = {"image", "json"}
+    for f in fields:
+        if field_key(f.name) in stored:
             continue
-        dtype, shape = _dtype_of(f.type)
-        specs.append(KeySpec(f.name, role(f.name), dtype, shape, None, None, "parquet"))
+        stored.add(field_key(f.name))
+        place = f"{where}:{f.name if where == 'tar' else f.column}"
+        if f.kind == "label":
+            specs.append(
+                KeySpec("label", role("label"), "int64", (), None, "ascii-int", f"{place},parquet:label")
+            )
+        elif f.kind == "array":
+            layout = "fixed" if None not in f.shape and not f.optional else "ragged"
+            specs.append(KeySpec(field_key(f.name), role(field_key(f.name)), f.dtype, f.shape, layout, "npy", place))
+        else:
+            encoding = "utf-8" if f.name.endswith(".txt") else f.name
+            specs.append(KeySpec(field_key(f.name), role(field_key(f.name)), "bytes", None, None, encoding, place))
+    if "json" in {f.name for f in fields} and "json" in member_keys(table):
+        specs.append(KeySpec("json", role("json"), "bytes", None, None, "json", f"{where}:json"))
+    for c in table.schema:
+        if c.name in {MEMBERS, "key", "original_path", "split", "label"} or c.name in stored:
+            continue
+        dtype, shape = _dtype_of(c.type)
+        specs.append(KeySpec(c.name, role(c.name), dtype, shape, None, None, "parquet"))
     return tuple(specs)
 
 

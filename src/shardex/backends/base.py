@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import pyarrow as pa
 
-from shardex.contract import ExportConfig, SplitInfo
+from shardex.contract import ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
@@ -22,6 +22,8 @@ class Capabilities:
     random_access: bool
     streaming: bool
     remote: bool
+    #: Whether ``mode="append"`` can add shards to an export of this backend.
+    append: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,8 @@ class SplitPlan:
     """One split, ready to write.
 
     ``rows`` is the split's scan table in sample order, with ``export_index``,
-    ``sample_index`` and (when present) the ``_json`` member text added; ``bounds`` are the
+    ``sample_index`` and (when present) the ``_json`` member text added; ``fields`` are its
+    samples' fields (names, kinds, dtypes, shapes, column names); ``bounds`` are the
     row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names;
     ``resume`` keeps shards of an interrupted export that verify; ``previous`` is the
     split as already committed when appending (new shards continue its numbering and the
@@ -42,6 +45,7 @@ class SplitPlan:
     bounds: tuple[tuple[int, int], ...]
     name_hash: str
     with_label: bool
+    fields: tuple[FieldSpec, ...] = ()
     resume: bool = False
     previous: SplitInfo | None = None
     index_suffix: str = ""

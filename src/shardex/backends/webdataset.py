@@ -45,7 +45,7 @@ class WebDatasetBackend(Backend):
     name: ClassVar[str] = "webdataset"
     description: ClassVar[str] = "tar shards + Parquet + mmap index (default)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=True, streaming=True, remote=True
+        random_access=True, streaming=True, remote=True, append=True
     )
 
     def write_split(

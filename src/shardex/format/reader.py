@@ -337,8 +337,13 @@ class ShardDataset(Dataset):
 
     @cached_property
     def metadata(self) -> pa.Table:
-        name = self.config.metadata_file or METADATA_FILE
-        local = self.storage.local_path(name)
-        src: Any = str(local) if local is not None else pa.BufferReader(self.storage.get(name))
-        table = pq.read_table(src, filters=[("split", "=", self.split)])
-        return table.sort_by("sample_index")
+        return read_metadata(self.storage, self.config, self.split)
+
+
+def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Table:
+    """The metadata.parquet rows of a split, in sample order."""
+    name = config.metadata_file or METADATA_FILE
+    local = storage.local_path(name)
+    src: Any = str(local) if local is not None else pa.BufferReader(storage.get(name))
+    table = pq.read_table(src, filters=[("split", "=", split)])
+    return table.sort_by("sample_index")

@@ -30,6 +30,8 @@ from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
 
 JSON_COLUMN: Final = "_json"
+#: The field that holds the class label (ASCII digits), as WebDataset names it.
+LABEL_FIELD: Final = "cls"
 _ZEROS: Final = bytes(BLOCK)
 
 
@@ -132,24 +134,33 @@ class ShardWritten:
     dali_index: str | None = None
 
 
-def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes, list[Component]]]:
-    """(first member name, sample bytes, members' data offsets within the sample) of each
-    row, as the tar holds them."""
-    rows, n = job.rows, job.rows.num_rows
+def iter_fields(
+    rows: pa.Table, with_label: bool, reader: MemberReader
+) -> Iterator[list[tuple[str, bytes]]]:
+    """Each row's fields in member order: source members, ``cls``, ``json``."""
+    n = rows.num_rows
     members = rows.column(MEMBERS).to_pylist()
-    labels = rows.column("label").to_pylist() if job.with_label else [None] * n
+    labels = rows.column("label").to_pylist() if with_label else [None] * n
     has_json = JSON_COLUMN in rows.column_names
     jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
-    for i, key in enumerate(rows.column("key").to_pylist()):
-        parts: list[bytes] = []
-        layout: list[Component] = []
-        at = 0
-        fields: list[tuple[str, bytes]] = [(m["ext"], reader.read(m)) for m in members[i]]
+    for i in range(n):
+        fields = [(m["ext"], reader.read(m)) for m in members[i]]
         if labels[i] is not None:
-            fields.append(("cls", str(labels[i]).encode()))
+            fields.append((LABEL_FIELD, str(labels[i]).encode()))
         text = jsons[i]
         if text is not None:
             fields.append(("json", text))
+        yield fields
+
+
+def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes, list[Component]]]:
+    """(first member name, sample bytes, members' data offsets within the sample) of each
+    row, as the tar holds them."""
+    keys = job.rows.column("key").to_pylist()
+    for key, fields in zip(keys, iter_fields(job.rows, job.with_label, reader), strict=True):
+        parts: list[bytes] = []
+        layout: list[Component] = []
+        at = 0
         for ext, data in fields:
             name = f"{key}.{ext}"
             header = encode_member(member_header(name)[0], len(data))

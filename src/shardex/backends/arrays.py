@@ -1,0 +1,309 @@
+"""What the array backends share: writing runs of columns, and the dataset that reads them.
+
+Two shapes of backend build on :class:`ArrayBackend`:
+
+* **sharded** (``torch``, ``tensor_shards``, ``numpy``): each shard's rows become one run of
+  columns, written by a worker as one or more files (:meth:`ArrayBackend.write_run`);
+* **per split** (``numpy_mmap``, ``tensordict_memmap``, ``zarr``): the runs of a split are
+  joined into one, written once as ``(N, ...)`` arrays.
+
+Every file name carries the split's content hash, so replacing an export never writes over
+a file the committed config.yaml still names: the old files stay readable until the new
+config.yaml commits, then they are removed. Keys are looked up through a sorted key-hash
+table (``S/keys-{hash}.npy``, the same table as the ``webdataset`` backend's).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from abc import abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from shardex.backends.base import Backend, OnShard, SplitPlan
+from shardex.backends.columns import ColumnReader, Columns, Layout, build_columns
+from shardex.backends.columns import concat_columns as concat_columns
+from shardex.contract import ExportConfig, ShardInfo, SplitInfo
+from shardex.dataset import Dataset, OnReadError, Sample
+from shardex.errors import ConfigError, FormatError, SampleNotFoundError, ShardexError
+from shardex.format.index import build_keys, key_hash
+from shardex.format.reader import read_metadata
+from shardex.format.shard import JSON_COLUMN, shard_checksum
+from shardex.parallel import Runner
+from shardex.sources.base import MEMBERS
+from shardex.storage.base import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What writing one run produced: the run's path (a file, or the folder its files are
+    under), its other files (those config.yaml lists), their size and a checksum."""
+
+    path: str
+    files: tuple[str, ...]
+    num_bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class _RunJob:
+    backend: ArrayBackend
+    storage: Storage
+    stem: str
+    rows: pa.Table
+    layout: Layout
+    with_label: bool
+    write: bool  # False: return the columns (a per-split backend joins them first)
+
+
+def _run(job: _RunJob) -> tuple[Written | None, dict[str, np.ndarray] | None, pa.Table]:
+    columns = build_columns(job.rows, job.layout, job.with_label)
+    meta = metadata_rows(job.rows)
+    if not job.write:
+        return None, columns, meta
+    return job.backend.write_run(job.storage, job.stem, columns, job.layout), None, meta
+
+
+def metadata_rows(rows: pa.Table) -> pa.Table:
+    """metadata.parquet rows of samples: NeMo's columns and every metadata column."""
+    n = rows.num_rows
+    json_text = (
+        rows.column(JSON_COLUMN).cast(pa.string())
+        if JSON_COLUMN in rows.column_names
+        else pa.nulls(n, pa.string())
+    )
+    front = {
+        "key": rows.column("key"),
+        "image_id": rows.column("key"),
+        "original_path": rows.column("original_path"),
+        "metadata": json_text,
+    }
+    internal = {MEMBERS, JSON_COLUMN, *front}
+    return pa.table({**front, **{c: rows.column(c) for c in rows.column_names if c not in internal}})
+
+
+class ArrayWriter:
+    """Streams named arrays into ``.npy`` files, checksumming what it writes."""
+
+    def __init__(self, storage: Storage, path: str, *, listed: bool) -> None:
+        self.storage, self.path, self.listed = storage, path, listed
+        self.files: list[str] = []
+        self.num_bytes = 0
+        self._hash = xxhash.xxh3_64()
+
+    def put(self, path: str, data: bytes) -> None:
+        self.storage.put(path, data)
+        if self.listed:
+            self.files.append(path)
+        self.num_bytes += len(data)
+        self._hash.update(data)
+
+    def put_npy(self, path: str, array: np.ndarray) -> None:
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+        self.put(path, buf.getvalue())
+
+    def written(self) -> Written:
+        return Written(self.path, tuple(self.files), self.num_bytes, shard_checksum(self._hash))
+
+
+class ArrayBackend(Backend):
+    """An array backend writes runs of columns; subclasses say how (and how to read them)."""
+
+    #: One run per split (``(N, ...)`` arrays) instead of one per shard.
+    per_split: ClassVar[bool] = False
+    #: The run's path prefix: ``S/{stem_name}-{hash}`` (+ ``-NNNNNN`` for shards).
+    stem_name: ClassVar[str]
+    #: The dataset class that reads it.
+    dataset: ClassVar[type[ArrayDataset]]
+
+    @abstractmethod
+    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+        """Write one run of columns under ``stem``; return the files written."""
+
+    def write_split(
+        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
+    ) -> SplitInfo:
+        if plan.previous is not None:
+            raise ConfigError(
+                f"the {self.name} backend cannot append to an export; export the combined "
+                "source again with --overwrite (or append with the webdataset backend)"
+            )
+        base = f"{plan.split}/{self.stem_name}-{plan.name_hash}"
+        stems = [f"{base}-{k:06d}" for k in range(len(plan.bounds))]
+        jobs = (
+            _RunJob(
+                self,
+                storage,
+                stem,
+                plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
+                plan.fields,
+                plan.with_label,
+                not self.per_split,
+            )
+            for stem, (a, b) in zip(stems, plan.bounds, strict=True)
+        )
+        shards: list[ShardInfo] = []
+        files: list[str] = []
+        parts: list[dict[str, np.ndarray]] = []
+        for (a, b), (written, columns, meta) in zip(
+            plan.bounds, runner.imap(_run, jobs), strict=True
+        ):
+            if written is not None:
+                shards.append(_shard_info(b - a, written))
+                files += written.files
+            if columns is not None:
+                parts.append(columns)
+            on_shard(meta)
+        if self.per_split:
+            written = self.write_run(storage, base, concat_columns(parts), plan.fields)
+            shards = [_shard_info(plan.rows.num_rows, written)]
+            files = list(written.files)
+        keys = f"{base}-keys.npy" if not self.per_split else f"{base}/keys.npy"
+        buf = io.BytesIO()
+        np.save(buf, build_keys(plan.rows.column("key").to_pylist()), allow_pickle=False)
+        storage.put(keys, buf.getvalue())
+        return SplitInfo(
+            num_samples=plan.rows.num_rows,
+            num_bytes=sum(s.num_bytes for s in shards),
+            shards=tuple(shards),
+            files=(*files, keys),
+            keys=keys,
+        )
+
+    def open(
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        *,
+        decode: bool,
+        verify: bool,
+        on_error: OnReadError = "raise",
+    ) -> Dataset:
+        return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
+
+
+def _shard_info(num_samples: int, written: Written) -> ShardInfo:
+    return ShardInfo(written.path, num_samples, written.num_bytes, written.checksum)
+
+
+class ArrayDataset(Dataset):
+    """A split of an array backend; subclasses load one run's columns (:meth:`_load`)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        *,
+        decode: bool = False,
+        verify: bool = True,
+        on_error: OnReadError = "raise",
+    ) -> None:
+        info = config.split(split)
+        self.storage, self.config, self.split = storage, config, split
+        self.decode, self.verify, self.on_error = decode, verify, on_error
+        #: (sample number, message) of damaged samples that iteration skipped.
+        self.skipped: list[tuple[int, str]] = []
+        self.layout: Layout = config.fields
+        self.shards = info.shards
+        self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
+        self._n = info.num_samples
+        self._keys_path = info.keys
+        self._cached: tuple[int, ColumnReader] | None = None
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "storage": self.storage,
+            "config": self.config,
+            "split": self.split,
+            "decode": self.decode,
+            "verify": self.verify,
+            "on_error": self.on_error,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return self._n
+
+    @abstractmethod
+    def _load(self, shard: ShardInfo) -> Columns:
+        """The columns of one run (memory-mapped or lazily read where the format allows)."""
+
+    def _reader(self, shard: int) -> ColumnReader:
+        if self._cached is None or self._cached[0] != shard or self._pid != os.getpid():
+            self._pid = os.getpid()  # a forked worker reopens: mappings and handles are per process
+            self._cached = (shard, ColumnReader(self.layout, self._load(self.shards[shard])))
+        return self._cached[1]
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        n = self._n
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+        shard = int(np.searchsorted(self._first, index, side="right")) - 1
+        return shard, index - int(self._first[shard])
+
+    def __getitem__(self, index: int) -> Sample:
+        shard, local = self._locate(index)
+        return self._reader(shard).sample(local, self.decode)
+
+    @cached_property
+    def _key_table(self) -> np.ndarray:
+        if self._keys_path is None:
+            raise FormatError(f"split {self.split!r} of {self.storage.uri} has no key table")
+        local = self.storage.local_path(self._keys_path)
+        if local is not None:
+            return np.load(local, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
+        data = self.storage.get(self._keys_path)
+        return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
+
+    def get(self, key: str) -> Sample:
+        table = self._key_table
+        h = np.uint64(key_hash(key))
+        pos = int(np.searchsorted(table[0], h, side="left"))
+        while pos < table.shape[1] and table[0, pos] == h:
+            sample = self[int(table[1, pos])]
+            if sample["__key__"] == key:
+                return sample
+            pos += 1
+        raise SampleNotFoundError(
+            f"no sample with key {key!r} in split {self.split!r} of {self.storage.uri}"
+        )
+
+    def __iter__(self) -> Iterator[Sample]:
+        for shard, info in enumerate(self.shards):
+            start = int(self._first[shard])
+            try:
+                reader = self._reader(shard)
+            except ShardexError as exc:
+                if self.on_error == "raise":
+                    raise
+                for number in range(start, start + info.num_samples):
+                    self.skipped.append((number, str(exc)))
+                continue
+            for local in range(info.num_samples):
+                yield reader.sample(local, self.decode)
+
+    def keys(self) -> Iterator[str]:
+        """Sample keys in sample order."""
+        for shard in range(len(self.shards)):
+            reader = self._reader(shard)
+            for local in range(len(reader)):
+                yield reader.key(local)
+
+    @cached_property
+    def metadata(self) -> pa.Table:
+        return read_metadata(self.storage, self.config, self.split)

@@ -1,0 +1,190 @@
+"""Fields as columns: the shared layout of the array backends.
+
+A run of samples (a shard, or a whole split) becomes a set of named arrays:
+
+* a **fixed** field (same dtype and shape in every sample: an embedding, a label, a
+  0-d score) is one array ``NAME`` of shape ``(n, *shape)``;
+* a **ragged** field (encoded images, text, arrays whose shape varies) is ``NAME.data``
+  (every sample's values flattened, back to back), ``NAME.offsets`` (``n + 1`` int64
+  element offsets: sample ``i`` is ``data[offsets[i]:offsets[i + 1]]``) and, for arrays,
+  ``NAME.shapes`` (``(n, ndim)`` int64), so that sample ``i`` costs O(1) to find;
+* a field that some samples lack also has ``NAME.present`` (bool, ``n``);
+* the sample keys are the ragged byte field ``__key__``.
+
+Backends store these arrays their way (``.npy`` files, ``.pt``/``.npz`` shards, a
+TensorDict, zarr arrays) and read samples back through :class:`ColumnReader`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+
+from shardex.contract import FieldSpec
+from shardex.fields import is_fixed, load_npy, npy_bytes
+from shardex.format.reader import decode_fields
+from shardex.format.shard import MemberReader, iter_fields
+
+KEY_COLUMN: Final = "__key__"
+Columns = Mapping[str, Any]  # name -> array-like (ndarray, memmap, tensor, zarr array)
+
+
+Layout = tuple[FieldSpec, ...]  # with their column names set (fields.with_columns)
+
+
+def array_names(layout: Layout) -> list[str]:
+    """Every array name a run of samples is stored as, keys first."""
+    out = [f"{KEY_COLUMN}.data", f"{KEY_COLUMN}.offsets"]
+    for spec in layout:
+        if is_fixed(spec):
+            out.append(spec.column)
+        else:
+            out += [f"{spec.column}.data", f"{spec.column}.offsets"]
+            if spec.kind == "array":
+                out.append(f"{spec.column}.shapes")
+        if spec.optional:
+            out.append(f"{spec.column}.present")
+    return out
+
+
+def build_columns(rows: pa.Table, layout: Layout, with_label: bool) -> dict[str, np.ndarray]:
+    """The arrays of a run of rows (member bytes are read here)."""
+    n = rows.num_rows
+    index = {spec.name: k for k, spec in enumerate(layout)}
+    values: list[list[Any]] = [[None] * n for _ in layout]
+    reader = MemberReader()
+    keys = rows.column("key").to_pylist()
+    try:
+        for i, fields in enumerate(iter_fields(rows, with_label, reader)):
+            for name, data in fields:
+                k = index[name]
+                spec = layout[k]
+                if spec.kind == "array":
+                    values[k][i] = load_npy(data, f"sample {keys[i]!r} field {name!r}")
+                elif spec.kind == "label":
+                    values[k][i] = int(data)
+                else:
+                    values[k][i] = np.frombuffer(data, np.uint8)
+    finally:
+        reader.close()
+    out = _ragged([np.frombuffer(k.encode(), np.uint8) for k in keys], KEY_COLUMN, False)
+    for spec, column in zip(layout, values, strict=True):
+        name = spec.column
+        present = np.array([v is not None for v in column], dtype=bool)
+        if is_fixed(spec):
+            dense = np.zeros((n, *(int(d or 0) for d in spec.shape)), dtype=spec.dtype)
+            for row in np.flatnonzero(present).tolist():
+                dense[row] = column[row]
+            out[name] = dense
+        else:
+            empty = np.empty((0,) * max(len(spec.shape), 1), dtype=spec.dtype)
+            out.update(
+                _ragged(
+                    [empty if v is None else v for v in column], name, spec.kind == "array"
+                )
+            )
+        if spec.optional:
+            out[f"{name}.present"] = present
+    return out
+
+
+def _ragged(arrays: list[np.ndarray], name: str, shapes: bool) -> dict[str, np.ndarray]:
+    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    dtype = arrays[0].dtype if arrays else np.uint8
+    flat = np.concatenate([a.ravel() for a in arrays]) if arrays else np.empty(0, dtype)
+    out = {f"{name}.data": flat.astype(dtype, copy=False), f"{name}.offsets": offsets}
+    if shapes:
+        ndim = arrays[0].ndim if arrays else 0
+        out[f"{name}.shapes"] = np.array([a.shape for a in arrays], dtype=np.int64).reshape(
+            len(arrays), ndim
+        )
+    return out
+
+
+def concat_columns(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Several runs of columns as one (offsets re-based)."""
+    out: dict[str, np.ndarray] = {}
+    for name in parts[0]:
+        if name.endswith(".offsets"):
+            base, pieces = 0, [np.zeros(1, np.int64)]
+            for p in parts:
+                pieces.append(p[name][1:] + base)
+                base += int(p[name][-1])
+            out[name] = np.concatenate(pieces)
+        else:
+            out[name] = np.concatenate([p[name] for p in parts])
+    return out
+
+
+class ColumnReader:
+    """Samples of one run of columns, as raw fields or decoded values."""
+
+    def __init__(self, layout: Layout, columns: Columns) -> None:
+        self.layout = layout
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns[f"{KEY_COLUMN}.offsets"]) - 1
+
+    def _slice(self, name: str, i: int) -> Any:
+        offsets = self.columns[f"{name}.offsets"]
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        return self.columns[f"{name}.data"][start:end]
+
+    def key(self, i: int) -> str:
+        return bytes(np.asarray(self._slice(KEY_COLUMN, i))).decode()
+
+    def native(self, i: int) -> dict[str, Any]:
+        """Field name -> stored value: ndarray (arrays), int (label), bytes (the rest)."""
+        out: dict[str, Any] = {}
+        for spec in self.layout:
+            name = spec.column
+            if spec.optional and not bool(self.columns[f"{name}.present"][i]):
+                continue
+            if is_fixed(spec):
+                value = np.array(self.columns[name][i])  # a copy: never a view of a mapping
+            else:
+                value = np.asarray(self._slice(name, i))
+                if spec.kind == "array":
+                    value = value.reshape(tuple(int(d) for d in self.columns[f"{name}.shapes"][i]))
+            out[spec.name] = _native(spec, value)
+        return out
+
+    def sample(self, i: int, decode: bool) -> dict[str, Any]:
+        """Sample ``i`` the way the ``webdataset`` backend returns it."""
+        return {"__key__": self.key(i), **as_sample(self.layout, self.native(i), decode)}
+
+
+def _native(spec: FieldSpec, value: np.ndarray) -> Any:
+    if spec.kind == "label":
+        return int(value)
+    if spec.kind == "bytes":
+        return value.tobytes()
+    return value
+
+
+def as_sample(layout: Layout, native: dict[str, Any], decode: bool) -> dict[str, Any]:
+    """Stored values as sample fields: raw bytes (``.npy`` bytes for arrays, ASCII digits
+    for the label), or decoded like the ``webdataset`` backend decodes."""
+    kinds = {f.name: f.kind for f in layout}
+    if not decode:
+        return {
+            name: (
+                npy_bytes(v)
+                if kinds[name] == "array"
+                else str(v).encode()
+                if kinds[name] == "label"
+                else v
+            )
+            for name, v in native.items()
+        }
+    encoded = {n: v for n, v in native.items() if kinds[n] == "bytes"}
+    return {
+        **{n: v for n, v in native.items() if kinds[n] != "bytes"},
+        **decode_fields(encoded),
+    }

@@ -1,0 +1,230 @@
+"""Sample fields: the one view of a sample that every backend stores and returns.
+
+A sample is a list of *fields* named the way WebDataset names tar members: the source's
+members by extension (``jpg``, ``png``, ``txt`` ...), arrays as ``NAME.npy``, the class
+label as ``cls`` and scalar metadata as ``json``. Every backend stores these fields and
+every backend's reader gives them back under the same names, so one export converts to
+another without loss. Array backends store each field in its natural form (arrays with
+their true dtype and shape, encoded images as their original bytes); this module decides
+that form (:class:`FieldSpec`) once for the whole export, before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Iterable
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from shardex.codecs.images import IMAGE_EXTENSIONS
+from shardex.contract import FieldSpec
+from shardex.errors import ConfigError
+from shardex.format.shard import JSON_COLUMN, LABEL_FIELD, MemberReader
+from shardex.sources.base import MEMBERS
+
+#: Floating-point dtypes ``--dtype`` may cast to.
+FLOAT_DTYPES: Final = ("float16", "float32", "float64")
+
+
+def is_fixed(spec: FieldSpec) -> bool:
+    """Whether a field can be one (N, ...) array: not bytes, one shape in every sample."""
+    return spec.kind != "bytes" and None not in spec.shape
+
+
+def field_key(name: str) -> str:
+    """``x.npy`` -> ``x``; ``caption.txt`` -> ``caption``; ``cls`` -> ``label``; image
+    extensions -> ``image``."""
+    if name == LABEL_FIELD:
+        return "label"
+    stem, dot, last = name.rpartition(".")
+    if last.lower() in IMAGE_EXTENSIONS:
+        return "image"
+    return stem if dot and last in ("npy", "txt") else name
+
+
+def is_array_field(name: str) -> bool:
+    return name == "npy" or name.endswith(".npy")
+
+
+def with_columns(
+    specs: tuple[FieldSpec, ...], y_keys: tuple[str, ...], label_prefix: str
+) -> tuple[FieldSpec, ...]:
+    """The specs with the names array backends store them under: no dots (tensordict and
+    zarr keys), and y keys carry the label prefix (``label__label``)."""
+    out = []
+    for spec in specs:
+        key = field_key(spec.name)
+        base = spec.name.replace(".", "_") if spec.kind == "bytes" else key.replace(".", "_")
+        column = f"{label_prefix}{base}" if key in y_keys else base
+        out.append(dataclasses.replace(spec, column=column))
+    columns = [s.column for s in out]
+    if len(set(columns)) != len(columns) or "__key__" in columns:
+        raise ConfigError(f"fields {[s.name for s in specs]} map to clashing names {columns}")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- npy helpers
+
+
+def npy_bytes(array: npt.NDArray[Any]) -> bytes:
+    """The ``.npy`` serialisation of an array (what a ``NAME.npy`` tar member holds)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_npy(data: bytes | memoryview, where: str) -> npt.NDArray[Any]:
+    """Parse ``.npy`` bytes; a bad or object array names the sample."""
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ConfigError(f"{where}: not a readable .npy array ({exc})") from exc
+    if not isinstance(array, np.ndarray) or array.dtype.hasobject:
+        raise ConfigError(f"{where}: .npy arrays of Python objects cannot be stored")
+    return array
+
+
+# ---------------------------------------------------------------- fields of rows
+
+
+class _Merge:
+    """Accumulates one field's dtype and shape over samples."""
+
+    def __init__(self, name: str, kind: Literal["bytes", "array", "label"], dtype: str) -> None:
+        self.name, self.kind, self.dtype = name, kind, dtype
+        self.shape: tuple[int | None, ...] | None = None
+        self.count = 0
+
+    def add(self, dtype: str, shape: tuple[int, ...], key: str) -> None:
+        if dtype != self.dtype:
+            raise ConfigError(
+                f"field {self.name!r} has dtype {self.dtype} in earlier samples but {dtype} in "
+                f"sample {key!r}; store one dtype per key (or cast the source)"
+            )
+        if self.shape is None:
+            self.shape = shape
+        elif len(shape) != len(self.shape):
+            raise ConfigError(
+                f"field {self.name!r} has {len(self.shape)} dimensions in earlier samples but "
+                f"{len(shape)} in sample {key!r}; a key's arrays need one number of dimensions"
+            )
+        else:
+            self.shape = tuple(a if a == b else None for a, b in zip(self.shape, shape, strict=True))
+        self.count += 1
+
+    def spec(self, total: int) -> FieldSpec:
+        return FieldSpec(self.name, self.kind, self.dtype, self.shape or (), self.count < total)
+
+
+def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
+    """The specs of every field of the export, in first-seen member order.
+
+    Reads only ``.npy`` members (their headers decide dtype and shape); other members are
+    byte strings whose sizes the scan already knows; the label is an int64 scalar.
+    """
+    reader = MemberReader()
+    merged: dict[str, _Merge] = {}
+    keys = rows.column("key").to_pylist()
+    try:
+        for key, members in zip(keys, rows.column(MEMBERS).to_pylist(), strict=True):
+            for m in members:
+                name = m["ext"]
+                if is_array_field(name):
+                    array = load_npy(reader.read(m), f"sample {key!r} field {name!r}")
+                    merge = merged.setdefault(name, _Merge(name, "array", array.dtype.name))
+                    merge.add(array.dtype.name, array.shape, key)
+                else:
+                    merge = merged.setdefault(name, _Merge(name, "bytes", "uint8"))
+                    merge.add("uint8", (m["size"],), key)
+    finally:
+        reader.close()
+    specs = [m.spec(rows.num_rows) for m in merged.values()]
+    if with_label:
+        missing = rows.column("label").null_count
+        specs.append(FieldSpec(LABEL_FIELD, "label", "int64", (), missing > 0))
+    if JSON_COLUMN in rows.column_names:
+        missing = rows.column(JSON_COLUMN).null_count
+        specs.append(FieldSpec("json", "bytes", "uint8", (None,), missing > 0))
+    return tuple(specs)
+
+
+# ---------------------------------------------------------------- metadata columns as fields
+
+
+def column_members(column: pa.ChunkedArray, name: str) -> list[dict[str, Any]]:
+    """A metadata column made into one inline member per row (``NAME.npy`` for numbers and
+    fixed-size lists, ``NAME.txt`` for strings), so that it is stored as a sample field."""
+    t = column.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        ext = f"{name}.txt"
+        datas = [None if v is None else v.encode() for v in column.to_pylist()]
+    else:
+        dtype, shape = _numpy_type(t, name)
+        ext = f"{name}.npy"
+        datas = []
+        for value in column.to_pylist():
+            if value is None:
+                datas.append(None)
+            else:
+                datas.append(npy_bytes(np.asarray(value, dtype=dtype).reshape(shape)))
+    return [
+        {"ext": ext, "path": None, "offset": -1, "size": 0 if d is None else len(d), "data": d}
+        for d in datas
+    ]
+
+
+def _numpy_type(t: pa.DataType, name: str) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        raise ConfigError(
+            f"metadata column {name!r} ({t}) cannot be a stored key; "
+            "numbers, fixed-size lists of numbers and strings can"
+        )
+    return np.dtype(t.to_pandas_dtype()), tuple(shape)
+
+
+def add_members(rows: pa.Table, extra: Iterable[list[dict[str, Any]]]) -> pa.Table:
+    """Append one member list per row (from :func:`column_members`) to every row's members."""
+    members = rows.column(MEMBERS).to_pylist()
+    for column in extra:
+        for i, member in enumerate(column):
+            if member["data"] is not None:
+                members[i].append(member)
+    at = rows.column_names.index(MEMBERS)
+    return rows.set_column(at, MEMBERS, pa.array(members, rows.schema.field(MEMBERS).type))
+
+
+def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
+    """``--dtype``: floating-point ``.npy`` members cast to ``dtype`` (integers, booleans and
+    images are never cast)."""
+    target = _float_dtype(dtype)
+    reader = MemberReader()
+    members = rows.column(MEMBERS).to_pylist()
+    keys = rows.column("key").to_pylist()
+    try:
+        for key, ms in zip(keys, members, strict=True):
+            for m in ms:
+                if not is_array_field(m["ext"]):
+                    continue
+                array = load_npy(reader.read(m), f"sample {key!r} field {m['ext']!r}")
+                if array.dtype.kind == "f" and array.dtype != target:
+                    m["data"] = npy_bytes(array.astype(target))
+                    m["size"], m["path"], m["offset"] = len(m["data"]), None, -1
+    finally:
+        reader.close()
+    at = rows.column_names.index(MEMBERS)
+    return rows.set_column(at, MEMBERS, pa.array(members, rows.schema.field(MEMBERS).type))
+
+
+def _float_dtype(name: str) -> np.dtype[Any]:
+    if name not in FLOAT_DTYPES:
+        choices = ", ".join(FLOAT_DTYPES)
+        raise ConfigError(f"--dtype must be a floating-point type ({choices}), got {name!r}")
+    return np.dtype(name)
