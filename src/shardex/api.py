@@ -74,6 +74,7 @@ def open_dataset(
     storage = open_storage(location, storage_options)
     config = read_config(storage)
     name = resolve_split(config, split, storage.uri)
-    return get_backend(config.backend).open(
+    options = config.shard_options.get("backend_options")
+    return get_backend(config.backend, options).open(
         storage, config, name, decode=decode, verify=verify, on_error=on_error
     )

@@ -342,6 +342,7 @@ def _contract(
             "validate": opts.validate,
             "on_error": opts.on_error,
             **({"dtype": opts.dtype} if opts.dtype else {}),
+            **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
         },
         errors_file=errors_file,
         num_skipped=len(prep.skipped) + (previous.num_skipped if previous else 0),
@@ -383,7 +384,7 @@ def export(
         raise ConfigError("pass either options= or keyword options, not both")
     opts = options if options is not None else ExportOptions(**kwargs)
     src = open_source(source)
-    backend = get_backend(opts.backend)
+    backend = get_backend(opts.backend, opts.backend_options)
     if opts.mode == "append" and not backend.capabilities.append:
         raise ConfigError(
             f"the {backend.name} backend cannot append to an export; export the combined "

@@ -37,6 +37,8 @@ class ExportOptions:
     #: Explicit cast of floating-point array fields (recorded in config.yaml); images and
     #: integer arrays are never cast.
     dtype: str | None = None
+    #: Options of the backend (see ``shardex backend list``), recorded in config.yaml.
+    backend_options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

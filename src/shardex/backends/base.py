@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from shardex.contract import ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError
+from shardex.errors import BackendError
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
 
@@ -63,6 +64,18 @@ class Backend(ABC):
     capabilities: ClassVar[Capabilities]
     #: Categories as NexuML lists them: "data-export", "data-loader".
     categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
+    #: Backend options (``--backend-option NAME=VALUE``) -> what each does.
+    option_help: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        unknown = sorted(set(options or {}) - set(self.option_help))
+        if unknown:
+            known = ", ".join(sorted(self.option_help)) or "none"
+            raise BackendError(
+                f"backend {self.name!r} has no option {', '.join(map(repr, unknown))} "
+                f"(its options: {known})"
+            )
+        self.options: dict[str, Any] = dict(options or {})
 
     @abstractmethod
     def write_split(

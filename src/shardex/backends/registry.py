@@ -13,7 +13,8 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from shardex.backends.base import Backend
 from shardex.errors import BackendError, MissingDependencyError
@@ -37,7 +38,30 @@ class BackendEntry:
         return all(importlib.util.find_spec(mod) is not None for mod in self.requires)
 
 
-_BUILTINS: Final = (BackendEntry("webdataset", "shardex.backends.webdataset:WebDatasetBackend"),)
+_BUILTINS: Final = (
+    BackendEntry("webdataset", "shardex.backends.webdataset:WebDatasetBackend"),
+    BackendEntry("numpy", "shardex.backends.numpy_files:NumpyBackend"),
+    BackendEntry("numpy_mmap", "shardex.backends.numpy_mmap:NumpyMmapBackend"),
+    BackendEntry("tensor_shards", "shardex.backends.tensor_shards:TensorShardsBackend"),
+    BackendEntry(
+        "torch",
+        "shardex.backends.torch_files:TorchBackend",
+        requires=("torch",),
+        install_hint="pip install 'shardex[torch]'",
+    ),
+    BackendEntry(
+        "tensordict_memmap",
+        "shardex.backends.tensordict_memmap:TensorDictBackend",
+        requires=("tensordict",),
+        install_hint="pip install 'shardex[tensordict]'",
+    ),
+    BackendEntry(
+        "zarr",
+        "shardex.backends.zarr_store:ZarrBackend",
+        requires=("zarr",),
+        install_hint="pip install 'shardex[zarr]'",
+    ),
+)
 
 
 class Registry:
@@ -80,8 +104,8 @@ class Registry:
         self._load_plugins()
         return sorted(self._entries.values(), key=lambda e: e.name)
 
-    def get(self, name: str) -> Backend:
-        """An instance of the named backend."""
+    def get(self, name: str, options: Mapping[str, Any] | None = None) -> Backend:
+        """An instance of the named backend (with its backend options)."""
         self._load_plugins()
         entry = self._entries.get(name)
         if entry is None:
@@ -98,7 +122,7 @@ class Registry:
         cls = getattr(module, cls_name, None)
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise BackendError(f"backend {name!r}: {entry.target} is not a Backend subclass")
-        return cls()
+        return cls(options)
 
 
 REGISTRY: Final = Registry()
@@ -111,6 +135,6 @@ def register_backend(
     REGISTRY.register(name, target, requires=requires, install_hint=install_hint)
 
 
-def get_backend(name: str) -> Backend:
-    """The backend registered under ``name``."""
-    return REGISTRY.get(name)
+def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
+    """The backend registered under ``name``, configured with ``options``."""
+    return REGISTRY.get(name, options)
