@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from collections.abc import Mapping
 from typing import Any, Final
 
 from shardex.backends.base import Backend
