@@ -192,12 +192,26 @@ def test_commands_on_a_folder_that_is_not_an_export(tmp_path: Path) -> None:
         assert "Traceback" not in result.output
 
 
-def test_backend_list_mentions_webdataset() -> None:
+def test_backend_list_shows_all_seven_backends() -> None:
     # CliRunner output is not a terminal: rich lays the table out in 80 columns, as it
-    # does for `shardex backend list | grep ...` and CI logs; the name must survive that
-    result = _ok("backend", "list")
-    assert "webdataset" in result.output
+    # does for `shardex backend list | grep ...` and CI logs; the names must survive that
+    result = _ok("backend", "list", "data-export")
+    rows = {line.split("│")[1].strip() for line in result.output.splitlines() if "│" in line}
+    expected = {"webdataset", "numpy", "numpy_mmap", "torch", "tensordict_memmap"}
+    assert expected | {"tensor_shards", "zarr"} <= rows
     assert "yes" in result.output
+
+
+def test_backend_list_gives_the_install_hint_of_a_missing_dependency() -> None:
+    from shardex.backends.registry import REGISTRY, BackendEntry
+
+    entry = BackendEntry("needs-x", "nowhere_x:B", ("nowhere_x",), "pip install xx")
+    REGISTRY._entries["needs-x"] = entry
+    try:
+        result = _ok("backend", "list")
+    finally:
+        del REGISTRY._entries["needs-x"]
+    assert "pip install xx" in result.output
 
 
 # ---------------------------------------------------------------- splits

@@ -469,6 +469,7 @@ def backend() -> None:
 @click.argument("category", required=False, type=click.Choice(["data-export", "data-loader"]))
 def backend_list(category: str | None) -> None:
     """List the registered backends, whether each is usable here, and what it can do."""
+    from rich.markup import escape
     from rich.table import Table
 
     from shardex.backends.registry import REGISTRY
@@ -481,14 +482,20 @@ def backend_list(category: str | None) -> None:
     for entry in REGISTRY.entries():
         if not entry.available:
             hint = entry.install_hint or "missing dependency"
-            table.add_row(entry.name, "no", "", "", "", f"{entry.target}\n{hint}")
+            table.add_row(entry.name, "no", "", "", "", escape(f"{entry.target}\n{hint}"))
             continue
-        be = REGISTRY.get(entry.name)
+        try:
+            be = REGISTRY.get(entry.name)
+        except ShardexError as exc:  # a plugin that fails to import is listed, not fatal
+            table.add_row(entry.name, "no", "", "", "", escape(f"{entry.target}\n{exc}"))
+            continue
         if category and category not in be.categories:
             continue
         caps = be.capabilities
         flags = (_yes(caps.random_access), _yes(caps.streaming), _yes(caps.remote))
-        table.add_row(entry.name, "yes", *flags, f"{entry.target}\n{be.description}")
+        options = "".join(f"\noption {k}: {v}" for k, v in be.option_help.items())
+        text = escape(f"{entry.target}\n{be.description}{options}")
+        table.add_row(entry.name, "yes", *flags, text)
     _console().print(table)
 
 

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -352,7 +353,7 @@ def _contract(
 
 
 def export(
-    source: str | os.PathLike[str] | Source,
+    source: str | os.PathLike[str] | Source | Mapping[str, Any],
     output: str | os.PathLike[str] | Storage,
     options: ExportOptions | None = None,
     *,
@@ -363,7 +364,8 @@ def export(
     """Export a dataset; returns the committed contract.
 
     Args:
-        source: a path, table, tar glob, ``demo``, or a Source (see :func:`open_source`).
+        source: a path, table, tar glob, ``demo``, an existing export, a mapping of names
+            to arrays, or a Source (see :func:`open_source`).
         output: the export's folder or URL (or a Storage).
         options: an ExportOptions; or pass its fields as keyword arguments
             (``samples_per_shard=500``, ``split_fractions={"train": 0.9, "val": 0.1}``,

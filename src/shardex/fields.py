@@ -24,6 +24,7 @@ from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
 from shardex.format.shard import JSON_COLUMN, LABEL_FIELD, MemberReader
+from shardex.sources.arrays import npy_bytes as npy_bytes
 from shardex.sources.base import MEMBERS
 
 #: Floating-point dtypes ``--dtype`` may cast to.
@@ -70,13 +71,6 @@ def with_columns(
 # ---------------------------------------------------------------- npy helpers
 
 
-def npy_bytes(array: npt.NDArray[Any]) -> bytes:
-    """The ``.npy`` serialisation of an array (what a ``NAME.npy`` tar member holds)."""
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
-
-
 def load_npy(data: bytes | memoryview, where: str) -> npt.NDArray[Any]:
     """Parse ``.npy`` bytes; a bad or object array names the sample."""
     try:
@@ -113,7 +107,9 @@ class _Merge:
                 f"{len(shape)} in sample {key!r}; a key's arrays need one number of dimensions"
             )
         else:
-            self.shape = tuple(a if a == b else None for a, b in zip(self.shape, shape, strict=True))
+            self.shape = tuple(
+                a if a == b else None for a, b in zip(self.shape, shape, strict=True)
+            )
         self.count += 1
 
     def spec(self, total: int) -> FieldSpec:

@@ -187,14 +187,30 @@ def key_specs(
         place = f"{where}:{f.name if where == 'tar' else f.column}"
         if f.kind == "label":
             specs.append(
-                KeySpec("label", role("label"), "int64", (), None, "ascii-int", f"{place},parquet:label")
+                KeySpec(
+                    "label", role("label"), "int64", (), None, "ascii-int", f"{place},parquet:label"
+                )
             )
         elif f.kind == "array":
             layout = "fixed" if None not in f.shape and not f.optional else "ragged"
-            specs.append(KeySpec(field_key(f.name), role(field_key(f.name)), f.dtype, f.shape, layout, "npy", place))
+            specs.append(
+                KeySpec(
+                    field_key(f.name),
+                    role(field_key(f.name)),
+                    f.dtype,
+                    f.shape,
+                    layout,
+                    "npy",
+                    place,
+                )
+            )
         else:
             encoding = "utf-8" if f.name.endswith(".txt") else f.name
-            specs.append(KeySpec(field_key(f.name), role(field_key(f.name)), "bytes", None, None, encoding, place))
+            specs.append(
+                KeySpec(
+                    field_key(f.name), role(field_key(f.name)), "bytes", None, None, encoding, place
+                )
+            )
     if "json" in {f.name for f in fields} and "json" in member_keys(table):
         specs.append(KeySpec("json", role("json"), "bytes", None, None, "json", f"{where}:json"))
     for c in table.schema:

@@ -32,7 +32,14 @@ from shardex.backends.columns import ColumnReader, Columns, Layout, build_column
 from shardex.backends.columns import concat_columns as concat_columns
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, OnReadError, Sample
-from shardex.errors import ConfigError, FormatError, SampleNotFoundError, ShardexError
+from shardex.errors import (
+    ChecksumError,
+    ConfigError,
+    FormatError,
+    SampleNotFoundError,
+    ShardexError,
+)
+from shardex.fields import npy_bytes
 from shardex.format.index import build_keys, key_hash
 from shardex.format.reader import read_metadata
 from shardex.format.shard import JSON_COLUMN, shard_checksum
@@ -86,7 +93,9 @@ def metadata_rows(rows: pa.Table) -> pa.Table:
         "metadata": json_text,
     }
     internal = {MEMBERS, JSON_COLUMN, *front}
-    return pa.table({**front, **{c: rows.column(c) for c in rows.column_names if c not in internal}})
+    return pa.table(
+        {**front, **{c: rows.column(c) for c in rows.column_names if c not in internal}}
+    )
 
 
 class ArrayWriter:
@@ -106,9 +115,7 @@ class ArrayWriter:
         self._hash.update(data)
 
     def put_npy(self, path: str, array: np.ndarray) -> None:
-        buf = io.BytesIO()
-        np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-        self.put(path, buf.getvalue())
+        self.put(path, npy_bytes(array))
 
     def written(self) -> Written:
         return Written(self.path, tuple(self.files), self.num_bytes, shard_checksum(self._hash))
@@ -127,6 +134,12 @@ class ArrayBackend(Backend):
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         """Write one run of columns under ``stem``; return the files written."""
+
+    def finish_split(
+        self, storage: Storage, base: str, plan: SplitPlan, shards: list[ShardInfo]
+    ) -> list[str]:
+        """Write files that describe the whole split (a manifest); return their paths."""
+        return []
 
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
@@ -166,6 +179,7 @@ class ArrayBackend(Backend):
             written = self.write_run(storage, base, concat_columns(parts), plan.fields)
             shards = [_shard_info(plan.rows.num_rows, written)]
             files = list(written.files)
+        files += self.finish_split(storage, base, plan, shards)
         keys = f"{base}-keys.npy" if not self.per_split else f"{base}/keys.npy"
         buf = io.BytesIO()
         np.save(buf, build_keys(plan.rows.column("key").to_pylist()), allow_pickle=False)
@@ -241,11 +255,25 @@ class ArrayDataset(Dataset):
     def _load(self, shard: ShardInfo) -> Columns:
         """The columns of one run (memory-mapped or lazily read where the format allows)."""
 
+    def _open_run(self, shard: ShardInfo) -> ColumnReader:
+        return ColumnReader(self.layout, self._load(shard))
+
     def _reader(self, shard: int) -> ColumnReader:
         if self._cached is None or self._cached[0] != shard or self._pid != os.getpid():
             self._pid = os.getpid()  # a forked worker reopens: mappings and handles are per process
-            self._cached = (shard, ColumnReader(self.layout, self._load(self.shards[shard])))
+            self._cached = (shard, self._open_run(self.shards[shard]))
         return self._cached[1]
+
+    def _checked(self, shard: ShardInfo, data: bytes) -> bytes:
+        """The bytes of a one-file run, checked against config.yaml when ``verify``."""
+        if self.verify:
+            found = shard_checksum(xxhash.xxh3_64(data))
+            if found != shard.checksum:
+                raise ChecksumError(
+                    f"{self.storage.join(shard.path)}: checksum {found} differs from "
+                    f"{shard.checksum} in config.yaml; the shard is damaged (shardex verify)"
+                )
+        return data
 
     def _locate(self, index: int) -> tuple[int, int]:
         n = self._n

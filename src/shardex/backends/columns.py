@@ -82,9 +82,7 @@ def build_columns(rows: pa.Table, layout: Layout, with_label: bool) -> dict[str,
         else:
             empty = np.empty((0,) * max(len(spec.shape), 1), dtype=spec.dtype)
             out.update(
-                _ragged(
-                    [empty if v is None else v for v in column], name, spec.kind == "array"
-                )
+                _ragged([empty if v is None else v for v in column], name, spec.kind == "array")
             )
         if spec.optional:
             out[f"{name}.present"] = present

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from shardex.contract import CONFIG_FILE
 from shardex.errors import SourceError, SourceNotFoundError
+from shardex.sources.arrays import ArraySource
 from shardex.sources.base import ScanResult, Source
 from shardex.sources.demo import DEFAULT_COUNT, DemoSource
 from shardex.sources.export import ExportSource
@@ -15,6 +18,7 @@ from shardex.sources.table import TableSource
 from shardex.sources.tars import TarSource
 
 __all__ = [
+    "ArraySource",
     "DemoSource",
     "ExportSource",
     "FolderSource",
@@ -37,17 +41,20 @@ def _holds_only_tars(root: Path) -> bool:
     return has_tar
 
 
-def open_source(spec: str | os.PathLike[str] | Source) -> Source:
+def open_source(spec: str | os.PathLike[str] | Source | Mapping[str, Any]) -> Source:
     """The source a user names.
 
     * ``demo`` or ``demo:N``: the built-in demo dataset (N images, default 5000);
     * a folder with ``config.yaml``: an existing shardex export;
     * a folder holding only ``.tar`` files, a ``.tar`` file, or a glob: WebDataset tars;
     * any other folder: an image folder;
-    * a ``.parquet``/``.csv``/``.tsv`` file: a table of paths or bytes plus metadata.
+    * a ``.parquet``/``.csv``/``.tsv`` file: a table of paths or bytes plus metadata;
+    * a mapping of names to arrays: in-memory arrays (see :class:`ArraySource`).
     """
     if isinstance(spec, Source):
         return spec
+    if isinstance(spec, Mapping):
+        return ArraySource(spec)
     text = os.fspath(spec)
     if text == "demo" or text.startswith("demo:"):
         count = text.partition(":")[2]

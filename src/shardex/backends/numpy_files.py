@@ -1,0 +1,106 @@
+"""``numpy``: one ``.npy`` file per sample per field.
+
+Layout of a split ``S`` (a folder per shard keeps folders small at millions of samples)::
+
+    S/samples-{hash}-000000/000000.{column}.npy     sample 0 of shard 0, one field
+    S/samples-{hash}-000000/000001.{column}.npy
+    S/samples-{hash}-000000/__key__.data.npy        the shard's keys (ragged bytes)
+    S/samples-{hash}-000000/__key__.offsets.npy
+    S/samples-{hash}-keys.npy                       sorted key hashes -> sample number
+
+Byte fields (encoded images, text) are 1-d uint8 arrays, the label a 0-d int64; a field a
+sample lacks has no file. Files load with ``numpy.load(path, allow_pickle=False)``.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.base import Capabilities
+from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout, as_sample
+from shardex.contract import ShardInfo
+from shardex.errors import FormatError, ObjectNotFoundError
+from shardex.storage.base import Storage
+
+
+class _SampleFiles(ColumnReader):
+    """One shard folder: keys read at open, each sample's fields read on demand."""
+
+    def __init__(self, layout: Layout, storage: Storage, folder: str) -> None:
+        keys = {n: _load(storage, f"{folder}/{KEY_COLUMN}.{n}.npy") for n in ("data", "offsets")}
+        super().__init__(layout, {f"{KEY_COLUMN}.{n}": a for n, a in keys.items()})
+        self.storage, self.folder = storage, folder
+
+    def native(self, i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for spec in self.layout:
+            try:
+                value = _load(self.storage, f"{self.folder}/{i:06d}.{spec.column}.npy")
+            except ObjectNotFoundError:
+                if spec.optional:
+                    continue
+                raise
+            out[spec.name] = (
+                int(value)
+                if spec.kind == "label"
+                else value.tobytes()
+                if spec.kind == "bytes"
+                else value
+            )
+        return out
+
+    def sample(self, i: int, decode: bool) -> dict[str, Any]:
+        return {"__key__": self.key(i), **as_sample(self.layout, self.native(i), decode)}
+
+
+def _load(storage: Storage, path: str) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(storage.get(path)), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        if isinstance(exc, ObjectNotFoundError):
+            raise
+        raise FormatError(f"{storage.join(path)}: not a readable .npy file ({exc})") from exc
+    return array  # type: ignore[no-any-return]
+
+
+class NumpyDataset(ArrayDataset):
+    """A split of a ``numpy`` export: one read per field of a sample."""
+
+    def _load(self, shard: ShardInfo) -> Columns:
+        raise NotImplementedError  # _open_run reads per sample instead
+
+    def _open_run(self, shard: ShardInfo) -> ColumnReader:
+        return _SampleFiles(self.layout, self.storage, shard.path)
+
+
+class NumpyBackend(ArrayBackend):
+    """One ``.npy`` per sample per field, in a folder per shard."""
+
+    name: ClassVar[str] = "numpy"
+    description: ClassVar[str] = "one .npy file per sample per key"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=True, streaming=True, remote=True
+    )
+    stem_name: ClassVar[str] = "samples"
+    dataset: ClassVar[type[ArrayDataset]] = NumpyDataset
+
+    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+        out = ArrayWriter(storage, stem, listed=False)
+        for name in (f"{KEY_COLUMN}.data", f"{KEY_COLUMN}.offsets"):
+            out.put_npy(f"{stem}/{name}.npy", columns[name])
+        reader = ColumnReader(layout, columns)
+        for i in range(len(reader)):
+            values = reader.native(i)
+            for spec in layout:
+                if spec.name not in values:
+                    continue
+                value = values[spec.name]
+                array = (
+                    np.frombuffer(value, np.uint8) if spec.kind == "bytes" else np.asarray(value)
+                )
+                out.put_npy(f"{stem}/{i:06d}.{spec.column}.npy", array)
+        return out.written()

@@ -1,0 +1,82 @@
+"""``tensor_shards``: fixed-size sample shards of column arrays, for window loading.
+
+Layout of a split ``S``::
+
+    S/tensors-{hash}-000000.npz       exactly ``samples_per_shard`` samples (the last one
+    S/tensors-{hash}-000001.npz       short, never padded): the columns of
+    ...                               :mod:`shardex.backends.columns`, uncompressed
+    S/tensors-{hash}-manifest.json    shards, sample counts, checksums and fields
+    S/tensors-{hash}-keys.npy         sorted key hashes -> sample number
+
+A shard is one object read whole: this is the layout for
+:class:`shardex.torch.TensorShardsLoader`, which keeps a window of shards in memory and
+batches across them, so batch size and shard size are independent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import ClassVar
+
+import numpy as np
+
+from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.base import Capabilities, SplitPlan
+from shardex.backends.columns import Columns, Layout
+from shardex.contract import ShardInfo
+from shardex.errors import FormatError
+from shardex.storage.base import Storage
+
+
+def load_npz(data: bytes, where: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` shard (no pickles)."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (ValueError, OSError, EOFError) as exc:
+        raise FormatError(f"{where}: not a readable .npz shard ({exc})") from exc
+
+
+class TensorShardsDataset(ArrayDataset):
+    """A split of a ``tensor_shards`` export; ``ds[i]`` reads (and caches) its whole shard."""
+
+    def _load(self, shard: ShardInfo) -> Columns:
+        data = self._checked(shard, self.storage.get(shard.path))
+        return load_npz(data, self.storage.join(shard.path))
+
+
+class TensorShardsBackend(ArrayBackend):
+    """Shards of exactly ``samples_per_shard`` rows of every column, plus a manifest."""
+
+    name: ClassVar[str] = "tensor_shards"
+    description: ClassVar[str] = "fixed-size .npz sample shards + manifest (window loader)"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=False, streaming=True, remote=True
+    )
+    stem_name: ClassVar[str] = "tensors"
+    dataset: ClassVar[type[ArrayDataset]] = TensorShardsDataset
+
+    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+        buf = io.BytesIO()
+        arrays = {name: np.ascontiguousarray(a) for name, a in columns.items()}
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle kwarg
+        out = ArrayWriter(storage, f"{stem}.npz", listed=False)
+        out.put(f"{stem}.npz", buf.getvalue())
+        return out.written()
+
+    def finish_split(
+        self, storage: Storage, base: str, plan: SplitPlan, shards: list[ShardInfo]
+    ) -> list[str]:
+        manifest = {
+            "format": "shardex.tensor_shards",
+            "version": 1,
+            "split": plan.split,
+            "num_samples": plan.rows.num_rows,
+            "shards": [dataclasses.asdict(s) for s in shards],
+            "fields": [dataclasses.asdict(f) for f in plan.fields],
+        }
+        path = f"{base}-manifest.json"
+        storage.put(path, json.dumps(manifest, indent=1).encode())
+        return [path]

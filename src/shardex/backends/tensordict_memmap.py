@@ -1,0 +1,269 @@
+"""``tensordict_memmap``: each split is one TensorDict, memory-mapped the way tensordict writes it.
+
+A split ``S`` is a folder that ``tensordict.TensorDict.load_memmap`` opens without shardex
+(see :mod:`shardex.backends.columns` for the column names)::
+
+    S/tensordict-{hash}/meta.json             the root TensorDict, batch_size []
+    S/tensordict-{hash}/{field}.memmap        a fixed field: (N, ...)
+    S/tensordict-{hash}/{field}/meta.json     a ragged or optional field: a nested TensorDict
+    S/tensordict-{hash}/{field}/data.memmap   ... its values back to back
+    S/tensordict-{hash}/{field}/offsets.memmap, shapes.memmap, present.memmap, values.memmap
+    S/tensordict-{hash}/keys.npy              sorted key hashes -> sample number (shardex's)
+
+**Keys.** A column ``NAME.SUFFIX`` (``SUFFIX`` one of ``data``, ``offsets``, ``shapes``,
+``present``) is the nested key ``(NAME, SUFFIX)``; a fixed column ``NAME`` is the leaf
+``NAME``, or ``(NAME, "values")`` when the field also has a ``NAME.present`` column (a key
+cannot be a tensor and a TensorDict at once). tensordict's ``meta.json`` keeps its own entries
+``shape``, ``device`` and ``_type`` beside the keys, so a field named like one of them (or
+like one of them followed by underscores) gets one more trailing underscore: ``shape`` is
+stored as ``shape_``. :func:`tensordict_key` and :func:`column_name` are the two directions.
+
+**Batch size.** The root and the nested TensorDicts have ``batch_size=[]``: ragged ``data``
+columns, the ``N + 1`` offsets and the ``(N, ...)`` fixed columns have different first
+dimensions, and tensordict requires every entry to start with the batch size.
+
+**Dtypes.** Every dtype that torch tensors hold is stored as it is: bool, (u)int8/16/32/64,
+float16/32/64 and complex64/128 (uint16/32/64 are torch's limited-support dtypes: they store
+and load faithfully). Arrays in non-native byte order are stored in native order (same
+values). Other dtypes (strings, datetimes, structured) are refused with a ConfigError before
+anything is written.
+
+**Writes and reads.** tensordict writes into ``S/tensordict-{hash}.tmp-RANDOM/``; each file is
+then moved to its final name, so that a file under the final name is always whole (as
+:meth:`Storage.put` gives the other backends) and a reader mapping a previous export's file
+keeps its old copy. config.yaml, written last, is the commit point. Reading maps every file
+(``load_memmap`` with tensordict's default mode: shared, because a copy-on-write mapping counts
+against the memory commit limit and fails for a column larger than RAM plus swap) and hands
+out read-only numpy views. Local folders only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+import numpy as np
+import torch
+import xxhash
+from tensordict import TensorDict, TensorDictBase
+
+from shardex.backends.arrays import ArrayBackend, ArrayDataset, Written
+from shardex.backends.base import Capabilities, OnShard, SplitPlan
+from shardex.backends.columns import Columns, Layout, array_names
+from shardex.contract import ShardInfo, SplitInfo
+from shardex.errors import ConfigError, FormatError
+from shardex.format.shard import shard_checksum
+from shardex.parallel import Runner
+from shardex.storage.base import Storage
+
+#: The suffixes of the columns that are nested keys ``(NAME, SUFFIX)``.
+SUFFIXES: Final = frozenset({"data", "offsets", "shapes", "present"})
+#: The nested key of a fixed column whose field also has a ``present`` column.
+VALUES: Final = "values"
+#: Entries of tensordict's meta.json that would overwrite a key of the same name.
+_META_ENTRIES: Final = frozenset({"shape", "device", "_type"})
+_CHUNK: Final = 16 << 20
+
+
+def _split(column: str) -> tuple[str, str | None]:
+    base, dot, suffix = column.rpartition(".")
+    return (base, suffix) if dot and suffix in SUFFIXES else (column, None)
+
+
+def _escape(name: str) -> str:
+    return f"{name}_" if name.rstrip("_") in _META_ENTRIES else name
+
+
+def _unescape(key: str) -> str:
+    return key[:-1] if key.rstrip("_") in _META_ENTRIES and key.endswith("_") else key
+
+
+def tensordict_key(column: str, grouped: frozenset[str]) -> tuple[str, ...]:
+    """The TensorDict key of a column; ``grouped`` are the fields that have suffixed columns.
+
+    Example: ``jpg.data`` -> ``("jpg", "data")``; ``label__label`` -> ``("label__label",)``,
+    or ``("label__label", "values")`` when ``label__label.present`` exists too.
+    """
+    base, suffix = _split(column)
+    if suffix is not None:
+        return (_escape(base), suffix)
+    return (_escape(base), VALUES) if base in grouped else (_escape(base),)
+
+
+def column_name(key: tuple[str, ...]) -> str:
+    """The column a TensorDict key stores (the inverse of :func:`tensordict_key`)."""
+    base = _unescape(key[0])
+    if len(key) == 1 or key[1] == VALUES:
+        return base
+    return f"{base}.{key[1]}"
+
+
+def _tensor(column: str, array: Any) -> torch.Tensor:
+    """A tensor sharing the column's memory where it can (one copy into the file follows)."""
+    a = np.asarray(array)
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
+    if not a.flags.writeable:
+        # torch warns on read-only arrays (its tensors could write to them); a copy is
+        # cheaper than teaching every caller to silence that warning
+        a = a.copy()
+    try:
+        return torch.from_numpy(a)
+    except TypeError as exc:
+        raise _dtype_error(column, str(a.dtype)) from exc
+
+
+def _dtype_error(column: str, dtype: str) -> ConfigError:
+    return ConfigError(
+        f"field {column!r} has dtype {dtype}, which a torch tensor cannot hold: the "
+        "tensordict_memmap backend stores bool, (u)int8/16/32/64, float16/32/64 and "
+        "complex64/128; cast the field, or export with the numpy_mmap or zarr backend"
+    )
+
+
+def _check_dtype(column: str, dtype: str) -> None:
+    try:
+        torch.from_numpy(np.empty(0, dtype=np.dtype(dtype)))
+    except TypeError as exc:
+        raise _dtype_error(column, dtype) from exc
+
+
+def _tree(columns: Columns) -> dict[str, Any]:
+    """The columns as nested dicts of tensors, keys in sorted order (a stable meta.json)."""
+    grouped = frozenset(_split(c)[0] for c in columns if _split(c)[1] is not None)
+    tree: dict[str, Any] = {}
+    for column in sorted(columns):
+        key = tensordict_key(column, grouped)
+        tensor = _tensor(column, columns[column])
+        if len(key) == 1:
+            tree[key[0]] = tensor
+        else:
+            tree.setdefault(key[0], {})[key[1]] = tensor
+    return tree
+
+
+def _files_under(folder: Path) -> Iterator[Path]:
+    return (p for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def _move_into(tmp: Path, root: Path) -> None:
+    """Move every file tensordict wrote to its final name (each move atomic)."""
+    for path in _files_under(tmp):
+        target = root / path.relative_to(tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+
+
+def _written(root: Path, stem: str, names: list[str]) -> Written:
+    """What was written: the files by name (relative to the storage root), their total
+    size and the checksum of their bytes in that order."""
+    files = sorted(f"{stem}/{name}" for name in names)
+    hasher = xxhash.xxh3_64()
+    num_bytes = 0
+    for path in files:
+        with open(root / path[len(stem) + 1 :], "rb") as f:
+            while chunk := f.read(_CHUNK):
+                hasher.update(chunk)
+                num_bytes += len(chunk)
+    return Written(stem, tuple(files), num_bytes, shard_checksum(hasher))
+
+
+def _local_root(storage: Storage, stem: str) -> Path:
+    root = storage.local_path(stem)
+    if root is None:
+        raise ConfigError(
+            f"tensordict_memmap writes local folders only, and {storage.uri} is not one: "
+            "export to a local folder (then copy it), or use the numpy_mmap backend"
+        )
+    return root
+
+
+def _load_memmap(root: Path) -> TensorDictBase:
+    # An export may come from elsewhere: never unpickle what its folder holds (a shardex
+    # export has tensors only). tensordict versions before allow_pickle have no such switch.
+    params = inspect.signature(TensorDict.load_memmap).parameters
+    safe: dict[str, Any] = {"allow_pickle": False} if "allow_pickle" in params else {}
+    try:
+        return TensorDict.load_memmap(root, **safe)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise FormatError(f"{root}: not a readable TensorDict memmap folder ({exc})") from exc
+
+
+class TensorDictDataset(ArrayDataset):
+    """A split of a ``tensordict_memmap`` export: every column memory-mapped."""
+
+    def _load(self, shard: ShardInfo) -> Columns:
+        root = self.storage.local_path(shard.path)
+        if root is None:
+            raise ConfigError(
+                f"{self.storage.join(shard.path)}: tensordict_memmap exports are read from "
+                "local folders only; copy the export to a local disk"
+            )
+        self._check_sizes(shard)
+        columns: dict[str, np.ndarray] = {}
+        for key, tensor in _load_memmap(root).items(include_nested=True, leaves_only=True):
+            if not isinstance(tensor, torch.Tensor):
+                raise FormatError(f"{root}: entry {key!r} is not a tensor; not a shardex export")
+            view = tensor.numpy()
+            # the mapping is shared with the file: a sample's array must not write to it
+            view.flags.writeable = False
+            columns[column_name(key if isinstance(key, tuple) else (key,))] = view
+        missing = [n for n in array_names(self.layout) if n not in columns]
+        if missing:
+            raise FormatError(f"{root}: columns {missing} are missing; the export is damaged")
+        return columns
+
+    def _check_sizes(self, shard: ShardInfo) -> None:
+        """Refuse a run whose files are missing or not their recorded size, before mapping
+        them: tensordict would grow a short file with zeros instead of failing."""
+        info = self.config.split(self.split)
+        paths = [p for p in info.files if p.startswith(f"{shard.path}/") and p != info.keys]
+        found = 0
+        for path in paths:
+            local = self.storage.local_path(path)
+            if local is None or not local.is_file():
+                raise FormatError(f"{self.storage.join(path)} is missing; the export is damaged")
+            found += local.stat().st_size
+        if found != shard.num_bytes:
+            raise FormatError(
+                f"{self.storage.join(shard.path)}: its files hold {found} bytes but config.yaml "
+                f"records {shard.num_bytes}; the export is damaged (export it again)"
+            )
+
+
+class TensorDictBackend(ArrayBackend):
+    """Each split one TensorDict memory-mapped folder (``TensorDict.load_memmap`` reads it)."""
+
+    name: ClassVar[str] = "tensordict_memmap"
+    description: ClassVar[str] = "one memory-mapped TensorDict per split (TensorDict.load_memmap)"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=True, streaming=True, remote=False
+    )
+    per_split: ClassVar[bool] = True
+    stem_name: ClassVar[str] = "tensordict"
+    dataset: ClassVar[type[ArrayDataset]] = TensorDictDataset
+
+    def write_split(
+        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
+    ) -> SplitInfo:
+        # refuse what cannot be written before any sample is read
+        _local_root(storage, plan.split)
+        for spec in plan.fields:
+            _check_dtype(spec.column or spec.name, spec.dtype)
+        return super().write_split(storage, plan, runner, on_shard)
+
+    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+        root = _local_root(storage, stem)
+        tree = _tree(columns)
+        tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
+        try:
+            TensorDict(tree, batch_size=[]).memmap(tmp)
+            names = [p.relative_to(tmp).as_posix() for p in _files_under(tmp)]
+            _move_into(tmp, root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return _written(root, stem, names)

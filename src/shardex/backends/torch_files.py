@@ -1,0 +1,78 @@
+"""``torch``: one ``.pt`` file per shard holding exactly that shard's tensors.
+
+Layout of a split ``S``::
+
+    S/tensors-{hash}-000000.pt     {column name: tensor} of the shard's samples only
+    S/tensors-{hash}-keys.npy      sorted key hashes -> sample number
+
+Each tensor owns its storage (``torch.save`` writes a tensor's whole storage, so a view
+of a larger batch would drag the batch into every file); files load with
+``torch.load(path, weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, ClassVar
+
+import numpy as np
+
+from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.base import Capabilities
+from shardex.backends.columns import Columns, Layout
+from shardex.contract import ShardInfo
+from shardex.errors import FormatError, MissingDependencyError
+from shardex.storage.base import Storage
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the torch backend needs PyTorch: pip install 'shardex[torch]'"
+        ) from exc
+    return torch
+
+
+def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:
+    """The columns of a ``.pt`` shard as numpy arrays (``weights_only``: no pickled code)."""
+    torch = _torch()
+    buf = io.BytesIO(data)
+    try:
+        tensors = torch.load(buf, weights_only=True, map_location="cpu")
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError ...
+        raise FormatError(f"{where}: not a readable torch shard ({exc})") from exc
+    if not isinstance(tensors, dict):
+        raise FormatError(f"{where}: expected a dict of tensors, found {type(tensors).__name__}")
+    return {name: t.numpy() for name, t in tensors.items()}
+
+
+class TorchDataset(ArrayDataset):
+    """A split of a ``torch`` export; ``ds[i]`` loads (and caches) its whole shard."""
+
+    def _load(self, shard: ShardInfo) -> Columns:
+        data = self._checked(shard, self.storage.get(shard.path))
+        return load_pt(data, self.storage.join(shard.path))
+
+
+class TorchBackend(ArrayBackend):
+    """Per-shard ``.pt`` files of the shard's own tensors."""
+
+    name: ClassVar[str] = "torch"
+    description: ClassVar[str] = "one .pt of tensors per shard (torch.load weights_only)"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=False, streaming=True, remote=True
+    )
+    stem_name: ClassVar[str] = "tensors"
+    dataset: ClassVar[type[ArrayDataset]] = TorchDataset
+
+    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+        torch = _torch()
+        # copy=True: a tensor that owns exactly its bytes, never a view of a larger buffer
+        tensors = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in columns.items()}
+        buf = io.BytesIO()
+        torch.save(tensors, buf)
+        out = ArrayWriter(storage, f"{stem}.pt", listed=False)
+        out.put(f"{stem}.pt", buf.getvalue())
+        return out.written()

@@ -1,0 +1,107 @@
+"""Image codecs for zarr v3 arrays: PNG, lossless WebP and JPEG from ``imagecodecs``.
+
+``imagecodecs`` ships numcodecs codecs (``imagecodecs_png`` ...) but no zarr v3 codecs, and
+zarr v3 resolves a codec by the ``name`` in an array's metadata. zarr-python names wrapped
+numcodecs codecs ``numcodecs.<id>`` (its own ``numcodecs.zstd`` ... wrappers), so the arrays
+the ``zarr`` backend writes name their image codec ``numcodecs.imagecodecs_png`` (``_webp``,
+``_jpeg``) with the numcodecs configuration. :func:`register_image_codecs` makes both
+registries know them; plain zarr + imagecodecs users do the same in a few lines::
+
+    import imagecodecs.numcodecs, zarr.registry
+    from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
+
+    imagecodecs.numcodecs.register_codecs(verbose=False)
+    for cid in ("imagecodecs_png", "imagecodecs_webp", "imagecodecs_jpeg"):
+        cls = type(cid, (_NumcodecsArrayBytesCodec,), {}, codec_name=cid)
+        zarr.registry.register_codec(f"numcodecs.{cid}", cls)
+
+Each zarr chunk is one image ``(1, H, W[, C])``; ``squeeze`` drops only the leading axis,
+so a 1-pixel-high image is not mistaken for a grey one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Final, Literal
+
+from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
+from zarr.errors import ZarrUserWarning
+
+from shardex.errors import ConfigError, MissingDependencyError
+
+ImageCodecName = Literal["none", "png", "webp", "jpeg"]
+IMAGE_CODECS: Final[tuple[str, ...]] = ("none", "png", "webp", "jpeg")
+#: Channel counts each codec stores exactly as given (None: a 2-d grey image).
+_CHANNELS: Final[dict[str, frozenset[int | None]]] = {
+    "png": frozenset({None, 1, 3, 4}),
+    "webp": frozenset({3, 4}),  # libwebp has no grey mode: it would come back RGB
+    "jpeg": frozenset({None, 1, 3}),  # a 4-channel JPEG is CMYK, not RGBA
+}
+
+
+class _ImageCodec(_NumcodecsArrayBytesCodec):
+    """A zarr v3 array -> bytes codec around one imagecodecs numcodecs codec."""
+
+    def __init__(self, **codec_config: Any) -> None:
+        # zarr warns on every instantiation (reads too) that numcodecs.* codecs are outside
+        # the v3 spec; that is known and documented, and tests turn warnings into errors.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Numcodecs codecs", ZarrUserWarning)
+            super().__init__(**codec_config)
+
+
+class ImagecodecsPng(_ImageCodec, codec_name="imagecodecs_png"):
+    """PNG (lossless) chunks."""
+
+
+class ImagecodecsWebp(_ImageCodec, codec_name="imagecodecs_webp"):
+    """WebP chunks (the backend writes them lossless)."""
+
+
+class ImagecodecsJpeg(_ImageCodec, codec_name="imagecodecs_jpeg"):
+    """JPEG chunks (lossy)."""
+
+
+_CLASSES: Final[dict[str, type[_ImageCodec]]] = {
+    "png": ImagecodecsPng,
+    "webp": ImagecodecsWebp,
+    "jpeg": ImagecodecsJpeg,
+}
+
+
+def register_image_codecs() -> None:
+    """Make numcodecs and zarr v3 know the image codecs (idempotent)."""
+    try:
+        import imagecodecs.numcodecs
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "zarr image codecs need imagecodecs: pip install 'shardex[zarr]'"
+        ) from exc
+    from zarr.registry import register_codec
+
+    # Skips codecs numcodecs already knows (quietly), so calling again is cheap.
+    imagecodecs.numcodecs.register_codecs([f"imagecodecs_{n}" for n in _CLASSES], verbose=False)
+    for name, cls in _CLASSES.items():
+        # The same qualname each call: registering again replaces, never adds a rival class.
+        register_codec(f"numcodecs.imagecodecs_{name}", cls, qualname=f"{__name__}.{cls.__name__}")
+
+
+def image_codec(name: str, channels: int | None, *, quality: int, ndim: int) -> _ImageCodec:
+    """The zarr codec for one-image chunks of ``ndim`` dimensions (the leading 1 included).
+
+    Raises ConfigError when the codec cannot store that many channels exactly.
+    """
+    if name not in _CHANNELS:
+        raise ConfigError(f"image codec {name!r} is not one of {', '.join(IMAGE_CODECS)}")
+    if channels not in _CHANNELS[name]:
+        kinds = "grey (H, W)" if channels is None else f"{channels}-channel"
+        raise ConfigError(
+            f"image_codec={name} cannot store {kinds} images exactly; use image_codec=png"
+        )
+    register_image_codecs()
+    squeeze = [True] + [False] * (ndim - 1)
+    if name == "webp":
+        return ImagecodecsWebp(lossless=True, squeeze=squeeze)
+    if name == "jpeg":
+        return ImagecodecsJpeg(level=quality, squeeze=squeeze)
+    return ImagecodecsPng(squeeze=squeeze)
