@@ -12,6 +12,7 @@ from shardex.api import open_dataset, read_config
 from shardex.backends.registry import get_backend, register_backend
 from shardex.contract import ExportConfig, KeySpec, ShardInfo, SplitInfo
 from shardex.dataset import Dataset
+from shardex.exported import ExportedDataset
 from shardex.exporter import ExportOptions, export
 from shardex.sources import open_source
 from shardex.storage import open_storage
@@ -21,6 +22,7 @@ __all__ = [
     "Dataset",
     "ExportConfig",
     "ExportOptions",
+    "ExportedDataset",
     "KeySpec",
     "ShardInfo",
     "SplitInfo",

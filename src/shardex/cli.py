@@ -103,7 +103,11 @@ def main() -> None:
     help="Export only this split (repeatable). Default: every split.",
 )
 @click.option(
-    "--x-key", "x_keys", multiple=True, help="Input key to store (repeatable). Default: image."
+    "--x-key",
+    "x_keys",
+    multiple=True,
+    help="Input key to store (repeatable): a source field (image, NAME of NAME.npy) or a "
+    "metadata column (stored as a field, e.g. an embedding). Default: every source field.",
 )
 @click.option(
     "--y-key",
@@ -190,6 +194,21 @@ def main() -> None:
     default=None,
     help="Refuse images larger than this many pixels (decompression bombs); default 178956970.",
 )
+@click.option(
+    "--dtype",
+    type=click.Choice(["float16", "float32", "float64"]),
+    default=None,
+    help="Cast floating-point array fields to this dtype (recorded in config.yaml). "
+    "Integers, booleans and images are never cast. Default: keep every dtype.",
+)
+@click.option(
+    "--backend-option",
+    "backend_options",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="An option of the backend (repeatable; `shardex backend list` shows them), "
+    "e.g. --backend-option image_codec=webp for zarr.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags
 def export_dataset(
@@ -211,6 +230,8 @@ def export_dataset(
     on_error: str,
     validate: str,
     max_pixels: int | None,
+    dtype: str | None,
+    backend_options: tuple[str, ...],
     quiet: bool,
     s3_endpoint_url: str | None,
     s3_region: str | None,
@@ -248,6 +269,8 @@ def export_dataset(
         overwrite=overwrite,
         on_error=on_error,  # type: ignore[arg-type]
         validate=validate,  # type: ignore[arg-type]
+        dtype=dtype,
+        backend_options=_backend_options(backend_options),
     )
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
     config = export(source, output, opts, progress=not quiet, storage_options=storage_options)
@@ -497,6 +520,21 @@ def backend_list(category: str | None) -> None:
         text = escape(f"{entry.target}\n{be.description}{options}")
         table.add_row(entry.name, "yes", *flags, text)
     _console().print(table)
+
+
+def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs; values read as YAML scalars (``90`` is a number, ``true`` a
+    bool, anything else a string)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--backend-option")
+        parsed = yaml.safe_load(value) if value else ""
+        out[name] = parsed if isinstance(parsed, bool | int | float | str) else value
+    return out
 
 
 def _yes(flag: bool) -> str:
