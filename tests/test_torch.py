@@ -39,6 +39,7 @@ from shardex.torch import (  # noqa: E402
     MapDataset,
     ShardexSampler,
     StreamDataset,
+    TensorShardsLoader,
 )
 
 # torch advises against more workers than cores; CI machines may have a single core.
@@ -446,7 +447,7 @@ class Resume:
     """A resume scenario: the loader, its workers before and after the restart, and the
     number of batches the training loop takes before the state is saved."""
 
-    kind: str  # "map" or "stream"
+    kind: str  # "map", "stream" or "window"
     stop_after: int
     workers: int
     workers_after: int
@@ -455,6 +456,17 @@ class Resume:
 
 def _loader(kind: str, uri: str, workers: int, batch_size: int) -> tuple[Iterable[Any], Any]:
     """A loader on rank 1 of 2 and the object holding its state (sampler or dataset)."""
+    if kind == "window":  # its own batches; workers are its prefetch threads
+        windows = TensorShardsLoader(
+            uri,
+            batch_size,
+            rank=1,
+            world_size=2,
+            seed=7,
+            shards_per_window=2,
+            prefetch_workers=max(workers, 1),
+        )
+        return windows, windows
     if kind == "map":
         ds = MapDataset(uri, decode=False)
         sampler = ShardexSampler(len(ds), rank=1, world_size=2, seed=7)
@@ -473,6 +485,11 @@ def _epoch(loader: Iterable[Any], stateful: Any, epoch: int, stop: int | None = 
     for i, batch in enumerate(loader):
         if i == stop:
             break
+        if isinstance(batch, dict):  # TensorShardsLoader: counts the batches it hands out
+            keys += batch["__key__"]
+            if i + 1 == stop:
+                break
+            continue
         keys += [sample["__key__"] for sample in batch]
         stateful.advance(len(batch))
     return keys
@@ -515,7 +532,7 @@ def assert_resumes(uri: Path, cases: list[Resume]) -> None:
     )
     assert done.returncode == 0, done.stderr
     for case, (head, full), got in zip(cases, expected, json.loads(done.stdout), strict=True):
-        if case.kind == "map" or case.workers == case.workers_after:
+        if case.kind != "stream" or case.workers == case.workers_after:
             assert head + got["rest"] == full[0], case
         else:  # a stream resumed on other workers: exactly the rest, in a new order
             assert sorted(head + got["rest"]) == sorted(full[0]), case
@@ -575,3 +592,78 @@ def test_decode_size_decodes_large_jpegs_at_a_reduced_scale(tmp_path: Path) -> N
     shardex.export(tmp_path / "src", tmp_path / "out", workers=1)
     dataset = MapDataset(tmp_path / "out", decode_size=(224, 224))
     assert tuple(dataset[0]["image"].shape) == (300, 400, 3)
+
+
+# -- the window loader (tensor_shards) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tensor_export(export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tensor") / "out"
+    shardex.export(export, out, backend="tensor_shards", samples_per_shard=SHARD, workers=1)
+    return out
+
+
+def _keys(loader: TensorShardsLoader, epoch: int) -> list[str]:
+    loader.set_epoch(epoch)
+    return [k for batch in loader for k in batch["__key__"]]
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, SHARD, 3 * SHARD + 1])
+def test_window_loader_reads_every_sample_once_per_epoch(
+    tensor_export: Path, batch_size: int
+) -> None:
+    loader = TensorShardsLoader(tensor_export, batch_size, shards_per_window=2, seed=3)
+    everything = sorted(shardex.open_dataset(tensor_export).keys())
+    epochs = [_keys(loader, e) for e in range(3)]
+    for keys in epochs:
+        assert sorted(keys) == everything
+    assert len({tuple(k) for k in epochs}) == 3  # a new order every epoch
+    again = TensorShardsLoader(tensor_export, batch_size, shards_per_window=2, seed=3)
+    assert _keys(again, 1) == epochs[1]  # the same seed, the same order
+    sizes = [len(b["__key__"]) for b in loader]
+    assert sizes[:-1] == [batch_size] * (len(sizes) - 1)  # independent of the shard size
+    assert len(sizes) == len(loader)
+
+
+def test_window_loader_batches_are_tensors_and_drop_last(tensor_export: Path) -> None:
+    loader = TensorShardsLoader(tensor_export, 4, drop_last=True, seed=1)
+    batches = list(loader)
+    assert all(len(b["__key__"]) == 4 for b in batches)
+    assert len(batches) == len(loader) == N // 4
+    labels = batches[0]["cls"]
+    assert labels.dtype == torch.int64
+    assert tuple(labels.shape) == (4,)
+    ds = shardex.open_dataset(tensor_export)
+    by_key = {ds[i]["__key__"]: int(ds[i]["cls"]) for i in range(len(ds))}
+    assert labels.tolist() == [by_key[k] for k in batches[0]["__key__"]]
+    assert isinstance(batches[0]["json"][0], bytes)  # ragged fields come as lists
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_window_loader_ranks_get_equal_disjoint_shares(
+    tensor_export: Path, world_size: int
+) -> None:
+    shares = [
+        _keys(TensorShardsLoader(tensor_export, 4, rank=r, world_size=world_size, seed=2), 1)
+        for r in range(world_size)
+    ]
+    assert len({len(s) for s in shares}) == 1
+    assert len(shares[0]) == N // world_size
+    seen = [k for s in shares for k in s]
+    assert len(seen) == len(set(seen))
+
+
+def test_window_loader_resumes_mid_epoch_in_a_fresh_process(tensor_export: Path) -> None:
+    assert_resumes(
+        tensor_export,
+        [
+            Resume("window", 2, workers=0, workers_after=0),
+            Resume("window", 5, workers=2, workers_after=1, batch_size=2),
+        ],
+    )
+
+
+def test_window_loader_refuses_a_tar_export(export: Path) -> None:
+    with pytest.raises(ConfigError, match="StreamDataset"):
+        TensorShardsLoader(export, 4)

@@ -7,6 +7,8 @@ never imports torch.
   O(1) memory (:class:`IndexPermutation`), exactly equal shares per rank, resume.
 * :class:`StreamDataset`: shard order, seeded shard shuffle and bounded buffer shuffle,
   exactly equal sample counts per rank, read-ahead of the next run of samples, resume.
+* :class:`TensorShardsLoader`: batches from prefetched windows of whole shards (array
+  backends, made for ``tensor_shards``), batch size independent of shard size, resume.
 """
 
 from __future__ import annotations
@@ -24,5 +26,13 @@ from shardex.torch.map import MapDataset
 from shardex.torch.permutation import IndexPermutation
 from shardex.torch.sampler import ShardexSampler
 from shardex.torch.stream import StreamDataset, StreamLoader
+from shardex.torch.windows import TensorShardsLoader
 
-__all__ = ["IndexPermutation", "MapDataset", "ShardexSampler", "StreamDataset", "StreamLoader"]
+__all__ = [
+    "IndexPermutation",
+    "MapDataset",
+    "ShardexSampler",
+    "StreamDataset",
+    "StreamLoader",
+    "TensorShardsLoader",
+]

@@ -1,0 +1,273 @@
+"""``TensorShardsLoader``: batches from a window of whole shards, prefetched.
+
+For the ``tensor_shards`` backend (and any array backend): shards are read whole, a few at
+a time. An epoch is:
+
+1. the split's shards in a seeded order (``shuffle_shards``; new every epoch), read as
+   one sequence of samples;
+2. that sequence cut into ``world_size`` equal contiguous shares: rank ``r`` reads
+   ``N // world_size`` samples (the last ``N % world_size`` samples of the epoch's order
+   are left out that epoch, a different few each epoch), so ranks never wait on each
+   other;
+3. a rank's share cut into *windows* of ``shards_per_window`` shard pieces; each window is
+   loaded by ``prefetch_workers`` threads, ``prefetch_windows`` windows ahead, and its
+   samples shuffled together (``shuffle_samples``);
+4. the windows' samples, back to back, cut into batches of ``batch_size``: a batch may
+   span two windows, so batch size and shard size are independent; only the epoch's last
+   batch may be short (``drop_last`` drops it).
+
+A batch is a dict: ``"__key__"`` (list of keys), fixed-shape fields as tensors
+``(B, ...)`` (labels: int64 ``(B,)``), other fields as lists (bytes, arrays). The loader
+holds its own position: ``state_dict()`` after k batches, ``load_state_dict()`` in a
+fresh process, and iteration continues with batch k + 1 of the same epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from shardex.api import open_dataset
+from shardex.backends.arrays import ArrayDataset
+from shardex.backends.columns import ColumnReader, concat_columns
+from shardex.errors import ConfigError
+from shardex.fields import is_fixed
+from shardex.torch.order import EpochOrder
+from shardex.torch.permutation import derive_key
+
+_SAMPLE_SALT = 0x77D0
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """Shard pieces ``(shard, first local sample, count)`` read and shuffled together."""
+
+    pieces: tuple[tuple[int, int, int], ...]
+
+    @property
+    def size(self) -> int:
+        return sum(p[2] for p in self.pieces)
+
+
+class TensorShardsLoader:
+    """Batches of whole-shard windows with prefetch, exact rank shares and resume.
+
+    Args:
+        uri: the export (any array backend; made for ``tensor_shards``).
+        batch_size: samples per batch, independent of the shard size.
+        split: the split to read.
+        shards_per_window: shard pieces loaded and shuffled together.
+        prefetch_windows: windows loaded ahead of the one being batched.
+        prefetch_workers: threads loading shards.
+        shuffle_shards: seeded shard order, new each epoch.
+        shuffle_samples: seeded sample order within each window, new each epoch.
+        pin_memory: pin batch tensors (when CUDA is available).
+        drop_last: drop the epoch's short last batch.
+        seed: the seed; each epoch derives its own orders from it (``set_epoch``).
+        rank, world_size: this process's share (default: torch.distributed's, else 0 of 1).
+        storage_options: options for object storage.
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str],
+        batch_size: int,
+        *,
+        split: str = "train",
+        shards_per_window: int = 6,
+        prefetch_windows: int = 2,
+        prefetch_workers: int = 2,
+        shuffle_shards: bool = True,
+        shuffle_samples: bool = True,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if batch_size < 1 or shards_per_window < 1 or prefetch_workers < 1:
+            raise ConfigError("batch_size, shards_per_window and prefetch_workers must be >= 1")
+        dataset = open_dataset(uri, split=split, storage_options=storage_options)
+        if not isinstance(dataset, ArrayDataset):
+            raise ConfigError(
+                f"TensorShardsLoader reads array backends (tensor_shards, torch, numpy_mmap "
+                f"...); {os.fspath(uri)} is a {dataset.config.backend} export: use "
+                "shardex.torch.StreamDataset"
+            )
+        if rank is None or world_size is None:
+            dist = torch.distributed
+            ready = dist.is_available() and dist.is_initialized()
+            rank = dist.get_rank() if ready else 0
+            world_size = dist.get_world_size() if ready else 1
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.dataset = dataset
+        self.batch_size, self.drop_last, self.pin_memory = batch_size, drop_last, pin_memory
+        self.shards_per_window, self.prefetch_windows = shards_per_window, prefetch_windows
+        self.prefetch_workers = prefetch_workers
+        self.shuffle_shards, self.shuffle_samples, self.seed = shuffle_shards, shuffle_samples, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self._batches = 0  # batches of this epoch delivered
+
+    # -- the epoch's plan ----------------------------------------------------------------
+
+    def _windows(self) -> list[_Window]:
+        counts = [s.num_samples for s in self.dataset.shards]
+        order = EpochOrder.make(
+            counts, shuffle=self.shuffle_shards, seed=self.seed, epoch=self.epoch
+        )
+        share = order.num_samples // self.world_size
+        start = self.rank * share
+        first = [int(f) for f in order.first]
+        pieces = [
+            (shard, sample - first[shard], count)
+            for shard, sample, count in order.runs(start, start + share)
+        ]
+        step = self.shards_per_window
+        return [_Window(tuple(pieces[i : i + step])) for i in range(0, len(pieces), step)]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        share = self.dataset.config.split(self.dataset.split).num_samples // self.world_size
+        full, rest = divmod(share, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    # -- loading -------------------------------------------------------------------------
+
+    def _load(self, window: _Window, number: int) -> tuple[ColumnReader, npt.NDArray[np.int64]]:
+        """A window's columns, and the order its samples are read in."""
+        parts = []
+        for shard, start, count in window.pieces:
+            reader = self.dataset._open_run(self.dataset.shards[shard])
+            parts.append(_slice(reader, start, count))
+        joined = ColumnReader(self.dataset.layout, concat_columns(parts))
+        order = np.arange(window.size, dtype=np.int64)
+        if self.shuffle_samples:
+            key = derive_key(self.seed, _SAMPLE_SALT, self.epoch, number)
+            order = np.random.default_rng(key).permutation(window.size)
+        return joined, order
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        windows = self._windows()
+        skip = self._batches * self.batch_size
+        at, first = 0, 0
+        while first < len(windows) and at + windows[first].size <= skip:
+            at += windows[first].size
+            first += 1
+        carry: list[tuple[ColumnReader, npt.NDArray[np.int64]]] = []
+        offset = skip - at
+        with ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="shardex-window") as pool:
+            futures: list[Future[tuple[ColumnReader, npt.NDArray[np.int64]]]] = [
+                pool.submit(self._load, windows[w], w)
+                for w in range(first, min(first + 1 + self.prefetch_windows, len(windows)))
+            ]
+            next_window = first + len(futures)
+            while futures:
+                reader, order = futures.pop(0).result()
+                if next_window < len(windows):
+                    futures.append(pool.submit(self._load, windows[next_window], next_window))
+                    next_window += 1
+                carry.append((reader, order[offset:]))
+                offset = 0
+                yield from self._emit(carry, final=not futures)
+        self.epoch += 1
+        self._batches = 0
+
+    def _emit(
+        self, carry: list[tuple[ColumnReader, npt.NDArray[np.int64]]], final: bool
+    ) -> Iterator[dict[str, Any]]:
+        """Batches from the loaded samples not yet batched (``carry``, consumed in place)."""
+        while True:
+            available = sum(len(o) for _, o in carry)
+            if available == 0 or (available < self.batch_size and not final):
+                return
+            if available < self.batch_size and self.drop_last:
+                carry.clear()
+                return
+            take, parts = min(self.batch_size, available), []
+            while take:
+                reader, order = carry[0]
+                n = min(take, len(order))
+                parts.append((reader, order[:n]))
+                take -= n
+                if n == len(order):
+                    carry.pop(0)
+                else:
+                    carry[0] = (reader, order[n:])
+            batch = self._collate(parts)
+            self._batches += 1
+            yield batch
+
+    def _collate(self, parts: list[tuple[ColumnReader, npt.NDArray[np.int64]]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"__key__": [r.key(int(i)) for r, rows in parts for i in rows]}
+        for spec in self.dataset.layout:
+            if is_fixed(spec) and not spec.optional:
+                stacked = np.concatenate(
+                    [np.asarray(r.columns[spec.column])[rows] for r, rows in parts]
+                )
+                tensor = torch.from_numpy(stacked)
+                out[spec.name] = tensor.pin_memory() if self.pin_memory and _cuda() else tensor
+            else:
+                out[spec.name] = [
+                    r.native(int(i)).get(spec.name) for r, rows in parts for i in rows
+                ]
+        return out
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use this epoch's orders for the next pass (a new epoch forgets a resume point;
+        setting the epoch a resume point belongs to keeps it). A full pass moves to the
+        next epoch by itself."""
+        if epoch != self.epoch:
+            self.epoch, self._batches = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: epoch and batches delivered (JSON-serialisable)."""
+        return {
+            "epoch": self.epoch,
+            "batches": self._batches,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next batch is the one after it."""
+        for name in ("seed", "batch_size", "world_size"):
+            if state[name] != getattr(self, name):
+                raise ConfigError(
+                    f"the saved state has {name}={state[name]} but this loader has "
+                    f"{getattr(self, name)}; resume with the same {name}"
+                )
+        self.epoch, self._batches = int(state["epoch"]), int(state["batches"])
+
+
+def _slice(reader: ColumnReader, start: int, count: int) -> dict[str, np.ndarray]:
+    """Rows ``start .. start + count`` of a run of columns, offsets re-based."""
+    out: dict[str, np.ndarray] = {}
+    columns = reader.columns
+    for name in columns:
+        if name.endswith(".data"):
+            continue
+        if name.endswith(".offsets"):
+            base = name[: -len(".offsets")]
+            offsets = np.asarray(columns[name][start : start + count + 1], dtype=np.int64)
+            out[f"{base}.data"] = np.asarray(columns[f"{base}.data"][offsets[0] : offsets[-1]])
+            out[name] = offsets - offsets[0]
+        else:
+            out[name] = np.asarray(columns[name][start : start + count])
+    return out
+
+
+def _cuda() -> bool:
+    return bool(torch.cuda.is_available())
