@@ -155,3 +155,21 @@ def test_conversion_keeps_metadata_columns(demo: Path, tmp_path: Path) -> None:
         b = shardex.open_dataset(tmp_path / "back", split=split).metadata
         for column in ("key", "label", "original_path", "caption", "embedding", "split"):
             assert a.column(column).equals(b.column(column)), column
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numpy_mmap", "torch", "tensor_shards"])
+def test_verify_finds_a_damaged_array_export(backend: str, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    shardex.export("demo:20", out, backend=backend, samples_per_shard=8)
+    report = shardex.verify(out, deep=True)
+    assert report.ok, report.problems
+    assert report.samples == 20
+    victim = max(
+        (p for p in out.rglob("*") if p.is_file() and "keys" not in p.name),
+        key=lambda p: p.stat().st_size,
+    )
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    damaged = shardex.verify(out)
+    assert not damaged.ok

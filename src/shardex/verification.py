@@ -108,6 +108,11 @@ def _verify_split(
     deep: bool,
     bar: Any,
 ) -> None:
+    if split.index is None and split.keys is not None:  # an array backend
+        from shardex.verify_arrays import verify_array_split
+
+        verify_array_split(storage, config, name, report, deep, bar)
+        return
     if split.index is None:
         report.problems.append(Problem(CONFIG_FILE, "index", f"split {name!r} has no index"))
         return
@@ -124,7 +129,7 @@ def _verify_split(
             )
         )
         return
-    _verify_key_table(storage, split, report)
+    verify_key_table(storage, split.index.keys, split.num_samples, report)
     first = 0
     for number, shard in enumerate(split.shards):
         records = samples[first : first + shard.num_samples]
@@ -136,28 +141,21 @@ def _verify_split(
         bar.advance(shard.num_samples)
 
 
-def _verify_key_table(storage: Storage, split: SplitInfo, report: VerifyReport) -> None:
-    assert split.index is not None
-    keys = _load_npy(storage, split.index.keys, report)
+def verify_key_table(storage: Storage, path: str, n: int, report: VerifyReport) -> None:
+    """The key table: uint64 (2, n), hashes sorted, sample numbers a permutation."""
+    keys = _load_npy(storage, path, report)
     if keys is None:
         return
-    n = split.num_samples
     if keys.dtype != np.uint64 or keys.shape != (2, n):
         report.problems.append(
-            Problem(
-                split.index.keys,
-                "index",
-                f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}",
-            )
+            Problem(path, "index", f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}")
         )
     elif n and (
         np.any(keys[0][1:] < keys[0][:-1])
         or not np.array_equal(np.sort(keys[1]), np.arange(n, dtype=np.uint64))
     ):
         report.problems.append(
-            Problem(
-                split.index.keys, "index", "key hashes are not sorted or do not cover every sample"
-            )
+            Problem(path, "index", "key hashes are not sorted or do not cover every sample")
         )
 
 

@@ -160,7 +160,9 @@ def _move_into(tmp: Path, root: Path) -> None:
 
 def _written(root: Path, stem: str, names: list[str]) -> Written:
     """What was written: the files by name (relative to the storage root), their total
-    size and the checksum of their bytes in that order."""
+    size and the checksum of their bytes in that order (read back: the meta.json files are
+    tensordict's bytes, and the column files were just written, so they come from the page
+    cache)."""
     files = sorted(f"{stem}/{name}" for name in names)
     hasher = xxhash.xxh3_64()
     num_bytes = 0
@@ -250,10 +252,10 @@ class TensorDictBackend(ArrayBackend):
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
-        # refuse what cannot be written before any sample is read
+        # refuse what cannot be written before any shard's bytes are read
         _local_root(storage, plan.split)
         for spec in plan.fields:
-            _check_dtype(spec.column or spec.name, spec.dtype)
+            _check_dtype(spec.name, spec.dtype)
         return super().write_split(storage, plan, runner, on_shard)
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
