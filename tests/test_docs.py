@@ -6,6 +6,7 @@ import re
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -57,3 +58,20 @@ def test_quickstart_example_runs(
     printed = capsys.readouterr().out
     assert "get_many: 64 random samples" in printed
     assert "decoded: image" in printed
+
+
+def test_backends_guide_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-memory arrays example, then the numpy_mmap one reading its output."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "docs" / "backends.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    scope: dict[str, Any] = {}
+    for block in (b for b in blocks if "arrays-out" in b):
+        exec(compile(block, "docs/backends.md", "exec"), scope)
+    ds = scope["ds"]
+    assert scope["sample"]["pixels.npy"].shape == (64, 64, 3)
+    assert scope["labels"].shape == (len(ds),)
+    assert scope["embeddings"].dtype == np.float32
+    assert scope["caption_7"] == ds[7]["caption.txt"]
