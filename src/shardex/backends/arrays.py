@@ -10,7 +10,7 @@ Two shapes of backend build on :class:`ArrayBackend`:
 Every file name carries the split's content hash, so replacing an export never writes over
 a file the committed config.yaml still names: the old files stay readable until the new
 config.yaml commits, then they are removed. Keys are looked up through a sorted key-hash
-table (``S/keys-{hash}.npy``, the same table as the ``webdataset`` backend's).
+table (``S/{stem_name}-{hash}-keys.npy``, the same table as the ``webdataset`` backend's).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class ArrayBackend(Backend):
             shards = [_shard_info(plan.rows.num_rows, written)]
             files = list(written.files)
         files += self.finish_split(storage, base, plan, shards)
-        keys = f"{base}-keys.npy" if not self.per_split else f"{base}/keys.npy"
+        keys = f"{base}-keys.npy"  # beside the run, never in it (zarr warns of foreign files)
         buf = io.BytesIO()
         np.save(buf, build_keys(plan.rows.column("key").to_pylist()), allow_pickle=False)
         storage.put(keys, buf.getvalue())

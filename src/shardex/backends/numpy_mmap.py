@@ -6,7 +6,7 @@ Layout of a split ``S`` (see :mod:`shardex.backends.columns` for the column name
     S/arrays-{hash}/{column}.data.npy       ragged fields: values back to back
     S/arrays-{hash}/{column}.offsets.npy    ... and N + 1 offsets (int64)
     S/arrays-{hash}/{column}.shapes.npy     ... and per-sample shapes (arrays)
-    S/arrays-{hash}/keys.npy                sorted key hashes -> sample number
+    S/arrays-{hash}-keys.npy                sorted key hashes -> sample number
 
 Every file opens with ``numpy.load(path, mmap_mode="r")``; sample ``i`` costs O(1).
 """
@@ -31,7 +31,7 @@ class NumpyMmapDataset(ArrayDataset):
     def _load(self, shard: ShardInfo) -> Columns:
         out = {}
         for path in self.config.split(self.split).files:
-            if not path.startswith(f"{shard.path}/") or path.endswith("/keys.npy"):
+            if not path.startswith(f"{shard.path}/"):
                 continue
             name = path[len(shard.path) + 1 : -len(".npy")]
             local = self.storage.local_path(path)

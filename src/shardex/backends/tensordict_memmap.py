@@ -8,7 +8,7 @@ A split ``S`` is a folder that ``tensordict.TensorDict.load_memmap`` opens witho
     S/tensordict-{hash}/{field}/meta.json     a ragged or optional field: a nested TensorDict
     S/tensordict-{hash}/{field}/data.memmap   ... its values back to back
     S/tensordict-{hash}/{field}/offsets.memmap, shapes.memmap, present.memmap, values.memmap
-    S/tensordict-{hash}/keys.npy              sorted key hashes -> sample number (shardex's)
+    S/tensordict-{hash}-keys.npy              sorted key hashes -> sample number (shardex's)
 
 **Keys.** A column ``NAME.SUFFIX`` (``SUFFIX`` one of ``data``, ``offsets``, ``shapes``,
 ``present``) is the nested key ``(NAME, SUFFIX)``; a fixed column ``NAME`` is the leaf

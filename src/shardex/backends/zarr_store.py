@@ -7,7 +7,7 @@ Layout of a split ``S`` (column names as in :mod:`shardex.backends.columns`)::
     S/zarr-{hash}/{column}.data/...          ragged fields: values back to back (flat)
     S/zarr-{hash}/{column}.offsets/...       ... N + 1 int64 offsets, and .shapes / .present
     S/zarr-{hash}/key.data, key.offsets      the sample keys (shardex's ``__key__`` column)
-    S/zarr-{hash}/keys.npy                   sorted key hashes -> sample number (not zarr)
+    S/zarr-{hash}-keys.npy                   sorted key hashes -> sample number (not zarr)
 
 Array names keep their dots (zarr v3 allows them); only ``__key__`` becomes ``key``, as v3
 reserves names that start with ``__``. Every array is sharded (``sharding_indexed``, index
@@ -26,6 +26,7 @@ into memory, then every file is put atomically, in name order, checksummed as it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -126,8 +127,10 @@ def _chunking(name: str, array: np.ndarray, image: bool, samples: int) -> tuple[
     return rows, min(rows * per_shard, rows * math.ceil(max(1, len(array)) / rows))
 
 
-def _attributes(nodes: dict[str, str]) -> dict[str, Any]:
-    return {"shardex": {"columns": nodes, "layout": "see shardex.backends.columns"}}
+def _attributes(nodes: dict[str, str], layout: Layout, samples: int) -> dict[str, Any]:
+    """What a plain zarr reader needs to make sense of the arrays (the group's attributes)."""
+    fields = [{**dataclasses.asdict(spec), "shape": list(spec.shape)} for spec in layout]
+    return {"shardex": {"num_samples": samples, "columns": nodes, "fields": fields}}
 
 
 def _encode(array: np.ndarray, name: str, serializer: Any, samples: int) -> dict[str, Buffer]:
@@ -344,9 +347,9 @@ class ZarrBackend(ArrayBackend):
         if not 1 <= self.image_quality <= 100:
             raise ConfigError(f"zarr backend: image_quality {self.image_quality} is not in 1-100")
 
-    def _serializer(self, spec: FieldSpec | None) -> Any:
+    def _serializer(self, spec: FieldSpec) -> Any:
         """The image codec of a fixed field's array, or None for plain bytes + zstd."""
-        if spec is None or self.image_codec == "none":
+        if self.image_codec == "none":
             return None
         image, channels = _image_channels(spec)
         if not image:
@@ -357,17 +360,18 @@ class ZarrBackend(ArrayBackend):
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         nodes = _nodes(layout)
-        fixed = {spec.column: spec for spec in layout if is_fixed(spec)}
+        # Codecs first: a field the codec cannot store is refused before any file is written.
+        codecs = {spec.column: self._serializer(spec) for spec in layout if is_fixed(spec)}
+        samples = len(columns[f"{KEY_COLUMN}.offsets"]) - 1
         group: dict[str, Buffer] = {}
-        zarr.create_group(MemoryStore(group), zarr_format=3, attributes=_attributes(nodes))
+        attributes = _attributes(nodes, layout, samples)
+        zarr.create_group(MemoryStore(group), zarr_format=3, attributes=attributes)
         # Files go out in name order (the checksum's order): the group's zarr.json, and each
         # array's files as one run, since "{node}/" prefixes never interleave.
         blocks = sorted([("zarr.json", ""), *((f"{nodes[n]}/", n) for n in columns)])
-        samples = len(columns[f"{KEY_COLUMN}.offsets"]) - 1
         out = ArrayWriter(storage, stem, listed=True)
         for prefix, name in blocks:
-            serializer = self._serializer(fixed.get(name))
-            files = _encode(columns[name], name, serializer, samples) if name else group
+            files = _encode(columns[name], name, codecs.get(name), samples) if name else group
             for key in sorted(files):
                 out.put(f"{stem}/{prefix if name else ''}{key}", files[key].to_bytes())
         return out.written()

@@ -22,14 +22,13 @@ so a 1-pixel-high image is not mistaken for a grey one.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
 from zarr.errors import ZarrUserWarning
 
 from shardex.errors import ConfigError, MissingDependencyError
 
-ImageCodecName = Literal["none", "png", "webp", "jpeg"]
 IMAGE_CODECS: Final[tuple[str, ...]] = ("none", "png", "webp", "jpeg")
 #: Channel counts each codec stores exactly as given (None: a 2-d grey image).
 _CHANNELS: Final[dict[str, frozenset[int | None]]] = {
