@@ -359,6 +359,8 @@ def export(
     *,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
+    runner: Runner | None = None,
+    pipeline: tuple[dict[str, Any], ...] = (),
     **kwargs: Any,
 ) -> ExportConfig:
     """Export a dataset; returns the committed contract.
@@ -373,6 +375,9 @@ def export(
             ``samples_per_shard``).
         progress: show progress bars.
         storage_options: options for object storage (see docs/storage.md).
+        runner: where parallel work runs (a pipeline executor's); default: ``workers``
+            local processes.
+        pipeline: the stages applied before export, recorded in config.yaml.
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -401,7 +406,7 @@ def export(
     # index and metadata files are written as .pending, a config naming them commits,
     # then they take their usual names and the final config commits.
     pending = CONFIG_FILE in old_files
-    with Progress(progress) as bars, Runner(opts.workers) as runner:
+    with Progress(progress) as bars, runner or Runner(opts.workers) as runner:
         taken = _exported_keys(storage, previous)
         prep = _prepare(src, opts, runner, bars, previous, taken)
         written, digests = _write_splits(
@@ -411,6 +416,7 @@ def export(
         config = _contract(
             prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
         )
+        config = dataclasses.replace(config, pipeline=tuple(pipeline))
         if pending:
             config = dataclasses.replace(config, metadata_file=_metadata_name(pending))
             _commit(storage, config)

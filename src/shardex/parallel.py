@@ -35,14 +35,28 @@ def _noop() -> None:
 class Runner:
     """Runs functions over items in order, on ``workers`` processes (inline for 1)."""
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        workers: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[object, ...] = (),
+    ) -> None:
         self.workers = default_workers() if workers is None else max(1, workers)
         self._pool: ProcessPoolExecutor | None = None
+        self._init = initializer
+        self._initargs = initargs
 
     def __enter__(self) -> Self:
+        if self.workers == 1 and self._init is not None:
+            self._init(*self._initargs)
         if self.workers > 1:
             ctx = multiprocessing.get_context("forkserver")
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=ctx,
+                initializer=self._init,
+                initargs=self._initargs,  # type: ignore[arg-type]  # typeshed: tuple[()]
+            )
             # Start the workers now (they start lazily), so that their start-up (~0.5 s)
             # overlaps with the caller's own work, such as scanning the source.
             for _ in range(self.workers):

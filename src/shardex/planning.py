@@ -23,15 +23,24 @@ SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test")
 
 
 def fixed_lists(table: pa.Table) -> pa.Table:
-    """List columns whose rows all have one length become fixed-size lists."""
+    """List columns whose rows all have one length become fixed-size lists; every list
+    type gets Arrow's default child name (a Parquet round trip renames it ``element``,
+    which would make the same data write different bytes)."""
     for i, f in enumerate(table.schema):
-        if (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)) and f.name != MEMBERS:
+        if f.name == MEMBERS:
+            continue
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             col = table.column(i)
             lengths = pc.unique(pc.list_value_length(col)).to_pylist()
             if len(lengths) == 1 and lengths[0] is not None and col.null_count == 0:
                 table = table.set_column(
                     i, f.name, col.cast(pa.list_(f.type.value_type, lengths[0]))
                 )
+            else:
+                table = table.set_column(i, f.name, col.cast(pa.list_(f.type.value_type)))
+        elif pa.types.is_fixed_size_list(f.type):
+            plain = pa.list_(f.type.value_type, f.type.list_size)
+            table = table.set_column(i, f.name, table.column(i).cast(plain))
     return table
 
 

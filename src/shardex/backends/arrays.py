@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,7 +29,13 @@ import pyarrow as pa
 import xxhash
 
 from shardex.backends.base import Backend, OnShard, SplitPlan
-from shardex.backends.columns import ColumnReader, Columns, Layout, build_columns
+from shardex.backends.columns import (
+    ColumnReader,
+    Columns,
+    Layout,
+    build_columns,
+    slice_columns,
+)
 from shardex.backends.columns import concat_columns as concat_columns
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, OnReadError, Sample
@@ -46,6 +53,11 @@ from shardex.format.shard import JSON_COLUMN, shard_checksum
 from shardex.parallel import Runner
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
+
+#: Samples read together when iterating (one read per array per block).
+_BLOCK = 256
+#: Runs a dataset keeps open (or loaded, for one-file shards) for random access.
+_CACHED_RUNS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +244,7 @@ class ArrayDataset(Dataset):
         self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
         self._n = info.num_samples
         self._keys_path = info.keys
-        self._cached: tuple[int, ColumnReader] | None = None
+        self._cached: OrderedDict[int, ColumnReader] = OrderedDict()
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -259,10 +271,15 @@ class ArrayDataset(Dataset):
         return ColumnReader(self.layout, self._load(shard))
 
     def _reader(self, shard: int) -> ColumnReader:
-        if self._cached is None or self._cached[0] != shard or self._pid != os.getpid():
-            self._pid = os.getpid()  # a forked worker reopens: mappings and handles are per process
-            self._cached = (shard, self._open_run(self.shards[shard]))
-        return self._cached[1]
+        if self._pid != os.getpid():  # a forked worker reopens: mappings are per process
+            self._pid, self._cached = os.getpid(), OrderedDict()
+        reader = self._cached.get(shard)
+        if reader is None:
+            reader = self._cached[shard] = self._open_run(self.shards[shard])
+            if len(self._cached) > _CACHED_RUNS:
+                self._cached.popitem(last=False)
+        self._cached.move_to_end(shard)
+        return reader
 
     def _checked(self, shard: ShardInfo, data: bytes) -> bytes:
         """The bytes of a one-file run, checked against config.yaml when ``verify``."""
@@ -322,8 +339,15 @@ class ArrayDataset(Dataset):
                 for number in range(start, start + info.num_samples):
                     self.skipped.append((number, str(exc)))
                 continue
-            for local in range(info.num_samples):
-                yield reader.sample(local, self.decode)
+            for start in range(0, info.num_samples, _BLOCK):
+                count = min(_BLOCK, info.num_samples - start)
+                block = self._block(reader, start, count)
+                for local in range(count):
+                    yield block.sample(local, self.decode)
+
+    def _block(self, reader: ColumnReader, start: int, count: int) -> ColumnReader:
+        """Samples ``start .. start + count`` of a run, read with one read per array."""
+        return ColumnReader(self.layout, slice_columns(reader.columns, start, count))
 
     def keys(self) -> Iterator[str]:
         """Sample keys in sample order."""

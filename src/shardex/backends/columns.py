@@ -119,6 +119,23 @@ def concat_columns(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
+def slice_columns(columns: Columns, start: int, count: int) -> dict[str, np.ndarray]:
+    """Rows ``start .. start + count`` of a run as numpy arrays, offsets re-based: one
+    read per array (a zarr array reads its chunks once, a memory map pages in once)."""
+    out: dict[str, np.ndarray] = {}
+    for name in columns:
+        if name.endswith(".data"):
+            continue
+        if name.endswith(".offsets"):
+            base = name[: -len(".offsets")]
+            offsets = np.asarray(columns[name][start : start + count + 1], dtype=np.int64)
+            out[f"{base}.data"] = np.asarray(columns[f"{base}.data"][offsets[0] : offsets[-1]])
+            out[name] = offsets - offsets[0]
+        else:
+            out[name] = np.asarray(columns[name][start : start + count])
+    return out
+
+
 class ColumnReader:
     """Samples of one run of columns, as raw fields or decoded values."""
 

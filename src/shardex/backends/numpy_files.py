@@ -14,6 +14,7 @@ sample lacks has no file. Files load with ``numpy.load(path, allow_pickle=False)
 
 from __future__ import annotations
 
+import copy
 import io
 from typing import Any, ClassVar
 
@@ -34,8 +35,18 @@ class _SampleFiles(ColumnReader):
         keys = {n: _load(storage, f"{folder}/{KEY_COLUMN}.{n}.npy") for n in ("data", "offsets")}
         super().__init__(layout, {f"{KEY_COLUMN}.{n}": a for n, a in keys.items()})
         self.storage, self.folder = storage, folder
+        self.first = 0  # sample i of this reader is sample first + i of the shard
+
+    def shifted(self, first: int) -> _SampleFiles:
+        out = copy.copy(self)
+        out.first = first
+        return out
+
+    def key(self, i: int) -> str:
+        return super().key(self.first + i)
 
     def native(self, i: int) -> dict[str, Any]:
+        i += self.first
         out: dict[str, Any] = {}
         for spec in self.layout:
             try:
@@ -75,6 +86,10 @@ class NumpyDataset(ArrayDataset):
 
     def _open_run(self, shard: ShardInfo) -> ColumnReader:
         return _SampleFiles(self.layout, self.storage, shard.path)
+
+    def _block(self, reader: ColumnReader, start: int, count: int) -> ColumnReader:
+        assert isinstance(reader, _SampleFiles)
+        return reader.shifted(start)  # per-sample files: nothing to read ahead
 
 
 class NumpyBackend(ArrayBackend):

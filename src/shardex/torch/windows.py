@@ -36,7 +36,7 @@ import torch
 
 from shardex.api import open_dataset
 from shardex.backends.arrays import ArrayDataset
-from shardex.backends.columns import ColumnReader, concat_columns
+from shardex.backends.columns import ColumnReader, concat_columns, slice_columns
 from shardex.errors import ConfigError
 from shardex.fields import is_fixed
 from shardex.torch.order import EpochOrder
@@ -148,7 +148,7 @@ class TensorShardsLoader:
         parts = []
         for shard, start, count in window.pieces:
             reader = self.dataset._open_run(self.dataset.shards[shard])
-            parts.append(_slice(reader, start, count))
+            parts.append(slice_columns(reader.columns, start, count))
         joined = ColumnReader(self.dataset.layout, concat_columns(parts))
         order = np.arange(window.size, dtype=np.int64)
         if self.shuffle_samples:
@@ -250,23 +250,6 @@ class TensorShardsLoader:
                     f"{getattr(self, name)}; resume with the same {name}"
                 )
         self.epoch, self._batches = int(state["epoch"]), int(state["batches"])
-
-
-def _slice(reader: ColumnReader, start: int, count: int) -> dict[str, np.ndarray]:
-    """Rows ``start .. start + count`` of a run of columns, offsets re-based."""
-    out: dict[str, np.ndarray] = {}
-    columns = reader.columns
-    for name in columns:
-        if name.endswith(".data"):
-            continue
-        if name.endswith(".offsets"):
-            base = name[: -len(".offsets")]
-            offsets = np.asarray(columns[name][start : start + count + 1], dtype=np.int64)
-            out[f"{base}.data"] = np.asarray(columns[f"{base}.data"][offsets[0] : offsets[-1]])
-            out[name] = offsets - offsets[0]
-        else:
-            out[name] = np.asarray(columns[name][start : start + count])
-    return out
 
 
 def _cuda() -> bool:

@@ -1,0 +1,25 @@
+"""Curation pipelines: stages over batches of samples, run locally or on Ray, ending in
+``ImageWriterStage`` (NeMo Curator's parameters) that writes the shardex format.
+
+See docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+from shardex.pipeline.executors import Executor, LocalExecutor
+from shardex.pipeline.pipeline import Pipeline
+from shardex.pipeline.readers import ReaderStage
+from shardex.pipeline.stage import Batch, Resources, Sample, Stage
+from shardex.pipeline.writer import ImageWriterStage
+
+__all__ = [
+    "Batch",
+    "Executor",
+    "ImageWriterStage",
+    "LocalExecutor",
+    "Pipeline",
+    "ReaderStage",
+    "Resources",
+    "Sample",
+    "Stage",
+]

@@ -1,0 +1,93 @@
+"""Where a pipeline runs: local processes (default) or a Ray cluster.
+
+An executor does two things, both as ordered maps so that output never depends on where
+or on how many workers the work ran: it runs the stage chain over batch jobs (each worker
+sets the stages up once), and it gives the exporter a :class:`~shardex.parallel.Runner`
+for its own parallel steps (checking samples, writing whole shards under deterministic
+names). The driver collects results in order and commits config.yaml.
+"""
+
+from __future__ import annotations
+
+import pickle
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from shardex.parallel import Runner
+from shardex.pipeline.readers import BatchJob, read_batch
+from shardex.pipeline.stage import Batch, Stage
+
+_STAGES: list[Stage] = []
+
+
+def _setup(payload: bytes) -> None:
+    """Worker initialiser: unpickle the stage chain and set each stage up once."""
+    global _STAGES
+    for stage in _STAGES:
+        stage.teardown()
+    _STAGES = pickle.loads(payload)  # our own pickle, made by the driver
+    for stage in _STAGES:
+        stage.setup()
+
+
+def run_stages(stages: list[Stage], job: BatchJob) -> tuple[int, Batch]:
+    """Read a batch job's samples and pass them through the stages, in order."""
+    batch: Batch | None = read_batch(job.rows)
+    for stage in stages:
+        if not batch:
+            break
+        batch = stage.process(batch)
+    return job.number, batch or []
+
+
+def _run_job(job: BatchJob) -> tuple[int, Batch]:
+    return run_stages(_STAGES, job)
+
+
+class Executor(ABC):
+    """Runs a pipeline's batches and its export's parallel work."""
+
+    #: Short name recorded in config.yaml.
+    kind: str
+
+    @abstractmethod
+    def map_batches(self, stages: list[Stage], jobs: Iterable[BatchJob]) -> Iterator[Batch]:
+        """Each job's samples after the stages, in job order."""
+
+    @abstractmethod
+    def runner(self) -> Runner:
+        """A runner for the export's parallel steps (not yet entered)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": self.kind}
+
+
+class LocalExecutor(Executor):
+    """Local worker processes (``forkserver``); ``workers=1`` runs inline.
+
+    Args:
+        workers: processes (default: one per core, at most 8).
+    """
+
+    kind = "local"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+
+    def map_batches(self, stages: list[Stage], jobs: Iterable[BatchJob]) -> Iterator[Batch]:
+        payload = pickle.dumps(stages)
+        with Runner(self.workers, _setup, (payload,)) as runner:
+            try:
+                for _, batch in runner.imap(_run_job, jobs):
+                    yield batch
+            finally:
+                if runner.workers == 1:  # inline: the stages live in this process
+                    for stage in _STAGES:
+                        stage.teardown()
+
+    def runner(self) -> Runner:
+        return Runner(self.workers)
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": self.kind, "workers": self.workers}

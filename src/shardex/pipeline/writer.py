@@ -1,0 +1,210 @@
+"""``ImageWriterStage``: the end of a pipeline, writing the shardex format.
+
+It takes NeMo Curator's parameters (``output_dir``, ``images_per_tar``,
+``remove_image_data``, ``verbose``, ``deterministic_name``) and writes through
+:func:`shardex.export`, so tars are filled to exactly ``images_per_tar`` across batches and
+workers (one short tar per split at most), original bytes are kept unless a stage changed
+the pixels, scores and embeddings become typed Parquet columns, and ``config.yaml``
+commits the export last.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from shardex.contract import ExportConfig
+from shardex.errors import ConfigError
+from shardex.parallel import Runner
+from shardex.pipeline.readers import READER_KEYS
+from shardex.pipeline.stage import Batch, Stage
+from shardex.sources.base import ScanResult, Source, build_table
+from shardex.storage import Storage
+
+#: Keys of a pipeline sample that are not metadata columns.
+_NOT_METADATA = frozenset({*READER_KEYS, "pixels", "pixels_changed"})
+
+
+class _Collected(Source):
+    """The samples a pipeline produced, as a source for the exporter."""
+
+    kind: ClassVar[str] = "pipeline"
+
+    def __init__(self, table: pa.Table, label_names: tuple[str, ...] | None, uri: str) -> None:
+        self.table, self.label_names, self.uri = table, label_names, uri
+
+    def scan(self) -> ScanResult:
+        return ScanResult(self.table, self.label_names)
+
+
+class ImageWriterStage(Stage):
+    """Write the pipeline's samples as a shardex export (NeMo's parameters, and ours).
+
+    Args:
+        output_dir: the export's folder or URL (``s3://`` with ``storage_options``).
+        images_per_tar: samples per shard; only the last shard of a split may hold fewer.
+        remove_image_data: drop image bytes and pixels from the samples this stage passes on
+            (what NeMo does to save memory); the export keeps them.
+        verbose: show progress bars (per shard while writing).
+        deterministic_name: shard names from a hash of the content (the same input gives
+            byte-identical shards and names), else random.
+        backend: any shardex backend (default ``webdataset``).
+        storage_options: options for object storage.
+        **options: more export options (``split_fractions``, ``seed``, ``mode``,
+            ``max_shard_bytes`` ...; see :class:`shardex.ExportOptions`).
+    """
+
+    name: ClassVar[str] = "image_writer"
+    needs = ("key",)
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str] | Storage,
+        images_per_tar: int = 1000,
+        remove_image_data: bool = False,
+        verbose: bool = False,
+        deterministic_name: bool = True,
+        *,
+        backend: str = "webdataset",
+        storage_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        self.output_dir = output_dir
+        self.images_per_tar = images_per_tar
+        self.remove_image_data = remove_image_data
+        self.verbose = verbose
+        self.deterministic_name = deterministic_name
+        self.backend = backend
+        self.storage_options = storage_options
+        self.options = options
+
+    def params(self) -> dict[str, Any]:
+        out = super().params()
+        out["output_dir"] = (
+            str(self.output_dir)
+            if not isinstance(self.output_dir, Storage)
+            else self.output_dir.uri
+        )
+        return out
+
+    def process(self, batch: Batch) -> Batch:
+        for sample in batch:
+            _finish_pixels(sample)
+        return batch
+
+    def reduce(self, batch: Batch, state: dict[str, Any]) -> Batch:
+        state.setdefault("samples", []).extend(batch)
+        if not self.remove_image_data:
+            return batch
+        return [{k: v for k, v in s.items() if k not in ("image", "pixels")} for s in batch]
+
+    def write(
+        self,
+        state: dict[str, Any],
+        label_names: tuple[str, ...] | None,
+        source_uri: str,
+        runner: Runner,
+        pipeline: tuple[dict[str, Any], ...],
+        schema: pa.Schema | None = None,
+    ) -> ExportConfig:
+        """Export what :meth:`reduce` collected (the driver calls this once, at the end);
+        metadata columns the source had keep its Arrow ``schema`` types."""
+        from shardex.exporter import export
+
+        samples: Batch = state.get("samples", [])
+        if not samples:
+            raise ConfigError("the pipeline produced no samples; nothing to write")
+        table = samples_table(samples, schema)
+        options = {
+            "samples_per_shard": self.images_per_tar,
+            "deterministic_name": self.deterministic_name,
+            "backend": self.backend,
+            **self.options,
+        }
+        return export(
+            _Collected(table, label_names, source_uri),
+            self.output_dir,
+            progress=self.verbose,
+            storage_options=self.storage_options,
+            runner=runner,
+            pipeline=pipeline,
+            **options,
+        )
+
+
+def _finish_pixels(sample: dict[str, Any]) -> None:
+    """Pixels a stage changed but nobody encoded are stored as lossless PNG; unchanged
+    pixels are dropped (the original bytes are the image)."""
+    pixels = sample.pop("pixels", None)
+    if pixels is not None and sample.pop("pixels_changed", False):
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(pixels)).save(buf, format="PNG")
+        sample["image"], sample["image_ext"] = buf.getvalue(), "png"
+    sample.pop("pixels_changed", None)
+
+
+def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
+    """A scan table of pipeline samples: image and other members inline, metadata typed."""
+    members = []
+    for s in samples:
+        row = []
+        if "image" in s:
+            row.append(_inline(s["image_ext"], s["image"]))
+        row += [
+            _inline(k.removeprefix("member:"), v) for k, v in s.items() if k.startswith("member:")
+        ]
+        members.append(row)
+    names = sorted(
+        {k for s in samples for k in s if k not in _NOT_METADATA and not k.startswith("member:")}
+    )
+    types = {f.name: f.type for f in schema} if schema is not None else {}
+    metadata = pa.table(
+        {name: _column([s.get(name) for s in samples], name, types.get(name)) for name in names}
+    )
+    has = {k: any(k in s for s in samples) for k in ("split", "label")}
+    return build_table(
+        [str(s["key"]) for s in samples],
+        [str(s.get("original_path", s["key"])) for s in samples],
+        members,
+        splits=[str(s["split"]) for s in samples] if has["split"] else None,
+        labels=[s.get("label") for s in samples] if has["label"] else None,
+        metadata=metadata,
+    )
+
+
+def _inline(ext: str, data: bytes) -> dict[str, Any]:
+    return {"ext": ext, "path": None, "offset": -1, "size": len(data), "data": data}
+
+
+def _column(values: list[Any], name: str, hint: pa.DataType | None) -> pa.Array:
+    """Typed: the source's type when it had the column (``hint``); numpy arrays of one
+    shape become fixed-size lists of their dtype."""
+    if hint is not None:
+        try:
+            return pa.array([v.tolist() if isinstance(v, np.ndarray) else v for v in values], hint)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass  # a stage changed the column's type: infer it below
+    arrays = [v for v in values if isinstance(v, np.ndarray)]
+    if arrays and len(arrays) == len([v for v in values if v is not None]):
+        shapes = {a.shape for a in arrays}
+        if len(shapes) == 1 and len(arrays[0].shape) == 1:
+            dtype = arrays[0].dtype
+            width = arrays[0].shape[0]
+            flat = np.concatenate([np.zeros(width, dtype) if v is None else v for v in values])
+            mask = pa.array([v is None for v in values])
+            out = pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
+            return (
+                out
+                if not any(v is None for v in values)
+                else pa.FixedSizeListArray.from_arrays(pa.array(flat), width, mask=mask)
+            )
+    try:
+        return pa.array([v.tolist() if isinstance(v, np.ndarray) else v for v in values])
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ConfigError(f"metadata {name!r} mixes types across samples ({exc})") from exc
