@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from shardex.pipeline.executors import Executor, LocalExecutor
 from shardex.pipeline.pipeline import Pipeline
+from shardex.pipeline.ray_executor import RayExecutor
 from shardex.pipeline.readers import ReaderStage
 from shardex.pipeline.stage import Batch, Resources, Sample, Stage
 from shardex.pipeline.writer import ImageWriterStage
@@ -18,6 +19,7 @@ __all__ = [
     "ImageWriterStage",
     "LocalExecutor",
     "Pipeline",
+    "RayExecutor",
     "ReaderStage",
     "Resources",
     "Sample",
