@@ -209,6 +209,32 @@ def main() -> None:
     help="An option of the backend (repeatable; `shardex backend list` shows them), "
     "e.g. --backend-option image_codec=webp for zarr.",
 )
+@click.option(
+    "--preprocess",
+    is_flag=True,
+    help="SOURCE is a spec file: run its stages before writing (without it, the spec's "
+    "source is exported as is, with the spec's options).",
+)
+@click.option(
+    "--preprocess-until-key",
+    "until_keys",
+    multiple=True,
+    metavar="KEY",
+    help="SOURCE is a spec file: run its stages in order only until KEY exists "
+    "(repeatable: all of them), then write that view. Fails before running if no stage "
+    "produces KEY.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="Where the work runs: local processes (default) or a Ray cluster.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="Ray cluster to join with --executor ray (default: start or join a local one).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags
 def export_dataset(
@@ -232,6 +258,10 @@ def export_dataset(
     max_pixels: int | None,
     dtype: str | None,
     backend_options: tuple[str, ...],
+    preprocess: bool,
+    until_keys: tuple[str, ...],
+    executor: str | None,
+    ray_address: str | None,
     quiet: bool,
     s3_endpoint_url: str | None,
     s3_region: str | None,
@@ -241,7 +271,8 @@ def export_dataset(
 
     SOURCE is an image folder ([split/][class/]image.jpg), a .parquet/.csv table, a .tar
     file, a folder or glob of WebDataset tars, an existing export, or `demo` (`demo:N`):
-    the built-in labelled demo images (no download).
+    the built-in labelled demo images (no download). It can also be a spec file (.yaml)
+    naming the source, stages, backend and options (see docs/pipeline.md).
     """
     from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
@@ -273,7 +304,16 @@ def export_dataset(
         backend_options=_backend_options(backend_options),
     )
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
-    config = export(source, output, opts, progress=not quiet, storage_options=storage_options)
+    if source.endswith((".yaml", ".yml")):
+        config = _export_spec(
+            source, output, opts, preprocess, until_keys, executor, ray_address, not quiet
+        )
+    elif preprocess or until_keys:
+        raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
+    elif executor == "ray":
+        config = _export_on_ray(source, output, opts, ray_address, not quiet, storage_options)
+    else:
+        config = export(source, output, opts, progress=not quiet, storage_options=storage_options)
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
     size = sum(s.num_bytes for s in config.splits.values())
@@ -522,6 +562,62 @@ def backend_list(category: str | None) -> None:
     _console().print(table)
 
 
+def _export_spec(
+    path: str,
+    output: str,
+    opts: Any,
+    preprocess: bool,
+    until_keys: tuple[str, ...],
+    executor: str | None,
+    ray_address: str | None,
+    progress: bool,
+) -> Any:
+    """``export-dataset SPEC.yaml``: the spec's source, options and (with --preprocess)
+    stages; -o, --mode/--overwrite and the executor flags apply on top."""
+    from shardex.pipeline.spec import Spec, run_spec
+
+    spec = Spec.load(path)
+    runner = spec.executor(executor, opts.workers, ray_address)
+    return run_spec(
+        spec,
+        output,
+        executor=runner,
+        preprocess=preprocess,
+        until_keys=until_keys,
+        mode=opts.mode,
+        verbose=progress,
+    )
+
+
+def _export_on_ray(
+    source: str,
+    output: str,
+    opts: Any,
+    address: str | None,
+    progress: bool,
+    storage_options: dict[str, Any] | None,
+) -> Any:
+    """A plain export whose work runs on Ray: a reader and a writer, no stages."""
+    import dataclasses
+
+    from shardex.pipeline import ImageWriterStage, Pipeline, RayExecutor, ReaderStage
+
+    fields = dataclasses.asdict(opts)
+    for name in ("backend", "samples_per_shard", "deterministic_name", "overwrite", "workers"):
+        fields.pop(name)
+    writer = ImageWriterStage(
+        output,
+        images_per_tar=opts.samples_per_shard,
+        verbose=progress,
+        deterministic_name=opts.deterministic_name,
+        backend=opts.backend,
+        storage_options=storage_options,
+        **fields,
+    )
+    pipeline = Pipeline("export", [ReaderStage(source), writer])
+    return pipeline.run(RayExecutor(address))
+
+
 def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``NAME=VALUE`` pairs; values read as YAML scalars (``90`` is a number, ``true`` a
     bool, anything else a string)."""
@@ -539,6 +635,74 @@ def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
+
+
+@main.group()
+def pipeline() -> None:
+    """Run curation pipelines described by spec files."""
+
+
+@pipeline.command("run")
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", default=None, help="Export location (default: the spec's output).")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="Where the stages run (default: the spec's, else local processes).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Local processes (default: one per core, at most 8).",
+)
+@click.option("--ray-address", default=None, help="Ray cluster to join with --executor ray.")
+@click.option(
+    "--preprocess-until-key",
+    "until_keys",
+    multiple=True,
+    metavar="KEY",
+    help="Run stages only until KEY exists (repeatable).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an export at the output.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def pipeline_run(
+    spec: str,
+    output: str | None,
+    executor: str | None,
+    workers: int | None,
+    ray_address: str | None,
+    until_keys: tuple[str, ...],
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Run every stage of SPEC (a .yaml spec file) and write the export."""
+    from shardex.pipeline.spec import Spec, run_spec
+
+    loaded = Spec.load(spec)
+    config = run_spec(
+        loaded,
+        output,
+        executor=loaded.executor(executor, workers, ray_address),
+        until_keys=until_keys,
+        mode="overwrite" if overwrite else "error",
+        verbose=not quiet,
+    )
+    click.echo(
+        f"exported {config.num_samples} samples through {len(config.pipeline) - 1} stages "
+        f"to {output or loaded.raw.get('output')}"
+    )
+
+
+@pipeline.command("stages")
+def pipeline_stages() -> None:
+    """List the built-in stages (use them by name in a spec's `stages:`)."""
+    from shardex.pipeline.spec import builtin_stages
+
+    for name, cls in sorted(builtin_stages().items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        click.echo(f"{name:14} {cls.__module__}:{cls.__name__}  {doc}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -143,6 +143,8 @@ class ExportConfig:
     pipeline: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     fields: tuple[FieldSpec, ...] = ()
+    #: The hash of the spec file the export was made from (``shardex.materialize``).
+    spec_fingerprint: str | None = None
 
     def split(self, name: str) -> SplitInfo:
         """The named split; a clear error lists the splits when it is absent."""
@@ -201,6 +203,7 @@ class ExportConfig:
             "errors_file",
             "num_skipped",
             "pipeline",
+            "spec_fingerprint",
             "extra",
             "splits",
         ]

@@ -361,6 +361,7 @@ def export(
     storage_options: dict[str, Any] | None = None,
     runner: Runner | None = None,
     pipeline: tuple[dict[str, Any], ...] = (),
+    spec_fingerprint: str | None = None,
     **kwargs: Any,
 ) -> ExportConfig:
     """Export a dataset; returns the committed contract.
@@ -378,6 +379,7 @@ def export(
         runner: where parallel work runs (a pipeline executor's); default: ``workers``
             local processes.
         pipeline: the stages applied before export, recorded in config.yaml.
+        spec_fingerprint: the hash of the spec file this export follows (recorded).
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -416,7 +418,9 @@ def export(
         config = _contract(
             prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
         )
-        config = dataclasses.replace(config, pipeline=tuple(pipeline))
+        config = dataclasses.replace(
+            config, pipeline=tuple(pipeline), spec_fingerprint=spec_fingerprint
+        )
         if pending:
             config = dataclasses.replace(config, metadata_file=_metadata_name(pending))
             _commit(storage, config)

@@ -21,12 +21,13 @@ from shardex.pipeline.stage import Batch, Stage
 _STAGES: list[Stage] = []
 
 
-def _setup(payload: bytes) -> None:
-    """Worker initialiser: unpickle the stage chain and set each stage up once."""
+def _setup(payload: bytes | list[Stage]) -> None:
+    """Worker initialiser: unpickle the stage chain and set each stage up once (inline,
+    with one worker, the driver's own stage objects are used)."""
     global _STAGES
     for stage in _STAGES:
         stage.teardown()
-    _STAGES = pickle.loads(payload)  # our own pickle, made by the driver
+    _STAGES = pickle.loads(payload) if isinstance(payload, bytes) else payload  # our pickle
     for stage in _STAGES:
         stage.setup()
 
@@ -76,7 +77,8 @@ class LocalExecutor(Executor):
         self.workers = workers
 
     def map_batches(self, stages: list[Stage], jobs: Iterable[BatchJob]) -> Iterator[Batch]:
-        payload = pickle.dumps(stages)
+        inline = self.workers == 1
+        payload = stages if inline else pickle.dumps(stages)
         with Runner(self.workers, _setup, (payload,)) as runner:
             try:
                 for _, batch in runner.imap(_run_job, jobs):

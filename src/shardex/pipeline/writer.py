@@ -54,6 +54,7 @@ class ImageWriterStage(Stage):
             byte-identical shards and names), else random.
         backend: any shardex backend (default ``webdataset``).
         storage_options: options for object storage.
+        spec_fingerprint: the spec file's hash, recorded in config.yaml (spec runs set it).
         **options: more export options (``split_fractions``, ``seed``, ``mode``,
             ``max_shard_bytes`` ...; see :class:`shardex.ExportOptions`).
     """
@@ -71,6 +72,7 @@ class ImageWriterStage(Stage):
         *,
         backend: str = "webdataset",
         storage_options: dict[str, Any] | None = None,
+        spec_fingerprint: str | None = None,
         **options: Any,
     ) -> None:
         self.output_dir = output_dir
@@ -80,6 +82,7 @@ class ImageWriterStage(Stage):
         self.deterministic_name = deterministic_name
         self.backend = backend
         self.storage_options = storage_options
+        self.spec_fingerprint = spec_fingerprint
         self.options = options
 
     def params(self) -> dict[str, Any]:
@@ -132,6 +135,7 @@ class ImageWriterStage(Stage):
             storage_options=self.storage_options,
             runner=runner,
             pipeline=pipeline,
+            spec_fingerprint=self.spec_fingerprint,
             **options,
         )
 

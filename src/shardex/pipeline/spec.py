@@ -1,0 +1,219 @@
+"""Spec files: the reproducible form of an export, validated against a shipped schema.
+
+.. code-block:: yaml
+
+    source: images/
+    output: out
+    backend: webdataset
+    options: {samples_per_shard: 1000, split_fractions: {train: 0.9, val: 0.1}, seed: 0}
+    stages:
+      - {stage: decode}
+      - {stage: resize, size: 224, interpolation: bicubic}
+      - {stage: filter, expr: "aesthetic_score > 5"}
+      - {stage: encode, format: webp, quality: 90}
+    executor: {kind: local, workers: 4}
+
+A stage is a built-in name (``shardex pipeline stages`` lists them) or an import path
+``module:Class`` with keyword arguments. The spec's fingerprint (a hash of everything but
+``output`` and ``executor``, which do not change the result) goes into config.yaml;
+:func:`materialize` reuses an export only when the fingerprints match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shardex.contract import ExportConfig
+from shardex.errors import ConfigError, SchemaError, ShardexError
+from shardex.pipeline.executors import Executor, LocalExecutor
+from shardex.pipeline.pipeline import Pipeline
+from shardex.pipeline.readers import ReaderStage
+from shardex.pipeline.stage import Stage
+from shardex.pipeline.writer import ImageWriterStage
+
+#: Spec keys that say where and how to run, not what to produce (not fingerprinted).
+_NOT_FINGERPRINTED = ("output", "executor", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A parsed, validated spec file."""
+
+    raw: dict[str, Any]
+    where: str = "spec"
+    stages: tuple[dict[str, Any], ...] = field(default=())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Spec:
+        """Read and validate a YAML spec file."""
+        try:
+            text = Path(path).read_text("utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read spec {path}: {exc.strerror}") from exc
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SchemaError(f"{path}: not valid YAML ({exc})") from exc
+        return cls.parse(raw, where=str(path))
+
+    @classmethod
+    def parse(cls, raw: Any, *, where: str = "spec") -> Spec:
+        """Validate a spec already parsed (a dict)."""
+        import fastjsonschema
+
+        try:
+            _validator()(raw)
+        except fastjsonschema.JsonSchemaValueException as exc:
+            text = exc.message.removeprefix("data.").removeprefix("data ")
+            raise SchemaError(f"{where}: {text} (spec schema rule {exc.rule!r})") from None
+        return cls(raw, where, tuple(raw.get("stages", ())))
+
+    def fingerprint(self, preprocess: bool = True, until_keys: Iterable[str] = ()) -> str:
+        """What the export depends on, hashed: equal fingerprints, equal exports."""
+        basis = {k: v for k, v in self.raw.items() if k not in _NOT_FINGERPRINTED}
+        basis["_run"] = {"preprocess": preprocess, "until": sorted(until_keys)}
+        text = json.dumps(basis, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def export_options(self) -> dict[str, Any]:
+        return {"backend": self.raw.get("backend", "webdataset"), **self.raw.get("options", {})}
+
+    def executor(
+        self, kind: str | None = None, workers: int | None = None, address: str | None = None
+    ) -> Executor:
+        """The executor the spec names, with command-line overrides."""
+        conf = self.raw.get("executor", {})
+        kind = kind or conf.get("kind", "local")
+        workers = workers or conf.get("workers")
+        if kind == "ray":
+            from shardex.pipeline.ray_executor import RayExecutor
+
+            return RayExecutor(address or conf.get("address"))
+        return LocalExecutor(workers)
+
+    def build_stages(self) -> list[Stage]:
+        return [build_stage(entry, self.where) for entry in self.stages]
+
+    def pipeline(
+        self,
+        output: str | os.PathLike[str] | None,
+        fingerprint: str | None = None,
+        **overrides: Any,
+    ) -> Pipeline:
+        """The spec as a pipeline: reader, its stages, a writer to ``output``."""
+        target = output or self.raw.get("output")
+        if target is None:
+            raise ConfigError(f"{self.where}: no output (give `output:` in the spec or -o OUT)")
+        options = {**self.export_options(), **overrides}
+        backend = options.pop("backend")
+        per_tar = options.pop("samples_per_shard", 1000)
+        writer = ImageWriterStage(
+            target,
+            images_per_tar=per_tar,
+            backend=backend,
+            storage_options=self.raw.get("storage_options"),
+            spec_fingerprint=fingerprint or self.fingerprint(),
+            **options,
+        )
+        reader = ReaderStage(self.raw["source"], batch_size=self.raw.get("batch_size", 256))
+        return Pipeline(
+            self.raw.get("name", Path(self.where).stem), [reader, *self.build_stages(), writer]
+        )
+
+
+@cache
+def _validator() -> Any:
+    import fastjsonschema
+
+    text = resources.files("shardex").joinpath("schema/spec.schema.json").read_text("utf-8")
+    return fastjsonschema.compile(json.loads(text))
+
+
+@cache
+def builtin_stages() -> dict[str, type[Stage]]:
+    """Built-in stage classes by name."""
+    from shardex.pipeline import stages
+
+    found = {}
+    for value in vars(stages).values():
+        if isinstance(value, type) and issubclass(value, Stage) and "name" in vars(value):
+            found[value.name] = value
+    return found
+
+
+def build_stage(entry: dict[str, Any], where: str = "spec") -> Stage:
+    """A stage from its spec entry: ``{stage: NAME or module:Class, **kwargs}``."""
+    args = {k: v for k, v in entry.items() if k != "stage"}
+    name = entry["stage"]
+    cls: Any = builtin_stages().get(name)
+    if cls is None and ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{where}: cannot import stage {name!r} ({exc})") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Stage)):
+        known = ", ".join(sorted(builtin_stages()))
+        raise ConfigError(
+            f"{where}: unknown stage {name!r} (built-in stages: {known}; or module:Class)"
+        )
+    try:
+        return cls(**args)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: stage {name!r}: {exc}") from exc
+
+
+def run_spec(
+    spec: Spec | str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    executor: Executor | None = None,
+    preprocess: bool = True,
+    until_keys: Iterable[str] = (),
+    **overrides: Any,
+) -> ExportConfig:
+    """Export as a spec says: with its stages (``preprocess``), only until ``until_keys``
+    exist, or without stages (the source exported as is, with the spec's options)."""
+    spec = spec if isinstance(spec, Spec) else Spec.load(spec)
+    until = tuple(until_keys)
+    preprocess = preprocess or bool(until)
+    pipeline = spec.pipeline(output, spec.fingerprint(preprocess, until), **overrides)
+    if not preprocess:
+        pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
+    return pipeline.run(executor or spec.executor(), until_keys=until)
+
+
+def materialize(
+    spec: Spec | str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    executor: Executor | None = None,
+    until_keys: Iterable[str] = (),
+) -> ExportConfig:
+    """The export ``spec`` describes at ``output``: the existing one when its recorded spec
+    fingerprint matches, else rebuilt (replacing what is there)."""
+    from shardex.api import read_config
+
+    spec = spec if isinstance(spec, Spec) else Spec.load(spec)
+    target = output or spec.raw.get("output")
+    if target is None:
+        raise ConfigError(f"{spec.where}: no output (give `output:` in the spec or an output)")
+    try:
+        existing = read_config(os.fspath(target))
+    except ShardexError:
+        existing = None
+    until = tuple(until_keys)
+    if existing is not None and existing.spec_fingerprint == spec.fingerprint(True, until):
+        return existing
+    return run_spec(spec, target, executor=executor, until_keys=until, mode="overwrite")

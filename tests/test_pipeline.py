@@ -1,0 +1,226 @@
+"""Pipelines: stage chains, executors (local processes and a real local Ray cluster),
+ImageWriterStage, spec files, --preprocess-until-key and materialize."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import shardex
+from helpers import image_field
+from shardex.cli import main
+from shardex.errors import ConfigError, SchemaError
+from shardex.pipeline import (
+    ImageWriterStage,
+    LocalExecutor,
+    Pipeline,
+    RayExecutor,
+    ReaderStage,
+)
+from shardex.pipeline.spec import Spec, materialize, run_spec
+from shardex.testing.stages import CountSetup, FailStage, InvertStage, TagStage, VectorStage
+
+SOURCE = "demo:130"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _pipeline(out: Path, *middle: object, per_tar: int = 25) -> Pipeline:
+    return Pipeline(
+        "test",
+        [
+            ReaderStage(SOURCE, batch_size=17),
+            *middle,  # type: ignore[list-item]
+            ImageWriterStage(
+                out, images_per_tar=per_tar, split_fractions={"train": 0.8, "val": 0.2}
+            ),
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray = pytest.importorskip("ray")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        object_store_memory=150 * 1024**2,
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+def test_tars_fill_across_batches_and_scores_stay_typed(tmp_path: Path) -> None:
+    config = _pipeline(tmp_path / "o", TagStage(), VectorStage()).run(LocalExecutor(1))
+    for split in config.splits.values():
+        counts = [s.num_samples for s in split.shards]
+        assert counts[:-1] == [25] * (len(counts) - 1)  # batches of 17, tars of exactly 25
+        assert 0 < counts[-1] <= 25
+    meta = shardex.open_dataset(tmp_path / "o", split="train").metadata
+    assert str(meta.schema.field("tag").type) == "double"
+    vector = meta.schema.field("vector").type
+    assert (str(vector.value_type), vector.list_size) == ("float", 8)
+    embedding = meta.schema.field("embedding").type  # the source's type, kept
+    assert (str(embedding.value_type), embedding.list_size) == ("float", 16)
+    assert [p["stage"] for p in config.pipeline] == ["read", "test_tag", "test_vector"]
+
+
+def test_passthrough_keeps_original_bytes_and_ids(tmp_path: Path) -> None:
+    shardex.export(SOURCE, tmp_path / "direct", split_fractions={"train": 0.8, "val": 0.2})
+    _pipeline(tmp_path / "piped").run(LocalExecutor(1))
+    for split in ("train", "val"):
+        direct = shardex.open_dataset(tmp_path / "direct", split=split)
+        piped = shardex.open_dataset(tmp_path / "piped", split=split)
+        by_key = {s["__key__"]: image_field(s) for s in direct}
+        for sample in piped:
+            assert image_field(sample) == by_key[sample["__key__"]]  # ids survive, bytes exact
+
+
+def test_changed_pixels_are_reencoded_losslessly(tmp_path: Path) -> None:
+    from shardex.pipeline.stage import Batch, Stage
+
+    class Decode(Stage):
+        name = "test_decode"
+        produces = ("pixels",)
+
+        def process(self, batch: Batch) -> Batch:
+            from shardex.codecs.images import decode
+
+            for s in batch:
+                s["pixels"] = decode(s["image"])
+            return batch
+
+    _pipeline(tmp_path / "o", Decode(), InvertStage()).run(LocalExecutor(1))
+    ref = shardex.open_dataset(SOURCE_EXPORT(tmp_path), split="train", decode=True)
+    ours = shardex.open_dataset(tmp_path / "o", split="train", decode=True)
+    raw = shardex.open_dataset(tmp_path / "o", split="train")
+    assert {n for s in raw for n in s if n not in ("__key__", "cls", "json")} == {"png"}
+    sample = ours[0]  # lossless: exactly the inverted pixels
+    want = next(v for k, v in ref.get(sample["__key__"]).items() if k in ("jpg", "png", "webp"))
+    assert (sample["png"] == 255 - want).all()
+
+
+def SOURCE_EXPORT(tmp_path: Path) -> Path:
+    out = tmp_path / "ref"
+    if not out.exists():
+        shardex.export(SOURCE, out, split_fractions={"train": 0.8, "val": 0.2})
+    return out
+
+
+def test_byte_identical_on_one_two_workers_and_ray(tmp_path: Path, ray_cluster: None) -> None:
+    outs = {}
+    for name, executor in [
+        ("local1", LocalExecutor(1)),
+        ("local2", LocalExecutor(2)),
+        ("ray", RayExecutor()),
+    ]:
+        outs[name] = (
+            _files(tmp_path / name)
+            if _pipeline(tmp_path / name, TagStage(), VectorStage(), CountSetup()).run(executor)
+            else {}
+        )
+    assert outs["local1"] == outs["local2"] == outs["ray"]
+    ds = shardex.open_dataset(tmp_path / "ray", split="train")
+    assert set(ds.metadata.column("setups").to_pylist()) == {1}  # set up once per worker
+
+
+def test_until_key_stops_before_a_failing_stage(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path / "o", TagStage("a"), TagStage("b"), FailStage())
+    config = pipeline.run(LocalExecutor(1), until_keys=["b"])
+    assert [p["stage"] for p in config.pipeline] == ["read", "test_tag", "test_tag"]
+    with pytest.raises(ConfigError, match="no stage produces nope"):
+        _pipeline(tmp_path / "p", TagStage("a")).run(until_keys=["nope"])
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_key_no_stage_produces_fails_before_running(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs pixels"):
+        _pipeline(tmp_path / "o", InvertStage()).run(LocalExecutor(1))
+    with pytest.raises(ConfigError, match="first stage"):
+        Pipeline("x", [TagStage()]).run()
+
+
+# ---------------------------------------------------------------- spec files
+
+
+def _spec(tmp_path: Path, **more: object) -> Path:
+    raw = {
+        "source": SOURCE,
+        "output": str(tmp_path / "out"),
+        "options": {"samples_per_shard": 40, "split_fractions": {"train": 0.9, "val": 0.1}},
+        "stages": [
+            {"stage": "shardex.testing.stages:TagStage", "key": "a"},
+            {"stage": "shardex.testing.stages:TagStage", "key": "b"},
+            {"stage": "shardex.testing.stages:FailStage"},
+        ],
+        **more,
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_spec_is_validated(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"source": "demo:5", "stagez": []}))
+    with pytest.raises(SchemaError, match="stagez"):
+        Spec.load(path)
+    path.write_text(yaml.safe_dump({"source": "demo:5", "stages": [{"stage": "nope"}]}))
+    with pytest.raises(ConfigError, match="unknown stage 'nope'"):
+        Spec.load(path).build_stages()
+
+
+def test_cli_preprocess_until_key_and_plain_spec_export(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(
+        main,
+        [
+            "export-dataset",
+            str(spec),
+            "-o",
+            str(tmp_path / "view"),
+            "--preprocess-until-key",
+            "b",
+            "-q",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    config = shardex.read_config(tmp_path / "view")
+    assert [p["stage"] for p in config.pipeline] == ["read", "test_tag", "test_tag"]
+    assert config.spec_fingerprint
+    meta = shardex.open_dataset(tmp_path / "view", split="train").metadata
+    assert {"a", "b"} <= set(meta.column_names)
+    plain = runner.invoke(main, ["export-dataset", str(spec), "-o", str(tmp_path / "plain"), "-q"])
+    assert plain.exit_code == 0, plain.output
+    assert [p["stage"] for p in shardex.read_config(tmp_path / "plain").pipeline] == ["read"]
+    failing = runner.invoke(main, ["pipeline", "run", str(spec), "-o", str(tmp_path / "f"), "-q"])
+    assert failing.exit_code == 1
+    assert "FailStage ran" in failing.output
+    assert not (tmp_path / "f" / "config.yaml").exists()
+
+
+def test_materialize_reuses_only_a_matching_export(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    first = materialize(spec, until_keys=["a"])
+    again = materialize(spec, until_keys=["a"])
+    assert again == first
+    stamp = (tmp_path / "out" / "config.yaml").stat().st_mtime_ns
+    raw = yaml.safe_load(spec.read_text())
+    raw["options"]["samples_per_shard"] = 30
+    spec.write_text(yaml.safe_dump(raw))
+    rebuilt = materialize(spec, until_keys=["a"])
+    assert rebuilt.spec_fingerprint != first.spec_fingerprint
+    assert (tmp_path / "out" / "config.yaml").stat().st_mtime_ns != stamp
+    assert (
+        run_spec(spec, tmp_path / "x", until_keys=["a"]).spec_fingerprint
+        == rebuilt.spec_fingerprint
+    )
