@@ -18,7 +18,7 @@ import pytest
 
 import shardex
 from conftest import S3Location
-from shardex.errors import NotAnExportError, StorageError
+from shardex.errors import ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
 from shardex.testing import StorageTests
@@ -314,3 +314,33 @@ def test_storage_docs_example_runs(s3: S3Location) -> None:
     scope: dict[str, object] = {}
     exec(compile(code, "docs/storage.md", "exec"), scope)
     assert len(scope["batch"]) == 22  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numpy_mmap", "torch", "tensor_shards"])
+def test_array_backends_write_and_read_object_storage(
+    backend: str, s3: S3Location, tmp_path: Path
+) -> None:
+    if backend == "torch":
+        pytest.importorskip("torch")
+    shardex.export("demo:30", tmp_path / "local", backend=backend, samples_per_shard=8, workers=1)
+    url = s3.child(backend)
+    shardex.export(
+        "demo:30", url, backend=backend, samples_per_shard=8, workers=1, storage_options=s3.direct
+    )
+    remote = shardex.open_dataset(url, storage_options=s3.direct)
+    local = shardex.open_dataset(tmp_path / "local")
+    assert list(remote) == list(local)
+    assert remote.get(local[5]["__key__"]) == local[5]
+    assert shardex.verify(url, storage_options=s3.direct).ok
+
+
+def test_tensordict_backend_refuses_object_storage_clearly(s3: S3Location) -> None:
+    pytest.importorskip("tensordict")
+    with pytest.raises(ConfigError, match="local"):
+        shardex.export(
+            "demo:5",
+            s3.child("td"),
+            backend="tensordict_memmap",
+            storage_options=s3.direct,
+            workers=1,
+        )
