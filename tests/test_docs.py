@@ -75,3 +75,28 @@ def test_backends_guide_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert scope["labels"].shape == (len(ds),)
     assert scope["embeddings"].dtype == np.float32
     assert scope["caption_7"] == ds[7]["caption.txt"]
+
+
+def test_pipeline_guide_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python example, then the spec file: materialize it, and stop at a key."""
+    import yaml
+
+    import shardex
+    from shardex.pipeline import LocalExecutor, run_spec
+
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "docs" / "pipeline.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/pipeline.md", "exec"), scope)
+    counts = [s.num_samples for s in scope["config"].split("train").shards]
+    assert counts[:-1] == [100] * (len(counts) - 1)
+    spec_text = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)[0]
+    (tmp_path / "spec.yaml").write_text(spec_text)
+    config = shardex.materialize("spec.yaml", executor=LocalExecutor(1))
+    assert [p["stage"] for p in config.pipeline][1:] == [
+        s["stage"] for s in yaml.safe_load(spec_text)["stages"]
+    ]
+    assert shardex.materialize("spec.yaml") == config  # reused, not rebuilt
+    view = run_spec("spec.yaml", "emb", until_keys=["clip_embedding"], executor=LocalExecutor(1))
+    assert [p["stage"] for p in view.pipeline] == ["read", "filter", "decode", "embed"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -224,3 +226,33 @@ def test_materialize_reuses_only_a_matching_export(tmp_path: Path) -> None:
         run_spec(spec, tmp_path / "x", until_keys=["a"]).spec_fingerprint
         == rebuilt.spec_fingerprint
     )
+
+
+def test_nemo_style_script_end_to_end(tmp_path: Path) -> None:
+    """examples/nemo_style.py: read -> filter by score -> embed -> ImageWriterStage(1000)."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "nemo_style.py"))
+    config = script["main"]("demo:2400", str(tmp_path / "nemo"))
+    counts = [s.num_samples for s in config.split("train").shards]
+    assert len(counts) >= 2
+    assert counts[:-1] == [1000] * (len(counts) - 1)  # exactly 1000 but the last
+    ds = shardex.open_dataset(tmp_path / "nemo")
+    meta = ds.metadata
+    assert pc.min(meta.column("aesthetic_score")).as_py() > 5
+    embedding = meta.schema.field("clip_embedding").type
+    assert (str(embedding.value_type), embedding.list_size) == ("float", 8)
+    assert meta.schema.field("aesthetic_score").type == pa.float64()
+    assert {"image_id", "tar_file", "member_name", "original_path", "metadata"} <= set(
+        meta.column_names
+    )
+    assert meta.column("image_id").to_pylist() == meta.column("key").to_pylist()
+
+
+def test_dedup_hashes_are_stored_unsigned(tmp_path: Path) -> None:
+    from shardex.pipeline.stages import DedupStage
+
+    config = _pipeline(tmp_path / "o", DedupStage("phash")).run(LocalExecutor(1))
+    meta = shardex.open_dataset(tmp_path / "o", split="train").metadata
+    assert meta.schema.field("phash").type in (pa.uint64(), pa.int64())
+    assert config.num_samples <= 130

@@ -6,6 +6,8 @@ modules that use them.
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 from shardex.api import open_dataset, read_config
@@ -17,6 +19,15 @@ from shardex.exporter import ExportOptions, export
 from shardex.sources import open_source
 from shardex.storage import open_storage
 from shardex.verification import VerifyReport, verify
+
+
+def materialize(spec: Any, output: Any = None, **kwargs: Any) -> ExportConfig:
+    """The export a spec file describes: reused when its fingerprint matches, else built
+    (see :func:`shardex.pipeline.spec.materialize`)."""
+    from shardex.pipeline.spec import materialize as _materialize
+
+    return _materialize(spec, output, **kwargs)
+
 
 __all__ = [
     "Dataset",
@@ -30,6 +41,7 @@ __all__ = [
     "__version__",
     "export",
     "get_backend",
+    "materialize",
     "open_dataset",
     "open_source",
     "open_storage",

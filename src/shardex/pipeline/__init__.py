@@ -10,6 +10,7 @@ from shardex.pipeline.executors import Executor, LocalExecutor
 from shardex.pipeline.pipeline import Pipeline
 from shardex.pipeline.ray_executor import RayExecutor
 from shardex.pipeline.readers import ReaderStage
+from shardex.pipeline.spec import Spec, materialize, run_spec
 from shardex.pipeline.stage import Batch, Resources, Sample, Stage
 from shardex.pipeline.writer import ImageWriterStage
 
@@ -23,5 +24,8 @@ __all__ = [
     "ReaderStage",
     "Resources",
     "Sample",
+    "Spec",
     "Stage",
+    "materialize",
+    "run_spec",
 ]

@@ -208,7 +208,10 @@ def _column(values: list[Any], name: str, hint: pa.DataType | None) -> pa.Array:
                 if not any(v is None for v in values)
                 else pa.FixedSizeListArray.from_arrays(pa.array(flat), width, mask=mask)
             )
+    plain = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
     try:
-        return pa.array([v.tolist() if isinstance(v, np.ndarray) else v for v in values])
+        return pa.array(plain)
+    except OverflowError:  # ints past int64 (64-bit hashes): unsigned when they all fit
+        return pa.array(plain, pa.uint64())
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ConfigError(f"metadata {name!r} mixes types across samples ({exc})") from exc
