@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import shutil
 import sys
@@ -34,6 +35,7 @@ from bench_format import DEFAULT_WORKDIR, build_folder
 from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, RayExecutor, ReaderStage
 from shardex.pipeline.executors import Executor
 from shardex.pipeline.stages import DecodeStage, EncodeStage, ResizeStage
+from shardex.testing.raycluster import local_ray_cluster
 
 SIZE = 64
 QUALITY = 80
@@ -101,16 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         ("local, 1 worker", lambda: LocalExecutor(1)),
         (f"local, {args.workers} workers", lambda: LocalExecutor(args.workers)),
     ]
+    cluster = contextlib.ExitStack()
     if not args.no_ray:
-        import ray
-
-        ray.init(
-            num_cpus=args.workers,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=False,
-            object_store_memory=300 * 1024**2,
-        )
+        cluster.enter_context(local_ray_cluster(args.workers, object_store_memory=300 * 1024**2))
         executors.append((f"ray, {args.workers} CPUs", RayExecutor))
     rows: list[Row] = []
     n = args.images
@@ -127,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.repeats,
             )
             rows.append(Row(f"{work}: pipeline, {name}", "images/s", n / took, n / base))
+    cluster.close()
     print()
     print(render(rows))
     took = time.perf_counter() - started

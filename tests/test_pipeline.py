@@ -24,6 +24,7 @@ from shardex.pipeline import (
     ReaderStage,
 )
 from shardex.pipeline.spec import Spec, materialize, run_spec
+from shardex.testing.raycluster import local_ray_cluster
 from shardex.testing.stages import CountSetup, FailStage, InvertStage, TagStage, VectorStage
 
 SOURCE = "demo:130"
@@ -48,16 +49,9 @@ def _pipeline(out: Path, *middle: object, per_tar: int = 25) -> Pipeline:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    ray = pytest.importorskip("ray")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        object_store_memory=150 * 1024**2,
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+    pytest.importorskip("ray")
+    with local_ray_cluster(num_cpus=2):
+        yield
 
 
 def test_tars_fill_across_batches_and_scores_stay_typed(tmp_path: Path) -> None:

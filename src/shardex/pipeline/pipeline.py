@@ -101,11 +101,15 @@ class Pipeline:
         plan = self.plan(tuple(until_keys))
         executor = executor or LocalExecutor()
         chain = [*plan.stages, plan.writer]
+        # With no stage between reader and writer there is nothing to parallelise: shipping
+        # every image to a worker and back would only add copies (the export's own work
+        # still runs on the executor). The output is the same either way.
+        stages_on = executor if plan.stages else LocalExecutor(1)
         states: list[dict[str, Any]] = [{} for _ in chain]
         scan = plan.reader.scan()
         with Progress(plan.writer.verbose) as bars:
             bar = bars.task(f"pipeline {self.name}", scan.table.num_rows)
-            for batch in executor.map_batches(chain, plan.reader.jobs()):
+            for batch in stages_on.map_batches(chain, plan.reader.jobs()):
                 bar.advance(len(batch))
                 _reduce(chain, states, batch)
         applied = tuple(s.describe() for s in (plan.reader, *plan.stages))
