@@ -9,7 +9,6 @@ names). The driver collects results in order and commits config.yaml.
 
 from __future__ import annotations
 
-import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -21,13 +20,13 @@ from shardex.pipeline.stage import Batch, Stage
 _STAGES: list[Stage] = []
 
 
-def _setup(payload: bytes | list[Stage]) -> None:
-    """Worker initialiser: unpickle the stage chain and set each stage up once (inline,
-    with one worker, the driver's own stage objects are used)."""
+def _setup(stages: list[Stage]) -> None:
+    """Worker initialiser: set each stage of the chain up once (the pool hands each worker
+    its own copy; inline, with one worker, the driver's own stage objects are used)."""
     global _STAGES
     for stage in _STAGES:
         stage.teardown()
-    _STAGES = pickle.loads(payload) if isinstance(payload, bytes) else payload  # our pickle
+    _STAGES = stages
     for stage in _STAGES:
         stage.setup()
 
@@ -77,9 +76,7 @@ class LocalExecutor(Executor):
         self.workers = workers
 
     def map_batches(self, stages: list[Stage], jobs: Iterable[BatchJob]) -> Iterator[Batch]:
-        inline = self.workers == 1
-        payload = stages if inline else pickle.dumps(stages)
-        with Runner(self.workers, _setup, (payload,)) as runner:
+        with Runner(self.workers, _setup, (stages,)) as runner:
             try:
                 for _, batch in runner.imap(_run_job, jobs):
                     yield batch

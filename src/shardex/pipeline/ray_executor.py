@@ -9,7 +9,6 @@ commits config.yaml. Output is byte-identical to :class:`LocalExecutor`'s.
 
 from __future__ import annotations
 
-import pickle
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -36,8 +35,8 @@ def _ray() -> Any:
 class _StageActor:
     """Holds a set-up stage chain; runs batches through it."""
 
-    def __init__(self, payload: bytes) -> None:
-        self.stages: list[Stage] = pickle.loads(payload)  # the driver's own pickle
+    def __init__(self, stages: list[Stage]) -> None:
+        self.stages = stages  # Ray hands each actor its own copy
         for stage in self.stages:
             stage.setup()
 
@@ -122,8 +121,7 @@ class RayExecutor(Executor):
         gpus = max([s.resources.gpus for s in stages] or [0.0])
         count = self.actors or max(1, int(ray.cluster_resources().get("CPU", 1) // cpus))
         actor = ray.remote(num_cpus=cpus, num_gpus=gpus)(_StageActor)
-        payload = pickle.dumps(stages)
-        actors = [actor.remote(payload) for _ in range(count)]
+        actors = [actor.remote(stages) for _ in range(count)]
         try:
             pool = ray.util.ActorPool(actors)
             for _, batch in pool.map(lambda a, job: a.run.remote(job), jobs):
