@@ -2,21 +2,32 @@
 
 Exports the cached image folder of ``bench_format.py`` (N JPEGs of about ``--size-kb`` KB)
 with shardex to local disk, then measures DataLoader images/s, batch size 64, every image
-decoded with Pillow and resized to a 224×224 float tensor by the same function
-(:func:`decode_224`), for ``num_workers`` 0 and 2:
+decoded and resized (bilinear, Pillow) to 224×224, for ``num_workers`` 0 and 2, against
+**the decode limit**: the same JPEG bytes, held in a Python list, decoded and resized to a
+(3, 224, 224) float tensor in a loop, in this process (``num_workers=0``) or split across
+2 worker processes of a ``multiprocessing`` pool (``num_workers=2``). The limit is
+measured twice:
 
-* shardex ``MapDataset`` + ``ShardexSampler`` (a global shuffle, one ``get_many`` per batch);
-* shardex ``StreamDataset`` (its own ``dataloader()``: shard order, shuffle buffer);
+* with Pillow (:func:`decode_224`: ``Image.open``, ``draft``, ``convert``, ``resize``);
+* with shardex's decoder (:func:`fast_224`: ``shardex.codecs.images.decode``, which uses
+  simplejpeg when installed, then the same resize): what the shardex rows decode with.
+
+Loaders (shardex rows decode with ``decode=True, decode_size=(224, 224)``):
+
+* ``float items``: the transform makes each image a float tensor; the DataLoader's
+  default collation stacks 64 of them (38.5 MB per batch);
+* ``uint8 items, float per batch``: the transform makes each image a (224, 224, 3) uint8
+  tensor (9.6 MB per batch), and the training loop converts each batch to float once,
+  into a float batch it reuses (``floats.copy_(images.permute(0, 3, 1, 2)).div_(255)``,
+  timed): the same float images in the end;
+* shardex ``MapDataset`` + ``ShardexSampler`` (a global shuffle, one ``get_many`` per
+  batch) and ``StreamDataset`` (its own ``dataloader()``: shard order, shuffle buffer);
 * the stock ``webdataset.WebDataset(urls).map(...)`` loader on the same shards (a peer);
-* a DataLoader over the same JPEG bytes held in a Python list, with the default collation
-  and with ``collate_fn=len`` (no batch tensor): what the DataLoader itself costs;
-
-each against **the decode limit**: the same JPEG bytes, held in a Python list, decoded by
-the same function in a loop, in this process (``num_workers=0``) or split across 2 worker
-processes of a ``multiprocessing`` pool (``num_workers=2``).
+* a DataLoader over the same JPEG bytes held in a Python list (what the DataLoader
+  itself costs).
 
 The machine is shared and noisy: every rate is the median of a few repeats, the loaders and
-the baseline run interleaved, and each is reported as a ratio to that baseline. With
+the baselines run interleaved, and each is reported as a ratio to a baseline. With
 ``--profile`` it also prints a cProfile of a ``num_workers=0`` pass of each loader and what
 one collation of a 64-image float batch costs.
 
@@ -37,6 +48,8 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +61,10 @@ from torch.utils.data import DataLoader, Dataset
 import shardex
 from _report import Row, median_time, median_times, render, write_json
 from bench_format import DEFAULT_WORKDIR, build_folder, tar_urls, warm
+from shardex.codecs.images import decode
 from shardex.torch import MapDataset, ShardexSampler, StreamDataset
+
+Transform = Callable[[np.ndarray[Any, Any]], torch.Tensor]
 
 SIZE = 224
 BATCH = 64
@@ -60,7 +76,7 @@ TARGET = 0.9
 SEED = 0
 
 
-# ---------------------------------------------------------------- the decode function
+# ---------------------------------------------------------------- the decode functions
 
 
 def decode_224(data: bytes) -> torch.Tensor:
@@ -76,29 +92,65 @@ def decode_224(data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255)
 
 
+def resize_uint8(pixels: np.ndarray[Any, Any]) -> torch.Tensor:
+    """Decoded (H, W, 3) uint8 pixels -> a (224, 224, 3) uint8 tensor (bilinear resize).
+
+    Channels last, as decoded: 64 of them stack with one contiguous copy each (~12 µs an
+    image), where (3, 224, 224) views of the same memory stack byte by byte (~55 µs).
+    """
+    img = Image.fromarray(pixels).resize((SIZE, SIZE), Image.Resampling.BILINEAR)
+    return torch.from_numpy(np.array(img))
+
+
+def resize_float(pixels: np.ndarray[Any, Any]) -> torch.Tensor:
+    """Decoded pixels -> a (3, 224, 224) float32 tensor in [0, 1]: :func:`decode_224`'s."""
+    return resize_uint8(pixels).permute(2, 0, 1).float().div_(255)
+
+
+def fast_224(data: bytes) -> torch.Tensor:
+    """:func:`decode_224` with shardex's decoder (simplejpeg where installed)."""
+    return resize_float(decode(data, size_hint=(SIZE, SIZE)))
+
+
+def fast_uint8(data: bytes) -> torch.Tensor:
+    return resize_uint8(decode(data, size_hint=(SIZE, SIZE)))
+
+
 def to_item(raw: dict[str, Any]) -> dict[str, Any]:
-    """A raw sample (shardex ``decode=False`` or webdataset) -> ``{"image", "label"}``."""
-    return {"image": decode_224(raw["jpg"]), "label": int(raw["cls"])}
+    """A raw webdataset sample -> ``{"image": uint8 (224, 224, 3), "label"}``."""
+    return {"image": fast_uint8(raw["jpg"]), "label": int(raw["cls"])}
 
 
 # ---------------------------------------------------------------- the decode limit
 
 _JPEGS: list[bytes] = []  # set before the pool forks; its workers read it
+_DECODERS: dict[str, Callable[[bytes], torch.Tensor]] = {
+    "Pillow": decode_224,
+    "shardex decode": fast_224,
+    "shardex decode, uint8": fast_uint8,
+}
+_LIMIT_NOTES = {
+    "Pillow": "decode_224 (Pillow) of the JPEG bytes from a Python list",
+    "shardex decode": "fast_224 (shardex.codecs.images.decode + the same resize + float)",
+    "shardex decode, uint8": "fast_uint8 (as fast_224, stopping at the (224, 224, 3) uint8 tensor)",
+}
 
 
 def _pool_init() -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
 
 
-def _decode_range(bounds: tuple[int, int]) -> int:
-    for data in _JPEGS[bounds[0] : bounds[1]]:
-        decode_224(data)
-    return bounds[1] - bounds[0]
+def _decode_range(job: tuple[str, int, int]) -> int:
+    fn = _DECODERS[job[0]]
+    for data in _JPEGS[job[1] : job[2]]:
+        fn(data)
+    return job[2] - job[1]
 
 
 class DecodeLimit:
-    """The same JPEG bytes, in a Python list, decoded by :func:`decode_224`: in this
-    process, or in batches of 64 across a pool of worker processes (started once)."""
+    """The same JPEG bytes, in a Python list, decoded by one of :data:`_DECODERS`: in this
+    process, or in batches of 64 across a pool of worker processes (started once and
+    shared by both decoders)."""
 
     def __init__(self, jpegs: list[bytes], workers: int) -> None:
         self.count, self.workers = len(jpegs), workers
@@ -111,18 +163,20 @@ class DecodeLimit:
         self.ranges = [(k, min(k + BATCH, self.count)) for k in range(0, self.count, BATCH)]
 
     def warm(self) -> None:
-        """Untimed: the pool's workers up, Pillow's plugins loaded."""
-        if self.pool is None:
-            _decode_range((0, BATCH))
-        else:
-            sum(self.pool.imap_unordered(_decode_range, self.ranges[: 2 * self.workers]))
+        """Untimed: the pool's workers up, both decoders' modules loaded."""
+        for name in _DECODERS:
+            jobs = [(name, a, b) for a, b in self.ranges[: 2 * max(self.workers, 1)]]
+            if self.pool is None:
+                sum(map(_decode_range, jobs))
+            else:
+                sum(self.pool.imap_unordered(_decode_range, jobs))
 
-    def __call__(self) -> int:
+    def timer(self, name: str) -> Callable[[], int]:
+        jobs = [(name, a, b) for a, b in self.ranges]
         if self.pool is None:
-            for data in _JPEGS:
-                decode_224(data)
-            return self.count
-        return sum(self.pool.imap_unordered(_decode_range, self.ranges))
+            return lambda: sum(map(_decode_range, jobs))
+        pool = self.pool
+        return lambda: sum(pool.imap_unordered(_decode_range, jobs))
 
     def close(self) -> None:
         if self.pool is not None:
@@ -133,47 +187,65 @@ class DecodeLimit:
 class InMemory(Dataset[dict[str, Any]]):
     """The JPEG bytes in a Python list, as a map-style dataset (the loader's own cost)."""
 
-    def __init__(self, jpegs: list[bytes], labels: list[int]) -> None:
-        self.jpegs, self.labels = jpegs, labels
+    def __init__(
+        self, jpegs: list[bytes], labels: list[int], fn: Callable[[bytes], torch.Tensor]
+    ) -> None:
+        self.jpegs, self.labels, self.fn = jpegs, labels, fn
 
     def __len__(self) -> int:
         return len(self.jpegs)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"image": decode_224(self.jpegs[i]), "label": self.labels[i]}
+        return {"image": self.fn(self.jpegs[i]), "label": self.labels[i]}
 
 
 # ---------------------------------------------------------------- loaders under test
 
 
-def count_batch(items: list[Any]) -> int:
-    """A ``collate_fn`` that makes no batch tensor: the loader without collation."""
-    return len(items)
+def drain(loader: Iterable[Any], *, to_float: bool = True) -> int:
+    """Images in one pass over a loader, each batch made float32 in [0, 1] as a training
+    loop would: uint8 (B, 224, 224, 3) batches are converted once per batch, here and
+    timed, into a (B, 3, 224, 224) float batch the loop reuses (what a pinned staging
+    buffer or the GPU would be), channels last in memory as the decode limit's
+    ``permute(2, 0, 1).float()`` tensors are. ``to_float=False``: uint8 batches are only
+    checked, as a loop that converts on the GPU would take them.
 
-
-def drain(loader: Iterable[Any]) -> int:
-    """Images in one pass over a loader (checks each batch's shape)."""
+    The reuse matters on this machine: a fresh 64×3×224×224 float32 batch (38.5 MB) is
+    above glibc's largest mmap threshold (32 MiB), so every one is mapped, faulted in and
+    zeroed anew: 300+ µs per image against ~45 µs for ``copy_`` + ``div_`` into reused
+    memory. The per-image float tensors of the decode limit (600 KB) come from the heap.
+    """
     n = 0
+    floats = torch.empty(BATCH, 3, SIZE, SIZE, memory_format=torch.channels_last)
     for batch in loader:
-        if isinstance(batch, int):  # collate_fn=count_batch
-            n += batch
-            continue
         images = batch["image"]
-        if images.shape[1:] != (3, SIZE, SIZE) or images.dtype != torch.float32:
+        if images.dtype == torch.uint8:
+            images = images.permute(0, 3, 1, 2)
+            if to_float:
+                images = floats[: len(images)].copy_(images).div_(255)
+        if images.shape[1:] != (3, SIZE, SIZE) or images.dtype != (
+            torch.float32 if to_float else torch.uint8
+        ):
             raise SystemExit(f"unexpected batch {tuple(images.shape)} {images.dtype}")
         n += images.shape[0]
     return n
 
 
-def map_loader(out: Path, workers: int) -> DataLoader[Any]:
-    ds = MapDataset(out, "train", decode=False, transform=to_item)
+def map_loader(out: Path, workers: int, transform: Transform) -> DataLoader[Any]:
+    ds = MapDataset(out, "train", transform=transform, decode_size=(SIZE, SIZE))
     sampler = ShardexSampler(len(ds), rank=0, world_size=1, seed=SEED)
     return DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers)
 
 
-def stream_loader(out: Path, workers: int) -> DataLoader[Any]:
+def stream_loader(out: Path, workers: int, transform: Transform) -> DataLoader[Any]:
     ds = StreamDataset(
-        out, "train", decode=False, transform=to_item, seed=SEED, rank=0, world_size=1
+        out,
+        "train",
+        transform=transform,
+        decode_size=(SIZE, SIZE),
+        seed=SEED,
+        rank=0,
+        world_size=1,
     )
     return ds.dataloader(batch_size=BATCH, num_workers=workers)
 
@@ -186,125 +258,192 @@ def webdataset_loader(urls: list[str], workers: int) -> DataLoader[Any]:
 
 
 def memory_loader(
-    jpegs: list[bytes], labels: list[int], workers: int, *, collate: bool = True
+    jpegs: list[bytes], labels: list[int], workers: int, fn: Callable[[bytes], torch.Tensor]
 ) -> DataLoader[Any]:
     return DataLoader(
-        InMemory(jpegs, labels),
-        batch_size=BATCH,
-        shuffle=True,
-        num_workers=workers,
-        collate_fn=None if collate else count_batch,
+        InMemory(jpegs, labels, fn), batch_size=BATCH, shuffle=True, num_workers=workers
     )
 
 
-def check_same_images(out: Path, jpegs: list[bytes], picks: Sequence[int]) -> None:
-    """Every loader decodes the baseline's bytes with the baseline's function."""
-    ds = MapDataset(out, "train", decode=False, transform=to_item)
+def check_same_images(out: Path, jpegs: list[bytes], picks: Sequence[int]) -> float:
+    """Every shardex row decodes the baseline's bytes to the shardex-decode limit's
+    tensor; returns the largest difference from Pillow's (:func:`decode_224`)."""
+    floats = MapDataset(out, "train", transform=resize_float, decode_size=(SIZE, SIZE))
+    uint8 = MapDataset(out, "train", transform=resize_uint8, decode_size=(SIZE, SIZE))
+    worst = 0.0
     for i in picks:
-        if not torch.equal(ds[i]["image"], decode_224(jpegs[i])):
-            raise SystemExit(f"sample {i}: MapDataset's image differs from the baseline's")
+        expected = fast_224(jpegs[i])
+        if not torch.equal(floats[i]["image"], expected):
+            raise SystemExit(f"sample {i}: MapDataset's float image differs from the baseline's")
+        if not torch.equal(uint8[i]["image"].permute(2, 0, 1).float().div_(255), expected):
+            raise SystemExit(f"sample {i}: MapDataset's uint8 image differs from the baseline's")
+        worst = max(worst, float((expected - decode_224(jpegs[i])).abs().max()))
+    return worst
 
 
 # ---------------------------------------------------------------- the benchmark
+
+FLOAT, UINT8, AS_IS = "float items", "uint8 items, float per batch", "uint8 batches as delivered"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A loader row: how to make the loader, the limit it is compared with, its target."""
+
+    name: str
+    make: Callable[[], DataLoader[Any]]
+    limit: str  # a key of _DECODERS
+    target: float | None
+    note: str
+    to_float: bool = True  # the loop converts uint8 batches to float (see drain)
+
+
+def cases(out: Path, jpegs: list[bytes], labels: list[int], workers: int) -> list[Case]:
+    urls = tar_urls(out)
+    note = "decode=True, decode_size=(224, 224), transform=resize_"
+    shuffle = {"map": "global shuffle", "stream": ".dataloader(), shard shuffle + buffer 1000"}
+    make = {"map": map_loader, "stream": stream_loader}
+    title = {"map": "shardex MapDataset + ShardexSampler", "stream": "shardex StreamDataset"}
+    rows = []
+    for kind in ("map", "stream"):
+        rows += [
+            Case(
+                f"{title[kind]}, {FLOAT}",
+                partial(make[kind], out, workers, resize_float),
+                "shardex decode",
+                TARGET,
+                f"{note}float; {shuffle[kind]}",
+            ),
+            Case(
+                f"{title[kind]}, {UINT8}",
+                partial(make[kind], out, workers, resize_uint8),
+                "shardex decode",
+                TARGET,
+                f"{note}uint8; {shuffle[kind]}",
+            ),
+            Case(
+                f"{title[kind]}, {AS_IS}",
+                partial(make[kind], out, workers, resize_uint8),
+                "shardex decode, uint8",
+                TARGET,
+                f"{note}uint8; {shuffle[kind]}; no float conversion",
+                to_float=False,
+            ),
+        ]
+    return [
+        *rows,
+        Case(
+            f"webdataset.WebDataset(urls).map(...) (peer), {UINT8}",
+            partial(webdataset_loader, urls, workers),
+            "shardex decode",
+            None,
+            f"stock loader, same {len(urls)} shards, .map(shardex decode + resize_uint8)",
+        ),
+        Case(
+            f"DataLoader over in-memory list, {FLOAT}",
+            partial(memory_loader, jpegs, labels, workers, fast_224),
+            "shardex decode",
+            None,
+            "same bytes, fast_224 per item: the DataLoader's own cost with float items",
+        ),
+        Case(
+            f"DataLoader over in-memory list, {UINT8}",
+            partial(memory_loader, jpegs, labels, workers, fast_uint8),
+            "shardex decode",
+            None,
+            "same bytes, fast_uint8 per item: the DataLoader's own cost with uint8 items",
+        ),
+    ]
 
 
 def bench_workers(
     out: Path, jpegs: list[bytes], labels: list[int], workers: int, repeats: int
 ) -> list[Row]:
-    """Every loader with ``workers`` DataLoader workers, interleaved with the decode limit."""
+    """Every loader with ``workers`` DataLoader workers, interleaved with the decode limits."""
     count = len(jpegs)
-    urls = tar_urls(out)
     limit = DecodeLimit(jpegs, workers)
-    memory = "DataLoader over in-memory list"
-    loaders: list[tuple[str, Callable[[], DataLoader[Any]], float | None, str]] = [
-        (
-            "shardex MapDataset + ShardexSampler",
-            lambda: map_loader(out, workers),
-            TARGET,
-            "decode=False, transform=to_item (decode_224 of the jpg); global shuffle",
-        ),
-        (
-            "shardex StreamDataset",
-            lambda: stream_loader(out, workers),
-            TARGET,
-            "decode=False, transform=to_item; .dataloader(), shard shuffle + buffer 1000",
-        ),
-        (
-            "webdataset.WebDataset(urls).map(...) (peer)",
-            lambda: webdataset_loader(urls, workers),
-            None,
-            f"stock loader, same {len(urls)} shards, .map(to_item), no shuffle",
-        ),
-        (
-            memory,
-            lambda: memory_loader(jpegs, labels, workers),
-            None,
-            "same bytes, same decode, map-style list dataset: the DataLoader's own cost",
-        ),
-        (
-            f"{memory}, no collation",
-            lambda: memory_loader(jpegs, labels, workers, collate=False),
-            None,
-            "as above with collate_fn=len: no 64×3×224×224 float batch tensor is made",
-        ),
-    ]
+    todo = cases(out, jpegs, labels, workers)
 
-    def run(make: Callable[[], DataLoader[Any]]) -> Callable[[], None]:
+    def run(case: Case) -> Callable[[], None]:
         def once() -> None:
-            got = drain(make())
+            got = drain(case.make(), to_float=case.to_float)
             if got != count:
-                raise SystemExit(f"a loader gave {got} images, expected {count}")
+                raise SystemExit(f"{case.name} gave {got} images, expected {count}")
 
         return once
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # webdataset's notes about shardshuffle etc.
         limit.warm()
-        for _, make, _, _ in loaders:  # untimed: imports, first opens, Pillow's plugins
-            batches = iter(make())
+        for case in todo:  # untimed: imports, first opens, Pillow's plugins
+            batches = iter(case.make())
             next(batches), next(batches)
             del batches
-        timed = [limit, *(run(make) for _, make, _, _ in loaders)]
-        names = ["limit", *(name for name, *_ in loaders)]
+        timed = [*(limit.timer(name) for name in _DECODERS), *map(run, todo)]
+        names = [*_DECODERS, *(case.name for case in todo)]
         took = dict(zip(names, median_times(timed, repeats), strict=True))
     limit.close()
-    base = count / took["limit"]
+    rate = {name: count / seconds for name, seconds in took.items()}
+    pillow = rate["Pillow"]
     how = "in one process" if workers == 0 else f"across a pool of {workers} processes"
     rows = [
         Row(
-            f"decode limit, num_workers={workers}",
+            f"decode limit ({name}), num_workers={workers}",
             "images/s",
-            base,
-            note=f"decode_224 of the JPEG bytes from a Python list, {how}",
+            rate[name],
+            None if name == "Pillow" else pillow,
+            note=f"{_LIMIT_NOTES[name]}, {how}",
         )
+        for name in _DECODERS
     ]
-    memory_rate = count / took[memory]
-    for name, _, target, note in loaders:
-        rate = count / took[name]
-        extra = f"; {rate / memory_rate:.2f}× the in-memory DataLoader" if target else ""
+    for case in todo:
+        value = rate[case.name]
         rows.append(
-            Row(f"{name}, num_workers={workers}", "images/s", rate, base, target, note=note + extra)
+            Row(
+                f"{case.name}, num_workers={workers}",
+                "images/s",
+                value,
+                rate[case.limit],
+                case.target,
+                note=f"vs the {case.limit} limit; {case.note}; {value / pillow:.2f}× the Pillow limit",
+            )
         )
     return rows
 
 
 def collation_costs(jpegs: list[bytes], rounds: int = 9) -> None:
-    """What one default collation of a 64-image float batch costs, against the decode."""
-    images = [decode_224(data) for data in jpegs[:BATCH]]
-    numel = BATCH * images[0].numel()
-    reused = torch.empty(BATCH, *images[0].shape)
+    """What one default collation of a 64-image batch costs (float32 and uint8 items),
+    against the decode."""
+    floats = [fast_224(data) for data in jpegs[:BATCH]]
+    uint8 = [fast_uint8(data) for data in jpegs[:BATCH]]
+    reused = torch.empty(BATCH, *floats[0].shape)
 
-    def shared() -> None:  # what default_collate does in a DataLoader worker
-        storage = images[0]._typed_storage()._new_shared(numel, device="cpu")
-        out = images[0].new(storage).resize_(BATCH, *images[0].shape)
-        torch.stack(images, 0, out=out)
+    def shared(images: list[torch.Tensor]) -> Callable[[], None]:
+        def collate() -> None:  # what default_collate does in a DataLoader worker
+            numel = BATCH * images[0].numel()
+            storage = images[0]._typed_storage()._new_shared(numel, device="cpu")
+            out = images[0].new(storage).resize_(BATCH, *images[0].shape)
+            torch.stack(images, 0, out=out)
 
+        return collate
+
+    batch = torch.stack(uint8).permute(0, 3, 1, 2)
+    reused_last = reused.to(memory_format=torch.channels_last)
     print(f"\n--- one batch of {BATCH} images, median of {rounds} (µs per image) ---")
     for title, fn in (
-        ("decode_224 of each JPEG", lambda: [decode_224(d) for d in jpegs[:BATCH]]),
-        ("torch.stack into fresh memory (collation, num_workers=0)", lambda: torch.stack(images)),
-        ("torch.stack into fresh shared memory (collation in a worker)", shared),
-        ("torch.stack into reused memory", lambda: torch.stack(images, out=reused)),
+        ("decode_224 (Pillow) of each JPEG", lambda: [decode_224(d) for d in jpegs[:BATCH]]),
+        ("fast_224 (shardex decode) of each JPEG", lambda: [fast_224(d) for d in jpegs[:BATCH]]),
+        (
+            "fast_uint8 (shardex decode) of each JPEG",
+            lambda: [fast_uint8(d) for d in jpegs[:BATCH]],
+        ),
+        ("float: torch.stack into fresh memory (num_workers=0)", lambda: torch.stack(floats)),
+        ("float: torch.stack into fresh shared memory (in a worker)", shared(floats)),
+        ("float: torch.stack into reused memory", lambda: torch.stack(floats, out=reused)),
+        ("uint8: torch.stack into fresh memory (num_workers=0)", lambda: torch.stack(uint8)),
+        ("uint8: torch.stack into fresh shared memory (in a worker)", shared(uint8)),
+        ("uint8 batch -> float (fresh memory), / 255", lambda: batch.float().div_(255)),
+        ("uint8 batch -> float (reused memory), / 255", lambda: reused_last.copy_(batch).div_(255)),
     ):
         fn()
         print(f"{1e6 * median_time(fn, rounds) / BATCH:8.0f}  {title}")
@@ -312,19 +451,38 @@ def collation_costs(jpegs: list[bytes], rounds: int = 9) -> None:
 
 def profile(out: Path, jpegs: list[bytes], labels: list[int], limit: int = 15) -> None:
     """cProfile (this process, num_workers=0) of one pass of each loader and the baseline."""
+    decoder = DecodeLimit(jpegs, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for title, fn in (
-            ("decode limit, one process", DecodeLimit(jpegs, 0)),
-            ("in-memory DataLoader", lambda: drain(memory_loader(jpegs, labels, 0))),
-            ("MapDataset + ShardexSampler", lambda: drain(map_loader(out, 0))),
-            ("StreamDataset", lambda: drain(stream_loader(out, 0))),
+            ("decode limit (shardex decode), one process", decoder.timer("shardex decode")),
+            (
+                f"in-memory DataLoader, {UINT8}",
+                lambda: drain(memory_loader(jpegs, labels, 0, fast_uint8)),
+            ),
+            (
+                f"MapDataset + ShardexSampler, {UINT8}",
+                lambda: drain(map_loader(out, 0, resize_uint8)),
+            ),
+            (f"StreamDataset, {UINT8}", lambda: drain(stream_loader(out, 0, resize_uint8))),
         ):
             prof = cProfile.Profile()
             prof.runcall(fn)
             print(f"\n--- cProfile: {title}, num_workers=0 (top {limit} by tottime) ---")
             pstats.Stats(prof).sort_stats("tottime").print_stats(limit)
     collation_costs(jpegs)
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"shardex": shardex.__version__, "torch": torch.__version__}
+    for name in ("pillow", "simplejpeg", "webdataset"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -357,13 +515,15 @@ def main(argv: list[str] | None = None) -> int:
     del samples
     if len(jpegs) != count:
         raise SystemExit(f"the export has {len(jpegs)} samples, expected {count}")
-    check_same_images(out, jpegs, [0, count // 2, count - 1])
+    worst = check_same_images(out, jpegs, [0, count // 2, count - 1])
     width, height = Image.open(io.BytesIO(jpegs[0])).size
+    versions = package_versions()
     print(
         f"{count} JPEGs, {sum(map(len, jpegs)) / count / 1024:.1f} KiB mean, ~{width}×{height} "
         f"px (smaller than {SIZE}: draft() decodes at full size), "
-        f"{len(tar_urls(out))} shards; torch {torch.__version__}, 1 intra-op thread"
+        f"{len(tar_urls(out))} shards; 1 intra-op thread; {versions}"
     )
+    print(f"shardex decode vs Pillow, largest pixel difference after resize: {worst:.4f}")
     rows = [r for w in WORKERS for r in bench_workers(out, jpegs, labels, w, args.repeats)]
     print()
     print(render(rows))
@@ -376,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(
             args.json,
             rows,
-            versions={"shardex": shardex.__version__, "torch": torch.__version__},
+            versions=versions,
             images=count,
             size_kb=args.size_kb,
             batch_size=BATCH,

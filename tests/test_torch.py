@@ -447,15 +447,35 @@ class Resume:
     """A resume scenario: the loader, its workers before and after the restart, and the
     number of batches the training loop takes before the state is saved."""
 
-    kind: str  # "map", "stream" or "window"
+    kind: str  # "map", "stream", "window"; "map-sdl", "stream-sdl": torchdata's loader
     stop_after: int
     workers: int
     workers_after: int
     batch_size: int = 3
 
 
+class LoaderState:
+    """A ``StatefulDataLoader``'s state, as the resume helper handles states: the loop
+    calls no ``advance()``; ``set_epoch`` goes to the sampler or dataset."""
+
+    def __init__(self, loader: Any, holder: Any) -> None:
+        self.loader, self.holder = loader, holder
+
+    def set_epoch(self, epoch: int) -> None:
+        self.holder.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.holder.epoch, "loader": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+
+
 def _loader(kind: str, uri: str, workers: int, batch_size: int) -> tuple[Iterable[Any], Any]:
-    """A loader on rank 1 of 2 and the object holding its state (sampler or dataset)."""
+    """A loader on rank 1 of 2 and the object holding its state (sampler or dataset).
+
+    Kinds ending in ``-sdl`` use torchdata's ``StatefulDataLoader`` and its own state.
+    """
     if kind == "window":  # its own batches; workers are its prefetch threads
         windows = TensorShardsLoader(
             uri,
@@ -467,30 +487,44 @@ def _loader(kind: str, uri: str, workers: int, batch_size: int) -> tuple[Iterabl
             prefetch_workers=max(workers, 1),
         )
         return windows, windows
-    if kind == "map":
+    make: Any = DataLoader
+    if kind.endswith("-sdl"):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        make = StatefulDataLoader
+    holder: Any
+    if kind.startswith("map"):
         ds = MapDataset(uri, decode=False)
-        sampler = ShardexSampler(len(ds), rank=1, world_size=2, seed=7)
-        loader = DataLoader(
-            ds, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=keep
+        holder = ShardexSampler(len(ds), rank=1, world_size=2, seed=7)
+        loader = make(
+            ds, batch_size=batch_size, sampler=holder, num_workers=workers, collate_fn=keep
         )
-        return loader, sampler
-    stream = StreamDataset(uri, decode=False, rank=1, world_size=2, seed=7, buffer_size=5)
-    return stream.dataloader(batch_size, num_workers=workers, collate_fn=keep), stream
+    else:
+        holder = StreamDataset(uri, decode=False, rank=1, world_size=2, seed=7, buffer_size=5)
+        loader = (
+            make(holder, batch_size=batch_size, num_workers=workers, collate_fn=keep)
+            if kind.endswith("-sdl")
+            else holder.dataloader(batch_size, num_workers=workers, collate_fn=keep)
+        )
+    return loader, LoaderState(loader, holder) if kind.endswith("-sdl") else holder
 
 
 def _epoch(loader: Iterable[Any], stateful: Any, epoch: int, stop: int | None = None) -> list[str]:
     """Keys the training loop takes in one epoch (``stop`` batches, or all)."""
     stateful.set_epoch(epoch)
     keys: list[str] = []
+    counts_itself = isinstance(stateful, (TensorShardsLoader, LoaderState))
     for i, batch in enumerate(loader):
-        if i == stop:
+        if i == stop:  # taken from the loader, not used: advance() is not told of it
             break
-        if isinstance(batch, dict):  # TensorShardsLoader: counts the batches it hands out
+        if isinstance(batch, dict):  # TensorShardsLoader
             keys += batch["__key__"]
+        else:
+            keys += [sample["__key__"] for sample in batch]
+        if counts_itself:  # its state counts every batch it has handed out
             if i + 1 == stop:
                 break
             continue
-        keys += [sample["__key__"] for sample in batch]
         stateful.advance(len(batch))
     return keys
 
@@ -532,7 +566,7 @@ def assert_resumes(uri: Path, cases: list[Resume]) -> None:
     )
     assert done.returncode == 0, done.stderr
     for case, (head, full), got in zip(cases, expected, json.loads(done.stdout), strict=True):
-        if case.kind != "stream" or case.workers == case.workers_after:
+        if not case.kind.startswith("stream") or case.workers == case.workers_after:
             assert head + got["rest"] == full[0], case
         else:  # a stream resumed on other workers: exactly the rest, in a new order
             assert sorted(head + got["rest"]) == sorted(full[0]), case
@@ -560,6 +594,49 @@ def test_streaming_resumes_mid_epoch_in_a_fresh_process(export: Path) -> None:
     )
 
 
+# torchdata's StatefulDataLoader warns about torch's deprecated set_vital when it is made.
+sdl_warning = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
+
+@sdl_warning
+def test_stateful_dataloader_resumes_mid_epoch_in_a_fresh_process(export: Path) -> None:
+    """torchdata's own loader state, no advance() calls: the sampler's and the stream's
+    iterators count what they give out, and the loader records that with each batch."""
+    pytest.importorskip("torchdata")
+    assert_resumes(
+        export,
+        [
+            Resume("map-sdl", 2, workers=0, workers_after=0),
+            Resume("map-sdl", 3, workers=2, workers_after=2),  # 4 batches prefetched
+            Resume("stream-sdl", 2, workers=0, workers_after=0),
+            Resume("stream-sdl", 1, workers=2, workers_after=2),  # mid-round: worker 1 is next
+            Resume("stream-sdl", 2, workers=2, workers_after=2, batch_size=2),
+        ],
+    )
+
+
+@sdl_warning
+@pytest.mark.parametrize("kind", ["map-sdl", "stream-sdl"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_state_follows_set_epoch(export: Path, kind: str, workers: int) -> None:
+    """The loader loads its state when iterated, after the loop's set_epoch(): a state of
+    another epoch (e.g. saved at the end of the previous one) gives that epoch afresh."""
+    pytest.importorskip("torchdata")
+    uri = str(export)
+    reference = {e: _epoch(*_loader(kind, uri, workers, 3), e) for e in (1, 2)}
+    loader, stateful = _loader(kind, uri, workers, 3)
+    assert _epoch(loader, stateful, 1) == reference[1]
+    at_end = json.loads(json.dumps(stateful.state_dict()))
+    _, stateful = _loader(kind, uri, workers, 3)
+    _epoch(stateful.loader, stateful, 1, stop=2)
+    mid = json.loads(json.dumps(stateful.state_dict()))
+    for state in (at_end, mid):
+        loader, stateful = _loader(kind, uri, workers, 3)
+        stateful.load_state_dict(state)
+        assert _epoch(loader, stateful, 2) == reference[2]
+        assert _epoch(loader, stateful, 1) == reference[1]
+
+
 # -- the guide ----------------------------------------------------------------------------------
 
 
@@ -571,6 +648,23 @@ def test_torch_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     exec(compile(code, "docs/torch.md", "exec"), scope)
     assert scope["images"].shape[1:] == (3, 32, 32)
     assert scope["resumed_keys"] == scope["remaining_keys"]
+
+
+@sdl_warning
+def test_torch_docs_stateful_dataloader_example_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torchdata")
+    monkeypatch.chdir(tmp_path)
+    text = (TESTS.parent / "docs" / "torch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    scope: dict[str, Any] = {}
+    exec(compile(blocks[0], "docs/torch.md", "exec"), scope)
+    (example,) = [b for b in blocks if "StatefulDataLoader(" in b]
+    exec(compile(example, "docs/torch.md", "exec"), scope)
+    for kind in ("map", "stream"):
+        assert 0 < len(scope["head"][kind]) < len(scope["whole_epoch"][kind])
+        assert scope["head"][kind] + scope["rest"][kind] == scope["whole_epoch"][kind]
 
 
 def test_decode_size_decodes_large_jpegs_at_a_reduced_scale(tmp_path: Path) -> None:

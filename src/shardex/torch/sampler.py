@@ -13,6 +13,7 @@ from shardex.torch.distributed import check_state, rank_share, resolve_ranks
 from shardex.torch.permutation import IndexPermutation
 
 STATE_KIND: Final = "shardex.ShardexSampler"
+ITERATOR_KIND: Final = "shardex.ShardexSampler.iterator"
 #: Indices computed per numpy pass while iterating.
 _CHUNK: Final = 4096
 
@@ -31,13 +32,17 @@ class ShardexSampler(Sampler[int]):
     * ``drop_last=True``: the last ``dataset_len % world_size`` positions of the order are
       left out (different samples each epoch, since the order changes).
 
-    Resuming: the sampler does not know how many of the indices it gave out have reached
-    the training loop (the DataLoader fetches ahead), so the loop tells it with
-    :meth:`advance` after each batch. :meth:`state_dict` then records the epoch and the
-    number of samples consumed on this rank; after :meth:`load_state_dict` (in a fresh
-    process) the next pass starts right after them, in the same order. The state does not
-    depend on ``num_workers`` or the batch size, and every rank consumes the same number,
-    so the state of any rank can be loaded on every rank.
+    Resuming with ``torchdata``'s ``StatefulDataLoader``: save and load the loader's
+    state; nothing else is needed (each pass's :class:`SamplerIterator` counts the indices
+    it gives out, and the loader records that count with each batch it hands over).
+
+    Resuming with a plain DataLoader: the sampler does not know how many of the indices it
+    gave out have reached the training loop (the DataLoader fetches ahead), so the loop
+    tells it with :meth:`advance` after each batch. :meth:`state_dict` then records the
+    epoch and the number of samples consumed on this rank; after :meth:`load_state_dict`
+    (in a fresh process) the next pass starts right after them, in the same order. The
+    state does not depend on ``num_workers`` or the batch size, and every rank consumes
+    the same number, so the state of any rank can be loaded on every rank.
 
     Args:
         dataset_len: the number of samples in the dataset (``len(dataset)``).
@@ -65,6 +70,7 @@ class ShardexSampler(Sampler[int]):
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.num_samples = rank_share(dataset_len, self.world_size, drop_last=drop_last)
         self.epoch = 0
+        self._epoch_set: int | None = None  # the epoch last given to set_epoch()
         self._resume_at = 0  # where the next pass starts (set by load_state_dict)
         self._consumed = 0  # samples of this epoch handed to the training loop
 
@@ -75,6 +81,7 @@ class ShardexSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Use the order of this epoch for the next pass (a new epoch forgets any resume
         point; setting the epoch a resume point belongs to keeps it)."""
+        self._epoch_set = epoch
         if epoch != self.epoch:
             self.epoch, self._resume_at, self._consumed = epoch, 0, 0
 
@@ -91,18 +98,10 @@ class ShardexSampler(Sampler[int]):
             )
         self._consumed += n
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> SamplerIterator:
         start, self._resume_at = self._resume_at, 0
         self._consumed = start
-        return self._indices(start)
-
-    def _indices(self, start: int) -> Iterator[int]:
-        n, world = self.dataset_len, self.world_size
-        perm = IndexPermutation(n, self.seed, self.epoch) if self.shuffle and n else None
-        for lo in range(start, self.num_samples, _CHUNK):
-            hi = min(lo + _CHUNK, self.num_samples)
-            positions = (np.arange(lo, hi, dtype=np.int64) * world + self.rank) % n
-            yield from (positions if perm is None else perm.map(positions)).tolist()
+        return SamplerIterator(self, start)
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able record of the epoch and the samples consumed on this rank."""
@@ -136,3 +135,71 @@ class ShardexSampler(Sampler[int]):
             "seed": self.seed,
             "drop_last": self.drop_last,
         }
+
+
+class SamplerIterator(Iterator[int]):
+    """One pass of a :class:`ShardexSampler`, which knows how many indices it has given out.
+
+    ``torchdata``'s ``StatefulDataLoader`` saves this position with the sampler's state at
+    the moment it draws each batch's indices, and restores both in the new loader, so a
+    resume lands exactly after the last batch the training loop received, with no
+    :meth:`ShardexSampler.advance` calls.
+    """
+
+    def __init__(self, sampler: ShardexSampler, start: int) -> None:
+        self.sampler = sampler
+        self._seek(sampler.epoch, start)
+
+    def _seek(self, epoch: int, position: int) -> None:
+        self.epoch, self.position = epoch, position
+        n = self.sampler.dataset_len
+        self._perm = (
+            IndexPermutation(n, self.sampler.seed, epoch) if self.sampler.shuffle and n else None
+        )
+        self._chunk: list[int] = []
+        self._at = 0  # next item of _chunk
+
+    def __iter__(self) -> SamplerIterator:
+        return self
+
+    def __next__(self) -> int:
+        if self._at == len(self._chunk):
+            self._chunk, self._at = self._indices(), 0
+            if not self._chunk:
+                raise StopIteration
+        self._at += 1
+        self.position += 1
+        return self._chunk[self._at - 1]
+
+    def _indices(self) -> list[int]:
+        """The next chunk of indices, from ``position`` on (rank ``r`` takes positions
+        ``r, r + W, ...`` of the epoch's order)."""
+        sampler = self.sampler
+        stop = min(self.position + _CHUNK, sampler.num_samples)
+        at = np.arange(self.position, stop, dtype=np.int64) * sampler.world_size + sampler.rank
+        at %= max(sampler.dataset_len, 1)
+        return (at if self._perm is None else self._perm.map(at)).tolist()  # type: ignore[no-any-return]
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind", "epoch", "yielded"}``: the position in this rank's share."""
+        return {"kind": ITERATOR_KIND, "epoch": self.epoch, "yielded": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at a saved position: the rest of the saved epoch, unless
+        :meth:`ShardexSampler.set_epoch` chose another epoch (a StatefulDataLoader loads
+        its state when iterated, after the loop's ``set_epoch``): then that epoch from its
+        start, as ``set_epoch`` after :meth:`ShardexSampler.load_state_dict` would give.
+
+        Raises:
+            ConfigError: the state is not a sampler iterator's or lies outside this rank's
+                share.
+        """
+        check_state(state, ITERATOR_KIND, {})
+        epoch, yielded = int(state["epoch"]), int(state["yielded"])
+        if not 0 <= yielded <= self.sampler.num_samples:
+            raise ConfigError(f"the state's yielded={yielded} is outside this rank's share")
+        chosen = self.sampler._epoch_set
+        if chosen is not None and chosen != epoch:
+            epoch, yielded = chosen, 0
+        self.sampler.epoch, self.sampler._consumed = epoch, yielded
+        self._seek(epoch, yielded)

@@ -16,7 +16,7 @@ Memory per worker: two runs (``2 * block_bytes``) and ``buffer_size`` samples.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -43,6 +43,7 @@ from shardex.torch.samples import SampleMaker, SampleSpec, Transform
 from shardex.torch.shuffle import ShuffleBuffer, leftovers, replay
 
 STATE_KIND: Final = "shardex.StreamDataset"
+ITERATOR_KIND: Final = "shardex.StreamDataset.iterator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +73,13 @@ class StreamDataset(IterableDataset[Any]):
     shard-ordered sequence, padded (without ``drop_last``) by wrapping around to the
     sequence's first samples. Call :meth:`set_epoch` before each epoch for a new order.
 
-    Resuming: iterate through :meth:`dataloader` and call :meth:`advance` with each batch's
-    size; :meth:`state_dict` then says how far each worker got. After
+    Resuming with ``torchdata``'s ``StatefulDataLoader``: save and load the loader's
+    state, with the same ``num_workers``; nothing else is needed (each worker's
+    :class:`StreamIterator` counts what it gives out, and the loader records that with
+    each batch it hands over).
+
+    Resuming otherwise: iterate through :meth:`dataloader` and call :meth:`advance` with
+    each batch's size; :meth:`state_dict` then says how far each worker got. After
     :meth:`load_state_dict`, the next pass yields exactly the rest of that epoch: with the
     same number of workers and batch size, in the same order as an uninterrupted run
     (another batch size keeps each worker's order but interleaves the batches otherwise);
@@ -134,6 +140,7 @@ class StreamDataset(IterableDataset[Any]):
         self.buffer_size = buffer_size if shuffle else 0
         self.block_bytes = block_bytes
         self.epoch = 0
+        self._epoch_set: int | None = None  # the epoch last given to set_epoch()
         self._pending: _Start | None = None  # from load_state_dict, for the next pass
         self._pass: _Start | None = None  # where the current pass started
         self._armed = False  # a StreamLoader has started a pass its workers will read
@@ -146,6 +153,7 @@ class StreamDataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Use this epoch's order for the next pass (a new epoch forgets a resume point)."""
+        self._epoch_set = epoch
         if epoch != self.epoch:
             self.epoch, self._pending, self._pass, self._consumed = epoch, None, None, 0
 
@@ -264,7 +272,7 @@ class StreamDataset(IterableDataset[Any]):
 
     # -- iteration --------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> StreamIterator:
         info = get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         # A StreamLoader has begun the pass (its workers hold a copy of it); otherwise the
@@ -274,11 +282,9 @@ class StreamDataset(IterableDataset[Any]):
             start = self._begin_pass(workers)
         if info is None:
             self._armed = False
-        role = (worker + start.rotation) % workers
-        piece = worker_piece(start.plan, workers, role)
-        return self._samples(piece, self._key(role, start.generation), start.given[role])
+        return StreamIterator(self, start, workers, worker)
 
-    def _samples(self, piece: list[Segment], key: int, given: int) -> Iterator[Any]:
+    def _samples(self, piece: list[Segment], key: int, given: int) -> Generator[Any, None, None]:
         ds = self._handle.shards()
         info = ds.config.split(ds.split)
         order = EpochOrder.make(
@@ -301,6 +307,77 @@ class StreamDataset(IterableDataset[Any]):
         while buffer.items:
             number, raw = buffer.pop()
             yield make(raw, number)
+
+
+class StreamIterator(Iterator[Any]):
+    """One worker's pass over its piece of a :class:`StreamDataset`, which knows how many
+    samples it has given out.
+
+    ``torchdata``'s ``StatefulDataLoader`` asks each worker for this count (with the
+    dataset's state: where the pass started) after every batch, and hands both back to the
+    workers of the new loader, so a resume continues each worker exactly where its last
+    delivered batch ended, with no :meth:`StreamDataset.advance` calls.
+    """
+
+    def __init__(self, dataset: StreamDataset, start: _Start, workers: int, worker: int) -> None:
+        self.dataset, self.workers, self.worker = dataset, workers, worker
+        self._seek(start)
+
+    def _seek(self, start: _Start) -> None:
+        ds = self.dataset
+        self.role = (self.worker + start.rotation) % self.workers
+        self.epoch, self.generation = ds.epoch, start.generation
+        self.given = start.given[self.role]
+        self._piece = worker_piece(start.plan, self.workers, self.role)
+        self._key = ds._key(self.role, start.generation)
+        self._items: Generator[Any, None, None] | None = None  # made on the first next()
+
+    def __iter__(self) -> StreamIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._items is None:
+            self._items = self.dataset._samples(self._piece, self._key, self.given)
+        item = next(self._items)
+        self.given += 1
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind", "epoch", "generation", "role", "given"}``: this worker's position."""
+        return {
+            "kind": ITERATOR_KIND,
+            "epoch": self.epoch,
+            "generation": self.generation,
+            "role": self.role,
+            "given": self.given,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at a saved position of the pass the dataset's state (loaded just
+        before) describes, unless :meth:`StreamDataset.set_epoch` chose another epoch (a
+        StatefulDataLoader loads its state when iterated, after the loop's ``set_epoch``):
+        then that epoch from its start, as ``set_epoch`` after
+        :meth:`StreamDataset.load_state_dict` would give.
+
+        Raises:
+            ConfigError: the state belongs to another pass or worker, or lies outside
+                this worker's piece.
+        """
+        check_state(state, ITERATOR_KIND, {})
+        ds = self.dataset
+        if self._items is not None:
+            self._items.close()
+        chosen = ds._epoch_set
+        if chosen is not None and chosen != state.get("epoch"):
+            ds.epoch, ds._pending = chosen, None
+            self._seek(ds._begin_pass(self.workers))
+            return
+        expected = {"epoch": self.epoch, "generation": self.generation, "role": self.role}
+        check_state(state, ITERATOR_KIND, expected)
+        given = int(state["given"])
+        if not 0 <= given <= plan_length(self._piece):
+            raise ConfigError(f"the state's given={given} is outside this worker's piece")
+        self.given, self._items = given, None
 
 
 class StreamLoader(DataLoader[Any]):
