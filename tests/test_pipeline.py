@@ -250,3 +250,10 @@ def test_dedup_hashes_are_stored_unsigned(tmp_path: Path) -> None:
     meta = shardex.open_dataset(tmp_path / "o", split="train").metadata
     assert meta.schema.field("phash").type in (pa.uint64(), pa.int64())
     assert config.num_samples <= 130
+
+
+def test_cli_lists_the_built_in_stages() -> None:
+    result = CliRunner().invoke(main, ["pipeline", "stages"])
+    assert result.exit_code == 0, result.output
+    names = {line.split()[0] for line in result.output.splitlines() if line.strip()}
+    assert {"decode", "resize", "center_crop", "encode", "filter", "dedup", "embed"} <= names
