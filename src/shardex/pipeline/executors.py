@@ -86,7 +86,10 @@ class LocalExecutor(Executor):
                         stage.teardown()
 
     def runner(self) -> Runner:
-        return Runner(self.workers)
+        # The writer's samples are already in this process's memory: shipping them to
+        # worker processes to be checked and concatenated into tars costs more than doing
+        # it here (measured: 4x slower for a passthrough with 2 workers).
+        return Runner(1)
 
     def describe(self) -> dict[str, Any]:
         return {"executor": self.kind, "workers": self.workers}
