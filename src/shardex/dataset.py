@@ -10,6 +10,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from shardex.contract import ExportConfig
+from shardex.storage.base import Storage
 
 Sample = dict[str, Any]
 #: What iteration does with a damaged sample: raise (default) or skip and record it.
@@ -55,3 +56,26 @@ class Dataset(ABC):
             f"{type(self).__name__}(backend={self.config.backend!r}, split={self.split!r}, "
             f"num_samples={len(self)})"
         )
+
+
+class ReopenedDataset(Dataset):
+    """A dataset that pickles as what opened it and reopens in the unpickling process
+    (a DataLoader worker): file handles, mappings and caches are never pickled."""
+
+    storage: Storage
+    decode: bool
+    verify: bool
+    on_error: OnReadError
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "storage": self.storage,
+            "config": self.config,
+            "split": self.split,
+            "decode": self.decode,
+            "verify": self.verify,
+            "on_error": self.on_error,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]

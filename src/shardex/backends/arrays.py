@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +38,7 @@ from shardex.backends.columns import (
 )
 from shardex.backends.columns import concat_columns as concat_columns
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.dataset import Dataset, OnReadError, Sample
+from shardex.dataset import Dataset, OnReadError, ReopenedDataset, Sample
 from shardex.errors import (
     ChecksumError,
     ConfigError,
@@ -49,7 +49,7 @@ from shardex.errors import (
 from shardex.fields import npy_bytes
 from shardex.format.index import build_keys, key_hash
 from shardex.format.reader import read_metadata
-from shardex.format.shard import JSON_COLUMN, shard_checksum
+from shardex.format.shard import JSON_COLUMN, json_text_column, shard_checksum
 from shardex.parallel import Runner
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -92,17 +92,11 @@ def _run(job: _RunJob) -> tuple[Written | None, dict[str, np.ndarray] | None, pa
 
 def metadata_rows(rows: pa.Table) -> pa.Table:
     """metadata.parquet rows of samples: NeMo's columns and every metadata column."""
-    n = rows.num_rows
-    json_text = (
-        rows.column(JSON_COLUMN).cast(pa.string())
-        if JSON_COLUMN in rows.column_names
-        else pa.nulls(n, pa.string())
-    )
     front = {
         "key": rows.column("key"),
         "image_id": rows.column("key"),
         "original_path": rows.column("original_path"),
-        "metadata": json_text,
+        "metadata": json_text_column(rows),
     }
     internal = {MEMBERS, JSON_COLUMN, *front}
     return pa.table(
@@ -221,7 +215,7 @@ def _shard_info(num_samples: int, written: Written) -> ShardInfo:
     return ShardInfo(written.path, num_samples, written.num_bytes, written.checksum)
 
 
-class ArrayDataset(Dataset):
+class ArrayDataset(ReopenedDataset):
     """A split of an array backend; subclasses load one run's columns (:meth:`_load`)."""
 
     def __init__(
@@ -246,19 +240,6 @@ class ArrayDataset(Dataset):
         self._keys_path = info.keys
         self._cached: OrderedDict[int, ColumnReader] = OrderedDict()
         self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "storage": self.storage,
-            "config": self.config,
-            "split": self.split,
-            "decode": self.decode,
-            "verify": self.verify,
-            "on_error": self.on_error,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
 
     def __len__(self) -> int:
         return self._n

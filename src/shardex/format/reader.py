@@ -19,7 +19,7 @@ from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.contract import METADATA_FILE, ExportConfig
-from shardex.dataset import Dataset, OnReadError, Sample
+from shardex.dataset import OnReadError, ReopenedDataset, Sample
 from shardex.errors import ChecksumError, FormatError, SampleNotFoundError
 from shardex.format.index import SplitIndex
 from shardex.format.tar import parse_sample
@@ -70,7 +70,7 @@ def decode_fields(fields: dict[str, bytes]) -> dict[str, Any]:
     return out
 
 
-class ShardDataset(Dataset):
+class ShardDataset(ReopenedDataset):
     """A split of a tar-shard export (the ``webdataset`` backend)."""
 
     #: Bytes per chunk when remote shards are streamed for iteration.
@@ -110,19 +110,6 @@ class ShardDataset(Dataset):
         self._local = [storage.local_path(p) for p in self._paths]
         self._fds: list[int | None] = [None] * len(self._paths)
         self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "storage": self.storage,
-            "config": self.config,
-            "split": self.split,
-            "decode": self.decode,
-            "verify": self.verify,
-            "on_error": self.on_error,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
 
     def __len__(self) -> int:
         return self._n

@@ -262,6 +262,13 @@ def _same_prefix(old: _Existing | None, i: int, end: int, checksum: int) -> bool
     return old is not None and old.ends[i] == end and old.sums[i] == checksum
 
 
+def json_text_column(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """NeMo's ``metadata`` column: each sample's scalar metadata as JSON text (or null)."""
+    if JSON_COLUMN in rows.column_names:
+        return rows.column(JSON_COLUMN).cast(pa.string())
+    return pa.nulls(rows.num_rows, pa.string())
+
+
 def _sidecar(
     job: ShardJob,
     member_names: list[str],
@@ -273,11 +280,7 @@ def _sidecar(
     rows = job.rows
     n = rows.num_rows
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path"}
-    json_text = (
-        rows.column(JSON_COLUMN).cast(pa.string())
-        if JSON_COLUMN in rows.column_names
-        else pa.nulls(n, pa.string())
-    )
+    json_text = json_text_column(rows)
     front = {
         "key": rows.column("key"),
         "image_id": rows.column("key"),
