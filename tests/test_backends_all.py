@@ -173,3 +173,33 @@ def test_verify_finds_a_damaged_array_export(backend: str, tmp_path: Path) -> No
     victim.write_bytes(bytes(data))
     damaged = shardex.verify(out)
     assert not damaged.ok
+
+
+def test_unstorable_array_fields_are_refused_before_writing(tmp_path: Path) -> None:
+    for data, match in [
+        ({"names": np.array([["ab"], ["cd"]])}, "booleans or numbers"),
+        ({"when": np.array(["2026-01-01", "2026-01-02"], dtype="datetime64[D]")}, "numbers"),
+        ({"a/b": np.zeros((2, 3))}, "cannot name files"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            shardex.export(data, tmp_path / "o", backend="numpy_mmap", workers=1)
+        assert not (tmp_path / "o" / "config.yaml").exists()
+
+
+def test_big_endian_arrays_are_stored_natively_with_their_values(tmp_path: Path) -> None:
+    values = np.arange(6, dtype=">f4").reshape(2, 3)
+    for backend in ("numpy_mmap", "tensor_shards"):
+        shardex.export({"x": values}, tmp_path / backend, backend=backend, workers=1)
+        got = shardex.open_dataset(tmp_path / backend, decode=True)[1]["x.npy"]
+        assert got.dtype == np.dtype("float32")
+        np.testing.assert_array_equal(got, values[1])
+
+
+def test_exported_dataset_refuses_out_of_range_indices(tmp_path: Path) -> None:
+    shardex.export({"x": np.zeros((3, 2))}, tmp_path / "o", backend="numpy_mmap", workers=1)
+    ds = shardex.ExportedDataset(tmp_path / "o", feature_keys=("x",), label_keys=())
+    assert ds[-3]["key"] == ds[0]["key"]
+    with pytest.raises(IndexError):
+        ds[-4]
+    with pytest.raises(IndexError):
+        ds[3]

@@ -100,3 +100,18 @@ def test_pipeline_guide_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert shardex.materialize("spec.yaml") == config  # reused, not rebuilt
     view = run_spec("spec.yaml", "emb", until_keys=["clip_embedding"], executor=LocalExecutor(1))
     assert [p["stage"] for p in view.pipeline] == ["read", "filter", "decode", "embed"]
+
+
+def test_window_loader_guide_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "docs" / "torch.md").read_text()
+    code = next(
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        if "TensorShardsLoader(" in b
+    )
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/torch.md", "exec"), scope)
+    assert tuple(scope["x"].shape) == (1000 % 64 or 64, 16)
+    assert scope["state"]["epoch"] == 2

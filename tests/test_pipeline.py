@@ -257,3 +257,46 @@ def test_cli_lists_the_built_in_stages() -> None:
     assert result.exit_code == 0, result.output
     names = {line.split()[0] for line in result.output.splitlines() if line.strip()}
     assert {"decode", "resize", "center_crop", "encode", "filter", "dedup", "embed"} <= names
+
+
+def test_command_line_options_apply_on_top_of_a_spec(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    args = ["export-dataset", str(spec), "-o", str(tmp_path / "o"), "-q"]
+    more = ["--backend", "tensor_shards", "--samples-per-shard", "7", "--seed", "5"]
+    result = CliRunner().invoke(main, [*args, *more, "--preprocess-until-key", "a"])
+    assert result.exit_code == 0, result.output
+    config = shardex.read_config(tmp_path / "o")
+    assert config.backend == "tensor_shards"
+    assert config.split_seed == 5
+    counts = [s.num_samples for s in config.split("train").shards]
+    assert counts[:-1] == [7] * (len(counts) - 1)
+    plain = run_spec(spec, tmp_path / "p", until_keys=["a"])
+    assert plain.spec_fingerprint != config.spec_fingerprint  # the options are part of it
+
+
+def test_filter_sees_null_metadata_as_none(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from shardex.pipeline.stages import FilterStage
+    from shardex.testing.data import make_image
+
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.png").write_bytes(make_image(1))
+    table = pa.table(
+        {
+            "key": list("abc"),
+            "path": [str(tmp_path / f"{n}.png") for n in "abc"],
+            "score": pa.array([7.0, None, 2.0], pa.float64()),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    pipeline = Pipeline(
+        "nulls",
+        [
+            ReaderStage(tmp_path / "t.parquet"),
+            FilterStage("score is not None and score > 5"),
+            ImageWriterStage(tmp_path / "o"),
+        ],
+    )
+    config = pipeline.run(LocalExecutor(1))
+    assert config.num_samples == 1

@@ -306,7 +306,15 @@ def export_dataset(
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
     if source.endswith((".yaml", ".yml")):
         config = _export_spec(
-            source, output, opts, preprocess, until_keys, executor, ray_address, not quiet
+            source,
+            output,
+            opts,
+            preprocess,
+            until_keys,
+            executor,
+            ray_address,
+            not quiet,
+            storage_options,
         )
     elif preprocess or until_keys:
         raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
@@ -571,6 +579,7 @@ def _export_spec(
     executor: str | None,
     ray_address: str | None,
     progress: bool,
+    storage_options: dict[str, Any] | None,
 ) -> Any:
     """``export-dataset SPEC.yaml``: the spec's source, options and (with --preprocess)
     stages; -o, --mode/--overwrite and the executor flags apply on top."""
@@ -586,7 +595,43 @@ def _export_spec(
         until_keys=until_keys,
         mode=opts.mode,
         verbose=progress,
+        **_given_options(opts, storage_options),
     )
+
+
+#: export-dataset parameters -> the ExportOptions field each sets.
+_OPTION_PARAMS = {
+    "backend": "backend",
+    "splits": "splits",
+    "x_keys": "x_keys",
+    "y_keys": "y_keys",
+    "labels": "labels",
+    "samples_per_shard": "samples_per_shard",
+    "max_shard_bytes": "max_shard_bytes",
+    "deterministic_name": "deterministic_name",
+    "split_fractions": "split_fractions",
+    "seed": "seed",
+    "on_error": "on_error",
+    "validate": "validate",
+    "max_pixels": "max_pixels",
+    "dtype": "dtype",
+    "backend_options": "backend_options",
+}
+
+
+def _given_options(opts: Any, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The options the command line set explicitly: they apply on top of a spec's."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = {
+        field: getattr(opts, field)
+        for param, field in _OPTION_PARAMS.items()
+        if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE
+    }
+    if storage_options:
+        given["storage_options"] = storage_options
+    return given
 
 
 def _export_on_ray(

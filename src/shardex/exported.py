@@ -97,8 +97,10 @@ class ExportedDataset:
         return out
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if index < 0:
-            index += len(self)
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+        index %= n
         sample = self.dataset[index]
         return {
             "key": sample["__key__"],

@@ -125,9 +125,18 @@ def export_files(config: ExportConfig) -> list[str]:
 def _remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) -> None:
     """Delete files of a replaced export that the new one does not have."""
     keep = {CONFIG_FILE, *export_files(config)}
+    # A shard that is a folder of files config.yaml does not list (the numpy backend's)
+    # keeps what is under it; every other file must be listed itself.
+    listed = [f for info in config.splits.values() for f in info.files]
+    folders = {
+        s.path
+        for info in config.splits.values()
+        for s in info.shards
+        if not any(f.startswith(f"{s.path}/") for f in listed)
+    }
     for path in old_files:
         parents = (path[:i] for i, c in enumerate(path) if c == "/")
-        if path not in keep and not any(p in keep for p in parents):
+        if path not in keep and not any(p in folders for p in parents):
             storage.delete(path)
 
 
@@ -412,7 +421,7 @@ def export(
         taken = _exported_keys(storage, previous)
         prep = _prepare(src, opts, runner, bars, previous, taken)
         written, digests = _write_splits(
-            storage, backend, prep, opts, runner, bars, previous, pending
+            storage, backend, prep, opts, runner, bars, previous, pending, frozenset(old_files)
         )
         errors_file = _write_errors(storage, prep.skipped, previous)
         config = _contract(
@@ -453,6 +462,7 @@ def _write_splits(
     bars: Progress,
     previous: ExportConfig | None,
     pending: bool,
+    existing: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, SplitInfo], list[str]]:
     """Write every selected split through the backend, streaming metadata.parquet.
 
@@ -504,6 +514,7 @@ def _write_splits(
                 resume=opts.mode in ("resume", "overwrite"),
                 previous=before,
                 index_suffix=suffix,
+                existing=existing,
             )
             written[split] = backend.write_split(storage, plan, runner, on_shard)
         sink.commit()

@@ -63,6 +63,12 @@ def with_columns(
         column = f"{label_prefix}{base}" if key in y_keys else base
         out.append(dataclasses.replace(spec, column=column))
     columns = [s.column for s in out]
+    bad = [c for c in columns if "/" in c or "\\" in c or not c]
+    if bad:
+        raise ConfigError(
+            f"field names {bad} cannot name files or arrays ('/' or '\\'); rename them in the "
+            "source"
+        )
     if len(set(columns)) != len(columns) or "__key__" in columns:
         raise ConfigError(f"fields {[s.name for s in specs]} map to clashing names {columns}")
     return tuple(out)
@@ -93,7 +99,7 @@ class _Merge:
         self.shape: tuple[int | None, ...] | None = None
         self.count = 0
 
-    def add(self, dtype: str, shape: tuple[int, ...], key: str) -> None:
+    def add(self, dtype: str, shape: tuple[int | None, ...], key: str) -> None:
         if dtype != self.dtype:
             raise ConfigError(
                 f"field {self.name!r} has dtype {self.dtype} in earlier samples but {dtype} in "
@@ -119,8 +125,8 @@ class _Merge:
 def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
     """The specs of every field of the export, in first-seen member order.
 
-    Reads only ``.npy`` members (their headers decide dtype and shape); other members are
-    byte strings whose sizes the scan already knows; the label is an int64 scalar.
+    Reads the ``.npy`` members (their dtype and shape are the field's); other members are
+    byte strings of any length; the label is an int64 scalar.
     """
     reader = MemberReader()
     merged: dict[str, _Merge] = {}
@@ -131,11 +137,12 @@ def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
                 name = m["ext"]
                 if is_array_field(name):
                     array = load_npy(reader.read(m), f"sample {key!r} field {name!r}")
+                    _check_dtype(array, key, name)
                     merge = merged.setdefault(name, _Merge(name, "array", array.dtype.name))
                     merge.add(array.dtype.name, array.shape, key)
-                else:
+                else:  # encoded bytes: their length is never a shape, even if all agree
                     merge = merged.setdefault(name, _Merge(name, "bytes", "uint8"))
-                    merge.add("uint8", (m["size"],), key)
+                    merge.add("uint8", (None,), key)
     finally:
         reader.close()
     specs = [m.spec(rows.num_rows) for m in merged.values()]
@@ -146,6 +153,15 @@ def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
         missing = rows.column(JSON_COLUMN).null_count
         specs.append(FieldSpec("json", "bytes", "uint8", (None,), missing > 0))
     return tuple(specs)
+
+
+def _check_dtype(array: npt.NDArray[Any], key: str, name: str) -> None:
+    """Array fields hold numbers or booleans (what every array backend can store)."""
+    if array.dtype.kind not in "biufc" or array.dtype.fields is not None:
+        raise ConfigError(
+            f"sample {key!r} field {name!r} has dtype {array.dtype.str}: array fields must hold "
+            "booleans or numbers (store text as NAME.txt, bytes under their own name)"
+        )
 
 
 # ---------------------------------------------------------------- metadata columns as fields

@@ -110,11 +110,13 @@ class ArrayWriter:
     def __init__(self, storage: Storage, path: str, *, listed: bool) -> None:
         self.storage, self.path, self.listed = storage, path, listed
         self.files: list[str] = []
+        self.paths: list[str] = []  # everything written, listed or not
         self.num_bytes = 0
         self._hash = xxhash.xxh3_64()
 
     def put(self, path: str, data: bytes) -> None:
         self.storage.put(path, data)
+        self.paths.append(path)
         if self.listed:
             self.files.append(path)
         self.num_bytes += len(data)
@@ -155,7 +157,7 @@ class ArrayBackend(Backend):
                 f"the {self.name} backend cannot append to an export; export the combined "
                 "source again with --overwrite (or append with the webdataset backend)"
             )
-        base = f"{plan.split}/{self.stem_name}-{plan.name_hash}"
+        base = _fresh_base(f"{plan.split}/{self.stem_name}", plan.name_hash, plan.existing)
         stems = [f"{base}-{k:06d}" for k in range(len(plan.bounds))]
         jobs = (
             _RunJob(
@@ -209,6 +211,19 @@ class ArrayBackend(Backend):
         on_error: OnReadError = "raise",
     ) -> Dataset:
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
+
+
+def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:
+    """``{prefix}-{hash}``, re-hashed until no file of the output uses it. The name hash
+    covers keys and sizes, not every byte: a replaced export whose labels or pixels
+    changed could get the same names, and array runs are rewritten whole, so writing them
+    over the files the committed config.yaml names would expose a mix. Into an empty
+    output the first name is taken: the same input still gives the same names."""
+    base = f"{prefix}-{name_hash}"
+    while any(p == base or p.startswith((f"{base}-", f"{base}/", f"{base}.")) for p in existing):
+        name_hash = xxhash.xxh3_64(name_hash.encode()).hexdigest()[:12]
+        base = f"{prefix}-{name_hash}"
+    return base
 
 
 def _shard_info(num_samples: int, written: Written) -> ShardInfo:
@@ -320,11 +335,18 @@ class ArrayDataset(ReopenedDataset):
                 for number in range(start, start + info.num_samples):
                     self.skipped.append((number, str(exc)))
                 continue
-            for start in range(0, info.num_samples, _BLOCK):
-                count = min(_BLOCK, info.num_samples - start)
-                block = self._block(reader, start, count)
+            for offset in range(0, info.num_samples, _BLOCK):
+                count = min(_BLOCK, info.num_samples - offset)
+                block = self._block(reader, offset, count)
                 for local in range(count):
-                    yield block.sample(local, self.decode)
+                    try:
+                        sample = block.sample(local, self.decode)
+                    except ShardexError as exc:
+                        if self.on_error == "raise":
+                            raise
+                        self.skipped.append((start + offset + local, str(exc)))
+                        continue
+                    yield sample
 
     def _block(self, reader: ColumnReader, start: int, count: int) -> ColumnReader:
         """Samples ``start .. start + count`` of a run, read with one read per array."""

@@ -50,6 +50,9 @@ class SplitPlan:
     resume: bool = False
     previous: SplitInfo | None = None
     index_suffix: str = ""
+    #: Files of the output before this export (a committed export being replaced):
+    #: backends that cannot rewrite a file in place pick names none of these use.
+    existing: frozenset[str] = frozenset()
 
 
 #: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).

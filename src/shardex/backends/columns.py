@@ -62,8 +62,9 @@ def build_columns(rows: pa.Table, layout: Layout, with_label: bool) -> dict[str,
             for name, data in fields:
                 k = index[name]
                 spec = layout[k]
-                if spec.kind == "array":
-                    values[k][i] = load_npy(data, f"sample {keys[i]!r} field {name!r}")
+                if spec.kind == "array":  # native byte order: what every backend stores
+                    array = load_npy(data, f"sample {keys[i]!r} field {name!r}")
+                    values[k][i] = array.astype(array.dtype.newbyteorder("="), copy=False)
                 elif spec.kind == "label":
                     values[k][i] = int(data)
                 else:

@@ -118,4 +118,7 @@ class NumpyBackend(ArrayBackend):
                     np.frombuffer(value, np.uint8) if spec.kind == "bytes" else np.asarray(value)
                 )
                 out.put_npy(f"{stem}/{i:06d}.{spec.column}.npy", array)
+        # config.yaml names the folder, not its files: they are made durable here, before
+        # the commit (the exporter syncs what config.yaml lists)
+        storage.sync(out.paths)
         return out.written()

@@ -22,6 +22,7 @@ from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Wri
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ShardInfo
+from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
 
 
@@ -35,10 +36,16 @@ class NumpyMmapDataset(ArrayDataset):
                 continue
             name = path[len(shard.path) + 1 : -len(".npy")]
             local = self.storage.local_path(path)
-            if local is not None:
-                out[name] = np.load(local, mmap_mode="r", allow_pickle=False)
-            else:
-                out[name] = np.load(io.BytesIO(self.storage.get(path)), allow_pickle=False)
+            try:
+                if local is not None:
+                    out[name] = np.load(local, mmap_mode="r", allow_pickle=False)
+                else:
+                    out[name] = np.load(io.BytesIO(self.storage.get(path)), allow_pickle=False)
+            except FileNotFoundError as exc:
+                raise ObjectNotFoundError(f"{self.storage.join(path)} is missing") from exc
+            except (ValueError, OSError, EOFError) as exc:
+                where = self.storage.join(path)
+                raise FormatError(f"{where}: not a readable .npy array ({exc})") from exc
         return out
 
 

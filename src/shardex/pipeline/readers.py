@@ -81,7 +81,10 @@ def read_batch(rows: pa.Table) -> Batch:
     out: Batch = []
     try:
         for row, ms in zip(meta.to_pylist(), members, strict=True):
-            sample: dict[str, Any] = {k: v for k, v in row.items() if v is not None}
+            # null metadata stays as None: `score is not None` must see the key
+            sample: dict[str, Any] = {
+                k: v for k, v in row.items() if v is not None or k not in ("split", "label")
+            }
             for m in ms:
                 ext = m["ext"]
                 if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS and "image" not in sample:

@@ -44,6 +44,8 @@ from shardex.pipeline.writer import ImageWriterStage
 
 #: Spec keys that say where and how to run, not what to produce (not fingerprinted).
 _NOT_FINGERPRINTED = ("output", "executor", "name")
+#: Options that change how an export runs, not what it holds.
+_NOT_OUTPUT = frozenset({"mode", "overwrite", "verbose", "workers", "storage_options"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +81,17 @@ class Spec:
             raise SchemaError(f"{where}: {text} (spec schema rule {exc.rule!r})") from None
         return cls(raw, where, tuple(raw.get("stages", ())))
 
-    def fingerprint(self, preprocess: bool = True, until_keys: Iterable[str] = ()) -> str:
-        """What the export depends on, hashed: equal fingerprints, equal exports."""
+    def fingerprint(
+        self,
+        preprocess: bool = True,
+        until_keys: Iterable[str] = (),
+        overrides: dict[str, Any] | None = None,
+    ) -> str:
+        """What the export depends on, hashed: the spec, the stages run and the options
+        given on top of it (not where or how verbosely it runs)."""
         basis = {k: v for k, v in self.raw.items() if k not in _NOT_FINGERPRINTED}
-        basis["_run"] = {"preprocess": preprocess, "until": sorted(until_keys)}
+        changes = {k: v for k, v in (overrides or {}).items() if k not in _NOT_OUTPUT}
+        basis["_run"] = {"preprocess": preprocess, "until": sorted(until_keys), **changes}
         text = json.dumps(basis, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -118,11 +127,12 @@ class Spec:
         options = {**self.export_options(), **overrides}
         backend = options.pop("backend")
         per_tar = options.pop("samples_per_shard", 1000)
+        storage = options.pop("storage_options", None) or self.raw.get("storage_options")
         writer = ImageWriterStage(
             target,
             images_per_tar=per_tar,
             backend=backend,
-            storage_options=self.raw.get("storage_options"),
+            storage_options=storage,
             spec_fingerprint=fingerprint or self.fingerprint(),
             **options,
         )
@@ -184,11 +194,14 @@ def run_spec(
     **overrides: Any,
 ) -> ExportConfig:
     """Export as a spec says: with its stages (``preprocess``), only until ``until_keys``
-    exist, or without stages (the source exported as is, with the spec's options)."""
+    exist, or without stages (the source exported as is, with the spec's options).
+    ``overrides`` are export options given on top of the spec's (recorded in the
+    fingerprint when they change the output)."""
     spec = spec if isinstance(spec, Spec) else Spec.load(spec)
     until = tuple(until_keys)
     preprocess = preprocess or bool(until)
-    pipeline = spec.pipeline(output, spec.fingerprint(preprocess, until), **overrides)
+    fingerprint = spec.fingerprint(preprocess, until, overrides)
+    pipeline = spec.pipeline(output, fingerprint, **overrides)
     if not preprocess:
         pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
     return pipeline.run(executor or spec.executor(), until_keys=until)

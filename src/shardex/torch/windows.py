@@ -1,7 +1,7 @@
 """``TensorShardsLoader``: batches from a window of whole shards, prefetched.
 
-For the ``tensor_shards`` backend (and any array backend): shards are read whole, a few at
-a time. An epoch is:
+For the ``tensor_shards`` backend (and ``torch``): shards are read whole, a few at a
+time. An epoch is:
 
 1. the split's shards in a seeded order (``shuffle_shards``; new every epoch), read as
    one sequence of samples;
@@ -43,6 +43,18 @@ from shardex.torch.order import EpochOrder
 from shardex.torch.permutation import derive_key
 
 _SAMPLE_SALT = 0x77D0
+#: Backends whose shards are whole column runs of ``samples_per_shard`` rows.
+WINDOW_BACKENDS = ("tensor_shards", "torch")
+#: Settings that define the epoch's batches: a saved state only fits the same ones.
+_ORDER_SETTINGS = (
+    "seed",
+    "batch_size",
+    "world_size",
+    "shards_per_window",
+    "shuffle_shards",
+    "shuffle_samples",
+    "drop_last",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +72,7 @@ class TensorShardsLoader:
     """Batches of whole-shard windows with prefetch, exact rank shares and resume.
 
     Args:
-        uri: the export (any array backend; made for ``tensor_shards``).
+        uri: a ``tensor_shards`` (or ``torch``) export.
         batch_size: samples per batch, independent of the shard size.
         split: the split to read.
         shards_per_window: shard pieces loaded and shuffled together.
@@ -96,12 +108,14 @@ class TensorShardsLoader:
         if batch_size < 1 or shards_per_window < 1 or prefetch_workers < 1:
             raise ConfigError("batch_size, shards_per_window and prefetch_workers must be >= 1")
         dataset = open_dataset(uri, split=split, storage_options=storage_options)
-        if not isinstance(dataset, ArrayDataset):
+        if not isinstance(dataset, ArrayDataset) or dataset.config.backend not in WINDOW_BACKENDS:
             raise ConfigError(
-                f"TensorShardsLoader reads array backends (tensor_shards, torch, numpy_mmap "
-                f"...); {os.fspath(uri)} is a {dataset.config.backend} export: use "
-                "shardex.torch.StreamDataset"
+                f"TensorShardsLoader reads shards of arrays ({', '.join(WINDOW_BACKENDS)}); "
+                f"{os.fspath(uri)} is a {dataset.config.backend} export: use "
+                "shardex.torch.StreamDataset or MapDataset"
             )
+        if prefetch_windows < 0:
+            raise ConfigError(f"prefetch_windows must be >= 0, got {prefetch_windows}")
         if rank is None or world_size is None:
             dist = torch.distributed
             ready = dist.is_available() and dist.is_initialized()
@@ -236,15 +250,13 @@ class TensorShardsLoader:
         return {
             "epoch": self.epoch,
             "batches": self._batches,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
+            **{name: getattr(self, name) for name in _ORDER_SETTINGS},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next batch is the one after it."""
-        for name in ("seed", "batch_size", "world_size"):
-            if state[name] != getattr(self, name):
+        for name in _ORDER_SETTINGS:
+            if state.get(name) != getattr(self, name):
                 raise ConfigError(
                     f"the saved state has {name}={state[name]} but this loader has "
                     f"{getattr(self, name)}; resume with the same {name}"
