@@ -300,3 +300,18 @@ def test_filter_sees_null_metadata_as_none(tmp_path: Path) -> None:
     )
     config = pipeline.run(LocalExecutor(1))
     assert config.num_samples == 1
+
+
+def test_the_spool_of_sample_bytes_is_removed_on_success_and_failure(tmp_path: Path) -> None:
+    _pipeline(tmp_path / "ok", TagStage()).run(LocalExecutor(1))
+    assert not list(tmp_path.glob(".shardex-spool-*"))
+
+    class FailInWrite(ImageWriterStage):
+        def write(self, *args: object, **kwargs: object) -> shardex.ExportConfig:
+            assert list(tmp_path.glob(".shardex-spool-*"))  # the bytes wait on disk
+            raise RuntimeError("disk full")
+
+    pipeline = Pipeline("x", [ReaderStage(SOURCE, batch_size=17), FailInWrite(tmp_path / "no")])
+    with pytest.raises(RuntimeError, match="disk full"):
+        pipeline.run(LocalExecutor(1))
+    assert not list(tmp_path.glob(".shardex-spool-*"))

@@ -107,20 +107,23 @@ class Pipeline:
         stages_on = executor if plan.stages else LocalExecutor(1)
         states: list[dict[str, Any]] = [{} for _ in chain]
         scan = plan.reader.scan()
-        with Progress(plan.writer.verbose) as bars:
-            bar = bars.task(f"pipeline {self.name}", scan.table.num_rows)
-            for batch in stages_on.map_batches(chain, plan.reader.jobs()):
-                bar.advance(len(batch))
-                _reduce(chain, states, batch)
-        applied = tuple(s.describe() for s in (plan.reader, *plan.stages))
-        return plan.writer.write(
-            states[-1],
-            scan.label_names,
-            plan.reader.source.uri,
-            executor.runner(),
-            applied,
-            scan.table.schema,
-        )
+        try:
+            with Progress(plan.writer.verbose) as bars:
+                bar = bars.task(f"pipeline {self.name}", scan.table.num_rows)
+                for batch in stages_on.map_batches(chain, plan.reader.jobs()):
+                    bar.advance(len(batch))
+                    _reduce(chain, states, batch)
+            applied = tuple(s.describe() for s in (plan.reader, *plan.stages))
+            return plan.writer.write(
+                states[-1],
+                scan.label_names,
+                plan.reader.source.uri,
+                executor.runner(),
+                applied,
+                scan.table.schema,
+            )
+        finally:
+            plan.writer.cleanup(states[-1])
 
 
 def _reduce(chain: list[Stage], states: list[dict[str, Any]], batch: Batch) -> None:

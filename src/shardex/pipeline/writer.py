@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -100,10 +104,21 @@ class ImageWriterStage(Stage):
         return batch
 
     def reduce(self, batch: Batch, state: dict[str, Any]) -> Batch:
-        state.setdefault("samples", []).extend(batch)
+        """Keep each sample's metadata; its bytes go to a spool file on disk, so that the
+        driver's memory holds references, not images (the exporter reads them back)."""
+        spool = state.get("spool")
+        if spool is None:
+            spool = state["spool"] = _Spool(self.output_dir)
+        state.setdefault("samples", []).extend(spool.add(s) for s in batch)
         if not self.remove_image_data:
             return batch
         return [{k: v for k, v in s.items() if k not in ("image", "pixels")} for s in batch]
+
+    def cleanup(self, state: dict[str, Any]) -> None:
+        """Remove the spool (after the export, or when the pipeline failed)."""
+        spool = state.pop("spool", None)
+        if spool is not None:
+            spool.close()
 
     def write(
         self,
@@ -121,6 +136,8 @@ class ImageWriterStage(Stage):
         samples: Batch = state.get("samples", [])
         if not samples:
             raise ConfigError("the pipeline produced no samples; nothing to write")
+        if "spool" in state:
+            state["spool"].flush()
         table = samples_table(samples, schema)
         options = {
             "samples_per_shard": self.images_per_tar,
@@ -182,8 +199,58 @@ def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
     )
 
 
-def _inline(ext: str, data: bytes) -> dict[str, Any]:
+def _inline(ext: str, data: bytes | _Ref) -> dict[str, Any]:
+    if isinstance(data, _Ref):
+        return {
+            "ext": ext,
+            "path": data.path,
+            "offset": data.offset,
+            "size": data.size,
+            "data": None,
+        }
     return {"ext": ext, "path": None, "offset": -1, "size": len(data), "data": data}
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """Where a sample's bytes are in the spool file."""
+
+    path: str
+    offset: int
+    size: int
+
+
+class _Spool:
+    """An append-only file of the pipeline's sample bytes, beside a local output (same
+    filesystem) or in the temporary folder, removed when the export is done."""
+
+    def __init__(self, output: str | os.PathLike[str] | Storage) -> None:
+        local = output.local_path("") if isinstance(output, Storage) else None
+        if local is None and not isinstance(output, Storage) and "://" not in os.fspath(output):
+            local = Path(output)
+        where = local.resolve().parent if local is not None else None
+        if where is not None and not where.is_dir():
+            where = None
+        self.dir = tempfile.mkdtemp(prefix=".shardex-spool-", dir=where)
+        self.path = os.path.join(self.dir, "samples.bin")
+        self._file = open(self.path, "wb")  # noqa: SIM115 - lives as long as the spool
+        self._at = 0
+
+    def add(self, sample: dict[str, Any]) -> dict[str, Any]:
+        out = dict(sample)
+        for name, value in sample.items():
+            if (name == "image" or name.startswith("member:")) and isinstance(value, bytes):
+                self._file.write(value)
+                out[name] = _Ref(self.path, self._at, len(value))
+                self._at += len(value)
+        return out
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _column(values: list[Any], name: str, hint: pa.DataType | None) -> pa.Array:
