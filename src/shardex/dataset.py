@@ -67,6 +67,19 @@ class ReopenedDataset(Dataset):
     verify: bool
     on_error: OnReadError
 
+    @abstractmethod
+    def __init__(
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        *,
+        decode: bool = False,
+        verify: bool = True,
+        on_error: OnReadError = "raise",
+    ) -> None:
+        """Open ``split`` of the export at ``storage``."""
+
     def __getstate__(self) -> dict[str, Any]:
         return {
             "storage": self.storage,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Iterable
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -26,9 +26,6 @@ from shardex.errors import ConfigError
 from shardex.format.shard import JSON_COLUMN, LABEL_FIELD, MemberReader
 from shardex.sources.arrays import npy_bytes as npy_bytes
 from shardex.sources.base import MEMBERS
-
-#: Floating-point dtypes ``--dtype`` may cast to.
-FLOAT_DTYPES: Final = ("float16", "float32", "float64")
 
 
 def is_fixed(spec: FieldSpec) -> bool:
@@ -214,9 +211,10 @@ def add_members(rows: pa.Table, extra: Iterable[list[dict[str, Any]]]) -> pa.Tab
 
 
 def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
-    """``--dtype``: floating-point ``.npy`` members cast to ``dtype`` (integers, booleans and
+    """``--dtype``: floating-point ``.npy`` members cast to ``dtype`` (one of
+    :data:`shardex.options.FLOAT_DTYPES`, checked by ExportOptions; integers, booleans and
     images are never cast)."""
-    target = _float_dtype(dtype)
+    target = np.dtype(dtype)
     reader = MemberReader()
     members = rows.column(MEMBERS).to_pylist()
     keys = rows.column("key").to_pylist()
@@ -233,10 +231,3 @@ def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
         reader.close()
     at = rows.column_names.index(MEMBERS)
     return rows.set_column(at, MEMBERS, pa.array(members, rows.schema.field(MEMBERS).type))
-
-
-def _float_dtype(name: str) -> np.dtype[Any]:
-    if name not in FLOAT_DTYPES:
-        choices = ", ".join(FLOAT_DTYPES)
-        raise ConfigError(f"--dtype must be a floating-point type ({choices}), got {name!r}")
-    return np.dtype(name)

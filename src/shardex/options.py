@@ -12,6 +12,8 @@ OnError = Literal["error", "skip"]
 #: What to do with an output that already holds an export or an interrupted one.
 Mode = Literal["error", "overwrite", "resume", "append"]
 MODES: tuple[Mode, ...] = ("error", "overwrite", "resume", "append")
+#: Floating-point dtypes ``--dtype`` may cast to.
+FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32", "float64")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,7 @@ class ExportOptions:
             raise ConfigError(f"samples_per_shard must be >= 1, got {self.samples_per_shard}")
         if self.max_shard_bytes is not None and self.max_shard_bytes < 1:
             raise ConfigError(f"max_shard_bytes must be >= 1, got {self.max_shard_bytes}")
-        if self.dtype is not None and self.dtype not in ("float16", "float32", "float64"):
+        if self.dtype is not None and self.dtype not in FLOAT_DTYPES:
             raise ConfigError(
                 f"dtype must be float16, float32 or float64 (floating-point fields only), "
                 f"got {self.dtype!r}"

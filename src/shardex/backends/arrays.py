@@ -34,11 +34,11 @@ from shardex.backends.columns import (
     Columns,
     Layout,
     build_columns,
+    concat_columns,
     slice_columns,
 )
-from shardex.backends.columns import concat_columns as concat_columns
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.dataset import Dataset, OnReadError, ReopenedDataset, Sample
+from shardex.dataset import OnReadError, ReopenedDataset, Sample
 from shardex.errors import (
     ChecksumError,
     ConfigError,
@@ -199,18 +199,6 @@ class ArrayBackend(Backend):
             files=(*files, keys),
             keys=keys,
         )
-
-    def open(
-        self,
-        storage: Storage,
-        config: ExportConfig,
-        split: str,
-        *,
-        decode: bool,
-        verify: bool,
-        on_error: OnReadError = "raise",
-    ) -> Dataset:
-        return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
 
 
 def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from shardex.contract import ExportConfig, FieldSpec, SplitInfo
-from shardex.dataset import Dataset, OnReadError
+from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
@@ -60,11 +60,14 @@ OnShard = Callable[[pa.Table], None]
 
 
 class Backend(ABC):
-    """An export format. Subclasses set the class attributes and implement two methods."""
+    """An export format. Subclasses set the class attributes (``dataset``: the reader)
+    and implement :meth:`write_split`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    #: The dataset class :meth:`open` builds (or override :meth:`open`).
+    dataset: ClassVar[type[ReopenedDataset]]
     #: Categories as NexuML lists them: "data-export", "data-loader".
     categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
     #: Backend options (``--backend-option NAME=VALUE``) -> what each does.
@@ -86,7 +89,6 @@ class Backend(ABC):
     ) -> SplitInfo:
         """Write every shard and index file of a split; return what config.yaml records."""
 
-    @abstractmethod
     def open(
         self,
         storage: Storage,
@@ -100,5 +102,6 @@ class Backend(ABC):
         """Open a committed split for reading.
 
         ``on_error="skip"`` makes iteration pass over damaged samples (recorded in
-        ``dataset.skipped``) instead of raising.
+        ``dataset.skipped``) instead of raising. The default builds :attr:`dataset`.
         """
+        return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)

@@ -143,6 +143,7 @@ class ColumnReader:
     def __init__(self, layout: Layout, columns: Columns) -> None:
         self.layout = layout
         self.columns = columns
+        self._kinds: dict[str, str] = {f.name: f.kind for f in layout}
 
     def __len__(self) -> int:
         return len(self.columns[f"{KEY_COLUMN}.offsets"]) - 1
@@ -173,7 +174,7 @@ class ColumnReader:
 
     def sample(self, i: int, decode: bool) -> dict[str, Any]:
         """Sample ``i`` the way the ``webdataset`` backend returns it."""
-        return {"__key__": self.key(i), **as_sample(self.layout, self.native(i), decode)}
+        return {"__key__": self.key(i), **as_sample(self._kinds, self.native(i), decode)}
 
 
 def _native(spec: FieldSpec, value: np.ndarray) -> Any:
@@ -184,10 +185,10 @@ def _native(spec: FieldSpec, value: np.ndarray) -> Any:
     return value
 
 
-def as_sample(layout: Layout, native: dict[str, Any], decode: bool) -> dict[str, Any]:
-    """Stored values as sample fields: raw bytes (``.npy`` bytes for arrays, ASCII digits
-    for the label), or decoded like the ``webdataset`` backend decodes."""
-    kinds = {f.name: f.kind for f in layout}
+def as_sample(kinds: dict[str, str], native: dict[str, Any], decode: bool) -> dict[str, Any]:
+    """Stored values (``kinds``: field name -> kind) as sample fields: raw bytes (``.npy``
+    bytes for arrays, ASCII digits for the label), or decoded like the ``webdataset``
+    backend decodes."""
     if not decode:
         return {
             name: (

@@ -22,7 +22,7 @@ import numpy as np
 
 from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
 from shardex.backends.base import Capabilities
-from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout, as_sample
+from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout
 from shardex.contract import ShardInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
@@ -63,9 +63,6 @@ class _SampleFiles(ColumnReader):
                 else value
             )
         return out
-
-    def sample(self, i: int, decode: bool) -> dict[str, Any]:
-        return {"__key__": self.key(i), **as_sample(self.layout, self.native(i), decode)}
 
 
 def _load(storage: Storage, path: str) -> np.ndarray:

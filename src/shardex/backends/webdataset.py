@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
-from shardex.contract import ExportConfig, IndexInfo, ShardInfo, SplitInfo
-from shardex.dataset import Dataset, OnReadError
+from shardex.contract import IndexInfo, ShardInfo, SplitInfo
+from shardex.dataset import ReopenedDataset
 from shardex.format.index import (
     KEYS_FILE,
     SAMPLES_FILE,
@@ -47,6 +47,7 @@ class WebDatasetBackend(Backend):
     capabilities: ClassVar[Capabilities] = Capabilities(
         random_access=True, streaming=True, remote=True, append=True
     )
+    dataset: ClassVar[type[ReopenedDataset]] = ShardDataset
 
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
@@ -112,18 +113,6 @@ class WebDatasetBackend(Backend):
             shards=tuple(shards),
             index=index,
         )
-
-    def open(
-        self,
-        storage: Storage,
-        config: ExportConfig,
-        split: str,
-        *,
-        decode: bool,
-        verify: bool,
-        on_error: OnReadError = "raise",
-    ) -> Dataset:
-        return ShardDataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
 
 
 def _old_index(
