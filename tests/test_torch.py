@@ -447,7 +447,7 @@ class Resume:
     """A resume scenario: the loader, its workers before and after the restart, and the
     number of batches the training loop takes before the state is saved."""
 
-    kind: str  # "map", "stream", "window"; "map-sdl", "stream-sdl": torchdata's loader
+    kind: str  # "map", "stream", "window"; "-sdl": torchdata's loader; "-batches": collated
     stop_after: int
     workers: int
     workers_after: int
@@ -474,7 +474,8 @@ class LoaderState:
 def _loader(kind: str, uri: str, workers: int, batch_size: int) -> tuple[Iterable[Any], Any]:
     """A loader on rank 1 of 2 and the object holding its state (sampler or dataset).
 
-    Kinds ending in ``-sdl`` use torchdata's ``StatefulDataLoader`` and its own state.
+    Kinds with ``-sdl`` use torchdata's ``StatefulDataLoader`` and its own state; kinds
+    ending in ``-batches`` read decoded images into batches made by shardex's collate.
     """
     if kind == "window":  # its own batches; workers are its prefetch threads
         windows = TensorShardsLoader(
@@ -488,25 +489,44 @@ def _loader(kind: str, uri: str, workers: int, batch_size: int) -> tuple[Iterabl
         )
         return windows, windows
     make: Any = DataLoader
-    if kind.endswith("-sdl"):
+    stateful = "-sdl" in kind
+    if stateful:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         make = StatefulDataLoader
+    # "-batches": decoded, equal-sized images in dict batches made by shardex.torch.collate
+    # (packed in place and passed through reused shared memory by the dataloader() loaders)
+    batches = kind.endswith("-batches")
+    items: dict[str, Any] = {"transform": crop} if batches else {"decode": False}
+    collate: dict[str, Any] = {"collate_fn": shardex.torch.collate} if batches else {}
     holder: Any
     if kind.startswith("map"):
-        ds = MapDataset(uri, decode=False)
+        ds = MapDataset(uri, **items)
         holder = ShardexSampler(len(ds), rank=1, world_size=2, seed=7)
-        loader = make(
-            ds, batch_size=batch_size, sampler=holder, num_workers=workers, collate_fn=keep
-        )
+        if batches and not stateful:
+            loader = ds.dataloader(batch_size, sampler=holder, num_workers=workers)
+        else:
+            loader = make(
+                ds,
+                batch_size=batch_size,
+                sampler=holder,
+                num_workers=workers,
+                **(collate or {"collate_fn": keep}),
+            )
     else:
-        holder = StreamDataset(uri, decode=False, rank=1, world_size=2, seed=7, buffer_size=5)
-        loader = (
-            make(holder, batch_size=batch_size, num_workers=workers, collate_fn=keep)
-            if kind.endswith("-sdl")
-            else holder.dataloader(batch_size, num_workers=workers, collate_fn=keep)
-        )
-    return loader, LoaderState(loader, holder) if kind.endswith("-sdl") else holder
+        holder = StreamDataset(uri, rank=1, world_size=2, seed=7, buffer_size=5, **items)
+        if stateful:
+            loader = make(
+                holder,
+                batch_size=batch_size,
+                num_workers=workers,
+                **(collate or {"collate_fn": keep}),
+            )
+        else:
+            loader = holder.dataloader(
+                batch_size, num_workers=workers, **({} if batches else {"collate_fn": keep})
+            )
+    return loader, LoaderState(loader, holder) if stateful else holder
 
 
 def _epoch(loader: Iterable[Any], stateful: Any, epoch: int, stop: int | None = None) -> list[str]:
@@ -517,15 +537,18 @@ def _epoch(loader: Iterable[Any], stateful: Any, epoch: int, stop: int | None = 
     for i, batch in enumerate(loader):
         if i == stop:  # taken from the loader, not used: advance() is not told of it
             break
-        if isinstance(batch, dict):  # TensorShardsLoader
-            keys += batch["__key__"]
+        if isinstance(batch, dict):  # TensorShardsLoader, collated batches
+            got = list(batch["__key__"])
+            if "image" in batch:
+                assert batch["image"].shape == (len(got), 8, 8, 3)
         else:
-            keys += [sample["__key__"] for sample in batch]
+            got = [sample["__key__"] for sample in batch]
+        keys += got
         if counts_itself:  # its state counts every batch it has handed out
             if i + 1 == stop:
                 break
             continue
-        stateful.advance(len(batch))
+        stateful.advance(len(got))
     return keys
 
 
@@ -579,6 +602,8 @@ def test_map_style_resumes_mid_epoch_in_a_fresh_process(export: Path) -> None:
         [
             Resume("map", 2, workers=2, workers_after=2),
             Resume("map", 1, workers=2, workers_after=0),
+            Resume("map-batches", 2, workers=2, workers_after=2),
+            Resume("map-batches", 1, workers=0, workers_after=2),
         ],
     )
 
@@ -590,6 +615,8 @@ def test_streaming_resumes_mid_epoch_in_a_fresh_process(export: Path) -> None:
             Resume("stream", 2, workers=0, workers_after=0),
             Resume("stream", 1, workers=2, workers_after=2),  # mid-round: worker 1 is next
             Resume("stream", 3, workers=2, workers_after=0),
+            Resume("stream-batches", 1, workers=2, workers_after=2),
+            Resume("stream-batches", 2, workers=0, workers_after=2),
         ],
     )
 
@@ -611,6 +638,8 @@ def test_stateful_dataloader_resumes_mid_epoch_in_a_fresh_process(export: Path) 
             Resume("stream-sdl", 2, workers=0, workers_after=0),
             Resume("stream-sdl", 1, workers=2, workers_after=2),  # mid-round: worker 1 is next
             Resume("stream-sdl", 2, workers=2, workers_after=2, batch_size=2),
+            Resume("map-sdl-batches", 2, workers=2, workers_after=2),
+            Resume("stream-sdl-batches", 1, workers=2, workers_after=2),
         ],
     )
 

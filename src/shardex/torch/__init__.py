@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "shardex.torch needs PyTorch: pip install 'shardex[torch]'"
     ) from exc
 
+from shardex.torch.batches import RowPacker, collate
 from shardex.torch.map import MapDataset
 from shardex.torch.permutation import IndexPermutation
 from shardex.torch.sampler import ShardexSampler
@@ -31,8 +32,10 @@ from shardex.torch.windows import TensorShardsLoader
 __all__ = [
     "IndexPermutation",
     "MapDataset",
+    "RowPacker",
     "ShardexSampler",
     "StreamDataset",
     "StreamLoader",
     "TensorShardsLoader",
+    "collate",
 ]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from shardex.storage import Storage
+from shardex.torch.batches import RowPacker, collate
 from shardex.torch.handle import DatasetHandle
+from shardex.torch.sampler import ShardexSampler
 from shardex.torch.samples import SampleMaker, SampleSpec, Transform
 
 
@@ -57,6 +60,7 @@ class MapDataset(Dataset[Any]):
             decode=decode, transform=transform, keys=tuple(keys or ()), decode_size=decode_size
         )
         self._make = SampleMaker(spec, self._handle)
+        self._pack = False  # the copy a dataloader() reads packs each batch's rows
 
     def __len__(self) -> int:
         return len(self._handle)
@@ -72,7 +76,40 @@ class MapDataset(Dataset[Any]):
         n = len(self._handle)
         wanted = [i + n if i < 0 else i for i in indices]
         raws = self._handle.dataset().get_many(wanted)
-        return [self._make(raw, i) for raw, i in zip(raws, wanted, strict=True)]
+        make = self._make
+        if not self._pack:
+            return [make(raw, i) for raw, i in zip(raws, wanted, strict=True)]
+        packer = RowPacker(len(wanted))
+        return [packer.pack(make(raw, i)) for raw, i in zip(raws, wanted, strict=True)]
+
+    def dataloader(
+        self,
+        batch_size: int = 1,
+        *,
+        sampler: Iterable[int] | None = None,
+        num_workers: int = 0,
+        **kwargs: Any,
+    ) -> DataLoader[Any]:
+        """A DataLoader over this dataset, by default with a :class:`ShardexSampler`.
+
+        ``sampler`` defaults to ``ShardexSampler(len(self))`` (seed 0, rank and world size
+        from torch.distributed): reach it as ``loader.sampler`` for ``set_epoch``,
+        ``advance`` and ``state_dict``. ``kwargs`` go to the DataLoader (``drop_last``,
+        ``pin_memory``, ``collate_fn`` ...). Without a ``collate_fn``, batches are those
+        of ``default_collate``, but each item's tensors are written straight into its
+        batch and workers pass batches through shared memory they reuse (see
+        :func:`shardex.torch.collate`).
+        """
+        reader = copy.copy(self)
+        reader._pack = kwargs.get("collate_fn") is None
+        kwargs.setdefault("collate_fn", collate)
+        return DataLoader(
+            reader,
+            batch_size=batch_size,
+            sampler=ShardexSampler(len(self)) if sampler is None else sampler,
+            num_workers=num_workers,
+            **kwargs,
+        )
 
     def __repr__(self) -> str:
         return f"MapDataset({self._handle.storage.uri!r}, split={self._handle.split!r})"

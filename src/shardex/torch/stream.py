@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shardex.dataset import Sample
 from shardex.errors import ConfigError
 from shardex.storage import Storage
+from shardex.torch.batches import RowPacker, collate
 from shardex.torch.blocks import DEFAULT_BLOCK_BYTES, blocks, read_blocks
 from shardex.torch.delivery import deliver, deliverable
 from shardex.torch.distributed import check_state, rank_share, resolve_ranks
@@ -145,6 +146,7 @@ class StreamDataset(IterableDataset[Any]):
         self._pass: _Start | None = None  # where the current pass started
         self._armed = False  # a StreamLoader has started a pass its workers will read
         self._geometry: _Geometry | None = None
+        self._pack_rows = 0  # a StreamLoader's batch size, while its pass starts: pack rows
         self._consumed = 0  # samples of the current pass handed to the training loop
 
     def __len__(self) -> int:
@@ -169,7 +171,10 @@ class StreamDataset(IterableDataset[Any]):
         """A DataLoader over this dataset that can report and restore its state.
 
         ``kwargs`` go to :class:`torch.utils.data.DataLoader` (``drop_last``,
-        ``collate_fn``, ``pin_memory``, ``multiprocessing_context`` ...).
+        ``collate_fn``, ``pin_memory``, ``multiprocessing_context`` ...). Without a
+        ``collate_fn``, batches are those of ``default_collate``, but each worker writes
+        an item's tensors straight into its batch and passes batches through shared
+        memory it reuses (see :func:`shardex.torch.collate`).
         """
         return StreamLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
 
@@ -331,6 +336,9 @@ class StreamIterator(Iterator[Any]):
         self._piece = worker_piece(start.plan, self.workers, self.role)
         self._key = ds._key(self.role, start.generation)
         self._items: Generator[Any, None, None] | None = None  # made on the first next()
+        rows = ds._pack_rows
+        # Batches start afresh at every (re)start: a loader takes whole batches from here.
+        self._packer = RowPacker(rows) if rows else None
 
     def __iter__(self) -> StreamIterator:
         return self
@@ -340,7 +348,7 @@ class StreamIterator(Iterator[Any]):
             self._items = self.dataset._samples(self._piece, self._key, self.given)
         item = next(self._items)
         self.given += 1
-        return item
+        return item if self._packer is None else self._packer.pack(item)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"kind", "epoch", "generation", "role", "given"}``: this worker's position."""
@@ -378,6 +386,8 @@ class StreamIterator(Iterator[Any]):
         if not 0 <= given <= plan_length(self._piece):
             raise ConfigError(f"the state's given={given} is outside this worker's piece")
         self.given, self._items = given, None
+        if self._packer is not None:
+            self._packer = RowPacker(self._packer.rows)
 
 
 class StreamLoader(DataLoader[Any]):
@@ -394,6 +404,9 @@ class StreamLoader(DataLoader[Any]):
                 "persistent_workers would keep each worker's copy of the dataset from one "
                 "epoch to the next, so set_epoch() and load_state_dict() would not reach it"
             )
+        self._packs = kwargs.get("collate_fn") is None and kwargs.get("batch_size", 1) is not None
+        if self._packs:
+            kwargs["collate_fn"] = collate
         super().__init__(dataset, **kwargs)
 
     def __iter__(self) -> Any:
@@ -402,10 +415,11 @@ class StreamLoader(DataLoader[Any]):
         ds._geometry = _Geometry(workers, self.batch_size or 1, self.drop_last)
         ds._begin_pass(workers)
         ds._armed = True
+        ds._pack_rows = (self.batch_size or 1) if self._packs else 0
         try:
             return super().__iter__()
         finally:
-            ds._armed = False
+            ds._armed, ds._pack_rows = False, 0
 
     def __len__(self) -> int:
         """Batches per epoch, counting each worker's short last batch."""

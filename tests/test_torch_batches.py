@@ -1,0 +1,216 @@
+"""Batches packed in place and passed through reused shared memory (shardex.torch.collate).
+
+Every loader here is a real DataLoader with real worker processes; what is compared is
+what a training loop sees: the batches of ``default_collate``, and that no batch it holds
+changes under it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import shardex  # noqa: E402
+from shardex.testing.data import make_sample_folder  # noqa: E402
+from shardex.torch import (  # noqa: E402
+    MapDataset,
+    RowPacker,
+    ShardexSampler,
+    StreamDataset,
+    batches,
+    collate,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+N = 23
+SHARD = 4
+
+
+class Items(Dataset[Any]):
+    """Items of every kind default_collate handles, different per index."""
+
+    def __init__(self, n: int, *, packed: bool = False, ragged: bool = False) -> None:
+        self.n, self.packed, self.ragged = n, packed, ragged
+
+    def __len__(self) -> int:
+        return self.n
+
+    def item(self, i: int) -> dict[str, Any]:
+        side = 3 + (i % 2 if self.ragged else 0)
+        return {
+            "image": torch.full((side, 4, 3), i % 251, dtype=torch.uint8),
+            "embedding": np.arange(5, dtype=np.float32) * i,
+            "label": i,
+            "score": i / 7,
+            "flag": i % 3 == 0,
+            "key": f"k{i:03d}",
+            "pair": (torch.tensor([i, -i], dtype=torch.int16), f"p{i}"),
+        }
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.item(i)
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        if not self.packed:
+            return [self.item(i) for i in indices]
+        packer = RowPacker(len(indices))
+        return [packer.pack(self.item(i)) for i in indices]
+
+
+def assert_same(got: Any, expected: Any) -> None:
+    assert type(got) is type(expected)
+    if isinstance(expected, torch.Tensor):
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        assert torch.equal(got, expected)
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for k in expected:
+            assert_same(got[k], expected[k])
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            assert_same(g, e)
+    else:
+        assert got == expected
+
+
+def _loaders(workers: int, packed: bool, **kw: Any) -> tuple[DataLoader[Any], DataLoader[Any]]:
+    ours = DataLoader(
+        Items(N, packed=packed), batch_size=4, num_workers=workers, collate_fn=collate, **kw
+    )
+    plain = DataLoader(Items(N), batch_size=4, num_workers=0)
+    return ours, plain
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_equal_default_collate(workers: int, packed: bool) -> None:
+    ours, plain = _loaders(workers, packed)
+    for _ in range(2):  # a second pass: new workers, new buffers
+        for got, expected in zip(ours, plain, strict=True):
+            assert_same(got, expected)
+
+
+def test_spawned_workers_give_the_same_batches() -> None:
+    ours, plain = _loaders(2, True, multiprocessing_context="spawn")
+    for got, expected in zip(ours, plain, strict=True):
+        assert_same(got, expected)
+
+
+def test_workers_reuse_a_few_buffers_for_many_batches() -> None:
+    loader = DataLoader(Items(400, packed=True), batch_size=4, num_workers=1, collate_fn=collate)
+    seen = sum(1 for _ in loader)
+    assert seen == 100
+    mapped = [len(ids) for ids in batches._MAPPED.values()]
+    # 6 tensor fields per batch, a few batches in flight: far fewer buffers than batches
+    assert mapped
+    assert max(mapped) <= 6 * 5, mapped
+
+
+def test_batches_the_loop_keeps_are_never_overwritten() -> None:
+    loader = DataLoader(Items(400, packed=True), batch_size=4, num_workers=2, collate_fn=collate)
+    kept, rows = [], []
+    for i, batch in enumerate(loader):
+        if i % 2:
+            kept.append(batch)  # the whole batch
+        else:
+            rows.append(batch["image"][1])  # only a view of one row: the buffer stays busy
+    plain = list(DataLoader(Items(400), batch_size=4))
+    for i, expected in enumerate(plain):
+        if i % 2:
+            assert_same(kept[i // 2], expected)
+        else:
+            assert torch.equal(rows[i // 2], expected["image"][1])
+
+
+def test_a_batch_may_be_changed_in_place_by_the_loop() -> None:
+    loader = DataLoader(Items(40, packed=True), batch_size=4, num_workers=1, collate_fn=collate)
+    for batch in loader:
+        batch["image"].zero_()  # the loop's to use; the next batches are unaffected
+        assert batch["embedding"].sum() >= 0
+    totals = [int(b["image"].sum()) for b in loader]
+    expected = [int(b["image"].sum()) for b in DataLoader(Items(40), batch_size=4)]
+    assert totals == expected
+
+
+def trimmed(batch: list[Any]) -> Any:
+    """A collate_fn of a user's: shardex's, then a view computed in the worker."""
+    out = collate(batch)
+    out["image"] = out["image"][1:, :2]
+    return out
+
+
+def test_tensors_computed_from_a_batch_in_the_worker_arrive_intact() -> None:
+    ours = DataLoader(Items(N, packed=True), batch_size=4, num_workers=2, collate_fn=trimmed)
+    for got, expected in zip(ours, DataLoader(Items(N), batch_size=4), strict=True):
+        assert torch.equal(got["image"], expected["image"][1:, :2])
+        assert torch.equal(got["label"], expected["label"])
+
+
+def test_unequal_shapes_fail_as_with_default_collate() -> None:
+    items = Items(8, packed=True, ragged=True)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        next(iter(DataLoader(Items(8, ragged=True), batch_size=4)))
+    for workers in (0, 2):
+        loader = DataLoader(items, batch_size=4, num_workers=workers, collate_fn=collate)
+        with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+            next(iter(loader))
+
+
+def test_no_shared_memory_is_left_behind() -> None:
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    loader = DataLoader(Items(200, packed=True), batch_size=4, num_workers=2, collate_fn=collate)
+    assert sum(len(b["key"]) for b in loader) == 200
+    del loader
+    gc.collect()
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not {name for name in after - before if "torch" in name or "shardex" in name}
+
+
+# -- the shardex datasets' own loaders ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("batches")
+    folder = make_sample_folder(root / "src", N)
+    shardex.export(str(folder.table), root / "out", samples_per_shard=SHARD, workers=1)
+    return root / "out"
+
+
+def square(pixels: np.ndarray[Any, Any]) -> Any:
+    return torch.from_numpy(np.ascontiguousarray(pixels[:6, :6, :3]))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_dataloader_batches_equal_a_plain_dataloaders(export: Path, workers: int) -> None:
+    ds = MapDataset(export, transform=square, keys=("label",))
+    ours = ds.dataloader(5, sampler=ShardexSampler(len(ds), seed=3), num_workers=workers)
+    plain = DataLoader(ds, 5, sampler=ShardexSampler(len(ds), seed=3))
+    assert isinstance(ours.sampler, ShardexSampler)
+    for got, expected in zip(ours, plain, strict=True):
+        assert_same(got, expected)
+    assert ds._pack is False  # the user's dataset is left as it was
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_dataloader_batches_equal_a_plain_dataloaders(export: Path, workers: int) -> None:
+    stream = StreamDataset(export, transform=square, seed=4, buffer_size=3)
+    expected = list(DataLoader(stream, 5))  # num_workers=0: the same order as 1 worker
+    got = list(stream.dataloader(5, num_workers=min(workers, 1)))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert_same(g, e)
+    if workers:
+        keys = [k for b in stream.dataloader(5, num_workers=workers) for k in b["__key__"]]
+        assert sorted(keys) == sorted(k for b in expected for k in b["__key__"])
