@@ -117,8 +117,11 @@ def test_workers_reuse_a_few_buffers_for_many_batches() -> None:
     assert max(mapped) <= 6 * 5, mapped
 
 
-def test_batches_the_loop_keeps_are_never_overwritten() -> None:
-    loader = DataLoader(Items(400, packed=True), batch_size=4, num_workers=2, collate_fn=collate)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_the_loop_keeps_are_never_overwritten(workers: int) -> None:
+    loader = DataLoader(
+        Items(400, packed=True), batch_size=4, num_workers=workers, collate_fn=collate
+    )
     kept, rows = [], []
     for i, batch in enumerate(loader):
         if i % 2:
@@ -131,6 +134,17 @@ def test_batches_the_loop_keeps_are_never_overwritten() -> None:
             assert_same(kept[i // 2], expected)
         else:
             assert torch.equal(rows[i // 2], expected["image"][1])
+
+
+def test_the_main_process_keeps_few_free_blocks() -> None:
+    loader = DataLoader(Items(200, packed=True), batch_size=4, collate_fn=collate)
+    kept = list(loader)  # 50 batches held at once: more than the pool may hold
+    assert len(kept) == 50
+    del kept
+    gc.collect()
+    pool = batches._local_pool()
+    assert pool.busy == 0
+    assert len(pool.free) <= batches.KEEP_FREE
 
 
 def test_a_batch_may_be_changed_in_place_by_the_loop() -> None:

@@ -51,8 +51,10 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 HEADER: Final = 64
 FREE: Final = 0
 BUSY: Final = 1
-#: Buffers one worker may hold; a batch takes one per tensor field.
+#: Buffers one worker (or the main process) may hold; a batch takes one per tensor field.
 MAX_BUFFERS: Final = 32
+#: Free batch blocks the main process keeps for its next batches.
+KEEP_FREE: Final = 8
 
 CollateMap = dict[type | tuple[type, ...], Callable[..., Any]]
 
@@ -82,6 +84,16 @@ class _Rows:
 
     plain: torch.Tensor
     staged: _Staged | None
+    row_shape: torch.Size
+    dtype: torch.dtype
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """Every row, tagged (one ``unbind`` is cheaper than n indexings). The rows refer
+        to this record and it not to them: no cycle, so a batch is freed by refcount."""
+        rows = self.plain.unbind(0)
+        for position, row in enumerate(rows):
+            row._shardex_rows = (self, position)  # type: ignore[attr-defined]
+        return rows
 
 
 class RowPacker:
@@ -100,7 +112,7 @@ class RowPacker:
 
     def __init__(self, rows: int) -> None:
         self.rows, self.position = rows, 0
-        self._fields: dict[str, _Rows] = {}
+        self._fields: dict[str, tuple[_Rows, tuple[torch.Tensor, ...]]] = {}
         self._pool = _worker_pool() if get_worker_info() is not None else None
         self._local = _local_pool() if self._pool is None else None
 
@@ -115,26 +127,28 @@ class RowPacker:
         return item
 
     def _row(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        field = self._fields.get(name)
-        if field is None and self.position == 0:
-            field = self._fields[name] = self._batch(value)
-        if field is None or field.plain.shape[1:] != value.shape:
+        packed = self._fields.get(name)
+        if packed is None and self.position == 0:
+            field = self._batch(value)
+            packed = self._fields[name] = (field, field.views())
+        if packed is None:
             return value
-        if field.plain.dtype != value.dtype or value.requires_grad:
+        field, rows = packed
+        if field.row_shape != value.shape or field.dtype != value.dtype or value.requires_grad:
             return value
-        row = field.plain[self.position]
+        row = rows[self.position]
         row.copy_(value)
-        row._shardex_rows = (field, self.position)  # type: ignore[attr-defined]
         return row
 
     def _batch(self, value: torch.Tensor) -> _Rows:
-        size = (self.rows, *value.shape)
-        staged = self._pool.stage(size, value.dtype) if self._pool is not None else None
-        if staged is None:
-            local = self._local.take(size, value.dtype) if self._local is not None else None
-            return _Rows(torch.empty(size, dtype=value.dtype) if local is None else local, None)
-        # Row copies go through the plain tensor: every op on a subclass costs a Python call.
-        return _Rows(staged.as_subclass(torch.Tensor), staged)
+        size, dtype = (self.rows, *value.shape), value.dtype
+        staged = self._pool.stage(size, dtype) if self._pool is not None else None
+        if staged is not None:
+            # Row copies go through the plain tensor: an op on a subclass costs a Python call.
+            return _Rows(staged.as_subclass(torch.Tensor), staged, value.shape, dtype)
+        local = self._local.take(size, dtype) if self._local is not None else None
+        plain = torch.empty(size, dtype=dtype) if local is None else local
+        return _Rows(plain, None, value.shape, dtype)
 
 
 def _packed(batch: list[torch.Tensor]) -> torch.Tensor | None:
@@ -170,38 +184,45 @@ _MAIN_MAP: Final[CollateMap] = {**default_collate_fn_map, torch.Tensor: _main_te
 class _LocalPool:
     """Batch memory of the main process (``num_workers=0``), reused once released.
 
-    Fresh 10 MB batches are mapped and faulted in anew by malloc now and then; a few
-    reused ones stay in place. A batch is handed out as a view of a fresh numpy array
-    whose finalizer frees its buffer, exactly when the last tensor viewing it is gone.
+    malloc maps a fresh batch-sized block anew now and then, and every page of it faults
+    in again; a few reused blocks stay in place. A batch is handed out as a view of a
+    fresh numpy array whose finalizer frees its block exactly when the last tensor
+    viewing it is gone. At most :data:`KEEP_FREE` free blocks are kept.
     """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.buffers: list[npt.NDArray[np.uint8]] = []
-        self.free: list[bool] = []
+        self.free: list[npt.NDArray[np.uint8]] = []
+        self.busy = 0
+        # Loaders may run in several threads; a finalizer may run inside take() (a GC).
+        self.lock = threading.RLock()
 
     def take(self, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         nbytes = torch.empty(0, dtype=dtype).element_size() * int(np.prod(size))
         if not nbytes:
             return None
-        at = next(
-            (
-                i
-                for i, b in enumerate(self.buffers)
-                if self.free[i] and nbytes <= len(b) <= 2 * nbytes + 4096
-            ),
-            None,
-        )
-        if at is None:
-            if len(self.buffers) >= MAX_BUFFERS:
+        with self.lock:
+            at = next(
+                (i for i, b in enumerate(self.free) if nbytes <= len(b) <= 2 * nbytes + 4096),
+                None,
+            )
+            if at is None and self.busy >= MAX_BUFFERS:
                 return None
-            self.buffers.append(np.empty(-(-nbytes // 4096) * 4096, dtype=np.uint8))
-            self.free.append(True)
-            at = len(self.buffers) - 1
-        self.free[at] = False
-        data = self.buffers[at][:nbytes]
-        weakref.finalize(data, self.free.__setitem__, at, True)
+            block = (
+                np.empty(-(-nbytes // 4096) * 4096, dtype=np.uint8)
+                if at is None
+                else self.free.pop(at)
+            )
+            self.busy += 1
+        data = block[:nbytes]
+        weakref.finalize(data, self._release, block)
         return torch.from_numpy(data).view(dtype).view(size)
+
+    def _release(self, block: npt.NDArray[np.uint8]) -> None:
+        with self.lock:
+            self.busy -= 1
+            if len(self.free) < KEEP_FREE:
+                self.free.append(block)
 
 
 _LOCAL: _LocalPool | None = None
