@@ -228,3 +228,20 @@ def test_stream_dataloader_batches_equal_a_plain_dataloaders(export: Path, worke
     if workers:
         keys = [k for b in stream.dataloader(5, num_workers=workers) for k in b["__key__"]]
         assert sorted(keys) == sorted(k for b in expected for k in b["__key__"])
+
+
+def test_map_dataloader_without_batching_or_with_a_batch_sampler(export: Path) -> None:
+    from torch.utils.data import BatchSampler
+
+    ds = MapDataset(export, transform=square)
+    sampler = ShardexSampler(len(ds), seed=5)
+    singles = list(ds.dataloader(None, sampler=sampler))  # items as the dataset makes them
+    assert [s["__key__"] for s in singles] == [ds[i]["__key__"] for i in sampler]
+    assert all(
+        torch.equal(s["image"], ds[i]["image"]) for s, i in zip(singles, sampler, strict=True)
+    )
+    batcher = BatchSampler(sampler, 6, drop_last=True)
+    batches_ = list(ds.dataloader(batch_sampler=batcher, num_workers=2))
+    assert [len(b["__key__"]) for b in batches_] == [6] * (N // 6)
+    for b, indices in zip(batches_, batcher, strict=True):
+        assert torch.equal(b["image"], torch.stack([ds[i]["image"] for i in indices]))

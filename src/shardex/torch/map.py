@@ -84,7 +84,7 @@ class MapDataset(Dataset[Any]):
 
     def dataloader(
         self,
-        batch_size: int = 1,
+        batch_size: int | None = 1,
         *,
         sampler: Iterable[int] | None = None,
         num_workers: int = 0,
@@ -95,14 +95,18 @@ class MapDataset(Dataset[Any]):
         ``sampler`` defaults to ``ShardexSampler(len(self))`` (seed 0, rank and world size
         from torch.distributed): reach it as ``loader.sampler`` for ``set_epoch``,
         ``advance`` and ``state_dict``. ``kwargs`` go to the DataLoader (``drop_last``,
-        ``pin_memory``, ``collate_fn`` ...). Without a ``collate_fn``, batches are those
-        of ``default_collate``, but each item's tensors are written straight into its
-        batch and workers pass batches through shared memory they reuse (see
-        :func:`shardex.torch.collate`).
+        ``pin_memory``, ``collate_fn``, ``batch_sampler`` ...). Without a ``collate_fn``,
+        batches are those of ``default_collate``, but each item's tensors are written
+        straight into its batch and workers pass batches through shared memory they
+        reuse (see :func:`shardex.torch.collate`).
         """
         reader = copy.copy(self)
-        reader._pack = kwargs.get("collate_fn") is None
-        kwargs.setdefault("collate_fn", collate)
+        batched = batch_size is not None or kwargs.get("batch_sampler") is not None
+        reader._pack = batched and kwargs.get("collate_fn") is None
+        if reader._pack:
+            kwargs["collate_fn"] = collate
+        if kwargs.get("batch_sampler") is not None:  # it replaces batch_size and sampler
+            return DataLoader(reader, num_workers=num_workers, **kwargs)
         return DataLoader(
             reader,
             batch_size=batch_size,
