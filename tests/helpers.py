@@ -53,3 +53,13 @@ def image_field(sample: dict[str, object]) -> bytes:
     data = found[0]
     assert isinstance(data, bytes)
     return data
+
+
+def small_export(root: Path, count: int, samples_per_shard: int) -> Path:
+    """``count`` samples of ``make_sample_folder`` exported to ``root / "out"``."""
+    import shardex
+    from shardex.testing.data import make_sample_folder
+
+    folder = make_sample_folder(root / "src", count)
+    shardex.export(str(folder.table), root / "out", samples_per_shard=samples_per_shard, workers=1)
+    return root / "out"

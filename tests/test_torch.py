@@ -31,9 +31,9 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import shardex  # noqa: E402
 from conftest import S3Location  # noqa: E402
+from helpers import small_export  # noqa: E402
 from shardex.codecs.images import decode  # noqa: E402
 from shardex.errors import ConfigError  # noqa: E402
-from shardex.testing.data import make_sample_folder  # noqa: E402
 from shardex.torch import (  # noqa: E402
     IndexPermutation,
     MapDataset,
@@ -52,10 +52,7 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("torch")
-    folder = make_sample_folder(root / "src", N)
-    shardex.export(str(folder.table), root / "out", samples_per_shard=SHARD, workers=1)
-    return root / "out"
+    return small_export(tmp_path_factory.mktemp("torch"), N, SHARD)
 
 
 # Module-level functions, so that spawned workers and processes can unpickle them.

@@ -19,8 +19,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-import shardex  # noqa: E402
-from shardex.testing.data import make_sample_folder  # noqa: E402
+from helpers import small_export  # noqa: E402
 from shardex.torch import (  # noqa: E402
     MapDataset,
     RowPacker,
@@ -196,10 +195,7 @@ def test_no_shared_memory_is_left_behind() -> None:
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("batches")
-    folder = make_sample_folder(root / "src", N)
-    shardex.export(str(folder.table), root / "out", samples_per_shard=SHARD, workers=1)
-    return root / "out"
+    return small_export(tmp_path_factory.mktemp("batches"), N, SHARD)
 
 
 def square(pixels: np.ndarray[Any, Any]) -> Any:
