@@ -22,6 +22,12 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "shardex.torch needs PyTorch: pip install 'shardex[torch]'"
     ) from exc
 
+# Every DataLoader worker seeds numpy.random as it starts, and numpy imports that module
+# lazily; imported in a freshly forked worker, it can fail at random on CPython 3.11
+# (KeyError in importlib's module lock, CPython issue 87712) and kill the worker. Import
+# it here, before any worker is forked, so that workers find it loaded.
+import numpy.random  # noqa: F401
+
 from shardex.torch.batches import RowPacker, collate
 from shardex.torch.map import MapDataset
 from shardex.torch.permutation import IndexPermutation
