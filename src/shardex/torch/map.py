@@ -98,7 +98,8 @@ class MapDataset(Dataset[Any]):
         ``pin_memory``, ``collate_fn``, ``batch_sampler`` ...). Without a ``collate_fn``,
         batches are those of ``default_collate``, but each item's tensors are written
         straight into its batch and workers pass batches through shared memory they
-        reuse (see :func:`shardex.torch.collate`).
+        reuse (see :func:`shardex.torch.collate`); ``loader.dataset`` is then a shallow
+        copy of this dataset that packs them.
         """
         reader = copy.copy(self)
         batched = batch_size is not None or kwargs.get("batch_sampler") is not None
