@@ -121,7 +121,11 @@ class RowPacker:
             if self.position == 0:
                 self._fields = {}
             for name, value in item.items():
-                if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.layout == torch.strided
+                    and not value.requires_grad
+                ):
                     item[name] = self._row(name, value)
         self.position = (self.position + 1) % self.rows
         return item
@@ -134,7 +138,7 @@ class RowPacker:
         if packed is None:
             return value
         field, rows = packed
-        if field.row_shape != value.shape or field.dtype != value.dtype or value.requires_grad:
+        if field.row_shape != value.shape or field.dtype != value.dtype:
             return value
         row = rows[self.position]
         row.copy_(value)
@@ -181,6 +185,20 @@ def _main_tensors(batch: list[torch.Tensor], *, collate_fn_map: CollateMap) -> A
 _MAIN_MAP: Final[CollateMap] = {**default_collate_fn_map, torch.Tensor: _main_tensors}
 
 
+def _nbytes(size: tuple[int, ...], dtype: torch.dtype) -> int:
+    return dtype.itemsize * int(np.prod(size))
+
+
+def _page_round(nbytes: int) -> int:
+    return -(-nbytes // 4096) * 4096
+
+
+def _fits(nbytes: int, capacity: int) -> bool:
+    """A buffer of ``capacity`` may hold ``nbytes``: a small field (labels) must not take
+    a big buffer (images) away from its batch."""
+    return nbytes <= capacity <= 2 * nbytes + 4096
+
+
 class _LocalPool:
     """Batch memory of the main process (``num_workers=0``), reused once released.
 
@@ -198,20 +216,15 @@ class _LocalPool:
         self.lock = threading.RLock()
 
     def take(self, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        nbytes = torch.empty(0, dtype=dtype).element_size() * int(np.prod(size))
+        nbytes = _nbytes(size, dtype)
         if not nbytes:
             return None
         with self.lock:
-            at = next(
-                (i for i, b in enumerate(self.free) if nbytes <= len(b) <= 2 * nbytes + 4096),
-                None,
-            )
+            at = next((i for i, b in enumerate(self.free) if _fits(nbytes, len(b))), None)
             if at is None and self.busy >= MAX_BUFFERS:
                 return None
             block = (
-                np.empty(-(-nbytes // 4096) * 4096, dtype=np.uint8)
-                if at is None
-                else self.free.pop(at)
+                np.empty(_page_round(nbytes), dtype=np.uint8) if at is None else self.free.pop(at)
             )
             self.busy += 1
         data = block[:nbytes]
@@ -255,8 +268,7 @@ class _Buffer:
         self.sent = False  # the main process has been given the storage itself
 
     def fits(self, nbytes: int) -> bool:
-        # A small field (labels) must not take a big buffer (images) away from its batch.
-        return int(self.flag[0]) == FREE and nbytes <= self.capacity <= 2 * nbytes + 4096
+        return int(self.flag[0]) == FREE and _fits(nbytes, self.capacity)
 
 
 class _WorkerPool:
@@ -274,14 +286,12 @@ class _WorkerPool:
 
     def stage(self, size: tuple[int, ...], dtype: torch.dtype) -> _Staged | None:
         """An uninitialised tensor in a buffer now BUSY, or None (empty, or none free)."""
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        nbytes = itemsize * int(np.prod(size))
+        nbytes = _nbytes(size, dtype)
         buffer = self._take(nbytes) if nbytes else None
         if buffer is None:
             return None
-        strides = [int(np.prod(size[k + 1 :])) for k in range(len(size))]
-        out = torch.empty(0, dtype=dtype)
-        out.set_(buffer.storage, HEADER // itemsize, size, strides)
+        whole = torch.empty(0, dtype=torch.uint8).set_(buffer.storage)
+        out = whole[HEADER : HEADER + nbytes].view(dtype).view(size)
         staged = out.as_subclass(_Staged)
         staged._shardex_buffer = buffer
         return staged
@@ -289,7 +299,7 @@ class _WorkerPool:
     def _take(self, nbytes: int) -> _Buffer | None:
         buffer = next((b for b in self.buffers if b.fits(nbytes)), None)
         if buffer is None and len(self.buffers) < MAX_BUFFERS:
-            buffer = _Buffer(len(self.buffers), -(-nbytes // 4096) * 4096)
+            buffer = _Buffer(len(self.buffers), _page_round(nbytes))
             self.buffers.append(buffer)
         if buffer is not None:
             buffer.flag[0] = BUSY
@@ -378,7 +388,7 @@ def _rebuild_staged(
         if storage is not None:
             buffers[ident] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
         whole = buffers[ident]
-    count = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+    count = _nbytes(shape, dtype)
     # A fresh array per batch: torch keeps exactly this object alive for as long as any
     # tensor views the batch, so its finalizer runs when the last one is dropped.
     data = whole[HEADER : HEADER + count]
