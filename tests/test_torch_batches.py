@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,38 @@ def test_no_shared_memory_is_left_behind() -> None:
     gc.collect()
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert not {name for name in after - before if "torch" in name or "shardex" in name}
+
+
+class HeapChurn(Dataset[Any]):
+    """Each item: the page faults of taking 40 MB of heap again just after freeing it."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        chunks = [bytearray(200_000) for _ in range(200)]  # every page written
+        del chunks
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        again = [bytearray(200_000) for _ in range(200)]
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert len(again) == 200
+        return torch.tensor(faults)
+
+
+def test_workers_reuse_freed_heap_without_faulting_it_in_again() -> None:
+    if not batches.glibc():
+        pytest.skip("the C library is not glibc")
+
+    def faults(collate_fn: Any) -> int:
+        # Spawned: a fresh interpreter has glibc's default thresholds, whatever this one's.
+        loader = DataLoader(
+            HeapChurn(), num_workers=1, multiprocessing_context="spawn", collate_fn=collate_fn
+        )
+        return int(list(loader)[1])  # the second item: after the first batch's collate
+
+    pages = 40_000_000 // 4096
+    assert faults(None) > pages // 2  # torch's collate: the heap was given back and refaulted
+    assert faults(collate) < pages // 20
 
 
 # -- the shardex datasets' own loaders ---------------------------------------------------
