@@ -204,7 +204,7 @@ class HeapChurn(Dataset[Any]):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         again = [bytearray(200_000) for _ in range(200)]
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-        assert len(again) == 200
+        del again
         return torch.tensor(faults)
 
 
