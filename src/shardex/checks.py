@@ -30,7 +30,7 @@ from shardex.format.shard import JSON_COLUMN, MemberReader
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
-from shardex.sources.base import INVALID, MEMBERS
+from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
 CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
@@ -100,6 +100,8 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
                         reason = "empty file (0 bytes)"
                 except BadSampleError as exc:
                     reason = exc.reason or str(exc)
+                except OSError as exc:  # a file that changed since the scan, or unreadable
+                    reason = f"cannot read {m['path']!r}: {exc.strerror or exc}"
                 if reason:
                     break
             reasons.append(reason)
@@ -182,17 +184,29 @@ def _check_keys(
         reasons[i] = reason
 
 
+def _refusal(original_path: str, reason: str, others: int) -> str:
+    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
+    more = f" (and {others} more)" if others else ""
+    return f"{original_path!r}: {reason}{more}; fix the source or pass --on-error skip"
+
+
 def check_samples(
     table: pa.Table,
     opts: ExportOptions,
     runner: Runner,
     progress: Progress,
     taken: frozenset[str] = frozenset(),
+    left_out: tuple[LeftOut, ...] = (),
 ) -> tuple[pa.Table, list[dict[str, str]]]:
     """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
 
     ``taken`` holds keys already exported (when appending): they count as duplicates.
+    ``left_out`` is what the source found but cannot export: refused first (before any
+    image is read), or recorded first among the skipped.
     """
+    if left_out and opts.on_error == "error":
+        out = left_out[0]
+        raise out.error(_refusal(out.original_path, out.reason, len(left_out) - 1))
     json_cols = _json_columns(table)
     jobs = (
         _CheckJob(chunk, opts.validate, opts.max_pixels, json_cols)
@@ -220,11 +234,8 @@ def check_samples(
     if skipped and opts.on_error == "error":
         first = skipped[0]
         err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
-        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-        raise err(
-            f"{first['original_path']}: {first['reason']}{more}; "
-            "fix the source or pass --on-error skip"
-        )
+        raise err(_refusal(first["original_path"], first["reason"], len(skipped) - 1))
+    skipped = [x.record() for x in left_out] + skipped
     if json_cols:
         table = table.append_column(JSON_COLUMN, pa.array(texts, pa.binary()))
     if bad:

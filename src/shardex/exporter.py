@@ -225,7 +225,9 @@ def _prepare(
     scanning = bars.task(f"scanning {src.uri}", None)
     scan = src.scan()
     scanning.done()
-    table, skipped = check_samples(fixed_lists(scan.table), opts, runner, bars, taken)
+    table, skipped = check_samples(
+        fixed_lists(scan.table), opts, runner, bars, taken, scan.left_out
+    )
     if table.num_rows == 0:
         raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
     with_label = opts.labels and "label" in table.column_names
