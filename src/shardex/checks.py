@@ -30,6 +30,7 @@ from shardex.format.shard import JSON_COLUMN, MemberReader
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
+from shardex.quoting import quoted
 from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
 CHUNK: Final = 2000
@@ -65,7 +66,9 @@ def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise BadSampleError(
-            f"cannot read {path}: {exc.strerror}", path=path, reason=str(exc.strerror)
+            f"cannot read {quoted(path)}: {exc.strerror}",
+            path=path,
+            reason=f"cannot read: {exc.strerror}",
         ) from exc
     try:
         head = os.pread(fd, min(HEAD_BYTES, size), base)
@@ -98,10 +101,12 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
                         reason = _check_member_header(m, job.max_pixels)
                     elif m["size"] == 0:
                         reason = "empty file (0 bytes)"
+                    elif m["path"] is not None:  # unreadable: skipped here, not fatal later
+                        os.close(os.open(m["path"], os.O_RDONLY | os.O_CLOEXEC))
                 except BadSampleError as exc:
                     reason = exc.reason or str(exc)
                 except OSError as exc:  # a file that changed since the scan, or unreadable
-                    reason = f"cannot read {m['path']!r}: {exc.strerror or exc}"
+                    reason = f"cannot read {quoted(str(m['path']))}: {exc.strerror or exc}"
                 if reason:
                     break
             reasons.append(reason)
@@ -175,7 +180,9 @@ def _check_keys(
         if reason is None and key in taken:
             reason = f"duplicate key {key!r}: already in the export"
         elif reason is None and key in seen:
-            reason = f"duplicate key {key!r} (also used by {originals[seen[key]].as_py()})"
+            reason = (
+                f"duplicate key {key!r} (also used by {quoted(str(originals[seen[key]].as_py()))})"
+            )
         elif reason is None and key.casefold() in folded:
             other = keys[folded[key.casefold()]]
             reason = f"duplicate key {key!r}: differs only by case from {other!r}"
@@ -187,7 +194,7 @@ def _check_keys(
 def _refusal(original_path: str, reason: str, others: int) -> str:
     """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
     more = f" (and {others} more)" if others else ""
-    return f"{original_path!r}: {reason}{more}; fix the source or pass --on-error skip"
+    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
 
 
 def check_samples(

@@ -31,6 +31,22 @@ from typing import Any, ClassVar, Final
 import pyarrow as pa
 
 from shardex.errors import BadSampleError, SourceError
+from shardex.quoting import printable, quoted
+
+__all__ = [
+    "INVALID",
+    "MEMBERS",
+    "LeftOut",
+    "ScanResult",
+    "Source",
+    "build_table",
+    "check_metadata_names",
+    "file_member",
+    "key_from_relpath",
+    "printable",
+    "quoted",
+    "safe_key",
+]
 
 MEMBERS: Final = "_members"
 #: Optional column: why the source could not use a sample (None when fine).
@@ -110,19 +126,6 @@ class Source(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
-
-
-def printable(name: str) -> str:
-    """A file name as valid UTF-8 text: bytes that are not UTF-8 (which ``os`` functions
-    hand back as lone surrogates) become ``\\xNN`` escapes.
-
-    Such a name cannot be written to Parquet or YAML as it is, nor printed.
-    """
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        return os.fsencode(name).decode("utf-8", "backslashreplace")
-    return name
 
 
 def safe_key(key: str) -> str:

@@ -37,6 +37,7 @@ from shardex.sources.base import (
     file_member,
     key_from_relpath,
     printable,
+    quoted,
 )
 
 SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test"})
@@ -79,7 +80,7 @@ def _unfollowable(path: str, exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
         return "symlink loop (it leads back to itself)"
     if exc.errno == errno.ENOENT and os.path.islink(path):
-        return f"broken symlink: its target {printable(os.readlink(path))!r} does not exist"
+        return f"broken symlink: its target {quoted(os.readlink(path))} does not exist"
     return f"cannot read: {exc.strerror}"
 
 
@@ -97,7 +98,7 @@ def _walk(root: Path) -> _Walk:
         except OSError as exc:
             if not rel_top:
                 raise SourceError(
-                    f"cannot read source folder {printable(top)!r}: {exc.strerror}"
+                    f"cannot read source folder {quoted(top)}: {exc.strerror}"
                 ) from exc
             walk.leave_out(rel_top.rstrip("/"), f"cannot read folder: {exc.strerror}")
             continue
@@ -138,13 +139,13 @@ def _visit(
         kind = "folder" if is_dir else "file"
         walk.leave_out(
             rel,
-            f"symlink to the {kind} {printable(real)!r}, outside the source folder "
+            f"symlink to the {kind} {quoted(real)}, outside the source folder "
             f"(export that {kind} itself, or copy it into the source)",
         )
         return None
     if is_dir:
         if real in above:
-            walk.leave_out(rel, f"symlink loop: it leads back to the folder {printable(real)!r}")
+            walk.leave_out(rel, f"symlink loop: it leads back to the folder {quoted(real)}")
             return None
         return (entry.path, f"{rel}/", real, above | {real})
     if not stat.S_ISREG(st.st_mode):

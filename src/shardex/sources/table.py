@@ -41,6 +41,7 @@ from shardex.sources.base import (
     file_member,
     key_from_relpath,
     printable,
+    quoted,
     safe_key,
 )
 
@@ -266,7 +267,7 @@ class TableSource(Source):
                 missing = why == _MISSING
                 rows.leave_out(
                     keys[i],
-                    f"row {i}: image file {printable(str(full))!r} {why}",
+                    f"row {i}: image file {quoted(str(full))} {why}",
                     printable(rel),
                     SourceNotFoundError if missing else BadSampleError,
                 )
