@@ -24,6 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import shardex
 from helpers import image_bytes, make_tree, write_image
@@ -37,6 +39,7 @@ from shardex.errors import (
     StorageError,
 )
 from shardex.pipeline import ImageWriterStage, Pipeline, ReaderStage
+from shardex.quoting import printable
 
 GOOD = ("good0.jpg", "good1.jpg")
 
@@ -241,6 +244,57 @@ def test_the_pipeline_never_reads_what_the_source_left_out(tmp_path: Path) -> No
         Pipeline("p", [ReaderStage(src), ImageWriterStage(tmp_path / "o2")]).run()
 
 
+def test_a_source_folder_whose_path_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    src = os.fsencode(tmp_path) + b"/caf\xe9"
+    os.mkdir(src)
+    write_image(Path(os.fsdecode(src)) / "a.jpg", 0)
+    result = _cli("export-dataset", os.fsdecode(src), "-o", str(tmp_path / "out"), "-q")
+    assert result.exit_code == 1
+    assert "caf\\xe9' is not valid UTF-8" in _error_line(result.stderr)
+    _assert_no_export(tmp_path / "out")
+
+
+_NAME = st.binary(min_size=1, max_size=12).filter(
+    lambda b: not any(c in b for c in b"/.\0") and os.name == "posix"
+)
+_SUFFIX = st.sampled_from([b".jpg", b".PNG", b".heic", b".jfif", b".txt", b""])
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(files=st.lists(st.tuples(_NAME, _SUFFIX), min_size=1, max_size=4))
+def test_any_file_name_is_exported_or_recorded_never_lost(
+    tmp_path_factory: pytest.TempPathFactory, files: list[tuple[bytes, bytes]]
+) -> None:
+    """Names of any bytes (newlines, non-UTF-8, spaces, case twins): every image-named
+    file is a sample or an errors.parquet row; no traceback; other files are no samples."""
+    root = tmp_path_factory.mktemp("names")
+    src = root / "src"
+    src.mkdir()
+    wanted: set[str] = set()
+    for i, (stem, suffix) in enumerate(dict.fromkeys(files)):
+        name = stem + suffix
+        fmt = "png" if suffix == b".PNG" else "jpg"
+        with open(os.fsencode(src) + b"/" + name, "wb") as f:
+            f.write(image_bytes(i, fmt))
+        if suffix not in (b".txt", b""):
+            wanted.add(printable(os.fsdecode(name)))
+    out = root / "out"
+    try:
+        config = shardex.export(src, out, workers=1, on_error="skip")
+    except EmptySourceError:  # nothing exportable: no export, and it says why
+        assert not (out / "config.yaml").exists()
+        return
+    exported = set(shardex.open_dataset(out).metadata.column("original_path").to_pylist())
+    recorded = {e["original_path"] for e in _errors(out)} if config.errors_file else set()
+    assert exported | recorded == wanted
+    assert not exported & recorded
+    assert config.num_skipped == len(recorded)
+
+
 # ---------------------------------------------------------------- table rows left out
 
 
@@ -390,6 +444,9 @@ def test_an_unreadable_sub_folder_is_one_line_or_a_recorded_skip(tmp_path: Path)
     (src / "unreadable.jpg").chmod(0)
     (src / "locked").chmod(0)
     try:
+        done = _unprivileged(["export-dataset", "src/locked", "-o", "out", "-q"], tmp_path)
+        assert done.returncode == 1, done.stderr
+        assert "cannot read source folder" in _error_line(done.stderr)
         done = _unprivileged(["export-dataset", "src", "-o", "out", "-q"], tmp_path)
         assert done.returncode == 1, done.stderr
         line = _error_line(done.stderr)

@@ -177,8 +177,8 @@ def main() -> None:
     type=click.Choice(["error", "skip"]),
     default="error",
     show_default=True,
-    help="On a bad sample: stop with an error naming it, or skip "
-    "it and record it in errors.parquet.",
+    help="On a bad sample, or a file the source cannot export (a .heic, a broken "
+    "symlink ...): stop with an error naming it, or skip it and record it in errors.parquet.",
 )
 @click.option(
     "--validate",

@@ -41,6 +41,7 @@ __all__ = [
     "Source",
     "build_table",
     "check_metadata_names",
+    "check_utf8_path",
     "file_member",
     "key_from_relpath",
     "printable",
@@ -126,6 +127,16 @@ class Source(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+def check_utf8_path(uri: str) -> None:
+    """Refuse a source path that is not valid UTF-8: it is recorded in config.yaml and
+    in each sample's member path, both UTF-8 text."""
+    if printable(uri) != uri:
+        raise SourceError(
+            f"source path {quoted(uri)} is not valid UTF-8: rename it, or point a symlink "
+            "with a UTF-8 name at it"
+        )
 
 
 def safe_key(key: str) -> str:

@@ -34,6 +34,7 @@ from shardex.sources.base import (
     ScanResult,
     Source,
     build_table,
+    check_utf8_path,
     file_member,
     key_from_relpath,
     printable,
@@ -167,6 +168,7 @@ class FolderSource(Source):
     def scan(self) -> ScanResult:
         if not self.root.is_dir():
             raise SourceNotFoundError(f"source folder {self.uri} does not exist")
+        check_utf8_path(self.uri)
         walk = _walk(self.root)
         files = walk.files
         if not files and not walk.left_out:

@@ -38,6 +38,7 @@ from shardex.sources.base import (
     Source,
     build_table,
     check_metadata_names,
+    check_utf8_path,
     file_member,
     key_from_relpath,
     printable,
@@ -193,6 +194,7 @@ class TableSource(Source):
     def scan(self) -> ScanResult:
         if not self.path.is_file():
             raise SourceNotFoundError(f"source table {self.uri} does not exist")
+        check_utf8_path(self.uri)
         table = read_table(self.path)
         if table.num_rows == 0:
             raise EmptySourceError(f"source table {self.uri} has no rows")
