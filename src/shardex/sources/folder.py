@@ -52,7 +52,6 @@ _Folder = tuple[str, str, str, frozenset[str]]
 class _Walk:
     """What a walk of a source folder found."""
 
-    root: Path
     real_root: str
     files: list[tuple[str, int]] = field(default_factory=list)  # (relative path, size)
     left_out: list[LeftOut] = field(default_factory=list)
@@ -89,7 +88,7 @@ def _walk(root: Path) -> _Walk:
     """Every image file under root, sorted, and what was left out (see the module
     docstring)."""
     real_root = os.path.realpath(root)
-    walk = _Walk(root, real_root)
+    walk = _Walk(real_root)
     stack: list[_Folder] = [(str(root), "", real_root, frozenset({real_root}))]
     while stack:
         top, rel_top, real_top, above = stack.pop()
