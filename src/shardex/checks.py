@@ -30,7 +30,8 @@ from shardex.format.shard import JSON_COLUMN, MemberReader
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
-from shardex.sources.base import INVALID, MEMBERS
+from shardex.quoting import quoted
+from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
 CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
@@ -65,7 +66,9 @@ def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise BadSampleError(
-            f"cannot read {path}: {exc.strerror}", path=path, reason=str(exc.strerror)
+            f"cannot read {quoted(path)}: {exc.strerror}",
+            path=path,
+            reason=f"cannot read: {exc.strerror}",
         ) from exc
     try:
         head = os.pread(fd, min(HEAD_BYTES, size), base)
@@ -98,8 +101,12 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
                         reason = _check_member_header(m, job.max_pixels)
                     elif m["size"] == 0:
                         reason = "empty file (0 bytes)"
+                    elif m["path"] is not None:  # unreadable: skipped here, not fatal later
+                        os.close(os.open(m["path"], os.O_RDONLY | os.O_CLOEXEC))
                 except BadSampleError as exc:
                     reason = exc.reason or str(exc)
+                except OSError as exc:  # a file that changed since the scan, or unreadable
+                    reason = f"cannot read {quoted(str(m['path']))}: {exc.strerror or exc}"
                 if reason:
                     break
             reasons.append(reason)
@@ -173,7 +180,9 @@ def _check_keys(
         if reason is None and key in taken:
             reason = f"duplicate key {key!r}: already in the export"
         elif reason is None and key in seen:
-            reason = f"duplicate key {key!r} (also used by {originals[seen[key]].as_py()})"
+            reason = (
+                f"duplicate key {key!r} (also used by {quoted(str(originals[seen[key]].as_py()))})"
+            )
         elif reason is None and key.casefold() in folded:
             other = keys[folded[key.casefold()]]
             reason = f"duplicate key {key!r}: differs only by case from {other!r}"
@@ -182,17 +191,29 @@ def _check_keys(
         reasons[i] = reason
 
 
+def _refusal(original_path: str, reason: str, others: int) -> str:
+    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
+    more = f" (and {others} more)" if others else ""
+    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
+
+
 def check_samples(
     table: pa.Table,
     opts: ExportOptions,
     runner: Runner,
     progress: Progress,
     taken: frozenset[str] = frozenset(),
+    left_out: tuple[LeftOut, ...] = (),
 ) -> tuple[pa.Table, list[dict[str, str]]]:
     """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
 
     ``taken`` holds keys already exported (when appending): they count as duplicates.
+    ``left_out`` is what the source found but cannot export: refused first (before any
+    image is read), or recorded first among the skipped.
     """
+    if left_out and opts.on_error == "error":
+        out = left_out[0]
+        raise out.error(_refusal(out.original_path, out.reason, len(left_out) - 1))
     json_cols = _json_columns(table)
     jobs = (
         _CheckJob(chunk, opts.validate, opts.max_pixels, json_cols)
@@ -220,11 +241,8 @@ def check_samples(
     if skipped and opts.on_error == "error":
         first = skipped[0]
         err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
-        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-        raise err(
-            f"{first['original_path']}: {first['reason']}{more}; "
-            "fix the source or pass --on-error skip"
-        )
+        raise err(_refusal(first["original_path"], first["reason"], len(skipped) - 1))
+    skipped = [x.record() for x in left_out] + skipped
     if json_cols:
         table = table.append_column(JSON_COLUMN, pa.array(texts, pa.binary()))
     if bad:

@@ -177,8 +177,8 @@ def main() -> None:
     type=click.Choice(["error", "skip"]),
     default="error",
     show_default=True,
-    help="On a bad sample: stop with an error naming it, or skip "
-    "it and record it in errors.parquet.",
+    help="On a bad sample, or a file the source cannot export (a .heic, a broken "
+    "symlink ...): stop with an error naming it, or skip it and record it in errors.parquet.",
 )
 @click.option(
     "--validate",
@@ -330,7 +330,37 @@ def export_dataset(
         f"{_size(size)}, to {output}"
     )
     if config.num_skipped:
-        click.echo(f"skipped {config.num_skipped} bad samples: see {output}/{config.errors_file}")
+        click.echo(_skipped_summary(output, config, storage_options))
+
+
+#: How many skipped samples or files the export summary names.
+_SKIPPED_SHOWN = 5
+
+
+def _skipped_summary(output: str, config: Any, storage_options: dict[str, Any] | None) -> str:
+    """What an export left out: a count, then the first few names with their reasons."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    head = (
+        f"skipped {config.num_skipped} samples or files (bad, unreadable, or not exportable): "
+        f"see {output}/{config.errors_file}"
+    )
+    from shardex.quoting import quoted
+    from shardex.storage import open_storage
+
+    try:
+        storage = open_storage(output, storage_options)
+        rows = pq.read_table(pa.BufferReader(storage.get(config.errors_file))).to_pylist()
+    except (ShardexError, OSError, pa.ArrowException):  # the summary must not fail the export
+        return head
+    lines = [
+        head,
+        *(f"  {quoted(r['original_path'])}: {r['reason']}" for r in rows[:_SKIPPED_SHOWN]),
+    ]
+    if len(rows) > _SKIPPED_SHOWN:
+        lines.append(f"  ... and {len(rows) - _SKIPPED_SHOWN} more")
+    return "\n".join(lines)
 
 
 @main.command()
@@ -487,7 +517,14 @@ def get(
         raise SampleNotFoundError(
             f"sample {key!r} has no field {ext!r} (it has {', '.join(fields)})"
         )
-    Path(dest).write_bytes(fields[ext])
+    try:
+        Path(dest).write_bytes(fields[ext])
+    except OSError as exc:
+        from shardex.errors import StorageError
+        from shardex.quoting import quoted
+
+        hint = "; create its folder first" if isinstance(exc, FileNotFoundError) else ""
+        raise StorageError(f"cannot write {quoted(dest)}: {exc.strerror or exc}{hint}") from exc
     click.echo(f"wrote {len(fields[ext])} bytes ({key}.{ext}) to {dest}")
 
 

@@ -63,6 +63,7 @@ from shardex.progress import Progress
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage, open_storage
+from shardex.storage.local import check_output_folder
 
 __all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 
@@ -81,8 +82,8 @@ _CHUNK: Final = 2000
 def _check_output(storage: Storage, mode: Mode) -> list[str]:
     """Refuse what the mode does not allow; return the old files to replace or resume."""
     root = storage.local_path("")
-    if root is not None and root.exists() and not root.is_dir():
-        raise OutputExistsError(f"output {storage.uri} exists and is not a folder")
+    if root is not None:
+        check_output_folder(root)
     existing = list(storage.list())
     foreign = [p for p in existing if not _OURS.match(p)]
     if foreign:
@@ -225,7 +226,9 @@ def _prepare(
     scanning = bars.task(f"scanning {src.uri}", None)
     scan = src.scan()
     scanning.done()
-    table, skipped = check_samples(fixed_lists(scan.table), opts, runner, bars, taken)
+    table, skipped = check_samples(
+        fixed_lists(scan.table), opts, runner, bars, taken, scan.left_out
+    )
     if table.num_rows == 0:
         raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
     with_label = opts.labels and "label" in table.column_names

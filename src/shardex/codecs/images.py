@@ -26,6 +26,19 @@ import numpy.typing as npt
 Validate = Literal["none", "header", "decode"]
 VALIDATE_CHOICES: Final = ("none", "header", "decode")
 IMAGE_EXTENSIONS: Final = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
+#: Other names of JPEG files: shardex exports JPEGs as .jpg or .jpeg only.
+_JPEG_ALIASES: Final = frozenset({"jfif", "jpe", "jif", "pjpeg", "pjp"})
+#: Image formats shardex does not export (its readers cannot decode them): such files are
+#: reported as left out, not taken for non-image files.
+_UNEXPORTED_IMAGES: Final = frozenset(
+    {
+        *("heic", "heif", "hif", "avif", "jxl", "jp2", "j2k", "jpf", "jpx", "jpm", "qoi"),
+        *("ico", "icns", "cur", "svg", "svgz", "psd", "psb", "xcf", "exr", "hdr", "dds"),
+        *("tga", "pbm", "pgm", "ppm", "pnm", "pcx", "emf", "wmf", "raw"),
+        *("dng", "cr2", "cr3", "crw", "nef", "nrw", "arw", "srf", "sr2", "orf", "rw2"),
+        *("raf", "pef", "srw", "x3f", "erf", "kdc", "mrw", "3fr", "iiq"),
+    }
+)
 HEAD_BYTES: Final = 4096
 TAIL_BYTES: Final = 4096
 #: JPEG colour spaces simplejpeg decodes to what Pillow gives (RGB, or L for "Gray").
@@ -43,6 +56,18 @@ _ENCODING_OF_EXT: Final = {
     "tif": "tiff",
     "tiff": "tiff",
 }
+
+
+def unexported_image_reason(ext: str) -> str | None:
+    """Why a file with this extension, an image format shardex does not export, is left
+    out; None when the extension is exported or not an image's."""
+    ext = ext.lower()
+    if ext in _JPEG_ALIASES:
+        return f"'.{ext}' is a JPEG name shardex does not export: rename the file .jpg"
+    if ext in _UNEXPORTED_IMAGES:
+        supported = ", ".join(sorted(IMAGE_EXTENSIONS))
+        return f"'.{ext}' images are not supported (shardex exports {supported}): convert it"
+    return None
 
 
 def encoding_of_extension(ext: str) -> str | None:

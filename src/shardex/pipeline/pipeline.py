@@ -121,6 +121,7 @@ class Pipeline:
                 executor.runner(),
                 applied,
                 scan.table.schema,
+                scan.left_out,
             )
         finally:
             plan.writer.cleanup(states[-1])

@@ -18,7 +18,7 @@ from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.format.shard import MemberReader
 from shardex.pipeline.stage import Batch, Stage
 from shardex.sources import Source, open_source
-from shardex.sources.base import INVALID, MEMBERS, ScanResult
+from shardex.sources.base import INVALID, MEMBERS, LeftOut, ScanResult
 
 #: Sample keys a reader fills; the rest of a sample is metadata.
 READER_KEYS: tuple[str, ...] = ("key", "original_path", "split", "label", "image", "image_ext")
@@ -54,9 +54,10 @@ class ReaderStage(Stage):
         return {"source": self.source.uri, "kind": self.source.kind, "batch_size": self.batch_size}
 
     def scan(self) -> ScanResult:
-        """The source's sample table (once)."""
+        """The source's sample table (once). Rows the source marked unusable are left out
+        here: no stage reads them (a symlink out of the source must not be read)."""
         if self._scan is None:
-            self._scan = self.source.scan()
+            self._scan = _without_invalid(self.source.scan())
         return self._scan
 
     def jobs(self) -> Iterator[BatchJob]:
@@ -71,6 +72,25 @@ class ReaderStage(Stage):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_scan": None}  # workers get rows in their jobs, not the scan
+
+
+def _without_invalid(scan: ScanResult) -> ScanResult:
+    table = scan.table
+    if INVALID not in table.column_names:
+        return scan
+    invalid = table.column(INVALID)
+    bad = table.filter(invalid.is_valid())
+    left_out = tuple(
+        LeftOut(str(path), str(reason), str(key))
+        for key, path, reason in zip(
+            bad.column("key").to_pylist(),
+            bad.column("original_path").to_pylist(),
+            bad.column(INVALID).to_pylist(),
+            strict=True,
+        )
+    )
+    kept = table.filter(invalid.is_null()).drop_columns([INVALID])
+    return ScanResult(kept, scan.label_names, scan.left_out + left_out)
 
 
 def read_batch(rows: pa.Table) -> Batch:

@@ -26,7 +26,7 @@ from shardex.errors import ConfigError
 from shardex.parallel import Runner
 from shardex.pipeline.readers import READER_KEYS
 from shardex.pipeline.stage import Batch, Stage
-from shardex.sources.base import ScanResult, Source, build_table
+from shardex.sources.base import LeftOut, ScanResult, Source, build_table
 from shardex.storage import Storage
 
 #: Keys of a pipeline sample that are not metadata columns.
@@ -38,11 +38,18 @@ class _Collected(Source):
 
     kind: ClassVar[str] = "pipeline"
 
-    def __init__(self, table: pa.Table, label_names: tuple[str, ...] | None, uri: str) -> None:
+    def __init__(
+        self,
+        table: pa.Table,
+        label_names: tuple[str, ...] | None,
+        uri: str,
+        left_out: tuple[LeftOut, ...] = (),
+    ) -> None:
         self.table, self.label_names, self.uri = table, label_names, uri
+        self.left_out = left_out
 
     def scan(self) -> ScanResult:
-        return ScanResult(self.table, self.label_names)
+        return ScanResult(self.table, self.label_names, self.left_out)
 
 
 class ImageWriterStage(Stage):
@@ -128,14 +135,19 @@ class ImageWriterStage(Stage):
         runner: Runner,
         pipeline: tuple[dict[str, Any], ...],
         schema: pa.Schema | None = None,
+        left_out: tuple[LeftOut, ...] = (),
     ) -> ExportConfig:
         """Export what :meth:`reduce` collected (the driver calls this once, at the end);
-        metadata columns the source had keep its Arrow ``schema`` types."""
+        metadata columns the source had keep its Arrow ``schema`` types; what the source
+        left out is refused or recorded as the export's options say."""
         from shardex.exporter import export
 
         samples: Batch = state.get("samples", [])
         if not samples:
-            raise ConfigError("the pipeline produced no samples; nothing to write")
+            first = f"; the source left out {len(left_out)}, e.g. " if left_out else ""
+            if left_out:
+                first += f"{left_out[0].original_path!r}: {left_out[0].reason}"
+            raise ConfigError(f"the pipeline produced no samples; nothing to write{first}")
         if "spool" in state:
             state["spool"].flush()
         table = samples_table(samples, schema)
@@ -146,7 +158,7 @@ class ImageWriterStage(Stage):
             **self.options,
         }
         return export(
-            _Collected(table, label_names, source_uri),
+            _Collected(table, label_names, source_uri, left_out),
             self.output_dir,
             progress=self.verbose,
             storage_options=self.storage_options,

@@ -10,7 +10,7 @@ from typing import Any
 from shardex.contract import CONFIG_FILE
 from shardex.errors import SourceError, SourceNotFoundError
 from shardex.sources.arrays import ArraySource
-from shardex.sources.base import ScanResult, Source
+from shardex.sources.base import ScanResult, Source, check_utf8_path, quoted
 from shardex.sources.demo import DEFAULT_COUNT, DemoSource
 from shardex.sources.export import ExportSource
 from shardex.sources.folder import FolderSource
@@ -63,10 +63,15 @@ def open_source(spec: str | os.PathLike[str] | Source | Mapping[str, Any]) -> So
         return DemoSource(int(count) if count else DEFAULT_COUNT)
     if any(c in text for c in "*?["):
         return TarSource(text)
+    check_utf8_path(text)
     path = Path(text).expanduser()
     if path.is_dir():
-        if (path / CONFIG_FILE).is_file():
-            return ExportSource(path)
+        try:
+            if (path / CONFIG_FILE).is_file():
+                return ExportSource(path)
+            os.listdir(path)  # (os.walk below ignores an unreadable folder)
+        except OSError as exc:
+            raise SourceError(f"cannot read source folder {quoted(text)}: {exc.strerror}") from exc
         return TarSource(path) if _holds_only_tars(path) else FolderSource(path)
     if path.is_file():
         suffix = path.suffix.lower()

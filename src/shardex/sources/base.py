@@ -13,6 +13,11 @@ A source's :meth:`Source.scan` returns one Arrow table, one row per sample, with
 * ``_invalid`` (string, optional): why the source cannot use the sample (a symlink that
   leaves the source folder, ...); such samples are refused or skipped like corrupt ones;
 * any other column: metadata, kept with its type.
+
+What a source finds but cannot export (a broken symlink, a ``.heic`` file, an unreadable
+folder, a table row naming a missing file ...) is listed in :attr:`ScanResult.left_out`,
+never dropped without a word: the export refuses it, or records it in ``errors.parquet``
+under ``on_error="skip"``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,24 @@ from typing import Any, ClassVar, Final
 
 import pyarrow as pa
 
-from shardex.errors import SourceError
+from shardex.errors import BadSampleError, SourceError
+from shardex.quoting import printable, quoted
+
+__all__ = [
+    "INVALID",
+    "MEMBERS",
+    "LeftOut",
+    "ScanResult",
+    "Source",
+    "build_table",
+    "check_metadata_names",
+    "check_utf8_path",
+    "file_member",
+    "key_from_relpath",
+    "printable",
+    "quoted",
+    "safe_key",
+]
 
 MEMBERS: Final = "_members"
 #: Optional column: why the source could not use a sample (None when fine).
@@ -63,11 +85,32 @@ _BAD_KEY_CHARS: Final = re.compile(r"[.]")
 
 
 @dataclass(frozen=True, slots=True)
+class LeftOut:
+    """A file, folder or row a source found but cannot export, and why.
+
+    ``original_path`` and ``key`` are printable (see :func:`printable`): they go into
+    errors.parquet and into one-line error messages.
+    """
+
+    original_path: str
+    reason: str
+    key: str = ""
+    #: What refusing it raises (``on_error="error"``).
+    error: type[SourceError] = BadSampleError
+
+    def record(self) -> dict[str, str]:
+        """Its errors.parquet row."""
+        return {"key": self.key, "original_path": self.original_path, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
 class ScanResult:
-    """What a scan found: the sample table and the label names (if labelled)."""
+    """What a scan found: the sample table, the label names (if labelled), and what it
+    found but cannot export."""
 
     table: pa.Table
     label_names: tuple[str, ...] | None = None
+    left_out: tuple[LeftOut, ...] = ()
 
 
 class Source(ABC):
@@ -84,6 +127,16 @@ class Source(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+def check_utf8_path(uri: str) -> None:
+    """Refuse a source path that is not valid UTF-8: it is recorded in config.yaml and
+    in each sample's member path, both UTF-8 text."""
+    if printable(uri) != uri:
+        raise SourceError(
+            f"source path {quoted(uri)} is not valid UTF-8: rename it, or point a symlink "
+            "with a UTF-8 name at it"
+        )
 
 
 def safe_key(key: str) -> str:

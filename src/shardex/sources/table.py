@@ -6,37 +6,127 @@ Columns are recognised by name (override with the constructor arguments):
   (a string column; relative paths are resolved against the table's folder);
 * image bytes: ``image_bytes``, ``image``, ``bytes``, ``jpg``, ``png``, ``webp`` (binary);
 * key: ``key``, ``__key__``, ``id``, ``image_id`` (else derived from the path, or the row
-  number for bytes);
+  number for bytes; when a path is absolute or climbs out with ``..``, keys are the paths
+  relative to the common parent folder of all the rows' files, without extension);
 * label: ``label`` (integers, or strings mapped to sorted ``label_names``);
 * split: ``split``.
 
 Every other column is metadata and keeps its type.
+
+A row that cannot be exported is left out with the reason (refused by default, recorded in
+errors.parquet under ``on_error="skip"``): a missing file, a folder, a file that is no
+image (by its extension or, for other names, its first bytes), bytes that are no image,
+an empty path or no bytes. Bytes and files are then checked like any image (``validate``).
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.codecs.images import sniff
-from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
+from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
+from shardex.errors import BadSampleError, EmptySourceError, SourceError, SourceNotFoundError
 from shardex.sources.base import (
+    LeftOut,
     ScanResult,
     Source,
     build_table,
     check_metadata_names,
+    check_utf8_path,
     file_member,
     key_from_relpath,
+    printable,
+    quoted,
     safe_key,
 )
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
 KEY_COLUMNS: Final = ("key", "__key__", "id", "image_id")
+
+
+_MISSING: Final = "does not exist"
+
+
+@dataclass
+class _Rows:
+    """The rows a table source keeps (by row number), and the rows it leaves out."""
+
+    kept: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    originals: list[str] = field(default_factory=list)
+    members: list[list[dict[str, Any]]] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+
+    def add(self, row: int, key: str, original: str, member: dict[str, Any]) -> None:
+        self.kept.append(row)
+        self.keys.append(key)
+        self.originals.append(original)
+        self.members.append([member])
+
+    def leave_out(
+        self,
+        key: str,
+        reason: str,
+        original: str | None = None,
+        error: type[SourceError] = BadSampleError,
+    ) -> None:
+        key = printable(key)
+        self.left_out.append(LeftOut(original or key, reason, key, error))
+
+
+def _keys_from_paths(folder: Path, rels: list[str | None]) -> list[str]:
+    """Keys for rows without a key column: each path without its extension, relative to
+    the table's folder as written (``imgs/a.jpg`` -> ``imgs/a``).
+
+    When a path is absolute or climbs out with ``..`` (which would make an unsafe key),
+    every key is the path relative to the common parent folder of all the rows' files
+    instead, as a folder source would name them: the same table always gives the same keys.
+    """
+    norm = [os.path.normpath(r) if r else "" for r in rels]
+    if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm):
+        return [key_from_relpath(printable(n)) if n else "" for n in norm]
+    full = [os.path.normpath(folder / n) if n else "" for n in norm]
+    base = os.path.commonpath([os.path.dirname(f) for f in full if f])
+    return [key_from_relpath(printable(os.path.relpath(f, base))) if f else "" for f in full]
+
+
+def _file_member(full: Path) -> tuple[dict[str, Any] | None, str]:
+    """The member of an image file, or None and why it cannot be one.
+
+    A name that is not an image's is accepted when the file's first bytes are an image's
+    (its format then names the member); else it would be exported as ``KEY.bin``.
+    """
+    try:
+        st = full.stat()
+    except FileNotFoundError:
+        return None, _MISSING
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return None, "is a folder, not an image file"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "is not a regular file (a FIFO, socket or device)"
+    ext = full.suffix.lstrip(".").lower()
+    if ext not in IMAGE_EXTENSIONS:
+        why = unexported_image_reason(ext)
+        if why is not None:
+            return None, f"is not exported: {why}"
+        try:
+            with full.open("rb") as f:
+                fmt = sniff(f.read(16))
+        except OSError as exc:
+            return None, f"cannot be read: {exc.strerror}"
+        if fmt is None:
+            return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
+        ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
+    return file_member(str(full), st.st_size, ext), ""
 
 
 def read_table(path: Path) -> pa.Table:
@@ -104,6 +194,7 @@ class TableSource(Source):
     def scan(self) -> ScanResult:
         if not self.path.is_file():
             raise SourceNotFoundError(f"source table {self.uri} does not exist")
+        check_utf8_path(self.uri)
         table = read_table(self.path)
         if table.num_rows == 0:
             raise EmptySourceError(f"source table {self.uri} has no rows")
@@ -116,8 +207,17 @@ class TableSource(Source):
             )
         kcol = _pick(table, self._key_column, KEY_COLUMNS, lambda t: True)
         used = {c for c in (bcol, pcol, kcol) if c}
-        keys, originals, members = self._members(table, pcol, bcol, kcol)
+        raw_keys = None if kcol is None else [str(k) for k in table.column(kcol).to_pylist()]
+        rows = (
+            self._blob_rows(table.column(bcol).to_pylist(), bcol, raw_keys)
+            if bcol is not None
+            else self._path_rows(table.column(pcol).to_pylist(), str(pcol), raw_keys)
+        )
+        # label names come from every row: leaving a row out does not renumber the labels
         labels, names = self._labels(table)
+        if len(rows.kept) < table.num_rows:
+            table = table.take(pa.array(rows.kept, pa.int64()))
+            labels = None if labels is None else [labels[i] for i in rows.kept]
         splits = None
         if "split" in table.column_names:
             splits = [str(s) for s in table.column("split").to_pylist()]
@@ -126,48 +226,56 @@ class TableSource(Source):
             used.add(self._label_column)
         meta = table.drop_columns(sorted(used))
         check_metadata_names(meta.column_names, self.uri)
-        return ScanResult(
-            build_table(keys, originals, members, splits=splits, labels=labels, metadata=meta),
-            names,
+        samples = build_table(
+            rows.keys, rows.originals, rows.members, splits=splits, labels=labels, metadata=meta
         )
+        return ScanResult(samples, names, tuple(rows.left_out))
 
-    def _members(
-        self, table: pa.Table, pcol: str | None, bcol: str | None, kcol: str | None
-    ) -> tuple[list[str], list[str], list[list[dict[str, Any]]]]:
-        n = table.num_rows
-        raw_keys = None if kcol is None else [str(k) for k in table.column(kcol).to_pylist()]
-        members: list[list[dict[str, Any]]] = []
-        if bcol is not None:
-            blobs = table.column(bcol).to_pylist()
-            width = len(str(n - 1))
-            keys = raw_keys or [str(i).zfill(width) for i in range(n)]
-            for i, blob in enumerate(blobs):
-                if blob is None:
-                    raise SourceError(f"{self.uri}: row {i} has no image bytes in {bcol!r}")
-                fmt = sniff(blob[:16]) or "bin"
-                ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-                members.append(
-                    [{"ext": ext, "path": None, "offset": -1, "size": len(blob), "data": blob}]
+    def _blob_rows(self, blobs: list[bytes | None], bcol: str, raw_keys: list[str] | None) -> _Rows:
+        """Rows whose image is inline bytes: the format is sniffed from them, and bytes
+        that are no image are left out (they would be exported as ``KEY.bin``)."""
+        rows = _Rows()
+        width = len(str(len(blobs) - 1))
+        keys = raw_keys or [str(i).zfill(width) for i in range(len(blobs))]
+        for i, blob in enumerate(blobs):
+            if blob is None or not blob:
+                rows.leave_out(keys[i], f"row {i}: no image bytes in column {bcol!r}")
+                continue
+            fmt = sniff(blob[:16])
+            if fmt is None:
+                rows.leave_out(
+                    keys[i],
+                    f"row {i}: the bytes in column {bcol!r} are not a recognised image "
+                    f"(they begin {blob[:8]!r})",
                 )
-            return [safe_key(k) for k in keys], keys, members
-        assert pcol is not None
-        rels = table.column(pcol).to_pylist()
-        keys, originals = [], []
+                continue
+            ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
+            member = {"ext": ext, "path": None, "offset": -1, "size": len(blob), "data": blob}
+            rows.add(i, safe_key(keys[i]), keys[i], member)
+        return rows
+
+    def _path_rows(self, rels: list[str | None], pcol: str, raw_keys: list[str] | None) -> _Rows:
+        """Rows naming an image file: missing files, folders and files that are no image
+        are left out."""
+        rows = _Rows()
+        keys = raw_keys or _keys_from_paths(self.path.parent, rels)
         for i, rel in enumerate(rels):
             if not rel:
-                raise SourceError(f"{self.uri}: row {i} has an empty {pcol!r}")
+                rows.leave_out(keys[i], f"row {i}: empty {pcol!r}", f"row {i}")
+                continue
             full = (self.path.parent / rel).absolute()
-            try:
-                size = full.stat().st_size
-            except FileNotFoundError:
-                raise SourceNotFoundError(
-                    f"{self.uri}: row {i}: image file {full} does not exist"
-                ) from None
-            ext = full.suffix.lstrip(".").lower() or "bin"
-            members.append([file_member(str(full), size, ext)])
-            keys.append(safe_key(raw_keys[i]) if raw_keys else key_from_relpath(rel))
-            originals.append(rel)
-        return keys, originals, members
+            member, why = _file_member(full)
+            if member is None:
+                missing = why == _MISSING
+                rows.leave_out(
+                    keys[i],
+                    f"row {i}: image file {quoted(str(full))} {why}",
+                    printable(rel),
+                    SourceNotFoundError if missing else BadSampleError,
+                )
+                continue
+            rows.add(i, safe_key(keys[i]) if raw_keys else keys[i], printable(rel), member)
+        return rows
 
     def _labels(self, table: pa.Table) -> tuple[list[int | None] | None, tuple[str, ...] | None]:
         col = self._label_column

@@ -6,11 +6,13 @@ import builtins
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shardex.errors import ObjectNotFoundError, StorageError
+from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
+from shardex.quoting import quoted
 from shardex.storage.base import ObjectWriter, Storage
 
 _TMP_MARK = ".tmp-"
@@ -26,9 +28,15 @@ class LocalObjectWriter(ObjectWriter):
 
     def __init__(self, final: Path, *, buffer_size: int = 1 << 20) -> None:
         self._final = final
-        final.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = final.with_name(f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}")
-        self._file = open(self._tmp, "wb", buffering=buffer_size)  # noqa: SIM115
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self._tmp, "wb", buffering=buffer_size)  # noqa: SIM115
+        except OSError as exc:  # a file where a folder should be, no permission, ...
+            raise StorageError(
+                f"cannot create {quoted(str(final))}: {exc.strerror or exc}"
+                + (f" ({quoted(str(exc.filename))})" if exc.filename else "")
+            ) from exc
         self._done = False
         self._pos = 0
 
@@ -66,6 +74,35 @@ class LocalObjectWriter(ObjectWriter):
         with contextlib.suppress(OSError):  # a full disk may fail the flush in close()
             self._file.close()
         self._tmp.unlink(missing_ok=True)
+
+
+def check_output_folder(root: Path) -> None:
+    """Refuse an output folder that cannot be created or written, before any work: a
+    file on its path (``file.txt/out``), or a nearest existing folder without write
+    permission."""
+    probe = root
+    while True:
+        try:
+            st = os.stat(probe)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            probe = probe.parent
+        except OSError as exc:  # EACCES on a folder above, ELOOP ...
+            raise StorageError(
+                f"cannot use the output {quoted(str(root))}: {quoted(str(probe))}: {exc.strerror}"
+            ) from exc
+    if not stat.S_ISDIR(st.st_mode) and probe == root:
+        raise OutputExistsError(f"output {quoted(str(root))} exists and is not a folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorageError(
+            f"cannot create the output folder {quoted(str(root))}: {quoted(str(probe))} is a file, not "
+            "a folder; choose another output"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise StorageError(
+            f"cannot write the output {quoted(str(root))}: no permission to write in "
+            f"{quoted(str(probe))}; choose another output or fix its permissions"
+        )
 
 
 class LocalStorage(Storage):

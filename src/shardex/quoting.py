@@ -1,0 +1,32 @@
+"""Names from the input, made safe for text: valid UTF-8, and one line in messages.
+
+File names may hold bytes that are not UTF-8 (``os`` functions hand them back as lone
+surrogates, which Parquet, YAML and terminals refuse) and newlines or other line breaks
+(which would split a one-line ``error: ...`` message).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Final
+
+#: Characters that would break a one-line message (str.splitlines splits at all of them).
+_LINE_BREAKING: Final = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")
+
+
+def printable(name: str) -> str:
+    """A name as valid UTF-8 text: bytes that are not UTF-8 become ``\\xNN`` escapes."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    return name
+
+
+def quoted(name: str) -> str:
+    """A name quoted for a one-line message: control characters and line separators
+    escaped as repr() would, bytes that are not UTF-8 as ``\\xNN``; nothing else changed
+    (a backslash in the name stays one backslash)."""
+    text = _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], printable(name))
+    return f"'{text}'"
