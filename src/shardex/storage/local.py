@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shardex.errors import ObjectNotFoundError, StorageError
-from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.base import ObjectWriter, Storage, checked_path
 
 _TMP_MARK = ".tmp-"
 
@@ -87,7 +87,8 @@ class LocalStorage(Storage):
         return f"LocalStorage({self.uri!r})"
 
     def _path(self, path: str) -> Path:
-        return self.root / path
+        # ``root / "/etc"`` is "/etc" and ``root / "../x"`` climbs out: every path is checked
+        return self.root / checked_path(path, self.uri)
 
     def _fd(self, path: str) -> int:
         # Descriptors are cached per process: after a fork (DataLoader workers) the
@@ -168,7 +169,7 @@ class LocalStorage(Storage):
         return LocalObjectWriter(self._path(path))
 
     def local_path(self, path: str) -> Path:
-        return self._path(path)
+        return self.root if path == "" else self._path(path)
 
     def sync(self, paths: Iterable[str]) -> None:
         """fsync the files and then their folders, so that they survive a power loss."""
