@@ -31,7 +31,7 @@ _RELPATH: Final = re.compile(rf"{_PART}(?:/{_PART})*")
 def split_name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a split name (a phrase naming it, repr-quoted), or None."""
     if not isinstance(name, str):
-        return f"split name {name!r} is a {type(name).__name__}, not a string"
+        return f"split name {name!r} is not a string ({type(name).__name__})"
     if len(name) > MAX_SPLIT_NAME:
         return f"split name {name[:40]!r}... is {len(name)} characters long; {SPLIT_NAME_RULE}"
     if _SPLIT_NAME.fullmatch(name) is None:
