@@ -98,8 +98,9 @@ class LocalStorage(Storage):
             self._pid = os.getpid()
         fd = self._fds.get(path)
         if fd is None:
+            full = self._path(path)  # outside the try: its StorageError is an OSError too
             try:
-                fd = os.open(self._path(path), os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError as exc:
                 raise ObjectNotFoundError(f"{self.join(path)} does not exist") from exc
             except OSError as exc:
