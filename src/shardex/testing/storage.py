@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import pytest
 
@@ -111,7 +112,7 @@ class StorageTests:
         self, storage: Storage, path: str, operation: str
     ) -> None:
         storage.put("inside.bin", b"x")
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "put": lambda: storage.put(path, b"evil"),
             "open_writer": lambda: storage.open_writer(path),
             "get": lambda: storage.get(path),
