@@ -19,6 +19,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,6 +34,8 @@ from shardex.contract import ExportConfig, schema, validate
 from shardex.errors import BadSampleError, ConfigError, SchemaError, ShardexError
 from shardex.names import MAX_SPLIT_NAME, one_line, relpath_problem, split_name_problem
 from shardex.options import ExportOptions
+from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, ReaderStage
+from shardex.pipeline.stage import Batch, Stage
 
 HOSTILE_SPLITS = [
     "../../evil",
@@ -389,3 +392,33 @@ def test_generated_file_names(name: str) -> None:
         return src
 
     _export_in_sandbox(make, on_error="skip")
+
+
+class _SplitStage(Stage):
+    """Sets ``split`` per sample: a safe name, a path out of the export, or none at all."""
+
+    name: ClassVar[str] = "test_hostile_split"
+    produces = ("split",)
+
+    def process(self, batch: Batch) -> Batch:
+        for sample in batch:
+            pick = sum(sample["key"].encode()) % 3
+            if pick < 2:
+                sample["split"] = ("train", "../../evil")[pick]
+        return batch
+
+
+def test_pipeline_split_values_are_checked_like_any_source(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b" / "out"
+    before = _walk(tmp_path)
+    steps = [ReaderStage("demo:30", batch_size=7), _SplitStage()]
+    with pytest.raises(BadSampleError, match=r"unsafe split name '\.\./\.\./evil'|no split"):
+        Pipeline("p", [*steps, ImageWriterStage(out)]).run(LocalExecutor(1))
+    assert _walk(tmp_path) == before
+    config = Pipeline("p", [*steps, ImageWriterStage(out, on_error="skip")]).run(LocalExecutor(1))
+    assert _outside(tmp_path, out, before) == set()
+    assert list(config.splits) == ["train"]
+    reasons = [e["reason"] for e in pq.read_table(out / "errors.parquet").to_pylist()]
+    assert config.num_samples + len(reasons) == 30
+    assert any("unsafe split name '../../evil'" in r for r in reasons)
+    assert any("no split (null)" in r for r in reasons)

@@ -193,7 +193,10 @@ def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
         [str(s["key"]) for s in samples],
         [str(s.get("original_path", s["key"])) for s in samples],
         members,
-        splits=[str(s["split"]) for s in samples] if has["split"] else None,
+        # a sample without a split is refused by check_samples ("no split"), not a KeyError
+        splits=[None if s.get("split") is None else str(s["split"]) for s in samples]
+        if has["split"]
+        else None,
         labels=[s.get("label") for s in samples] if has["label"] else None,
         metadata=metadata,
     )
