@@ -186,6 +186,8 @@ def test_split_options_are_refused_before_anything_is_written(tmp_path: Path, na
     before = _walk(tmp_path)
     with pytest.raises(ConfigError):
         shardex.export("demo:4", tmp_path / "a" / "out", split_fractions={name: 0.5, "val": 0.5})
+    with pytest.raises(ConfigError):  # a pipeline's writer, before any stage runs
+        ImageWriterStage(tmp_path / "a" / "out", split_fractions={name: 1.0})
     assert _walk(tmp_path) == before
 
 

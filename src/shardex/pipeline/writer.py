@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from shardex.contract import ExportConfig
 from shardex.errors import ConfigError
+from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.pipeline.readers import READER_KEYS
 from shardex.pipeline.stage import Batch, Stage
@@ -88,6 +89,13 @@ class ImageWriterStage(Stage):
         self.storage_options = storage_options
         self.spec_fingerprint = spec_fingerprint
         self.options = options
+        # bad options (an unsafe split name) fail here, before any stage runs
+        ExportOptions(
+            backend=backend,
+            samples_per_shard=images_per_tar,
+            deterministic_name=deterministic_name,
+            **options,
+        )
 
     def params(self) -> dict[str, Any]:
         out = super().params()
