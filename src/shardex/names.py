@@ -58,6 +58,5 @@ def one_line(text: str) -> str:
     if text.isprintable():  # the common case, one C-level pass
         return text
     return "".join(
-        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
-        for ch in text
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
     )
