@@ -424,3 +424,17 @@ def test_pipeline_split_values_are_checked_like_any_source(tmp_path: Path) -> No
     assert config.num_samples + len(reasons) == 30
     assert any("unsafe split name '../../evil'" in r for r in reasons)
     assert any("no split (null)" in r for r in reasons)
+
+
+def test_field_names_that_cannot_name_files_fail_before_writing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(2):
+        write_image(src / f"img{i}.jpg", i)
+    columns = {"path": ["img0.jpg", "img1.jpg"], "a\nb": [[1.0, 2.0], [3.0, 4.0]]}
+    pq.write_table(pa.table(columns), src / "t.parquet")
+    before = _walk(tmp_path)
+    with pytest.raises(ConfigError, match=r"field names \['a\\nb'\] cannot name files") as info:
+        shardex.export(src / "t.parquet", tmp_path / "out", backend="numpy", x_keys=("a\nb",))
+    _assert_one_line(info.value)
+    assert _walk(tmp_path) == before  # refused before any array was written
