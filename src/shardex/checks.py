@@ -27,6 +27,7 @@ from shardex.codecs.images import (
 )
 from shardex.errors import BadSampleError, DuplicateKeyError
 from shardex.format.shard import JSON_COLUMN, MemberReader
+from shardex.names import split_name_problem
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
@@ -197,6 +198,21 @@ def _refusal(original_path: str, reason: str, others: int) -> str:
     return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
 
 
+def _check_splits(splits: list[object], keys: list[str], reasons: list[str | None]) -> None:
+    """Mark samples whose split (from a table column or a tar's ``.json``) cannot name a
+    folder of the export: like an unsafe key, a bad sample (an error, or a recorded skip
+    under ``on_error="skip"``), never a path outside the output."""
+    problems: dict[str, str | None] = {}
+    for i, split in enumerate(splits):
+        if reasons[i] is not None:
+            continue
+        seen = split if isinstance(split, str) else repr(split)  # a JSON list is unhashable
+        if seen not in problems:
+            problems[seen] = "no split (null)" if split is None else split_name_problem(split)
+        if problems[seen] is not None:
+            reasons[i] = f"sample {keys[i]!r}: {problems[seen]}"
+
+
 def check_samples(
     table: pa.Table,
     opts: ExportOptions,
@@ -232,6 +248,8 @@ def check_samples(
         table = table.drop_columns([INVALID])
     keys = table.column("key").to_pylist()
     originals = table.column("original_path")
+    if "split" in table.column_names:
+        _check_splits(table.column("split").to_pylist(), keys, reasons)
     _check_keys(keys, reasons, originals, taken)
     bad = [i for i, r in enumerate(reasons) if r is not None]
     skipped = [

@@ -11,6 +11,7 @@ import click
 
 from shardex import __version__
 from shardex.errors import SampleNotFoundError, ShardexError
+from shardex.quoting import one_line
 
 _SPLIT_HELP = "Split to use (default: the only split, else each split in turn)."
 
@@ -63,7 +64,8 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ShardexError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # one line whatever the message quotes (a file name may hold a newline)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             ctx.exit(1)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 import yaml
 
 from shardex.errors import ConfigError, SchemaError
+from shardex.names import split_name_problem
 
 FORMAT_VERSION: Final = 1
 CONFIG_FILE: Final = "config.yaml"
@@ -210,8 +211,15 @@ class ExportConfig:
         return {name: raw[name] for name in order}
 
     def to_yaml(self) -> str:
-        """config.yaml text; deterministic for the same config."""
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+        """config.yaml text; deterministic for the same config.
+
+        Raises:
+            SchemaError: the config breaks its own schema (a path outside the export, a bad
+                split name): it is refused before it can be committed.
+        """
+        raw = self.to_dict()
+        validate(raw, where=f"{CONFIG_FILE} to be written")
+        return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ExportConfig:
@@ -278,6 +286,24 @@ def _validator() -> Callable[[Any], Any]:
     return fastjsonschema.compile(schema())
 
 
+def _schema_message(exc: Any) -> str:
+    """What a schema failure means, naming the field and (repr-quoted) the bad value: a
+    path or split name that would reach outside the export is the case that matters."""
+    field_name = exc.name.removeprefix("data.").removeprefix("data") or "the document"
+    if exc.rule == "propertyNames" and isinstance(exc.value, dict):
+        for name in exc.value:
+            problem = split_name_problem(name)
+            if problem is not None:
+                return f"{field_name}: {problem}"
+    if isinstance(exc.value, str):
+        definition = exc.definition or {}
+        described = [d for d in (definition, *definition.get("oneOf", ())) if "description" in d]
+        if described:
+            return f"{field_name} is {exc.value!r}, not {described[0]['description']}"
+    text = exc.message.removeprefix("data.").removeprefix("data ")
+    return f"{text} (schema rule {exc.rule!r})"
+
+
 def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
     """Check a parsed config.yaml against the schema and its cross-field rules.
 
@@ -289,8 +315,7 @@ def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
     try:
         _validator()(raw)
     except fastjsonschema.JsonSchemaValueException as exc:
-        text = exc.message.removeprefix("data.").removeprefix("data ")
-        raise SchemaError(f"{where}: {text} (schema rule {exc.rule!r})") from None
+        raise SchemaError(f"{where}: {_schema_message(exc)}") from None
     total = sum(s["num_samples"] for s in raw["splits"].values())
     if total != raw["num_samples"]:
         raise SchemaError(

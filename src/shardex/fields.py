@@ -24,6 +24,7 @@ from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
 from shardex.format.shard import JSON_COLUMN, LABEL_FIELD, MemberReader
+from shardex.names import relpath_problem
 from shardex.sources.arrays import npy_bytes as npy_bytes
 from shardex.sources.base import MEMBERS
 
@@ -60,11 +61,12 @@ def with_columns(
         column = f"{label_prefix}{base}" if key in y_keys else base
         out.append(dataclasses.replace(spec, column=column))
     columns = [s.column for s in out]
-    bad = [c for c in columns if "/" in c or "\\" in c or not c]
+    # a column names a file of array backends: one path part, no control character
+    bad = [c for c in columns if "/" in c or relpath_problem(c) is not None]
     if bad:
         raise ConfigError(
-            f"field names {bad} cannot name files or arrays ('/' or '\\'); rename them in the "
-            "source"
+            f"field names {bad} cannot name files or arrays ('/', '\\', a control character "
+            "or empty); rename them in the source"
         )
     if len(set(columns)) != len(columns) or "__key__" in columns:
         raise ConfigError(f"fields {[s.name for s in specs]} map to clashing names {columns}")

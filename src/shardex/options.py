@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from shardex.codecs.images import MAX_PIXELS, VALIDATE_CHOICES, Validate
 from shardex.errors import ConfigError
+from shardex.names import split_name_problem
 
 OnError = Literal["error", "skip"]
 #: What to do with an output that already holds an export or an interrupted one.
@@ -63,6 +64,12 @@ class ExportOptions:
             raise ConfigError(f"on_error must be 'error' or 'skip', got {self.on_error!r}")
         if self.validate not in VALIDATE_CHOICES:
             raise ConfigError(f"validate must be one of {VALIDATE_CHOICES}, got {self.validate!r}")
+        # split names become folders of the output: checked before anything is written
+        for option, names in (("splits", self.splits), ("split_fractions", self.split_fractions)):
+            for name in names or ():
+                problem = split_name_problem(name)
+                if problem is not None:
+                    raise ConfigError(f"{option}: {problem}")
         if self.split_fractions is not None:
             total = sum(self.split_fractions.values())
             if (

@@ -16,6 +16,7 @@ from shardex.codecs.images import encoding_of_extension
 from shardex.contract import FieldSpec, KeySpec
 from shardex.errors import ConfigError
 from shardex.fields import field_key
+from shardex.names import split_name_problem
 from shardex.options import ExportOptions
 from shardex.sources.base import MEMBERS
 
@@ -71,7 +72,14 @@ def assign_splits(table: pa.Table, opts: ExportOptions) -> tuple[pa.Table, str]:
 
 
 def split_names(table: pa.Table, opts: ExportOptions) -> list[str]:
+    """The splits to write, in order. Every split name becomes a folder of the output, so
+    each is checked here whatever the source (samples with unsafe splits were already
+    refused or skipped by ``check_samples``; this is the last line before any write)."""
     present = set(pc.unique(table.column("split")).to_pylist())
+    for name in present:
+        problem = split_name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"{problem}; fix the source's split values")
     order = list(opts.split_fractions or ()) + [s for s in SPLIT_ORDER if s in present]
     order += sorted(present - set(order))
     names = [s for s in dict.fromkeys(order) if s in present]

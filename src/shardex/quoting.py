@@ -30,3 +30,13 @@ def quoted(name: str) -> str:
     (a backslash in the name stays one backslash)."""
     text = _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], printable(name))
     return f"'{text}'"
+
+
+def one_line(text: str) -> str:
+    """``text`` with every control or line-breaking character escaped, so that a message
+    quoting hostile names stays on one line (``\\n`` -> ``\\\\n``)."""
+    if text.isprintable():  # the common case, one C-level pass
+        return text
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
+    )

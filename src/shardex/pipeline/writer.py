@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from shardex.contract import ExportConfig
 from shardex.errors import ConfigError
+from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.pipeline.readers import READER_KEYS
 from shardex.pipeline.stage import Batch, Stage
@@ -95,6 +96,13 @@ class ImageWriterStage(Stage):
         self.storage_options = storage_options
         self.spec_fingerprint = spec_fingerprint
         self.options = options
+        # bad options (an unsafe split name) fail here, before any stage runs
+        ExportOptions(
+            backend=backend,
+            samples_per_shard=images_per_tar,
+            deterministic_name=deterministic_name,
+            **options,
+        )
 
     def params(self) -> dict[str, Any]:
         out = super().params()
@@ -205,7 +213,10 @@ def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
         [str(s["key"]) for s in samples],
         [str(s.get("original_path", s["key"])) for s in samples],
         members,
-        splits=[str(s["split"]) for s in samples] if has["split"] else None,
+        # a sample without a split is refused by check_samples ("no split"), not a KeyError
+        splits=[None if s.get("split") is None else str(s["split"]) for s in samples]
+        if has["split"]
+        else None,
         labels=[s.get("label") for s in samples] if has["label"] else None,
         metadata=metadata,
     )

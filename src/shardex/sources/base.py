@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -180,7 +181,7 @@ def build_table(
     original_paths: list[str],
     members: list[list[dict[str, Any]]],
     *,
-    splits: list[str] | None = None,
+    splits: Sequence[str | None] | None = None,
     labels: list[int | None] | None = None,
     metadata: pa.Table | None = None,
     invalid: list[str | None] | None = None,

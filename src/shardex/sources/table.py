@@ -220,7 +220,8 @@ class TableSource(Source):
             labels = None if labels is None else [labels[i] for i in rows.kept]
         splits = None
         if "split" in table.column_names:
-            splits = [str(s) for s in table.column("split").to_pylist()]
+            # a null stays null (refused as "no split"), not a split named "None"
+            splits = [None if s is None else str(s) for s in table.column("split").to_pylist()]
             used.add("split")
         if labels is not None and self._label_column:
             used.add(self._label_column)

@@ -14,6 +14,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
+from shardex.errors import StorageError
+from shardex.names import relpath_problem
+
+
+def checked_path(path: str, root: str) -> str:
+    """``path`` when it names an object under the root; else a StorageError.
+
+    The last line of defence: whatever a caller builds (a split name, a path read from
+    config.yaml), a storage never reads or writes outside its root.
+    """
+    problem = relpath_problem(path)
+    if problem is not None:
+        raise StorageError(f"refused {problem} (storage {root!r})")
+    return path
+
 
 @runtime_checkable
 class RangeReader(Protocol):

@@ -13,7 +13,7 @@ from typing import Any
 
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
-from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.base import ObjectWriter, Storage, checked_path
 
 _TMP_MARK = ".tmp-"
 
@@ -124,7 +124,8 @@ class LocalStorage(Storage):
         return f"LocalStorage({self.uri!r})"
 
     def _path(self, path: str) -> Path:
-        return self.root / path
+        # ``root / "/etc"`` is "/etc" and ``root / "../x"`` climbs out: every path is checked
+        return self.root / checked_path(path, self.uri)
 
     def _fd(self, path: str) -> int:
         # Descriptors are cached per process: after a fork (DataLoader workers) the
@@ -134,8 +135,9 @@ class LocalStorage(Storage):
             self._pid = os.getpid()
         fd = self._fds.get(path)
         if fd is None:
+            full = self._path(path)  # outside the try: its StorageError is an OSError too
             try:
-                fd = os.open(self._path(path), os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError as exc:
                 raise ObjectNotFoundError(f"{self.join(path)} does not exist") from exc
             except OSError as exc:
@@ -205,7 +207,7 @@ class LocalStorage(Storage):
         return LocalObjectWriter(self._path(path))
 
     def local_path(self, path: str) -> Path:
-        return self._path(path)
+        return self.root if path == "" else self._path(path)
 
     def sync(self, paths: Iterable[str]) -> None:
         """fsync the files and then their folders, so that they survive a power loss."""

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
-from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.base import ObjectWriter, Storage, checked_path
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -211,6 +211,7 @@ class ObjectStorage(Storage):
             raise _map_error(exc, what) from exc
 
     def get(self, path: str) -> bytes:
+        checked_path(path, self.uri)
         done, value = self._remote("get", path)
         if done:
             return value  # type: ignore[no-any-return]
@@ -218,6 +219,7 @@ class ObjectStorage(Storage):
         return bytes(result.bytes())
 
     def get_range(self, path: str, start: int, length: int) -> bytes:
+        checked_path(path, self.uri)
         if length == 0:
             return b""
         done, value = self._remote("get_range", path, start, length)
@@ -237,6 +239,8 @@ class ObjectStorage(Storage):
         """
         if len(requests) <= 1:
             return [self.get_range(*r) for r in requests]
+        for path in {r[0] for r in requests}:
+            checked_path(path, self.uri)
         done, value = self._remote("get_range_batch", requests)
         if done:
             return value  # type: ignore[no-any-return]
@@ -259,6 +263,7 @@ class ObjectStorage(Storage):
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         """The object as a stream: one GET, read as chunks arrive (bounded memory)."""
+        checked_path(path, self.uri)
         done, stream_id = self._remote("open_stream", path, chunk_size)
         if done:
             finished = False
@@ -280,6 +285,7 @@ class ObjectStorage(Storage):
             raise _map_error(exc, self.join(path)) from exc
 
     def size(self, path: str) -> int:
+        checked_path(path, self.uri)
         done, value = self._remote("size", path)
         if done:
             return int(value)
@@ -309,16 +315,20 @@ class ObjectStorage(Storage):
             raise _map_error(exc, f"{self.uri}/{prefix}") from exc
 
     def delete(self, path: str) -> None:
+        checked_path(path, self.uri)
         if self._remote("delete", path)[0]:
             return
         self._call(self.join(path), _obstore().delete, path)
 
     def rename(self, source: str, target: str) -> None:
+        checked_path(source, self.uri)
+        checked_path(target, self.uri)
         if self._remote("rename", source, target)[0]:
             return
         self._call(self.join(source), _obstore().rename, source, target)
 
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        checked_path(path, self.uri)
         if self._remote("put", path, bytes(data))[0]:
             return
         self._call(
@@ -333,12 +343,14 @@ class ObjectStorage(Storage):
     def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
         """A presigned HTTPS/HTTP GET URL of an object, for tools that read plain URLs
         (``webdataset.WebDataset("pipe:curl -s URL")``, DALI, browsers)."""
+        checked_path(path, self.uri)
         done, value = self._remote("presign", path, expires_in)
         if done:
             return str(value)
         return str(self._call(self.join(path), _obstore().sign, "GET", path, expires_in))
 
     def open_writer(self, path: str) -> ObjectWriter:
+        checked_path(path, self.uri)
         done, value = self._remote("open_writer", path)
         if done:
             return _DelegatedWriter(self, int(value))

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import pytest
 
-from shardex.errors import ObjectNotFoundError
+from shardex.errors import ObjectNotFoundError, StorageError
 from shardex.storage.base import Storage
+
+#: Paths that would reach outside a storage's root (or name no object in it).
+OUTSIDE_PATHS = (
+    "../x",
+    "a/../../x",
+    "/abs",
+    "",
+    "a//b",
+    "./a",
+    "a/.",
+    "a\\..\\b",
+    "a\x00b",
+    "a\nb",
+)
 
 
 class StorageTests:
@@ -87,3 +102,27 @@ class StorageTests:
         clone = pickle.loads(pickle.dumps(storage))
         assert clone.get_range("p.bin", 1, 3) == b"ick"
         assert clone.uri == storage.uri
+
+    @pytest.mark.parametrize(
+        "operation",
+        ["put", "open_writer", "get", "get_range", "get_ranges", "size", "delete", "rename"],
+    )
+    @pytest.mark.parametrize("path", OUTSIDE_PATHS)
+    def test_paths_outside_the_root_are_refused(
+        self, storage: Storage, path: str, operation: str
+    ) -> None:
+        storage.put("inside.bin", b"x")
+        calls: dict[str, Callable[[], object]] = {
+            "put": lambda: storage.put(path, b"evil"),
+            "open_writer": lambda: storage.open_writer(path),
+            "get": lambda: storage.get(path),
+            "get_range": lambda: storage.get_range(path, 0, 1),
+            "get_ranges": lambda: storage.get_ranges(path, [0, 0], [1, 1]),
+            "size": lambda: storage.size(path),
+            "delete": lambda: storage.delete(path),
+            "rename": lambda: storage.rename("inside.bin", path),
+        }
+        with pytest.raises(StorageError, match="refused path"):
+            calls[operation]()
+        assert list(storage.list()) == ["inside.bin"]
+        assert storage.get("inside.bin") == b"x"

@@ -1,0 +1,52 @@
+"""Names that become paths: split names and the relative paths that config.yaml records.
+
+A split name is a folder of the export (``train/images-….tar``) and each path in config.yaml
+names a file of it, so both are checked where they enter (options, the scan table, a
+config.yaml being read or written): a name from a table or a tar's ``.json`` member must
+never place a file outside the output. The same rules are written as patterns in
+``schema/config.schema.json``; ``tests/test_hostile_names.py`` keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: Longest split name: it is a folder name, and some file systems cap names at 255 bytes.
+MAX_SPLIT_NAME: Final = 128
+SPLIT_NAME_RULE: Final = (
+    "a split name starts with a letter or digit and holds only letters, digits, '_', '.' "
+    f"and '-' (no '..', at most {MAX_SPLIT_NAME} characters)"
+)
+_SPLIT_NAME: Final = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: Top-level files of an export: a split folder of that name would shadow them.
+_RESERVED: Final = frozenset({"config.yaml", "metadata.parquet", "errors.parquet"})
+
+# One path part: no separator, backslash or control character; "." and ".." are refused
+# apart because they are made of allowed characters.
+_PART: Final = r"[^/\\\x00-\x1f\x7f]+"
+_RELPATH: Final = re.compile(rf"{_PART}(?:/{_PART})*")
+
+
+def split_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a split name (a phrase naming it, repr-quoted), or None."""
+    if not isinstance(name, str):
+        return f"split name {name!r} is not a string ({type(name).__name__})"
+    if len(name) > MAX_SPLIT_NAME:
+        return f"split name {name[:40]!r}... is {len(name)} characters long; {SPLIT_NAME_RULE}"
+    if _SPLIT_NAME.fullmatch(name) is None:
+        return f"unsafe split name {name!r}: {SPLIT_NAME_RULE}"
+    if name.lower() in _RESERVED:
+        return f"split name {name!r} is the name of a file of the export; rename the split"
+    return None
+
+
+def relpath_problem(path: str) -> str | None:
+    """Why ``path`` is not a normalised path inside an export (relative, '/'-separated, no
+    empty, '.' or '..' parts, no backslash or control character), or None."""
+    if _RELPATH.fullmatch(path) is None or any(p in (".", "..") for p in path.split("/")):
+        return (
+            f"path {path!r} is not a relative path inside the export ('/'-separated, "
+            "no empty, '.' or '..' parts, no backslash or control character)"
+        )
+    return None
