@@ -3,6 +3,24 @@
 Members are grouped into samples by key (the name up to the first dot of its last path
 component), in tar order. ``.cls`` members become the ``label`` column and ``.json``
 members become metadata columns; every other member is kept byte for byte.
+
+Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
+invalid (``_invalid``), so the export refuses it, or skips it and records it in
+``errors.parquet`` under ``--on-error skip``:
+
+* a member that is not a regular file (hard or symbolic link, device, fifo, sparse file);
+  directory entries hold no data and are ignored;
+* a tar that ends early (cut at a block boundary, inside a header or inside a member) or
+  holds a bad header: its last sample may be incomplete and any later ones are lost, so the
+  last sample read is marked with the tar, the byte offset and what was found;
+* a ``.json`` member that is not valid JSON, not an object, nested too deep, or holds an
+  empty object somewhere (Parquet cannot store a struct without fields).
+
+JSON fields become metadata columns with a union schema over all samples (null where a
+sample lacks a field; ints and floats widen to float); a field whose values have different
+types is refused, naming the field, both types and a sample. Fields named like a column
+shardex fills itself (``key``, ``label``, ``original_path``, ...) are kept as
+``json_<name>``; ``split`` is the sample's split.
 """
 
 from __future__ import annotations
@@ -11,14 +29,39 @@ import glob
 import json
 import os
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar, Final
 
 import pyarrow as pa
 
 from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
-from shardex.format.tar import split_name
-from shardex.sources.base import ScanResult, Source, build_table, check_metadata_names, safe_key
+from shardex.format.tar import BLOCK, split_name
+from shardex.sources.base import (
+    RESERVED,
+    ScanResult,
+    Source,
+    build_table,
+    check_metadata_names,
+    safe_key,
+)
+
+#: Deepest JSON nesting kept (the member's object is level 1). Parquet refuses schemas
+#: nested past 100 levels, and each JSON list costs it up to three.
+MAX_JSON_DEPTH: Final = 20
+#: JSON fields that would collide with a column shardex fills: kept as ``json_<name>``.
+#: ``split`` is not renamed: it is the sample's split (checked like every split name).
+RENAMED_JSON_FIELDS: Final = RESERVED - {"split"}
+_ZERO_BLOCK: Final = bytes(BLOCK)
+# Types tarfile reports that hold no sample data: directories are structure, not samples.
+_IGNORED_TYPES: Final = (tarfile.DIRTYPE,)
+_TYPE_NAMES: Final = {
+    tarfile.LNKTYPE: "a hard link",
+    tarfile.SYMTYPE: "a symbolic link",
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a fifo",
+}
 
 
 def _tar_paths(spec: str) -> list[Path]:
@@ -30,10 +73,25 @@ def _tar_paths(spec: str) -> list[Path]:
     elif path.is_file():
         found = [path]
     else:
-        raise SourceNotFoundError(f"no tar files at {spec}")
+        raise SourceNotFoundError(f"no tar files at {spec!r}")
     if not found:
-        raise EmptySourceError(f"no .tar files match {spec}")
+        raise EmptySourceError(f"no .tar files match {spec!r}")
     return [p.absolute() for p in found]
+
+
+@dataclass(slots=True)
+class _Sample:
+    """The sample being read: consecutive members with one key."""
+
+    key: str
+    members: list[dict[str, Any]] = field(default_factory=list)
+    label: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+
+    def refuse(self, reason: str) -> None:
+        """Mark the sample unusable (the first reason wins)."""
+        self.problem = self.problem or reason
 
 
 class _Collector:
@@ -45,90 +103,267 @@ class _Collector:
         self.members: list[list[dict[str, Any]]] = []
         self.labels: list[int | None] = []
         self.meta: list[dict[str, Any]] = []
+        self.invalid: list[str | None] = []
 
-    def add(
-        self,
-        key: str,
-        original: str,
-        members: list[dict[str, Any]],
-        label: int | None,
-        meta: dict[str, Any],
-    ) -> None:
-        self.keys.append(key)
+    def add(self, sample: _Sample, original: str, key_prefix: str) -> None:
+        self.keys.append(safe_key(key_prefix + sample.key))
         self.originals.append(original)
-        self.members.append(members)
-        self.labels.append(label)
-        self.meta.append(meta)
+        self.members.append(sample.members)
+        self.labels.append(sample.label)
+        # an unusable sample's fields are not kept: they must not shape the schema
+        self.meta.append(sample.meta if sample.problem is None else {})
+        self.invalid.append(sample.problem)
 
 
 def scan_tar(path: Path, out: _Collector, *, root: Path, key_prefix: str = "") -> None:
-    """Add the samples of one tar to ``out``."""
-    try:
-        tf = tarfile.open(path, "r:")  # noqa: SIM115 (closed by the with below)
-    except (tarfile.TarError, OSError) as exc:
-        raise SourceError(f"cannot read tar {path}: {exc}") from exc
+    """Add the samples of one tar to ``out``.
+
+    Raises:
+        SourceError: the tar cannot be opened, or is damaged before its first sample.
+    """
     rel = os.path.relpath(path, root).replace(os.sep, "/")
-    with tf, open(path, "rb") as raw:
-        current: str | None = None
-        members: list[dict[str, Any]] = []
-        label: int | None = None
-        meta: dict[str, Any] = {}
+    with open(path, "rb") as raw:
+        # tarfile seeks to each header itself, so the member reads below may share the file
+        try:
+            tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in _scan_members)
+        except (tarfile.TarError, OSError) as exc:
+            raise SourceError(f"cannot read tar {str(path)!r} at byte 0: {exc}") from exc
+        _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
 
-        def flush() -> None:
-            if current is not None:
-                out.add(safe_key(key_prefix + current), f"{rel}:{current}", members, label, meta)
 
-        for info in tf:
-            if not info.isfile():
+def _scan_members(
+    tf: tarfile.TarFile, raw: IO[bytes], out: _Collector, *, rel: str, path: str, key_prefix: str
+) -> None:
+    with tf:
+        size = os.fstat(raw.fileno()).st_size
+        sample: _Sample | None = None
+        damage: str | None = None
+        while True:
+            try:
+                info = tf.next()
+            except (tarfile.TarError, OSError) as exc:  # e.g. a long name without its member
+                damage = f"bad tar header at byte {tf.offset} ({exc})"
+                break
+            if info is None:
+                damage = _end_problem(raw, tf.offset, size)
+                break
+            if info.type in _IGNORED_TYPES:
                 continue
-            key, ext = split_name(info.name)
-            if not ext:
-                raise SourceError(f"{path}: member {info.name!r} has no extension")
-            if key != current:
-                flush()
-                current, members, label, meta = key, [], None, {}
-            if ext == "cls":
-                label = _read_label(raw, info, path)
-            elif ext == "json":
-                meta = _read_json(raw, info, path)
-            else:
-                members.append(
-                    {
-                        "ext": ext,
-                        "path": str(path),
-                        "offset": info.offset_data,
-                        "size": info.size,
-                        "data": None,
-                    }
+            name = _utf8(info.name)
+            key, ext = split_name(name)
+            if sample is None or key != sample.key:
+                if sample is not None:
+                    out.add(sample, f"{rel}:{sample.key}", key_prefix)
+                sample = _Sample(key)
+            if info.isreg() and info.offset_data + info.size > size:
+                damage = (
+                    f"member {name!r} at byte {info.offset} runs past the end of the tar "
+                    f"({info.offset_data + info.size} > {size} bytes)"
                 )
-        flush()
+                break
+            _read_member(raw, path, info, name, ext, sample)
+        if damage is not None:
+            if sample is None:
+                raise SourceError(
+                    f"tar {rel!r}: {damage} before any sample; re-create or remove the tar"
+                )
+            sample.refuse(
+                f"tar {rel!r} is damaged: {damage}; this sample may be incomplete and any "
+                "later samples of the tar are lost"
+            )
+        if sample is not None:
+            out.add(sample, f"{rel}:{sample.key}", key_prefix)
 
 
-def _read_label(raw: Any, info: tarfile.TarInfo, path: Path) -> int:
+def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
+    """Why the tar does not end properly at ``offset``, or None.
+
+    tarfile stops quietly at end of file, at a short header and at a bad header after the
+    first one, so a cut tar would read as a shorter one: a well-formed tar has a zero block
+    where its members end.
+    """
+    raw.seek(offset)
+    block = raw.read(BLOCK)
+    if block == _ZERO_BLOCK:
+        return None
+    if len(block) < BLOCK:
+        return (
+            f"it ends at byte {size} without its end-of-archive blocks (cut short?)"
+            if not block
+            else f"it ends inside the header at byte {offset} ({size} bytes)"
+        )
+    return f"bad tar header at byte {offset}"
+
+
+def _utf8(name: str) -> str:
+    """A member name as text that Arrow can store (tarfile keeps bad UTF-8 as surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return name
+
+
+def _read_member(
+    raw: IO[bytes], path: str, info: tarfile.TarInfo, name: str, ext: str, s: _Sample
+) -> None:
+    """Add one member to its sample, or say why the sample cannot be used."""
+    if not info.isreg() or info.sparse is not None:
+        kind = "a sparse file" if info.isreg() else _TYPE_NAMES.get(info.type)
+        kind = kind or f"an entry of tar type {info.type!r}"
+        target = f" to {info.linkname!r}" if info.islnk() or info.issym() else ""
+        s.refuse(f"member {name!r} is {kind}{target}; only regular files are exported")
+    elif name != info.name:
+        s.refuse(f"member name {name!r} is not UTF-8")
+    elif not ext:
+        s.refuse(f"member {name!r} has no extension")
+    elif ext == "cls":
+        s.label = _read_label(raw, info, name, s)
+    elif ext == "json":
+        s.meta = _read_json(raw, info, name, s)
+    else:
+        s.members.append(
+            {
+                "ext": ext,
+                "path": path,
+                "offset": info.offset_data,
+                "size": info.size,
+                "data": None,
+            }
+        )
+
+
+def _read(raw: IO[bytes], info: tarfile.TarInfo) -> bytes:
     raw.seek(info.offset_data)
-    text = raw.read(info.size).strip()
+    return raw.read(info.size)
+
+
+def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) -> int | None:
+    text = _read(raw, info).strip()
     try:
         return int(text)
     except ValueError:
-        raise SourceError(f"{path}: {info.name} is not an integer class ({text[:40]!r})") from None
+        s.refuse(f"member {name!r} is not an integer class ({text[:40]!r})")
+        return None
 
 
-def _read_json(raw: Any, info: tarfile.TarInfo, path: Path) -> dict[str, Any]:
-    raw.seek(info.offset_data)
+def _read_json(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) -> dict[str, Any]:
     try:
-        value = json.loads(raw.read(info.size))
-    except ValueError as exc:
-        raise SourceError(f"{path}: {info.name} is not valid JSON ({exc})") from exc
+        value = json.loads(_read(raw, info))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        s.refuse(f"member {name!r} is not valid JSON ({exc})")
+        return {}
+    except RecursionError:
+        s.refuse(f"member {name!r} is JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return {}
     if not isinstance(value, dict):
-        raise SourceError(f"{path}: {info.name} holds a JSON {type(value).__name__}, not an object")
-    return value
+        s.refuse(f"member {name!r} holds a JSON {type(value).__name__}, not an object")
+        return {}
+    problem = _json_shape_problem(value)
+    if problem is not None:
+        s.refuse(f"member {name!r} {problem}")
+        return {}
+    return _rename_reserved(value, name, s)
+
+
+def _json_shape_problem(value: dict[str, Any]) -> str | None:
+    """Why Arrow and Parquet cannot store a parsed JSON object, or None (no recursion:
+    the value may be deep)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        item, depth, where = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"is JSON nested deeper than {MAX_JSON_DEPTH} levels (at {where!r})"
+        if isinstance(item, dict):
+            if not item and depth > 1:
+                return f"holds an empty JSON object at {where!r}, which Parquet cannot store"
+            stack.extend((v, depth + 1, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def _rename_reserved(value: dict[str, Any], name: str, s: _Sample) -> dict[str, Any]:
+    """Keep fields named like shardex's own columns as ``json_<name>``."""
+    if RENAMED_JSON_FIELDS.isdisjoint(value):
+        return value
+    out = {k: v for k, v in value.items() if k not in RENAMED_JSON_FIELDS}
+    for k in sorted(RENAMED_JSON_FIELDS.intersection(value)):
+        new = f"json_{k}"
+        if new in value:
+            s.refuse(
+                f"member {name!r}: field {k!r} is reserved by shardex and is kept as {new!r}, "
+                "but the member has that field too; rename one of them"
+            )
+            return {}
+        out[new] = value[k]
+    return out
+
+
+def _metadata(out: _Collector, where: str) -> pa.Table | None:
+    """The JSON fields as typed columns: the union of every sample's fields."""
+    names: dict[str, None] = {}
+    for meta in out.meta:
+        names.update(dict.fromkeys(meta))
+    if not names:
+        return None
+    columns = {name: _column(name, [m.get(name) for m in out.meta], out, where) for name in names}
+    if "split" in columns and not (
+        pa.types.is_string(columns["split"].type) or pa.types.is_null(columns["split"].type)
+    ):
+        raise SourceError(
+            f"{where}: json field 'split' holds {columns['split'].type}, not split names"
+        )
+    return pa.table(columns)
+
+
+_ARROW_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError)
+
+
+def _column(name: str, values: list[Any], out: _Collector, where: str) -> pa.Array:
+    """One JSON field as an Arrow array, or a one-line error on mixed types."""
+    try:
+        return pa.array(values)
+    except _ARROW_ERRORS as exc:
+        first = _first_unconvertible(values)
+        sample = f"sample {out.keys[first]!r} ({out.originals[first]!r})"
+        if first == 0:
+            raise SourceError(
+                f"{where}: json field {name!r} of {sample} cannot be stored as a column "
+                f"({exc}); fix the member"
+            ) from None
+        raise SourceError(
+            f"{where}: json field {name!r} holds {_type_name(values[first])} in {sample} but "
+            f"{pa.array(values[:first]).type} in earlier samples; give the field one type "
+            "in every .json member"
+        ) from None
+
+
+def _first_unconvertible(values: list[Any]) -> int:
+    """The index of the first value that makes ``values[: i + 1]`` fail to convert."""
+    lo, hi = 0, len(values) - 1  # a prefix that fails is at most hi + 1 long
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            pa.array(values[: mid + 1])
+        except _ARROW_ERRORS:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _type_name(value: Any) -> str:
+    try:
+        return str(pa.array([value]).type)
+    except _ARROW_ERRORS:
+        return type(value).__name__
 
 
 def collected_table(out: _Collector, where: str) -> pa.Table:
     """The scan table of what was collected."""
-    meta = pa.Table.from_pylist(out.meta) if any(out.meta) else None
+    meta = _metadata(out, where)
     if meta is not None:
-        meta = meta.drop_columns([c for c in ("label",) if c in meta.column_names])
         check_metadata_names(meta.column_names, where)
     has_labels = any(label is not None for label in out.labels)
     return build_table(
@@ -137,6 +372,7 @@ def collected_table(out: _Collector, where: str) -> pa.Table:
         out.members,
         labels=out.labels if has_labels else None,
         metadata=meta,
+        invalid=out.invalid,
     )
 
 
@@ -155,5 +391,5 @@ class TarSource(Source):
         for path in paths:
             scan_tar(path, out, root=root)
         if not out.keys:
-            raise EmptySourceError(f"the tars at {self.uri} hold no samples")
-        return ScanResult(collected_table(out, self.uri))
+            raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
+        return ScanResult(collected_table(out, repr(self.uri)))
