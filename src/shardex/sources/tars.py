@@ -330,12 +330,12 @@ def _column(name: str, values: list[Any], out: _Collector, where: str) -> pa.Arr
         if first == 0:
             raise SourceError(
                 f"{where}: json field {name!r} of {sample} cannot be stored as a column "
-                f"({exc}); fix the member"
+                f"({_printable(str(exc))}); fix the member"
             ) from None
         raise SourceError(
             f"{where}: json field {name!r} holds {_type_name(values[first])} in {sample} but "
-            f"{pa.array(values[:first]).type} in earlier samples; give the field one type "
-            "in every .json member"
+            f"{_printable(str(pa.array(values[:first]).type))} in earlier samples; give the "
+            "field one type in every .json member"
         ) from None
 
 
@@ -355,9 +355,14 @@ def _first_unconvertible(values: list[Any]) -> int:
 
 def _type_name(value: Any) -> str:
     try:
-        return str(pa.array([value]).type)
+        return _printable(str(pa.array([value]).type))
     except _ARROW_ERRORS:
         return type(value).__name__
+
+
+def _printable(text: str) -> str:
+    """``text`` on one line: Arrow's type and error texts quote JSON field names raw."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def collected_table(out: _Collector, where: str) -> pa.Table:
