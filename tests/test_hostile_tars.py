@@ -218,6 +218,44 @@ def test_directory_members_hold_no_data_and_are_ignored(tmp_path: Path) -> None:
     assert sorted(_exported(tmp_path / "out")) == ["imgs/s0"]
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        (b"a\nb.jpg", "unsafe key 'a\\nb' (control character)"),
+        (b"\xff\xfe.jpg", "member name '\\\\xff\\\\xfe.jpg' is not UTF-8"),
+        (b"ok/../../evil.jpg", "unsafe key 'ok/../../evil'"),
+        (b"README", "member 'README' has no extension"),
+    ],
+)
+def test_hostile_member_names_are_refused_in_one_line_or_recorded(
+    tmp_path: Path, name: bytes, why: str
+) -> None:
+    (tmp_path / "src").mkdir()
+    with tarfile.open(tmp_path / "src" / "a.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+        _add(tf, "good.jpg", image_bytes(0))
+        _add(tf, name.decode("utf-8", "surrogateescape"), image_bytes(1))
+
+    line = _error_line(_cli("export-dataset", str(tmp_path / "src"), "-o", str(tmp_path / "o")))
+    assert why in line
+
+    config = _export(tmp_path / "src", tmp_path / "skip", on_error="skip")
+    assert sorted(_exported(tmp_path / "skip")) == ["good"]
+    assert config.num_skipped == 1
+    assert why in _errors(tmp_path / "skip")[0]["reason"]
+    assert {p.name for p in tmp_path.iterdir()} <= {"o", "skip", "src"}  # nothing outside
+
+
+def test_reexport_of_a_cut_shard_is_one_line_naming_it(tmp_path: Path) -> None:
+    _four_sample_tar(tmp_path / "src" / "a.tar")
+    _export(tmp_path / "src", tmp_path / "first")
+    (shard,) = (tmp_path / "first").rglob("*.tar")
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2 // 512 * 512])
+    line = _error_line(_cli("export-dataset", str(tmp_path / "first"), "-o", str(tmp_path / "2")))
+    assert shard.name in line
+    assert "is damaged" in line
+
+
 # ---------------------------------------------------------------- .json members read
 
 
@@ -519,3 +557,35 @@ def test_generated_tars_export_whole_or_fail_in_one_line(
                 column = f"json_{name}" if name in ("key", "label", "tar_file") else name
                 if isinstance(value, (bool, int, float, str)) or value is None:
                     assert sample["meta"][column] == value, (key, name)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4),
+    on_error=st.sampled_from(["error", "skip"]),
+)
+def test_tars_with_flipped_header_bytes_fail_in_one_line_or_export(
+    flips: list[tuple[int, int]], on_error: OnError
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "src", Path(tmp) / "out"
+        images, ends = _four_sample_tar(src / "a.tar")
+        data = bytearray((src / "a.tar").read_bytes())
+        headers = [0, *ends[:-1]]  # each sample's first header; flip bytes in headers only
+        for where, xor in flips:
+            at = headers[where % len(headers)] + where % 512
+            data[at] ^= xor
+        (src / "a.tar").write_bytes(bytes(data))
+        try:
+            _export(src, out, on_error=on_error)
+        except ShardexError as exc:
+            failed: ShardexError | None = exc
+        else:
+            failed = None
+        event(f"on_error={on_error} -> {type(failed).__name__}")
+        if failed is not None:
+            assert "\n" not in str(failed)
+            assert not (out / "config.yaml").exists()
+            return
+        for key, sample in _exported(out).items():  # what is exported is what was written
+            assert sample.get("jpg") == images.get(key), key

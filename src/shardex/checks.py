@@ -235,8 +235,9 @@ def check_samples(
         first = skipped[0]
         err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        where = first["original_path"]  # a name from the input: quoted if it breaks the line
         raise err(
-            f"{first['original_path']}: {first['reason']}{more}; "
+            f"{where if where.isprintable() else repr(where)}: {first['reason']}{more}; "
             "fix the source or pass --on-error skip"
         )
     if json_cols:
