@@ -141,7 +141,8 @@ def _scan_members(
         while True:
             try:
                 info = tf.next()
-            except (tarfile.TarError, OSError) as exc:  # e.g. a long name without its member
+            except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
+                # or a GNU sparse map that is not numbers (tarfile lets int() raise)
                 damage = f"bad tar header at byte {tf.offset} ({exc})"
                 break
             if info is None:
