@@ -335,6 +335,35 @@ def test_json_field_with_two_types_is_refused_naming_field_types_and_sample(
 
 
 @pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        (
+            b'{"n": 18446744073709551616}',
+            "json field 'n' of sample 'b' ('a.tar:b') cannot be stored",
+        ),
+        (b'{"n": [1, "x"]}', "json field 'n' of sample 'b' ('a.tar:b') cannot be stored"),
+        (b'{"n": true}', "json field 'n' holds bool in sample 'b' ('a.tar:b') but int64"),
+        (b'{"n": {"k\\n": 1}}', "holds struct<k\\n: int64> in sample 'b'"),
+        (b'{"split": 3}', "json field 'split' holds int64, not split names"),
+    ],
+)
+def test_json_fields_arrow_cannot_type_are_one_line(
+    tmp_path: Path, second: bytes, why: str
+) -> None:
+    src = _json_tar(
+        tmp_path / "src",
+        [
+            ("a.jpg", image_bytes(0)),
+            ("a.json", b'{"n": 1}'),
+            ("b.jpg", image_bytes(1)),
+            ("b.json", second),
+        ],
+    )
+    line = _error_line(_cli("export-dataset", str(src), "-o", str(tmp_path / "out")))
+    assert why in line
+
+
+@pytest.mark.parametrize(
     ("text", "why"),
     [
         (b"[" * 200_000 + b"]" * 200_000, "nested deeper"),

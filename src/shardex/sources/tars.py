@@ -325,19 +325,21 @@ def _column(name: str, values: list[Any], out: _Collector, where: str) -> pa.Arr
     """One JSON field as an Arrow array, or a one-line error on mixed types."""
     try:
         return pa.array(values)
-    except _ARROW_ERRORS as exc:
+    except _ARROW_ERRORS:
         first = _first_unconvertible(values)
-        sample = f"sample {out.keys[first]!r} ({out.originals[first]!r})"
-        if first == 0:
-            raise SourceError(
-                f"{where}: json field {name!r} of {sample} cannot be stored as a column "
-                f"({_printable(str(exc))}); fix the member"
-            ) from None
+    sample = f"sample {out.keys[first]!r} ({out.originals[first]!r})"
+    try:
+        alone = pa.array([values[first]]).type
+    except _ARROW_ERRORS as exc:  # too large an int, a list of mixed types, ...
         raise SourceError(
-            f"{where}: json field {name!r} holds {_type_name(values[first])} in {sample} but "
-            f"{_printable(str(pa.array(values[:first]).type))} in earlier samples; give the "
-            "field one type in every .json member"
+            f"{where}: json field {name!r} of {sample} cannot be stored as a column "
+            f"({_printable(str(exc))}); fix the member"
         ) from None
+    raise SourceError(
+        f"{where}: json field {name!r} holds {_printable(str(alone))} in {sample} but "
+        f"{_printable(str(pa.array(values[:first]).type))} in earlier samples; give the "
+        "field one type in every .json member"
+    )
 
 
 def _first_unconvertible(values: list[Any]) -> int:
@@ -352,13 +354,6 @@ def _first_unconvertible(values: list[Any]) -> int:
         else:
             lo = mid + 1
     return lo
-
-
-def _type_name(value: Any) -> str:
-    try:
-        return _printable(str(pa.array([value]).type))
-    except _ARROW_ERRORS:
-        return type(value).__name__
 
 
 def _printable(text: str) -> str:
