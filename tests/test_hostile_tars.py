@@ -168,6 +168,17 @@ def test_garbage_after_the_members_is_a_bad_header(tmp_path: Path) -> None:
         _export(tmp_path / "src", tmp_path / "out")
 
 
+def test_tars_joined_with_cat_do_not_lose_the_second_silently(tmp_path: Path) -> None:
+    _four_sample_tar(tmp_path / "one.tar")
+    data = (tmp_path / "one.tar").read_bytes()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.tar").write_bytes(data + data)
+    with pytest.raises(
+        BadSampleError, match=f"data follows its end-of-archive blocks at byte {len(data)}"
+    ):
+        _export(tmp_path / "src", tmp_path / "out")
+
+
 def test_tar_cut_inside_its_first_header_names_the_tar(tmp_path: Path) -> None:
     _four_sample_tar(tmp_path / "src" / "a.tar")
     data = (tmp_path / "src" / "a.tar").read_bytes()

@@ -10,9 +10,11 @@ invalid (``_invalid``), so the export refuses it, or skips it and records it in
 
 * a member that is not a regular file (hard or symbolic link, device, fifo, sparse file);
   directory entries hold no data and are ignored;
-* a tar that ends early (cut at a block boundary, inside a header or inside a member) or
-  holds a bad header: its last sample may be incomplete and any later ones are lost, so the
-  last sample read is marked with the tar, the byte offset and what was found;
+* a tar that ends early (cut at a block boundary, inside a header or inside a member),
+  holds a bad header, or has data after its end-of-archive blocks (tars joined with
+  ``cat``): its last sample may be incomplete and any later ones are lost, so the last
+  sample read is marked with the tar, the byte offset and what was found (a tar damaged
+  before its first sample is a :class:`SourceError`);
 * a ``.json`` member that is not valid JSON, not an object, nested too deep, or holds an
   empty object somewhere (Parquet cannot store a struct without fields).
 
@@ -53,6 +55,7 @@ MAX_JSON_DEPTH: Final = 20
 #: ``split`` is not renamed: it is the sample's split (checked like every split name).
 RENAMED_JSON_FIELDS: Final = RESERVED - {"split"}
 _ZERO_BLOCK: Final = bytes(BLOCK)
+_SCAN_CHUNK: Final = 1 << 20
 # Types tarfile reports that hold no sample data: directories are structure, not samples.
 _IGNORED_TYPES: Final = (tarfile.DIRTYPE,)
 _TYPE_NAMES: Final = {
@@ -186,7 +189,7 @@ def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
     raw.seek(offset)
     block = raw.read(BLOCK)
     if block == _ZERO_BLOCK:
-        return None
+        return _data_after_end(raw, offset)
     if len(block) < BLOCK:
         return (
             f"it ends at byte {size} without its end-of-archive blocks (cut short?)"
@@ -194,6 +197,18 @@ def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
             else f"it ends inside the header at byte {offset} ({size} bytes)"
         )
     return f"bad tar header at byte {offset}"
+
+
+def _data_after_end(raw: IO[bytes], offset: int) -> str | None:
+    """Why bytes after the end-of-archive block matter (tars joined with ``cat``: tarfile
+    and GNU tar stop at the first tar's end), or None when only zero padding follows."""
+    raw.seek(offset)
+    while chunk := raw.read(_SCAN_CHUNK):
+        if chunk.count(0) != len(chunk):
+            at = offset + next(i for i, b in enumerate(chunk) if b)
+            return f"data follows its end-of-archive blocks at byte {at} (tars joined with cat?)"
+        offset += len(chunk)
+    return None
 
 
 def _utf8(name: str) -> str:
