@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import string
 import tarfile
 import tempfile
@@ -185,6 +186,25 @@ def test_tar_cut_inside_its_first_header_names_the_tar(tmp_path: Path) -> None:
     (tmp_path / "src" / "a.tar").write_bytes(data[:300])
     line = _error_line(_cli("export-dataset", str(tmp_path / "src"), "-o", str(tmp_path / "o")))
     assert "a.tar' at byte 0" in line
+
+
+def test_a_folder_named_like_a_tar_is_not_read_as_one(tmp_path: Path) -> None:
+    _four_sample_tar(tmp_path / "src" / "a.tar")
+    (tmp_path / "src" / "b.tar").mkdir()
+    assert _export(tmp_path / "src", tmp_path / "out").num_samples == 4
+
+
+def test_unreadable_tar_is_one_line_naming_it(tmp_path: Path) -> None:
+    _four_sample_tar(tmp_path / "src" / "a.tar")
+    (tmp_path / "src" / "a.tar").chmod(0)
+    try:
+        if os.access(tmp_path / "src" / "a.tar", os.R_OK):
+            pytest.skip("running as a user who reads every file")
+        line = _error_line(_cli("export-dataset", str(tmp_path / "src"), "-o", str(tmp_path / "o")))
+        assert "cannot read tar" in line
+        assert "a.tar" in line
+    finally:
+        (tmp_path / "src" / "a.tar").chmod(0o644)
 
 
 # ---------------------------------------------------------------- members that are not files

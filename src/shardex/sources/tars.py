@@ -70,7 +70,7 @@ _TYPE_NAMES: Final = {
 def _tar_paths(spec: str) -> list[Path]:
     path = Path(spec).expanduser()
     if path.is_dir():
-        found = sorted(path.rglob("*.tar"))
+        found = sorted(p for p in path.rglob("*.tar") if p.is_file())
     elif any(c in spec for c in "*?["):
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
     elif path.is_file():
@@ -125,12 +125,18 @@ def scan_tar(path: Path, out: _Collector, *, root: Path, key_prefix: str = "") -
         SourceError: the tar cannot be opened, or is damaged before its first sample.
     """
     rel = os.path.relpath(path, root).replace(os.sep, "/")
-    with open(path, "rb") as raw:
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise SourceError(f"cannot read tar {str(path)!r}: {exc.strerror}") from exc
+    with raw:
         # tarfile seeks to each header itself, so the member reads below may share the file
         try:
             tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in _scan_members)
         except (tarfile.TarError, OSError) as exc:
-            raise SourceError(f"cannot read tar {str(path)!r} at byte 0: {exc}") from exc
+            raise SourceError(
+                f"cannot read tar {str(path)!r} at byte 0: {_printable(str(exc))}"
+            ) from exc
         _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
 
 
@@ -146,7 +152,7 @@ def _scan_members(
                 info = tf.next()
             except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
                 # or a GNU sparse map that is not numbers (tarfile lets int() raise)
-                damage = f"bad tar header at byte {tf.offset} ({exc})"
+                damage = f"bad tar header at byte {tf.offset} ({_printable(str(exc))})"
                 break
             if info is None:
                 damage = _end_problem(raw, tf.offset, size)
