@@ -303,6 +303,18 @@ def test_hostile_member_names_are_refused_in_one_line_or_recorded(
     assert {p.name for p in tmp_path.iterdir()} <= {"o", "skip", "src"}  # nothing outside
 
 
+def test_a_member_named_twice_in_a_sample_is_refused_or_recorded(tmp_path: Path) -> None:
+    # extracting the tar, or reading it with webdataset, would keep only one of the two
+    src = _json_tar(
+        tmp_path / "src",
+        [("a.jpg", image_bytes(0)), ("a.jpg", image_bytes(1)), ("b.jpg", image_bytes(2))],
+    )
+    with pytest.raises(BadSampleError, match=r"member 'a\.jpg' appears twice in its sample"):
+        _export(src, tmp_path / "out")
+    assert _export(src, tmp_path / "skip", on_error="skip").num_skipped == 1
+    assert sorted(_exported(tmp_path / "skip")) == ["b"]
+
+
 def test_reexport_of_a_cut_shard_is_one_line_naming_it(tmp_path: Path) -> None:
     _four_sample_tar(tmp_path / "src" / "a.tar")
     _export(tmp_path / "src", tmp_path / "first")

@@ -91,6 +91,7 @@ class _Sample:
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    seen: set[str] = field(default_factory=set)  # extensions read
 
     def refuse(self, reason: str) -> None:
         """Mark the sample unusable (the first reason wins)."""
@@ -230,29 +231,34 @@ def _read_member(
     raw: IO[bytes], path: str, info: tarfile.TarInfo, name: str, ext: str, s: _Sample
 ) -> None:
     """Add one member to its sample, or say why the sample cannot be used."""
-    if not info.isreg() or info.sparse is not None:
-        kind = "a sparse file" if info.isreg() else _TYPE_NAMES.get(info.type)
-        kind = kind or f"an entry of tar type {info.type!r}"
-        target = f" to {info.linkname!r}" if info.islnk() or info.issym() else ""
-        s.refuse(f"member {name!r} is {kind}{target}; only regular files are exported")
-    elif name != info.name:
-        s.refuse(f"member name {name!r} is not UTF-8")
-    elif not ext:
-        s.refuse(f"member {name!r} has no extension")
+    problem = _member_problem(info, name, ext, s.seen)
+    s.seen.add(ext)
+    if problem is not None:
+        s.refuse(problem)
     elif ext == "cls":
         s.label = _read_label(raw, info, name, s)
     elif ext == "json":
         s.meta = _read_json(raw, info, name, s)
     else:
         s.members.append(
-            {
-                "ext": ext,
-                "path": path,
-                "offset": info.offset_data,
-                "size": info.size,
-                "data": None,
-            }
+            {"ext": ext, "path": path, "offset": info.offset_data, "size": info.size, "data": None}
         )
+
+
+def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
+    """Why a member cannot be exported, or None."""
+    if not info.isreg() or info.sparse is not None:
+        kind = "a sparse file" if info.isreg() else _TYPE_NAMES.get(info.type)
+        kind = kind or f"an entry of tar type {info.type!r}"
+        target = f" to {info.linkname!r}" if info.islnk() or info.issym() else ""
+        return f"member {name!r} is {kind}{target}; only regular files are exported"
+    if name != info.name:
+        return f"member name {name!r} is not UTF-8"
+    if not ext:
+        return f"member {name!r} has no extension"
+    if ext in seen:  # a reader would keep one of the two: the other would vanish
+        return f"member {name!r} appears twice in its sample"
+    return None
 
 
 def _read(raw: IO[bytes], info: tarfile.TarInfo) -> bytes:
