@@ -154,6 +154,19 @@ def test_tar_cut_at_every_block_and_inside_headers_is_never_silently_shorter(
         assert all(samples[k]["jpg"] == images[k] for k in samples), f"cut at {cut}"
 
 
+def test_pipeline_over_a_cut_tar_fails_naming_it(tmp_path: Path) -> None:
+    from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, ReaderStage
+
+    _, ends = _four_sample_tar(tmp_path / "src" / "a.tar")
+    data = (tmp_path / "src" / "a.tar").read_bytes()
+    (tmp_path / "src" / "a.tar").write_bytes(data[: ends[1]])
+    pipeline = Pipeline("cut", [ReaderStage(tmp_path / "src"), ImageWriterStage(tmp_path / "out")])
+    with pytest.raises(BadSampleError, match=r"'a\.tar:s1'.*end-of-archive") as info:
+        pipeline.run(LocalExecutor(1))
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out" / "config.yaml").exists()
+
+
 def test_tar_with_only_one_end_block_is_whole(tmp_path: Path) -> None:
     _, ends = _four_sample_tar(tmp_path / "src" / "a.tar")
     data = (tmp_path / "src" / "a.tar").read_bytes()

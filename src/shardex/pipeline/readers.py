@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
+from shardex.errors import BadSampleError
 from shardex.format.shard import MemberReader
 from shardex.pipeline.stage import Batch, Stage
 from shardex.sources import Source, open_source
@@ -75,6 +76,8 @@ class ReaderStage(Stage):
 
 def read_batch(rows: pa.Table) -> Batch:
     """The samples of a batch job: image bytes read, metadata typed."""
+    if INVALID in rows.column_names:  # what the source could not use (a cut tar, a link)
+        _refuse_invalid(rows)
     reader = MemberReader()
     members = rows.column(MEMBERS).to_pylist()
     meta = rows.drop_columns([c for c in (MEMBERS, INVALID) if c in rows.column_names])
@@ -95,3 +98,17 @@ def read_batch(rows: pa.Table) -> Batch:
     finally:
         reader.close()
     return out
+
+
+def _refuse_invalid(rows: pa.Table) -> None:
+    """A pipeline has no skip list: a sample its source could not use is an error."""
+    reasons = rows.column(INVALID)
+    if reasons.null_count == len(reasons):
+        return
+    i = next(i for i, r in enumerate(reasons.to_pylist()) if r is not None)
+    where = rows.column("original_path")[i].as_py()
+    raise BadSampleError(
+        f"read stage: {where!r}: {reasons[i].as_py()}; fix the source",
+        path=where,
+        reason=reasons[i].as_py(),
+    )
