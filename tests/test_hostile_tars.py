@@ -29,7 +29,7 @@ import shardex
 from helpers import image_bytes
 from shardex.cli import main
 from shardex.errors import BadSampleError, ShardexError, SourceError
-from shardex.sources.tars import MAX_JSON_DEPTH
+from shardex.sources.jsonmeta import MAX_JSON_DEPTH
 from shardex.testing.data import read_with_webdataset
 
 OnError = Literal["error", "skip"]

@@ -15,20 +15,15 @@ invalid (``_invalid``), so the export refuses it, or skips it and records it in
   ``cat``): its last sample may be incomplete and any later ones are lost, so the last
   sample read is marked with the tar, the byte offset and what was found (a tar damaged
   before its first sample is a :class:`SourceError`);
+* a member named twice in one sample, a name that is not UTF-8 or has no extension;
 * a ``.json`` member that is not valid JSON, not an object, nested too deep, or holds an
-  empty object somewhere (Parquet cannot store a struct without fields).
-
-JSON fields become metadata columns with a union schema over all samples (null where a
-sample lacks a field; ints and floats widen to float); a field whose values have different
-types is refused, naming the field, both types and a sample. Fields named like a column
-shardex fills itself (``key``, ``label``, ``original_path``, ...) are kept as
-``json_<name>``; ``split`` is the sample's split.
+  empty object somewhere (see :mod:`shardex.sources.jsonmeta`, which also makes the
+  metadata columns).
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import tarfile
 from dataclasses import dataclass, field
@@ -39,21 +34,9 @@ import pyarrow as pa
 
 from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
 from shardex.format.tar import BLOCK, split_name
-from shardex.sources.base import (
-    RESERVED,
-    ScanResult,
-    Source,
-    build_table,
-    check_metadata_names,
-    safe_key,
-)
+from shardex.sources.base import ScanResult, Source, build_table, check_metadata_names, safe_key
+from shardex.sources.jsonmeta import json_member, metadata_columns, printable
 
-#: Deepest JSON nesting kept (the member's object is level 1). Parquet refuses schemas
-#: nested past 100 levels, and each JSON list costs it up to three.
-MAX_JSON_DEPTH: Final = 20
-#: JSON fields that would collide with a column shardex fills: kept as ``json_<name>``.
-#: ``split`` is not renamed: it is the sample's split (checked like every split name).
-RENAMED_JSON_FIELDS: Final = RESERVED - {"split"}
 _ZERO_BLOCK: Final = bytes(BLOCK)
 _SCAN_CHUNK: Final = 1 << 20
 # Types tarfile reports that hold no sample data: directories are structure, not samples.
@@ -136,7 +119,7 @@ def scan_tar(path: Path, out: _Collector, *, root: Path, key_prefix: str = "") -
             tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in _scan_members)
         except (tarfile.TarError, OSError) as exc:
             raise SourceError(
-                f"cannot read tar {str(path)!r} at byte 0: {_printable(str(exc))}"
+                f"cannot read tar {str(path)!r} at byte 0: {printable(str(exc))}"
             ) from exc
         _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
 
@@ -153,7 +136,7 @@ def _scan_members(
                 info = tf.next()
             except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
                 # or a GNU sparse map that is not numbers (tarfile lets int() raise)
-                damage = f"bad tar header at byte {tf.offset} ({_printable(str(exc))})"
+                damage = f"bad tar header at byte {tf.offset} ({printable(str(exc))})"
                 break
             if info is None:
                 damage = _end_problem(raw, tf.offset, size)
@@ -238,7 +221,9 @@ def _read_member(
     elif ext == "cls":
         s.label = _read_label(raw, info, name, s)
     elif ext == "json":
-        s.meta = _read_json(raw, info, name, s)
+        s.meta, problem = json_member(_read(raw, info), name)
+        if problem is not None:
+            s.refuse(problem)
     else:
         s.members.append(
             {"ext": ext, "path": path, "offset": info.offset_data, "size": info.size, "data": None}
@@ -275,122 +260,9 @@ def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) ->
         return None
 
 
-def _read_json(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) -> dict[str, Any]:
-    try:
-        value = json.loads(_read(raw, info))
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        s.refuse(f"member {name!r} is not valid JSON ({exc})")
-        return {}
-    except RecursionError:
-        s.refuse(f"member {name!r} is JSON nested deeper than {MAX_JSON_DEPTH} levels")
-        return {}
-    if not isinstance(value, dict):
-        s.refuse(f"member {name!r} holds a JSON {type(value).__name__}, not an object")
-        return {}
-    problem = _json_shape_problem(value)
-    if problem is not None:
-        s.refuse(f"member {name!r} {problem}")
-        return {}
-    return _rename_reserved(value, name, s)
-
-
-def _json_shape_problem(value: dict[str, Any]) -> str | None:
-    """Why Arrow and Parquet cannot store a parsed JSON object, or None (no recursion:
-    the value may be deep)."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
-    while stack:
-        item, depth, where = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return f"is JSON nested deeper than {MAX_JSON_DEPTH} levels (at {where!r})"
-        if isinstance(item, dict):
-            if not item and depth > 1:
-                return f"holds an empty JSON object at {where!r}, which Parquet cannot store"
-            stack.extend((v, depth + 1, f"{where}.{k}") for k, v in item.items())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(item))
-    return None
-
-
-def _rename_reserved(value: dict[str, Any], name: str, s: _Sample) -> dict[str, Any]:
-    """Keep fields named like shardex's own columns as ``json_<name>``."""
-    if RENAMED_JSON_FIELDS.isdisjoint(value):
-        return value
-    out = {k: v for k, v in value.items() if k not in RENAMED_JSON_FIELDS}
-    for k in sorted(RENAMED_JSON_FIELDS.intersection(value)):
-        new = f"json_{k}"
-        if new in value:
-            s.refuse(
-                f"member {name!r}: field {k!r} is reserved by shardex and is kept as {new!r}, "
-                "but the member has that field too; rename one of them"
-            )
-            return {}
-        out[new] = value[k]
-    return out
-
-
-def _metadata(out: _Collector, where: str) -> pa.Table | None:
-    """The JSON fields as typed columns: the union of every sample's fields."""
-    names: dict[str, None] = {}
-    for meta in out.meta:
-        names.update(dict.fromkeys(meta))
-    if not names:
-        return None
-    columns = {name: _column(name, [m.get(name) for m in out.meta], out, where) for name in names}
-    if "split" in columns and not (
-        pa.types.is_string(columns["split"].type) or pa.types.is_null(columns["split"].type)
-    ):
-        raise SourceError(
-            f"{where}: json field 'split' holds {columns['split'].type}, not split names"
-        )
-    return pa.table(columns)
-
-
-_ARROW_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError)
-
-
-def _column(name: str, values: list[Any], out: _Collector, where: str) -> pa.Array:
-    """One JSON field as an Arrow array, or a one-line error on mixed types."""
-    try:
-        return pa.array(values)
-    except _ARROW_ERRORS:
-        first = _first_unconvertible(values)
-    sample = f"sample {out.keys[first]!r} ({out.originals[first]!r})"
-    try:
-        alone = pa.array([values[first]]).type
-    except _ARROW_ERRORS as exc:  # too large an int, a list of mixed types, ...
-        raise SourceError(
-            f"{where}: json field {name!r} of {sample} cannot be stored as a column "
-            f"({_printable(str(exc))}); fix the member"
-        ) from None
-    raise SourceError(
-        f"{where}: json field {name!r} holds {_printable(str(alone))} in {sample} but "
-        f"{_printable(str(pa.array(values[:first]).type))} in earlier samples; give the "
-        "field one type in every .json member"
-    )
-
-
-def _first_unconvertible(values: list[Any]) -> int:
-    """The index of the first value that makes ``values[: i + 1]`` fail to convert."""
-    lo, hi = 0, len(values) - 1  # a prefix that fails is at most hi + 1 long
-    while lo < hi:
-        mid = (lo + hi) // 2
-        try:
-            pa.array(values[: mid + 1])
-        except _ARROW_ERRORS:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def _printable(text: str) -> str:
-    """``text`` on one line: Arrow's type and error texts quote JSON field names raw."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def collected_table(out: _Collector, where: str) -> pa.Table:
     """The scan table of what was collected."""
-    meta = _metadata(out, where)
+    meta = metadata_columns(out.meta, out.keys, out.originals, where)
     if meta is not None:
         check_metadata_names(meta.column_names, where)
     has_labels = any(label is not None for label in out.labels)
