@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import shardex
 from helpers import image_bytes, write_image
 from shardex.contract import ExportConfig, schema, validate
-from shardex.errors import BadSampleError, ConfigError, SchemaError, ShardexError
+from shardex.errors import BadSampleError, ConfigError, SchemaError, ShardexError, SourceError
 from shardex.names import MAX_SPLIT_NAME, relpath_problem, split_name_problem
 from shardex.options import ExportOptions
 from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, ReaderStage
@@ -154,7 +154,8 @@ def test_null_and_non_string_split_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BadSampleError, match=r"'img0': no split \(null\)"):
         shardex.export(table, tmp_path / "out", workers=1)
     tar = _tar(tmp_path / "tars", [{"split": 5}, {"split": 6}])
-    with pytest.raises(BadSampleError, match=r"split name 5 is not a string \(int\)"):
+    # a tar's .json split field of another type is refused for the whole source
+    with pytest.raises(SourceError, match=r"json field 'split' holds int64, not split names"):
         shardex.export(tar, tmp_path / "out2", workers=1)
 
 

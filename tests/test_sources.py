@@ -400,13 +400,37 @@ def test_reserved_metadata_column_in_a_table_is_refused(tmp_path: Path, column: 
     assert not (tmp_path / "out" / "config.yaml").exists()
 
 
-def test_reserved_metadata_key_in_tar_json_is_refused(tmp_path: Path) -> None:
+def test_tar_json_fields_named_like_shardex_columns_are_kept_renamed(tmp_path: Path) -> None:
+    # img2dataset writes "key" into every .json member: refusing it would refuse its tars
+    (tmp_path / "tars").mkdir()
+    fields = {"key": "../../x", "label": 7, "sample_checksum": 5, "ok": 1}
+    with tarfile.open(tmp_path / "tars" / "a.tar", "w") as tf:
+        _add(tf, "x.jpg", image_bytes(0))
+        _add(tf, "x.json", json.dumps(fields).encode())
+    shardex.export(tmp_path / "tars", tmp_path / "out", workers=1)
+    (row,) = _meta_rows(tmp_path / "out").values()
+    assert row["key"] == "x"
+    assert "label" not in row  # labels come from .cls members only
+    assert {k: row[k] for k in ("json_key", "json_label", "json_sample_checksum", "ok")} == {
+        "json_key": "../../x",
+        "json_label": 7,
+        "json_sample_checksum": 5,
+        "ok": 1,
+    }
+    assert json.loads(_samples(tmp_path / "out")["x"]["json"])["json_key"] == "../../x"
+    assert not (tmp_path / "x").exists()
+    assert not (tmp_path.parent / "x").exists()
+
+
+def test_tar_json_field_colliding_with_its_renamed_field_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tars").mkdir()
     with tarfile.open(tmp_path / "tars" / "a.tar", "w") as tf:
         _add(tf, "x.jpg", image_bytes(0))
-        _add(tf, "x.json", json.dumps({"sample_checksum": 5, "ok": 1}).encode())
-    with pytest.raises(SourceError, match="sample_checksum"):
+        _add(tf, "x.json", json.dumps({"key": "a", "json_key": "b"}).encode())
+    with pytest.raises(SourceError, match=r"'key' is reserved.*'json_key'") as info:
         shardex.export(tmp_path / "tars", tmp_path / "out", workers=1)
+    assert str(info.value).startswith("'a.tar:x': member 'x.json': field 'key' is reserved")
+    assert "\n" not in str(info.value)
     assert not (tmp_path / "out" / "config.yaml").exists()
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardex.codecs.images import (
     HEAD_BYTES,
@@ -116,8 +117,21 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
     texts: list[bytes | None] = [None] * job.rows.num_rows
     if job.json_columns:
         dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
-        texts = [dumps(row).encode() for row in job.rows.select(job.json_columns).to_pylist()]
+        rows = _null_non_finite(job.rows.select(job.json_columns))
+        texts = [dumps(row).encode() for row in rows.to_pylist()]
     return reasons, texts
+
+
+def _null_non_finite(rows: pa.Table) -> pa.Table:
+    """NaN and infinities as nulls: JSON has no such numbers, and Python would write the
+    bare ``NaN``/``Infinity`` that strict parsers refuse (metadata.parquet keeps them)."""
+    for i, f in enumerate(rows.schema):
+        if pa.types.is_floating(f.type):
+            col = rows.column(i)
+            finite = pc.is_finite(col)
+            if pc.all(finite).as_py() is False:
+                rows = rows.set_column(i, f, pc.if_else(finite, col, pa.scalar(None, f.type)))
+    return rows
 
 
 def _json_columns(table: pa.Table) -> tuple[str, ...]:
@@ -126,7 +140,7 @@ def _json_columns(table: pa.Table) -> tuple[str, ...]:
     Array columns (embeddings) stay typed in Parquet: 768 floats as JSON text would be
     larger than many images.
     """
-    fixed = {MEMBERS, "key", "original_path", "split", "label"}
+    fixed = {MEMBERS, INVALID, "key", "original_path", "split", "label"}
     return tuple(
         f.name
         for f in table.schema

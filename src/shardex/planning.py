@@ -33,7 +33,8 @@ def fixed_lists(table: pa.Table) -> pa.Table:
         if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             col = table.column(i)
             lengths = pc.unique(pc.list_value_length(col)).to_pylist()
-            if len(lengths) == 1 and lengths[0] is not None and col.null_count == 0:
+            # not for empty lists: Parquet cannot read back fixed-size lists of size 0
+            if len(lengths) == 1 and lengths[0] and col.null_count == 0:
                 table = table.set_column(
                     i, f.name, col.cast(pa.list_(f.type.value_type, lengths[0]))
                 )

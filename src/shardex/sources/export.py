@@ -65,6 +65,9 @@ class ExportSource(Source):
             for path in local:
                 assert path is not None
                 scan_tar(path, out, root=path.parent)
+            damaged = next((reason for reason in out.invalid if reason), None)
+            if damaged is not None:  # a cut or damaged shard: its samples cannot be copied
+                raise SourceError(f"{self.uri!r}: split {split!r}: {damaged}")
             keys, members = out.keys, out.members
         else:
             keys, members = [], []

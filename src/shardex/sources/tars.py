@@ -3,37 +3,82 @@
 Members are grouped into samples by key (the name up to the first dot of its last path
 component), in tar order. ``.cls`` members become the ``label`` column and ``.json``
 members become metadata columns; every other member is kept byte for byte.
+
+Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
+invalid (``_invalid``), so the export refuses it, or skips it and records it in
+``errors.parquet`` under ``--on-error skip``:
+
+* a member that is not a regular file (hard or symbolic link, device, fifo, sparse file);
+  directory entries hold no data and are ignored;
+* a tar that ends early (cut at a block boundary, inside a header or inside a member),
+  holds a bad header, or has data after its end-of-archive blocks (tars joined with
+  ``cat``): its last sample may be incomplete and any later ones are lost, so the last
+  sample read is marked with the tar, the byte offset and what was found (a tar damaged
+  before its first sample is a :class:`SourceError`);
+* a member named twice in one sample, a name that is not UTF-8 or has no extension;
+* a ``.json`` member that is not valid JSON, not an object, nested too deep, or holds an
+  empty object somewhere (see :mod:`shardex.sources.jsonmeta`, which also makes the
+  metadata columns).
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar, Final
 
 import pyarrow as pa
 
 from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
-from shardex.format.tar import split_name
+from shardex.format.tar import BLOCK, split_name
 from shardex.sources.base import ScanResult, Source, build_table, check_metadata_names, safe_key
+from shardex.sources.jsonmeta import json_member, metadata_columns, printable
+
+_ZERO_BLOCK: Final = bytes(BLOCK)
+_SCAN_CHUNK: Final = 1 << 20
+# Types tarfile reports that hold no sample data: directories are structure, not samples.
+_IGNORED_TYPES: Final = (tarfile.DIRTYPE,)
+_TYPE_NAMES: Final = {
+    tarfile.LNKTYPE: "a hard link",
+    tarfile.SYMTYPE: "a symbolic link",
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a fifo",
+}
 
 
 def _tar_paths(spec: str) -> list[Path]:
     path = Path(spec).expanduser()
     if path.is_dir():
-        found = sorted(path.rglob("*.tar"))
+        found = sorted(p for p in path.rglob("*.tar") if p.is_file())
     elif any(c in spec for c in "*?["):
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True))
     elif path.is_file():
         found = [path]
     else:
-        raise SourceNotFoundError(f"no tar files at {spec}")
+        raise SourceNotFoundError(f"no tar files at {spec!r}")
     if not found:
-        raise EmptySourceError(f"no .tar files match {spec}")
+        raise EmptySourceError(f"no .tar files match {spec!r}")
     return [p.absolute() for p in found]
+
+
+@dataclass(slots=True)
+class _Sample:
+    """The sample being read: consecutive members with one key."""
+
+    key: str
+    members: list[dict[str, Any]] = field(default_factory=list)
+    label: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+    seen: set[str] = field(default_factory=set)  # extensions read
+
+    def refuse(self, reason: str) -> None:
+        """Mark the sample unusable (the first reason wins)."""
+        self.problem = self.problem or reason
 
 
 class _Collector:
@@ -45,90 +90,180 @@ class _Collector:
         self.members: list[list[dict[str, Any]]] = []
         self.labels: list[int | None] = []
         self.meta: list[dict[str, Any]] = []
+        self.invalid: list[str | None] = []
 
-    def add(
-        self,
-        key: str,
-        original: str,
-        members: list[dict[str, Any]],
-        label: int | None,
-        meta: dict[str, Any],
-    ) -> None:
-        self.keys.append(key)
+    def add(self, sample: _Sample, original: str, key_prefix: str) -> None:
+        self.keys.append(safe_key(key_prefix + sample.key))
         self.originals.append(original)
-        self.members.append(members)
-        self.labels.append(label)
-        self.meta.append(meta)
+        self.members.append(sample.members)
+        self.labels.append(sample.label)
+        # an unusable sample's fields are not kept: they must not shape the schema
+        self.meta.append(sample.meta if sample.problem is None else {})
+        self.invalid.append(sample.problem)
 
 
 def scan_tar(path: Path, out: _Collector, *, root: Path, key_prefix: str = "") -> None:
-    """Add the samples of one tar to ``out``."""
-    try:
-        tf = tarfile.open(path, "r:")  # noqa: SIM115 (closed by the with below)
-    except (tarfile.TarError, OSError) as exc:
-        raise SourceError(f"cannot read tar {path}: {exc}") from exc
+    """Add the samples of one tar to ``out``.
+
+    Raises:
+        SourceError: the tar cannot be opened, or is damaged before its first sample.
+    """
     rel = os.path.relpath(path, root).replace(os.sep, "/")
-    with tf, open(path, "rb") as raw:
-        current: str | None = None
-        members: list[dict[str, Any]] = []
-        label: int | None = None
-        meta: dict[str, Any] = {}
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise SourceError(f"cannot read tar {str(path)!r}: {exc.strerror}") from exc
+    with raw:
+        # tarfile seeks to each header itself, so the member reads below may share the file
+        try:
+            tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in _scan_members)
+        except (tarfile.TarError, OSError) as exc:
+            raise SourceError(
+                f"cannot read tar {str(path)!r} at byte 0: {printable(str(exc))}"
+            ) from exc
+        _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
 
-        def flush() -> None:
-            if current is not None:
-                out.add(safe_key(key_prefix + current), f"{rel}:{current}", members, label, meta)
 
-        for info in tf:
-            if not info.isfile():
+def _scan_members(
+    tf: tarfile.TarFile, raw: IO[bytes], out: _Collector, *, rel: str, path: str, key_prefix: str
+) -> None:
+    with tf:
+        size = os.fstat(raw.fileno()).st_size
+        sample: _Sample | None = None
+        damage: str | None = None
+        while True:
+            try:
+                info = tf.next()
+            except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
+                # or a GNU sparse map that is not numbers (tarfile lets int() raise)
+                damage = f"bad tar header at byte {tf.offset} ({printable(str(exc))})"
+                break
+            if info is None:
+                damage = _end_problem(raw, tf.offset, size)
+                break
+            if info.type in _IGNORED_TYPES:
                 continue
-            key, ext = split_name(info.name)
-            if not ext:
-                raise SourceError(f"{path}: member {info.name!r} has no extension")
-            if key != current:
-                flush()
-                current, members, label, meta = key, [], None, {}
-            if ext == "cls":
-                label = _read_label(raw, info, path)
-            elif ext == "json":
-                meta = _read_json(raw, info, path)
-            else:
-                members.append(
-                    {
-                        "ext": ext,
-                        "path": str(path),
-                        "offset": info.offset_data,
-                        "size": info.size,
-                        "data": None,
-                    }
+            name = _utf8(info.name)
+            key, ext = split_name(name)
+            if sample is None or key != sample.key:
+                if sample is not None:
+                    out.add(sample, f"{rel}:{sample.key}", key_prefix)
+                sample = _Sample(key)
+            if info.isreg() and info.offset_data + info.size > size:
+                damage = (
+                    f"member {name!r} at byte {info.offset} runs past the end of the tar "
+                    f"({info.offset_data + info.size} > {size} bytes)"
                 )
-        flush()
+                break
+            _read_member(raw, path, info, name, ext, sample)
+        if damage is not None:
+            if sample is None:
+                raise SourceError(
+                    f"tar {rel!r}: {damage} before any sample; re-create or remove the tar"
+                )
+            sample.refuse(
+                f"tar {rel!r} is damaged: {damage}; this sample may be incomplete and any "
+                "later samples of the tar are lost"
+            )
+        if sample is not None:
+            out.add(sample, f"{rel}:{sample.key}", key_prefix)
 
 
-def _read_label(raw: Any, info: tarfile.TarInfo, path: Path) -> int:
+def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
+    """Why the tar does not end properly at ``offset``, or None.
+
+    tarfile stops quietly at end of file, at a short header and at a bad header after the
+    first one, so a cut tar would read as a shorter one: a well-formed tar has a zero block
+    where its members end.
+    """
+    raw.seek(offset)
+    block = raw.read(BLOCK)
+    if block == _ZERO_BLOCK:
+        return _data_after_end(raw, offset)
+    if len(block) < BLOCK:
+        return (
+            f"it ends at byte {size} without its end-of-archive blocks (cut short?)"
+            if not block
+            else f"it ends inside the header at byte {offset} ({size} bytes)"
+        )
+    return f"bad tar header at byte {offset}"
+
+
+def _data_after_end(raw: IO[bytes], offset: int) -> str | None:
+    """Why bytes after the end-of-archive block matter (tars joined with ``cat``: tarfile
+    and GNU tar stop at the first tar's end), or None when only zero padding follows."""
+    raw.seek(offset)
+    while chunk := raw.read(_SCAN_CHUNK):
+        if chunk.count(0) != len(chunk):
+            at = offset + next(i for i, b in enumerate(chunk) if b)
+            return f"data follows its end-of-archive blocks at byte {at} (tars joined with cat?)"
+        offset += len(chunk)
+    return None
+
+
+def _utf8(name: str) -> str:
+    """A member name as text that Arrow can store (tarfile keeps bad UTF-8 as surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return name
+
+
+def _read_member(
+    raw: IO[bytes], path: str, info: tarfile.TarInfo, name: str, ext: str, s: _Sample
+) -> None:
+    """Add one member to its sample, or say why the sample cannot be used."""
+    problem = _member_problem(info, name, ext, s.seen)
+    s.seen.add(ext)
+    if problem is not None:
+        s.refuse(problem)
+    elif ext == "cls":
+        s.label = _read_label(raw, info, name, s)
+    elif ext == "json":
+        s.meta, problem = json_member(_read(raw, info), name)
+        if problem is not None:
+            s.refuse(problem)
+    else:
+        s.members.append(
+            {"ext": ext, "path": path, "offset": info.offset_data, "size": info.size, "data": None}
+        )
+
+
+def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
+    """Why a member cannot be exported, or None."""
+    if not info.isreg() or info.sparse is not None:
+        kind = "a sparse file" if info.isreg() else _TYPE_NAMES.get(info.type)
+        kind = kind or f"an entry of tar type {info.type!r}"
+        target = f" to {info.linkname!r}" if info.islnk() or info.issym() else ""
+        return f"member {name!r} is {kind}{target}; only regular files are exported"
+    if name != info.name:
+        return f"member name {name!r} is not UTF-8"
+    if not ext:
+        return f"member {name!r} has no extension"
+    if ext in seen:  # a reader would keep one of the two: the other would vanish
+        return f"member {name!r} appears twice in its sample"
+    return None
+
+
+def _read(raw: IO[bytes], info: tarfile.TarInfo) -> bytes:
     raw.seek(info.offset_data)
-    text = raw.read(info.size).strip()
+    return raw.read(info.size)
+
+
+def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) -> int | None:
+    text = _read(raw, info).strip()
     try:
         return int(text)
     except ValueError:
-        raise SourceError(f"{path}: {info.name} is not an integer class ({text[:40]!r})") from None
-
-
-def _read_json(raw: Any, info: tarfile.TarInfo, path: Path) -> dict[str, Any]:
-    raw.seek(info.offset_data)
-    try:
-        value = json.loads(raw.read(info.size))
-    except ValueError as exc:
-        raise SourceError(f"{path}: {info.name} is not valid JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise SourceError(f"{path}: {info.name} holds a JSON {type(value).__name__}, not an object")
-    return value
+        s.refuse(f"member {name!r} is not an integer class ({text[:40]!r})")
+        return None
 
 
 def collected_table(out: _Collector, where: str) -> pa.Table:
     """The scan table of what was collected."""
-    meta = pa.Table.from_pylist(out.meta) if any(out.meta) else None
+    meta = metadata_columns(out.meta, out.keys, out.originals, where)
     if meta is not None:
-        meta = meta.drop_columns([c for c in ("label",) if c in meta.column_names])
         check_metadata_names(meta.column_names, where)
     has_labels = any(label is not None for label in out.labels)
     return build_table(
@@ -137,6 +272,7 @@ def collected_table(out: _Collector, where: str) -> pa.Table:
         out.members,
         labels=out.labels if has_labels else None,
         metadata=meta,
+        invalid=out.invalid,
     )
 
 
@@ -155,5 +291,5 @@ class TarSource(Source):
         for path in paths:
             scan_tar(path, out, root=root)
         if not out.keys:
-            raise EmptySourceError(f"the tars at {self.uri} hold no samples")
-        return ScanResult(collected_table(out, self.uri))
+            raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
+        return ScanResult(collected_table(out, repr(self.uri)))

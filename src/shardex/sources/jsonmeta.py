@@ -1,0 +1,140 @@
+"""``.json`` members of WebDataset tars as typed metadata columns.
+
+Each member must be a JSON object that Arrow and Parquet can store: nested at most
+:data:`MAX_JSON_DEPTH` levels, without empty objects below the top (Parquet cannot store a
+struct without fields). The columns are the union of every sample's fields, null where a
+sample lacks one; ints and floats widen to float. A field whose values have two types is
+refused with one line naming the field, both types and a sample. Fields named like a column
+shardex fills itself (``key``, ``label``, ``original_path``, ...) are kept as
+``json_<name>``: img2dataset, for one, writes ``key`` into every member. ``split`` is the
+sample's split.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import pyarrow as pa
+
+from shardex.errors import SourceError
+from shardex.sources.base import RESERVED
+
+#: Deepest JSON nesting kept (the member's object is level 1). Parquet refuses schemas
+#: nested past 100 levels, and each JSON list costs it up to three.
+MAX_JSON_DEPTH: Final = 20
+#: JSON fields that would collide with a column shardex fills: kept as ``json_<name>``.
+#: ``split`` is not renamed: it is the sample's split (checked like every split name).
+RENAMED_JSON_FIELDS: Final = RESERVED - {"split"}
+_ARROW_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError)
+
+
+def json_member(data: bytes, name: str) -> tuple[dict[str, Any], str | None]:
+    """A member's fields (reserved names renamed), or ``({}, why it cannot be used)``."""
+    try:
+        value = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        return {}, f"member {name!r} is not valid JSON ({exc})"
+    except RecursionError:
+        return {}, f"member {name!r} is JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    if not isinstance(value, dict):
+        return {}, f"member {name!r} holds a JSON {type(value).__name__}, not an object"
+    problem = _shape_problem(value)
+    if problem is not None:
+        return {}, f"member {name!r} {problem}"
+    return _rename_reserved(value, name)
+
+
+def _shape_problem(value: dict[str, Any]) -> str | None:
+    """Why Arrow and Parquet cannot store a parsed JSON object, or None (no recursion:
+    the value may be deep)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        item, depth, where = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"is JSON nested deeper than {MAX_JSON_DEPTH} levels (at {where!r})"
+        if isinstance(item, dict):
+            if not item and depth > 1:
+                return f"holds an empty JSON object at {where!r}, which Parquet cannot store"
+            stack.extend((v, depth + 1, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def _rename_reserved(value: dict[str, Any], name: str) -> tuple[dict[str, Any], str | None]:
+    """Keep fields named like shardex's own columns as ``json_<name>``."""
+    if RENAMED_JSON_FIELDS.isdisjoint(value):
+        return value, None
+    out = {k: v for k, v in value.items() if k not in RENAMED_JSON_FIELDS}
+    for k in sorted(RENAMED_JSON_FIELDS.intersection(value)):
+        new = f"json_{k}"
+        if new in value:
+            return {}, (
+                f"member {name!r}: field {k!r} is reserved by shardex and is kept as {new!r}, "
+                "but the member has that field too; rename one of them"
+            )
+        out[new] = value[k]
+    return out, None
+
+
+def metadata_columns(
+    meta: list[dict[str, Any]], keys: list[str], originals: list[str], where: str
+) -> pa.Table | None:
+    """The samples' JSON fields as typed columns: the union of every sample's fields.
+
+    Raises:
+        SourceError: a field holds values of two types, or a value Arrow cannot store.
+    """
+    names: dict[str, None] = {}
+    for fields in meta:
+        names.update(dict.fromkeys(fields))
+    if not names:
+        return None
+    columns = {}
+    for name in names:
+        values = [fields.get(name) for fields in meta]
+        try:
+            columns[name] = pa.array(values)
+        except _ARROW_ERRORS:
+            i = _first_unconvertible(values)
+            raise _type_error(name, values, i, f"{keys[i]!r} ({originals[i]!r})", where) from None
+    split = columns.get("split")
+    if split is not None and not (pa.types.is_string(split.type) or pa.types.is_null(split.type)):
+        raise SourceError(f"{where}: json field 'split' holds {split.type}, not split names")
+    return pa.table(columns)
+
+
+def _type_error(name: str, values: list[Any], i: int, sample: str, where: str) -> SourceError:
+    """Why ``values[i]`` does not fit the values before it."""
+    try:
+        alone = pa.array([values[i]]).type
+    except _ARROW_ERRORS as exc:  # too large an int, a list of mixed types, ...
+        return SourceError(
+            f"{where}: json field {name!r} of sample {sample} cannot be stored as a column "
+            f"({printable(str(exc))}); fix the member"
+        )
+    return SourceError(
+        f"{where}: json field {name!r} holds {printable(str(alone))} in sample {sample} but "
+        f"{printable(str(pa.array(values[:i]).type))} in earlier samples; give the field one "
+        "type in every .json member"
+    )
+
+
+def _first_unconvertible(values: list[Any]) -> int:
+    """The index of the first value that makes ``values[: i + 1]`` fail to convert."""
+    lo, hi = 0, len(values) - 1  # a prefix that fails is at most hi + 1 long
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            pa.array(values[: mid + 1])
+        except _ARROW_ERRORS:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: Arrow's and tarfile's texts quote names from the input raw."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
