@@ -118,7 +118,7 @@ def _json_columns(table: pa.Table) -> tuple[str, ...]:
     Array columns (embeddings) stay typed in Parquet: 768 floats as JSON text would be
     larger than many images.
     """
-    fixed = {MEMBERS, "key", "original_path", "split", "label"}
+    fixed = {MEMBERS, INVALID, "key", "original_path", "split", "label"}
     return tuple(
         f.name
         for f in table.schema
