@@ -1,0 +1,158 @@
+"""Object storage rides out a restart of the S3 server: requests are retried for a time
+budget (storage option ``retry_timeout``, default 2 minutes), not a count.
+
+Each test runs its own SeaweedFS (the session's is shared by other tests), kills it with
+SIGKILL or stops it gracefully in the middle of an export or a read, and starts it again
+on the same ports and data.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardex
+from shardex.errors import ConfigError, ObjectNotFoundError, StorageError
+from shardex.storage import ObjectStorage
+from shardex.testing.seaweedfs import SeaweedFS
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SeaweedFS]:
+    with SeaweedFS(bucket="restart-test", workdir=tmp_path / "weed") as weed:
+        yield weed
+
+
+def _options(server: SeaweedFS, **more: Any) -> dict[str, Any]:
+    return {
+        "endpoint_url": server.endpoint,
+        "access_key_id": server.access_key,
+        "secret_access_key": server.secret_key,
+        "region": server.region,
+        **more,
+    }
+
+
+def _restart_in_background(server: SeaweedFS, downtime: float, kill: bool) -> threading.Thread:
+    thread = threading.Thread(target=server.restart, args=(downtime,), kwargs={"kill": kill})
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("downtime", "kill"), [(5.0, True), (15.0, False)])
+def test_export_survives_a_server_restart(
+    server: SeaweedFS, tmp_path: Path, downtime: float, kill: bool
+) -> None:
+    url = server.url("export")
+    env = {**os.environ, **server.environ()}
+    env.pop("AWS_ALLOW_HTTP", None)
+    args = ["export-dataset", "demo:200", "-o", url, "--s3-endpoint-url", server.endpoint]
+    args += ["--samples-per-shard", "10", "--workers", "1"]
+    cli = [sys.executable, "-c", "from shardex.cli import main; main()", *args]
+    export = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watcher = ObjectStorage(url, _options(server, retry_timeout="2s"))
+    deadline = time.monotonic() + 60
+    while not any(name.endswith(".tar") for name in watcher.list()):  # a shard is written
+        assert export.poll() is None, export.communicate()[0].decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    restart = _restart_in_background(server, downtime, kill)
+    time.sleep(0.5)
+    assert export.poll() is None, "the export ended before the server went down"
+    output, _ = export.communicate(timeout=120)
+    restart.join()
+    assert export.returncode == 0, output.decode()
+    options = _options(server)
+    assert shardex.verify(url, storage_options=options).ok
+    shardex.export("demo:200", tmp_path / "local", samples_per_shard=10, workers=1)
+    remote = shardex.open_dataset(url, storage_options=options)
+    assert list(remote) == list(shardex.open_dataset(tmp_path / "local"))
+
+
+def test_reads_survive_a_server_crash(server: SeaweedFS) -> None:
+    url = server.url("read")
+    options = _options(server)
+    storage = ObjectStorage(server.url("blobs"), options)
+    big = os.urandom(24 << 20)  # more than the sockets buffer: the stream breaks mid-body
+    storage.put("big.bin", big)
+    shardex.export("demo:60", url, storage_options=options, samples_per_shard=10, workers=1)
+    ds = shardex.open_dataset(url, storage_options=options)
+    want = [ds[i] for i in range(len(ds))]
+
+    chunks = storage.iter_chunks("big.bin", 1 << 20)
+    got = [next(chunks)]
+    restart = _restart_in_background(server, 5.0, kill=True)
+    time.sleep(0.5)
+    assert not server.running
+    got += list(chunks)  # the rest, read across the restart
+    assert b"".join(got) == big
+    restart.join()
+
+    restart = _restart_in_background(server, 5.0, kill=True)
+    time.sleep(0.5)
+    assert [ds[i] for i in range(len(ds))] == want  # ranged GETs across the restart
+    restart.join()
+    assert ds.get_many(list(range(len(ds)))) == want
+
+
+def test_a_dead_server_fails_within_the_budget_with_one_line(server: SeaweedFS) -> None:
+    url = server.url("dead")
+    storage = ObjectStorage(url, _options(server, retry_timeout="3s"))
+    storage.put("x", b"x")
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(StorageError) as failed:
+        storage.get("x")
+    spent = time.monotonic() - started
+    assert 2.5 < spent < 15
+    message = str(failed.value)
+    assert "\n" not in message
+    assert f"{url}/x" in message
+
+
+def test_missing_objects_and_refused_credentials_fail_at_once(server: SeaweedFS) -> None:
+    url = server.url("fast")
+    storage = ObjectStorage(url, _options(server))  # the default budget: 2 minutes
+    started = time.monotonic()
+    with pytest.raises(ObjectNotFoundError, match="missing"):
+        storage.get("missing")
+    denied = ObjectStorage(url, _options(server, secret_access_key="wrong"))
+    with pytest.raises(StorageError, match="denied|Forbidden|403|signature"):
+        denied.put("x", b"x")
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"regoin": "us-east-1"}, "did you mean 'region'"),
+        ({"endpoint": "http://x", "retry_timeot": "1s"}, "did you mean 'retry_timeout'"),
+        ({"region": {"name": "us-east-1"}}, "must be text, a number or a bool"),
+        ({"retry_timeout": "soon"}, "must be a duration"),
+        ({"client_options": {"allow_http": True}}, "unknown storage option 'client_options'"),
+    ],
+)
+def test_bad_storage_options_are_one_line_config_errors(
+    options: dict[str, Any], expected: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match=expected) as refused:
+        ObjectStorage("s3://bucket/prefix", options)
+    assert "\n" not in str(refused.value)
+    assert "panicked" not in capfd.readouterr().err
+
+
+def test_client_options_given_at_the_top_level_reach_the_client(server: SeaweedFS) -> None:
+    # allow_http as a top-level key made obstore panic (a 36-frame Rust backtrace)
+    storage = ObjectStorage(
+        server.url("flat"), _options(server, allow_http=True, AWS_REGION=server.region)
+    )
+    storage.put("x", b"hello")
+    assert storage.get("x") == b"hello"
