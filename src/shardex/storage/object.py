@@ -131,6 +131,7 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
     not text, numbers or flags, with the nearest known name."""
     prefix, store = _STORE_OPTIONS[_SCHEME_KIND[uri.split("://", 1)[0].lower()]]
     known = _SHARDEX_OPTIONS | _CLIENT_OPTIONS | store
+    seen: dict[str, str] = {}
     for name, value in options.items():
         if not isinstance(name, str):
             raise ConfigError(f"storage option names must be text, not {name!r}")
@@ -143,6 +144,14 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
                 f"unknown storage option {name!r} for {uri}; {hint}known options: "
                 f"{', '.join(sorted(known))}"
             )
+        same = _OPTION_NAMES.get(bare, bare)
+        if same in seen and value is not None:
+            raise ConfigError(
+                f"storage options {seen[same]!r} and {name!r} name the same setting; "
+                "give one of them"
+            )
+        if value is not None:
+            seen[same] = name
         if value is not None and not isinstance(value, (str, bool, int, float, timedelta)):
             raise ConfigError(
                 f"storage option {name!r} must be text, a number or a bool, not "
@@ -245,10 +254,12 @@ class ObjectStorage(Storage):
         url: the root URL.
         storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile;
             needs boto3), ``timeout`` and ``connect_timeout`` per request (defaults
-            ``"60s"`` and ``"5s"``; a timed-out request is retried), and any obstore store
-            option (``access_key_id``,
-            ``secret_access_key``, ``session_token``, ``virtual_hosted_style_request``,
-            ...). Unset options come from the standard ``AWS_*`` environment variables.
+            ``"60s"`` and ``"5s"``; a timed-out request is retried), ``retry_timeout``
+            (how long a failing request is retried, default ``"2m"``), and any obstore
+            store or client option (``access_key_id``, ``secret_access_key``,
+            ``session_token``, ``virtual_hosted_style_request``, ``allow_http``, ...);
+            an unknown name is a :class:`ConfigError`. Unset options come from the
+            standard ``AWS_*`` environment variables.
             Credentials stay in memory: they are never written to config.yaml, logs or
             error messages.
     """
