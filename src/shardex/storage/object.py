@@ -55,9 +55,11 @@ _BACKOFF: Final = {
 def retry_config(budget: timedelta) -> dict[str, Any]:
     """obstore's retry settings for a time budget: every request made through the store
     (multipart parts included) is retried until ``budget`` has passed since its first try;
-    the count is only a backstop, set so that the budget is what ends the retries."""
+    the count is only a backstop, set so that the budget is what ends the retries (the
+    backoff is jittered down to ~0 and a refused connection fails at once, so a count of
+    one per 10 ms of budget is never reached first)."""
     return {
-        "max_retries": max(10, int(budget.total_seconds() / 4) + 20),
+        "max_retries": max(10, int(budget.total_seconds() * 100)),
         "retry_timeout": budget,
         "backoff": _BACKOFF,
     }
