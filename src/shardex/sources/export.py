@@ -148,6 +148,7 @@ def _local_tar_samples(
     records = ds.index.samples  # type: ignore[attr-defined]
     out = _Samples()
     fds: dict[int, int] = {}
+    unreadable: dict[int, str] = {}
     try:
         for number, (offset, expected, shard, length) in enumerate(
             zip(
@@ -166,13 +167,14 @@ def _local_tar_samples(
             path = storage.local_path(shards[shard].path)
             assert path is not None
             tar = storage.join(shards[shard].path)
-            if shard not in fds:
+            if shard not in fds and shard not in unreadable:
                 try:
                     fds[shard] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as exc:
-                    raise SourceError(
-                        f"cannot read {tar!r} of the source export: {exc.strerror}"
-                    ) from exc
+                except OSError as exc:  # its samples are lost, like a damaged run's
+                    unreadable[shard] = f"cannot read {tar!r} ({exc.strerror})"
+            if shard in unreadable:
+                out.add(key, [], f"source {where}: {unreadable[shard]}")
+                continue
             data = os.pread(fds[shard], length, offset)
             if len(data) != length:
                 out.add(
