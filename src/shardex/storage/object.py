@@ -21,7 +21,6 @@ import difflib
 import os
 import re
 import threading
-import time
 from collections.abc import Coroutine, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -188,25 +187,6 @@ def _obstore() -> Any:
             "object storage needs obstore: pip install 'shardex[s3]'"
         ) from exc
     return obstore
-
-
-#: Pause before a broken stream is requested again (the GET itself then backs off).
-_RESUME_PAUSE: Final = 0.2
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Whether an error may pass if tried again: not a missing object, a refusal, or a
-    failed condition (which the same request would meet again)."""
-    obstore = _obstore()
-    final = (
-        FileNotFoundError,
-        obstore.exceptions.PermissionDeniedError,
-        obstore.exceptions.UnauthenticatedError,
-        obstore.exceptions.PreconditionError,
-        obstore.exceptions.NotModifiedError,
-        obstore.exceptions.AlreadyExistsError,
-    )
-    return not isinstance(exc, final)
 
 
 def _map_error(exc: BaseException, what: str) -> StorageError:
@@ -414,40 +394,15 @@ class ObjectStorage(Storage):
                     self._remote("close_stream", stream_id)
             return
         try:
-            yield from self._stream(path, chunk_size)
+            # obstore itself resumes a body broken mid-way (a ranged GET of the rest),
+            # under the same retry settings as every request
+            result = _obstore().get(self._client(), path)
+            for chunk in result.stream(min_chunk_size=chunk_size):
+                yield bytes(chunk)
         except StorageError:
             raise
         except Exception as exc:
             raise _map_error(exc, self.join(path)) from exc
-
-    def _stream(self, path: str, chunk_size: int) -> Iterator[bytes]:
-        """One GET read as it arrives. A connection dropped in the body (a server
-        restart) is picked up where it broke, by a GET of the rest of the same version
-        (If-Match its ETag), until the retry budget has passed since the break; each GET
-        is itself retried by obstore."""
-        obstore = _obstore()
-        pos, etag, broke = 0, None, None
-        while True:
-            options: dict[str, Any] = {}
-            if pos:
-                options["range"] = {"offset": pos}
-            if etag:
-                options["if_match"] = etag
-            result = obstore.get(self._client(), path, options=options or None)
-            etag = etag or result.meta.get("e_tag")
-            try:
-                for chunk in result.stream(min_chunk_size=chunk_size):
-                    pos += len(chunk)
-                    broke = None
-                    yield bytes(chunk)
-                return
-            except Exception as exc:
-                now = time.monotonic()
-                broke = broke if broke is not None else now
-                spent = timedelta(seconds=now - broke)
-                if not etag or not _retryable(exc) or spent > self.retry_timeout:
-                    raise
-                time.sleep(_RESUME_PAUSE)
 
     def size(self, path: str) -> int:
         done, value = self._remote("size", path)
