@@ -9,6 +9,7 @@ on the same ports and data.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +49,17 @@ def _restart_in_background(server: SeaweedFS, downtime: float, kill: bool) -> th
     return thread
 
 
+def _wait_until_down(server: SeaweedFS) -> None:
+    """Return once the S3 port refuses connections."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", server.port)) != 0:
+                return
+        time.sleep(0.02)
+    raise AssertionError("the server did not go down")
+
+
 @pytest.mark.parametrize(("downtime", "kill"), [(5.0, True), (15.0, False)])
 def test_export_survives_a_server_restart(
     server: SeaweedFS, tmp_path: Path, downtime: float, kill: bool
@@ -66,7 +78,7 @@ def test_export_survives_a_server_restart(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     restart = _restart_in_background(server, downtime, kill)
-    time.sleep(0.5)
+    _wait_until_down(server)
     assert export.poll() is None, "the export ended before the server went down"
     output, _ = export.communicate(timeout=120)
     restart.join()
@@ -93,8 +105,7 @@ def test_reads_survive_a_server_crash(server: SeaweedFS) -> None:
     rest: list[bytes] = []
     reader = threading.Thread(target=lambda: rest.extend(chunks))
     restart = _restart_in_background(server, 5.0, kill=True)
-    time.sleep(0.5)
-    assert not server.running
+    _wait_until_down(server)
     reader.start()  # the rest of the stream, read across the restart
     assert [ds[i] for i in range(len(ds))] == want  # ranged GETs across the restart
     reader.join()
