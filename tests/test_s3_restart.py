@@ -186,3 +186,16 @@ def test_client_options_given_at_the_top_level_reach_the_client(server: SeaweedF
     storage = ObjectStorage(server.url("flat"), options)
     storage.put("x", b"hello")
     assert storage.get("x") == b"hello"
+
+
+def test_the_environment_gives_way_to_a_setting_given_under_another_name(
+    server: SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    options = _options(server)
+    options["AWS_ENDPOINT"] = options.pop("endpoint_url")
+    options["aws_region"] = options.pop("region")
+    storage = ObjectStorage(server.url("env"), {**options, "retry_timeout": "1s"})
+    storage.put("x", b"from the given endpoint")
+    assert storage.get("x") == b"from the given endpoint"

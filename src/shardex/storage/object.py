@@ -127,17 +127,34 @@ def _duration(value: Any, name: str) -> timedelta:
     return timedelta(seconds=float(match.group(1)) * scale)
 
 
+def _setting(uri: str, name: str) -> str:
+    """The setting an option name stands for: ``AWS_REGION``, ``aws_region`` and
+    ``region`` are one; ``endpoint_url`` is ``endpoint``."""
+    prefix = _STORE_OPTIONS[_SCHEME_KIND[uri.split("://", 1)[0].lower()]][0]
+    bare = name.lower()
+    bare = bare[len(prefix) :] if prefix and bare.startswith(prefix) else bare
+    return _OPTION_NAMES.get(bare, bare)
+
+
+def merge_options(uri: str, given: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:
+    """The options of a store: the given ones, checked, over those of the environment
+    (an environment variable gives way to the same setting given under any name)."""
+    check_options(uri, given)
+    taken = {_setting(uri, name) for name, value in given.items() if value is not None}
+    kept = {k: v for k, v in environment.items() if _setting(uri, k) not in taken}
+    return {**kept, **given}
+
+
 def check_options(uri: str, options: dict[str, Any]) -> None:
-    """Refuse option names obstore does not know (it panics on some) and values that are
-    not text, numbers or flags, with the nearest known name."""
-    prefix, store = _STORE_OPTIONS[_SCHEME_KIND[uri.split("://", 1)[0].lower()]]
-    known = _SHARDEX_OPTIONS | _CLIENT_OPTIONS | store
+    """Refuse option names obstore does not know (it panics on some), values that are
+    not text, numbers or flags, and one setting given twice; name the nearest option."""
+    store = _STORE_OPTIONS[_SCHEME_KIND[uri.split("://", 1)[0].lower()]][1]
+    known = _SHARDEX_OPTIONS | _CLIENT_OPTIONS | store | set(_OPTION_NAMES.values())
     seen: dict[str, str] = {}
     for name, value in options.items():
         if not isinstance(name, str):
             raise ConfigError(f"storage option names must be text, not {name!r}")
-        bare = name.lower()
-        bare = bare[len(prefix) :] if prefix and bare.startswith(prefix) else bare
+        bare = _setting(uri, name)
         if bare not in known:
             near = difflib.get_close_matches(bare, sorted(known), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
@@ -145,15 +162,19 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
                 f"unknown storage option {name!r} for {uri}; {hint}known options: "
                 f"{', '.join(sorted(known))}"
             )
-        same = _OPTION_NAMES.get(bare, bare)
-        if same in seen and value is not None:
+        if bare in seen and value is not None:
             raise ConfigError(
-                f"storage options {seen[same]!r} and {name!r} name the same setting; "
+                f"storage options {seen[bare]!r} and {name!r} name the same setting; "
                 "give one of them"
             )
         if value is not None:
-            seen[same] = name
-        if value is not None and not isinstance(value, (str, bool, int, float, timedelta)):
+            seen[bare] = name
+        allowed = (
+            (str, bool, int, float, timedelta)
+            if bare == "retry_timeout"
+            else (str, bool, int, float)
+        )
+        if value is not None and not isinstance(value, allowed):
             raise ConfigError(
                 f"storage option {name!r} must be text, a number or a bool, not "
                 f"{type(value).__name__}"
@@ -258,8 +279,7 @@ class ObjectStorage(Storage):
         self.uri = url.rstrip("/")
         # Credentials and endpoint are read from the environment here, once, so that they
         # travel with the storage to worker processes (whose environment may be older).
-        self._options = {**_from_environment(), **(storage_options or {})}
-        check_options(self.uri, self._options)
+        self._options = merge_options(self.uri, storage_options or {}, _from_environment())
         self._store: Any = None
         self._pid = -1
         if delegate is None:
@@ -308,9 +328,7 @@ class ObjectStorage(Storage):
             if name.lower() in _CLIENT_OPTIONS:
                 client[name.lower()] = value if isinstance(value, bool) else str(value)
             elif name not in ("profile", "retry_timeout"):
-                config[_OPTION_NAMES.get(name, name)] = (
-                    value if isinstance(value, bool) else str(value)
-                )
+                config[_setting(self.uri, name)] = value if isinstance(value, bool) else str(value)
         endpoint = str(config.get("endpoint", ""))
         if endpoint.startswith("http://") or self.uri.startswith("http://"):
             client.setdefault("allow_http", True)
