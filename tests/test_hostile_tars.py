@@ -336,7 +336,7 @@ def test_reexport_of_a_cut_shard_is_one_line_naming_it(tmp_path: Path) -> None:
     shard.write_bytes(data[: len(data) // 2 // 512 * 512])
     line = _error_line(_cli("export-dataset", str(tmp_path / "first"), "-o", str(tmp_path / "2")))
     assert shard.name in line
-    assert "is damaged" in line
+    assert "the shard is truncated" in line
 
 
 # ---------------------------------------------------------------- .json members read

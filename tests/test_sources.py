@@ -387,6 +387,147 @@ def test_reexport_of_an_export_preserves_everything(tmp_path: Path) -> None:
         assert b.metadata.schema.field("embedding").type == pa.list_(pa.float32(), 8)
 
 
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _damage(root: Path, backend: str) -> tuple[str, set[str]]:
+    """Flip one byte of the export at ``root``: (the damaged file, the keys it holds)."""
+    meta = pq.read_table(root / "metadata.parquet").to_pylist()
+    if backend == "webdataset":
+        row = meta[len(meta) // 2]
+        _flip(root / row["tar_file"], row["sample_offset"] + row["sample_length"] // 2)
+        return row["tar_file"], {row["key"]}
+    config = shardex.read_config(root)
+    shard = config.splits["train"].shards[1]
+    files = sorted(p for p in (root / shard.path).rglob("*") if p.is_file())
+    target = root / shard.path if not files else max(files, key=lambda p: p.stat().st_size)
+    _flip(target, target.stat().st_size // 2)
+    first = config.splits["train"].shards[0].num_samples
+    keys = {r["key"] for r in meta if first <= r["sample_index"] < first + shard.num_samples}
+    return shard.path, keys
+
+
+def _same_samples_except(source: Path, copy: Path, lost: set[str], split: str = "train") -> None:
+    """The copy holds every sample of the source but ``lost``, field for field."""
+    a = shardex.open_dataset(source, split=split)
+    got = {s["__key__"]: dict(s) for s in shardex.open_dataset(copy, split=split)}
+    assert set(got) == set(a.metadata.column("key").to_pylist()) - lost
+    assert all(dict(a.get(key)) == sample for key, sample in got.items())
+
+
+@pytest.mark.parametrize(
+    ("source_backend", "target_backend"),
+    [
+        ("webdataset", "webdataset"),
+        ("webdataset", "zarr"),  # a conversion
+        ("torch", "webdataset"),  # one-file runs: checked as they are read
+        ("numpy", "numpy"),  # per-sample files: the run checksum is checked first
+    ],
+)
+def test_reexport_does_not_copy_damaged_samples(
+    tmp_path: Path, source_backend: str, target_backend: str
+) -> None:
+    source = tmp_path / "source"
+    shardex.export(
+        "demo:24",
+        source,
+        backend=source_backend,
+        samples_per_shard=8,
+        workers=1,
+        split_fractions={"train": 1.0},
+    )
+    damaged, lost = _damage(source, source_backend)
+    ds = shardex.open_dataset(source, split="train", on_error="skip")
+    assert len(list(ds)) == 24 - len(lost) or source_backend == "numpy"  # numpy reads unchecked
+    assert shardex.verify(source).ok is False
+
+    with pytest.raises(SourceError) as refused:
+        shardex.export(source, tmp_path / "copy", backend=target_backend, workers=1)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert damaged in message
+    assert "damaged" in message
+    assert "--on-error skip" in message
+    assert not (tmp_path / "copy" / "config.yaml").exists()
+
+    config = shardex.export(
+        source,
+        tmp_path / "copy",
+        backend=target_backend,
+        workers=1,
+        on_error="skip",
+        mode="overwrite",
+    )
+    assert config.num_skipped == len(lost)
+    errors = pq.read_table(tmp_path / "copy" / "errors.parquet").to_pylist()
+    assert {e["key"] for e in errors} == lost
+    assert all(damaged in e["reason"] for e in errors)
+    assert shardex.verify(tmp_path / "copy").ok
+    _same_samples_except(source, tmp_path / "copy", lost)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_reexport_of_a_truncated_or_missing_shard_names_it_or_skips_what_is_lost(
+    tmp_path: Path, damage: str
+) -> None:
+    source = tmp_path / "source"
+    shardex.export("demo:24", source, samples_per_shard=8, workers=1, split_fractions={"t": 1.0})
+    config = shardex.read_config(source)
+    shard = config.splits["t"].shards[1]
+    meta = pq.read_table(source / "metadata.parquet").to_pylist()
+    rows = [r for r in meta if r["tar_file"] == shard.path]
+    if damage == "truncated":
+        cut = rows[3]["sample_offset"] + 700  # inside the 4th sample of the shard
+        with open(source / shard.path, "r+b") as f:
+            f.truncate(cut)
+        lost = {r["key"] for r in rows[3:]}
+    else:
+        (source / shard.path).unlink()
+        lost = {r["key"] for r in rows}
+
+    with pytest.raises(SourceError) as refused:
+        shardex.export(source, tmp_path / "copy", workers=1)
+    assert shard.path in str(refused.value)
+    assert ("truncated" if damage == "truncated" else "No such file") in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+    done = shardex.export(source, tmp_path / "copy", workers=1, on_error="skip")
+    assert done.num_skipped == len(lost) == (5 if damage == "truncated" else 8)
+    assert shardex.verify(tmp_path / "copy").ok
+    _same_samples_except(source, tmp_path / "copy", lost, split="t")
+
+
+@pytest.mark.parametrize("where", ["footer", "middle"])
+def test_reexport_of_a_damaged_metadata_file_is_one_line_error(tmp_path: Path, where: str) -> None:
+    from click.testing import CliRunner
+
+    from shardex.cli import main
+
+    source = tmp_path / "source"
+    shardex.export("demo:12", source, workers=1)
+    meta = source / "metadata.parquet"
+    size = meta.stat().st_size
+    if where == "footer":
+        data = bytearray(meta.read_bytes())
+        data[size - 60 : size - 8] = b"\xff" * 52  # the thrift footer, magic kept
+        meta.write_bytes(bytes(data))
+    else:
+        with open(meta, "r+b") as f:
+            f.truncate(size // 2)
+    with pytest.raises(SourceError, match=r"metadata\.parquet"):
+        shardex.export(source, tmp_path / "copy", workers=1)
+    result = CliRunner().invoke(main, ["export-dataset", str(source), "-o", str(tmp_path / "c2")])
+    assert result.exit_code == 1
+    last = result.output.splitlines()[-1]
+    assert last.startswith("error: ")
+    assert "metadata.parquet" in last
+    assert last.isprintable()
+    assert "Traceback" not in result.output
+
+
 # ---------------------------------------------------------------- reserved names
 
 

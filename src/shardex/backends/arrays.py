@@ -325,7 +325,14 @@ class ArrayDataset(ReopenedDataset):
                 continue
             for offset in range(0, info.num_samples, _BLOCK):
                 count = min(_BLOCK, info.num_samples - offset)
-                block = self._block(reader, offset, count)
+                try:
+                    block = self._block(reader, offset, count)
+                except ShardexError as exc:  # a damaged array chunk: the block is lost
+                    if self.on_error == "raise":
+                        raise
+                    first = start + offset
+                    self.skipped.extend((first + k, str(exc)) for k in range(count))
+                    continue
                 for local in range(count):
                     try:
                         sample = block.sample(local, self.decode)

@@ -1,23 +1,58 @@
 """An existing shardex export as a source: splits, labels, keys and metadata are kept.
 
-A local ``webdataset`` export is re-read in place (members are byte ranges of its tars,
-read only when the new shards are written); any other export, of any backend or on object
-storage, is read through :func:`shardex.open_dataset`, its fields held in memory until
-written.
+Every sample is checked against the source export's checksums as it is read, so damage
+in the source is never copied into a new export that would then verify: a damaged sample
+is marked invalid (``_invalid``), and the export refuses it with a one-line error naming
+the source shard and sample, or skips it into ``errors.parquet`` under
+``on_error="skip"``.
+
+A local ``webdataset`` export is read once, shard by shard, through its sample index: each
+sample's bytes are checked against its per-sample checksum and its members become byte
+ranges of the source tar, read again only when the new shards are written (memory stays
+bounded whatever the export's size). Any other export, of any backend or on object
+storage, is read through :func:`shardex.open_dataset` (which checks what it reads), its
+fields held in memory until written; array runs whose reader does not check their bytes
+(``numpy``, ``numpy_mmap``, ``tensordict_memmap``) are checked against their run checksum
+in config.yaml first.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import pyarrow as pa
 
-from shardex.contract import ExportConfig
-from shardex.errors import SourceError
+from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
+from shardex.errors import FormatError, ShardexError, SourceError
+from shardex.format.index import checksum
+from shardex.format.tar import iter_members, split_name
 from shardex.sources.base import MEMBERS, RESERVED, ScanResult, Source, build_table
-from shardex.sources.tars import _Collector, scan_tar
 from shardex.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from shardex.dataset import Dataset
+
+#: Backends whose dataset checks every byte it reads (a per-sample or per-file checksum);
+#: the runs of the others are checked against config.yaml before they are read.
+_CHECKED_ON_READ: Final = frozenset({"webdataset", "torch", "tensor_shards", "zarr"})
+#: Fields that come back from metadata.parquet rather than from the samples.
+_FROM_METADATA: Final = ("cls", "json")
+
+
+@dataclass
+class _Samples:
+    """One split's samples: keys, members, and why each damaged one cannot be used."""
+
+    keys: list[str] = field(default_factory=list)
+    members: list[list[dict[str, Any]]] = field(default_factory=list)
+    invalid: list[str | None] = field(default_factory=list)
+
+    def add(self, key: str, members: list[dict[str, Any]], invalid: str | None = None) -> None:
+        self.keys.append(key)
+        self.members.append([m for m in members if m["ext"] not in _FROM_METADATA])
+        self.invalid.append(invalid)
 
 
 class ExportSource(Source):
@@ -37,9 +72,10 @@ class ExportSource(Source):
         storage = open_storage(self.uri, self.storage_options)
         config = read_config(storage)
         parts = [self._split(storage, config, split) for split in config.splits]
-        keys = [k for p in parts for k in p[0]]
-        members = [m for p in parts for m in p[1]]
-        meta = pa.concat_tables([p[2] for p in parts])
+        keys = [k for p in parts for k in p[0].keys]
+        members = [m for p in parts for m in p[0].members]
+        invalid = [r for p in parts for r in p[0].invalid]
+        meta = pa.concat_tables([p[1] for p in parts])
         labels = meta.column("label").to_pylist() if "label" in meta.column_names else None
         user = meta.drop_columns([c for c in meta.column_names if c in RESERVED or c == MEMBERS])
         table = build_table(
@@ -49,39 +85,182 @@ class ExportSource(Source):
             splits=meta.column("split").to_pylist(),
             labels=labels,
             metadata=user,
+            invalid=invalid,
         )
         return ScanResult(table, config.label_names)
 
     def _split(
         self, storage: Storage, config: ExportConfig, split: str
-    ) -> tuple[list[str], list[list[dict[str, Any]]], pa.Table]:
+    ) -> tuple[_Samples, pa.Table]:
         from shardex.api import open_dataset
 
-        ds = open_dataset(storage, split=split)
-        meta = ds.metadata
-        local = [storage.local_path(s.path) for s in config.split(split).shards]
+        ds = open_dataset(storage, split=split, on_error="skip")
+        meta = _metadata(ds, storage, config)
+        wanted = meta.column("key").to_pylist()
+        info = config.split(split)
+        local = [storage.local_path(s.path) for s in info.shards]
         if config.backend == "webdataset" and all(p is not None for p in local):
-            out = _Collector()
-            for path in local:
-                assert path is not None
-                scan_tar(path, out, root=path.parent)
-            damaged = next((reason for reason in out.invalid if reason), None)
-            if damaged is not None:  # a cut or damaged shard: its samples cannot be copied
-                raise SourceError(f"{self.uri!r}: split {split!r}: {damaged}")
-            keys, members = out.keys, out.members
+            samples = _local_tar_samples(ds, storage, info.shards, wanted)
         else:
-            keys, members = [], []
-            for sample in ds:
-                keys.append(sample["__key__"])
-                members.append(
-                    [
-                        {"ext": name, "path": None, "offset": -1, "size": len(v), "data": v}
-                        for name, v in sample.items()
-                        if name != "__key__"
-                    ]
+            samples = _dataset_samples(ds, storage, config, split, wanted)
+        good = [k for k, bad in zip(samples.keys, samples.invalid, strict=True) if bad is None]
+        if len(samples.keys) != len(wanted) or good != [
+            k for k, bad in zip(wanted, samples.invalid, strict=True) if bad is None
+        ]:
+            raise SourceError(
+                f"{self.uri}: split {split!r}: the shards and {_metadata_name(config)} list "
+                "different samples (the export is damaged; run shardex verify)"
+            )
+        # keys of damaged samples come from the metadata: their bytes cannot be trusted
+        samples.keys = wanted
+        return samples, meta
+
+
+def _metadata_name(config: ExportConfig) -> str:
+    return config.metadata_file or METADATA_FILE
+
+
+def _metadata(ds: Dataset, storage: Storage, config: ExportConfig) -> pa.Table:
+    """The split's metadata.parquet rows, or a one-line error naming the file."""
+    where = storage.join(_metadata_name(config))
+    try:
+        meta: pa.Table = ds.metadata
+    except ShardexError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = repr(first)[1:-1]  # pyarrow may quote the damaged bytes themselves
+        raise SourceError(
+            f"cannot read {where} of the source export ({detail}); the file is damaged "
+            "(run shardex verify)"
+        ) from exc
+    missing = [c for c in ("key", "original_path", "split") if c not in meta.column_names]
+    if missing:
+        raise SourceError(f"{where} of the source export lacks the column(s) {missing}")
+    return meta
+
+
+def _local_tar_samples(
+    ds: Dataset, storage: Storage, shards: tuple[ShardInfo, ...], wanted: list[str]
+) -> _Samples:
+    """Read each sample once through the split's index, check its checksum, and describe
+    its members as byte ranges of the source tar."""
+    records = ds.index.samples  # type: ignore[attr-defined]
+    out = _Samples()
+    fds: dict[int, int] = {}
+    unreadable: dict[int, str] = {}
+    try:
+        for number, (offset, expected, shard, length) in enumerate(
+            zip(
+                records["offset"].tolist(),
+                records["checksum"].tolist(),
+                records["shard"].tolist(),
+                records["length"].tolist(),
+                strict=True,
+            )
+        ):
+            key = wanted[number] if number < len(wanted) else ""
+            where = f"sample {number} ({key!r})"
+            if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+                out.add(key, [], f"source {where}: its index entry is damaged (shardex verify)")
+                continue
+            path = storage.local_path(shards[shard].path)
+            assert path is not None
+            tar = storage.join(shards[shard].path)
+            if shard not in fds and shard not in unreadable:
+                try:
+                    fds[shard] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as exc:  # its samples are lost, like a damaged run's
+                    unreadable[shard] = f"cannot read {tar!r} ({exc.strerror})"
+            if shard in unreadable:
+                out.add(key, [], f"source {where}: {unreadable[shard]}")
+                continue
+            data = os.pread(fds[shard], length, offset)
+            if len(data) != length:
+                out.add(
+                    key, [], f"source {where} at byte {offset} of {tar!r}: the shard is truncated"
                 )
-        if meta.column("key").to_pylist() != keys:
-            raise SourceError(f"{self.uri}: split {split!r}: shards and metadata disagree")
-        # the label and the scalar-metadata JSON come back from metadata.parquet
-        members = [[m for m in ms if m["ext"] not in ("cls", "json")] for ms in members]
-        return keys, members, meta
+                continue
+            if checksum(data) != expected:
+                out.add(
+                    key,
+                    [],
+                    f"source {where} at byte {offset} of {tar!r}: checksum "
+                    "mismatch, the shard is damaged",
+                )
+                continue
+            try:
+                found = list(iter_members(data, where=f"{tar} at byte {offset}"))
+            except FormatError as exc:
+                out.add(key, [], f"source {where}: {exc}")
+                continue
+            names = {split_name(m.name)[0] for m in found}
+            members = [
+                {
+                    "ext": split_name(m.name)[1],
+                    "path": str(path),
+                    "offset": offset + m.data_offset,
+                    "size": m.size,
+                    "data": None,
+                }
+                for m in found
+            ]
+            out.add(names.pop() if len(names) == 1 else "", members)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return out
+
+
+def _dataset_samples(
+    ds: Dataset, storage: Storage, config: ExportConfig, split: str, wanted: list[str]
+) -> _Samples:
+    """Read every sample through the dataset (which checks what it reads), held in memory;
+    samples it skips as damaged come back invalid, with its message."""
+    damaged = {} if config.backend in _CHECKED_ON_READ else _damaged_runs(storage, config, split)
+    read = [dict(sample) for sample in ds]
+    skipped = {
+        number: f"source sample {number}: {message}"
+        for number, message in ds.skipped  # type: ignore[attr-defined]
+    }
+    out = _Samples()
+    got = iter(read)
+    for number, key in enumerate(wanted):
+        reason = skipped.get(number)
+        if reason is not None:
+            out.add(key, [], reason)
+            continue
+        sample = next(got, None)
+        if sample is None:
+            break
+        members = [
+            {"ext": name, "path": None, "offset": -1, "size": len(v), "data": v}
+            for name, v in sample.items()
+            if name != "__key__"
+        ]
+        out.add(str(sample["__key__"]), members, damaged.get(number))
+    if next(got, None) is not None:  # more samples than the metadata lists
+        out.add("", [])
+    return out
+
+
+def _damaged_runs(storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
+    """Sample number -> reason, for the samples of runs whose files do not match their
+    checksum in config.yaml (the readers of these backends do not check it)."""
+    from shardex.verification import VerifyReport
+    from shardex.verify_arrays import _verify_run
+
+    info = config.split(split)
+    out: dict[int, str] = {}
+    first = 0
+    for shard in info.shards:
+        report = VerifyReport(storage.uri)
+        if not _verify_run(storage, config, info, shard, report):
+            problem = report.problems[0]
+            reason = (
+                f"source run {storage.join(shard.path)!r} is damaged "
+                f"({problem.kind}: {problem.message})"
+            )
+            out.update(dict.fromkeys(range(first, first + shard.num_samples), reason))
+        first += shard.num_samples
+    return out

@@ -2,8 +2,8 @@
 
 It sits between an S3 client and server, forwards every byte unchanged (SigV4 stays valid:
 the client signs the ``Host`` it sends, which the proxy passes through) and records one
-:class:`RequestRecord` per request; ``fail_next``, ``delay_next`` and ``drop_next`` inject
-errors, delays and dropped connections.
+:class:`RequestRecord` per request; ``fail_next``, ``delay_next``, ``drop_next`` and
+``cut_next`` inject errors, delays, dropped connections and responses cut mid-body.
 """
 
 from __future__ import annotations
@@ -101,10 +101,11 @@ class RequestRecord:
 
 @dataclass
 class _Fault:
-    kind: str  # "fail" | "delay" | "drop"
+    kind: str  # "fail" | "delay" | "drop" | "cut"
     remaining: int
     status: int = 503
     seconds: float = 0.0
+    after: int = 0  # "cut": body bytes passed on before the connection is closed
     when: Callable[[RequestHead], bool] | None = None
 
 
@@ -526,6 +527,13 @@ class CountingProxy:
         """Close the client connection instead of answering the next ``n`` matching requests."""
         self._add_fault(_Fault("drop", n, when=when))
 
+    def cut_next(
+        self, n: int = 1, *, after: int, when: Callable[[RequestHead], bool] | None = None
+    ) -> None:
+        """Forward the next ``n`` matching requests but close the client connection after
+        ``after`` bytes of the response body, as a server that dies mid-response."""
+        self._add_fault(_Fault("cut", n, after=after, when=when))
+
     def clear_faults(self) -> None:
         """Drop every fault still queued."""
         with self._lock:
@@ -715,6 +723,14 @@ class CountingProxy:
                         counter.feed(piece)
                     else:
                         body_bytes += len(piece)
+                    if fault is not None and fault.kind == "cut" and body_bytes >= fault.after:
+                        writer.write(piece[: len(piece) - (body_bytes - fault.after)])
+                        writer.finish()
+                        record(status, fault.after, "cut", True)
+                        upstream.close()
+                        with contextlib.suppress(OSError):
+                            client.shutdown(socket.SHUT_RDWR)
+                        return False
                     writer.write(piece)
             except OSError:  # the server broke off mid-body: pass the breakage on
                 record(status, counter.total if counter else body_bytes, "upstream", True)
