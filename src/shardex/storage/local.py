@@ -12,6 +12,7 @@ from typing import Any
 
 from shardex.errors import ObjectNotFoundError, StorageError
 from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.lock import LocalLock
 
 _TMP_MARK = ".tmp-"
 
@@ -166,6 +167,10 @@ class LocalStorage(Storage):
 
     def open_writer(self, path: str) -> LocalObjectWriter:
         return LocalObjectWriter(self._path(path))
+
+    def lock(self, holder: str) -> LocalLock:
+        """``flock`` on ``ROOT/.shardex-lock``: released by the kernel if this process dies."""
+        return LocalLock(self.root, holder)
 
     def local_path(self, path: str) -> Path:
         return self._path(path)
