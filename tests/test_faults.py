@@ -19,7 +19,7 @@ from conftest import S3Location
 from shardex.errors import NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import LocalStorage, ObjectStorage
-from shardex.storage.local import LocalObjectWriter
+from shardex.storage.local import LocalObjectWriter, is_temporary
 
 OPTIONS: dict[str, Any] = {
     "samples_per_shard": 10,
@@ -146,7 +146,9 @@ def test_disk_full_keeps_shards_and_resumes(clean: dict[str, bytes], tmp_path: P
         shardex.export(SOURCE, FullDisk(out, budget=600_000), **OPTIONS)
     written = sorted(p.name for p in out.rglob("*") if p.is_file())
     assert written
-    assert all(not n.startswith(".") for n in written)  # no temporary files
+    assert not any(is_temporary(n) for n in written)
+    # what remains besides the shards: the record of the unfinished export (see resume)
+    assert [n for n in written if n.startswith(".")] == [".shardex-intent.json"]
     assert not (out / "config.yaml").exists()
     shardex.export(SOURCE, out, mode="resume", **OPTIONS)
     assert _files(out) == clean
