@@ -448,10 +448,10 @@ def export(
         previous = read_config(storage) if opts.mode == "append" else None
         if previous is not None:
             opts = _appending_options(opts, previous)
-        _record_intent(storage, opts.mode, command)
         with Progress(progress) as bars, runner or Runner(opts.workers) as runner:
             taken = _exported_keys(storage, previous)
             prep = _prepare(src, opts, runner, bars, previous, taken)
+            _record_intent(storage, opts.mode, command)  # before the first file is written
             written, digests, metadata_file = _write_splits(
                 storage, backend, prep, opts, runner, bars, previous, committed
             )
