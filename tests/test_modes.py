@@ -137,7 +137,8 @@ def test_overwrite_never_writes_a_file_the_committed_export_names(
             raise AssertionError(f"renamed {source} to {target}")
 
     config = shardex.export(whole, Watching(out), mode="overwrite", workers=1, samples_per_shard=7)
-    assert seen and not set(seen) & (set(before) - {"config.yaml", ".shardex-intent.json"})
+    assert seen
+    assert not set(seen) & (set(before) - {"config.yaml", ".shardex-intent.json"})
     assert config.metadata_file == "metadata.2.parquet"
     assert shardex.verify(out).ok
     after = _files(out)
@@ -193,7 +194,8 @@ def test_overwrite_with_changed_bytes_under_the_same_names_writes_second_names(
         samples_per_shard=5,
     )
     new_paths = [s.path for s in new.splits["train"].shards]
-    assert len(new_paths) == len(old_bytes) and not set(new_paths) & set(old_bytes)
+    assert len(new_paths) == len(old_bytes)
+    assert not set(new_paths) & set(old_bytes)
     assert all(not (out / p).exists() for p in old_bytes)  # removed after the commit
     assert shardex.verify(out).ok
     assert sorted(int(s["cls"]) for s in shardex.open_dataset(out)) == sorted(
