@@ -238,3 +238,29 @@ def test_append_keeps_the_record_of_skipped_samples(tmp_path: Path) -> None:
     assert config.errors_file == "errors.2.parquet"
     errors = pq.read_table(tmp_path / "out" / config.errors_file).column("key").to_pylist()
     assert errors == ["bad-a", "bad-b"]
+
+
+def test_an_export_left_mid_promotion_by_an_older_shardex_is_repaired(
+    tables: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Older shardex versions renamed .pending files after committing; killed between the
+    renames it left a committed config.yaml naming files already renamed."""
+    _whole, first, second = tables
+    out = tmp_path / "out"
+    shardex.export(first, out, workers=1, samples_per_shard=5)
+    (out / "train" / "index-keys.npy").rename(out / "train" / "index-keys.pending.npy")
+    text = (out / "config.yaml").read_text()
+    for name in ("index-samples", "index-keys"):
+        text = text.replace(f"train/{name}.npy", f"train/{name}.pending.npy")
+    (out / "config.yaml").write_text(text.replace("metadata.parquet", "metadata.pending.parquet"))
+    report = shardex.verify(out)
+    assert not report.ok
+    assert "index-samples.pending.npy" in str(report.problems)
+    config = shardex.export(first, out, workers=1, samples_per_shard=5, mode="resume")
+    assert config.splits["train"].index is not None
+    assert config.splits["train"].index.samples == "train/index-samples.npy"
+    assert config.splits["train"].index.keys == "train/index-keys.pending.npy"  # it exists
+    assert shardex.verify(out).ok
+    shardex.export(second, out, workers=1, samples_per_shard=5, mode="append")
+    assert shardex.read_config(out).num_samples == 40
+    assert shardex.verify(out).ok

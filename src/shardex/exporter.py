@@ -45,6 +45,7 @@ from shardex.contract import (
     METADATA_FILE,
     ExportConfig,
     FieldSpec,
+    IndexInfo,
     SourceInfo,
     SplitInfo,
 )
@@ -439,7 +440,8 @@ def export(
     _check_root(storage)
     command = _command(src, opts, pipeline, spec_fingerprint)
     with storage.lock(holder_text(f"export --mode {opts.mode}")) as lock:
-        done = _finish_committed(storage, opts.mode, command)
+        repaired = _promote_legacy(storage) if opts.mode != "error" else None
+        done = _finish_committed(storage, opts.mode, command, repaired is not None)
         if done is not None:
             return done
         opts = _resumed(storage, opts, command)
@@ -528,23 +530,58 @@ def _read_intent(storage: Storage) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _finish_committed(storage: Storage, mode: Mode, command: str) -> ExportConfig | None:
+def _finish_committed(
+    storage: Storage, mode: Mode, command: str, legacy: bool = False
+) -> ExportConfig | None:
     """When an earlier run of this command (or any run, for ``resume``) was killed after
-    its config.yaml committed, only its clean-up is left: do it and return its config."""
-    intent = _read_intent(storage)
-    if intent is None:
-        return None
-    now = _config_digest(storage)
-    if now is None or now == intent.get("base"):
-        return None  # it had not committed
-    if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
-        return None  # another command: it replaces or extends what is there
+    its config.yaml committed, only its clean-up is left: do it and return its config.
+    (``legacy``: an older shardex's interrupted promotion was just finished.)"""
+    if not (legacy and mode == "resume"):
+        intent = _read_intent(storage)
+        if intent is None:
+            return None
+        now = _config_digest(storage)
+        if now is None or now == intent.get("base"):
+            return None  # it had not committed
+        if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
+            return None  # another command: it replaces or extends what is there
     config = read_config(storage)
     storage.remove_leftovers()
     ours = [p for p in storage.list() if _OURS.match(p)]
     _remove_stale(storage, ours, config)
     storage.delete(INTENT_FILE)
     return config
+
+
+def _promote_legacy(storage: Storage) -> ExportConfig | None:
+    """Repair the output of a shardex version that renamed ``.pending`` files after its
+    config.yaml committed: a kill between the two left a config.yaml naming files already
+    renamed. Commit a config.yaml naming the files that exist; None if nothing to do."""
+    try:
+        config = read_config(storage)
+    except ShardexError:
+        return None
+
+    def usual(name: str) -> str:
+        if ".pending." not in name or storage.exists(name):
+            return name
+        renamed = name.replace(".pending.", ".")
+        return renamed if storage.exists(renamed) else name
+
+    splits = {
+        name: dataclasses.replace(
+            info, index=IndexInfo(usual(info.index.samples), usual(info.index.keys))
+        )
+        if info.index is not None
+        else info
+        for name, info in config.splits.items()
+    }
+    metadata = usual(config.metadata_file) if config.metadata_file else None
+    fixed = dataclasses.replace(config, splits=splits, metadata_file=metadata)
+    if fixed == config:
+        return None
+    _commit(storage, fixed)
+    return fixed
 
 
 def _resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOptions:
