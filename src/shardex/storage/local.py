@@ -157,7 +157,17 @@ class LocalStorage(Storage):
 
     def delete(self, path: str) -> None:
         self._fds.pop(path, None)
-        self._path(path).unlink(missing_ok=True)
+        full = self._path(path)
+        full.unlink(missing_ok=True)
+        # Folders left empty go too (an object store has no folders): the shard folders
+        # of a replaced export, a split it no longer has.
+        for parent in full.parents:
+            if parent == self.root or self.root not in parent.parents:
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty
+                break
 
     def rename(self, source: str, target: str) -> None:
         self._fds.pop(source, None)
