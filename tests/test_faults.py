@@ -18,6 +18,7 @@ import pytest
 import shardex
 from conftest import S3Location
 from shardex.errors import NotAnExportError, OutputExistsError, OutputLockedError, StorageError
+from shardex.exporter import export_files
 from shardex.sources import DemoSource
 from shardex.storage import LocalStorage, ObjectStorage
 from shardex.storage.local import LocalObjectWriter, is_temporary
@@ -440,4 +441,18 @@ def test_array_backends_killed_while_overwriting_then_run_again(
     _check_committed_or_nothing(out, {})
     shardex.export("demo:40", out, mode="overwrite", **options)
     assert _files(out) == _files(expected_out)
+    assert shardex.verify(out).ok
+
+
+def test_resume_refuses_another_source_and_overwrite_clears_the_leftovers(
+    step_tables: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    _start_state(out, "overwrite", step_tables, None)
+    _kill_at(str(out), "overwrite", step_tables["whole"], "third shard", None)
+    with pytest.raises(OutputExistsError, match="interrupted --mode overwrite"):
+        shardex.export(step_tables["first"], out, mode="resume", **STEP_OPTIONS)
+    config = shardex.export(step_tables["first"], out, mode="overwrite", **STEP_OPTIONS)
+    assert config.num_samples == 25
+    assert set(_files(out)) == {"config.yaml", *export_files(config)}  # no leftovers
     assert shardex.verify(out).ok
