@@ -144,6 +144,7 @@ class LeaseLock(OutputLock):
         self._lease = lease_seconds() if lease is None else lease
         self._lost: str | None = None
         self._stop = threading.Event()
+        self._until = time.time() + self._lease
         self._tag = self._take()
         self._thread = threading.Thread(target=self._renew, daemon=True, name="shardex-lease")
         self._thread.start()
@@ -179,6 +180,7 @@ class LeaseLock(OutputLock):
 
     def _renew(self) -> None:
         while not self._stop.wait(self._lease / 4):
+            sent = time.time()
             try:
                 tag = self._storage.put_if(LOCK_FILE, self._body(), self._tag)
             except StorageError:
@@ -187,8 +189,11 @@ class LeaseLock(OutputLock):
                 self._lost = "its lease on the output was taken over by another export"
                 return
             self._tag = tag
+            self._until = sent + self._lease
 
     def check(self) -> None:
+        if self._lost is None and time.time() > self._until:  # renewals kept failing
+            self._lost = "its lease expired: the store did not answer the renewals in time"
         if self._lost is not None:
             raise OutputLockedError(
                 f"output {self._storage.uri}: this export no longer holds the lock "
