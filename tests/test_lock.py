@@ -15,10 +15,10 @@ import pytest
 
 import shardex
 from conftest import S3Location
-from shardex.errors import OutputLockedError, ShardexError
+from shardex.errors import OutputLockedError, ShardexError, StorageError
 from shardex.exporter import export_files
 from shardex.storage import LocalStorage, ObjectStorage
-from shardex.storage.lock import LOCK_FILE
+from shardex.storage.lock import LOCK_FILE, LeaseLock
 
 CLI = [sys.executable, "-c", "from shardex.cli import main; main()"]
 
@@ -123,6 +123,25 @@ def test_s3_a_writer_that_lost_its_lease_does_not_commit(
         lock.check()
     lock.release()
     assert storage.get(LOCK_FILE) == b'{"holder": "another writer", "expires": 0}'
+
+
+def test_a_writer_whose_renewals_fail_past_its_lease_does_not_commit(tmp_path: Path) -> None:
+    class Unreachable(LocalStorage):  # the store stops answering after the lock is taken
+        down = False
+
+        def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
+            if self.down:
+                raise StorageError("connection refused")
+            return super().put_if(path, data, tag)
+
+    storage = Unreachable(tmp_path)
+    lock = LeaseLock(storage, "a writer", lease=1.0)
+    lock.check()
+    storage.down = True
+    time.sleep(1.3)
+    with pytest.raises(OutputLockedError, match="lease expired"):
+        lock.check()
+    lock.release()
 
 
 def _descendants(pid: int) -> set[int]:
