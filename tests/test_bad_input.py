@@ -325,7 +325,7 @@ def test_overwrite_replaces_the_export_and_removes_stale_files(tmp_path: Path) -
     assert index is not None
     expected = {
         "config.yaml",
-        "metadata.parquet",
+        str(config.metadata_file),
         index.samples,
         index.keys,
         *(s.path for s in shards),

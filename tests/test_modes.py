@@ -7,11 +7,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import shardex
 from shardex.errors import ConfigError, DuplicateKeyError, OutputExistsError, StorageError
+from shardex.exporter import export_files
 from shardex.storage import LocalStorage
 from shardex.testing import make_sample_folder
 
@@ -64,7 +66,8 @@ def test_append_adds_shards_and_keeps_everything_else(
     shardex.export(whole, tmp_path / "fresh", **opts)
     assert _keys(out) == _keys(tmp_path / "fresh")  # the seeded split rule still applies
     assert shardex.verify(out).ok
-    meta = pq.read_table(out / "metadata.parquet")
+    meta = pq.read_table(out / str(after.metadata_file))
+    assert after.metadata_file == "metadata.2.parquet"  # the committed one is never rewritten
     assert sorted(meta.column("export_index").to_pylist()) == list(range(40))
     for split, info in after.splits.items():
         ds = shardex.open_dataset(out, split=split)
@@ -74,10 +77,12 @@ def test_append_adds_shards_and_keeps_everything_else(
         assert ds.metadata.column("sample_index").to_pylist() == list(range(len(ds)))
     assert sorted(p.name for p in out.iterdir()) == [
         "config.yaml",
-        "metadata.parquet",
+        "metadata.2.parquet",
         "train",
         "val",
     ]
+    listed = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert listed == {"config.yaml", *export_files(after)}  # the old index files are gone
 
 
 def test_append_refuses_keys_already_exported(
@@ -110,34 +115,92 @@ def test_append_keeps_label_numbers(tmp_path: Path) -> None:
         shardex.export(unknown.parent, tmp_path / "out", mode="append", workers=1)
 
 
-class CrashOnRename(LocalStorage):
-    """Dies between the two commits of an overwrite (after the pending config)."""
-
-    def rename(self, source: str, target: str) -> None:
-        raise StorageError("simulated crash")
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_overwrite_is_readable_at_every_step(
+def test_overwrite_never_writes_a_file_the_committed_export_names(
     tables: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     whole, first, _second = tables
     out = tmp_path / "out"
     shardex.export(first, out, workers=1, samples_per_shard=5)
-    with pytest.raises(StorageError, match="simulated"):
-        shardex.export(whole, CrashOnRename(out), mode="overwrite", workers=1, samples_per_shard=7)
-    middle = shardex.read_config(out)  # the new export, committed with .pending files
-    assert middle.num_samples == 40
-    assert middle.metadata_file == "metadata.pending.parquet"
+    before = _files(out)
+    seen: list[str] = []
+
+    class Watching(LocalStorage):
+        def open_writer(self, path: str) -> Any:
+            seen.append(path)
+            return super().open_writer(path)
+
+        def rename(self, source: str, target: str) -> None:
+            raise AssertionError(f"renamed {source} to {target}")
+
+    config = shardex.export(whole, Watching(out), mode="overwrite", workers=1, samples_per_shard=7)
+    assert seen
+    assert not set(seen) & (set(before) - {"config.yaml", ".shardex-intent.json"})
+    assert config.metadata_file == "metadata.2.parquet"
     assert shardex.verify(out).ok
-    final = shardex.export(whole, out, mode="overwrite", workers=1, samples_per_shard=7)
-    assert final.metadata_file == "metadata.parquet"
-    shardex.export(whole, tmp_path / "fresh", workers=1, samples_per_shard=7)
-    fresh = {
-        str(p.relative_to(tmp_path / "fresh")): p.read_bytes()
-        for p in (tmp_path / "fresh").rglob("*")
-        if p.is_file()
-    }
-    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == fresh
+    after = _files(out)
+    assert after.keys() == {"config.yaml", *export_files(config)}
+    # an overwrite of the same samples keeps every shard and the index, and alternates
+    # the names of the files it rewrites
+    again = shardex.export(whole, out, mode="overwrite", workers=1, samples_per_shard=7)
+    assert again.metadata_file == "metadata.parquet"
+    assert [s.path for s in again.splits["train"].shards] == [
+        s.path for s in config.splits["train"].shards
+    ]
+    assert shardex.verify(out).ok
+
+
+def test_overwrite_with_changed_bytes_under_the_same_names_writes_second_names(
+    tmp_path: Path,
+) -> None:
+    """Labels change the bytes of a shard but not its name (the name hashes keys and
+    sizes): the committed shard is kept as it is until the new config.yaml commits."""
+    folder = make_sample_folder(tmp_path / "src", n=12, classes=3)
+    table = pq.read_table(folder.table)
+    rotate = {"class0": "class1", "class1": "class2", "class2": "class0"}
+    relabelled = table.set_column(
+        table.column_names.index("label"),
+        "label",
+        pa.array([rotate[v] for v in table.column("label").to_pylist()], pa.string()),
+    )
+    pq.write_table(relabelled, folder.table.with_name("relabelled.parquet"))
+    out = tmp_path / "out"
+    old = shardex.export(folder.table, out, workers=1, samples_per_shard=5)
+    old_bytes = {s.path: (out / s.path).read_bytes() for s in old.splits["train"].shards}
+    expected = list(shardex.open_dataset(out))
+    seen: list[str] = []
+
+    class Watching(LocalStorage):
+        def open_writer(self, path: str) -> Any:
+            seen.append(path)
+            assert path not in old_bytes, f"{path} is named by the committed export"
+            return super().open_writer(path)
+
+        def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+            if path == "config.yaml":  # just before the commit: the old export is whole
+                assert list(shardex.open_dataset(out)) == expected
+                for name, data_before in old_bytes.items():
+                    assert (out / name).read_bytes() == data_before
+            super().put(path, data)
+
+    new = shardex.export(
+        folder.table.with_name("relabelled.parquet"),
+        Watching(out),
+        mode="overwrite",
+        workers=1,
+        samples_per_shard=5,
+    )
+    new_paths = [s.path for s in new.splits["train"].shards]
+    assert len(new_paths) == len(old_bytes)
+    assert not set(new_paths) & set(old_bytes)
+    assert all(not (out / p).exists() for p in old_bytes)  # removed after the commit
+    assert shardex.verify(out).ok
+    assert sorted(int(s["cls"]) for s in shardex.open_dataset(out)) == sorted(
+        (int(s["cls"]) + 1) % 3 for s in expected
+    )
 
 
 def test_failed_overwrite_leaves_the_old_export_readable(
@@ -172,5 +235,32 @@ def test_append_keeps_the_record_of_skipped_samples(tmp_path: Path) -> None:
     )
     assert config.num_samples == 6
     assert config.num_skipped == 2
-    errors = pq.read_table(tmp_path / "out" / "errors.parquet").column("key").to_pylist()
+    assert config.errors_file == "errors.2.parquet"
+    errors = pq.read_table(tmp_path / "out" / config.errors_file).column("key").to_pylist()
     assert errors == ["bad-a", "bad-b"]
+
+
+def test_an_export_left_mid_promotion_by_an_older_shardex_is_repaired(
+    tables: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Older shardex versions renamed .pending files after committing; killed between the
+    renames it left a committed config.yaml naming files already renamed."""
+    _whole, first, second = tables
+    out = tmp_path / "out"
+    shardex.export(first, out, workers=1, samples_per_shard=5)
+    (out / "train" / "index-keys.npy").rename(out / "train" / "index-keys.pending.npy")
+    text = (out / "config.yaml").read_text()
+    for name in ("index-samples", "index-keys"):
+        text = text.replace(f"train/{name}.npy", f"train/{name}.pending.npy")
+    (out / "config.yaml").write_text(text.replace("metadata.parquet", "metadata.pending.parquet"))
+    report = shardex.verify(out)
+    assert not report.ok
+    assert "index-samples.pending.npy" in str(report.problems)
+    config = shardex.export(first, out, workers=1, samples_per_shard=5, mode="resume")
+    assert config.splits["train"].index is not None
+    assert config.splits["train"].index.samples == "train/index-samples.npy"
+    assert config.splits["train"].index.keys == "train/index-keys.pending.npy"  # it exists
+    assert shardex.verify(out).ok
+    shardex.export(second, out, workers=1, samples_per_shard=5, mode="append")
+    assert shardex.read_config(out).num_samples == 40
+    assert shardex.verify(out).ok

@@ -145,8 +145,9 @@ def test_interrupted_export_resumes_to_identical_bytes(s3: S3Location) -> None:
     import json
 
     s3.proxy.delay_next(10_000, 0.05, when=lambda head: head.method == "PUT")
+    env = {**os.environ, "SHARDEX_LOCK_LEASE": "2"}  # the killed writer's lease: 2 s
     child = subprocess.Popen(
-        [sys.executable, "-c", script, s3.url, json.dumps(s3.counted), "error"]
+        [sys.executable, "-c", script, s3.url, json.dumps(s3.counted), "error"], env=env
     )
     storage = ObjectStorage(s3.url, s3.direct)
     deadline = time.monotonic() + 60
@@ -162,9 +163,12 @@ def test_interrupted_export_resumes_to_identical_bytes(s3: S3Location) -> None:
     with pytest.raises(NotAnExportError):
         shardex.open_dataset(storage, split="train")
     kept = {n for n in left if n.endswith(".tar")}
+    time.sleep(2.5)  # until the killed writer's lease expires
     s3.proxy.reset()
     subprocess.run(
-        [sys.executable, "-c", script, s3.url, json.dumps(s3.counted), "resume"], check=True
+        [sys.executable, "-c", script, s3.url, json.dumps(s3.counted), "resume"],
+        check=True,
+        env=env,
     )
     s3.proxy.wait_idle()
     uploaded = {

@@ -170,8 +170,10 @@ def main() -> None:
     show_default=True,
     help="If OUTPUT holds an export: refuse (error); replace it, readable at every "
     "moment (overwrite: unchanged shards are kept, stale files removed); finish an "
-    "interrupted one (resume: shards that verify against the source are kept); or add "
-    "SOURCE's samples to it as new shards (append: same split rule, labels and keys).",
+    "interrupted export, overwrite or append run with the same SOURCE and options "
+    "(resume: shards that verify against the source are kept); or add SOURCE's samples "
+    "to it as new shards (append: same split rule, labels and keys). One export writes "
+    "to an OUTPUT at a time: a second one is refused.",
 )
 @click.option("--overwrite", is_flag=True, help="Shorthand for --mode overwrite.")
 @click.option(

@@ -12,7 +12,8 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     │   ├── DuplicateKeyError(SourceError)
     │   └── BadSampleError(SourceError)                  one sample is corrupt / not an image
     ├── ExportError(ShardexError, RuntimeError)          an export cannot be written
-    │   └── OutputExistsError(ExportError, FileExistsError)
+    │   ├── OutputExistsError(ExportError, FileExistsError)
+    │   └── OutputLockedError(ExportError)              another export is writing the output
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
     ├── StorageError(ShardexError, OSError)              a storage operation failed
     │   └── ObjectNotFoundError(StorageError, FileNotFoundError)
@@ -69,6 +70,10 @@ class ExportError(ShardexError, RuntimeError):
 
 class OutputExistsError(ExportError, FileExistsError):
     """The output already holds an export (or its leftovers) and overwrite was not asked."""
+
+
+class OutputLockedError(ExportError):
+    """Another export holds the output's lock (it is writing there now)."""
 
 
 class NotAnExportError(ShardexError, FileNotFoundError):

@@ -3,12 +3,24 @@
 The order of work makes a crash harmless: shards, Parquet files and index files are each
 written under a temporary name and renamed into place; ``config.yaml`` is written last and
 is the commit point, so a reader never takes a half-written folder for an export.
+
+Replacing or extending a committed export follows one rule: nothing writes a file that the
+committed config.yaml names. New files take names the committed export does not use (a
+shard's second name, ``index-samples.2.npy``, ``metadata.2.parquet``: see
+:func:`shardex.backends.base.unused_name`), the new config.yaml commits in one atomic
+put, and the old export's files are deleted after it. The names depend only on the
+committed config.yaml and the input, so an export killed at any point and run again
+writes the same files. Every writer holds the output's lock (:mod:`shardex.storage.lock`)
+and records what it is doing in ``.shardex-intent.json`` (removed when it ends), so that a
+run after a kill knows whether the killed one had committed: then only its clean-up is
+left to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -23,7 +35,7 @@ import xxhash
 
 from shardex import __version__
 from shardex.api import read_config
-from shardex.backends.base import Backend, SplitPlan
+from shardex.backends.base import Backend, SplitPlan, unused_name
 from shardex.backends.registry import get_backend
 from shardex.checks import check_samples
 from shardex.contract import (
@@ -41,7 +53,9 @@ from shardex.errors import (
     ConfigError,
     EmptySourceError,
     ExportError,
+    ObjectNotFoundError,
     OutputExistsError,
+    ShardexError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
@@ -64,12 +78,19 @@ from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage, open_storage
 from shardex.storage.local import check_output_folder
+from shardex.storage.lock import LOCK_FILE, holder_text
 
 __all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 
+#: What a writer records before it writes anything (see :func:`_intent`).
+INTENT_FILE: Final = ".shardex-intent.json"
+#: Files of a writer at work, never part of an export.
+_CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})
+# (".pending" names: the leftovers of shardex versions that renamed after committing)
 _OURS: Final = re.compile(
-    r"^(config\.yaml|metadata(\.pending)?\.parquet|errors\.parquet|"
-    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet|idx)|index-(samples|keys)(\.pending)?\.npy"
+    r"^(config\.yaml|\.shardex-intent\.json|\.shardex-lock|metadata(\.pending|\.2)?\.parquet|"
+    r"errors(\.2)?\.parquet|"
+    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet|idx)|index-(samples|keys)(\.pending|\.2)?\.npy"
     # the array backends: every path under a split starts with its kind and content hash
     r"|(arrays|tensordict|zarr|tensors|samples)-[0-9a-f]+(-\d{6})?([./-].*)?))$"
 )
@@ -79,12 +100,15 @@ _CHUNK: Final = 2000
 # ---------------------------------------------------------------- output handling
 
 
-def _check_output(storage: Storage, mode: Mode) -> list[str]:
-    """Refuse what the mode does not allow; return the old files to replace or resume."""
+def _check_root(storage: Storage) -> None:
     root = storage.local_path("")
     if root is not None:
         check_output_folder(root)
-    existing = list(storage.list())
+
+
+def _check_output(storage: Storage, mode: Mode) -> list[str]:
+    """Refuse what the mode does not allow; return the old files to replace or resume."""
+    existing = [p for p in storage.list() if p != LOCK_FILE]
     foreign = [p for p in existing if not _OURS.match(p)]
     if foreign:
         raise OutputExistsError(
@@ -137,12 +161,15 @@ def _remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) 
     }
     for path in old_files:
         parents = (path[:i] for i, c in enumerate(path) if c == "/")
-        if path not in keep and not any(p in folders for p in parents):
+        if path not in keep | _CONTROL and not any(p in folders for p in parents):
             storage.delete(path)
 
 
 def _write_errors(
-    storage: Storage, skipped: list[dict[str, str]], previous: ExportConfig | None = None
+    storage: Storage,
+    skipped: list[dict[str, str]],
+    previous: ExportConfig | None = None,
+    taken: frozenset[str] = frozenset(),
 ) -> str | None:
     """errors.parquet: one row per skipped sample with the reason (when appending, the
     export's earlier rows first)."""
@@ -157,9 +184,10 @@ def _write_errors(
             [("key", pa.string()), ("original_path", pa.string()), ("reason", pa.string())]
         ),
     )
-    with storage.open_writer(ERRORS_FILE) as out:
+    name = unused_name(ERRORS_FILE, taken)
+    with storage.open_writer(name) as out:
         pq.write_table(table, parquet_file(out))
-    return ERRORS_FILE
+    return name
 
 
 def _fingerprint(digests: list[str]) -> str:
@@ -412,41 +440,169 @@ def export(
             "source again with --overwrite (the webdataset backend can append)"
         )
     storage = open_storage(output, storage_options)
-    old_files = _check_output(storage, opts.mode)
-    previous = read_config(storage) if opts.mode == "append" else None
-    if previous is not None:
-        opts = _appending_options(opts, previous)
-    # A committed export being replaced or extended stays readable throughout: the new
-    # index and metadata files are written as .pending, a config naming them commits,
-    # then they take their usual names and the final config commits.
-    pending = CONFIG_FILE in old_files
-    with Progress(progress) as bars, runner or Runner(opts.workers) as runner:
-        taken = _exported_keys(storage, previous)
-        prep = _prepare(src, opts, runner, bars, previous, taken)
-        written, digests = _write_splits(
-            storage, backend, prep, opts, runner, bars, previous, pending, frozenset(old_files)
-        )
-        errors_file = _write_errors(storage, prep.skipped, previous)
-        config = _contract(
-            prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
-        )
-        config = dataclasses.replace(
-            config, pipeline=tuple(pipeline), spec_fingerprint=spec_fingerprint
-        )
-        if pending:
-            config = dataclasses.replace(config, metadata_file=_metadata_name(pending))
+    _check_root(storage)
+    command = _command(src, opts, pipeline, spec_fingerprint)
+    with storage.lock(holder_text(f"export --mode {opts.mode}")) as lock:
+        repaired = _promote_legacy(storage) if opts.mode != "error" else None
+        done = _finish_committed(storage, opts.mode, command, repaired is not None)
+        if done is not None:
+            return done
+        opts = _resumed(storage, opts, command)
+        old_files = _check_output(storage, opts.mode)
+        committed = _committed_files(storage, old_files)
+        previous = read_config(storage) if opts.mode == "append" else None
+        if previous is not None:
+            opts = _appending_options(opts, previous)
+        with Progress(progress) as bars, runner or Runner(opts.workers) as runner:
+            taken = _exported_keys(storage, previous)
+            prep = _prepare(src, opts, runner, bars, previous, taken)
+            _record_intent(storage, opts.mode, command)  # before the first file is written
+            written, digests, metadata_file = _write_splits(
+                storage, backend, prep, opts, runner, bars, previous, committed
+            )
+            errors_file = _write_errors(storage, prep.skipped, previous, committed)
+            config = _contract(
+                prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
+            )
+            config = dataclasses.replace(
+                config,
+                pipeline=tuple(pipeline),
+                spec_fingerprint=spec_fingerprint,
+                metadata_file=metadata_file,
+            )
+            lock.check()  # an object-store lease that was taken over: commit nothing
             _commit(storage, config)
-            config = _promote(storage, config)
-        _commit(storage, config)
-        _remove_stale(storage, old_files, config)
+            _remove_stale(storage, old_files, config)
+        storage.delete(INTENT_FILE)
     return config
 
 
 def _commit(storage: Storage, config: ExportConfig) -> None:
-    """Make every file durable, then write config.yaml: the commit point."""
+    """Make every file durable, then write config.yaml: the commit point (one atomic put;
+    every file it names was written before and is never written again)."""
     storage.sync(export_files(config))
     storage.put(CONFIG_FILE, config.to_yaml().encode())
     storage.sync([CONFIG_FILE])
+
+
+def _committed_files(storage: Storage, old_files: list[str]) -> frozenset[str]:
+    """The files the committed config.yaml names: the new export must not write them."""
+    if CONFIG_FILE not in old_files:
+        return frozenset()
+    try:
+        return frozenset(export_files(read_config(storage)))
+    except ShardexError:  # an unreadable config.yaml: keep clear of every file there
+        return frozenset(old_files)
+
+
+# ---------------------------------------------------------------- the writer's record
+
+
+def _command(
+    src: Source, opts: ExportOptions, pipeline: tuple[dict[str, Any], ...], spec: str | None
+) -> str:
+    """What makes two runs the same command: the source and every option that changes
+    the output (not the worker count, nor the mode)."""
+    fields = {
+        f.name: getattr(opts, f.name)
+        for f in dataclasses.fields(opts)
+        if f.name not in ("workers", "mode", "overwrite")
+    }
+    text = json.dumps([src.uri, fields, pipeline, spec], sort_keys=True, default=str)
+    return str(xxhash.xxh3_64_hexdigest(text.encode()))
+
+
+def _config_digest(storage: Storage) -> str | None:
+    try:
+        return str(xxhash.xxh3_64_hexdigest(storage.get(CONFIG_FILE)))
+    except ObjectNotFoundError:
+        return None
+
+
+def _record_intent(storage: Storage, mode: Mode, command: str) -> None:
+    """Before anything is written: which command writes, over which committed export."""
+    record = {"mode": mode, "command": command, "base": _config_digest(storage)}
+    storage.put(INTENT_FILE, json.dumps(record).encode())
+
+
+def _read_intent(storage: Storage) -> dict[str, Any] | None:
+    try:
+        record = json.loads(storage.get(INTENT_FILE))
+    except (ObjectNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _finish_committed(
+    storage: Storage, mode: Mode, command: str, legacy: bool = False
+) -> ExportConfig | None:
+    """When an earlier run of this command (or any run, for ``resume``) was killed after
+    its config.yaml committed, only its clean-up is left: do it and return its config.
+    (``legacy``: an older shardex's interrupted promotion was just finished.)"""
+    if not (legacy and mode == "resume"):
+        intent = _read_intent(storage)
+        if intent is None:
+            return None
+        now = _config_digest(storage)
+        if now is None or now == intent.get("base"):
+            return None  # it had not committed
+        if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
+            return None  # another command: it replaces or extends what is there
+    config = read_config(storage)
+    storage.remove_leftovers()
+    ours = [p for p in storage.list() if _OURS.match(p)]
+    _remove_stale(storage, ours, config)
+    storage.delete(INTENT_FILE)
+    return config
+
+
+def _promote_legacy(storage: Storage) -> ExportConfig | None:
+    """Repair the output of a shardex version that renamed ``.pending`` files after its
+    config.yaml committed: a kill between the two left a config.yaml naming files already
+    renamed. Commit a config.yaml naming the files that exist; None if nothing to do."""
+    try:
+        config = read_config(storage)
+    except ShardexError:
+        return None
+
+    def usual(name: str) -> str:
+        if ".pending." not in name or storage.exists(name):
+            return name
+        renamed = name.replace(".pending.", ".")
+        return renamed if storage.exists(renamed) else name
+
+    splits = {
+        name: dataclasses.replace(
+            info, index=IndexInfo(usual(info.index.samples), usual(info.index.keys))
+        )
+        if info.index is not None
+        else info
+        for name, info in config.splits.items()
+    }
+    metadata = usual(config.metadata_file) if config.metadata_file else None
+    fixed = dataclasses.replace(config, splits=splits, metadata_file=metadata)
+    if fixed == config:
+        return None
+    _commit(storage, fixed)
+    return fixed
+
+
+def _resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOptions:
+    """``resume`` over a committed export finishes the overwrite or append that was
+    killed before it committed (given the same source and options)."""
+    intent = _read_intent(storage)
+    if opts.mode != "resume" or intent is None or not storage.exists(CONFIG_FILE):
+        return opts
+    mode = intent.get("mode")
+    if mode not in ("overwrite", "append"):
+        return opts
+    if intent.get("command") != command:
+        raise OutputExistsError(
+            f"output {storage.uri} holds a complete export and the files of an interrupted "
+            f"--mode {mode} of another source or other options; resume that one with the "
+            "same source and options, or pass --overwrite"
+        )
+    return dataclasses.replace(opts, mode=mode)
 
 
 def _exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
@@ -464,13 +620,14 @@ def _write_splits(
     runner: Runner,
     bars: Progress,
     previous: ExportConfig | None,
-    pending: bool,
-    existing: frozenset[str] = frozenset(),
-) -> tuple[dict[str, SplitInfo], list[str]]:
-    """Write every selected split through the backend, streaming metadata.parquet.
+    committed: frozenset[str] = frozenset(),
+) -> tuple[dict[str, SplitInfo], list[str], str]:
+    """Write every selected split through the backend, streaming metadata.parquet; return
+    the splits, their content digests and the metadata file's name.
 
     When appending, the export's splits come first in their order, each followed by its
-    new samples; its metadata rows are copied into the new metadata file.
+    new samples; its metadata rows are copied into the new metadata file. ``committed``:
+    the files of the committed export, which no new file may replace.
     """
     table, write_label = prep.table, prep.write_label
     names = [
@@ -479,8 +636,8 @@ def _write_splits(
     ]
     selected = [table.filter(pc.equal(table.column("split"), s)) for s in names]
     bar = bars.task("writing shards", table.num_rows)
-    suffix = ".pending" if pending else ""
-    sink = _MetadataSink(storage, _metadata_name(pending))
+    metadata_file = unused_name(METADATA_FILE, committed)
+    sink = _MetadataSink(storage, metadata_file)
 
     def on_shard(shard_table: pa.Table) -> None:
         try:
@@ -514,45 +671,19 @@ def _write_splits(
                 name_hash(opts, split, digest),
                 write_label,
                 prep.fields,
-                resume=opts.mode in ("resume", "overwrite"),
+                resume=opts.mode in ("resume", "overwrite", "append"),
                 previous=before,
-                index_suffix=suffix,
-                existing=existing,
+                existing=committed,
             )
             written[split] = backend.write_split(storage, plan, runner, on_shard)
         sink.commit()
     except BaseException:
         sink.abort()
         raise
-    return written, digests
-
-
-def _metadata_name(pending: bool) -> str:
-    return "metadata.pending.parquet" if pending else METADATA_FILE
+    return written, digests, metadata_file
 
 
 def _old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:
     if previous is None or not previous.metadata_file:
         return None
     return pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)))
-
-
-def _promote(storage: Storage, config: ExportConfig) -> ExportConfig:
-    """Move ``.pending`` index and metadata files to their usual names (after the config
-    naming the pending files committed, so that a reader always finds a whole export)."""
-    splits = {}
-    for name, info in config.splits.items():
-        index = info.index
-        if index is not None and ".pending" in index.samples:
-            final = IndexInfo(
-                index.samples.replace(".pending", ""), index.keys.replace(".pending", "")
-            )
-            storage.rename(index.samples, final.samples)
-            storage.rename(index.keys, final.keys)
-            info = dataclasses.replace(info, index=final)
-        splits[name] = info
-    metadata = config.metadata_file
-    if metadata and ".pending" in metadata:
-        storage.rename(metadata, METADATA_FILE)
-        metadata = METADATA_FILE
-    return dataclasses.replace(config, splits=splits, metadata_file=metadata)

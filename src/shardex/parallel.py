@@ -3,12 +3,22 @@
 Results come back in submission order, so what is written does not depend on the number of
 workers. Workers start with ``forkserver`` (no fork of a process that already runs Arrow
 threads); at most ``2 * workers`` tasks are in flight, which bounds memory.
+
+Workers exit when the process that made the pool dies, even by SIGKILL: each watches it
+(a pidfd on Linux, else a poll once a second). The forkserver and the resource tracker
+then exit too, as they stay only while a process holds their pipes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import select
+import signal
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -30,6 +40,49 @@ def default_workers() -> int:
 
 def _noop() -> None:
     pass
+
+
+#: prctl(2) option: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _exit_with(owner: int) -> None:
+    """Make this worker exit when process ``owner`` (the pool's creator) dies.
+
+    A pool worker is a child of the forkserver, not of its owner, and blocks on a queue
+    whose write end it holds itself: without this, a killed owner leaves its workers (and
+    through them the forkserver and the resource tracker) running for ever.
+    """
+    if sys.platform == "linux":  # the forkserver dying takes its children with it
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch, args=(owner,), daemon=True, name="shardex-owner").start()
+
+
+def _watch(owner: int) -> None:
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:  # already gone
+        os._exit(1)
+    except (OSError, AttributeError):  # no pidfd (not Linux, or before 5.3): poll
+        while True:
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:
+                pass
+            threading.Event().wait(1.0)
+    select.select([fd], [], [])  # readable once the process has exited
+    os._exit(1)
+
+
+def _start_worker(
+    owner: int, initializer: Callable[..., object] | None, initargs: tuple[object, ...]
+) -> None:
+    _exit_with(owner)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 class Runner:
@@ -54,8 +107,8 @@ class Runner:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=ctx,
-                initializer=self._init,
-                initargs=self._initargs,  # type: ignore[arg-type]  # typeshed: tuple[()]
+                initializer=_start_worker,
+                initargs=(os.getpid(), self._init, self._initargs),
             )
             # Start the workers now (they start lazily), so that their start-up (~0.5 s)
             # overlaps with the caller's own work, such as scanning the source.

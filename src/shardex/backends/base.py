@@ -37,8 +37,8 @@ class SplitPlan:
     row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names;
     ``resume`` keeps shards of an interrupted export that verify; ``previous`` is the
     split as already committed when appending (new shards continue its numbering and the
-    index covers old and new samples); ``index_suffix`` goes before ``.npy`` in the index
-    file names (``.pending`` while a committed export is being replaced).
+    index covers old and new samples); ``existing`` are the files the committed
+    config.yaml names, which the export must not write (see :func:`unused_name`).
     """
 
     split: str
@@ -49,10 +49,28 @@ class SplitPlan:
     fields: tuple[FieldSpec, ...] = ()
     resume: bool = False
     previous: SplitInfo | None = None
-    index_suffix: str = ""
-    #: Files of the output before this export (a committed export being replaced):
-    #: backends that cannot rewrite a file in place pick names none of these use.
+    #: Files the committed config.yaml names (an export being replaced or appended to):
+    #: nothing may change them before the new config.yaml commits, so a backend writes
+    #: every new file under a name none of these use (readers of the old config.yaml
+    #: find its files unchanged until they are deleted after the commit).
     existing: frozenset[str] = frozenset()
+
+
+#: What goes before the extension of a file's second name (see :func:`unused_name`).
+SECOND: str = ".2"
+
+
+def unused_name(path: str, taken: frozenset[str]) -> str:
+    """``path`` (a usual name), or its second name (``index-samples.npy`` -> ``index-samples.2.npy``)
+    when the committed export names ``path``. Exports that replace each other alternate
+    between the two, and the choice depends only on the committed config.yaml, so a
+    killed export run again picks the same names."""
+    if path not in taken:
+        return path
+    folder, _, name = path.rpartition("/")
+    stem, dot, ext = name.partition(".")
+    other = f"{stem}{SECOND}{dot}{ext}"
+    return f"{folder}/{other}" if folder else other
 
 
 #: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).

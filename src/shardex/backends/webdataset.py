@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
-from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan
+from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan, unused_name
 from shardex.contract import IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import ReopenedDataset
 from shardex.format.index import (
@@ -54,31 +55,20 @@ class WebDatasetBackend(Backend):
     ) -> SplitInfo:
         before = plan.previous
         first = len(before.shards) if before is not None else 0
-        stems = [shard_stem(plan.split, plan.name_hash, first + k) for k in range(len(plan.bounds))]
+        other_hash = second_hash(plan.name_hash)
         jobs = (
-            ShardJob(
-                storage,
-                f"{stem}.tar",
-                f"{stem}.parquet",
-                plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
-                plan.with_label,
-                plan.resume,
-                f"{stem}.idx",
-            )
-            for stem, (a, b) in zip(stems, plan.bounds, strict=True)
+            _job(storage, plan, first + k, other_hash, a, b) for k, (a, b) in enumerate(plan.bounds)
         )
         shards = list(before.shards) if before is not None else []
         parts: list[tuple[npt.NDArray[np.integer], ...]] = []
-        for stem, (a, b), done in zip(
-            stems, plan.bounds, runner.imap(write_shard, jobs), strict=True
-        ):
+        for (a, b), done in zip(plan.bounds, runner.imap(write_shard, jobs), strict=True):
             shards.append(
                 ShardInfo(
-                    f"{stem}.tar",
+                    done.tar_path,
                     b - a,
                     done.num_bytes,
                     done.checksum,
-                    f"{stem}.parquet",
+                    done.parquet_path,
                     done.dali_index,
                 )
             )
@@ -100,10 +90,9 @@ class WebDatasetBackend(Backend):
             old_samples, old_hashes = _old_index(storage, before.index)
             samples = np.concatenate([old_samples, samples])
             hashes = np.concatenate([old_hashes, hashes])
-        suffix = f"{plan.index_suffix}.npy"
         index = IndexInfo(
-            f"{plan.split}/{SAMPLES_FILE.replace('.npy', suffix)}",
-            f"{plan.split}/{KEYS_FILE.replace('.npy', suffix)}",
+            unused_name(f"{plan.split}/{SAMPLES_FILE}", plan.existing),
+            unused_name(f"{plan.split}/{KEYS_FILE}", plan.existing),
         )
         storage.put(index.samples, to_npy_bytes(samples))
         storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(hashes)))
@@ -113,6 +102,35 @@ class WebDatasetBackend(Backend):
             shards=tuple(shards),
             index=index,
         )
+
+
+def second_hash(name_hash: str) -> str:
+    """The name hash of a shard's second name (see :func:`_job`)."""
+    return xxhash.xxh3_64(f"{name_hash}/2".encode()).hexdigest()[:12]
+
+
+def _job(
+    storage: Storage, plan: SplitPlan, number: int, other_hash: str, a: int, b: int
+) -> ShardJob:
+    """The job of one shard. A shard has two possible names: its usual one and one with
+    :func:`second_hash`. When the committed export names one of them, the job first keeps
+    that shard if it holds exactly these samples; otherwise it writes the other name, so
+    that nothing the committed config.yaml names is ever written over."""
+    usual, second = (shard_stem(plan.split, h, number) for h in (plan.name_hash, other_hash))
+    committed = second if f"{second}.tar" in plan.existing else usual
+    other = second if committed == usual else usual
+    held = f"{committed}.tar" in plan.existing
+    stem = committed if held else usual
+    return ShardJob(
+        storage,
+        f"{stem}.tar",
+        f"{stem}.parquet",
+        plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
+        plan.with_label,
+        plan.resume,
+        f"{stem}.idx",
+        alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
+    )
 
 
 def _old_index(

@@ -119,6 +119,10 @@ class ShardJob:
     with_label: bool
     resume: bool = False
     dali_index_path: str | None = None
+    #: Set when the committed export names this shard's paths: the shard is kept if it
+    #: holds exactly these samples, else written under these (tar, parquet, idx) paths
+    #: instead, never over a file the committed config.yaml names.
+    alternate: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,8 @@ class ShardWritten:
     checksums: npt.NDArray[np.uint64]
     table: pa.Table
     dali_index: str | None = None
+    tar_path: str = ""
+    parquet_path: str = ""
 
 
 def iter_fields(
@@ -182,7 +188,9 @@ def write_shard(job: ShardJob) -> ShardWritten:
     dali = DaliIndex()
     whole = xxhash.xxh3_64()
     reader = MemberReader()
-    old = _existing(job) if job.resume else None
+    old = _existing(job) if job.resume or job.alternate else None
+    if old is None and job.alternate is not None:
+        return write_shard(_elsewhere(job))
     try:
         with contextlib.ExitStack() as stack:
             out = None if old else stack.enter_context(job.storage.open_writer(job.tar_path))
@@ -197,7 +205,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
                 if out is not None:
                     out.write(sample)
                 elif not _same_prefix(old, i, pos, int(sums[i])):
-                    return write_shard(dataclasses.replace(job, resume=False))
+                    return write_shard(_elsewhere(job))
             whole.update(END_OF_ARCHIVE)
             size = pos + len(END_OF_ARCHIVE)
             if out is not None:
@@ -208,13 +216,24 @@ def write_shard(job: ShardJob) -> ShardWritten:
     index = dali.to_bytes() if job.dali_index_path else None
     index_path = job.dali_index_path if index is not None else None
     done = ShardWritten(
-        size, shard_checksum(whole), offsets, lengths, sums, table, dali_index=index_path
+        size,
+        shard_checksum(whole),
+        offsets,
+        lengths,
+        sums,
+        table,
+        dali_index=index_path,
+        tar_path=job.tar_path,
+        parquet_path=job.parquet_path,
     )
     if old is not None:
         if old.size == size and old.table.equals(table):
-            _keep_index(job.storage, index_path, index)
-            return done
-        return write_shard(dataclasses.replace(job, resume=False))
+            if job.alternate is None:
+                _keep_index(job.storage, index_path, index)
+                return done
+            if _holds(job.storage, index_path, index):
+                return done
+        return write_shard(_elsewhere(job))
     # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
     if index_path is not None and index is not None:
         job.storage.put(index_path, index)
@@ -223,17 +242,37 @@ def write_shard(job: ShardJob) -> ShardWritten:
     return done
 
 
+def _elsewhere(job: ShardJob) -> ShardJob:
+    """The job that writes the shard again: in place, or under its alternate paths when
+    the committed export names its paths (keeping a shard left there if it verifies)."""
+    if job.alternate is None:
+        return dataclasses.replace(job, resume=False)
+    tar, parquet, idx = job.alternate
+    return dataclasses.replace(
+        job,
+        tar_path=tar,
+        parquet_path=parquet,
+        dali_index_path=idx if job.dali_index_path else None,
+        alternate=None,
+        resume=True,
+    )
+
+
+def _holds(storage: Storage, path: str | None, data: bytes | None) -> bool:
+    """Whether an object holds exactly ``data`` (no object asked for: True)."""
+    if path is None or data is None:
+        return True
+    try:
+        return storage.get(path) == data
+    except (ShardexError, OSError):
+        return False
+
+
 def _keep_index(storage: Storage, path: str | None, index: bytes | None) -> None:
     """Rewrite a kept shard's index file unless it already holds these bytes (one small
     read, against an upload when it does)."""
-    if path is None or index is None:
-        return
-    try:
-        if storage.get(path) == index:
-            return
-    except (ShardexError, OSError):
-        pass
-    storage.put(path, index)
+    if not _holds(storage, path, index):
+        storage.put(path, index)  # type: ignore[arg-type]  # _holds: both are set
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+
+import xxhash
+
+if TYPE_CHECKING:
+    from shardex.storage.lock import OutputLock
 
 from shardex.errors import StorageError
 from shardex.names import relpath_problem
@@ -148,6 +153,33 @@ class Storage(ABC):
         """Write a whole object atomically."""
         with self.open_writer(path) as writer:
             writer.write(data)
+
+    def lock(self, holder: str) -> OutputLock:
+        """Take the output's writer lock (see :mod:`shardex.storage.lock`): a lease on an
+        object, renewed while held. Raises OutputLockedError when another writer holds it."""
+        from shardex.storage.lock import LeaseLock
+
+        return LeaseLock(self, holder)
+
+    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
+        """The object and its version tag (an ETag), or None when it is missing."""
+        from shardex.errors import ObjectNotFoundError
+
+        try:
+            data = self.get(path)
+        except ObjectNotFoundError:
+            return None
+        return data, xxhash.xxh3_64_hexdigest(data)
+
+    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
+        """Write ``path`` only if it is missing (``tag`` None) or still has ``tag``; return
+        its new tag, or None when that condition failed. Object stores do this atomically
+        (conditional puts); this generic version checks, then writes."""
+        found = self.get_tagged(path)
+        if (found is None) != (tag is None) or (found is not None and found[1] != tag):
+            return None
+        self.put(path, data)
+        return xxhash.xxh3_64_hexdigest(data)
 
     def leftovers(self) -> builtins.list[str]:
         """Writes that never committed (a killed process's temporary files), by path.

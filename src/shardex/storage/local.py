@@ -14,6 +14,7 @@ from typing import Any
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
 from shardex.storage.base import ObjectWriter, Storage, checked_path
+from shardex.storage.lock import LocalLock
 
 _TMP_MARK = ".tmp-"
 
@@ -195,7 +196,17 @@ class LocalStorage(Storage):
 
     def delete(self, path: str) -> None:
         self._fds.pop(path, None)
-        self._path(path).unlink(missing_ok=True)
+        full = self._path(path)
+        full.unlink(missing_ok=True)
+        # Folders left empty go too (an object store has no folders): the shard folders
+        # of a replaced export, a split it no longer has.
+        for parent in full.parents:
+            if parent == self.root or self.root not in parent.parents:
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty
+                break
 
     def rename(self, source: str, target: str) -> None:
         self._fds.pop(source, None)
@@ -205,6 +216,10 @@ class LocalStorage(Storage):
 
     def open_writer(self, path: str) -> LocalObjectWriter:
         return LocalObjectWriter(self._path(path))
+
+    def lock(self, holder: str) -> LocalLock:
+        """``flock`` on ``ROOT/.shardex-lock``: released by the kernel if this process dies."""
+        return LocalLock(self.root, holder)
 
     def local_path(self, path: str) -> Path:
         return self.root if path == "" else self._path(path)

@@ -483,6 +483,33 @@ class ObjectStorage(Storage):
             max_concurrency=MAX_PARTS_IN_FLIGHT,
         )
 
+    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
+        done, value = self._remote("get_tagged", path)
+        if done:
+            return value  # type: ignore[no-any-return]
+        try:
+            result = self._call(self.join(path), _obstore().get, path)
+        except ObjectNotFoundError:
+            return None
+        return bytes(result.bytes()), str(result.meta["e_tag"])
+
+    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
+        """A conditional put: ``If-None-Match: *`` (tag None) or ``If-Match: tag``."""
+        done, value = self._remote("put_if", path, bytes(data), tag)
+        if done:
+            return value  # type: ignore[no-any-return]
+        obstore = _obstore()
+        mode: Any = "create" if tag is None else {"e_tag": tag}
+        try:
+            result = obstore.put(self._client(), path, bytes(data), mode=mode, use_multipart=False)
+        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+            return None
+        except FileNotFoundError:  # If-Match on an object that is gone
+            return None
+        except Exception as exc:
+            raise _map_error(exc, self.join(path)) from exc
+        return str(result["e_tag"])
+
     def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
         """A presigned HTTPS/HTTP GET URL of an object, for tools that read plain URLs
         (``webdataset.WebDataset("pipe:curl -s URL")``, DALI, browsers)."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shardex.errors import ObjectNotFoundError, StorageError
+from shardex.errors import ObjectNotFoundError, OutputLockedError, StorageError
 from shardex.storage.base import Storage
 
 #: Paths that would reach outside a storage's root (or name no object in it).
@@ -95,6 +95,27 @@ class StorageTests:
         storage.put("o.bin", b"a long old value")
         storage.put("o.bin", b"new")
         assert storage.get("o.bin") == b"new"
+
+    def test_conditional_put(self, storage: Storage) -> None:
+        first = storage.put_if("lock", b"one", None)  # create: only if missing
+        assert first is not None
+        assert storage.put_if("lock", b"two", None) is None
+        found = storage.get_tagged("lock")
+        assert found is not None
+        assert found[0] == b"one"
+        second = storage.put_if("lock", b"three", found[1])  # update: only if unchanged
+        assert second is not None
+        assert storage.put_if("lock", b"four", found[1]) is None  # a stale tag
+        assert storage.get("lock") == b"three"
+        assert storage.get_tagged("gone") is None
+
+    def test_lock_is_exclusive(self, storage: Storage) -> None:
+        with (
+            storage.lock("the first holder"),
+            pytest.raises(OutputLockedError, match="the first holder"),
+        ):
+            storage.lock("the second holder")
+        storage.lock("the second holder").release()  # free again
 
     def test_pickle_round_trip(self, storage: Storage) -> None:
         storage.put("p.bin", b"pickled")

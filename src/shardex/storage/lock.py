@@ -1,0 +1,210 @@
+"""One writer per output: an exclusive lock taken before an export looks at its output.
+
+Local folders use ``flock`` on ``ROOT/.shardex-lock``: the kernel drops the lock when its
+process dies, so a killed export never leaves a lock that blocks the next one (the file
+may stay; the next export takes it over and removes it when it ends). ``flock`` works
+across the clients of an NFS mount (Linux emulates it with byte-range locks there).
+
+Object stores have no locks, so the lock is a lease: ``.shardex-lock`` is created with a
+conditional put (``If-None-Match: *``), holds its holder and the time it expires, and is
+renewed every ``lease / 4`` seconds with a conditional put on its ETag (``If-Match``) while
+the export runs. A lease that a killed export left expires after ``lease`` seconds
+(``SHARDEX_LOCK_LEASE``, default 60); the next export then takes it over with the same
+conditional put, so that of two exports taking it over at once only one wins. An export
+that cannot renew its lease (it lost it) stops before it commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, Self
+
+from shardex.errors import OutputLockedError, StorageError
+
+if TYPE_CHECKING:
+    from shardex.storage.base import Storage
+
+#: The lock's name under the output's root (never part of an export).
+LOCK_FILE: Final = ".shardex-lock"
+#: Seconds an object-store lease lasts unless renewed.
+DEFAULT_LEASE: Final = 60.0
+
+
+def holder_text(what: str) -> str:
+    """Who holds a lock, for the message another writer gets."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{what} by pid {os.getpid()} on {socket.gethostname()} since {now}"
+
+
+def lease_seconds() -> float:
+    text = os.environ.get("SHARDEX_LOCK_LEASE", "")
+    try:
+        value = float(text) if text else DEFAULT_LEASE
+    except ValueError:
+        value = DEFAULT_LEASE
+    return max(value, 1.0)
+
+
+class OutputLock:
+    """A held lock; :meth:`check` raises when it was lost (a lease that was taken over)."""
+
+    def check(self) -> None:
+        """Raise OutputLockedError if this process no longer holds the lock."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give the lock back."""
+
+
+def _locked(uri: str, holder: str) -> OutputLockedError:
+    return OutputLockedError(
+        f"output {uri} is being written by another export ({holder.strip() or 'unknown holder'}); "
+        "wait for it to end, or write to another output"
+    )
+
+
+class LocalLock(OutputLock):
+    """``flock`` on ``ROOT/.shardex-lock``; the folder is made if needed (and removed
+    again on release when this lock made it and it stayed empty)."""
+
+    def __init__(self, root: Path, holder: str) -> None:
+        self._root = root
+        self._path = root / LOCK_FILE
+        self._made_root = False
+        try:
+            self._made_root = not root.exists()
+            root.mkdir(parents=True, exist_ok=True)
+            self._fd = self._take()
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, holder.encode(), 0)
+        except OSError as exc:
+            self._remove_root()
+            raise StorageError(f"cannot lock {root}: {exc.strerror or exc}") from exc
+
+    def _take(self) -> int:
+        while True:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace")
+                os.close(fd)
+                self._remove_root()
+                raise _locked(str(self._root), holder) from None
+            # The holder before us removes the file as it releases: a lock on a file that
+            # is no longer at the path locks nothing, so take the new file.
+            try:
+                same = os.stat(self._path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            self._path.unlink()  # while still locked: the next writer takes a new file
+        os.close(self._fd)
+        self._fd = -1
+        self._remove_root()
+
+    def _remove_root(self) -> None:
+        if self._made_root:
+            with contextlib.suppress(OSError):  # not empty: an export was written
+                self._root.rmdir()
+
+
+class LeaseLock(OutputLock):
+    """A lease on ``.shardex-lock`` in an object store, renewed by a thread."""
+
+    def __init__(self, storage: Storage, holder: str, lease: float | None = None) -> None:
+        self._storage = storage
+        self._holder = holder
+        self._lease = lease_seconds() if lease is None else lease
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._until = time.time() + self._lease
+        self._tag = self._take()
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="shardex-lease")
+        self._thread.start()
+
+    def _body(self) -> bytes:
+        expires = time.time() + self._lease
+        return json.dumps({"holder": self._holder, "expires": expires}).encode()
+
+    def _take(self) -> str:
+        tag = self._storage.put_if(LOCK_FILE, self._body(), None)
+        if tag is not None:
+            return tag
+        found = self._storage.get_tagged(LOCK_FILE)
+        if found is None:  # released between our two requests: try once more
+            tag = self._storage.put_if(LOCK_FILE, self._body(), None)
+        else:
+            data, old_tag = found
+            try:
+                held = json.loads(data)
+                holder, expires = str(held["holder"]), float(held["expires"])
+            except (ValueError, KeyError, TypeError):
+                holder, expires = "an unreadable lock", 0.0
+            if expires > time.time():
+                until = datetime.datetime.fromtimestamp(expires, datetime.UTC)
+                raise _locked(
+                    self._storage.uri,
+                    f"{holder}; its lease runs until {until:%H:%M:%S} UTC unless renewed",
+                )
+            tag = self._storage.put_if(LOCK_FILE, self._body(), old_tag)  # take it over
+        if tag is None:
+            raise _locked(self._storage.uri, "another export took the lock at the same moment")
+        return tag
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self._lease / 4):
+            sent = time.time()
+            try:
+                tag = self._storage.put_if(LOCK_FILE, self._body(), self._tag)
+            except StorageError:
+                continue  # retried at the next tick; the lease has time left
+            if tag is None:
+                self._lost = "its lease on the output was taken over by another export"
+                return
+            self._tag = tag
+            self._until = sent + self._lease
+
+    def check(self) -> None:
+        if self._lost is None and time.time() > self._until:  # renewals kept failing
+            self._lost = "its lease expired: the store did not answer the renewals in time"
+        if self._lost is not None:
+            raise OutputLockedError(
+                f"output {self._storage.uri}: this export no longer holds the lock "
+                f"({self._lost}); nothing was committed"
+            )
+
+    def release(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        if self._lost is None:
+            with contextlib.suppress(StorageError):
+                self._storage.delete(LOCK_FILE)
