@@ -14,6 +14,7 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     ├── ExportError(ShardexError, RuntimeError)          an export cannot be written
     │   └── OutputExistsError(ExportError, FileExistsError)
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
+    ├── ExportReplacedError(ShardexError, RuntimeError)  the export changed since it was opened
     ├── StorageError(ShardexError, OSError)              a storage operation failed
     │   └── ObjectNotFoundError(StorageError, FileNotFoundError)
     ├── FormatError(ShardexError, ValueError)            shard / index bytes are malformed
@@ -73,6 +74,11 @@ class OutputExistsError(ExportError, FileExistsError):
 
 class NotAnExportError(ShardexError, FileNotFoundError):
     """A location holds no committed export (no config.yaml)."""
+
+
+class ExportReplacedError(ShardexError, RuntimeError):
+    """A read of an open dataset failed because the export was overwritten or appended to
+    since it was opened (its config.yaml changed): reopen it."""
 
 
 class StorageError(ShardexError, OSError):

@@ -29,6 +29,7 @@ from shardex.checks import check_samples
 from shardex.contract import (
     CONFIG_FILE,
     ERRORS_FILE,
+    FORMAT_VERSION,
     LABEL_PREFIX,
     METADATA_FILE,
     ExportConfig,
@@ -142,14 +143,14 @@ def _remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) 
 
 def _write_errors(
     storage: Storage, skipped: list[dict[str, str]], previous: ExportConfig | None = None
-) -> str | None:
+) -> tuple[str | None, str | None]:
     """errors.parquet: one row per skipped sample with the reason (when appending, the
-    export's earlier rows first)."""
+    export's earlier rows first); its name and whole-file checksum."""
     if previous is not None and previous.errors_file:
         old = pq.read_table(pa.BufferReader(storage.get(previous.errors_file)))
         skipped = old.to_pylist() + skipped
     if not skipped:
-        return None
+        return None, None
     table = pa.Table.from_pylist(
         skipped,
         schema=pa.schema(
@@ -157,8 +158,8 @@ def _write_errors(
         ),
     )
     with storage.open_writer(ERRORS_FILE) as out:
-        pq.write_table(table, parquet_file(out))
-    return ERRORS_FILE
+        pq.write_table(table, sink := parquet_file(out))
+    return ERRORS_FILE, sink.checksum
 
 
 def _fingerprint(digests: list[str]) -> str:
@@ -170,14 +171,15 @@ class _MetadataSink:
 
     def __init__(self, storage: Storage, name: str = METADATA_FILE) -> None:
         self._out = storage.open_writer(name)
+        self._file = parquet_file(self._out)
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
+        #: The file's whole-file checksum, once committed (for config.yaml).
+        self.checksum: str | None = None
 
     def __call__(self, table: pa.Table) -> None:
         if self._writer is None:
-            self._writer = pq.ParquetWriter(
-                parquet_file(self._out), table.schema, compression="zstd"
-            )
+            self._writer = pq.ParquetWriter(self._file, table.schema, compression="zstd")
         self._writer.write_table(table)
         self.num_rows += table.num_rows
 
@@ -185,6 +187,7 @@ class _MetadataSink:
         if self._writer is not None:
             self._writer.close()
         self._out.commit()
+        self.checksum = self._file.checksum
 
     def abort(self) -> None:
         if self._writer is not None:  # closed here, or its finaliser writes to a dead file
@@ -322,6 +325,7 @@ def _contract(
     specs = key_specs(table.select(columns), prep.fields, prep.x_keys, prep.y_keys, where)
     fractions = prep.split_method == "fractions"
     return ExportConfig(
+        format_version=previous.format_version if previous else FORMAT_VERSION,
         backend=backend_name,
         num_samples=sum(s.num_samples for s in written.values()),
         splits=written,
@@ -420,15 +424,19 @@ def export(
     with Progress(progress) as bars, runner or Runner(opts.workers) as runner:
         taken = _exported_keys(storage, previous)
         prep = _prepare(src, opts, runner, bars, previous, taken)
-        written, digests = _write_splits(
+        written, digests, metadata_checksum = _write_splits(
             storage, backend, prep, opts, runner, bars, previous, pending, frozenset(old_files)
         )
-        errors_file = _write_errors(storage, prep.skipped, previous)
+        errors_file, errors_checksum = _write_errors(storage, prep.skipped, previous)
         config = _contract(
             prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
         )
         config = dataclasses.replace(
-            config, pipeline=tuple(pipeline), spec_fingerprint=spec_fingerprint
+            config,
+            pipeline=tuple(pipeline),
+            spec_fingerprint=spec_fingerprint,
+            metadata_checksum=metadata_checksum,
+            errors_checksum=errors_checksum,
         )
         if pending:
             config = dataclasses.replace(config, metadata_file=_metadata_name(pending))
@@ -463,8 +471,9 @@ def _write_splits(
     previous: ExportConfig | None,
     pending: bool,
     existing: frozenset[str] = frozenset(),
-) -> tuple[dict[str, SplitInfo], list[str]]:
-    """Write every selected split through the backend, streaming metadata.parquet.
+) -> tuple[dict[str, SplitInfo], list[str], str | None]:
+    """Write every selected split through the backend, streaming metadata.parquet (its
+    checksum is returned last).
 
     When appending, the export's splits come first in their order, each followed by its
     new samples; its metadata rows are copied into the new metadata file.
@@ -515,13 +524,14 @@ def _write_splits(
                 previous=before,
                 index_suffix=suffix,
                 existing=existing,
+                format_version=previous.format_version if previous else FORMAT_VERSION,
             )
             written[split] = backend.write_split(storage, plan, runner, on_shard)
         sink.commit()
     except BaseException:
         sink.abort()
         raise
-    return written, digests
+    return written, digests, sink.checksum
 
 
 def _metadata_name(pending: bool) -> str:

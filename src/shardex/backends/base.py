@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from shardex.contract import ExportConfig, FieldSpec, SplitInfo
+from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
 from shardex.parallel import Runner
@@ -53,6 +53,8 @@ class SplitPlan:
     #: Files of the output before this export (a committed export being replaced):
     #: backends that cannot rewrite a file in place pick names none of these use.
     existing: frozenset[str] = frozenset()
+    #: The export's format version (an append keeps the version of what it extends).
+    format_version: int = FORMAT_VERSION
 
 
 #: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).

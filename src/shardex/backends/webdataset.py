@@ -25,6 +25,7 @@ from shardex.format.index import (
     SAMPLES_FILE,
     build_keys_from_hashes,
     build_samples,
+    checksum_seeds,
     key_hash,
     to_npy_bytes,
 )
@@ -64,6 +65,7 @@ class WebDatasetBackend(Backend):
                 plan.with_label,
                 plan.resume,
                 f"{stem}.idx",
+                seeded=checksum_seeds(plan.format_version),
             )
             for stem, (a, b) in zip(stems, plan.bounds, strict=True)
         )
@@ -80,6 +82,7 @@ class WebDatasetBackend(Backend):
                     done.checksum,
                     f"{stem}.parquet",
                     done.dali_index,
+                    done.metadata_checksum,
                 )
             )
             number = np.full(b - a, len(shards) - 1, np.uint32)
