@@ -192,13 +192,19 @@ class ShardDataset(ReopenedDataset):
             )
         return data
 
-    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
-        if self.verify and _xxh3(buf, number * self._seed) != checksum:
+    def check_sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> None:
+        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
+        ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
+        if _xxh3(buf, number * self._seed) != checksum:
             raise ChecksumError(
                 f"checksum mismatch for sample {number} at byte {offset} of "
                 f"{self.storage.join(self._paths[shard])}: the bytes there are not sample "
                 f"{number} as exported (the shard or its index record is damaged)"
             )
+
+    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
+        if self.verify and _xxh3(buf, number * self._seed) != checksum:
+            self.check_sample(buf, checksum, shard, offset, number)
         key, fields = parse_sample(buf, where=self._paths[shard])
         sample = decode_fields(fields) if self.decode else cast(Sample, fields)
         sample["__key__"] = key
