@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import shardex
 from shardex.errors import (
@@ -102,6 +104,35 @@ def test_swapped_index_records_fail_every_read_path(export: Path, pair: tuple[in
     assert sorted(n for n, _ in skipping.skipped) == [i, j]
     assert read == [s for k, s in enumerate(before) if k not in (i, j)]
     assert not verify(export).ok
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(i=st.integers(0, 29), j=st.integers(0, 29), swap=st.booleans())
+def test_any_record_moved_to_another_position_fails_its_read(
+    export: Path, i: int, j: int, swap: bool
+) -> None:
+    """A record copied over another, or two swapped: the read at the moved position raises
+    ChecksumError naming that sample, whatever the positions (same shard or not)."""
+    assume(i != j)
+    path = _samples_file(export)
+    original = np.load(path)
+    rec = original.copy()
+    rec[i] = original[j]
+    if swap:
+        rec[j] = original[i]
+    np.save(path, rec)
+    try:
+        ds = shardex.open_dataset(export)
+        with pytest.raises(ChecksumError, match=rf"sample {i} "):
+            ds[i]
+        with pytest.raises(ChecksumError, match=rf"sample {i} "):
+            ds.get_many([i])
+        if not swap:  # the copied record still reads at its own position
+            assert ds[j]["__key__"]
+    finally:
+        np.save(path, original)
 
 
 def test_swapped_records_fail_through_torch(export: Path) -> None:
