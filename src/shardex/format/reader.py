@@ -20,7 +20,7 @@ from xxhash import xxh3_64_hexdigest
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
-from shardex.contract import METADATA_FILE, ExportConfig
+from shardex.contract import CONFIG_FILE, METADATA_FILE, ExportConfig
 from shardex.dataset import OnReadError, ReopenedDataset, Sample
 from shardex.errors import (
     ChecksumError,
@@ -122,6 +122,7 @@ class ShardDataset(ReopenedDataset):
         self._pid = os.getpid()
         # Format 2 seeds each sample's checksum with its number (0 x number: format 1).
         self._seed = 1 if checksum_seeds(config.format_version) else 0
+        self._same_config: bytes | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -153,10 +154,8 @@ class ShardDataset(ReopenedDataset):
         """Raise ExportReplacedError (from ``exc``) when config.yaml changed since the
         dataset was opened: a missing file or bytes that fail their checksum then mean an
         overwrite or append replaced the files this dataset reads, not damage."""
-        from shardex.api import read_config
-
         try:
-            changed = read_config(self.storage) != self.config
+            changed = self._config_changed()
         except ShardexError:  # config.yaml gone or unreadable: not the export we opened
             changed = True
         if changed:
@@ -164,6 +163,16 @@ class ShardDataset(ReopenedDataset):
                 f"export at {self.storage.uri} was replaced since it was opened; reopen it "
                 f"(the read failed with: {exc})"
             ) from exc
+
+    def _config_changed(self) -> bool:
+        text = self.storage.get(CONFIG_FILE)
+        if text == self._same_config:  # seen before, and it was the opened config
+            return False
+        if ExportConfig.from_yaml(text, where=self.storage.join(CONFIG_FILE)) != self.config:
+            return True
+        # Remembered so that skipping many damaged samples re-reads, but never re-parses.
+        self._same_config = text
+        return False
 
     def _read(self, shard: int, offset: int, length: int) -> bytes:
         # The index is checked against the shard sizes of config.yaml on every read, so
