@@ -45,6 +45,7 @@ from shardex.errors import (
     OutputExistsError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
+from shardex.format.reader import arrow_reader
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
 from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
@@ -147,7 +148,7 @@ def _write_errors(
     """errors.parquet: one row per skipped sample with the reason (when appending, the
     export's earlier rows first); its name and whole-file checksum."""
     if previous is not None and previous.errors_file:
-        old = pq.read_table(pa.BufferReader(storage.get(previous.errors_file)))
+        old = pq.read_table(arrow_reader(storage.get(previous.errors_file)))
         skipped = old.to_pylist() + skipped
     if not skipped:
         return None, None
@@ -457,7 +458,7 @@ def _commit(storage: Storage, config: ExportConfig) -> None:
 def _exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
     if previous is None or not previous.metadata_file:
         return frozenset()
-    table = pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)), columns=["key"])
+    table = pq.read_table(arrow_reader(storage.get(previous.metadata_file)), columns=["key"])
     return frozenset(table.column("key").to_pylist())
 
 
@@ -541,7 +542,7 @@ def _metadata_name(pending: bool) -> str:
 def _old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:
     if previous is None or not previous.metadata_file:
         return None
-    return pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)))
+    return pq.read_table(arrow_reader(storage.get(previous.metadata_file)))
 
 
 def _promote(storage: Storage, config: ExportConfig) -> ExportConfig:

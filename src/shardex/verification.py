@@ -28,6 +28,7 @@ from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ShardexError
 from shardex.format.dali_index import DaliIndex
 from shardex.format.index import SAMPLE_DTYPE, checksum_seeds, key_hash
+from shardex.format.reader import arrow_reader
 from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.progress import Progress
 from shardex.storage import Storage, open_storage
@@ -341,7 +342,7 @@ def _verify_sidecar(
         return
     try:
         data = storage.get(shard.metadata)
-        table = pq.read_table(pa.BufferReader(data), columns=["key"])
+        table = pq.read_table(arrow_reader(data), columns=["key"])
     except (ShardexError, pa.ArrowException, OSError) as exc:
         report.problems.append(Problem(shard.metadata, "sidecar", f"cannot be read: {exc}"))
         return
@@ -373,7 +374,7 @@ def _verify_errors_file(storage: Storage, config: ExportConfig, report: VerifyRe
         return
     try:
         data = storage.get(config.errors_file)
-        rows = pq.read_metadata(pa.BufferReader(data)).num_rows
+        rows = pq.read_metadata(arrow_reader(data)).num_rows
     except (ShardexError, pa.ArrowException, OSError) as exc:
         report.problems.append(Problem(config.errors_file, "errors", f"cannot be read: {exc}"))
         return
@@ -393,7 +394,7 @@ def _verify_metadata(storage: Storage, config: ExportConfig, report: VerifyRepor
         return
     try:
         data = storage.get(config.metadata_file)
-        rows = pq.read_metadata(pa.BufferReader(data)).num_rows
+        rows = pq.read_metadata(arrow_reader(data)).num_rows
     except (ShardexError, pa.ArrowException, OSError) as exc:
         report.problems.append(Problem(config.metadata_file, "metadata", f"cannot be read: {exc}"))
         return

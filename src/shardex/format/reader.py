@@ -60,6 +60,21 @@ def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
     return target
 
 
+def arrow_reader(data: bytes) -> pa.BufferReader:
+    """A reader for pyarrow over a copy of ``data`` in memory Arrow owns.
+
+    ``pa.BufferReader(data)`` wraps the Python bytes themselves; whichever thread drops
+    the last reference releases them, taking the GIL. ``pq.read_table`` hands the reader
+    to Arrow's thread pool, which may drop it while the interpreter exits: the thread is
+    then ended inside a C++ destructor and the process aborts ("terminate called without
+    an active exception", SIGABRT, after all its work is done). Arrow-owned memory needs
+    no GIL to free.
+    """
+    buf = pa.allocate_buffer(len(data))
+    memoryview(buf).cast("B")[:] = data
+    return pa.BufferReader(buf)
+
+
 def decode_fields(fields: dict[str, bytes]) -> dict[str, Any]:
     """Decode by extension: images to arrays, cls to int, json to objects, txt to str."""
     out: dict[str, Any] = {}
@@ -463,7 +478,7 @@ def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Tabl
                 f"{config.metadata_checksum}"
             )
     with metadata_errors(where):
-        table = pq.read_table(pa.BufferReader(data), filters=[("split", "=", split)])
+        table = pq.read_table(arrow_reader(data), filters=[("split", "=", split)])
         return table.sort_by("sample_index")
 
 

@@ -25,6 +25,7 @@ import xxhash
 
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
+from shardex.format.reader import arrow_reader
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_member, member_header, padding
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -261,7 +262,7 @@ def _existing(job: ShardJob) -> _Existing | None:
     try:
         size = job.storage.size(job.tar_path)
         data = job.storage.get(job.parquet_path)
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.read_table(arrow_reader(data))
     except (ShardexError, pa.ArrowInvalid, OSError):
         return None
     if table.num_rows != job.rows.num_rows or "sample_checksum" not in table.column_names:
