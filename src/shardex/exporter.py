@@ -45,8 +45,8 @@ from shardex.errors import (
     OutputExistsError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
-from shardex.format.reader import arrow_reader
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
+from shardex.format.tables import arrow_reader
 from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
 from shardex.planning import (

@@ -28,7 +28,7 @@ from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ShardexError
 from shardex.format.dali_index import DaliIndex
 from shardex.format.index import SAMPLE_DTYPE, checksum_seeds, key_hash
-from shardex.format.reader import arrow_reader
+from shardex.format.tables import arrow_reader
 from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.progress import Progress
 from shardex.storage import Storage, open_storage

@@ -25,7 +25,7 @@ import xxhash
 
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
-from shardex.format.reader import arrow_reader
+from shardex.format.tables import arrow_reader
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_member, member_header, padding
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
