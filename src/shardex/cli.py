@@ -350,12 +350,13 @@ def _skipped_summary(output: str, config: Any, storage_options: dict[str, Any] |
         f"skipped {config.num_skipped} samples or files (bad, unreadable, or not exportable): "
         f"see {output}/{config.errors_file}"
     )
+    from shardex.format.tables import arrow_reader
     from shardex.quoting import quoted
     from shardex.storage import open_storage
 
     try:
         storage = open_storage(output, storage_options)
-        rows = pq.read_table(pa.BufferReader(storage.get(config.errors_file))).to_pylist()
+        rows = pq.read_table(arrow_reader(storage.get(config.errors_file))).to_pylist()
     except (ShardexError, OSError, pa.ArrowException):  # the summary must not fail the export
         return head
     lines = [

@@ -19,7 +19,9 @@ import yaml
 from shardex.errors import ConfigError, SchemaError
 from shardex.names import split_name_problem
 
-FORMAT_VERSION: Final = 1
+#: 2: per-sample checksums are seeded with the sample number (see format/index.py);
+#: version 1 exports still open and read.
+FORMAT_VERSION: Final = 2
 CONFIG_FILE: Final = "config.yaml"
 METADATA_FILE: Final = "metadata.parquet"
 ERRORS_FILE: Final = "errors.parquet"
@@ -68,7 +70,9 @@ class FieldSpec:
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
     """One shard file of a split, its Parquet sidecar and its DALI index file (``.idx``,
-    absent where the shard's members cannot be described in that format)."""
+    absent where the shard's members cannot be described in that format).
+    ``metadata_checksum`` is the sidecar's whole-file checksum (absent in exports written
+    before shardex recorded it)."""
 
     path: str
     num_samples: int
@@ -76,6 +80,7 @@ class ShardInfo:
     checksum: str
     metadata: str | None = None
     dali_index: str | None = None
+    metadata_checksum: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,10 @@ class ExportConfig:
     checksum_algorithm: str = "xxh3_64"
     metadata_file: str | None = METADATA_FILE
     errors_file: str | None = None
+    #: Whole-file checksums (``xxh3_64:HEX``) of metadata_file and errors_file; None in
+    #: exports written before shardex recorded them.
+    metadata_checksum: str | None = None
+    errors_checksum: str | None = None
     num_skipped: int = 0
     pipeline: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
@@ -167,6 +176,9 @@ class ExportConfig:
                 spec["shape"] = list(spec["shape"])
         for info in raw["splits"].values():
             info["shards"] = list(info["shards"])
+            for shard in info["shards"]:
+                if shard["metadata_checksum"] is None:
+                    del shard["metadata_checksum"]
             info["files"] = list(info["files"])
             if not info["files"]:
                 del info["files"]
@@ -202,6 +214,8 @@ class ExportConfig:
             "checksum_algorithm",
             "metadata_file",
             "errors_file",
+            "metadata_checksum",
+            "errors_checksum",
             "num_skipped",
             "pipeline",
             "spec_fingerprint",

@@ -15,6 +15,7 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     │   ├── OutputExistsError(ExportError, FileExistsError)
     │   └── OutputLockedError(ExportError)              another export is writing the output
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
+    ├── ExportReplacedError(ShardexError, RuntimeError)  the export changed since it was opened
     ├── StorageError(ShardexError, OSError)              a storage operation failed
     │   └── ObjectNotFoundError(StorageError, FileNotFoundError)
     ├── FormatError(ShardexError, ValueError)            shard / index bytes are malformed
@@ -78,6 +79,11 @@ class OutputLockedError(ExportError):
 
 class NotAnExportError(ShardexError, FileNotFoundError):
     """A location holds no committed export (no config.yaml)."""
+
+
+class ExportReplacedError(ShardexError, RuntimeError):
+    """A read of an open dataset failed because the export was overwritten or appended to
+    since it was opened (its config.yaml changed): reopen it."""
 
 
 class StorageError(ShardexError, OSError):

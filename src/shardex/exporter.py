@@ -41,6 +41,7 @@ from shardex.checks import check_samples
 from shardex.contract import (
     CONFIG_FILE,
     ERRORS_FILE,
+    FORMAT_VERSION,
     LABEL_PREFIX,
     METADATA_FILE,
     ExportConfig,
@@ -59,6 +60,7 @@ from shardex.errors import (
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
+from shardex.format.tables import arrow_reader
 from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
 from shardex.planning import (
@@ -170,14 +172,14 @@ def _write_errors(
     skipped: list[dict[str, str]],
     previous: ExportConfig | None = None,
     taken: frozenset[str] = frozenset(),
-) -> str | None:
+) -> tuple[str | None, str | None]:
     """errors.parquet: one row per skipped sample with the reason (when appending, the
-    export's earlier rows first)."""
+    export's earlier rows first); its name and whole-file checksum."""
     if previous is not None and previous.errors_file:
-        old = pq.read_table(pa.BufferReader(storage.get(previous.errors_file)))
+        old = pq.read_table(arrow_reader(storage.get(previous.errors_file)))
         skipped = old.to_pylist() + skipped
     if not skipped:
-        return None
+        return None, None
     table = pa.Table.from_pylist(
         skipped,
         schema=pa.schema(
@@ -186,8 +188,8 @@ def _write_errors(
     )
     name = unused_name(ERRORS_FILE, taken)
     with storage.open_writer(name) as out:
-        pq.write_table(table, parquet_file(out))
-    return name
+        pq.write_table(table, sink := parquet_file(out))
+    return name, sink.checksum
 
 
 def _fingerprint(digests: list[str]) -> str:
@@ -199,14 +201,15 @@ class _MetadataSink:
 
     def __init__(self, storage: Storage, name: str = METADATA_FILE) -> None:
         self._out = storage.open_writer(name)
+        self._file = parquet_file(self._out)
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
+        #: The file's whole-file checksum, once committed (for config.yaml).
+        self.checksum: str | None = None
 
     def __call__(self, table: pa.Table) -> None:
         if self._writer is None:
-            self._writer = pq.ParquetWriter(
-                parquet_file(self._out), table.schema, compression="zstd"
-            )
+            self._writer = pq.ParquetWriter(self._file, table.schema, compression="zstd")
         self._writer.write_table(table)
         self.num_rows += table.num_rows
 
@@ -214,6 +217,7 @@ class _MetadataSink:
         if self._writer is not None:
             self._writer.close()
         self._out.commit()
+        self.checksum = self._file.checksum
 
     def abort(self) -> None:
         if self._writer is not None:  # closed here, or its finaliser writes to a dead file
@@ -353,6 +357,7 @@ def _contract(
     specs = key_specs(table.select(columns), prep.fields, prep.x_keys, prep.y_keys, where)
     fractions = prep.split_method == "fractions"
     return ExportConfig(
+        format_version=previous.format_version if previous else FORMAT_VERSION,
         backend=backend_name,
         num_samples=sum(s.num_samples for s in written.values()),
         splits=written,
@@ -457,10 +462,10 @@ def export(
             taken = _exported_keys(storage, previous)
             prep = _prepare(src, opts, runner, bars, previous, taken)
             _record_intent(storage, opts.mode, command)  # before the first file is written
-            written, digests, metadata_file = _write_splits(
+            written, digests, metadata_file, metadata_checksum = _write_splits(
                 storage, backend, prep, opts, runner, bars, previous, committed
             )
-            errors_file = _write_errors(storage, prep.skipped, previous, committed)
+            errors_file, errors_checksum = _write_errors(storage, prep.skipped, previous, committed)
             config = _contract(
                 prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
             )
@@ -469,6 +474,8 @@ def export(
                 pipeline=tuple(pipeline),
                 spec_fingerprint=spec_fingerprint,
                 metadata_file=metadata_file,
+                metadata_checksum=metadata_checksum,
+                errors_checksum=errors_checksum,
             )
             lock.check()  # an object-store lease that was taken over: commit nothing
             _commit(storage, config)
@@ -608,7 +615,7 @@ def _resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOptio
 def _exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
     if previous is None or not previous.metadata_file:
         return frozenset()
-    table = pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)), columns=["key"])
+    table = pq.read_table(arrow_reader(storage.get(previous.metadata_file)), columns=["key"])
     return frozenset(table.column("key").to_pylist())
 
 
@@ -621,9 +628,9 @@ def _write_splits(
     bars: Progress,
     previous: ExportConfig | None,
     committed: frozenset[str] = frozenset(),
-) -> tuple[dict[str, SplitInfo], list[str], str]:
+) -> tuple[dict[str, SplitInfo], list[str], str, str | None]:
     """Write every selected split through the backend, streaming metadata.parquet; return
-    the splits, their content digests and the metadata file's name.
+    the splits, their content digests, the metadata file's name and its checksum.
 
     When appending, the export's splits come first in their order, each followed by its
     new samples; its metadata rows are copied into the new metadata file. ``committed``:
@@ -674,16 +681,17 @@ def _write_splits(
                 resume=opts.mode in ("resume", "overwrite", "append"),
                 previous=before,
                 existing=committed,
+                format_version=previous.format_version if previous else FORMAT_VERSION,
             )
             written[split] = backend.write_split(storage, plan, runner, on_shard)
         sink.commit()
     except BaseException:
         sink.abort()
         raise
-    return written, digests, metadata_file
+    return written, digests, metadata_file, sink.checksum
 
 
 def _old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:
     if previous is None or not previous.metadata_file:
         return None
-    return pq.read_table(pa.BufferReader(storage.get(previous.metadata_file)))
+    return pq.read_table(arrow_reader(storage.get(previous.metadata_file)))

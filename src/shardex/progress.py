@@ -58,7 +58,14 @@ class Progress:
         tb: TracebackType | None,
     ) -> None:
         if self._bars is not None:
+            # rich's stop() only signals its refresh thread (a daemon) to end. One still
+            # running at interpreter exit is killed mid-call (pthread_exit while taking the
+            # GIL) and the process aborts with "terminate called without an active
+            # exception" after its work is done: join it here.
+            thread = getattr(self._bars.live, "_refresh_thread", None)
             self._bars.stop()
+            if thread is not None:
+                thread.join()
 
     def task(self, description: str, total: int | None) -> Task:
         """Start a bar of ``total`` steps."""

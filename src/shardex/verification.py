@@ -1,11 +1,13 @@
 """``shardex verify``: check an export against its contract, byte for byte.
 
 Checks, in order: config.yaml against its schema; for every split the index files (shape,
-every record inside its shard, samples tiling each shard exactly, the key table a
-permutation of the samples); every shard (present, size, whole-file checksum) and every
-sample in it (checksum, tar members, key); the Parquet sidecars, the DALI index files (the
-same bytes as the shard's members give) and metadata.parquet (row counts, keys); with
-``deep``, that every image decodes. Problems are collected, not raised: the report lists
+every record inside its shard, samples tiling each shard exactly, the key table sorted,
+a permutation of the samples, and each entry's hash that of its sample's key); every shard
+(present, size, whole-file checksum) and every sample in it (checksum, seeded with the
+sample number from format 2 on, tar members, key); the Parquet sidecars (whole-file
+checksum where config.yaml records one, keys), the DALI index files (the same bytes as the
+shard's members give), metadata.parquet and errors.parquet (whole-file checksums where
+recorded, row counts); with ``deep``, that every image decodes. Problems are collected, not raised: the report lists
 each with the file and, where known, the sample key.
 """
 
@@ -25,7 +27,8 @@ from shardex.codecs.images import IMAGE_EXTENSIONS, check_decode
 from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ShardexError
 from shardex.format.dali_index import DaliIndex
-from shardex.format.index import SAMPLE_DTYPE
+from shardex.format.index import SAMPLE_DTYPE, checksum_seeds, key_hash
+from shardex.format.tables import arrow_reader
 from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.progress import Progress
 from shardex.storage import Storage, open_storage
@@ -88,6 +91,7 @@ def verify(
         for name, split in config.splits.items():
             _verify_split(storage, config, name, split, report, deep, bar)
     _verify_metadata(storage, config, report)
+    _verify_errors_file(storage, config, report)
     return report
 
 
@@ -129,34 +133,71 @@ def _verify_split(
             )
         )
         return
-    verify_key_table(storage, split.index.keys, split.num_samples, report)
+    table = verify_key_table(storage, split.index.keys, split.num_samples, report)
+    # The key hash of every sample as read from its shard (0 where it could not be read),
+    # to check the key table's entries against.
+    hashes = np.zeros(split.num_samples, dtype=np.uint64)
+    read = np.zeros(split.num_samples, dtype=bool)
+    seeded = checksum_seeds(config.format_version)
     first = 0
     for number, shard in enumerate(split.shards):
         records = samples[first : first + shard.num_samples]
-        first += shard.num_samples
         if _check_records(shard, number, records, report):
-            _verify_shard(storage, shard, records, report, deep)
+            keys = _verify_shard(storage, shard, records, report, deep, first if seeded else None)
+            for k, key in enumerate(keys):
+                if key is not None:
+                    hashes[first + k], read[first + k] = key_hash(key), True
+        first += shard.num_samples
         report.shards += 1
         report.samples += shard.num_samples
         bar.advance(shard.num_samples)
+    if table is not None:
+        _check_key_hashes(split.index.keys, table, hashes, read, report)
 
 
-def verify_key_table(storage: Storage, path: str, n: int, report: VerifyReport) -> None:
-    """The key table: uint64 (2, n), hashes sorted, sample numbers a permutation."""
+def _check_key_hashes(
+    path: str, table: np.ndarray, hashes: np.ndarray, read: np.ndarray, report: VerifyReport
+) -> None:
+    """Each key-table entry's hash is the hash of the key its sample holds."""
+    numbers = table[1].astype(np.int64)
+    bad = read[numbers] & (hashes[numbers] != table[0])
+    if np.any(bad):
+        first = int(np.argmax(bad))
+        report.problems.append(
+            Problem(
+                path,
+                "index",
+                f"{int(bad.sum())} key table entries do not match their samples' keys (the "
+                f"first at position {first} names sample {int(numbers[first])}): "
+                "lookups by key would miss",
+            )
+        )
+
+
+def verify_key_table(
+    storage: Storage, path: str, n: int, report: VerifyReport
+) -> np.ndarray | None:
+    """The key table: uint64 (2, n), hashes sorted, sample numbers a permutation. Returns
+    the table when it has that shape and order (for the entries' hashes to be checked)."""
     keys = _load_npy(storage, path, report)
     if keys is None:
-        return
+        return None
     if keys.dtype != np.uint64 or keys.shape != (2, n):
         report.problems.append(
             Problem(path, "index", f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}")
         )
-    elif n and (
-        np.any(keys[0][1:] < keys[0][:-1])
-        or not np.array_equal(np.sort(keys[1]), np.arange(n, dtype=np.uint64))
-    ):
+        return None
+    if n and np.any(keys[0][1:] < keys[0][:-1]):
         report.problems.append(
-            Problem(path, "index", "key hashes are not sorted or do not cover every sample")
+            Problem(path, "index", "key hashes are not sorted: lookups by key would miss")
         )
+        return None
+    if n and not np.array_equal(np.sort(keys[1]), np.arange(n, dtype=np.uint64)):
+        report.problems.append(
+            Problem(path, "index", "the key table's sample numbers do not cover every sample")
+        )
+        return None
+    return keys
 
 
 def _check_records(
@@ -196,26 +237,36 @@ def _chunks(storage: Storage, shard: ShardInfo, report: VerifyReport) -> Iterato
 
 
 def _verify_shard(
-    storage: Storage, shard: ShardInfo, records: np.ndarray, report: VerifyReport, deep: bool
-) -> None:
+    storage: Storage,
+    shard: ShardInfo,
+    records: np.ndarray,
+    report: VerifyReport,
+    deep: bool,
+    first: int | None,
+) -> list[str | None]:
+    """Check a shard and its samples (``first``: the number of its first sample, whose
+    checksums are seeded with their numbers; None in format 1); the samples' keys."""
     chunks = _chunks(storage, shard, report)
     if chunks is None:
-        return
+        return []
     whole = xxhash.xxh3_64()
     window, base, keys = b"", 0, []
     dali: DaliIndex | None = DaliIndex() if shard.dali_index else None
-    for off, length, checksum in zip(
-        records["offset"].tolist(),
-        records["length"].tolist(),
-        records["checksum"].tolist(),
-        strict=True,
+    for k, (off, length, checksum) in enumerate(
+        zip(
+            records["offset"].tolist(),
+            records["length"].tolist(),
+            records["checksum"].tolist(),
+            strict=True,
+        )
     ):
         while base + len(window) < off + length:
             chunk = next(chunks)
             whole.update(chunk)
             window, base = window[off - base :] + chunk, off
         sample = window[off - base : off - base + length]
-        keys.append(_verify_sample(shard, off, sample, checksum, report, deep))
+        seed = 0 if first is None else first + k
+        keys.append(_verify_sample(shard, off, sample, checksum, seed, report, deep))
         if dali is not None:
             dali = _add_members(dali, off, sample)
     for chunk in chunks:
@@ -228,6 +279,7 @@ def _verify_shard(
     _verify_sidecar(storage, shard, keys, report)
     if shard.dali_index and dali is not None:
         _verify_dali_index(storage, shard.dali_index, dali.to_bytes(), report)
+    return keys
 
 
 def _add_members(dali: DaliIndex, offset: int, sample: bytes) -> DaliIndex | None:
@@ -257,14 +309,20 @@ def _verify_dali_index(
 
 
 def _verify_sample(
-    shard: ShardInfo, offset: int, sample: bytes, checksum: int, report: VerifyReport, deep: bool
+    shard: ShardInfo,
+    offset: int,
+    sample: bytes,
+    checksum: int,
+    seed: int,
+    report: VerifyReport,
+    deep: bool,
 ) -> str | None:
     try:
         key, fields = parse_sample(sample, where=f"{shard.path}@{offset}")
     except FormatError as exc:
         report.problems.append(Problem(shard.path, "sample", str(exc)))
         return None
-    if xxhash.xxh3_64_intdigest(sample) != checksum:
+    if xxhash.xxh3_64_intdigest(sample, seed) != checksum:
         report.problems.append(
             Problem(shard.path, "sample", f"checksum mismatch at byte {offset}", key)
         )
@@ -283,13 +341,51 @@ def _verify_sidecar(
     if not shard.metadata:
         return
     try:
-        table = pq.read_table(pa.BufferReader(storage.get(shard.metadata)), columns=["key"])
-    except (ShardexError, pa.ArrowInvalid, OSError) as exc:
+        data = storage.get(shard.metadata)
+        table = pq.read_table(arrow_reader(data), columns=["key"])
+    except (ShardexError, pa.ArrowException, OSError) as exc:
         report.problems.append(Problem(shard.metadata, "sidecar", f"cannot be read: {exc}"))
         return
+    _check_file_checksum(shard.metadata, "sidecar", data, shard.metadata_checksum, report)
     if table.column("key").to_pylist() != keys:
         report.problems.append(
             Problem(shard.metadata, "sidecar", "keys differ from the samples in the shard")
+        )
+
+
+def _check_file_checksum(
+    path: str, kind: str, data: bytes, expected: str | None, report: VerifyReport
+) -> None:
+    """A whole file against the checksum config.yaml records (exports written before
+    shardex recorded one have None: nothing to compare)."""
+    if expected is None:
+        return
+    found = f"xxh3_64:{xxhash.xxh3_64_hexdigest(data)}"
+    if found != expected:
+        report.problems.append(
+            Problem(
+                path, kind, f"whole-file checksum {found} differs from config.yaml's {expected}"
+            )
+        )
+
+
+def _verify_errors_file(storage: Storage, config: ExportConfig, report: VerifyReport) -> None:
+    if not config.errors_file:
+        return
+    try:
+        data = storage.get(config.errors_file)
+        rows = pq.read_metadata(arrow_reader(data)).num_rows
+    except (ShardexError, pa.ArrowException, OSError) as exc:
+        report.problems.append(Problem(config.errors_file, "errors", f"cannot be read: {exc}"))
+        return
+    _check_file_checksum(config.errors_file, "errors", data, config.errors_checksum, report)
+    if rows != config.num_skipped:
+        report.problems.append(
+            Problem(
+                config.errors_file,
+                "errors",
+                f"has {rows} rows, config.yaml says {config.num_skipped} samples were skipped",
+            )
         )
 
 
@@ -297,10 +393,12 @@ def _verify_metadata(storage: Storage, config: ExportConfig, report: VerifyRepor
     if not config.metadata_file:
         return
     try:
-        rows = pq.read_metadata(pa.BufferReader(storage.get(config.metadata_file))).num_rows
-    except (ShardexError, pa.ArrowInvalid, OSError) as exc:
+        data = storage.get(config.metadata_file)
+        rows = pq.read_metadata(arrow_reader(data)).num_rows
+    except (ShardexError, pa.ArrowException, OSError) as exc:
         report.problems.append(Problem(config.metadata_file, "metadata", f"cannot be read: {exc}"))
         return
+    _check_file_checksum(config.metadata_file, "metadata", data, config.metadata_checksum, report)
     if rows != config.num_samples:
         report.problems.append(
             Problem(

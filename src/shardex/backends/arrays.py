@@ -48,8 +48,8 @@ from shardex.errors import (
 )
 from shardex.fields import npy_bytes
 from shardex.format.index import build_keys, key_hash
-from shardex.format.reader import read_metadata
 from shardex.format.shard import JSON_COLUMN, json_text_column, shard_checksum
+from shardex.format.tables import read_metadata
 from shardex.parallel import Runner
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from shardex.contract import ExportConfig, FieldSpec, SplitInfo
+from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
 from shardex.parallel import Runner
@@ -54,6 +54,8 @@ class SplitPlan:
     #: every new file under a name none of these use (readers of the old config.yaml
     #: find its files unchanged until they are deleted after the commit).
     existing: frozenset[str] = frozenset()
+    #: The export's format version (an append keeps the version of what it extends).
+    format_version: int = FORMAT_VERSION
 
 
 #: What goes before the extension of a file's second name (see :func:`unused_name`).

@@ -26,6 +26,7 @@ from shardex.format.index import (
     SAMPLES_FILE,
     build_keys_from_hashes,
     build_samples,
+    checksum_seeds,
     key_hash,
     to_npy_bytes,
 )
@@ -70,6 +71,7 @@ class WebDatasetBackend(Backend):
                     done.checksum,
                     done.parquet_path,
                     done.dali_index,
+                    done.metadata_checksum,
                 )
             )
             number = np.full(b - a, len(shards) - 1, np.uint32)
@@ -130,6 +132,7 @@ def _job(
         plan.resume,
         f"{stem}.idx",
         alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
+        seeded=checksum_seeds(plan.format_version),
     )
 
 

@@ -4,7 +4,8 @@ Two memory-mappable ``.npy`` files per split:
 
 * ``index-samples.npy``: one 24-byte record per sample, in sample order:
   ``offset`` (u8, byte offset of the sample's first tar header in its shard),
-  ``checksum`` (u8, xxh3-64 of the sample's bytes), ``shard`` (u4, shard number in the
+  ``checksum`` (u8, xxh3-64 of the sample's bytes, seeded with the sample number from
+  format version 2 on, so a record moved to another position fails its read), ``shard`` (u4, shard number in the
   split), ``length`` (u4, bytes from the first header to the end of the last member's
   padding). One ``pread`` of ``length`` bytes at ``offset`` returns every member.
 * ``index-keys.npy``: a (2, N) uint64 array; row 0 holds xxh3-64 hashes of the keys, sorted,
@@ -42,9 +43,21 @@ def key_hash(key: str) -> int:
     return int(xxhash.xxh3_64_intdigest(key.encode("utf-8")))
 
 
-def checksum(data: bytes | bytearray | memoryview) -> int:
-    """Per-sample checksum (xxh3-64)."""
-    return int(xxhash.xxh3_64_intdigest(data))
+#: The first format version whose per-sample checksums are seeded with the sample number.
+SEEDED_VERSION: Final = 2
+
+
+def checksum(data: bytes | bytearray | memoryview, seed: int = 0) -> int:
+    """Per-sample checksum: xxh3-64 of the sample's bytes, seeded with its sample number
+    (0 in format version 1). The seed binds each index record to its position: two
+    swapped records (or a record copied over another) fail the checksum of the read,
+    at no cost, as seeded xxh3 is as fast as unseeded."""
+    return int(xxhash.xxh3_64_intdigest(data, seed))
+
+
+def checksum_seeds(format_version: int) -> bool:
+    """Whether an export of this format version seeds its sample checksums."""
+    return format_version >= SEEDED_VERSION
 
 
 def build_samples(
@@ -114,6 +127,7 @@ class SplitIndex:
         self._raw = memoryview(raw) if num_samples else memoryview(b"")
         self._keys_path = keys_path
         self._keys: npt.NDArray[np.uint64] | None = None
+        self._sorted: bool | None = None
         self.num_samples = num_samples
 
     def __len__(self) -> int:
@@ -140,6 +154,14 @@ class SplitIndex:
             self._keys = keys  # type: ignore[assignment]
         assert self._keys is not None
         return self._keys
+
+    def keys_sorted(self) -> bool:
+        """Whether the key table's hashes are sorted (one pass over them, done once): a
+        damaged table can make a binary search miss a key that is there."""
+        if self._sorted is None:
+            hashes = self._key_table()[0]
+            self._sorted = not bool(np.any(hashes[1:] < hashes[:-1]))
+        return self._sorted
 
     def candidates(self, key: str) -> Iterator[int]:
         """Sample numbers whose key hash equals ``key``'s (usually exactly one)."""

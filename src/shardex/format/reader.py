@@ -14,14 +14,22 @@ from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
-from shardex.contract import METADATA_FILE, ExportConfig
+from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.dataset import OnReadError, ReopenedDataset, Sample
-from shardex.errors import ChecksumError, FormatError, SampleNotFoundError
-from shardex.format.index import SplitIndex
+from shardex.errors import (
+    ChecksumError,
+    ExportReplacedError,
+    FormatError,
+    ObjectNotFoundError,
+    SampleNotFoundError,
+    ShardexError,
+    StorageError,
+)
+from shardex.format.index import SplitIndex, checksum_seeds, key_hash
+from shardex.format.tables import read_metadata
 from shardex.format.tar import parse_sample
 from shardex.storage.base import Storage
 
@@ -99,7 +107,7 @@ class ShardDataset(ReopenedDataset):
         # Cached copies of remote index files are keyed by the shards' checksums, so a
         # rewritten export never meets a stale index.
         fp = "\n".join(s.checksum for s in info.shards)
-        keys = info.index.keys
+        keys = self._keys_file = info.index.keys
         self.index = SplitIndex(
             local_copy(storage, info.index.samples, fp),
             lambda: local_copy(storage, keys, fp),
@@ -110,6 +118,9 @@ class ShardDataset(ReopenedDataset):
         self._local = [storage.local_path(p) for p in self._paths]
         self._fds: list[int | None] = [None] * len(self._paths)
         self._pid = os.getpid()
+        # Format 2 seeds each sample's checksum with its number (0 x number: format 1).
+        self._seed = 1 if checksum_seeds(config.format_version) else 0
+        self._same_config: bytes | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -123,8 +134,43 @@ class ShardDataset(ReopenedDataset):
             return None
         fd = self._fds[shard]
         if fd is None:
-            fd = self._fds[shard] = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fd = self._fds[shard] = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise ObjectNotFoundError(
+                    f"shard {self.storage.join(self._paths[shard])} of split {self.split!r} "
+                    "does not exist (deleted since the export was written?); "
+                    "`shardex verify` lists what is missing"
+                ) from exc
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot open shard {self.storage.join(self._paths[shard])}: {exc.strerror}"
+                ) from exc
         return fd
+
+    def _check_replaced(self, exc: ShardexError) -> None:
+        """Raise ExportReplacedError (from ``exc``) when config.yaml changed since the
+        dataset was opened: a missing file or bytes that fail their checksum then mean an
+        overwrite or append replaced the files this dataset reads, not damage."""
+        try:
+            changed = self._config_changed()
+        except ShardexError:  # config.yaml gone or unreadable: not the export we opened
+            changed = True
+        if changed:
+            raise ExportReplacedError(
+                f"export at {self.storage.uri} was replaced since it was opened; reopen it "
+                f"(the read failed with: {exc})"
+            ) from exc
+
+    def _config_changed(self) -> bool:
+        text = self.storage.get(CONFIG_FILE)
+        if text == self._same_config:  # seen before, and it was the opened config
+            return False
+        if ExportConfig.from_yaml(text, where=self.storage.join(CONFIG_FILE)) != self.config:
+            return True
+        # Remembered so that skipping many damaged samples re-reads, but never re-parses.
+        self._same_config = text
+        return False
 
     def _read(self, shard: int, offset: int, length: int) -> bytes:
         # The index is checked against the shard sizes of config.yaml on every read, so
@@ -153,12 +199,19 @@ class ShardDataset(ReopenedDataset):
             )
         return data
 
-    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int) -> Sample:
-        if self.verify and _xxh3(buf) != checksum:
+    def check_sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> None:
+        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
+        ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
+        if _xxh3(buf, number * self._seed) != checksum:
             raise ChecksumError(
-                f"checksum mismatch for the sample at byte {offset} of "
-                f"{self.storage.join(self._paths[shard])}: the shard is damaged"
+                f"checksum mismatch for sample {number} at byte {offset} of "
+                f"{self.storage.join(self._paths[shard])}: the bytes there are not sample "
+                f"{number} as exported (the shard or its index record is damaged)"
             )
+
+    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
+        if self.verify and _xxh3(buf, number * self._seed) != checksum:
+            self.check_sample(buf, checksum, shard, offset, number)
         key, fields = parse_sample(buf, where=self._paths[shard])
         sample = decode_fields(fields) if self.decode else cast(Sample, fields)
         sample["__key__"] = key
@@ -171,13 +224,37 @@ class ShardDataset(ReopenedDataset):
         if not 0 <= index < n:
             raise IndexError(f"sample {index} is out of range for a split of {n} samples")
         offset, checksum, shard, length = self._record(index)
-        return self._sample(self._read(shard, offset, length), checksum, shard, offset)
+        try:
+            return self._sample(self._read(shard, offset, length), checksum, shard, offset, index)
+        except (FormatError, ObjectNotFoundError) as exc:
+            self._check_replaced(exc)
+            raise
 
     def get(self, key: str) -> Sample:
+        """The sample with this key.
+
+        Raises:
+            SampleNotFoundError: no sample has it.
+            FormatError: the key table is damaged (an entry names a sample of another key
+                hash, or the hashes are out of order), so the answer cannot be trusted.
+        """
+        h = key_hash(key)
+        keys_file = self.storage.join(self._keys_file)
         for i in self.index.candidates(key):
             sample = self[i]
-            if sample["__key__"] == key:
+            found = sample["__key__"]
+            if found == key:
                 return sample
+            if key_hash(found) != h:  # not a hash collision: the entry is wrong
+                raise FormatError(
+                    f"{keys_file} is damaged: it files sample {i} under the hash of {key!r}, "
+                    f"but sample {i} has key {found!r}; `shardex verify` checks the table"
+                )
+        if not self.index.keys_sorted():
+            raise FormatError(
+                f"{keys_file} is damaged: its key hashes are out of order, so {key!r} cannot "
+                "be looked up; `shardex verify` checks the table"
+            )
         raise SampleNotFoundError(
             f"no sample with key {key!r} in split {self.split!r} of {self.storage.uri}"
         )
@@ -218,13 +295,31 @@ class ShardDataset(ReopenedDataset):
                 j += 1
             blocks.append((shards[i], offs[i], end - offs[i], j))
             i = j
+        try:
+            return self._read_many(idx, order, blocks, offs, lens, sums)
+        except (FormatError, ObjectNotFoundError) as exc:
+            self._check_replaced(exc)
+            raise
+
+    def _read_many(
+        self,
+        idx: np.ndarray,
+        order: np.ndarray,
+        blocks: list[tuple[int, int, int, int]],
+        offs: list[int],
+        lens: list[int],
+        sums: list[int],
+    ) -> list[Sample]:
         datas = self._read_blocks([(b[0], b[1], b[2]) for b in blocks])
         out: list[Sample | None] = [None] * len(idx)
         pos, first = order.tolist(), 0
+        numbers = idx[order].tolist()
         for (shard, start, _length, stop), data in zip(blocks, datas, strict=True):
             for k in range(first, stop):
                 at = offs[k] - start
-                out[pos[k]] = self._sample(data[at : at + lens[k]], sums[k], shard, offs[k])
+                out[pos[k]] = self._sample(
+                    data[at : at + lens[k]], sums[k], shard, offs[k], numbers[k]
+                )
             first = stop
         return out  # type: ignore[return-value]
 
@@ -265,16 +360,26 @@ class ShardDataset(ReopenedDataset):
             if self._local[shard] is None:
                 yield from self._remote_shard(shard, path, ranges, lo)
                 continue
+            try:
+                self._open(shard)
+            except ObjectNotFoundError as exc:  # every sample of a missing shard is lost
+                for number in range(lo, hi):
+                    self._skip(number, exc)
+                continue
             for number, (off, length, checksum) in enumerate(ranges, lo):
                 try:
-                    sample = self._sample(self._read(shard, off, length), checksum, shard, off)
-                except (ChecksumError, FormatError) as exc:
+                    sample = self._sample(
+                        self._read(shard, off, length), checksum, shard, off, number
+                    )
+                except FormatError as exc:
                     self._skip(number, exc)
                     continue
                 yield sample
 
-    def _skip(self, number: int, exc: Exception) -> None:
-        """Raise, or (on_error="skip") record and log a damaged sample."""
+    def _skip(self, number: int, exc: FormatError | ObjectNotFoundError) -> None:
+        """Raise, or (on_error="skip") record and log a damaged sample; a replaced export
+        is never skipped over (ExportReplacedError)."""
+        self._check_replaced(exc)
         if self.on_error != "skip":
             raise exc
         self.skipped.append((number, str(exc)))
@@ -303,7 +408,12 @@ class ShardDataset(ReopenedDataset):
         window, base = b"", 0  # window holds the shard's bytes from offset `base`
         for number, (off, length, checksum) in enumerate(ranges, first):
             while base + len(window) < off + length:
-                chunk = next(chunks, None)
+                try:
+                    chunk = next(chunks, None)
+                except ObjectNotFoundError as exc:  # a missing shard: every sample is lost
+                    for lost in range(number, first + len(ranges)):
+                        self._skip(lost, exc)
+                    return
                 if chunk is None:  # a short shard: this sample and the rest are lost
                     short = FormatError(f"{self.storage.join(path)} is shorter than its index says")
                     for lost in range(number, first + len(ranges)):
@@ -312,8 +422,8 @@ class ShardDataset(ReopenedDataset):
                 window, base = window[off - base :] + chunk, off  # drop what was read
             start = off - base
             try:
-                sample = self._sample(window[start : start + length], checksum, shard, off)
-            except (ChecksumError, FormatError) as exc:
+                sample = self._sample(window[start : start + length], checksum, shard, off, number)
+            except FormatError as exc:
                 self._skip(number, exc)
                 continue
             yield sample
@@ -324,13 +434,8 @@ class ShardDataset(ReopenedDataset):
 
     @cached_property
     def metadata(self) -> pa.Table:
-        return read_metadata(self.storage, self.config, self.split)
-
-
-def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Table:
-    """The metadata.parquet rows of a split, in sample order."""
-    name = config.metadata_file or METADATA_FILE
-    local = storage.local_path(name)
-    src: Any = str(local) if local is not None else pa.BufferReader(storage.get(name))
-    table = pq.read_table(src, filters=[("split", "=", split)])
-    return table.sort_by("sample_index")
+        try:
+            return read_metadata(self.storage, self.config, self.split)
+        except (FormatError, ObjectNotFoundError) as exc:
+            self._check_replaced(exc)
+            raise

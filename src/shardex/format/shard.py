@@ -25,6 +25,7 @@ import xxhash
 
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
+from shardex.format.tables import arrow_reader
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_member, member_header, padding
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -123,6 +124,9 @@ class ShardJob:
     #: holds exactly these samples, else written under these (tar, parquet, idx) paths
     #: instead, never over a file the committed config.yaml names.
     alternate: tuple[str, str, str] | None = None
+    #: Seed each sample's checksum with its sample number (``rows``' ``sample_index``),
+    #: as format version 2 does; False writes format version 1's unseeded checksums.
+    seeded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,8 @@ class ShardWritten:
     dali_index: str | None = None
     tar_path: str = ""
     parquet_path: str = ""
+    #: The sidecar's whole-file checksum, as config.yaml records it.
+    metadata_checksum: str | None = None
 
 
 def iter_fields(
@@ -191,6 +197,11 @@ def write_shard(job: ShardJob) -> ShardWritten:
     old = _existing(job) if job.resume or job.alternate else None
     if old is None and job.alternate is not None:
         return write_shard(_elsewhere(job))
+    seeds = (
+        job.rows.column("sample_index").to_pylist()
+        if job.seeded and "sample_index" in job.rows.column_names
+        else [0] * n
+    )
     try:
         with contextlib.ExitStack() as stack:
             out = None if old else stack.enter_context(job.storage.open_writer(job.tar_path))
@@ -199,7 +210,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
                 names.append(name)
                 dali.add(pos, layout)
                 offsets[i], lengths[i] = pos, len(sample)
-                sums[i] = xxhash.xxh3_64_intdigest(sample)
+                sums[i] = xxhash.xxh3_64_intdigest(sample, seeds[i])
                 whole.update(sample)
                 pos += len(sample)
                 if out is not None:
@@ -228,18 +239,20 @@ def write_shard(job: ShardJob) -> ShardWritten:
     )
     if old is not None:
         if old.size == size and old.table.equals(table):
+            kept = dataclasses.replace(done, metadata_checksum=old.checksum)
             if job.alternate is None:
                 _keep_index(job.storage, index_path, index)
-                return done
+                return kept
             if _holds(job.storage, index_path, index):
-                return done
+                return kept
         return write_shard(_elsewhere(job))
     # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
     if index_path is not None and index is not None:
         job.storage.put(index_path, index)
     with job.storage.open_writer(job.parquet_path) as out_parquet:
-        pq.write_table(table, _WriterFile(out_parquet), compression="zstd")
-    return done
+        sidecar = _WriterFile(out_parquet)
+        pq.write_table(table, sidecar, compression="zstd")
+    return dataclasses.replace(done, metadata_checksum=sidecar.checksum)
 
 
 def _elsewhere(job: ShardJob) -> ShardJob:
@@ -281,19 +294,22 @@ class _Existing:
     table: pa.Table
     ends: list[int]
     sums: list[int]
+    checksum: str
 
 
 def _existing(job: ShardJob) -> _Existing | None:
     """The shard an interrupted export left, if both of its files are there."""
     try:
         size = job.storage.size(job.tar_path)
-        table = pq.read_table(pa.BufferReader(job.storage.get(job.parquet_path)))
+        data = job.storage.get(job.parquet_path)
+        table = pq.read_table(arrow_reader(data))
     except (ShardexError, pa.ArrowInvalid, OSError):
         return None
     if table.num_rows != job.rows.num_rows or "sample_checksum" not in table.column_names:
         return None
     ends = pc.add(table.column("sample_offset"), table.column("sample_length")).to_pylist()
-    return _Existing(size, table, ends, table.column("sample_checksum").to_pylist())
+    sums = table.column("sample_checksum").to_pylist()
+    return _Existing(size, table, ends, sums, shard_checksum(xxhash.xxh3_64(data)))
 
 
 def _same_prefix(old: _Existing | None, i: int, end: int, checksum: int) -> bool:
@@ -338,15 +354,23 @@ def _sidecar(
 
 
 class _WriterFile:
-    """The file-like face of an ObjectWriter that pyarrow's writers need."""
+    """The file-like face of an ObjectWriter that pyarrow's writers need; it hashes what
+    passes through, so config.yaml can record the file's checksum without reading it back."""
 
     def __init__(self, writer: Any) -> None:
         self._w = writer
+        self._hash = xxhash.xxh3_64()
         self.closed = False
+
+    @property
+    def checksum(self) -> str:
+        """The whole-file checksum of the bytes written so far (``xxh3_64:HEX``)."""
+        return shard_checksum(self._hash)
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
         self._w.write(view)
+        self._hash.update(view)
         return view.nbytes
 
     def tell(self) -> int:
@@ -366,5 +390,6 @@ class _WriterFile:
 
 
 def parquet_file(writer: Any) -> Any:
-    """Wrap an ObjectWriter for ``pq.write_table`` / ``pq.ParquetWriter``."""
+    """Wrap an ObjectWriter for ``pq.write_table`` / ``pq.ParquetWriter`` (its
+    ``checksum`` is the whole-file checksum of what was written)."""
     return _WriterFile(writer)

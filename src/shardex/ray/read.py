@@ -26,6 +26,7 @@ from shardex.api import open_dataset, read_config, resolve_split
 from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
 from shardex.dataset import Dataset
 from shardex.errors import ConfigError, FormatError
+from shardex.format.tables import arrow_reader
 from shardex.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def _parquet(
     storage: Storage, path: str, columns: list[str], filters: list[Any] | None = None
 ) -> pa.Table:
     local = storage.local_path(path)
-    src: Any = str(local) if local is not None else pa.BufferReader(storage.get(path))
+    src: Any = str(local) if local is not None else arrow_reader(storage.get(path))
     return pq.read_table(src, columns=columns, filters=filters)
 
 
@@ -294,5 +295,5 @@ def _metadata_schema(
     path = shards[0].metadata if shards and shards[0].metadata else None
     path = path or config.metadata_file or METADATA_FILE
     local = storage.local_path(path)
-    src: Any = str(local) if local is not None else pa.BufferReader(storage.get(path))
+    src: Any = str(local) if local is not None else arrow_reader(storage.get(path))
     return pq.read_schema(src)

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import pyarrow as pa
 
 from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
-from shardex.errors import FormatError, ShardexError, SourceError
-from shardex.format.index import checksum
+from shardex.errors import ChecksumError, FormatError, ShardexError, SourceError
 from shardex.format.tar import iter_members, split_name
 from shardex.sources.base import MEMBERS, RESERVED, ScanResult, Source, build_table
 from shardex.storage import Storage, open_storage
@@ -125,6 +124,8 @@ def _metadata(ds: Dataset, storage: Storage, config: ExportConfig) -> pa.Table:
     where = storage.join(_metadata_name(config))
     try:
         meta: pa.Table = ds.metadata
+    except FormatError as exc:  # damaged (its checksum): a source that cannot be read as asked
+        raise SourceError(f"the source export's {exc}; run shardex verify") from exc
     except ShardexError:
         raise
     except (OSError, pa.ArrowException) as exc:
@@ -181,13 +182,10 @@ def _local_tar_samples(
                     key, [], f"source {where} at byte {offset} of {tar!r}: the shard is truncated"
                 )
                 continue
-            if checksum(data) != expected:
-                out.add(
-                    key,
-                    [],
-                    f"source {where} at byte {offset} of {tar!r}: checksum "
-                    "mismatch, the shard is damaged",
-                )
+            try:  # the reader's own check: seeded with the sample number where the format is
+                ds.check_sample(data, expected, shard, offset, number)  # type: ignore[attr-defined]
+            except ChecksumError as exc:
+                out.add(key, [], f"source {where}: {exc}")
                 continue
             try:
                 found = list(iter_members(data, where=f"{tar} at byte {offset}"))

@@ -15,10 +15,9 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-from xxhash import xxh3_64_intdigest
 
 from shardex.dataset import Sample
-from shardex.errors import ChecksumError, FormatError
+from shardex.errors import FormatError
 from shardex.format.reader import ShardDataset
 from shardex.format.tar import parse_sample
 from shardex.torch.order import EpochOrder, Segment
@@ -98,11 +97,8 @@ def _parse(ds: ShardDataset, block: Block, data: bytes, path: str) -> Iterator[t
         zip(block.offsets.tolist(), block.lengths.tolist(), block.checksums.tolist(), strict=True)
     ):
         buf = data[offset - base : offset - base + length]
-        if verify and xxh3_64_intdigest(buf) != checksum:
-            raise ChecksumError(
-                f"checksum mismatch for the sample at byte {offset} of "
-                f"{ds.storage.join(path)}: the shard is damaged"
-            )
+        if verify:
+            ds.check_sample(buf, checksum, block.shard, offset, block.first + k)
         key, fields = parse_sample(buf, where=path)
         sample: Sample = dict(fields)
         sample["__key__"] = key

@@ -17,6 +17,7 @@ from shardex.contract import METADATA_FILE
 from shardex.dataset import Sample
 from shardex.errors import ConfigError, FormatError
 from shardex.format.reader import local_copy
+from shardex.format.tables import metadata_errors
 from shardex.torch.handle import DatasetHandle
 
 Transform = Callable[[Any], Any]
@@ -111,8 +112,9 @@ class MetadataColumns:
         storage, config = handle.storage, ds.config
         name = config.metadata_file or METADATA_FILE
         fingerprint = "\n".join(s.checksum for info in config.splits.values() for s in info.shards)
-        path = str(local_copy(storage, name, fingerprint))
-        available = pq.read_schema(path).names
+        with metadata_errors(storage.join(name)):
+            path = str(local_copy(storage, name, fingerprint))
+            available = pq.read_schema(path).names
         missing = [n for n in names if n not in available]
         if missing:
             raise ConfigError(
@@ -120,8 +122,9 @@ class MetadataColumns:
                 f"keys= can name: {', '.join(available)}"
             )
         wanted = list(dict.fromkeys([*names, "sample_index"]))
-        table = pq.read_table(path, columns=wanted, filters=[("split", "=", ds.split)])
-        table = table.sort_by("sample_index")
+        with metadata_errors(storage.join(name)):
+            table = pq.read_table(path, columns=wanted, filters=[("split", "=", ds.split)])
+            table = table.sort_by("sample_index")
         if table.num_rows != len(ds):
             raise FormatError(
                 f"{storage.join(name)} has {table.num_rows} rows for split {ds.split!r}, "

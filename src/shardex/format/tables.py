@@ -1,0 +1,68 @@
+"""Parquet files of an export read from bytes: metadata.parquet checked against its
+checksum, and pyarrow's errors mapped to shardex's, naming the file."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from xxhash import xxh3_64_hexdigest
+
+from shardex.contract import METADATA_FILE, ExportConfig
+from shardex.errors import ChecksumError, FormatError, ObjectNotFoundError, ShardexError
+from shardex.storage.base import Storage
+
+
+def arrow_reader(data: bytes) -> pa.BufferReader:
+    """A reader for pyarrow over a copy of ``data`` in memory Arrow owns.
+
+    ``pa.BufferReader(data)`` wraps the Python bytes themselves; whichever thread drops
+    the last reference releases them, taking the GIL. ``pq.read_table`` hands the reader
+    to Arrow's thread pool, which may drop it while the interpreter exits: the thread is
+    then ended inside a C++ destructor and the process aborts ("terminate called without
+    an active exception", SIGABRT, after all its work is done). Arrow-owned memory needs
+    no GIL to free.
+    """
+    buf = pa.allocate_buffer(len(data))
+    memoryview(buf).cast("B")[:] = data
+    return pa.BufferReader(buf)
+
+
+def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Table:
+    """The metadata.parquet rows of a split, in sample order, checked against the file's
+    checksum in config.yaml where it has one.
+
+    Raises:
+        ObjectNotFoundError: the file is missing.
+        ChecksumError: its bytes differ from what was exported.
+        FormatError: it is not a Parquet file of the export's columns.
+    """
+    name = config.metadata_file or METADATA_FILE
+    where = storage.join(name)
+    data = storage.get(name)
+    if config.metadata_checksum is not None:
+        found = f"xxh3_64:{xxh3_64_hexdigest(data)}"
+        if found != config.metadata_checksum:
+            raise ChecksumError(
+                f"{where} is damaged: its checksum is {found}, config.yaml says "
+                f"{config.metadata_checksum}"
+            )
+    with metadata_errors(where):
+        table = pq.read_table(arrow_reader(data), filters=[("split", "=", split)])
+        return table.sort_by("sample_index")
+
+
+@contextlib.contextmanager
+def metadata_errors(where: str) -> Iterator[None]:
+    """Map what pyarrow raises for a missing or malformed metadata table to shardex's
+    errors naming the file (``where``)."""
+    try:
+        yield
+    except ShardexError:
+        raise
+    except FileNotFoundError as exc:
+        raise ObjectNotFoundError(f"{where} does not exist") from exc
+    except (pa.ArrowException, OSError, KeyError) as exc:
+        raise FormatError(f"{where} is not a readable metadata table: {exc}") from exc
