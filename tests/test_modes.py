@@ -264,3 +264,18 @@ def test_an_export_left_mid_promotion_by_an_older_shardex_is_repaired(
     shardex.export(second, out, workers=1, samples_per_shard=5, mode="append")
     assert shardex.read_config(out).num_samples == 40
     assert shardex.verify(out).ok
+
+
+def test_overwrite_rewrites_a_damaged_shard_instead_of_keeping_it(tmp_path: Path) -> None:
+    """A shard whose sidecar matches the samples it should hold is kept by an overwrite
+    only if its own bytes do too: overwriting is how a damaged export is repaired."""
+    src = make_sample_folder(tmp_path / "src", n=12)
+    out = tmp_path / "out"
+    shardex.export(src.table, out, workers=1, samples_per_shard=4)
+    shard = sorted(out.glob("train/*.tar"))[1]
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert not shardex.verify(out).ok
+    shardex.export(src.table, out, workers=1, samples_per_shard=4, mode="overwrite")
+    assert shardex.verify(out).ok

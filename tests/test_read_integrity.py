@@ -507,3 +507,33 @@ def test_on_s3_missing_shards_and_replaced_exports_give_shardex_errors(
     fresh = shardex.open_dataset(s3.url, storage_options=s3.direct)
     assert len(fresh) == 30
     assert fresh[7]["__key__"] == expected["__key__"]
+
+
+def test_get_after_two_overwrites_says_replaced_never_a_wrong_answer(tmp_path: Path) -> None:
+    """The key table is read by name when first needed; overwrites alternate its names, so
+    an export replaced twice names another export's table: ``get`` says the export was
+    replaced instead of "no such key" or another table's shape error."""
+    srcs = [make_sample_folder(tmp_path / f"src{k}", n=12 - 2 * k) for k in range(3)]
+    out = tmp_path / "out"
+    shardex.export(srcs[0].table, out, workers=1)
+    ds = shardex.open_dataset(out)
+    key = ds[1]["__key__"]
+    for src in srcs[1:]:
+        shardex.export(src.table, out, workers=1, mode="overwrite")
+        with pytest.raises(ExportReplacedError, match="reopen it"):
+            ds.get(key)
+    assert shardex.open_dataset(out).get(key)["__key__"] == key
+
+
+def test_append_refuses_a_damaged_metadata_file_instead_of_copying_it(tmp_path: Path) -> None:
+    src = make_sample_folder(tmp_path / "src", n=12)
+    more = make_sample_folder(tmp_path / "more", n=16)
+    new_rows = pq.read_table(more.table).slice(12)  # samples the export does not have
+    pq.write_table(new_rows, more.table)
+    out = tmp_path / "out"
+    shardex.export(src.table, out, workers=1)
+    _flip(out / "metadata.parquet", 33)  # the file still parses: only its checksum tells
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(ChecksumError, match=r"metadata\.parquet is damaged"):
+        shardex.export(more.table, out, workers=1, mode="append")
+    assert sorted(p.name for p in out.rglob("*")) == before

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 import yaml
 
 from shardex.errors import ConfigError, SchemaError
-from shardex.names import split_name_problem
+from shardex.names import stored_split_name_problem
 
 #: 2: per-sample checksums are seeded with the sample number (see format/index.py);
 #: version 1 exports still open and read.
@@ -306,7 +306,7 @@ def _schema_message(exc: Any) -> str:
     field_name = exc.name.removeprefix("data.").removeprefix("data") or "the document"
     if exc.rule == "propertyNames" and isinstance(exc.value, dict):
         for name in exc.value:
-            problem = split_name_problem(name)
+            problem = stored_split_name_problem(name)
             if problem is not None:
                 return f"{field_name}: {problem}"
     if isinstance(exc.value, str):

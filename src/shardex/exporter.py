@@ -60,7 +60,7 @@ from shardex.errors import (
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
-from shardex.format.tables import arrow_reader
+from shardex.format.tables import read_checked_table
 from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
 from shardex.planning import (
@@ -176,7 +176,7 @@ def _write_errors(
     """errors.parquet: one row per skipped sample with the reason (when appending, the
     export's earlier rows first); its name and whole-file checksum."""
     if previous is not None and previous.errors_file:
-        old = pq.read_table(arrow_reader(storage.get(previous.errors_file)))
+        old = read_checked_table(storage, previous.errors_file, previous.errors_checksum)
         skipped = old.to_pylist() + skipped
     if not skipped:
         return None, None
@@ -615,7 +615,9 @@ def _resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOptio
 def _exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
     if previous is None or not previous.metadata_file:
         return frozenset()
-    table = pq.read_table(arrow_reader(storage.get(previous.metadata_file)), columns=["key"])
+    table = read_checked_table(
+        storage, previous.metadata_file, previous.metadata_checksum, columns=["key"]
+    )
     return frozenset(table.column("key").to_pylist())
 
 
@@ -694,4 +696,4 @@ def _write_splits(
 def _old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:
     if previous is None or not previous.metadata_file:
         return None
-    return pq.read_table(arrow_reader(storage.get(previous.metadata_file)))
+    return read_checked_table(storage, previous.metadata_file, previous.metadata_checksum)

@@ -3,7 +3,9 @@
 A split name is a folder of the export (``train/images-….tar``) and each path in config.yaml
 names a file of it, so both are checked where they enter (options, the scan table, a
 config.yaml being read or written): a name from a table or a tar's ``.json`` member must
-never place a file outside the output. The same rules are written as patterns in
+never place a file outside the output. New split names follow a strict rule; a config.yaml
+being read needs only split names that are one folder name (exports written before the
+strict rule still open). The read rules are written as patterns in
 ``schema/config.schema.json``; ``tests/test_hostile_names.py`` keeps the two in step.
 """
 
@@ -19,8 +21,11 @@ SPLIT_NAME_RULE: Final = (
     f"and '-' (no '..', at most {MAX_SPLIT_NAME} characters)"
 )
 _SPLIT_NAME: Final = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]*")
-#: Top-level files of an export: a split folder of that name would shadow them.
-_RESERVED: Final = frozenset({"config.yaml", "metadata.parquet", "errors.parquet"})
+#: Top-level files of an export (``metadata.2.parquet``, ``errors.parquet`` ...): a split
+#: folder of such a name would block them.
+_RESERVED: Final = re.compile(r"config\.yaml|(metadata|errors)\..*", re.IGNORECASE)
+#: A split name as config.yaml may hold it: one folder name (checked on read).
+_STORED_SPLIT_NAME: Final = re.compile(r"(?!\.\.?\Z)[^/\\\x00-\x1f\x7f]{1,255}")
 
 # One path part: no separator, backslash or control character; "." and ".." are refused
 # apart because they are made of allowed characters.
@@ -36,9 +41,20 @@ def split_name_problem(name: object) -> str | None:
         return f"split name {name[:40]!r}... is {len(name)} characters long; {SPLIT_NAME_RULE}"
     if _SPLIT_NAME.fullmatch(name) is None:
         return f"unsafe split name {name!r}: {SPLIT_NAME_RULE}"
-    if name.lower() in _RESERVED:
+    if _RESERVED.fullmatch(name):
         return f"split name {name!r} is the name of a file of the export; rename the split"
     return None
+
+
+def stored_split_name_problem(name: object) -> str | None:
+    """Why a split name read from a config.yaml cannot be a folder of the export (one
+    folder name: no '/', backslash or control character, not '.' or '..'), or None."""
+    if isinstance(name, str) and _STORED_SPLIT_NAME.fullmatch(name):
+        return None
+    return (
+        f"unsafe split name {name!r}: a split of an export is one folder name (no '/', "
+        "backslash or control character, not '.' or '..')"
+    )
 
 
 def relpath_problem(path: str) -> str | None:

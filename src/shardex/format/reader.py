@@ -238,6 +238,15 @@ class ShardDataset(ReopenedDataset):
             FormatError: the key table is damaged (an entry names a sample of another key
                 hash, or the hashes are out of order), so the answer cannot be trusted.
         """
+        try:
+            return self._get(key)
+        except (ObjectNotFoundError, FormatError, SampleNotFoundError) as exc:
+            # the key table is read lazily by name: after an overwrite it may be gone, or
+            # another export's (second names alternate), so an answer waits on the config
+            self._check_replaced(exc)
+            raise
+
+    def _get(self, key: str) -> Sample:
         h = key_hash(key)
         keys_file = self.storage.join(self._keys_file)
         for i in self.index.candidates(key):

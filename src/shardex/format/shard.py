@@ -238,7 +238,8 @@ def write_shard(job: ShardJob) -> ShardWritten:
         parquet_path=job.parquet_path,
     )
     if old is not None:
-        if old.size == size and old.table.equals(table):
+        # the tar itself is hashed too: its sidecar may be whole while its bytes are not
+        if old.size == size and old.table.equals(table) and _tar_holds(job, done.checksum):
             kept = dataclasses.replace(done, metadata_checksum=old.checksum)
             if job.alternate is None:
                 _keep_index(job.storage, index_path, index)
@@ -269,6 +270,17 @@ def _elsewhere(job: ShardJob) -> ShardJob:
         alternate=None,
         resume=True,
     )
+
+
+def _tar_holds(job: ShardJob, checksum: str) -> bool:
+    """Whether the tar left at ``job.tar_path`` has this whole-file checksum."""
+    whole = xxhash.xxh3_64()
+    try:
+        for chunk in job.storage.iter_chunks(job.tar_path):
+            whole.update(chunk)
+    except (ShardexError, OSError):
+        return False
+    return shard_checksum(whole) == checksum
 
 
 def _holds(storage: Storage, path: str | None, data: bytes | None) -> bool:

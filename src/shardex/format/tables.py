@@ -40,18 +40,39 @@ def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Tabl
         FormatError: it is not a Parquet file of the export's columns.
     """
     name = config.metadata_file or METADATA_FILE
-    where = storage.join(name)
-    data = storage.get(name)
-    if config.metadata_checksum is not None:
-        found = f"xxh3_64:{xxh3_64_hexdigest(data)}"
-        if found != config.metadata_checksum:
-            raise ChecksumError(
-                f"{where} is damaged: its checksum is {found}, config.yaml says "
-                f"{config.metadata_checksum}"
-            )
-    with metadata_errors(where):
+    data = checked_file(storage, name, config.metadata_checksum)
+    with metadata_errors(storage.join(name)):
         table = pq.read_table(arrow_reader(data), filters=[("split", "=", split)])
         return table.sort_by("sample_index")
+
+
+def read_checked_table(
+    storage: Storage, name: str, checksum: str | None, columns: list[str] | None = None
+) -> pa.Table:
+    """A whole Parquet file of the export (metadata or errors), checked against its
+    checksum in config.yaml where it has one; errors as :func:`read_metadata`'s."""
+    data = checked_file(storage, name, checksum)
+    with metadata_errors(storage.join(name)):
+        return pq.read_table(arrow_reader(data), columns=columns)
+
+
+def checked_file(storage: Storage, name: str, checksum: str | None) -> bytes:
+    """The bytes of ``name``, which must have ``checksum`` (``xxh3_64:HEX``; None: not
+    recorded, as in older exports).
+
+    Raises:
+        ObjectNotFoundError: the file is missing.
+        ChecksumError: its bytes differ from what was exported.
+    """
+    data = storage.get(name)
+    if checksum is not None:
+        found = f"xxh3_64:{xxh3_64_hexdigest(data)}"
+        if found != checksum:
+            raise ChecksumError(
+                f"{storage.join(name)} is damaged: its checksum is {found}, config.yaml says "
+                f"{checksum}"
+            )
+    return data
 
 
 @contextlib.contextmanager
