@@ -90,8 +90,24 @@ def verify(
         bar = bars.task("verifying samples", config.num_samples)
         for name, split in config.splits.items():
             _verify_split(storage, config, name, split, report, deep, bar)
-    _verify_metadata(storage, config, report)
-    _verify_errors_file(storage, config, report)
+    _verify_table_file(
+        storage,
+        config.metadata_file,
+        "metadata",
+        config.metadata_checksum,
+        config.num_samples,
+        "samples",
+        report,
+    )
+    _verify_table_file(
+        storage,
+        config.errors_file,
+        "errors",
+        config.errors_checksum,
+        config.num_skipped,
+        "samples were skipped",
+        report,
+    )
     return report
 
 
@@ -369,41 +385,27 @@ def _check_file_checksum(
         )
 
 
-def _verify_errors_file(storage: Storage, config: ExportConfig, report: VerifyReport) -> None:
-    if not config.errors_file:
+def _verify_table_file(
+    storage: Storage,
+    path: str | None,
+    kind: str,
+    checksum: str | None,
+    rows_expected: int,
+    what: str,
+    report: VerifyReport,
+) -> None:
+    """A whole Parquet file of the export (metadata or errors): readable, its checksum,
+    and ``rows_expected`` rows (``what`` says in config.yaml's words what they count)."""
+    if not path:
         return
     try:
-        data = storage.get(config.errors_file)
+        data = storage.get(path)
         rows = pq.read_metadata(arrow_reader(data)).num_rows
     except (ShardexError, pa.ArrowException, OSError) as exc:
-        report.problems.append(Problem(config.errors_file, "errors", f"cannot be read: {exc}"))
+        report.problems.append(Problem(path, kind, f"cannot be read: {exc}"))
         return
-    _check_file_checksum(config.errors_file, "errors", data, config.errors_checksum, report)
-    if rows != config.num_skipped:
+    _check_file_checksum(path, kind, data, checksum, report)
+    if rows != rows_expected:
         report.problems.append(
-            Problem(
-                config.errors_file,
-                "errors",
-                f"has {rows} rows, config.yaml says {config.num_skipped} samples were skipped",
-            )
-        )
-
-
-def _verify_metadata(storage: Storage, config: ExportConfig, report: VerifyReport) -> None:
-    if not config.metadata_file:
-        return
-    try:
-        data = storage.get(config.metadata_file)
-        rows = pq.read_metadata(arrow_reader(data)).num_rows
-    except (ShardexError, pa.ArrowException, OSError) as exc:
-        report.problems.append(Problem(config.metadata_file, "metadata", f"cannot be read: {exc}"))
-        return
-    _check_file_checksum(config.metadata_file, "metadata", data, config.metadata_checksum, report)
-    if rows != config.num_samples:
-        report.problems.append(
-            Problem(
-                config.metadata_file,
-                "metadata",
-                f"has {rows} rows, config.yaml says {config.num_samples}",
-            )
+            Problem(path, kind, f"has {rows} rows, config.yaml says {rows_expected} {what}")
         )
