@@ -4,6 +4,7 @@ every Ray service on 127.0.0.1)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -110,6 +111,19 @@ def test_metadata_columns_keep_their_types(demo: Path) -> None:
     assert table.column("__key__").to_pylist() == ds.metadata.column("key").to_pylist()
     with pytest.raises(ValueError, match="unknown or repeated"):
         ray_data.read_shardex(demo, columns=["__key__", "no_such_column"])
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_damaged_sidecar_fails_the_read_naming_it(demo: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(demo, copy)
+    sidecar = sorted(copy.glob("train/*.parquet"))[0]
+    data = bytearray(sidecar.read_bytes())
+    data[40] ^= 0x01  # still a readable Parquet file: only its checksum tells
+    sidecar.write_bytes(bytes(data))
+    dataset = ray_data.read_shardex(copy, split="train", columns=["__key__", "width"])
+    with pytest.raises(Exception, match=rf"{sidecar.name} is damaged: its checksum"):
+        _rows(dataset)
 
 
 @pytest.mark.usefixtures("ray_cluster")

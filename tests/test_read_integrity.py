@@ -286,6 +286,14 @@ def test_deleted_or_corrupt_metadata_gives_a_shardex_error(export: Path) -> None
     torch_map = pytest.importorskip("shardex.torch.map")
     with pytest.raises(ObjectNotFoundError, match=r"metadata\.parquet"):
         torch_map.MapDataset(export, decode=False, keys=("score",))[0]
+    # a changed byte that leaves the file readable: every reader of it says so
+    flipped = bytearray(data)
+    flipped[33] ^= 0x01
+    meta.write_bytes(bytes(flipped))
+    with pytest.raises(ChecksumError, match=r"metadata\.parquet is damaged"):
+        _ = shardex.open_dataset(export).metadata
+    with pytest.raises(ChecksumError, match=r"metadata\.parquet is damaged"):
+        torch_map.MapDataset(export, decode=False, keys=("score",))[0]
     # without a recorded checksum, a file that is not Parquet is a FormatError
     raw = _config(export)
     raw["metadata_checksum"] = None

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from xxhash import xxh3_64_hexdigest
+from xxhash import xxh3_64, xxh3_64_hexdigest
 
 from shardex.contract import METADATA_FILE, ExportConfig
 from shardex.errors import ChecksumError, FormatError, ObjectNotFoundError, ShardexError
@@ -66,13 +67,27 @@ def checked_file(storage: Storage, name: str, checksum: str | None) -> bytes:
     """
     data = storage.get(name)
     if checksum is not None:
-        found = f"xxh3_64:{xxh3_64_hexdigest(data)}"
-        if found != checksum:
-            raise ChecksumError(
-                f"{storage.join(name)} is damaged: its checksum is {found}, config.yaml says "
-                f"{checksum}"
-            )
+        _same_checksum(f"xxh3_64:{xxh3_64_hexdigest(data)}", checksum, storage.join(name))
     return data
+
+
+def check_local_file(path: Path, checksum: str | None, where: str) -> None:
+    """Raise ChecksumError unless the file at ``path`` (a local copy of ``where``) has
+    ``checksum``; read in chunks, so a large metadata file is never held whole."""
+    if checksum is None:
+        return
+    whole = xxh3_64()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            whole.update(chunk)
+    _same_checksum(f"xxh3_64:{whole.hexdigest()}", checksum, where)
+
+
+def _same_checksum(found: str, expected: str, where: str) -> None:
+    if found != expected:
+        raise ChecksumError(
+            f"{where} is damaged: its checksum is {found}, config.yaml says {expected}"
+        )
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from shardex.api import open_dataset, read_config, resolve_split
 from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
 from shardex.dataset import Dataset
 from shardex.errors import ConfigError, FormatError
-from shardex.format.tables import arrow_reader
+from shardex.format.tables import arrow_reader, check_local_file, checked_file
 from shardex.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -249,7 +249,10 @@ def _metadata_rows(plan: _Plan, shards: Sequence[ShardInfo], start: int, stop: i
     else the matching rows of metadata.parquet."""
     columns = ["key", *plan.metadata]
     if all(s.metadata for s in shards):
-        tables = [_parquet(plan.storage, str(s.metadata), columns) for s in shards]
+        tables = [
+            _parquet(plan.storage, str(s.metadata), columns, checksum=s.metadata_checksum)
+            for s in shards
+        ]
         rows = pa.concat_tables(tables)
     else:
         name = plan.config.metadata_file or METADATA_FILE
@@ -270,10 +273,21 @@ def _metadata_rows(plan: _Plan, shards: Sequence[ShardInfo], start: int, stop: i
 
 
 def _parquet(
-    storage: Storage, path: str, columns: list[str], filters: list[Any] | None = None
+    storage: Storage,
+    path: str,
+    columns: list[str],
+    filters: list[Any] | None = None,
+    *,
+    checksum: str | None = None,
 ) -> pa.Table:
+    """Some rows of a Parquet file of the export, checked against ``checksum`` when given
+    (a shard's sidecar: small, so it is hashed whole each time)."""
     local = storage.local_path(path)
-    src: Any = str(local) if local is not None else arrow_reader(storage.get(path))
+    if local is not None:
+        check_local_file(local, checksum, storage.join(path))
+        src: Any = str(local)
+    else:
+        src = arrow_reader(checked_file(storage, path, checksum))
     return pq.read_table(src, columns=columns, filters=filters)
 
 

@@ -17,7 +17,7 @@ from shardex.contract import METADATA_FILE
 from shardex.dataset import Sample
 from shardex.errors import ConfigError, FormatError
 from shardex.format.reader import local_copy
-from shardex.format.tables import metadata_errors
+from shardex.format.tables import check_local_file, metadata_errors
 from shardex.torch.handle import DatasetHandle
 
 Transform = Callable[[Any], Any]
@@ -113,7 +113,9 @@ class MetadataColumns:
         name = config.metadata_file or METADATA_FILE
         fingerprint = "\n".join(s.checksum for info in config.splits.values() for s in info.shards)
         with metadata_errors(storage.join(name)):
-            path = str(local_copy(storage, name, fingerprint))
+            local = local_copy(storage, name, fingerprint)
+            check_local_file(local, config.metadata_checksum, storage.join(name))
+            path = str(local)
             available = pq.read_schema(path).names
         missing = [n for n in names if n not in available]
         if missing:
