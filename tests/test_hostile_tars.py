@@ -638,16 +638,7 @@ def test_generated_tars_export_whole_or_fail_in_one_line(
             (src / "a.tar").write_bytes(data[:cut])
         size = len(data) if cut is None else cut
         damaged = size < members_end + 512
-        try:
-            _export(src, out, on_error=on_error)
-        except ShardexError as exc:
-            failed: ShardexError | None = exc
-        else:
-            failed = None
-        event(f"damaged={damaged} on_error={on_error} -> {type(failed).__name__}")
-        if failed is not None:
-            assert "\n" not in str(failed)
-            assert not (out / "config.yaml").exists()
+        if not _exported_or_refused_in_one_line(src, out, on_error, f"damaged={damaged} "):
             return
         assert not damaged or on_error == "skip", "a damaged tar exported without a word"
         samples = _exported(out)
@@ -675,6 +666,24 @@ def test_generated_tars_export_whole_or_fail_in_one_line(
                     assert sample["meta"][column] == value, (key, name)
 
 
+def _exported_or_refused_in_one_line(
+    src: Path, out: Path, on_error: OnError, tag: str = ""
+) -> bool:
+    """Export ``src``; True when it exported, False when it failed as it must: one line,
+    a ShardexError, and no committed export left behind."""
+    failed: ShardexError | None = None
+    try:
+        _export(src, out, on_error=on_error)
+    except ShardexError as exc:
+        failed = exc
+    event(f"{tag}on_error={on_error} -> {type(failed).__name__}")
+    if failed is None:
+        return True
+    assert "\n" not in str(failed)
+    assert not (out / "config.yaml").exists()
+    return False
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4),
@@ -692,16 +701,7 @@ def test_tars_with_flipped_header_bytes_fail_in_one_line_or_export(
             at = headers[where % len(headers)] + where % 512
             data[at] ^= xor
         (src / "a.tar").write_bytes(bytes(data))
-        try:
-            _export(src, out, on_error=on_error)
-        except ShardexError as exc:
-            failed: ShardexError | None = exc
-        else:
-            failed = None
-        event(f"on_error={on_error} -> {type(failed).__name__}")
-        if failed is not None:
-            assert "\n" not in str(failed)
-            assert not (out / "config.yaml").exists()
+        if not _exported_or_refused_in_one_line(src, out, on_error):
             return
         # a flip the header checksum cannot see may rename a member, but what is exported
         # is always whole members as they were written
