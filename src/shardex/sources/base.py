@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import os
 import re
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from abc import ABC
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -38,6 +38,8 @@ __all__ = [
     "INVALID",
     "MEMBERS",
     "LeftOut",
+    "SampleStream",
+    "ScanBatch",
     "ScanResult",
     "Source",
     "build_table",
@@ -114,17 +116,64 @@ class ScanResult:
     left_out: tuple[LeftOut, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ScanBatch:
+    """Some of a source's samples (rows as in a scan table) and what it left out while
+    finding them."""
+
+    table: pa.Table
+    left_out: tuple[LeftOut, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SampleStream:
+    """A source's samples, batch by batch, as it finds them.
+
+    ``label_names`` is known before the first batch. Every batch has ``key``,
+    ``original_path`` and ``_members``; ``split`` and ``label`` are in every batch or in
+    none; ``_invalid`` may be missing (every sample usable); metadata columns may differ
+    between batches (a column a batch lacks is null for its rows), but a column has one
+    type in every batch that has it (a source refuses a type change in one line).
+    """
+
+    batches: Iterator[ScanBatch]
+    label_names: tuple[str, ...] | None = None
+
+
 class Source(ABC):
-    """A dataset to export. Subclasses implement :meth:`scan`."""
+    """A dataset to export. Subclasses implement :meth:`stream` (the samples batch by
+    batch, with memory that does not grow with the dataset) or :meth:`scan` (the whole
+    table at once); each has a default built from the other."""
 
     #: Short name of the kind of source, recorded in config.yaml.
     kind: ClassVar[str]
     #: Where it is (path, glob, ``demo``).
     uri: str
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not getattr(cls, "__abstractmethods__", None) and (
+            cls.stream is Source.stream and cls.scan is Source.scan
+        ):
+            raise TypeError(f"{cls.__name__} must implement stream() or scan()")
+
+    def stream(self) -> SampleStream:
+        """The samples in batches, in source order (no image bytes are read)."""
+        scan = self.scan()
+        return SampleStream(iter([ScanBatch(scan.table, scan.left_out)]), scan.label_names)
+
     def scan(self) -> ScanResult:
-        """List the samples (no image bytes are read)."""
+        """Every sample in one table (no image bytes are read)."""
+        stream = self.stream()
+        tables: list[pa.Table] = []
+        left_out: list[LeftOut] = []
+        for batch in stream.batches:
+            tables.append(batch.table)
+            left_out += batch.left_out
+        if not tables:
+            raise SourceError(f"source {quoted(self.uri)} yielded no batch of samples")
+        table = pa.concat_tables(tables, promote_options="default")
+        return ScanResult(table, stream.label_names, tuple(left_out))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
