@@ -5,7 +5,25 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables (which Ray's processes inherit) and restore them after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 @contextmanager
@@ -19,29 +37,27 @@ def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
     import ray
     from ray._private import ray_constants
 
-    saved_env = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    # Ray's workers import the tests' stages (tests.support.stages) by name: they need the
+    # repository root on their path, also when the driver runs from another directory.
+    python_path = os.pathsep.join([_REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
     saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            object_store_memory=init_options.pop("object_store_memory", 150 * 1024**2),
-            log_to_driver=False,
-            **init_options,
-        )
-        try:
-            nodes = {n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
-            if nodes != {"127.0.0.1"}:
-                raise RuntimeError(f"Ray listens on {nodes}, not on loopback only")
-            yield
-        finally:
-            ray.shutdown()
+        with _environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                object_store_memory=init_options.pop("object_store_memory", 150 * 1024**2),
+                log_to_driver=False,
+                **init_options,
+            )
+            try:
+                nodes = {n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
+                if nodes != {"127.0.0.1"}:
+                    raise RuntimeError(f"Ray listens on {nodes}, not on loopback only")
+                yield
+            finally:
+                ray.shutdown()
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        if saved_env is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved_env
