@@ -8,11 +8,20 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+# The benchmarks run as ``python benchmarks/bench_x.py`` (this folder is sys.path[0]); the
+# repository root goes on the path too, for the test support they share with the tests
+# (``tests.support``: the S3 server, the counting proxy, the Ray cluster), which the wheel
+# does not ship. Appended, so it never shadows an installed package.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.append(_REPO_ROOT)
 
 
 @dataclass

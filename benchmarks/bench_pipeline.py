@@ -35,7 +35,7 @@ from bench_format import DEFAULT_WORKDIR, build_folder
 from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, RayExecutor, ReaderStage
 from shardex.pipeline.executors import Executor
 from shardex.pipeline.stages import DecodeStage, EncodeStage, ResizeStage
-from shardex.testing.raycluster import local_ray_cluster
+from tests.support.raycluster import local_ray_cluster
 
 SIZE = 64
 QUALITY = 80

@@ -63,7 +63,7 @@ def loopback_only() -> None:
 
     Set before any client is made; spawned children inherit it.
     """
-    from shardex.testing.seaweedfs import loopback_only_environment
+    from tests.support.seaweedfs import loopback_only_environment
 
     loopback_only_environment()
     os.environ.pop("SHARDEX_OBJECT_IO", None)  # the default (delegated) mode is measured as such
@@ -433,7 +433,7 @@ def bench_iterate(datasets: dict[str, Any], store: Any, repeats: int) -> list[Ro
 
 def count_requests(server: Any, url: str, options: dict[str, str], count: int) -> list[Row]:
     """GETs made by ds[i], get_many and one iteration pass, seen by a counting proxy."""
-    from shardex.testing.proxy import CountingProxy
+    from tests.support.proxy import CountingProxy
 
     rng = np.random.default_rng(SEED + 1)
     with CountingProxy(server.endpoint) as proxy:
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     loopback_only()
     args = parse_args(argv)
     started = time.perf_counter()
-    from shardex.testing.seaweedfs import SeaweedFS
+    from tests.support.seaweedfs import SeaweedFS
 
     count = args.images
     folder = build_folder(args.workdir, count, args.size_kb)

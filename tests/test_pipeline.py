@@ -24,8 +24,8 @@ from shardex.pipeline import (
     ReaderStage,
 )
 from shardex.pipeline.spec import Spec, materialize, run_spec
-from shardex.testing.raycluster import local_ray_cluster
-from shardex.testing.stages import CountSetup, FailStage, InvertStage, TagStage, VectorStage
+from tests.support.raycluster import local_ray_cluster
+from tests.support.stages import CountSetup, FailStage, InvertStage, TagStage, VectorStage
 
 SOURCE = "demo:130"
 
@@ -153,9 +153,9 @@ def _spec(tmp_path: Path, **more: object) -> Path:
         "output": str(tmp_path / "out"),
         "options": {"samples_per_shard": 40, "split_fractions": {"train": 0.9, "val": 0.1}},
         "stages": [
-            {"stage": "shardex.testing.stages:TagStage", "key": "a"},
-            {"stage": "shardex.testing.stages:TagStage", "key": "b"},
-            {"stage": "shardex.testing.stages:FailStage"},
+            {"stage": "tests.support.stages:TagStage", "key": "a"},
+            {"stage": "tests.support.stages:TagStage", "key": "b"},
+            {"stage": "tests.support.stages:FailStage"},
         ],
         **more,
     }

@@ -20,7 +20,7 @@ import shardex
 from helpers import files_of, image_bytes
 from shardex.errors import SourceError
 from shardex.sources.base import ScanResult, Source, build_table
-from shardex.testing.raycluster import local_ray_cluster
+from tests.support.raycluster import local_ray_cluster
 
 ray = pytest.importorskip("ray")
 ray_data = pytest.importorskip("shardex.ray")

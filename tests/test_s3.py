@@ -276,12 +276,16 @@ def test_direct_mode_refuses_a_fork_after_io_clearly(s3: S3Location) -> None:
         "ds = shardex.open_dataset(storage, split='val'); ds[0]\n"
         "print(_in_forked_child(ds))\n"
     )
+    tests = Path(__file__).parent
+    # test_s3 imports conftest, which imports tests.support: the repository root on the path
+    paths = [str(tests.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
     out = subprocess.run(
         [sys.executable, "-c", code, s3.url, json.dumps(s3.direct)],
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).parent,
+        cwd=tests,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
     ).stdout
     assert out.startswith("error:")
     assert "forkserver" in out

@@ -24,7 +24,7 @@ import shardex
 from conftest import S3Location
 from shardex.errors import ConfigError, ObjectNotFoundError, StorageError
 from shardex.storage import ObjectStorage
-from shardex.testing.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import SeaweedFS
 
 
 @pytest.fixture(scope="module")

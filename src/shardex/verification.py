@@ -13,9 +13,7 @@ each with the file and, where known, the sample key.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,41 +30,9 @@ from shardex.format.tables import arrow_reader
 from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.progress import Progress
 from shardex.storage import Storage, open_storage
+from shardex.verify_report import Problem, VerifyReport, load_npy, verify_key_table
 
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with an export."""
-
-    file: str
-    kind: str
-    message: str
-    key: str | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.file} [{self.key}]" if self.key else self.file
-        return f"{where}: {self.kind}: {self.message}"
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    """What verify found; ``ok`` when nothing is wrong."""
-
-    uri: str
-    problems: list[Problem] = field(default_factory=list)
-    samples: int = 0
-    shards: int = 0
-    bytes: int = 0
-    deep: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able form (``shardex verify --json``)."""
-        out = {k: v for k, v in asdict(self).items() if k != "problems"}
-        return {**out, "ok": self.ok, "problems": [asdict(p) for p in self.problems]}
+__all__ = ["Problem", "VerifyReport", "verify", "verify_key_table"]
 
 
 def verify(
@@ -111,14 +77,6 @@ def verify(
     return report
 
 
-def _load_npy(storage: Storage, path: str, report: VerifyReport) -> np.ndarray | None:
-    try:
-        return np.load(io.BytesIO(storage.get(path)), allow_pickle=False)  # type: ignore[no-any-return]
-    except (ShardexError, ValueError, OSError) as exc:
-        report.problems.append(Problem(path, "index", f"cannot be read: {exc}"))
-        return None
-
-
 def _verify_split(
     storage: Storage,
     config: ExportConfig,
@@ -136,7 +94,7 @@ def _verify_split(
     if split.index is None:
         report.problems.append(Problem(CONFIG_FILE, "index", f"split {name!r} has no index"))
         return
-    samples = _load_npy(storage, split.index.samples, report)
+    samples = load_npy(storage, split.index.samples, report)
     if samples is None:
         return
     if samples.dtype != SAMPLE_DTYPE or samples.shape != (split.num_samples,):
@@ -188,32 +146,6 @@ def _check_key_hashes(
                 "lookups by key would miss",
             )
         )
-
-
-def verify_key_table(
-    storage: Storage, path: str, n: int, report: VerifyReport
-) -> np.ndarray | None:
-    """The key table: uint64 (2, n), hashes sorted, sample numbers a permutation. Returns
-    the table when it has that shape and order (for the entries' hashes to be checked)."""
-    keys = _load_npy(storage, path, report)
-    if keys is None:
-        return None
-    if keys.dtype != np.uint64 or keys.shape != (2, n):
-        report.problems.append(
-            Problem(path, "index", f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}")
-        )
-        return None
-    if n and np.any(keys[0][1:] < keys[0][:-1]):
-        report.problems.append(
-            Problem(path, "index", "key hashes are not sorted: lookups by key would miss")
-        )
-        return None
-    if n and not np.array_equal(np.sort(keys[1]), np.arange(n, dtype=np.uint64)):
-        report.problems.append(
-            Problem(path, "index", "the key table's sample numbers do not cover every sample")
-        )
-        return None
-    return keys
 
 
 def _check_records(

@@ -17,7 +17,7 @@ from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import ShardexError
 from shardex.format.shard import shard_checksum
 from shardex.storage import Storage
-from shardex.verification import Problem, VerifyReport, verify_key_table
+from shardex.verify_report import Problem, VerifyReport, verify_key_table
 
 
 def verify_array_split(

@@ -22,7 +22,7 @@ readiness check need it. The readiness check runs obstore in a short-lived subpr
 in this process: obstore's I/O runtime does not survive ``os.fork()``, and a test process
 that has done obstore I/O can no longer use obstore in forked children (they hang).
 
-Run ``python -m shardex.testing.s3`` for a self-check that prints the recorded requests.
+Run ``python -m tests.support.s3`` for a self-check that prints the recorded requests.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import os
 import time
 from collections.abc import Sequence
 
-from shardex.testing.proxy import CountingProxy, RequestHead, RequestRecord
-from shardex.testing.seaweedfs import S3Options, SeaweedFS, SeaweedFSError
+from tests.support.proxy import CountingProxy, RequestHead, RequestRecord
+from tests.support.seaweedfs import S3Options, SeaweedFS, SeaweedFSError
 
 __all__ = [
     "CountingProxy",

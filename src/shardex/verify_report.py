@@ -1,0 +1,88 @@
+"""What ``shardex verify`` reports, and the checks every backend's verification shares.
+
+:class:`Problem` and :class:`VerifyReport` are the report; :func:`verify_key_table` checks
+the key table that every backend writes. Kept apart from :mod:`shardex.verification` (the
+webdataset checks and the entry point) so that :mod:`shardex.verify_arrays` uses them
+without importing the module that dispatches to it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardex.errors import ShardexError
+from shardex.storage import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with an export."""
+
+    file: str
+    kind: str
+    message: str
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file} [{self.key}]" if self.key else self.file
+        return f"{where}: {self.kind}: {self.message}"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What verify found; ``ok`` when nothing is wrong."""
+
+    uri: str
+    problems: list[Problem] = field(default_factory=list)
+    samples: int = 0
+    shards: int = 0
+    bytes: int = 0
+    deep: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form (``shardex verify --json``)."""
+        out = {k: v for k, v in asdict(self).items() if k != "problems"}
+        return {**out, "ok": self.ok, "problems": [asdict(p) for p in self.problems]}
+
+
+def load_npy(storage: Storage, path: str, report: VerifyReport) -> np.ndarray | None:
+    """A ``.npy`` file of the export, or None with the problem recorded in ``report``."""
+    try:
+        return np.load(io.BytesIO(storage.get(path)), allow_pickle=False)  # type: ignore[no-any-return]
+    except (ShardexError, ValueError, OSError) as exc:
+        report.problems.append(Problem(path, "index", f"cannot be read: {exc}"))
+        return None
+
+
+def verify_key_table(
+    storage: Storage, path: str, n: int, report: VerifyReport
+) -> np.ndarray | None:
+    """The key table: uint64 (2, n), hashes sorted, sample numbers a permutation. Returns
+    the table when it has that shape and order (for the entries' hashes to be checked)."""
+    keys = load_npy(storage, path, report)
+    if keys is None:
+        return None
+    if keys.dtype != np.uint64 or keys.shape != (2, n):
+        report.problems.append(
+            Problem(path, "index", f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}")
+        )
+        return None
+    if n and np.any(keys[0][1:] < keys[0][:-1]):
+        report.problems.append(
+            Problem(path, "index", "key hashes are not sorted: lookups by key would miss")
+        )
+        return None
+    if n and not np.array_equal(np.sort(keys[1]), np.arange(n, dtype=np.uint64)):
+        report.problems.append(
+            Problem(path, "index", "the key table's sample numbers do not cover every sample")
+        )
+        return None
+    return keys

@@ -1,0 +1,63 @@
+"""A real local Ray cluster that listens on loopback only (tests and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables (which Ray's processes inherit) and restore them after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+@contextmanager
+def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
+    """Start a local Ray cluster on 127.0.0.1, yield, shut it down.
+
+    Ray replaces ``127.0.0.1`` with the machine's address unless it believes it runs on a
+    laptop (an OSX/Windows default); with that switch off every service listens on
+    loopback only, which the tests check.
+    """
+    import ray
+    from ray._private import ray_constants
+
+    # Ray's workers import the tests' stages (tests.support.stages) by name: they need the
+    # repository root on their path, also when the driver runs from another directory.
+    python_path = os.pathsep.join([_REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        with _environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                object_store_memory=init_options.pop("object_store_memory", 150 * 1024**2),
+                log_to_driver=False,
+                **init_options,
+            )
+            try:
+                nodes = {n["NodeManagerAddress"] for n in ray.nodes()}  # type: ignore[no-untyped-call]
+                if nodes != {"127.0.0.1"}:
+                    raise RuntimeError(f"Ray listens on {nodes}, not on loopback only")
+                yield
+            finally:
+                ray.shutdown()
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
