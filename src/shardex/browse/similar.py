@@ -1,0 +1,85 @@
+"""Nearest neighbours of a sample by cosine similarity over an embedding column (numpy).
+
+The column's values are used in place (a view of the Arrow buffer where it is float32 and
+in one chunk); only the row norms are made, once. A query is one matrix-vector product in
+blocks of rows, so memory stays bounded: about 8 ms per million 16-d rows, 0.1 s for a
+million 512-d rows on one core (measured in docs/browse.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from shardex.errors import ConfigError
+
+#: Rows per block of the matrix-vector product (bounds its temporaries).
+BLOCK_ROWS: Final = 1 << 18
+#: The most neighbours one query returns.
+MAX_NEIGHBOURS: Final = 100
+
+Matrix = npt.NDArray[np.float32]
+
+
+class Neighbours:
+    """Cosine nearest neighbours over one embedding column (thread-safe)."""
+
+    def __init__(self, column: pa.ChunkedArray, name: str) -> None:
+        self.name = name
+        self._column = column
+        self._lock = threading.Lock()
+        self._matrix: Matrix | None = None
+        self._norms: npt.NDArray[np.float32] | None = None
+
+    def nearest(self, index: int, k: int) -> list[tuple[int, float]]:
+        """The ``k`` samples most similar to sample ``index`` (itself left out), best
+        first, as ``(sample number, cosine similarity)``."""
+        if not 1 <= k <= MAX_NEIGHBOURS:
+            raise ConfigError(f"k={k} neighbours is out of bounds (1 to {MAX_NEIGHBOURS})")
+        matrix, norms = self._prepared()
+        query = matrix[index].astype(np.float32)
+        q_norm = float(np.linalg.norm(query))
+        if q_norm == 0.0:
+            return []  # an all-zero embedding is similar to nothing
+        best_rows: list[npt.NDArray[np.int64]] = []
+        best_scores: list[npt.NDArray[np.float32]] = []
+        for start in range(0, len(matrix), BLOCK_ROWS):
+            block = matrix[start : start + BLOCK_ROWS]
+            denom = norms[start : start + BLOCK_ROWS] * q_norm
+            scores = np.divide(
+                block @ query, denom, out=np.zeros(len(block), np.float32), where=denom > 0
+            )
+            if start <= index < start + len(block):
+                scores[index - start] = -np.inf
+            take = min(k, len(scores))
+            top = np.argpartition(-scores, take - 1)[:take]
+            best_rows.append(top.astype(np.int64) + start)
+            best_scores.append(scores[top])
+        rows, scores = np.concatenate(best_rows), np.concatenate(best_scores)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [(int(rows[i]), float(scores[i])) for i in order if np.isfinite(scores[i])]
+
+    def _prepared(self) -> tuple[Matrix, npt.NDArray[np.float32]]:
+        with self._lock:
+            if self._matrix is None or self._norms is None:
+                self._matrix = embedding_matrix(self._column)
+                self._norms = np.linalg.norm(self._matrix, axis=1).astype(np.float32)
+            return self._matrix, self._norms
+
+
+def embedding_matrix(column: pa.ChunkedArray) -> Matrix:
+    """An (N, D) float32 matrix of a fixed-size-list column; missing rows are zeros."""
+    kind = column.type
+    width = kind.list_size
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if array.null_count == 0:
+        values = array.flatten().to_numpy(zero_copy_only=False)
+        return np.asarray(values, dtype=np.float32).reshape(len(array), width)
+    matrix = np.zeros((len(array), width), dtype=np.float32)
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    matrix[valid] = np.asarray(array.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)
+    return matrix
