@@ -152,13 +152,15 @@ class _Pages:
             raise HTTPException(404, f"no sample {index} (the split has {self.catalog.num_rows})")
         return index
 
-    def _page(self, request: Request, name: str, **context: Any) -> Response:
+    def _page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
         base = {
             "location": self.browser.location,
             "split": self.catalog.split,
             "num_samples": self.catalog.num_rows,
         }
-        return self.templates.TemplateResponse(request, name, {**base, **context})
+        return self.templates.TemplateResponse(
+            request, name, {**base, **context}, status_code=status
+        )
 
     def grid(self, request: Request) -> Response:
         return self._page(request, "grid.html")
@@ -186,7 +188,7 @@ class _Pages:
             label_name=self.catalog.label_name(metadata.get(self.catalog.columns.label or "")),
             snippet=_snippet(self.browser.location, self.catalog.split, key),
             similar=bool(self.browser.neighbours),
-            status_code=500 if error else 200,
+            status=500 if error else 200,
         )
 
     def find(self, request: Request) -> Response:

@@ -48,6 +48,7 @@ async function load() {
   document.getElementById("prev").disabled = offset === 0;
   document.getElementById("next").disabled = last >= page.total;
   if (offset) p.set("offset", offset);
+  if (limit !== info.page_size) p.set("limit", limit);
   history.replaceState(null, "", `?${p}`);
   document.body.dataset.loaded = String(asked);
 }
