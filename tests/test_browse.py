@@ -183,6 +183,18 @@ def test_order_by_a_numeric_column_pages_through_the_sorted_split(
         page = client.get(f"/api/page?order=score&desc=1&offset={offset}&limit=25").json()
         got += [r["index"] for r in page["rows"]]
     assert got == want
+    by_export = client.get(f"/api/page?order=export_index&desc=1&limit={N}").json()["rows"]
+    assert [r["index"] for r in by_export] == list(range(N))[::-1]
+
+
+def test_import_shardex_stays_light_and_browse_is_the_function() -> None:
+    code = (
+        "import sys, shardex; print(sorted(m for m in ('starlette', 'uvicorn', 'jinja2', "
+        "'playwright') if m in sys.modules)); import shardex.browse.app; "
+        "print(callable(shardex.browse))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "True"]
 
 
 def test_sample_data_gives_each_fields_bytes_in_the_shard(

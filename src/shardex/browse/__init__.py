@@ -48,7 +48,7 @@ def open_browser(
     if split is None:
         split = next(iter(read_config(storage).splits))
     dataset = open_dataset(storage, split=split)
-    return Browser.of(dataset, storage.uri)
+    return Browser.of(dataset, storage.uri, storage)
 
 
 def create_app(

@@ -10,7 +10,9 @@ server's (DNS rebinding) are refused.
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
@@ -29,12 +31,14 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shardex.browse.catalog import Catalog
-from shardex.browse.query import page_bounds, parse_query
+from shardex.browse.query import Query, page_bounds, parse_query
 from shardex.browse.samples import THUMB_SIZES, SampleReader
 from shardex.browse.similar import Neighbours
+from shardex.browse.table import SplitTable
 from shardex.dataset import Dataset
 from shardex.errors import ConfigError, SampleNotFoundError, ShardexError
 from shardex.quoting import one_line
+from shardex.storage.base import Storage
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +68,26 @@ class Browser:
     location: str
 
     @classmethod
-    def of(cls, dataset: Dataset, location: str) -> Browser:
-        catalog = Catalog(dataset.metadata, dataset.config, dataset.split)
-        table = catalog.table
-        neighbours = {c: Neighbours(table.column(c), c) for c in catalog.columns.embeddings}
-        return cls(dataset, catalog, SampleReader(dataset), neighbours, location)
+    def of(cls, dataset: Dataset, location: str, storage: Storage) -> Browser:
+        metadata = SplitTable(storage, dataset.config, dataset.split)
+        catalog = Catalog(metadata, dataset.config, dataset.split)
+        neighbours = {
+            name: Neighbours(functools.partial(metadata.column, name), name)
+            for name in catalog.columns.embeddings
+        }
+        catalog.select(Query())  # the first page's selection, made before anyone asks
+        browser = cls(dataset, catalog, SampleReader(dataset), neighbours, location)
+        if neighbours:  # embeddings are large: read them while the first pages are served
+            threading.Thread(target=browser.warm, name="shardex-browse-warm", daemon=True).start()
+        return browser
+
+    def warm(self) -> None:
+        """Read the embedding columns now, so the first similar-images query is quick."""
+        try:
+            for neighbours in self.neighbours.values():
+                neighbours.prepare()
+        except ShardexError as exc:  # the first query will report it
+            log.warning("cannot read the embeddings of %s: %s", self.location, exc)
 
 
 def create_app(browser: Browser, *, host: str = "127.0.0.1") -> Starlette:
@@ -77,6 +96,8 @@ def create_app(browser: Browser, *, host: str = "127.0.0.1") -> Starlette:
     templates = Jinja2Templates(
         env=Environment(loader=PackageLoader("shardex.browse", "templates"), autoescape=True)
     )
+    for name in ("grid.html", "plots.html", "sample.html"):
+        templates.env.get_template(name)  # compiled now, not on the first visit
     pages = _Pages(browser, templates)
     routes = [
         Route("/", pages.grid),
@@ -157,6 +178,7 @@ class _Pages:
             "location": self.browser.location,
             "split": self.catalog.split,
             "num_samples": self.catalog.num_rows,
+            "info": self._info(),  # in the page: one round trip less before the grid
         }
         return self.templates.TemplateResponse(
             request, name, {**base, **context}, status_code=status
@@ -196,27 +218,29 @@ class _Pages:
         return RedirectResponse(f"/sample/{self.catalog.find(key)}", status_code=303)
 
     def info(self, request: Request) -> Response:
+        return JSONResponse(self._info())
+
+    def _info(self) -> dict[str, Any]:
         columns = self.catalog.columns
-        return JSONResponse(
-            {
-                "location": self.browser.location,
-                "split": self.catalog.split,
-                "splits": list(self.catalog.config.splits),
-                "num_samples": self.catalog.num_rows,
-                "label": columns.label,
-                "label_names": list(columns.label_names),
-                "numeric": list(columns.numeric),
-                "text": list(columns.text),
-                "shown": list(columns.shown),
-                "embeddings": list(columns.embeddings),
-                "thumb_sizes": list(THUMB_SIZES),
-                "page_size": DEFAULT_PAGE,
-            }
-        )
+        return {
+            "location": self.browser.location,
+            "split": self.catalog.split,
+            "splits": list(self.catalog.config.splits),
+            "num_samples": self.catalog.num_rows,
+            "label": columns.label,
+            "label_names": list(columns.label_names),
+            "numeric": list(columns.numeric),
+            "orderable": list(columns.orderable),
+            "text": list(columns.text),
+            "shown": list(columns.shown),
+            "embeddings": list(columns.embeddings),
+            "thumb_sizes": list(THUMB_SIZES),
+            "page_size": DEFAULT_PAGE,
+        }
 
     def page(self, request: Request) -> Response:
         params = _params(request)
-        query = parse_query(params, self.catalog.columns.numeric, self.catalog.columns.text)
+        query = parse_query(params, *self._kinds())
         offset, limit = page_bounds(params, DEFAULT_PAGE)
         shown = tuple(c for c in params.get("col", ()) if c in self.catalog.columns.shown)
         selection = self.catalog.select(query)
@@ -231,9 +255,13 @@ class _Pages:
             }
         )
 
+    def _kinds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        columns = self.catalog.columns
+        return columns.numeric, columns.text, columns.orderable
+
     def plot_data(self, request: Request) -> Response:
         params = _params(request)
-        query = parse_query(params, self.catalog.columns.numeric, self.catalog.columns.text)
+        query = parse_query(params, *self._kinds())
         return JSONResponse(self.catalog.plots(self.catalog.select(query)))
 
     def sample_data(self, request: Request) -> Response:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.browse.query import Mask, Query, query_mask
+from shardex.browse.table import SplitTable
 from shardex.contract import ExportConfig
 from shardex.errors import SampleNotFoundError
 
@@ -60,6 +61,7 @@ class Columns:
     numeric: tuple[str, ...]  # scalar numbers: ranges, order, histograms
     text: tuple[str, ...]  # strings (the key first): text match
     embeddings: tuple[str, ...]  # fixed-size lists of floats: similar images
+    orderable: tuple[str, ...]  # numeric, and the export's own order
 
     @classmethod
     def of(cls, schema: pa.Schema, config: ExportConfig) -> Columns:
@@ -87,6 +89,7 @@ class Columns:
             tuple(numeric),
             ("key", *text) if "key" in schema.names else tuple(text),
             tuple(embeddings),
+            ("export_index", *numeric) if "export_index" in schema.names else tuple(numeric),
         )
 
     @property
@@ -106,10 +109,11 @@ class Selection:
 class Catalog:
     """The metadata of one split, queried by the browser (thread-safe)."""
 
-    def __init__(self, table: pa.Table, config: ExportConfig, split: str) -> None:
-        self.table, self.config, self.split = table, config, split
+    def __init__(self, metadata: SplitTable, config: ExportConfig, split: str) -> None:
+        self.metadata, self.config, self.split = metadata, config, split
+        self.table = table = metadata.table
         self.num_rows = table.num_rows
-        self.columns = Columns.of(table.schema, config)
+        self.columns = Columns.of(metadata.schema, config)
         self._keys: pa.ChunkedArray | None = (
             table.column("key") if "key" in table.column_names else None
         )
@@ -122,6 +126,7 @@ class Catalog:
         self._orders: dict[tuple[str, bool], Indices] = {}
         self._selections: OrderedDict[Query, Selection] = OrderedDict()
         self._numbers: dict[str, npt.NDArray[np.float64]] = {}
+        self._ranges: dict[str, tuple[float, float] | None] = {}
 
     def select(self, query: Query) -> Selection:
         """The samples ``query`` keeps, ordered; kept for the next page of the same query."""
@@ -160,8 +165,7 @@ class Catalog:
 
     def row(self, index: int) -> dict[str, Any]:
         """Every metadata value of sample ``index``, JSON-ready, strings whole."""
-        values = self.table.slice(index, 1).to_pylist()[0]
-        return {name: json_value(v, None) for name, v in values.items()}
+        return {name: json_value(v, None) for name, v in self.metadata.row(index).items()}
 
     def label_name(self, label: Any) -> str:
         names = self.columns.label_names
@@ -179,8 +183,11 @@ class Catalog:
     def plots(self, selection: Selection) -> dict[str, Any]:
         """Data of the plots over a selection: label counts, one histogram per numeric
         column, width x height counts, and the split's shard sizes."""
-        mask = np.zeros(self.num_rows, dtype=bool)
+        mask: Mask | None = np.zeros(self.num_rows, dtype=bool)
+        assert mask is not None
         mask[selection.indices] = True
+        if selection.indices.size == self.num_rows:
+            mask = None  # everything: no copy of each column through a mask
         histograms = {name: self._histogram(name, mask) for name in self.columns.numeric}
         shards = self.config.split(self.split).shards
         return {
@@ -231,41 +238,63 @@ class Catalog:
     def _label_plot(self, selection: Selection) -> list[dict[str, Any]]:
         if self._labels is None:
             return []
-        labels = self._labels[selection.indices]
-        values, counts = np.unique(labels[labels >= 0], return_counts=True)
+        mask = np.zeros(self.num_rows, dtype=bool)
+        mask[selection.indices] = True
         return [
-            {"label": v, "name": self.label_name(v), "count": c}
-            for v, c in zip(values.tolist(), counts.tolist(), strict=True)
+            {"label": label, "name": self.label_name(label), "count": count}
+            for label, count in sorted(self._label_counts(mask).items())
         ]
 
-    def _histogram(self, column: str, mask: Mask) -> dict[str, Any]:
+    def _bounds(self, column: str) -> tuple[float, float] | None:
+        """The finite range of a numeric column (made once): bins span the whole column,
+        so a filtered plot compares with the unfiltered one."""
+        with self._lock:
+            if column in self._ranges:
+                return self._ranges[column]
         values = self.numbers(column)
-        finite = np.isfinite(values)
-        if not finite.any():
+        finite = values[np.isfinite(values)]
+        bounds = None
+        if finite.size:
+            lo, hi = float(finite.min()), float(finite.max())
+            bounds = (lo, hi if hi > lo else lo + 1.0)
+        with self._lock:
+            self._ranges[column] = bounds
+        return bounds
+
+    def _kept(self, column: str, mask: Mask | None) -> npt.NDArray[np.float64]:
+        values = self.numbers(column)
+        return values if mask is None else values[mask]
+
+    def _histogram(self, column: str, mask: Mask | None) -> dict[str, Any]:
+        bounds = self._bounds(column)
+        if bounds is None:
             return {"edges": [], "counts": []}
-        # bins over the whole column, so a filter's bars compare with the unfiltered ones
-        lo, hi = float(values[finite].min()), float(values[finite].max())
-        counts, edges = np.histogram(values[mask & finite], bins=BINS, range=(lo, hi or 1.0))
+        values = self._kept(column, mask)
+        counts, edges = np.histogram(values[np.isfinite(values)], bins=BINS, range=bounds)
         return {"edges": edges.tolist(), "counts": counts.tolist()}
 
-    def _sizes(self, mask: Mask) -> dict[str, Any] | None:
+    def _sizes(self, mask: Mask | None) -> dict[str, Any] | None:
         if not {"width", "height"} <= set(self.columns.numeric):
             return None
-        w, h = self.numbers("width"), self.numbers("height")
-        finite = np.isfinite(w) & np.isfinite(h)
-        if not finite.any():
+        w_bounds, h_bounds = self._bounds("width"), self._bounds("height")
+        if w_bounds is None or h_bounds is None:
             return None
-        w_range = (float(w[finite].min()), float(w[finite].max()) or 1.0)
-        h_range = (float(h[finite].min()), float(h[finite].max()) or 1.0)
-        keep = mask & finite
-        counts, w_edges, h_edges = np.histogram2d(
-            w[keep], h[keep], bins=SIZE_BINS, range=(w_range, h_range)
-        )
+        w, h = self._kept("width", mask), self._kept("height", mask)
+        finite = np.isfinite(w) & np.isfinite(h)
+        # bin numbers by arithmetic and one bincount: several times faster than histogram2d
+        wi, hi = _bin(w[finite], w_bounds), _bin(h[finite], h_bounds)
+        counts = np.bincount(wi * SIZE_BINS + hi, minlength=SIZE_BINS * SIZE_BINS)
         return {
-            "width_edges": w_edges.tolist(),
-            "height_edges": h_edges.tolist(),
-            "counts": counts.astype(np.int64).tolist(),
+            "width_edges": np.linspace(*w_bounds, SIZE_BINS + 1).tolist(),
+            "height_edges": np.linspace(*h_bounds, SIZE_BINS + 1).tolist(),
+            "counts": counts.reshape(SIZE_BINS, SIZE_BINS).tolist(),
         }
+
+
+def _bin(values: npt.NDArray[np.float64], bounds: tuple[float, float]) -> npt.NDArray[np.int64]:
+    lo, hi = bounds
+    scaled = (values - lo) * (SIZE_BINS / (hi - lo))
+    return np.clip(scaled.astype(np.int64), 0, SIZE_BINS - 1)
 
 
 def json_value(value: Any, cut: int | None) -> Any:

@@ -58,7 +58,10 @@ class Query:
 
 
 def parse_query(
-    params: Mapping[str, Sequence[str]], numeric: Sequence[str], text: Sequence[str]
+    params: Mapping[str, Sequence[str]],
+    numeric: Sequence[str],
+    text: Sequence[str],
+    orderable: Sequence[str] = (),
 ) -> Query:
     """A :class:`Query` from URL parameters: ``label`` (repeatable), ``min.COL`` /
     ``max.COL``, ``q`` and ``in`` (text and its column), ``expr``, ``order``, ``desc``.
@@ -80,7 +83,7 @@ def parse_query(
     _known(column, text, "text column")
     order = _last(params, "order")
     if order:
-        _known(order, numeric, "numeric column")
+        _known(order, orderable or numeric, "column to order by")
     desc = _last(params, "desc") in ("1", "true", "on")
     return Query(labels, ranges, q, column, _last(params, "expr").strip(), order, desc)
 

@@ -9,6 +9,7 @@ million 512-d rows on one core (measured in docs/browse.md).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Final
 
 import numpy as np
@@ -28,9 +29,9 @@ Matrix = npt.NDArray[np.float32]
 class Neighbours:
     """Cosine nearest neighbours over one embedding column (thread-safe)."""
 
-    def __init__(self, column: pa.ChunkedArray, name: str) -> None:
+    def __init__(self, column: Callable[[], pa.ChunkedArray], name: str) -> None:
         self.name = name
-        self._column = column
+        self._column = column  # read when first needed: an embedding column is large
         self._lock = threading.Lock()
         self._matrix: Matrix | None = None
         self._norms: npt.NDArray[np.float32] | None = None
@@ -63,10 +64,14 @@ class Neighbours:
         order = np.argsort(-scores, kind="stable")[:k]
         return [(int(rows[i]), float(scores[i])) for i in order if np.isfinite(scores[i])]
 
+    def prepare(self) -> None:
+        """Read the column and make the row norms now (the first query does otherwise)."""
+        self._prepared()
+
     def _prepared(self) -> tuple[Matrix, npt.NDArray[np.float32]]:
         with self._lock:
             if self._matrix is None or self._norms is None:
-                self._matrix = embedding_matrix(self._column)
+                self._matrix = embedding_matrix(self._column())
                 self._norms = np.linalg.norm(self._matrix, axis=1).astype(np.float32)
             return self._matrix, self._norms
 

@@ -14,6 +14,9 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// What the server says of the split (columns, labels, page size), given in the page.
+export const info = JSON.parse(document.getElementById("info").textContent);
+
 export async function getJSON(url) {
   const response = await fetch(url);
   const body = await response.json().catch(() => ({ error: response.statusText }));

@@ -1,11 +1,10 @@
-import { Filters, el, getJSON, tile } from "./common.js";
+import { Filters, el, getJSON, info, tile } from "./common.js";
 
-const info = await getJSON("/api/info");
 const url = new URLSearchParams(location.search);
 let offset = Number.parseInt(url.get("offset") ?? "0", 10) || 0;
 const limit = Math.min(Number.parseInt(url.get("limit") ?? "", 10) || info.page_size, 200);
 const order = document.getElementById("order");
-for (const name of info.numeric) order.append(el("option", { value: name, selected: url.get("order") === name }, name));
+for (const name of info.orderable) order.append(el("option", { value: name, selected: url.get("order") === name }, name));
 document.getElementById("desc").checked = url.get("desc") === "1";
 const shownBox = document.getElementById("shown-columns");
 const wanted = url.has("col") ? new Set(url.getAll("col")) : new Set(info.shown.slice(0, 2));
@@ -51,6 +50,7 @@ async function load() {
   if (limit !== info.page_size) p.set("limit", limit);
   history.replaceState(null, "", `?${p}`);
   document.body.dataset.loaded = String(asked);
+  document.body.dataset.loadedMs = String(Math.round(performance.now()));
 }
 
 document.getElementById("prev").addEventListener("click", () => { offset = Math.max(0, offset - limit); load(); });

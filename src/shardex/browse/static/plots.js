@@ -1,4 +1,4 @@
-import { Filters, el, getJSON } from "./common.js";
+import { Filters, el, getJSON, info } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 function svg(tag, attrs = {}, text = null) {
@@ -76,7 +76,6 @@ function show(id, chart) {
   figure.hidden = !chart;
 }
 
-const info = await getJSON("/api/info");
 let current = 0;
 async function load() {
   const p = filters.params();
@@ -101,6 +100,7 @@ async function load() {
     el("figure", { class: "plot histogram", "data-column": name }, el("figcaption", {}, name), histogram(h.edges, h.counts))));
   history.replaceState(null, "", `?${p}`);
   document.body.dataset.loaded = String(asked);
+  document.body.dataset.loadedMs = String(Math.round(performance.now()));
 }
 const filters = new Filters(info, load);
 load();

@@ -1,4 +1,4 @@
-import { getJSON, tile } from "./common.js";
+import { getJSON, info, tile } from "./common.js";
 
 const article = document.querySelector("article.sample");
 const index = article.dataset.index;
@@ -18,8 +18,7 @@ document.getElementById("copy").addEventListener("click", async (event) => {
 const similar = document.getElementById("similar");
 if (similar) {
   const status = document.getElementById("similar-status");
-  const info = await getJSON("/api/info");
-  try {
+    try {
     const started = performance.now();
     const found = await getJSON(`/api/similar/${index}?k=12`);
     similar.replaceChildren(...found.rows.map((row) => tile(row, info)));
