@@ -535,3 +535,16 @@ def test_s3_export_costs_one_ranged_get_per_image(page: Any, s3: S3Location) -> 
         assert len(s3.proxy.requests) == 1  # thumbnails are cached; the sample read once
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(url + "image/30")
+
+
+def test_docs_example_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    shardex.export("demo:60", "demo-export", split_fractions={"train": 0.8, "val": 0.2}, workers=1)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "browse.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(code, "docs/browse.md", "exec"), {})
+    meta = shardex.open_dataset("demo-export", split="train").metadata.to_pylist()
+    want = sum(r["label"] in (0, 4) and r["aesthetic_score"] > 5 for r in meta)
+    assert capsys.readouterr().out.startswith(f"{want} samples match; [")
