@@ -548,3 +548,15 @@ def test_docs_example_runs(
     meta = shardex.open_dataset("demo-export", split="train").metadata.to_pylist()
     want = sum(r["label"] in (0, 4) and r["aesthetic_score"] > 5 for r in meta)
     assert capsys.readouterr().out.startswith(f"{want} samples match; [")
+
+
+def test_other_backends_are_browsed_through_their_reader(tmp_path: Path) -> None:
+    shardex.export(_source(12), tmp_path / "np", backend="numpy", workers=1)
+    ds = shardex.open_dataset(tmp_path / "np")
+    with TestClient(create_app(tmp_path / "np"), base_url="http://127.0.0.1") as client:
+        assert client.get("/api/page").json()["total"] == 12
+        assert client.get("/thumb/3").headers["content-type"] == "image/jpeg"
+        assert client.get("/image/3").content == ds[3]["jpg"]
+        page = client.get("/sample/3")
+        assert page.status_code == 200
+        assert "numpy backend keeps no per-sample byte range" in page.text

@@ -226,6 +226,7 @@ class _Pages:
             "location": self.browser.location,
             "split": self.catalog.split,
             "splits": list(self.catalog.config.splits),
+            "backend": self.catalog.config.backend,
             "num_samples": self.catalog.num_rows,
             "label": columns.label,
             "label_names": list(columns.label_names),
