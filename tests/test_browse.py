@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardex
 from conftest import S3Location
@@ -138,6 +140,58 @@ def test_expressions_keep_what_the_pipeline_filter_keeps(
     kept = [i for i, row in enumerate(dataset.metadata.to_pylist()) if stage.holds(row)]
     rows = client.get("/api/page", params={"expr": expr, "limit": 200}).json()["rows"]
     assert [r["index"] for r in rows] == kept
+
+
+_INTS = st.sampled_from(["width", "height", "label"])
+_TERMS = st.one_of(
+    _INTS,
+    st.just("score"),
+    st.integers(-50, 50).map(str),
+    st.floats(-20, 20, allow_nan=False).map(lambda x: repr(round(x, 2))),
+)
+
+
+@st.composite
+def _numbers(draw: st.DrawFn, depth: int = 2) -> str:
+    if depth == 0 or draw(st.booleans()):
+        return draw(_TERMS)
+    left, right = draw(_numbers(depth - 1)), draw(_numbers(depth - 1))
+    op = draw(st.sampled_from(["+", "-", "*", "/"]))
+    if op == "/":  # a non-zero divisor: Python would raise where Arrow gives inf
+        right = draw(st.sampled_from(["3", "-7", "2.5"]))
+    if draw(st.booleans()):  # // and % on integers, where both languages agree exactly
+        return f"({draw(_INTS)} {draw(st.sampled_from(['//', '%']))} {draw(st.sampled_from(['4', '-3']))})"
+    return f"({left} {op} {right})"
+
+
+@st.composite
+def _conditions(draw: st.DrawFn, depth: int = 2) -> str:
+    if depth == 0 or draw(st.booleans()):
+        ops = draw(
+            st.lists(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), min_size=1, max_size=2)
+        )
+        parts = [draw(_numbers()) for _ in range(len(ops) + 1)]
+        chain = parts[0] + "".join(f" {op} {p}" for op, p in zip(ops, parts[1:], strict=True))
+        if draw(st.booleans()):
+            return chain
+        return f"{draw(_INTS)} {draw(st.sampled_from(['in', 'not in']))} (1, 2, 30)"
+    kind = draw(st.sampled_from(["and", "or", "not"]))
+    if kind == "not":
+        return f"not ({draw(_conditions(depth - 1))})"
+    return f"({draw(_conditions(depth - 1))}) {kind} ({draw(_conditions(depth - 1))})"
+
+
+@settings(max_examples=60, deadline=None)
+@given(expr=_conditions())
+def test_random_expressions_agree_with_the_pipeline_filter(
+    dataset: shardex.Dataset, expr: str
+) -> None:
+    from shardex.browse.query import expression_mask
+
+    stage = FilterStage(expr)
+    rows = dataset.metadata.to_pylist()
+    kept = np.flatnonzero(expression_mask(dataset.metadata, expr)).tolist()
+    assert kept == [i for i, row in enumerate(rows) if stage.holds(row)], expr
 
 
 @pytest.mark.parametrize(

@@ -132,8 +132,8 @@ def expression_mask(table: pa.Table, expr: str) -> Mask:
     missing = sorted(names - set(table.column_names))
     if missing:
         raise ConfigError(
-            f"filter {expr!r} names {', '.join(map(repr, missing))}, which the metadata "
-            f"lacks; its columns are {', '.join(table.column_names)}"
+            f"filter {expr!r} names {', '.join(map(repr, missing))}, which is not a column "
+            f"the browser filters on (those are {', '.join(table.column_names)})"
         )
     try:
         value = _Columns(table, expr).evaluate(ast.parse(expr, mode="eval").body)
@@ -161,7 +161,7 @@ class _Columns:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
-            return self.table.column(node.id)
+            return _widened(self.table.column(node.id))
         if isinstance(node, ast.BoolOp):
             combine = pc.and_kleene if isinstance(node.op, ast.And) else pc.or_kleene
             parts = [_truth(self.evaluate(v)) for v in node.values]
@@ -173,7 +173,7 @@ class _Columns:
             operand = self.evaluate(node.operand)
             if isinstance(node.op, ast.Not):
                 return pc.invert(_truth(operand))
-            return pc.negate(operand) if isinstance(node.op, ast.USub) else operand
+            return pc.negate_checked(operand) if isinstance(node.op, ast.USub) else operand
         if isinstance(node, ast.BinOp):
             return self._arithmetic(node)
         if isinstance(node, ast.Compare):
@@ -190,12 +190,13 @@ class _Columns:
 
     def _arithmetic(self, node: ast.BinOp) -> Any:
         left, right = self.evaluate(node.left), self.evaluate(node.right)
+        # checked kernels: an integer overflow is an error, as Python's ints never wrap
         if isinstance(node.op, ast.Add):
-            return pc.add(left, right)
+            return pc.add_checked(left, right)
         if isinstance(node.op, ast.Sub):
-            return pc.subtract(left, right)
+            return pc.subtract_checked(left, right)
         if isinstance(node.op, ast.Mult):
-            return pc.multiply(left, right)
+            return pc.multiply_checked(left, right)
         # '/' is true division, as in Python (Arrow divides integers as integers)
         quotient = pc.divide(_float(left), _float(right))
         if isinstance(node.op, ast.Div):
@@ -225,10 +226,21 @@ class _Columns:
 
     def _contains(self, item: Any, container: Any) -> Any:
         if isinstance(container, tuple):
+            if not container:
+                return False
             return pc.is_in(item, value_set=pa.array(container))
         if isinstance(container, pa.ChunkedArray) and isinstance(item, str):
             return pc.match_substring(container, item)  # "cat" in caption: a substring
         raise self.refuse("'in' other than COLUMN in (...) or 'TEXT' in COLUMN")
+
+
+def _widened(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Narrow integers as int64, so that arithmetic on them overflows no sooner than
+    Python's (where it would not at all) for any value a metadata column holds."""
+    kind = column.type
+    if pa.types.is_integer(kind) and kind not in (pa.int64(), pa.uint64()):
+        return pc.cast(column, pa.int64())
+    return column
 
 
 def _truth(value: Any) -> Any:
