@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -42,6 +41,8 @@ from shardex.storage.base import Storage
 
 log = logging.getLogger(__name__)
 
+#: The most label values the filter lists when config.yaml does not name the labels.
+MAX_LABELS: Final = 1000
 #: Samples on one page of the grid unless the page asks for another number.
 DEFAULT_PAGE: Final = 48
 SECURITY_HEADERS: Final = (
@@ -157,9 +158,6 @@ def _error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": one_line(str(exc))}, status_code=status)
 
 
-Handler = Callable[[Request], Awaitable[Response]]
-
-
 class _Pages:
     """The route handlers (sync ones run in Starlette's thread pool)."""
 
@@ -230,6 +228,8 @@ class _Pages:
             "num_samples": self.catalog.num_rows,
             "label": columns.label,
             "label_names": list(columns.label_names),
+            # the labels found, for the filter where config.yaml names none
+            "label_values": sorted(self.catalog.select(Query()).label_counts)[:MAX_LABELS],
             "numeric": list(columns.numeric),
             "orderable": list(columns.orderable),
             "text": list(columns.text),

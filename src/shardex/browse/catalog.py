@@ -192,6 +192,7 @@ class Catalog:
         shards = self.config.split(self.split).shards
         return {
             "total": int(selection.indices.size),
+            "label_counts": {str(k): v for k, v in selection.label_counts.items()},
             "labels": self._label_plot(selection),
             "histograms": histograms,
             "sizes": self._sizes(mask),

@@ -71,16 +71,16 @@ export class Filters {
     const box = document.getElementById("labels");
     box.hidden = false;
     const chosen = new Set(url.getAll("label"));
-    const names = this.info.label_names.length ? this.info.label_names : [];
+    const names = this.info.label_names;
+    const values = names.length ? names.map((_, i) => i) : this.info.label_values;
     this.labelCounts = new Map();
     const choices = box.querySelector(".choices");
-    const count = names.length || 0;
-    for (let i = 0; i < count; i++) {
+    for (const value of values) {
       const n = el("span", { class: "n" });
-      this.labelCounts.set(String(i), n);
+      this.labelCounts.set(String(value), n);
       choices.append(el("label", { class: "choice" },
-        el("input", { type: "checkbox", name: "label", value: i, checked: chosen.has(String(i)) }),
-        ` ${names[i]} `, n));
+        el("input", { type: "checkbox", name: "label", value, checked: chosen.has(String(value)) }),
+        ` ${names[value] ?? value} `, n));
     }
   }
 

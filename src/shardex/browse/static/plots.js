@@ -90,7 +90,7 @@ async function load() {
   }
   if (asked !== current) return;
   filters.status("");
-  filters.showCounts(Object.fromEntries(data.labels.map((d) => [String(d.label), d.count])));
+  filters.showCounts(data.label_counts);
   document.getElementById("count").textContent = `${data.total.toLocaleString("en")} of ${info.num_samples.toLocaleString("en")} samples`;
   show("plot-labels", data.labels.length ? hbars(data.labels.map((d) => ({ name: d.name, value: d.count }))) : null);
   show("plot-sizes", data.sizes ? heatmap(data.sizes) : null);
