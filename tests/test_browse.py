@@ -614,3 +614,19 @@ def test_other_backends_are_browsed_through_their_reader(tmp_path: Path) -> None
         page = client.get("/sample/3")
         assert page.status_code == 200
         assert "numpy backend keeps no per-sample byte range" in page.text
+
+
+def test_thumbnails_are_small_jpegs_and_refuse_what_is_not_an_image() -> None:
+    import io
+
+    from PIL import Image
+
+    from shardex.browse.samples import BadImageError, make_thumbnail
+
+    for fmt, size in (("jpg", (1200, 900)), ("png", (300, 40)), ("webp", (50, 70))):
+        thumb = make_thumbnail(image_bytes(1, fmt, size), 160, "x")
+        with Image.open(io.BytesIO(thumb)) as image:
+            assert image.format == "JPEG"
+            assert max(image.size) == min(160, max(size))
+    with pytest.raises(BadImageError, match=r"sample 3 .* is not a decodable image"):
+        make_thumbnail(b"\xff\xd8\xff not really a jpeg", 160, "sample 3 (jpg)")
