@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 from shardex.api import open_dataset, read_config
 from shardex.backends.registry import get_backend, register_backend
+from shardex.browse import browse  # the function; the package stays shardex.browse in imports
 from shardex.contract import ExportConfig, KeySpec, ShardInfo, SplitInfo
 from shardex.dataset import Dataset
 from shardex.exported import ExportedDataset
@@ -39,6 +40,7 @@ __all__ = [
     "SplitInfo",
     "VerifyReport",
     "__version__",
+    "browse",
     "export",
     "get_backend",
     "materialize",

@@ -533,6 +533,44 @@ def get(
     click.echo(f"wrote {len(fields[ext])} bytes ({key}.{ext}) to {dest}")
 
 
+@main.command("browse")
+@click.argument("export")
+@click.option(
+    "--split", default=None, help="Split to show (default: the only one, else the first)."
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; any other than loopback shows the export to the network.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="Port to bind (0: any free port; the URL printed names it).",
+)
+@_storage_flags
+def browse_command(
+    export: str,
+    split: str | None,
+    host: str,
+    port: int,
+    s3_endpoint_url: str | None,
+    s3_region: str | None,
+    s3_profile: str | None,
+) -> None:
+    """Look at EXPORT in the browser: thumbnails, filters, plots, one sample in full.
+
+    A local, read-only web app (needs `pip install 'shardex[browse]'`); Ctrl-C stops it.
+    """
+    from shardex.browse import browse
+
+    options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
+    browse(export, split, host=host, port=port, storage_options=options)
+
+
 @main.command("verify")
 @click.argument("output")
 @click.option("--deep", is_flag=True, help="Also decode every image.")

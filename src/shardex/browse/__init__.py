@@ -1,0 +1,135 @@
+"""``shardex browse``: look at an export in the browser (a local, read-only web app).
+
+Needs the ``browse`` extra (Starlette, uvicorn, Jinja2): ``pip install 'shardex[browse]'``.
+Importing this package imports none of them; :func:`browse` and :func:`create_app` do.
+The page's scripts, styles and templates ship inside the package: nothing is fetched from
+the network.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+from shardex.errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from shardex.browse.app import Browser
+    from shardex.storage import Storage
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8765
+_INSTALL_HINT: Final = "pip install 'shardex[browse]'"
+
+
+def open_browser(
+    location: str | os.PathLike[str] | Storage,
+    split: str | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> Browser:
+    """Open one split of an export for browsing: its dataset and its metadata, loaded once.
+
+    Args:
+        location: the export's folder or URL (``s3://...``), or a storage.
+        split: the split to show; default: the only split, else the first in config.yaml.
+        storage_options: options for object storage (see docs/storage.md).
+    """
+    _require()
+    from shardex.api import open_dataset, read_config
+    from shardex.browse.app import Browser
+    from shardex.storage import open_storage
+
+    storage = open_storage(location, storage_options)
+    if split is None:
+        split = next(iter(read_config(storage).splits))
+    dataset = open_dataset(storage, split=split)
+    return Browser.of(dataset, storage.uri, storage)
+
+
+def create_app(
+    location: str | os.PathLike[str] | Storage,
+    split: str | None = None,
+    *,
+    host: str = DEFAULT_HOST,
+    storage_options: dict[str, Any] | None = None,
+) -> Starlette:
+    """The ASGI app of :func:`browse`, to serve with any ASGI server (or test with
+    Starlette's ``TestClient``). ``host`` is the address it will be served on: requests
+    naming another host are refused (DNS rebinding)."""
+    from shardex.browse.app import create_app as _create_app
+
+    return _create_app(open_browser(location, split, storage_options=storage_options), host=host)
+
+
+def browse(
+    location: str | os.PathLike[str] | Storage,
+    split: str | None = None,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    storage_options: dict[str, Any] | None = None,
+    out: TextIO | None = None,
+) -> None:
+    """Serve a split of an export in the browser until interrupted (Ctrl-C).
+
+    The app is read-only and binds the loopback address unless ``host`` says otherwise
+    (another address shows the export to whoever can reach it).
+
+    Args:
+        location: the export's folder or URL, or a storage.
+        split: the split to show; default: the only split, else the first.
+        host: address to bind.
+        port: port to bind; 0 picks a free one (the URL printed names it).
+        storage_options: options for object storage.
+        out: where to print the URL (default: standard output).
+
+    Raises:
+        MissingDependencyError: the ``browse`` extra is not installed.
+        ConfigError: the address cannot be bound (port taken?).
+    """
+    import uvicorn
+
+    app = create_app(location, split, host=host, storage_options=storage_options)
+    sock = _bind(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        f"serving {location} at http://{shown}:{bound}/ (read-only; Ctrl-C stops)",
+        file=out or sys.stdout,
+        flush=True,
+    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = getattr(exc, "strerror", None) or exc
+        raise ConfigError(
+            f"cannot serve on {host!r} port {port}: {why} (choose another --port, or 0 for "
+            "any free one)"
+        ) from exc
+    return sock
+
+
+def _require() -> None:
+    try:
+        import jinja2  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"shardex browse needs Starlette, uvicorn and Jinja2 ({exc.name} is missing): "
+            f"{_INSTALL_HINT}"
+        ) from exc

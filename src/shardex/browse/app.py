@@ -1,0 +1,330 @@
+"""The browser's web app (Starlette): pages, a JSON API, thumbnails and images.
+
+Read-only by construction: every route answers GET (and HEAD) only, and a sample is reached
+by its number in the split or by its key, never by a path from the client. Pages are
+Jinja2 templates with autoescape on, and the scripts build the page with ``textContent``;
+a Content-Security-Policy allows scripts and styles from this server only, so a metadata
+value holding markup is shown as text and never runs. Requests whose ``Host`` is not this
+server's (DNS rebinding) are refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import numpy as np
+from jinja2 import Environment, PackageLoader
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shardex.browse.catalog import Catalog
+from shardex.browse.query import Query, page_bounds, parse_query
+from shardex.browse.samples import THUMB_SIZES, SampleReader
+from shardex.browse.similar import Neighbours
+from shardex.browse.table import SplitTable
+from shardex.dataset import Dataset
+from shardex.errors import ConfigError, SampleNotFoundError, ShardexError
+from shardex.quoting import one_line
+from shardex.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+#: The most label values the filter lists when config.yaml does not name the labels.
+MAX_LABELS: Final = 1000
+#: Samples on one page of the grid unless the page asks for another number.
+DEFAULT_PAGE: Final = 48
+SECURITY_HEADERS: Final = (
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        b"connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True, slots=True)
+class Browser:
+    """What the app serves: one split of an export."""
+
+    dataset: Dataset
+    catalog: Catalog
+    reader: SampleReader
+    neighbours: dict[str, Neighbours]
+    location: str
+
+    @classmethod
+    def of(cls, dataset: Dataset, location: str, storage: Storage) -> Browser:
+        metadata = SplitTable(storage, dataset.config, dataset.split)
+        catalog = Catalog(metadata, dataset.config, dataset.split)
+        neighbours = {
+            name: Neighbours(functools.partial(metadata.column, name), name)
+            for name in catalog.columns.embeddings
+        }
+        catalog.select(Query())  # the first page's selection, made before anyone asks
+        browser = cls(dataset, catalog, SampleReader(dataset), neighbours, location)
+        if neighbours:  # embeddings are large: read them while the first pages are served
+            threading.Thread(target=browser.warm, name="shardex-browse-warm", daemon=True).start()
+        return browser
+
+    def warm(self) -> None:
+        """Read the embedding columns now, so the first similar-images query is quick."""
+        try:
+            for neighbours in self.neighbours.values():
+                neighbours.prepare()
+        except ShardexError as exc:  # the first query will report it
+            log.warning("cannot read the embeddings of %s: %s", self.location, exc)
+
+
+def create_app(browser: Browser, *, host: str = "127.0.0.1") -> Starlette:
+    """The ASGI app serving ``browser``; ``host`` is the address it is bound to (requests
+    must name it, or a loopback name, in their Host header)."""
+    templates = Jinja2Templates(
+        env=Environment(loader=PackageLoader("shardex.browse", "templates"), autoescape=True)
+    )
+    for name in ("grid.html", "plots.html", "sample.html"):
+        templates.env.get_template(name)  # compiled now, not on the first visit
+    pages = _Pages(browser, templates)
+    routes = [
+        Route("/", pages.grid),
+        Route("/plots", pages.plots),
+        Route("/sample/{index:int}", pages.sample),
+        Route("/find", pages.find),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
+        Route("/api/info", pages.info),
+        Route("/api/page", pages.page),
+        Route("/api/plots", pages.plot_data),
+        Route("/api/sample/{index:int}", pages.sample_data),
+        Route("/api/similar/{index:int}", pages.similar),
+        Route("/thumb/{index:int}", pages.thumb),
+        Route("/image/{index:int}", pages.image),
+        Mount("/static", StaticFiles(packages=[("shardex.browse", "static")]), name="static"),
+    ]
+    allowed = ["*"] if host in ("0.0.0.0", "::", "") else [host, *LOOPBACK_NAMES]
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(_SecurityHeaders),
+            Middleware(TrustedHostMiddleware, allowed_hosts=allowed),
+        ],
+        exception_handlers={ShardexError: _error, IndexError: _error},
+    )
+
+
+class _SecurityHeaders:
+    """Adds the headers of :data:`SECURITY_HEADERS` to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _error(request: Request, exc: Exception) -> Response:
+    """Errors as JSON with a status: 400 bad parameters, 404 no such sample, 500 a
+    sample that cannot be read (the server goes on)."""
+    if isinstance(exc, ConfigError):
+        status = 400
+    elif isinstance(exc, SampleNotFoundError | IndexError):
+        status = 404
+    else:
+        status = 500
+        log.warning("%s: %s", request.url.path, exc)
+    return JSONResponse({"error": one_line(str(exc))}, status_code=status)
+
+
+class _Pages:
+    """The route handlers (sync ones run in Starlette's thread pool)."""
+
+    def __init__(self, browser: Browser, templates: Jinja2Templates) -> None:
+        self.browser, self.templates = browser, templates
+        self.catalog = browser.catalog
+
+    def _index(self, request: Request) -> int:
+        index = int(request.path_params["index"])
+        if not 0 <= index < self.catalog.num_rows:
+            raise HTTPException(404, f"no sample {index} (the split has {self.catalog.num_rows})")
+        return index
+
+    def _page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        base = {
+            "location": self.browser.location,
+            "split": self.catalog.split,
+            "num_samples": self.catalog.num_rows,
+            "info": self._info(),  # in the page: one round trip less before the grid
+        }
+        return self.templates.TemplateResponse(
+            request, name, {**base, **context}, status_code=status
+        )
+
+    def grid(self, request: Request) -> Response:
+        return self._page(request, "grid.html")
+
+    def plots(self, request: Request) -> Response:
+        return self._page(request, "plots.html")
+
+    def sample(self, request: Request) -> Response:
+        index = self._index(request)
+        detail, error = None, None
+        try:
+            detail = self.browser.reader.detail(index)
+        except ShardexError as exc:
+            error = one_line(str(exc))
+        metadata = self.catalog.row(index)
+        key = str(metadata.get("key", detail.key if detail else ""))
+        return self._page(
+            request,
+            "sample.html",
+            index=index,
+            key=key,
+            detail=detail,
+            error=error,
+            metadata={name: _shown(v) for name, v in metadata.items()},
+            label_name=self.catalog.label_name(metadata.get(self.catalog.columns.label or "")),
+            snippet=_snippet(self.browser.location, self.catalog.split, key),
+            similar=bool(self.browser.neighbours),
+            status=500 if error else 200,
+        )
+
+    def find(self, request: Request) -> Response:
+        key = request.query_params.get("key", "")
+        return RedirectResponse(f"/sample/{self.catalog.find(key)}", status_code=303)
+
+    def info(self, request: Request) -> Response:
+        return JSONResponse(self._info())
+
+    def _info(self) -> dict[str, Any]:
+        columns = self.catalog.columns
+        return {
+            "location": self.browser.location,
+            "split": self.catalog.split,
+            "splits": list(self.catalog.config.splits),
+            "backend": self.catalog.config.backend,
+            "num_samples": self.catalog.num_rows,
+            "label": columns.label,
+            "label_names": list(columns.label_names),
+            # the labels found, for the filter where config.yaml names none
+            "label_values": sorted(self.catalog.select(Query()).label_counts)[:MAX_LABELS],
+            "numeric": list(columns.numeric),
+            "orderable": list(columns.orderable),
+            "text": list(columns.text),
+            "shown": list(columns.shown),
+            "embeddings": list(columns.embeddings),
+            "thumb_sizes": list(THUMB_SIZES),
+            "page_size": DEFAULT_PAGE,
+        }
+
+    def page(self, request: Request) -> Response:
+        params = _params(request)
+        query = parse_query(params, *self._kinds())
+        offset, limit = page_bounds(params, DEFAULT_PAGE)
+        shown = tuple(c for c in params.get("col", ()) if c in self.catalog.columns.shown)
+        selection = self.catalog.select(query)
+        indices = selection.indices[offset : offset + limit]
+        return JSONResponse(
+            {
+                "total": int(selection.indices.size),
+                "offset": offset,
+                "limit": limit,
+                "label_counts": {str(k): v for k, v in selection.label_counts.items()},
+                "rows": self.catalog.rows(indices, shown),
+            }
+        )
+
+    def _kinds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        columns = self.catalog.columns
+        return columns.numeric, columns.text, columns.orderable
+
+    def plot_data(self, request: Request) -> Response:
+        params = _params(request)
+        query = parse_query(params, *self._kinds())
+        return JSONResponse(self.catalog.plots(self.catalog.select(query)))
+
+    def sample_data(self, request: Request) -> Response:
+        index = self._index(request)
+        detail = asdict(self.browser.reader.detail(index))
+        return JSONResponse({"index": index, **detail, "metadata": self.catalog.row(index)})
+
+    def similar(self, request: Request) -> Response:
+        index = self._index(request)
+        name = request.query_params.get("column") or next(iter(self.browser.neighbours), "")
+        if name not in self.browser.neighbours:
+            raise ConfigError(
+                f"{name[:80]!r} is not an embedding column of this export "
+                f"(known: {', '.join(self.browser.neighbours) or 'none'})"
+            )
+        k = _int(request.query_params.get("k", "12"), "k")
+        found = self.browser.neighbours[name].nearest(index, k)
+        rows = self.catalog.rows(np.asarray([i for i, _ in found], dtype=np.int64), ())
+        for row, (_, score) in zip(rows, found, strict=True):
+            row["score"] = round(score, 4)
+        return JSONResponse({"column": name, "rows": rows})
+
+    def thumb(self, request: Request) -> Response:
+        index = self._index(request)
+        size = _int(request.query_params.get("size", "160"), "size")
+        if size not in THUMB_SIZES:
+            raise ConfigError(f"thumbnail size {size} is not one of {THUMB_SIZES}")
+        data = self.browser.reader.thumbnail(index, size)
+        return Response(data, media_type="image/jpeg", headers={"cache-control": "max-age=3600"})
+
+    def image(self, request: Request) -> Response:
+        data, media_type = self.browser.reader.image(self._index(request))
+        headers = {"cache-control": "max-age=3600"}
+        if not media_type.startswith("image/"):
+            headers["content-disposition"] = "attachment"
+        return Response(data, media_type=media_type, headers=headers)
+
+
+def _params(request: Request) -> dict[str, list[str]]:
+    params: dict[str, list[str]] = {}
+    for name, value in request.query_params.multi_items():
+        params.setdefault(name, []).append(value)
+    return params
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"parameter {name!r} must be an integer, got {text[:40]!r}") from None
+
+
+def _shown(value: Any) -> Any:
+    """A metadata value for the sample page: long lists (embeddings) cut to their start."""
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{', '.join(map(str, value[:8]))}, … ({len(value)} values)]"
+    return value
+
+
+def _snippet(location: str, split: str, key: str) -> str:
+    return (
+        "import shardex\n\n"
+        f"ds = shardex.open_dataset({location!r}, split={split!r})\n"
+        f"sample = ds.get({key!r})"
+    )

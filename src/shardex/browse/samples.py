@@ -1,0 +1,201 @@
+"""Reading samples for the browser: thumbnails, full images and the sample page's details.
+
+A thumbnail costs one read of its sample (one ``pread``, or one ranged GET on object
+storage) with the checksum verified, and a reduced-size decode: libjpeg scales a JPEG by
+1/2, 1/4 or 1/8 while decoding (Pillow's draft mode), several times faster than decoding
+in full and shrinking. Thumbnails are kept in a bounded LRU cache; the sample page's
+bytes are kept briefly too, so its details and its image cost one read together.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shardex.codecs.images import IMAGE_EXTENSIONS, MAX_PIXELS
+from shardex.dataset import Dataset
+from shardex.errors import FormatError, ShardexError
+from shardex.format.reader import ShardDataset
+from shardex.format.tar import iter_members, parse_sample, split_name
+
+#: Thumbnail sizes the grid asks for (longest side, pixels); any other is refused.
+THUMB_SIZES: Final = (96, 160, 256)
+#: Bytes of encoded thumbnails kept in memory.
+THUMB_CACHE_BYTES: Final = 64 << 20
+#: Samples whose bytes are kept for the sample page (details, then its image).
+SAMPLES_KEPT: Final = 8
+#: Image types sent with their own media type; anything else is never served inline.
+MEDIA_TYPES: Final = {
+    "jpg": "image/jpeg",
+    "jpeg": "image/jpeg",
+    "png": "image/png",
+    "webp": "image/webp",
+    "gif": "image/gif",
+    "bmp": "image/bmp",
+}
+
+
+class BadImageError(FormatError):
+    """A sample's image field cannot be decoded (or it has none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One stored field of a sample, and where its bytes lie in the shard."""
+
+    name: str
+    size: int
+    start: int | None  # byte offset in the shard; None when the backend does not say
+    end: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Detail:
+    """What the sample page shows of a sample's stored bytes."""
+
+    key: str
+    shard: str | None
+    offset: int | None
+    length: int | None
+    checksum: str | None  # "xxh3_64:HEX" from the index
+    verified: bool
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    key: str
+    fields: dict[str, bytes]
+    detail: Detail
+
+
+class SampleReader:
+    """Thumbnails, images and details of a split's samples (thread-safe)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._lock = threading.Lock()
+        self._thumbs: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._thumb_bytes = 0
+        self._recent: OrderedDict[int, _Read] = OrderedDict()
+
+    def thumbnail(self, index: int, size: int) -> bytes:
+        """A JPEG of at most ``size`` x ``size`` pixels of sample ``index``'s image.
+
+        Raises:
+            ShardexError: the sample cannot be read (ChecksumError, FormatError, ...) or
+                its image cannot be decoded (BadImageError).
+        """
+        with self._lock:
+            cached = self._thumbs.get((index, size))
+            if cached is not None:
+                self._thumbs.move_to_end((index, size))
+                return cached
+        sample = self.dataset[index]
+        ext, data = image_field(sample, index)
+        thumb = make_thumbnail(data, size, f"sample {index} ({ext})")
+        with self._lock:
+            self._thumbs[(index, size)] = thumb
+            self._thumb_bytes += len(thumb)
+            while self._thumb_bytes > THUMB_CACHE_BYTES:
+                _, dropped = self._thumbs.popitem(last=False)
+                self._thumb_bytes -= len(dropped)
+        return thumb
+
+    def image(self, index: int) -> tuple[bytes, str]:
+        """The stored bytes of sample ``index``'s image and their media type."""
+        ext, data = image_field(self.read(index).fields, index)
+        return data, MEDIA_TYPES.get(ext.rpartition(".")[2].lower(), "application/octet-stream")
+
+    def detail(self, index: int) -> Detail:
+        """Key, shard, byte ranges and checksum of sample ``index`` (read and verified)."""
+        return self.read(index).detail
+
+    def read(self, index: int) -> _Read:
+        with self._lock:
+            if index in self._recent:
+                return self._recent[index]
+        read = self._read_shard(index) if isinstance(self.dataset, ShardDataset) else None
+        if read is None:
+            sample = dict(self.dataset[index])
+            key = str(sample.pop("__key__"))
+            fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
+            sizes = tuple(Field(k, len(v), None, None) for k, v in fields.items())
+            read = _Read(key, fields, Detail(key, None, None, None, None, False, sizes))
+        with self._lock:
+            self._recent[index] = read
+            while len(self._recent) > SAMPLES_KEPT:
+                self._recent.popitem(last=False)
+        return read
+
+    def _read_shard(self, index: int) -> _Read:
+        """A tar-shard sample from one ranged read, its checksum checked, its members
+        located in the shard."""
+        ds = self.dataset
+        assert isinstance(ds, ShardDataset)
+        offset, checksum, shard, length = ds.index.record(index)
+        shards = ds.config.split(ds.split).shards
+        if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+            raise FormatError(
+                f"index record of sample {index} points outside the shards of split "
+                f"{ds.split!r} (shard {shard}, bytes {offset}+{length}): the index is damaged"
+            )
+        path = shards[shard].path
+        buf = ds.storage.get_range(path, offset, length)
+        ds.check_sample(buf, checksum, shard, offset, index)  # raises ChecksumError
+        where = ds.storage.join(path)
+        key, fields = parse_sample(buf, where=where)
+        members = tuple(
+            Field(
+                split_name(m.name)[1],
+                m.size,
+                offset + m.data_offset,
+                offset + m.data_offset + m.size,
+            )
+            for m in iter_members(buf, where=where)
+        )
+        detail = Detail(key, path, offset, length, f"xxh3_64:{checksum:016x}", True, members)
+        return _Read(key, dict(fields), detail)
+
+
+def image_field(sample: dict[str, Any], index: int) -> tuple[str, bytes]:
+    """``(extension, bytes)`` of a sample's first image field.
+
+    Raises:
+        BadImageError: the sample has no image field.
+    """
+    for ext, data in sample.items():
+        if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS and isinstance(data, bytes):
+            return ext, data
+    names = ", ".join(k for k in sample if k != "__key__")
+    raise BadImageError(f"sample {index} has no image field (its fields: {names})")
+
+
+def make_thumbnail(data: bytes, size: int, what: str) -> bytes:
+    """A JPEG thumbnail (quality 80) of encoded image bytes, decoded at reduced size.
+
+    Raises:
+        BadImageError: the bytes are not a decodable image, or too large to decode.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.width * image.height > MAX_PIXELS:
+                raise BadImageError(
+                    f"{what} is {image.width}x{image.height} pixels, more than the "
+                    f"{MAX_PIXELS} shardex decodes"
+                )
+            image.draft("RGB", (size, size))  # JPEG only: libjpeg's 1/2, 1/4, 1/8 scaling
+            image.thumbnail((size, size))
+            rgb = image.convert("RGB")
+    except ShardexError:
+        raise
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise BadImageError(f"{what} is not a decodable image: {exc}") from exc
+    out = io.BytesIO()
+    rgb.save(out, "JPEG", quality=80)
+    return out.getvalue()
