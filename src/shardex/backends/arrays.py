@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -139,6 +140,13 @@ class ArrayBackend(Backend):
     #: The dataset class that reads it.
     dataset: ClassVar[type[ArrayDataset]]
 
+    @classmethod
+    def owns(cls, path: str) -> bool:
+        """Its files, declared by :attr:`stem_name`: every path under a split starts with
+        the run's stem (``S/{stem_name}-{hash}``, then ``-NNNNNN``, ``-keys.npy``, ``.npz``,
+        ``/...``), or matches :attr:`files`."""
+        return super().owns(path) or _runs_of(cls.stem_name).fullmatch(path) is not None
+
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         """Write one run of columns under ``stem``; return the files written."""
@@ -199,6 +207,11 @@ class ArrayBackend(Backend):
             files=(*files, keys),
             keys=keys,
         )
+
+
+@cache
+def _runs_of(stem_name: str) -> re.Pattern[str]:
+    return re.compile(rf"[^/]+/{re.escape(stem_name)}-[0-9a-f]+(?:-\d{{6}})?(?:[./-].*)?")
 
 
 def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -80,8 +82,8 @@ OnShard = Callable[[pa.Table], None]
 
 
 class Backend(ABC):
-    """An export format. Subclasses set the class attributes (``dataset``: the reader)
-    and implement :meth:`write_split`."""
+    """An export format. Subclasses set the class attributes (``dataset``: the reader;
+    ``files``: the names of what it writes) and implement :meth:`write_split`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -92,6 +94,11 @@ class Backend(ABC):
     categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
     #: Backend options (``--backend-option NAME=VALUE``) -> what each does.
     option_help: ClassVar[dict[str, str]] = {}
+    #: Every file the backend writes, as regular expressions over its path in the export
+    #: (``r"[^/]+/blobs-[0-9a-f]+\.bin"``; a split is the first folder), second names and
+    #: names of older versions included. An output that holds anything else (beside the
+    #: export's own files) is not overwritten or resumed: it is refused as foreign.
+    files: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         unknown = sorted(set(options or {}) - set(self.option_help))
@@ -102,6 +109,11 @@ class Backend(ABC):
                 f"(its options: {known})"
             )
         self.options: dict[str, Any] = dict(options or {})
+
+    @classmethod
+    def owns(cls, path: str) -> bool:
+        """Whether ``path`` (relative to the export's root) is a name this backend writes."""
+        return _any_of(cls.files).fullmatch(path) is not None
 
     @abstractmethod
     def write_split(
@@ -125,3 +137,9 @@ class Backend(ABC):
         ``dataset.skipped``) instead of raising. The default builds :attr:`dataset`.
         """
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
+
+
+@cache
+def _any_of(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One compiled pattern matching any of ``patterns`` (none: matches nothing)."""
+    return re.compile("|".join(f"(?:{p})" for p in patterns) if patterns else "(?!)")

@@ -106,6 +106,15 @@ class Registry:
 
     def get(self, name: str, options: Mapping[str, Any] | None = None) -> Backend:
         """An instance of the named backend (with its backend options)."""
+        return self.backend_class(name)(options)
+
+    def backend_class(self, name: str) -> type[Backend]:
+        """The class of the named backend (imported now: its declarations are class-level).
+
+        Raises:
+            BackendError: no backend has this name, or its target is not a Backend.
+            MissingDependencyError: it needs a package that is not installed.
+        """
         self._load_plugins()
         entry = self._entries.get(name)
         if entry is None:
@@ -122,7 +131,7 @@ class Registry:
         cls = getattr(module, cls_name, None)
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise BackendError(f"backend {name!r}: {entry.target} is not a Backend subclass")
-        return cls(options)
+        return cls
 
 
 REGISTRY: Final = Registry()

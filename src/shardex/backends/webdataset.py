@@ -49,6 +49,11 @@ class WebDatasetBackend(Backend):
     capabilities: ClassVar[Capabilities] = Capabilities(
         random_access=True, streaming=True, remote=True, append=True
     )
+    files: ClassVar[tuple[str, ...]] = (
+        r"[^/]+/images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
+        # (".pending" names: the leftovers of shardex versions that renamed after committing)
+        r"[^/]+/index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+    )
     dataset: ClassVar[type[ReopenedDataset]] = ShardDataset
 
     def write_split(
