@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from shardex.api import read_config, resolve_split
+from shardex.backends.webdataset.reader import local_copy
 from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import ConfigError, MissingDependencyError
-from shardex.format.reader import local_copy
 from shardex.storage import Storage, open_storage
 
 __all__ = ["ReaderArguments", "pipeline", "reader_arguments"]

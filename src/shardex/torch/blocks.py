@@ -16,9 +16,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from shardex.backends.webdataset.reader import ShardDataset
 from shardex.dataset import Sample
 from shardex.errors import FormatError
-from shardex.format.reader import ShardDataset
 from shardex.format.tar import parse_sample
 from shardex.torch.order import EpochOrder, Segment
 

@@ -14,9 +14,9 @@ import os
 from typing import Any
 
 from shardex.api import open_dataset
+from shardex.backends.webdataset.reader import ShardDataset
 from shardex.dataset import Dataset
 from shardex.errors import ConfigError, FormatError
-from shardex.format.reader import ShardDataset
 from shardex.storage import Storage, open_storage
 
 

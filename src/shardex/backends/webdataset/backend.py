@@ -19,6 +19,7 @@ import numpy.typing as npt
 import xxhash
 
 from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan, unused_name
+from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import ReopenedDataset
 from shardex.format.index import (
@@ -30,7 +31,6 @@ from shardex.format.index import (
     key_hash,
     to_npy_bytes,
 )
-from shardex.format.reader import ShardDataset
 from shardex.format.shard import ShardJob, write_shard
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
