@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardex.backends.base import Backend, OnShard, SplitPlan
+from shardex.backends.base import Backend, Check, OnShard, SplitPlan
 from shardex.backends.columns import (
     ColumnReader,
     Columns,
@@ -146,6 +146,36 @@ class ArrayBackend(Backend):
         the run's stem (``S/{stem_name}-{hash}``, then ``-NNNNNN``, ``-keys.npy``, ``.npz``,
         ``/...``), or matches :attr:`files`."""
         return super().owns(path) or _runs_of(cls.stem_name).fullmatch(path) is not None
+
+    def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
+        """The samples of runs whose files do not match their checksum in config.yaml, when
+        the dataset does not check what it reads (``capabilities.checked_reads``)."""
+        if self.capabilities.checked_reads:
+            return {}
+        from shardex.verification import VerifyReport
+        from shardex.verify_arrays import _verify_run
+
+        info = config.split(split)
+        out: dict[int, str] = {}
+        first = 0
+        for shard in info.shards:
+            report = VerifyReport(storage.uri)
+            if not _verify_run(storage, config, info, shard, report):
+                problem = report.problems[0]
+                reason = (
+                    f"source run {storage.join(shard.path)!r} is damaged "
+                    f"({problem.kind}: {problem.message})"
+                )
+                out.update(dict.fromkeys(range(first, first + shard.num_samples), reason))
+            first += shard.num_samples
+        return out
+
+    def verify_split(
+        self, storage: Storage, config: ExportConfig, split: str, check: Check
+    ) -> None:
+        from shardex.verify_arrays import verify_array_split
+
+        verify_array_split(storage, config, split, check.report, check.deep, check.bar)
 
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any, Final
 
 from shardex.backends.base import Backend
+from shardex.contract import ExportConfig
 from shardex.errors import BackendError, MissingDependencyError
 
 ENTRY_POINT_GROUP: Final = "shardex.backends"
@@ -147,3 +148,8 @@ def register_backend(
 def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
     """The backend registered under ``name``, configured with ``options``."""
     return REGISTRY.get(name, options)
+
+
+def backend_for(config: ExportConfig) -> Backend:
+    """The backend of a committed export, with the options it was written with."""
+    return REGISTRY.get(config.backend, config.shard_options.get("backend_options"))
