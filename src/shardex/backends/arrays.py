@@ -38,6 +38,7 @@ from shardex.backends.columns import (
     concat_columns,
     slice_columns,
 )
+from shardex.backends.metadata import read_metadata
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import OnReadError, ReopenedDataset, Sample
 from shardex.errors import (
@@ -50,7 +51,6 @@ from shardex.errors import (
 from shardex.fields import npy_bytes
 from shardex.format.index import build_keys, key_hash
 from shardex.format.shard import JSON_COLUMN, json_text_column, shard_checksum
-from shardex.format.tables import read_metadata
 from shardex.parallel import Runner
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage

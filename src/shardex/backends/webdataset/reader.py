@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from xxhash import xxh3_64_intdigest as _xxh3
 
+from shardex.backends.metadata import read_metadata
 from shardex.codecs.fields import decode_fields
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.dataset import OnReadError, Sample, SampleRanges
@@ -26,7 +27,6 @@ from shardex.errors import (
     StorageError,
 )
 from shardex.format.index import SplitIndex, checksum_seeds, key_hash
-from shardex.format.tables import read_metadata
 from shardex.format.tar import parse_sample
 from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
