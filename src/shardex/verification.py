@@ -58,6 +58,10 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
+    def add(self, file: str, kind: str, message: str, key: str | None = None) -> None:
+        """Record a problem."""
+        self.problems.append(Problem(file, kind, message, key))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (``shardex verify --json``)."""
         out = {k: v for k, v in asdict(self).items() if k != "problems"}

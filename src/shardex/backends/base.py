@@ -185,15 +185,11 @@ class Backend(ABC):
         """Check a committed split byte for byte against config.yaml, adding what is wrong
         to ``check.report`` (``shardex verify``). The default reports that this backend
         cannot be verified."""
-        from shardex.verification import Problem
-
-        check.report.problems.append(
-            Problem(
-                CONFIG_FILE,
-                "backend",
-                f"split {split!r}: the {self.name!r} backend does not say how to verify its "
-                "files (it has no verify_split)",
-            )
+        check.report.add(
+            CONFIG_FILE,
+            "backend",
+            f"split {split!r}: the {self.name!r} backend does not say how to verify its "
+            "files (it has no verify_split)",
         )
 
     def stored_samples(self, dataset: Dataset, keys: list[str]) -> Iterator[StoredSample] | None:
