@@ -17,7 +17,7 @@ import shardex
 from shardex.backends.base import Backend
 from shardex.backends.ownership import foreign_files, shardex_files
 from shardex.backends.registry import REGISTRY, get_backend
-from shardex.errors import OutputExistsError
+from shardex.errors import BackendError, OutputExistsError
 from shardex.exporter import INTENT_FILE
 from shardex.storage import open_storage
 
@@ -86,6 +86,22 @@ def test_a_foreign_file_beside_an_export_is_still_refused(tmp_path: Path) -> Non
     assert (out / "train" / "notes.txt").read_text() == "mine"
 
 
+def test_an_export_of_a_backend_not_installed_here_is_named_not_called_foreign(
+    tmp_path: Path,
+) -> None:
+    """Files no installed backend claims, in an export whose config.yaml names a backend
+    this installation does not have: the error names that backend, nothing is deleted."""
+    out = tmp_path / "o"
+    shardex.export(_data(), out, backend="numpy_mmap", workers=1)
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("backend: numpy_mmap", "backend: elsewhere", 1))
+    (out / "train" / "elsewhere-run.bin").write_bytes(b"its data")
+    with pytest.raises(BackendError, match=r"unknown backend 'elsewhere'") as exc:
+        shardex.export(_data(), out, backend="numpy_mmap", overwrite=True)
+    assert "\n" not in str(exc.value)
+    assert (out / "train" / "elsewhere-run.bin").read_bytes() == b"its data"
+
+
 _PLUGIN = '''
 from typing import ClassVar
 
@@ -104,7 +120,7 @@ _RUN = """
 import os, sys
 import numpy as np
 import shardex
-from shardex.errors import OutputExistsError
+from shardex.errors import BackendError, OutputExistsError
 
 out = sys.argv[1]
 def data(offset):

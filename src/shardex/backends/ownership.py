@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Final
 
-from shardex.backends.base import Backend
 from shardex.backends.registry import REGISTRY
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.errors import ShardexError
@@ -34,12 +33,29 @@ _EXPORT_FILES: Final = re.compile(
 
 def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
     """The ``paths`` of the output at ``storage`` (relative to its root) that neither the
-    export itself nor any registered backend writes."""
+    export itself nor any registered backend writes.
+
+    Raises:
+        BackendError, MissingDependencyError: some paths are claimed by no backend, and the
+            committed config.yaml names a backend that is not registered or not installed
+            here (its files cannot be told from foreign ones).
+    """
     rest = [p for p in paths if _EXPORT_FILES.fullmatch(p) is None]
-    for backend in _backends(storage) if rest else iter(()):
+    if not rest:
+        return rest
+    committed = _committed_backend(storage)
+    unknown: ShardexError | None = None
+    for name in _order(committed):
+        try:
+            backend = REGISTRY.backend_class(name)
+        except ShardexError as exc:  # not installed here, or a plugin that fails to import
+            unknown = exc if name == committed else unknown
+            continue
         rest = [p for p in rest if not backend.owns(p)]
         if not rest:
-            break
+            return rest
+    if unknown is not None:
+        raise unknown
     return rest
 
 
@@ -50,25 +66,14 @@ def shardex_files(storage: Storage, paths: Iterable[str]) -> list[str]:
     return [p for p in paths if p not in foreign]
 
 
-def _backends(storage: Storage) -> Iterator[type[Backend]]:
-    """Backend classes in the order to ask them (see the module docstring); a backend
-    whose dependencies are missing cannot have written anything here and is passed over."""
-    names = [e.name for e in REGISTRY.entries()]
-    committed = _committed_backend(storage)
-    imported = [n for n in names if _module_of(n) in sys.modules]
-    cheap = [e.name for e in REGISTRY.entries() if not e.requires and e.available]
-    dear = [e.name for e in REGISTRY.entries() if e.requires and e.available]
-    first = [committed] if committed in names else []
-    for name in dict.fromkeys([*first, *imported, *cheap, *dear]):
-        try:
-            yield REGISTRY.backend_class(name)
-        except ShardexError:  # a dependency missing, or a broken plugin: it wrote nothing
-            continue
-
-
-def _module_of(name: str) -> str:
-    entry = next(e for e in REGISTRY.entries() if e.name == name)
-    return entry.target.partition(":")[0]
+def _order(committed: str | None) -> list[str]:
+    """Backend names in the order to ask them (see the module docstring)."""
+    entries = REGISTRY.entries()
+    imported = [e.name for e in entries if e.target.partition(":")[0] in sys.modules]
+    cheap = [e.name for e in entries if not e.requires and e.available]
+    dear = [e.name for e in entries if e.requires and e.available]
+    first = [committed] if committed is not None else []
+    return list(dict.fromkeys([*first, *imported, *cheap, *dear]))
 
 
 def _committed_backend(storage: Storage) -> str | None:
