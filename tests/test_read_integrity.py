@@ -377,7 +377,7 @@ def test_reading_parquet_from_bytes_never_aborts_at_exit(clean: Path) -> None:
     code = (
         "import sys\n"
         "from shardex.api import read_config\n"
-        "from shardex.format.tables import read_metadata\n"
+        "from shardex.backends.metadata import read_metadata\n"
         "from shardex.storage import open_storage\n"
         "storage = open_storage(sys.argv[1])\n"
         "assert read_metadata(storage, read_config(storage), 'train').num_rows == 30\n"

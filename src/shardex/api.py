@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shardex.backends.registry import get_backend
+from shardex.backends.registry import backend_for
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.dataset import Dataset, OnReadError
 from shardex.errors import ConfigError, NotAnExportError, ObjectNotFoundError
@@ -74,7 +74,6 @@ def open_dataset(
     storage = open_storage(location, storage_options)
     config = read_config(storage)
     name = resolve_split(config, split, storage.uri)
-    options = config.shard_options.get("backend_options")
-    return get_backend(config.backend, options).open(
+    return backend_for(config).open(
         storage, config, name, decode=decode, verify=verify, on_error=on_error
     )

@@ -1,7 +1,8 @@
 """NVIDIA DALI: read an export's tar shards with ``fn.readers.webdataset``.
 
-Every shard of the ``webdataset`` backend has a DALI index file beside it (``.idx``, see
-:mod:`shardex.format.dali_index`), so DALI opens an export without scanning its tars.
+Every shard of a backend with ``capabilities.dali`` (the ``webdataset`` backend) has a DALI
+index file beside it (``.idx``, see :mod:`shardex.format.dali_index`), so DALI opens an
+export without scanning its tars.
 :func:`reader_arguments` gives the reader's ``paths``, ``index_paths`` and ``ext`` for a
 split and needs no DALI; :func:`pipeline` builds a ready pipeline and needs DALI itself
 (``pip install 'shardex[dali]'``; ``import shardex.dali`` works without it).
@@ -30,10 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from shardex.api import read_config, resolve_split
+from shardex.backends.registry import backend_for
 from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import ConfigError, MissingDependencyError
-from shardex.format.reader import local_copy
 from shardex.storage import Storage, open_storage
+from shardex.storage.cache import local_copy
 
 __all__ = ["ReaderArguments", "pipeline", "reader_arguments"]
 
@@ -63,14 +65,16 @@ class ReaderArguments:
         return out
 
 
-def default_ext(config: ExportConfig) -> tuple[str, ...]:
+def default_ext(config: ExportConfig, prefix: str = "tar") -> tuple[str, ...]:
     """One reader output per x and y key stored in the tars, e.g. ``("jpg;png", "cls")``
-    (DALI sends every extension of a ``;``-separated set to one output)."""
+    (DALI sends every extension of a ``;``-separated set to one output); ``prefix`` is how
+    the key specs name the tars (the backend's ``key_storage``)."""
     out = []
+    mark = f"{prefix}:"
     for key in (*config.x_keys, *config.y_keys):
         spec = config.key_spec(key)
         where = spec.storage.split(",") if spec is not None else []
-        tar = next((w.removeprefix("tar:") for w in where if w.startswith("tar:")), None)
+        tar = next((w.removeprefix(mark) for w in where if w.startswith(mark)), None)
         if tar:
             out.append(tar.replace("|", ";"))
     if not out:
@@ -99,17 +103,22 @@ def reader_arguments(
             storage (see docs/storage.md); DALI itself does not see them.
 
     Raises:
-        ConfigError: the export is not of the ``webdataset`` backend, or DALI cannot read
-            its shards where they are and no ``shard_root`` was given.
+        ConfigError: the export's backend does not write tar shards with DALI index files
+            (``capabilities.dali``), or DALI cannot read its shards where they are and no
+            ``shard_root`` was given.
     """
     storage = open_storage(location, storage_options)
     config = read_config(storage)
-    if config.backend != "webdataset":
+    backend = backend_for(config)
+    if not backend.capabilities.dali:
         raise ConfigError(
-            f"{storage.uri} is a {config.backend!r} export; DALI reads 'webdataset' exports"
+            f"{storage.uri} is a {config.backend!r} export, whose shards DALI's webdataset "
+            "reader cannot read; DALI reads exports of tar shards (backend 'webdataset')"
         )
     shards = config.split(resolve_split(config, split, storage.uri)).shards
-    chosen = tuple(ext) if ext is not None else default_ext(config)
+    chosen = (
+        tuple(ext) if ext is not None else default_ext(config, backend.key_storage or backend.name)
+    )
     local = shard_root if shard_root is not None else storage.local_path("")
     if local is not None:
         root = os.path.abspath(os.fspath(local))

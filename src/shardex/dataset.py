@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from shardex.contract import ExportConfig
@@ -92,3 +94,32 @@ class ReopenedDataset(Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+
+class SampleRanges(ReopenedDataset):
+    """A dataset whose samples are byte ranges of its shards, each with a checksum, so a
+    reader may fetch runs of consecutive samples with one request (``StreamDataset`` does).
+    A backend's dataset declares it by subclassing."""
+
+    @property
+    @abstractmethod
+    def records(self) -> npt.NDArray[np.void]:
+        """Per sample, in sample order: ``offset``, ``length``, ``checksum`` and ``shard``
+        (the shard's number in config.yaml's list for the split)."""
+
+    @abstractmethod
+    def from_bytes(
+        self, data: bytes, checksum: int, shard: int, offset: int, number: int
+    ) -> Sample:
+        """Sample ``number`` from its bytes, read at ``offset`` of ``shard`` (``checksum``:
+        its record's), checked when the dataset verifies, its fields raw bytes.
+
+        Raises:
+            ChecksumError: the bytes are not the sample as exported.
+            FormatError: they cannot be parsed.
+        """
+
+    def field_spans(self, data: bytes, shard: int) -> tuple[tuple[str, int, int], ...]:
+        """``(field, offset within data, size)`` of each stored field of a sample's bytes
+        (``data`` as :meth:`from_bytes` takes them); empty when the backend does not say."""
+        return ()

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,6 +35,7 @@ import xxhash
 from shardex import __version__
 from shardex.api import read_config
 from shardex.backends.base import Backend, SplitPlan, unused_name
+from shardex.backends.ownership import foreign_files, shardex_files
 from shardex.backends.registry import get_backend
 from shardex.checks import check_samples
 from shardex.contract import (
@@ -88,14 +88,6 @@ __all__ = ["ExportOptions", "OnError", "export", "parse_split_fractions"]
 INTENT_FILE: Final = ".shardex-intent.json"
 #: Files of a writer at work, never part of an export.
 _CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})
-# (".pending" names: the leftovers of shardex versions that renamed after committing)
-_OURS: Final = re.compile(
-    r"^(config\.yaml|\.shardex-intent\.json|\.shardex-lock|metadata(\.pending|\.2)?\.parquet|"
-    r"errors(\.2)?\.parquet|"
-    r"[^/]+/(images-[0-9a-f]+-\d{6}\.(tar|parquet|idx)|index-(samples|keys)(\.pending|\.2)?\.npy"
-    # the array backends: every path under a split starts with its kind and content hash
-    r"|(arrays|tensordict|zarr|tensors|samples)-[0-9a-f]+(-\d{6})?([./-].*)?))$"
-)
 _CHUNK: Final = 2000
 
 
@@ -111,7 +103,7 @@ def _check_root(storage: Storage) -> None:
 def _check_output(storage: Storage, mode: Mode) -> list[str]:
     """Refuse what the mode does not allow; return the old files to replace or resume."""
     existing = [p for p in storage.list() if p != LOCK_FILE]
-    foreign = [p for p in existing if not _OURS.match(p)]
+    foreign = foreign_files(storage, existing)
     if foreign:
         raise OutputExistsError(
             f"output {storage.uri} holds files shardex did not write (e.g. {foreign[0]!r}); "
@@ -557,7 +549,7 @@ def _finish_committed(
             return None  # another command: it replaces or extends what is there
     config = read_config(storage)
     storage.remove_leftovers()
-    ours = [p for p in storage.list() if _OURS.match(p)]
+    ours = shardex_files(storage, storage.list())
     _remove_stale(storage, ours, config)
     storage.delete(INTENT_FILE)
     return config

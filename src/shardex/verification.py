@@ -1,38 +1,32 @@
 """``shardex verify``: check an export against its contract, byte for byte.
 
-Checks, in order: config.yaml against its schema; for every split the index files (shape,
-every record inside its shard, samples tiling each shard exactly, the key table sorted,
-a permutation of the samples, and each entry's hash that of its sample's key); every shard
-(present, size, whole-file checksum) and every sample in it (checksum, seeded with the
-sample number from format 2 on, tar members, key); the Parquet sidecars (whole-file
-checksum where config.yaml records one, keys), the DALI index files (the same bytes as the
-shard's members give), metadata.parquet and errors.parquet (whole-file checksums where
-recorded, row counts); with ``deep``, that every image decodes. Problems are collected, not raised: the report lists
-each with the file and, where known, the sample key.
+Checks, in order: config.yaml against its schema; every split, as its backend says
+(:meth:`Backend.verify_split <shardex.backends.Backend.verify_split>`: index files, every
+shard and sample against its checksums, sidecars; the ``webdataset`` backend's in
+:mod:`shardex.backends.webdataset.verify`, the array backends' in
+:mod:`shardex.verify_arrays`); metadata.parquet and errors.parquet (whole-file checksums
+where recorded, row counts); with ``deep``, that every image decodes. Problems are
+collected, not raised: the report lists each with the file and, where known, the sample key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, check_decode
-from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo, SplitInfo
-from shardex.errors import FormatError, ShardexError
-from shardex.format.dali_index import DaliIndex
-from shardex.format.index import SAMPLE_DTYPE, checksum_seeds, key_hash
+from shardex.backends.base import Check
+from shardex.backends.registry import backend_for
+from shardex.contract import CONFIG_FILE
+from shardex.errors import ShardexError
 from shardex.format.tables import arrow_reader
-from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.progress import Progress
 from shardex.storage import Storage, open_storage
-from shardex.verify_report import Problem, VerifyReport, load_npy, verify_key_table
+from shardex.verify_report import Problem, VerifyReport, verify_key_table
 
-__all__ = ["Problem", "VerifyReport", "verify", "verify_key_table"]
+__all__ = ["Problem", "VerifyReport", "check_file_checksum", "verify", "verify_key_table"]
 
 
 def verify(
@@ -54,8 +48,13 @@ def verify(
         return report
     with Progress(progress) as bars:
         bar = bars.task("verifying samples", config.num_samples)
-        for name, split in config.splits.items():
-            _verify_split(storage, config, name, split, report, deep, bar)
+        try:
+            backend = backend_for(config)
+        except ShardexError as exc:  # not installed, or unknown: its files cannot be read
+            report.problems.append(Problem(CONFIG_FILE, "backend", str(exc)))
+            return report
+        for name in config.splits:
+            backend.verify_split(storage, config, name, Check(report, deep, bar))
     _verify_table_file(
         storage,
         config.metadata_file,
@@ -77,231 +76,7 @@ def verify(
     return report
 
 
-def _verify_split(
-    storage: Storage,
-    config: ExportConfig,
-    name: str,
-    split: SplitInfo,
-    report: VerifyReport,
-    deep: bool,
-    bar: Any,
-) -> None:
-    if split.index is None and split.keys is not None:  # an array backend
-        from shardex.verify_arrays import verify_array_split
-
-        verify_array_split(storage, config, name, report, deep, bar)
-        return
-    if split.index is None:
-        report.problems.append(Problem(CONFIG_FILE, "index", f"split {name!r} has no index"))
-        return
-    samples = load_npy(storage, split.index.samples, report)
-    if samples is None:
-        return
-    if samples.dtype != SAMPLE_DTYPE or samples.shape != (split.num_samples,):
-        report.problems.append(
-            Problem(
-                split.index.samples,
-                "index",
-                f"expected {split.num_samples} records of {SAMPLE_DTYPE}, found {samples.dtype} "
-                f"{samples.shape}",
-            )
-        )
-        return
-    table = verify_key_table(storage, split.index.keys, split.num_samples, report)
-    # The key hash of every sample as read from its shard (0 where it could not be read),
-    # to check the key table's entries against.
-    hashes = np.zeros(split.num_samples, dtype=np.uint64)
-    read = np.zeros(split.num_samples, dtype=bool)
-    seeded = checksum_seeds(config.format_version)
-    first = 0
-    for number, shard in enumerate(split.shards):
-        records = samples[first : first + shard.num_samples]
-        if _check_records(shard, number, records, report):
-            keys = _verify_shard(storage, shard, records, report, deep, first if seeded else None)
-            for k, key in enumerate(keys):
-                if key is not None:
-                    hashes[first + k], read[first + k] = key_hash(key), True
-        first += shard.num_samples
-        report.shards += 1
-        report.samples += shard.num_samples
-        bar.advance(shard.num_samples)
-    if table is not None:
-        _check_key_hashes(split.index.keys, table, hashes, read, report)
-
-
-def _check_key_hashes(
-    path: str, table: np.ndarray, hashes: np.ndarray, read: np.ndarray, report: VerifyReport
-) -> None:
-    """Each key-table entry's hash is the hash of the key its sample holds."""
-    numbers = table[1].astype(np.int64)
-    bad = read[numbers] & (hashes[numbers] != table[0])
-    if np.any(bad):
-        first = int(np.argmax(bad))
-        report.problems.append(
-            Problem(
-                path,
-                "index",
-                f"{int(bad.sum())} key table entries do not match their samples' keys (the "
-                f"first at position {first} names sample {int(numbers[first])}): "
-                "lookups by key would miss",
-            )
-        )
-
-
-def _check_records(
-    shard: ShardInfo, number: int, records: np.ndarray, report: VerifyReport
-) -> bool:
-    """Records of one shard: the right shard number, inside it, tiling it exactly."""
-    offsets = records["offset"].astype(np.int64)
-    ends = offsets + records["length"].astype(np.int64)
-    problems = []
-    if np.any(records["shard"] != number):
-        problems.append("records point at another shard")
-    if len(records) and np.any(ends > shard.num_bytes):
-        problems.append(f"an index entry ends past the shard's {shard.num_bytes} bytes")
-    elif len(records) and (
-        offsets[0] != 0
-        or np.any(offsets[1:] != ends[:-1])
-        or ends[-1] + len(END_OF_ARCHIVE) != shard.num_bytes
-    ):
-        problems.append("index entries do not tile the shard")
-    for message in problems:
-        report.problems.append(Problem(shard.path, "index", message))
-    return not problems
-
-
-def _chunks(storage: Storage, shard: ShardInfo, report: VerifyReport) -> Iterator[bytes] | None:
-    try:
-        size = storage.size(shard.path)
-    except ShardexError as exc:
-        report.problems.append(Problem(shard.path, "shard", f"missing ({exc})"))
-        return None
-    if size != shard.num_bytes:
-        report.problems.append(
-            Problem(shard.path, "shard", f"is {size} bytes, config.yaml says {shard.num_bytes}")
-        )
-        return None
-    return storage.iter_chunks(shard.path)
-
-
-def _verify_shard(
-    storage: Storage,
-    shard: ShardInfo,
-    records: np.ndarray,
-    report: VerifyReport,
-    deep: bool,
-    first: int | None,
-) -> list[str | None]:
-    """Check a shard and its samples (``first``: the number of its first sample, whose
-    checksums are seeded with their numbers; None in format 1); the samples' keys."""
-    chunks = _chunks(storage, shard, report)
-    if chunks is None:
-        return []
-    whole = xxhash.xxh3_64()
-    window, base, keys = b"", 0, []
-    dali: DaliIndex | None = DaliIndex() if shard.dali_index else None
-    for k, (off, length, checksum) in enumerate(
-        zip(
-            records["offset"].tolist(),
-            records["length"].tolist(),
-            records["checksum"].tolist(),
-            strict=True,
-        )
-    ):
-        while base + len(window) < off + length:
-            chunk = next(chunks)
-            whole.update(chunk)
-            window, base = window[off - base :] + chunk, off
-        sample = window[off - base : off - base + length]
-        seed = 0 if first is None else first + k
-        keys.append(_verify_sample(shard, off, sample, checksum, seed, report, deep))
-        if dali is not None:
-            dali = _add_members(dali, off, sample)
-    for chunk in chunks:
-        whole.update(chunk)
-    report.bytes += shard.num_bytes
-    if f"xxh3_64:{whole.hexdigest()}" != shard.checksum:
-        report.problems.append(
-            Problem(shard.path, "shard", "whole-file checksum differs from config.yaml")
-        )
-    _verify_sidecar(storage, shard, keys, report)
-    if shard.dali_index and dali is not None:
-        _verify_dali_index(storage, shard.dali_index, dali.to_bytes(), report)
-    return keys
-
-
-def _add_members(dali: DaliIndex, offset: int, sample: bytes) -> DaliIndex | None:
-    """Add a sample's members to the index expected beside the shard; None (nothing left to
-    compare) when the sample is damaged, which is reported on its own."""
-    try:
-        members = [
-            (split_name(m.name)[1], m.data_offset, m.size, m.name)
-            for m in iter_members(sample, strict=False)
-        ]
-    except FormatError:
-        return None
-    dali.add(offset, members)
-    return dali
-
-
-def _verify_dali_index(
-    storage: Storage, path: str, expected: bytes | None, report: VerifyReport
-) -> None:
-    try:
-        found = storage.get(path)
-    except ShardexError as exc:
-        report.problems.append(Problem(path, "dali-index", f"cannot be read: {exc}"))
-        return
-    if found != expected:
-        report.problems.append(Problem(path, "dali-index", "differs from the members of its shard"))
-
-
-def _verify_sample(
-    shard: ShardInfo,
-    offset: int,
-    sample: bytes,
-    checksum: int,
-    seed: int,
-    report: VerifyReport,
-    deep: bool,
-) -> str | None:
-    try:
-        key, fields = parse_sample(sample, where=f"{shard.path}@{offset}")
-    except FormatError as exc:
-        report.problems.append(Problem(shard.path, "sample", str(exc)))
-        return None
-    if xxhash.xxh3_64_intdigest(sample, seed) != checksum:
-        report.problems.append(
-            Problem(shard.path, "sample", f"checksum mismatch at byte {offset}", key)
-        )
-    if deep:
-        for ext, data in fields.items():
-            if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS:
-                reason = check_decode(data)
-                if reason:
-                    report.problems.append(Problem(shard.path, "image", f"{ext}: {reason}", key))
-    return key
-
-
-def _verify_sidecar(
-    storage: Storage, shard: ShardInfo, keys: list[str | None], report: VerifyReport
-) -> None:
-    if not shard.metadata:
-        return
-    try:
-        data = storage.get(shard.metadata)
-        table = pq.read_table(arrow_reader(data), columns=["key"])
-    except (ShardexError, pa.ArrowException, OSError) as exc:
-        report.problems.append(Problem(shard.metadata, "sidecar", f"cannot be read: {exc}"))
-        return
-    _check_file_checksum(shard.metadata, "sidecar", data, shard.metadata_checksum, report)
-    if table.column("key").to_pylist() != keys:
-        report.problems.append(
-            Problem(shard.metadata, "sidecar", "keys differ from the samples in the shard")
-        )
-
-
-def _check_file_checksum(
+def check_file_checksum(
     path: str, kind: str, data: bytes, expected: str | None, report: VerifyReport
 ) -> None:
     """A whole file against the checksum config.yaml records (exports written before
@@ -336,7 +111,7 @@ def _verify_table_file(
     except (ShardexError, pa.ArrowException, OSError) as exc:
         report.problems.append(Problem(path, kind, f"cannot be read: {exc}"))
         return
-    _check_file_checksum(path, kind, data, checksum, report)
+    check_file_checksum(path, kind, data, checksum, report)
     if rows != rows_expected:
         report.problems.append(
             Problem(path, kind, f"has {rows} rows, config.yaml says {rows_expected} {what}")

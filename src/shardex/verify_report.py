@@ -2,8 +2,8 @@
 
 :class:`Problem` and :class:`VerifyReport` are the report; :func:`verify_key_table` checks
 the key table that every backend writes. Kept apart from :mod:`shardex.verification` (the
-webdataset checks and the entry point) so that :mod:`shardex.verify_arrays` uses them
-without importing the module that dispatches to it.
+entry point, which asks each split's backend to verify it) so that a backend's checks use
+them without importing the module that dispatches to them.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def add(self, file: str, kind: str, message: str, key: str | None = None) -> None:
+        """Record a problem."""
+        self.problems.append(Problem(file, kind, message, key))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (``shardex verify --json``)."""

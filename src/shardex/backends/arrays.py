@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardex.backends.base import Backend, OnShard, SplitPlan
+from shardex.backends.base import Backend, Check, OnShard, SplitPlan
 from shardex.backends.columns import (
     ColumnReader,
     Columns,
@@ -37,6 +38,7 @@ from shardex.backends.columns import (
     concat_columns,
     slice_columns,
 )
+from shardex.backends.metadata import read_metadata
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import OnReadError, ReopenedDataset, Sample
 from shardex.errors import (
@@ -49,7 +51,6 @@ from shardex.errors import (
 from shardex.fields import npy_bytes
 from shardex.format.index import build_keys, key_hash
 from shardex.format.shard import JSON_COLUMN, json_text_column, shard_checksum
-from shardex.format.tables import read_metadata
 from shardex.parallel import Runner
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -139,6 +140,43 @@ class ArrayBackend(Backend):
     #: The dataset class that reads it.
     dataset: ClassVar[type[ArrayDataset]]
 
+    @classmethod
+    def owns(cls, path: str) -> bool:
+        """Its files, declared by :attr:`stem_name`: every path under a split starts with
+        the run's stem (``S/{stem_name}-{hash}``, then ``-NNNNNN``, ``-keys.npy``, ``.npz``,
+        ``/...``), or matches :attr:`files`."""
+        return super().owns(path) or _runs_of(cls.stem_name).fullmatch(path) is not None
+
+    def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
+        """The samples of runs whose files do not match their checksum in config.yaml, when
+        the dataset does not check what it reads (``capabilities.checked_reads``)."""
+        if self.capabilities.checked_reads:
+            return {}
+        from shardex.verification import VerifyReport
+        from shardex.verify_arrays import _verify_run
+
+        info = config.split(split)
+        out: dict[int, str] = {}
+        first = 0
+        for shard in info.shards:
+            report = VerifyReport(storage.uri)
+            if not _verify_run(storage, config, info, shard, report):
+                problem = report.problems[0]
+                reason = (
+                    f"source run {storage.join(shard.path)!r} is damaged "
+                    f"({problem.kind}: {problem.message})"
+                )
+                out.update(dict.fromkeys(range(first, first + shard.num_samples), reason))
+            first += shard.num_samples
+        return out
+
+    def verify_split(
+        self, storage: Storage, config: ExportConfig, split: str, check: Check
+    ) -> None:
+        from shardex.verify_arrays import verify_array_split
+
+        verify_array_split(storage, config, split, check.report, check.deep, check.bar)
+
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         """Write one run of columns under ``stem``; return the files written."""
@@ -199,6 +237,11 @@ class ArrayBackend(Backend):
             files=(*files, keys),
             keys=keys,
         )
+
+
+@cache
+def _runs_of(stem_name: str) -> re.Pattern[str]:
+    return re.compile(rf"[^/]+/{re.escape(stem_name)}-[0-9a-f]+(?:-\d{{6}})?(?:[./-].*)?")
 
 
 def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
+from shardex.contract import CONFIG_FILE, FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:
+    from shardex.verification import VerifyReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,14 @@ class Capabilities:
     remote: bool
     #: Whether ``mode="append"`` can add shards to an export of this backend.
     append: bool = False
+    #: Whether its dataset checks every byte it reads against a checksum (a re-export then
+    #: needs no other check; see :meth:`Backend.damaged_samples`).
+    checked_reads: bool = False
+    #: Whether its shards are tars with DALI index files (``shardex.dali`` reads them).
+    dali: bool = False
+    #: Whether its shards are runs of whole samples that ``TensorShardsLoader`` loads whole
+    #: (its dataset is an :class:`~shardex.backends.arrays.ArrayDataset`).
+    shard_windows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +92,30 @@ def unused_name(path: str, taken: frozenset[str]) -> str:
 OnShard = Callable[[pa.Table], None]
 
 
+@dataclass(frozen=True, slots=True)
+class StoredSample:
+    """A sample of a committed export as a re-export reads it: its key and its members
+    (``ext``, ``path``, ``offset``, ``size``, ``data``: a byte range of the local file
+    ``path``, ``data`` None), or why it cannot be used (``invalid``; then no members)."""
+
+    key: str
+    members: list[dict[str, Any]]
+    invalid: str | None = None
+
+
+@dataclass(slots=True)
+class Check:
+    """What :meth:`Backend.verify_split` reports to: the report, whether to decode every
+    image (``deep``), and the progress bar to advance by each sample checked."""
+
+    report: VerifyReport
+    deep: bool
+    bar: Any
+
+
 class Backend(ABC):
-    """An export format. Subclasses set the class attributes (``dataset``: the reader)
-    and implement :meth:`write_split`."""
+    """An export format. Subclasses set the class attributes (``dataset``: the reader;
+    ``files``: the names of what it writes) and implement :meth:`write_split`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -92,6 +126,14 @@ class Backend(ABC):
     categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
     #: Backend options (``--backend-option NAME=VALUE``) -> what each does.
     option_help: ClassVar[dict[str, str]] = {}
+    #: Every file the backend writes, as regular expressions over its path in the export
+    #: (``r"[^/]+/blobs-[0-9a-f]+\.bin"``; a split is the first folder), second names and
+    #: names of older versions included. An output that holds anything else (beside the
+    #: export's own files) is not overwritten or resumed: it is refused as foreign.
+    files: ClassVar[tuple[str, ...]] = ()
+    #: What config.yaml's key specs name as a stored field's place, before the colon
+    #: (``tar:jpg``); None: the backend's name (``zarr:image``). See :meth:`field_storage`.
+    key_storage: ClassVar[str | None] = None
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         unknown = sorted(set(options or {}) - set(self.option_help))
@@ -102,6 +144,17 @@ class Backend(ABC):
                 f"(its options: {known})"
             )
         self.options: dict[str, Any] = dict(options or {})
+
+    @classmethod
+    def owns(cls, path: str) -> bool:
+        """Whether ``path`` (relative to the export's root) is a name this backend writes."""
+        return _any_of(cls.files).fullmatch(path) is not None
+
+    @classmethod
+    def field_storage(cls, field: FieldSpec) -> str:
+        """Where config.yaml's key specs say ``field``'s values live: ``{key_storage}:{column}``
+        (a backend that stores fields under their own names overrides it)."""
+        return f"{cls.key_storage or cls.name}:{field.column}"
 
     @abstractmethod
     def write_split(
@@ -125,3 +178,35 @@ class Backend(ABC):
         ``dataset.skipped``) instead of raising. The default builds :attr:`dataset`.
         """
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
+
+    def verify_split(
+        self, storage: Storage, config: ExportConfig, split: str, check: Check
+    ) -> None:
+        """Check a committed split byte for byte against config.yaml, adding what is wrong
+        to ``check.report`` (``shardex verify``). The default reports that this backend
+        cannot be verified."""
+        check.report.add(
+            CONFIG_FILE,
+            "backend",
+            f"split {split!r}: the {self.name!r} backend does not say how to verify its "
+            "files (it has no verify_split)",
+        )
+
+    def stored_samples(self, dataset: Dataset, keys: list[str]) -> Iterator[StoredSample] | None:
+        """A committed split's samples for a new export (a re-export) as byte ranges of
+        local files, each read once and checked, in sample order (``keys``: the split's keys
+        as its metadata lists them). None (the default): the samples are read through
+        ``dataset``, their bytes held until written."""
+        return None
+
+    def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
+        """Samples of a split that its dataset would return although their bytes differ from
+        what was exported (``sample number -> reason``), for a re-export to refuse or skip.
+        The default trusts the dataset (its reads are checked: ``capabilities.checked_reads``)."""
+        return {}
+
+
+@cache
+def _any_of(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One compiled pattern matching any of ``patterns`` (none: matches nothing)."""
+    return re.compile("|".join(f"(?:{p})" for p in patterns) if patterns else "(?!)")

@@ -23,9 +23,9 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
+from shardex.codecs.fields import decode_fields
 from shardex.contract import FieldSpec
 from shardex.fields import is_fixed, load_npy, npy_bytes
-from shardex.format.reader import decode_fields
 from shardex.format.shard import MemberReader, iter_fields
 
 KEY_COLUMN: Final = "__key__"

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any, Final
 
 from shardex.backends.base import Backend
+from shardex.contract import ExportConfig
 from shardex.errors import BackendError, MissingDependencyError
 
 ENTRY_POINT_GROUP: Final = "shardex.backends"
@@ -106,6 +107,15 @@ class Registry:
 
     def get(self, name: str, options: Mapping[str, Any] | None = None) -> Backend:
         """An instance of the named backend (with its backend options)."""
+        return self.backend_class(name)(options)
+
+    def backend_class(self, name: str) -> type[Backend]:
+        """The class of the named backend (imported now: its declarations are class-level).
+
+        Raises:
+            BackendError: no backend has this name, or its target is not a Backend.
+            MissingDependencyError: it needs a package that is not installed.
+        """
         self._load_plugins()
         entry = self._entries.get(name)
         if entry is None:
@@ -122,7 +132,7 @@ class Registry:
         cls = getattr(module, cls_name, None)
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise BackendError(f"backend {name!r}: {entry.target} is not a Backend subclass")
-        return cls(options)
+        return cls
 
 
 REGISTRY: Final = Registry()
@@ -138,3 +148,8 @@ def register_backend(
 def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
     """The backend registered under ``name``, configured with ``options``."""
     return REGISTRY.get(name, options)
+
+
+def backend_for(config: ExportConfig) -> Backend:
+    """The backend of a committed export, with the options it was written with."""
+    return REGISTRY.get(config.backend, config.shard_options.get("backend_options"))

@@ -54,7 +54,11 @@ class TensorShardsBackend(ArrayBackend):
     name: ClassVar[str] = "tensor_shards"
     description: ClassVar[str] = "fixed-size .npz sample shards + manifest (window loader)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=False, streaming=True, remote=True
+        random_access=False,
+        streaming=True,
+        remote=True,
+        checked_reads=True,
+        shard_windows=True,
     )
     stem_name: ClassVar[str] = "tensors"
     dataset: ClassVar[type[ArrayDataset]] = TensorShardsDataset

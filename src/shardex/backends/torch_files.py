@@ -62,7 +62,11 @@ class TorchBackend(ArrayBackend):
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "one .pt of tensors per shard (torch.load weights_only)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=False, streaming=True, remote=True
+        random_access=False,
+        streaming=True,
+        remote=True,
+        checked_reads=True,
+        shard_windows=True,
     )
     stem_name: ClassVar[str] = "tensors"
     dataset: ClassVar[type[ArrayDataset]] = TorchDataset

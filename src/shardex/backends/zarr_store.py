@@ -321,7 +321,7 @@ class ZarrBackend(ArrayBackend):
     name: ClassVar[str] = "zarr"
     description: ClassVar[str] = "one zarr v3 group per split, sharded arrays (N, ...)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=True, streaming=True, remote=True
+        random_access=True, streaming=True, remote=True, checked_reads=True
     )
     option_help: ClassVar[dict[str, str]] = {
         "image_codec": "none (default), png, webp (lossless) or jpeg (lossy): codec of "

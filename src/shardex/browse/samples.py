@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, MAX_PIXELS
-from shardex.dataset import Dataset
+from shardex.dataset import Dataset, SampleRanges
 from shardex.errors import FormatError, ShardexError
-from shardex.format.reader import ShardDataset
-from shardex.format.tar import iter_members, parse_sample, split_name
 
 #: Thumbnail sizes the grid asks for (longest side, pixels); any other is refused.
 THUMB_SIZES: Final = (96, 160, 256)
@@ -118,7 +116,7 @@ class SampleReader:
         with self._lock:
             if index in self._recent:
                 return self._recent[index]
-        read = self._read_shard(index) if isinstance(self.dataset, ShardDataset) else None
+        read = self._read_ranges(index) if isinstance(self.dataset, SampleRanges) else None
         if read is None:
             sample = dict(self.dataset[index])
             key = str(sample.pop("__key__"))
@@ -131,12 +129,14 @@ class SampleReader:
                 self._recent.popitem(last=False)
         return read
 
-    def _read_shard(self, index: int) -> _Read:
-        """A tar-shard sample from one ranged read, its checksum checked, its members
-        located in the shard."""
+    def _read_ranges(self, index: int) -> _Read:
+        """A sample that is a byte range of its shard, from one ranged read, its checksum
+        checked, its fields located in the shard (where the backend says)."""
         ds = self.dataset
-        assert isinstance(ds, ShardDataset)
-        offset, checksum, shard, length = ds.index.record(index)
+        assert isinstance(ds, SampleRanges)
+        record = ds.records[index]
+        offset, length = int(record["offset"]), int(record["length"])
+        checksum, shard = int(record["checksum"]), int(record["shard"])
         shards = ds.config.split(ds.split).shards
         if shard >= len(shards) or offset + length > shards[shard].num_bytes:
             raise FormatError(
@@ -145,20 +145,16 @@ class SampleReader:
             )
         path = shards[shard].path
         buf = ds.storage.get_range(path, offset, length)
-        ds.check_sample(buf, checksum, shard, offset, index)  # raises ChecksumError
-        where = ds.storage.join(path)
-        key, fields = parse_sample(buf, where=where)
+        sample = dict(ds.from_bytes(buf, checksum, shard, offset, index))  # ChecksumError
+        key = str(sample.pop("__key__"))
+        fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
         members = tuple(
-            Field(
-                split_name(m.name)[1],
-                m.size,
-                offset + m.data_offset,
-                offset + m.data_offset + m.size,
-            )
-            for m in iter_members(buf, where=where)
+            Field(name, size, offset + start, offset + start + size)
+            for name, start, size in ds.field_spans(buf, shard)
         )
-        detail = Detail(key, path, offset, length, f"xxh3_64:{checksum:016x}", True, members)
-        return _Read(key, dict(fields), detail)
+        checked = f"xxh3_64:{checksum:016x}"
+        detail = Detail(key, path, offset, length, checked, ds.verify, members)
+        return _Read(key, fields, detail)
 
 
 def image_field(sample: dict[str, Any], index: int) -> tuple[str, bytes]:

@@ -1,19 +1,31 @@
-"""Parquet files of an export read from bytes: metadata.parquet checked against its
-checksum, and pyarrow's errors mapped to shardex's, naming the file."""
+"""Parquet files read from bytes: checked against their checksum, and pyarrow's errors
+mapped to shardex's, naming the file. A leaf codec: it reads through any object with
+``get`` and ``join`` (a storage)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from xxhash import xxh3_64, xxh3_64_hexdigest
 
-from shardex.contract import METADATA_FILE, ExportConfig
 from shardex.errors import ChecksumError, FormatError, ObjectNotFoundError, ShardexError
-from shardex.storage.base import Storage
+
+
+class Files(Protocol):
+    """What these functions read with (a :class:`~shardex.storage.base.Storage` is one)."""
+
+    def get(self, path: str) -> bytes:
+        """The bytes of the file at ``path``."""
+        ...
+
+    def join(self, path: str) -> str:
+        """``path`` as the user knows it (for messages)."""
+        ...
 
 
 def arrow_reader(data: bytes) -> pa.BufferReader:
@@ -31,33 +43,23 @@ def arrow_reader(data: bytes) -> pa.BufferReader:
     return pa.BufferReader(buf)
 
 
-def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Table:
-    """The metadata.parquet rows of a split, in sample order, checked against the file's
+def read_checked_table(
+    storage: Files, name: str, checksum: str | None, columns: list[str] | None = None
+) -> pa.Table:
+    """A whole Parquet file of the export (metadata or errors), checked against its
     checksum in config.yaml where it has one.
 
     Raises:
         ObjectNotFoundError: the file is missing.
         ChecksumError: its bytes differ from what was exported.
-        FormatError: it is not a Parquet file of the export's columns.
+        FormatError: it is not a Parquet file.
     """
-    name = config.metadata_file or METADATA_FILE
-    data = checked_file(storage, name, config.metadata_checksum)
-    with metadata_errors(storage.join(name)):
-        table = pq.read_table(arrow_reader(data), filters=[("split", "=", split)])
-        return table.sort_by("sample_index")
-
-
-def read_checked_table(
-    storage: Storage, name: str, checksum: str | None, columns: list[str] | None = None
-) -> pa.Table:
-    """A whole Parquet file of the export (metadata or errors), checked against its
-    checksum in config.yaml where it has one; errors as :func:`read_metadata`'s."""
     data = checked_file(storage, name, checksum)
     with metadata_errors(storage.join(name)):
         return pq.read_table(arrow_reader(data), columns=columns)
 
 
-def checked_file(storage: Storage, name: str, checksum: str | None) -> bytes:
+def checked_file(storage: Files, name: str, checksum: str | None) -> bytes:
     """The bytes of ``name``, which must have ``checksum`` (``xxh3_64:HEX``; None: not
     recorded, as in older exports).
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 from shardex.errors import ConfigError
 from shardex.sources.base import ScanResult, Source
 from shardex.sources.table import TableSource
+from shardex.storage.cache import cache_dir
 
 CLASSES: Final = (
     "circle",
@@ -51,11 +51,6 @@ COLOURS: Final = {
 }
 DEFAULT_COUNT: Final = 5000
 EMBEDDING_DIM: Final = 16
-
-
-def cache_dir() -> Path:
-    """Where shardex keeps generated and downloaded files."""
-    return Path(os.environ.get("SHARDEX_CACHE_DIR", Path.home() / ".cache" / "shardex"))
 
 
 def _polygon(cx: float, cy: float, r: float, sides: int, turn: float) -> list[tuple[float, float]]:

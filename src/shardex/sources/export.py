@@ -6,14 +6,15 @@ is marked invalid (``_invalid``), and the export refuses it with a one-line erro
 the source shard and sample, or skips it into ``errors.parquet`` under
 ``on_error="skip"``.
 
-A local ``webdataset`` export is read once, shard by shard, through its sample index: each
-sample's bytes are checked against its per-sample checksum and its members become byte
-ranges of the source tar, read again only when the new shards are written (memory stays
-bounded whatever the export's size). Any other export, of any backend or on object
-storage, is read through :func:`shardex.open_dataset` (which checks what it reads), its
-fields held in memory until written; array runs whose reader does not check their bytes
-(``numpy``, ``numpy_mmap``, ``tensordict_memmap``) are checked against their run checksum
-in config.yaml first.
+The export's backend says how its samples are read again
+(:meth:`~shardex.backends.Backend.stored_samples`): a local ``webdataset`` export is read
+once, shard by shard, through its sample index, each sample checked against its checksum
+and its members described as byte ranges of the source tar, read again only when the new
+shards are written (memory stays bounded whatever the export's size). Any other export is
+read through :func:`shardex.open_dataset` (which checks what it reads), its fields held in
+memory until written; samples its dataset would not catch as damaged
+(:meth:`~shardex.backends.Backend.damaged_samples`: array runs whose reader does not check
+their bytes) are checked against config.yaml first.
 """
 
 from __future__ import annotations
@@ -24,18 +25,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import pyarrow as pa
 
-from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
-from shardex.errors import ChecksumError, FormatError, ShardexError, SourceError
-from shardex.format.tar import iter_members, split_name
+from shardex.backends.registry import backend_for
+from shardex.contract import METADATA_FILE, ExportConfig
+from shardex.errors import FormatError, ShardexError, SourceError
 from shardex.sources.base import MEMBERS, RESERVED, ScanResult, Source, build_table
 from shardex.storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from shardex.dataset import Dataset
 
-#: Backends whose dataset checks every byte it reads (a per-sample or per-file checksum);
-#: the runs of the others are checked against config.yaml before they are read.
-_CHECKED_ON_READ: Final = frozenset({"webdataset", "torch", "tensor_shards", "zarr"})
 #: Fields that come back from metadata.parquet rather than from the samples.
 _FROM_METADATA: Final = ("cls", "json")
 
@@ -96,12 +94,15 @@ class ExportSource(Source):
         ds = open_dataset(storage, split=split, on_error="skip")
         meta = _metadata(ds, storage, config)
         wanted = meta.column("key").to_pylist()
-        info = config.split(split)
-        local = [storage.local_path(s.path) for s in info.shards]
-        if config.backend == "webdataset" and all(p is not None for p in local):
-            samples = _local_tar_samples(ds, storage, info.shards, wanted)
+        backend = backend_for(config)
+        stored = backend.stored_samples(ds, wanted)
+        if stored is not None:
+            samples = _Samples()
+            for sample in stored:
+                samples.add(sample.key, sample.members, sample.invalid)
         else:
-            samples = _dataset_samples(ds, storage, config, split, wanted)
+            damaged = backend.damaged_samples(storage, config, split)
+            samples = _dataset_samples(ds, damaged, wanted)
         good = [k for k, bad in zip(samples.keys, samples.invalid, strict=True) if bad is None]
         if len(samples.keys) != len(wanted) or good != [
             k for k, bad in zip(wanted, samples.invalid, strict=True) if bad is None
@@ -141,81 +142,10 @@ def _metadata(ds: Dataset, storage: Storage, config: ExportConfig) -> pa.Table:
     return meta
 
 
-def _local_tar_samples(
-    ds: Dataset, storage: Storage, shards: tuple[ShardInfo, ...], wanted: list[str]
-) -> _Samples:
-    """Read each sample once through the split's index, check its checksum, and describe
-    its members as byte ranges of the source tar."""
-    records = ds.index.samples  # type: ignore[attr-defined]
-    out = _Samples()
-    fds: dict[int, int] = {}
-    unreadable: dict[int, str] = {}
-    try:
-        for number, (offset, expected, shard, length) in enumerate(
-            zip(
-                records["offset"].tolist(),
-                records["checksum"].tolist(),
-                records["shard"].tolist(),
-                records["length"].tolist(),
-                strict=True,
-            )
-        ):
-            key = wanted[number] if number < len(wanted) else ""
-            where = f"sample {number} ({key!r})"
-            if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-                out.add(key, [], f"source {where}: its index entry is damaged (shardex verify)")
-                continue
-            path = storage.local_path(shards[shard].path)
-            assert path is not None
-            tar = storage.join(shards[shard].path)
-            if shard not in fds and shard not in unreadable:
-                try:
-                    fds[shard] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as exc:  # its samples are lost, like a damaged run's
-                    unreadable[shard] = f"cannot read {tar!r} ({exc.strerror})"
-            if shard in unreadable:
-                out.add(key, [], f"source {where}: {unreadable[shard]}")
-                continue
-            data = os.pread(fds[shard], length, offset)
-            if len(data) != length:
-                out.add(
-                    key, [], f"source {where} at byte {offset} of {tar!r}: the shard is truncated"
-                )
-                continue
-            try:  # the reader's own check: seeded with the sample number where the format is
-                ds.check_sample(data, expected, shard, offset, number)  # type: ignore[attr-defined]
-            except ChecksumError as exc:
-                out.add(key, [], f"source {where}: {exc}")
-                continue
-            try:
-                found = list(iter_members(data, where=f"{tar} at byte {offset}"))
-            except FormatError as exc:
-                out.add(key, [], f"source {where}: {exc}")
-                continue
-            names = {split_name(m.name)[0] for m in found}
-            members = [
-                {
-                    "ext": split_name(m.name)[1],
-                    "path": str(path),
-                    "offset": offset + m.data_offset,
-                    "size": m.size,
-                    "data": None,
-                }
-                for m in found
-            ]
-            out.add(names.pop() if len(names) == 1 else "", members)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return out
-
-
-def _dataset_samples(
-    ds: Dataset, storage: Storage, config: ExportConfig, split: str, wanted: list[str]
-) -> _Samples:
+def _dataset_samples(ds: Dataset, damaged: dict[int, str], wanted: list[str]) -> _Samples:
     """Read every sample through the dataset (which checks what it reads), held in memory;
-    samples it skips as damaged come back invalid, with its message."""
-    damaged = {} if config.backend in _CHECKED_ON_READ else _damaged_runs(storage, config, split)
+    samples it skips as damaged come back invalid, with its message, as do the ``damaged``
+    ones (sample number -> reason)."""
     read = [dict(sample) for sample in ds]
     skipped = {
         number: f"source sample {number}: {message}"
@@ -239,26 +169,4 @@ def _dataset_samples(
         out.add(str(sample["__key__"]), members, damaged.get(number))
     if next(got, None) is not None:  # more samples than the metadata lists
         out.add("", [])
-    return out
-
-
-def _damaged_runs(storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
-    """Sample number -> reason, for the samples of runs whose files do not match their
-    checksum in config.yaml (the readers of these backends do not check it)."""
-    from shardex.verification import VerifyReport
-    from shardex.verify_arrays import _verify_run
-
-    info = config.split(split)
-    out: dict[int, str] = {}
-    first = 0
-    for shard in info.shards:
-        report = VerifyReport(storage.uri)
-        if not _verify_run(storage, config, info, shard, report):
-            problem = report.problems[0]
-            reason = (
-                f"source run {storage.join(shard.path)!r} is damaged "
-                f"({problem.kind}: {problem.message})"
-            )
-            out.update(dict.fromkeys(range(first, first + shard.num_samples), reason))
-        first += shard.num_samples
     return out

@@ -268,8 +268,6 @@ class ArrayBackendTests:
     def test_a_failed_overwrite_leaves_the_committed_export_intact(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        if self.backend_name == "webdataset":
-            pytest.skip("tar shards are rewritten in place (docs/reliability.md)")
         import shardex.exporter
 
         out, data = tmp_path / "o", array_data(9)

@@ -16,10 +16,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from shardex.dataset import Sample
+from shardex.dataset import Sample, SampleRanges
 from shardex.errors import FormatError
-from shardex.format.reader import ShardDataset
-from shardex.format.tar import parse_sample
 from shardex.torch.order import EpochOrder, Segment
 
 #: Bytes read at once from a shard (a run of consecutive samples; one sample if larger).
@@ -38,10 +36,10 @@ class Block:
 
 
 def blocks(
-    ds: ShardDataset, order: EpochOrder, segments: Sequence[Segment], block_bytes: int
+    ds: SampleRanges, order: EpochOrder, segments: Sequence[Segment], block_bytes: int
 ) -> Iterator[Block]:
     """The runs of consecutive samples to read for some positions, in order."""
-    records = ds.index.samples
+    records = ds.records
     for start, stop in segments:
         for shard, first, count in order.runs(start, stop):
             rec = records[first : first + count]
@@ -60,7 +58,7 @@ def blocks(
                 i = j
 
 
-def read_blocks(ds: ShardDataset, runs: Iterator[Block]) -> Iterator[tuple[int, Sample]]:
+def read_blocks(ds: SampleRanges, runs: Iterator[Block]) -> Iterator[tuple[int, Sample]]:
     """``(sample number, raw sample)`` of each block's samples; the next block is read by a
     background thread meanwhile (so at most two blocks are held)."""
     storage = ds.storage
@@ -87,19 +85,13 @@ def read_blocks(ds: ShardDataset, runs: Iterator[Block]) -> Iterator[tuple[int, 
             data = pending.result()
             current, block = block, next(runs, None)
             pending = None if block is None else pool.submit(fetch, block)
-            yield from _parse(ds, current, data, shards[current.shard].path)
+            yield from _parse(ds, current, data)
 
 
-def _parse(ds: ShardDataset, block: Block, data: bytes, path: str) -> Iterator[tuple[int, Sample]]:
+def _parse(ds: SampleRanges, block: Block, data: bytes) -> Iterator[tuple[int, Sample]]:
     base = int(block.offsets[0])
-    verify = ds.verify
     for k, (offset, length, checksum) in enumerate(
         zip(block.offsets.tolist(), block.lengths.tolist(), block.checksums.tolist(), strict=True)
     ):
         buf = data[offset - base : offset - base + length]
-        if verify:
-            ds.check_sample(buf, checksum, block.shard, offset, block.first + k)
-        key, fields = parse_sample(buf, where=path)
-        sample: Sample = dict(fields)
-        sample["__key__"] = key
-        yield block.first + k, sample
+        yield block.first + k, ds.from_bytes(buf, checksum, block.shard, offset, block.first + k)

@@ -14,9 +14,8 @@ import os
 from typing import Any
 
 from shardex.api import open_dataset
-from shardex.dataset import Dataset
+from shardex.dataset import Dataset, SampleRanges
 from shardex.errors import ConfigError, FormatError
-from shardex.format.reader import ShardDataset
 from shardex.storage import Storage, open_storage
 
 
@@ -68,17 +67,19 @@ class DatasetHandle:
             self.split, self._num_samples, self._dataset = ds.split, len(ds), ds
         return self._dataset
 
-    def shards(self) -> ShardDataset:
-        """The opened split as tar shards (streaming reads whole runs of a shard).
+    def shards(self) -> SampleRanges:
+        """The opened split as byte ranges of its shards (streaming reads runs of them).
 
         Raises:
-            ConfigError: the export's backend is not a tar-shard one.
+            ConfigError: the export's backend does not store samples as byte ranges of
+                shards (its dataset is not a :class:`~shardex.dataset.SampleRanges`).
         """
         ds = self.dataset()
-        if not isinstance(ds, ShardDataset):
+        if not isinstance(ds, SampleRanges):
             raise ConfigError(
-                f"{self.storage.uri} uses the {ds.config.backend!r} backend; streaming reads "
-                "tar shards (the 'webdataset' backend): use MapDataset for this export"
+                f"{self.storage.uri} uses the {ds.config.backend!r} backend, whose samples "
+                "are not byte ranges of shards; streaming reads those (the 'webdataset' "
+                "backend): use MapDataset for this export"
             )
         return ds
 

@@ -16,8 +16,8 @@ from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.contract import METADATA_FILE
 from shardex.dataset import Sample
 from shardex.errors import ConfigError, FormatError
-from shardex.format.reader import local_copy
 from shardex.format.tables import check_local_file, metadata_errors
+from shardex.storage.cache import local_copy
 from shardex.torch.handle import DatasetHandle
 
 Transform = Callable[[Any], Any]

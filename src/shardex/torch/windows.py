@@ -1,6 +1,7 @@
 """``TensorShardsLoader``: batches from a window of whole shards, prefetched.
 
-For the ``tensor_shards`` backend (and ``torch``): shards are read whole, a few at a
+For backends whose shards are runs of whole samples (``capabilities.shard_windows``:
+``tensor_shards``, ``torch``): shards are read whole, a few at a
 time. An epoch is:
 
 1. the split's shards in a seeded order (``shuffle_shards``; new every epoch), read as
@@ -37,14 +38,13 @@ import torch
 from shardex.api import open_dataset
 from shardex.backends.arrays import ArrayDataset
 from shardex.backends.columns import ColumnReader, concat_columns, slice_columns
+from shardex.backends.registry import backend_for
 from shardex.errors import ConfigError
 from shardex.fields import is_fixed
 from shardex.torch.order import EpochOrder
 from shardex.torch.permutation import derive_key
 
 _SAMPLE_SALT = 0x77D0
-#: Backends whose shards are whole column runs of ``samples_per_shard`` rows.
-WINDOW_BACKENDS = ("tensor_shards", "torch")
 #: Settings that define the epoch's batches: a saved state only fits the same ones.
 _ORDER_SETTINGS = (
     "seed",
@@ -108,10 +108,11 @@ class TensorShardsLoader:
         if batch_size < 1 or shards_per_window < 1 or prefetch_workers < 1:
             raise ConfigError("batch_size, shards_per_window and prefetch_workers must be >= 1")
         dataset = open_dataset(uri, split=split, storage_options=storage_options)
-        if not isinstance(dataset, ArrayDataset) or dataset.config.backend not in WINDOW_BACKENDS:
+        windows = backend_for(dataset.config).capabilities.shard_windows
+        if not (windows and isinstance(dataset, ArrayDataset)):
             raise ConfigError(
-                f"TensorShardsLoader reads shards of arrays ({', '.join(WINDOW_BACKENDS)}); "
-                f"{os.fspath(uri)} is a {dataset.config.backend} export: use "
+                "TensorShardsLoader reads shards of arrays whole (backends 'tensor_shards' "
+                f"and 'torch'); {os.fspath(uri)} is a {dataset.config.backend!r} export: use "
                 "shardex.torch.StreamDataset or MapDataset"
             )
         if prefetch_windows < 0:

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from xxhash import xxh3_64_intdigest as _xxh3
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, decode
+from shardex.backends.metadata import read_metadata
+from shardex.codecs.fields import decode_fields
 from shardex.contract import CONFIG_FILE, ExportConfig
-from shardex.dataset import OnReadError, ReopenedDataset, Sample
+from shardex.dataset import OnReadError, Sample, SampleRanges
 from shardex.errors import (
     ChecksumError,
     ExportReplacedError,
@@ -29,9 +27,9 @@ from shardex.errors import (
     StorageError,
 )
 from shardex.format.index import SplitIndex, checksum_seeds, key_hash
-from shardex.format.tables import read_metadata
-from shardex.format.tar import parse_sample
+from shardex.format.tar import iter_members, parse_sample, split_name
 from shardex.storage.base import Storage
+from shardex.storage.cache import local_copy
 
 log = logging.getLogger(__name__)
 
@@ -41,44 +39,7 @@ DEFAULT_COALESCE_GAP = 0
 REMOTE_COALESCE_GAP = 64 * 1024
 
 
-def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
-    """A local file for an object: itself when local, else a cached download."""
-    local = storage.local_path(path)
-    if local is not None:
-        return local
-    from shardex.sources.demo import cache_dir
-
-    digest = hashlib.sha256(f"{storage.uri}\0{fingerprint}".encode()).hexdigest()[:16]
-    target = cache_dir() / "index" / digest / path
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(storage.get(path))
-        os.replace(tmp, target)
-    return target
-
-
-def decode_fields(fields: dict[str, bytes]) -> dict[str, Any]:
-    """Decode by extension: images to arrays, cls to int, json to objects, txt to str."""
-    out: dict[str, Any] = {}
-    for ext, data in fields.items():
-        last = ext.rpartition(".")[2].lower()
-        if last in IMAGE_EXTENSIONS:
-            out[ext] = decode(data)
-        elif last in ("cls", "cls2", "index"):
-            out[ext] = int(data)
-        elif last == "json":
-            out[ext] = json.loads(data)
-        elif last in ("txt", "text"):
-            out[ext] = data.decode("utf-8")
-        elif last == "npy":
-            out[ext] = np.load(io.BytesIO(data), allow_pickle=False)
-        else:
-            out[ext] = data
-    return out
-
-
-class ShardDataset(ReopenedDataset):
+class ShardDataset(SampleRanges):
     """A split of a tar-shard export (the ``webdataset`` backend)."""
 
     #: Bytes per chunk when remote shards are streamed for iteration.
@@ -208,6 +169,26 @@ class ShardDataset(ReopenedDataset):
                 f"{self.storage.join(self._paths[shard])}: the bytes there are not sample "
                 f"{number} as exported (the shard or its index record is damaged)"
             )
+
+    @property
+    def records(self) -> npt.NDArray[np.void]:
+        return self.index.samples
+
+    def from_bytes(
+        self, data: bytes, checksum: int, shard: int, offset: int, number: int
+    ) -> Sample:
+        if self.verify:
+            self.check_sample(data, checksum, shard, offset, number)
+        key, fields = parse_sample(data, where=self._paths[shard])
+        sample: Sample = dict(fields)
+        sample["__key__"] = key
+        return sample
+
+    def field_spans(self, data: bytes, shard: int) -> tuple[tuple[str, int, int], ...]:
+        where = self._paths[shard]
+        return tuple(
+            (split_name(m.name)[1], m.data_offset, m.size) for m in iter_members(data, where=where)
+        )
 
     def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
         if self.verify and _xxh3(buf, number * self._seed) != checksum:

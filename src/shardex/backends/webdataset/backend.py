@@ -12,15 +12,27 @@ Layout of a split ``S`` (see docs/format.md)::
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan, unused_name
-from shardex.contract import IndexInfo, ShardInfo, SplitInfo
-from shardex.dataset import ReopenedDataset
+from shardex.backends.base import (
+    Backend,
+    Capabilities,
+    Check,
+    OnShard,
+    SplitPlan,
+    StoredSample,
+    unused_name,
+)
+from shardex.backends.webdataset.reader import ShardDataset
+from shardex.backends.webdataset.stored import stored_samples
+from shardex.backends.webdataset.verify import verify_split
+from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
+from shardex.dataset import Dataset, ReopenedDataset
 from shardex.format.index import (
     KEYS_FILE,
     SAMPLES_FILE,
@@ -30,7 +42,6 @@ from shardex.format.index import (
     key_hash,
     to_npy_bytes,
 )
-from shardex.format.reader import ShardDataset
 from shardex.format.shard import ShardJob, write_shard
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
@@ -47,9 +58,33 @@ class WebDatasetBackend(Backend):
     name: ClassVar[str] = "webdataset"
     description: ClassVar[str] = "tar shards + Parquet + mmap index (default)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=True, streaming=True, remote=True, append=True
+        random_access=True,
+        streaming=True,
+        remote=True,
+        append=True,
+        checked_reads=True,
+        dali=True,
     )
+    files: ClassVar[tuple[str, ...]] = (
+        r"[^/]+/images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
+        # (".pending" names: the leftovers of shardex versions that renamed after committing)
+        r"[^/]+/index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+    )
+    key_storage: ClassVar[str | None] = "tar"
     dataset: ClassVar[type[ReopenedDataset]] = ShardDataset
+
+    @classmethod
+    def field_storage(cls, field: FieldSpec) -> str:
+        return f"tar:{field.name}"  # a tar member's extension, not a column
+
+    def verify_split(
+        self, storage: Storage, config: ExportConfig, split: str, check: Check
+    ) -> None:
+        verify_split(storage, config, split, check.report, check.deep, check.bar)
+
+    def stored_samples(self, dataset: Dataset, keys: list[str]) -> Iterator[StoredSample] | None:
+        assert isinstance(dataset, ShardDataset)  # what open() builds
+        return stored_samples(dataset, keys)
 
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard

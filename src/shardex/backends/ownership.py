@@ -1,0 +1,83 @@
+"""Which files of an output shardex wrote: the export's own files, and what each backend
+declares it writes (:attr:`Backend.files <shardex.backends.base.Backend.files>`).
+
+An overwrite or a resume replaces only what shardex wrote; anything else in the output
+means the user pointed shardex at the wrong folder, and the export is refused. A plugin
+backend's files count as shardex's as soon as it is registered.
+
+Backends are asked lazily, cheapest first: the one config.yaml names, then those already
+imported (the one being exported with), then the others, so a folder holding one
+backend's export does not import every backend's dependencies (torch, zarr) to be checked.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable
+from typing import Final
+
+from shardex.backends.registry import REGISTRY
+from shardex.contract import CONFIG_FILE, ExportConfig
+from shardex.errors import ShardexError
+from shardex.storage.base import Storage
+
+#: The files of an export that no backend writes: its contract, the writer's control files
+#: and the top-level tables, under their second names too (and ``.pending``: the leftovers
+#: of shardex versions that renamed after committing).
+_EXPORT_FILES: Final = re.compile(
+    r"config\.yaml|\.shardex-intent\.json|\.shardex-lock"
+    r"|metadata(?:\.pending|\.2)?\.parquet|errors(?:\.2)?\.parquet"
+)
+
+
+def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
+    """The ``paths`` of the output at ``storage`` (relative to its root) that neither the
+    export itself nor any registered backend writes.
+
+    Raises:
+        BackendError, MissingDependencyError: some paths are claimed by no backend, and the
+            committed config.yaml names a backend that is not registered or not installed
+            here (its files cannot be told from foreign ones).
+    """
+    rest = [p for p in paths if _EXPORT_FILES.fullmatch(p) is None]
+    if not rest:
+        return rest
+    committed = _committed_backend(storage)
+    unknown: ShardexError | None = None
+    for name in _order(committed):
+        try:
+            backend = REGISTRY.backend_class(name)
+        except ShardexError as exc:  # not installed here, or a plugin that fails to import
+            unknown = exc if name == committed else unknown
+            continue
+        rest = [p for p in rest if not backend.owns(p)]
+        if not rest:
+            return rest
+    if unknown is not None:
+        raise unknown
+    return rest
+
+
+def shardex_files(storage: Storage, paths: Iterable[str]) -> list[str]:
+    """The ``paths`` that the export or a registered backend writes, in their order."""
+    paths = list(paths)
+    foreign = set(foreign_files(storage, paths))
+    return [p for p in paths if p not in foreign]
+
+
+def _order(committed: str | None) -> list[str]:
+    """Backend names in the order to ask them (see the module docstring)."""
+    entries = REGISTRY.entries()
+    imported = [e.name for e in entries if e.target.partition(":")[0] in sys.modules]
+    cheap = [e.name for e in entries if not e.requires and e.available]
+    dear = [e.name for e in entries if e.requires and e.available]
+    first = [committed] if committed is not None else []
+    return list(dict.fromkeys([*first, *imported, *cheap, *dear]))
+
+
+def _committed_backend(storage: Storage) -> str | None:
+    try:
+        return ExportConfig.from_yaml(storage.get(CONFIG_FILE), where=CONFIG_FILE).backend
+    except (ShardexError, OSError):  # none, or unreadable: every backend is asked anyway
+        return None
