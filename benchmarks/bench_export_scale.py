@@ -276,10 +276,11 @@ class TreeWatch:
             got = status(pid)
             if got is None:
                 continue
-            proc = self.procs.get(pid)
-            if proc is None:
-                above = self.procs[parent].role if parent in self.procs else None
-                proc = self.procs[pid] = Proc(pid, parent, role_of(pid, got[0], above))
+            proc = self.procs.setdefault(pid, Proc(pid, parent, "?"))
+            # asked again at every look: a new process runs its parent's command line
+            # until it execs (the forkserver does), and parents are looked at first
+            above = self.procs[parent].role if parent in self.procs else None
+            proc.role = role_of(pid, got[0], above)
             proc.peak = max(proc.peak, got[1])
             todo.extend((kid, pid) for kid in children(pid))
 
