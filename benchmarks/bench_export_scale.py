@@ -228,7 +228,7 @@ def status(pid: int) -> tuple[str, int] | None:
                     hwm = int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return name, hwm
+    return (name, hwm) if hwm else None  # no VmHWM: a zombie, its memory already gone
 
 
 def cmdline(pid: int) -> str:
@@ -244,7 +244,8 @@ class Proc:
     pid: int
     parent: int
     role: str
-    peak: int = 0  # bytes: the largest VmHWM seen
+    peak: int = 0  # bytes: the largest VmHWM seen since ``command`` began
+    command: str = ""
 
 
 @dataclass
@@ -277,15 +278,19 @@ class TreeWatch:
             if got is None:
                 continue
             proc = self.procs.setdefault(pid, Proc(pid, parent, "?"))
-            # asked again at every look: a new process runs its parent's command line
-            # until it execs (the forkserver does), and parents are looked at first
+            # A new process runs its parent's command line, sharing its pages, until it
+            # execs (the forkserver does): role and peak start again when it changes.
+            # Parents are looked at first, so a child sees its parent's current role.
+            line = cmdline(pid)
+            if line and line != proc.command:  # empty: it has just exited
+                proc.command, proc.peak = line, 0
             above = self.procs[parent].role if parent in self.procs else None
-            proc.role = role_of(pid, got[0], above)
+            proc.role = role_of(line, got[0], above)
             proc.peak = max(proc.peak, got[1])
             todo.extend((kid, pid) for kid in children(pid))
 
 
-def role_of(pid: int, name: str, parent_role: str | None) -> str:
+def role_of(line: str, name: str, parent_role: str | None) -> str:
     """What a process of the export is: the command (main), the forkserver, one of the
     pool's workers (forked by the forkserver: same command line), the resource tracker.
     """
@@ -293,7 +298,6 @@ def role_of(pid: int, name: str, parent_role: str | None) -> str:
         return "main"
     if parent_role == "forkserver":
         return "worker"
-    line = cmdline(pid)
     if "forkserver" in line:
         return "forkserver"
     if "resource_tracker" in line:
