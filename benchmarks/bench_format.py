@@ -340,13 +340,12 @@ def mds_writer() -> Any | None:
     own needs only, see benchmarks/README.md), the writer's modules are imported without
     running the package ``__init__``: the same writer code, run the same way.
     """
+    import importlib
     import importlib.util
     import types
 
     try:
-        from streaming import MDSWriter  # type: ignore[import-not-found]
-
-        return MDSWriter
+        return importlib.import_module("streaming").MDSWriter
     except ImportError:
         pass
     spec = importlib.util.find_spec("streaming")
@@ -360,10 +359,9 @@ def mds_writer() -> Any | None:
         package.__path__ = [root + sub]
         sys.modules[name] = package
     try:
-        from streaming.base.format.mds.writer import MDSWriter
+        return importlib.import_module("streaming.base.format.mds.writer").MDSWriter
     except ImportError:
         return None
-    return MDSWriter
 
 
 def mds_write(writer: Any, data: InMemory, out: Path) -> None:
