@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import platform
 import resource
@@ -54,7 +55,7 @@ class Row:
 
 def fmt(x: float | None) -> str:
     """Numbers as people read them: thousands separators, 3 significant-ish digits."""
-    if x is None:
+    if x is None or math.isnan(x):  # nan: not measured (see the row's note)
         return "—"
     if abs(x) >= 1000:
         return f"{x:,.0f}"

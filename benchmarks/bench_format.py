@@ -5,6 +5,9 @@ folders, exports it with shardex and measures, in one run and with a warm page c
 
 * export throughput (``workers=1`` and ``2``) against a plain "read every file, write one
   file" copy;
+* the same JPEGs as an in-memory source (default options and ``workers=1``), the folder
+  source with default options, and MosaicML Streaming's ``MDSWriter`` (a peer), each against
+  the write limit: the same bytes written to one file plus an offsets index, fsynced;
 * random ``ds[i]`` (verify on/off) and ``get_many`` against ``os.pread`` of the same image
   bytes, in the same order, from ONE concatenated file;
 * sequential iteration (shardex and stock ``webdataset``) against ``os.pread`` of every
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import math
 import os
 import pstats
 import shutil
@@ -280,6 +284,186 @@ def bench_export(
     return rows, main, nolabels
 
 
+# ---------------------------------------------------------------- in-memory source, limit, peer
+
+MDS_NOT_INSTALLED = "mosaicml-streaming not installed (pip install 'shardex[bench]')"
+
+
+@dataclass
+class InMemory:
+    """The benchmark's JPEGs as an in-memory source: keys, bytes and labels in sample order."""
+
+    keys: list[str]
+    jpgs: list[bytes]
+    labels: list[int]
+
+    def source(self) -> dict[str, Any]:
+        return {"key": self.keys, "jpg": self.jpgs, "label": self.labels}
+
+
+def load_in_memory(concat: Concat) -> InMemory:
+    """Every image's bytes from ``concat.bin``, in its (the folder export's) sample order."""
+    rels = sorted(image_relpath(i) for i in range(len(concat.offsets)))
+    data = concat.path.read_bytes()
+    jpgs = [data[o : o + n] for o, n in zip(concat.offsets, concat.lengths, strict=True)]
+    labels = [int(rel.split("/", 1)[0].removeprefix("class_")) for rel in rels]
+    return InMemory([f"{i:07d}" for i in range(len(jpgs))], jpgs, labels)
+
+
+def write_limit(jpgs: Sequence[bytes], target: Path) -> None:
+    """The write limit: every sample's bytes into one file (``writev``, no copy) and their
+    offsets as an index file beside it, both fsynced: the least any writer must do.
+    """
+    chunk = os.sysconf("SC_IOV_MAX")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for lo in range(0, len(jpgs), chunk):
+            bufs = jpgs[lo : lo + chunk]
+            written, want = os.writev(fd, bufs), sum(map(len, bufs))
+            if written != want:  # a short write: finish it plainly
+                os.write(fd, b"".join(bufs)[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    offsets = np.cumsum([0, *map(len, jpgs)], dtype=np.uint64)
+    with open(target.with_suffix(".idx"), "wb") as f:
+        f.write(offsets.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def mds_writer() -> Any | None:
+    """MosaicML Streaming's ``MDSWriter`` class, or None when mosaicml-streaming is missing.
+
+    ``import streaming`` also imports its dataset, text and vision modules (transformers,
+    torchvision). Where those are not installed (the ``bench`` extra installs the writer's
+    own needs only, see benchmarks/README.md), the writer's modules are imported without
+    running the package ``__init__``: the same writer code, run the same way.
+    """
+    import importlib
+    import importlib.util
+    import types
+
+    try:
+        return importlib.import_module("streaming").MDSWriter
+    except ImportError:
+        pass
+    spec = importlib.util.find_spec("streaming")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = next(iter(spec.submodule_search_locations))
+    for name, sub in (("streaming", ""), ("streaming.base", "/base")):
+        if name in sys.modules and getattr(sys.modules[name], "__file__", None):
+            continue
+        package = types.ModuleType(name)
+        package.__path__ = [root + sub]
+        sys.modules[name] = package
+    try:
+        return importlib.import_module("streaming.base.format.mds.writer").MDSWriter
+    except ImportError:
+        return None
+
+
+def mds_write(writer: Any, data: InMemory, out: Path) -> None:
+    """``MDSWriter`` defaults (no compression, 64 MiB shards): columns jpg bytes + label int."""
+    with writer(out=str(out), columns={"jpg": "bytes", "label": "int"}) as w:
+        for jpg, label in zip(data.jpgs, data.labels, strict=True):
+            w.write({"jpg": jpg, "label": label})
+
+
+def check_in_memory(out: Path, data: InMemory) -> None:
+    """The in-memory export holds the source's bytes in the source's order."""
+    ds = shardex.open_dataset(out, split="train")
+    n = len(data.jpgs)
+    for i in (0, n // 2, n - 1):
+        if ds[i]["jpg"] != data.jpgs[i] or ds[i]["__key__"] != data.keys[i]:
+            raise SystemExit(f"in-memory export: sample {i} is not source sample {i}")
+
+
+def bench_in_memory(folder: Path, concat: Concat, out_root: Path, repeats: int) -> list[Row]:
+    """In-memory and folder exports and MDSWriter, interleaved with the write limit."""
+    data = load_in_memory(concat)
+    count = len(data.jpgs)
+    trash = out_root / "trash-memory"
+    shutil.rmtree(trash, ignore_errors=True)
+    trash.mkdir()
+    writer = mds_writer()
+
+    def fresh(name: str) -> Path:
+        # every run writes a fresh target, as a user's export does (see bench_export)
+        path = out_root / name
+        if path.exists():
+            path.rename(trash / f"{name}-{time.monotonic_ns()}")
+        return path
+
+    def limit() -> None:
+        target = fresh("limit")
+        target.mkdir()
+        write_limit(data.jpgs, target / "data.bin")
+
+    def mds() -> None:
+        mds_write(writer, data, fresh("mds"))
+
+    def empty_trash() -> None:  # timed with the others, its time unused: keeps the disk free
+        shutil.rmtree(trash)
+        trash.mkdir()
+
+    runs: dict[str, Callable[[], object]] = {
+        "memory": lambda: shardex.export(data.source(), fresh("memory")),
+        "memory1": lambda: shardex.export(data.source(), fresh("memory1"), workers=1),
+        "folder": lambda: shardex.export(folder, fresh("folder")),
+        "limit": limit,
+    }
+    if writer is not None:
+        runs["mds"] = mds
+    runs["trash"] = empty_trash
+    times = dict(zip(runs, median_times(list(runs.values()), repeats), strict=True))
+    check_in_memory(out_root / "memory", data)
+    shutil.rmtree(trash)
+    return memory_rows({k: count / t for k, t in times.items()}, writer is not None)
+
+
+def memory_rows(rate: dict[str, float], have_mds: bool) -> list[Row]:
+    """The rows of :func:`bench_in_memory` from its rates (images/s by run)."""
+    limit = rate["limit"]
+    note = "baseline: write limit (same bytes to one file + offsets index, fsync)"
+    rows = [
+        Row("export in-memory, default options", "images/s", rate["memory"], limit, 0.5, note=note),
+        Row("export in-memory, workers=1", "images/s", rate["memory1"], limit, note=note),
+        Row("export folder, default options", "images/s", rate["folder"], limit, 0.4, note=note),
+    ]
+    if not have_mds:  # the rows stay, so that a table always shows every target
+        rows.append(Row("MDSWriter (peer)", "images/s", math.nan, note=MDS_NOT_INSTALLED))
+        ratio = "export in-memory, default options / MDSWriter"
+        rows.append(Row(ratio, "x", math.nan, note=f"target x ≥ 2: {MDS_NOT_INSTALLED}"))
+        return rows
+    rows.append(
+        Row(
+            "MDSWriter (peer)",
+            "images/s",
+            rate["mds"],
+            limit,
+            note=f"{note}; MDSWriter defaults (no compression), no fsync",
+        )
+    )
+    for name, key, target in (
+        ("in-memory, default options / MDSWriter", "memory", 2.0),
+        ("in-memory, workers=1 / MDSWriter", "memory1", None),
+    ):
+        rows.append(
+            Row(
+                f"export {name}",
+                "x",
+                rate[key] / rate["mds"],
+                None,
+                target,
+                "value",
+                note="same data, same run",
+            )
+        )
+    return rows
+
+
 class ReadBench:
     """Read measures of one export, each paired with its pread baseline."""
 
@@ -410,9 +594,11 @@ def main(argv: list[str] | None = None) -> int:
     concat = build_concat(folder, count, out_root / "concat.bin")
     print(f"raw image bytes: {concat.raw_bytes:,} ({concat.raw_bytes / count / 1024:.2f} KiB mean)")
     export_rows, main_out, nolabels = bench_export(folder, out_root, count, args.repeats)
+    memory_rows = bench_in_memory(folder, concat, out_root, args.repeats)
     reads = max(args.repeats, READ_REPEATS)
     rows = [
         *export_rows,
+        *memory_rows,
         *ReadBench(main_out, concat, count, reads).rows(),
         bench_open(main_out),
         *bench_sizes(main_out, nolabels, concat, count),
