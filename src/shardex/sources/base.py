@@ -183,6 +183,10 @@ class Source(ABC):
         if not tables:
             raise SourceError(f"source {quoted(self.uri)} yielded no batch of samples")
         table = pa.concat_tables(tables, promote_options="default")
+        if INVALID in table.column_names:  # first found in a later batch: back to its place
+            names = [c for c in table.column_names if c != INVALID]
+            names.insert(names.index(MEMBERS) + 1, INVALID)
+            table = table.select(names)
         return ScanResult(table, stream.label_names, tuple(left_out))
 
     def __repr__(self) -> str:
