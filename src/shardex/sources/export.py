@@ -19,6 +19,7 @@ in config.yaml first.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -27,7 +28,17 @@ import pyarrow as pa
 from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
 from shardex.errors import ChecksumError, FormatError, ShardexError, SourceError
 from shardex.format.tar import iter_members, split_name
-from shardex.sources.base import MEMBERS, RESERVED, ScanResult, Source, build_table
+from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
+    MEMBERS,
+    RESERVED,
+    SampleStream,
+    ScanBatch,
+    Source,
+    batch_table,
+    check_batch_size,
+    members_array,
+)
 from shardex.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -40,18 +51,41 @@ _CHECKED_ON_READ: Final = frozenset({"webdataset", "torch", "tensor_shards", "za
 _FROM_METADATA: Final = ("cls", "json")
 
 
+#: A sample as a re-export reads it: its key, its members (``ext``, ``path``, ``offset``,
+#: ``size``, ``data``) and why it cannot be used (None when it can).
+_Sample = tuple[str, list[dict[str, Any]], str | None]
+
+
 @dataclass
 class _Samples:
-    """One split's samples: keys, members, and why each damaged one cannot be used."""
+    """Some samples of a split, column by column: keys, members, and why each damaged one
+    cannot be used."""
 
     keys: list[str] = field(default_factory=list)
-    members: list[list[dict[str, Any]]] = field(default_factory=list)
     invalid: list[str | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=lambda: [0])
+    ext: list[str] = field(default_factory=list)
+    path: list[str | None] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    data: list[bytes | None] = field(default_factory=list)
 
     def add(self, key: str, members: list[dict[str, Any]], invalid: str | None = None) -> None:
         self.keys.append(key)
-        self.members.append([m for m in members if m["ext"] not in _FROM_METADATA])
         self.invalid.append(invalid)
+        for m in members:
+            if m["ext"] not in _FROM_METADATA:
+                self.ext.append(m["ext"])
+                self.path.append(m["path"])
+                self.offset.append(m["offset"])
+                self.size.append(m["size"])
+                self.data.append(m["data"])
+        self.offsets.append(len(self.ext))
+
+    def members(self) -> pa.Array:
+        """The ``_members`` column."""
+        data = self.data if any(d is not None for d in self.data) else None
+        return members_array(self.offsets, self.ext, self.path, self.offset, self.size, data)
 
 
 class ExportSource(Source):
@@ -60,37 +94,29 @@ class ExportSource(Source):
     kind: ClassVar[str] = "shardex-export"
 
     def __init__(
-        self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+        self,
+        root: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         self.uri = os.fspath(root)
         self.storage_options = storage_options
+        self.batch_size = check_batch_size(batch_size)
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         from shardex.api import read_config
 
         storage = open_storage(self.uri, self.storage_options)
         config = read_config(storage)
-        parts = [self._split(storage, config, split) for split in config.splits]
-        keys = [k for p in parts for k in p[0].keys]
-        members = [m for p in parts for m in p[0].members]
-        invalid = [r for p in parts for r in p[0].invalid]
-        meta = pa.concat_tables([p[1] for p in parts])
-        labels = meta.column("label").to_pylist() if "label" in meta.column_names else None
-        user = meta.drop_columns([c for c in meta.column_names if c in RESERVED or c == MEMBERS])
-        table = build_table(
-            keys,
-            meta.column("original_path").to_pylist(),
-            members,
-            splits=meta.column("split").to_pylist(),
-            labels=labels,
-            metadata=user,
-            invalid=invalid,
-        )
-        return ScanResult(table, config.label_names)
+        return SampleStream(self._batches(storage, config), config.label_names)
 
-    def _split(
-        self, storage: Storage, config: ExportConfig, split: str
-    ) -> tuple[_Samples, pa.Table]:
+    def _batches(self, storage: Storage, config: ExportConfig) -> Iterator[ScanBatch]:
+        for split in config.splits:
+            yield from self._split(storage, config, split)
+
+    def _split(self, storage: Storage, config: ExportConfig, split: str) -> Iterator[ScanBatch]:
+        """A split's samples in batches, checked against its metadata rows as they come."""
         from shardex.api import open_dataset
 
         ds = open_dataset(storage, split=split, on_error="skip")
@@ -102,17 +128,52 @@ class ExportSource(Source):
             samples = _local_tar_samples(ds, storage, info.shards, wanted)
         else:
             samples = _dataset_samples(ds, storage, config, split, wanted)
-        good = [k for k, bad in zip(samples.keys, samples.invalid, strict=True) if bad is None]
-        if len(samples.keys) != len(wanted) or good != [
-            k for k, bad in zip(wanted, samples.invalid, strict=True) if bad is None
-        ]:
-            raise SourceError(
-                f"{self.uri}: split {split!r}: the shards and {_metadata_name(config)} list "
-                "different samples (the export is damaged; run shardex verify)"
-            )
-        # keys of damaged samples come from the metadata: their bytes cannot be trusted
-        samples.keys = wanted
-        return samples, meta
+        start = 0
+        for chunk in _chunks(samples, self.batch_size):
+            rows = len(chunk.keys)
+            expected = wanted[start : start + rows]
+            good = [k for k, bad in zip(chunk.keys, chunk.invalid, strict=True) if bad is None]
+            if len(expected) != rows or good != [
+                k for k, bad in zip(expected, chunk.invalid, strict=True) if bad is None
+            ]:
+                raise self._different(config, split)
+            # keys of damaged samples come from the metadata: their bytes cannot be trusted
+            chunk.keys = expected
+            yield ScanBatch(_table(chunk, meta.slice(start, rows)))
+            start += rows
+        if start != len(wanted):
+            raise self._different(config, split)
+
+    def _different(self, config: ExportConfig, split: str) -> SourceError:
+        return SourceError(
+            f"{self.uri}: split {split!r}: the shards and {_metadata_name(config)} list "
+            "different samples (the export is damaged; run shardex verify)"
+        )
+
+
+def _chunks(samples: Iterator[_Sample], size: int) -> Iterator[_Samples]:
+    chunk = _Samples()
+    for key, members, invalid in samples:
+        chunk.add(key, members, invalid)
+        if len(chunk.keys) >= size:
+            yield chunk
+            chunk = _Samples()
+    if chunk.keys:
+        yield chunk
+
+
+def _table(samples: _Samples, meta: pa.Table) -> pa.Table:
+    """A batch's scan table: the samples' members, the rest from their metadata rows."""
+    user = meta.drop_columns([c for c in meta.column_names if c in RESERVED or c == MEMBERS])
+    return batch_table(
+        samples.keys,
+        meta.column("original_path"),
+        samples.members(),
+        splits=meta.column("split"),
+        labels=meta.column("label") if "label" in meta.column_names else None,
+        metadata=user,
+        invalid=samples.invalid,
+    )
 
 
 def _metadata_name(config: ExportConfig) -> str:
@@ -143,11 +204,10 @@ def _metadata(ds: Dataset, storage: Storage, config: ExportConfig) -> pa.Table:
 
 def _local_tar_samples(
     ds: Dataset, storage: Storage, shards: tuple[ShardInfo, ...], wanted: list[str]
-) -> _Samples:
+) -> Iterator[_Sample]:
     """Read each sample once through the split's index, check its checksum, and describe
-    its members as byte ranges of the source tar."""
+    its members as byte ranges of the source tar (one sample at a time)."""
     records = ds.index.samples  # type: ignore[attr-defined]
-    out = _Samples()
     fds: dict[int, int] = {}
     unreadable: dict[int, str] = {}
     try:
@@ -163,7 +223,7 @@ def _local_tar_samples(
             key = wanted[number] if number < len(wanted) else ""
             where = f"sample {number} ({key!r})"
             if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-                out.add(key, [], f"source {where}: its index entry is damaged (shardex verify)")
+                yield key, [], f"source {where}: its index entry is damaged (shardex verify)"
                 continue
             path = storage.local_path(shards[shard].path)
             assert path is not None
@@ -174,23 +234,21 @@ def _local_tar_samples(
                 except OSError as exc:  # its samples are lost, like a damaged run's
                     unreadable[shard] = f"cannot read {tar!r} ({exc.strerror})"
             if shard in unreadable:
-                out.add(key, [], f"source {where}: {unreadable[shard]}")
+                yield key, [], f"source {where}: {unreadable[shard]}"
                 continue
             data = os.pread(fds[shard], length, offset)
             if len(data) != length:
-                out.add(
-                    key, [], f"source {where} at byte {offset} of {tar!r}: the shard is truncated"
-                )
+                yield key, [], f"source {where} at byte {offset} of {tar!r}: the shard is truncated"
                 continue
             try:  # the reader's own check: seeded with the sample number where the format is
                 ds.check_sample(data, expected, shard, offset, number)  # type: ignore[attr-defined]
             except ChecksumError as exc:
-                out.add(key, [], f"source {where}: {exc}")
+                yield key, [], f"source {where}: {exc}"
                 continue
             try:
                 found = list(iter_members(data, where=f"{tar} at byte {offset}"))
             except FormatError as exc:
-                out.add(key, [], f"source {where}: {exc}")
+                yield key, [], f"source {where}: {exc}"
                 continue
             names = {split_name(m.name)[0] for m in found}
             members = [
@@ -203,16 +261,15 @@ def _local_tar_samples(
                 }
                 for m in found
             ]
-            out.add(names.pop() if len(names) == 1 else "", members)
+            yield names.pop() if len(names) == 1 else "", members, None
     finally:
         for fd in fds.values():
             os.close(fd)
-    return out
 
 
 def _dataset_samples(
     ds: Dataset, storage: Storage, config: ExportConfig, split: str, wanted: list[str]
-) -> _Samples:
+) -> Iterator[_Sample]:
     """Read every sample through the dataset (which checks what it reads), held in memory;
     samples it skips as damaged come back invalid, with its message."""
     damaged = {} if config.backend in _CHECKED_ON_READ else _damaged_runs(storage, config, split)
@@ -221,12 +278,11 @@ def _dataset_samples(
         number: f"source sample {number}: {message}"
         for number, message in ds.skipped  # type: ignore[attr-defined]
     }
-    out = _Samples()
     got = iter(read)
     for number, key in enumerate(wanted):
         reason = skipped.get(number)
         if reason is not None:
-            out.add(key, [], reason)
+            yield key, [], reason
             continue
         sample = next(got, None)
         if sample is None:
@@ -236,10 +292,9 @@ def _dataset_samples(
             for name, v in sample.items()
             if name != "__key__"
         ]
-        out.add(str(sample["__key__"]), members, damaged.get(number))
+        yield str(sample["__key__"]), members, damaged.get(number)
     if next(got, None) is not None:  # more samples than the metadata lists
-        out.add("", [])
-    return out
+        yield "", [], None
 
 
 def _damaged_runs(storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
