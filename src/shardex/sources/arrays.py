@@ -180,7 +180,15 @@ def _encode(name: str, values: Any) -> _Field:
     if isinstance(values, np.ndarray):
         if values.dtype.hasobject:
             raise SourceError(f"array source: {name!r} holds Python objects; use a numeric dtype")
-        return _npy_rows(f"{name}.npy", values)
+        if values.ndim > 1 or (values.dtype.kind in "biufcmM" and values.dtype.isnative):
+            return _npy_rows(f"{name}.npy", values)
+        # rows of a 1-d array are numpy scalars, which come back native and, for bytes
+        # and str, as long as their value: each row's .npy keeps what its scalar is
+        return _Field(
+            f"{name}.npy",
+            np.full(len(values), values.dtype.itemsize + 256, np.int64),
+            lambda a, b: pa.array([npy_bytes(v) for v in values[a:b]], pa.binary()),
+        )
     first = values[0] if len(values) else None
     if isinstance(first, bytes | bytearray | memoryview):
         if not all(type(v) is bytes for v in values):
