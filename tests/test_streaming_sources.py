@@ -307,3 +307,56 @@ def test_array_metadata_of_another_length_is_one_line(tmp_path: Path) -> None:
     source = ArraySource({"jpg": [b"a", b"b"]}, metadata=pa.table({"m": [1, 2, 3]}))
     with pytest.raises(SourceError, match="metadata has 3 rows for 2 samples"):
         source.stream()
+
+
+def _scan_outcome(path: Path) -> object:
+    try:
+        scan = TarSource(path).scan()
+    except SourceError as exc:
+        return type(exc).__name__, str(exc)
+    return scan.table.to_pylist(), scan.table.schema
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(["plain", "long", "pax", "link", "dir", "gnu"]), max_size=5),
+    flips=st.lists(st.tuples(st.integers(0, 10**5), st.integers(1, 255)), max_size=3),
+    cut=st.one_of(st.none(), st.integers(0, 10**5)),
+)
+def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
+    kinds: list[str], flips: list[tuple[int, int]], cut: int | None
+) -> None:
+    import tempfile
+
+    import shardex.sources.tars as tars
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "a.tar"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for i, kind in enumerate(["plain", *kinds, "plain"]):
+                name = f"{'d' * 120 if kind == 'long' else 'k'}/s{i}"
+                for ext, data in (("jpg", b"x" * (i * 300)), ("cls", b"%d" % i)):
+                    info = tarfile.TarInfo(f"{name}.{ext}")
+                    info.size = len(data)
+                    if kind == "pax":
+                        info.pax_headers = {"comment": "é"}
+                    if kind == "link" and ext == "cls":
+                        info.type, info.linkname, info.size, data = tarfile.SYMTYPE, "x", 0, b""
+                    if kind == "dir" and ext == "cls":
+                        info.type, info.size, data = tarfile.DIRTYPE, 0, b""
+                    if kind == "gnu":
+                        info.mtime = 8**12  # a number only base-256 can hold
+                    tf.addfile(info, io.BytesIO(data))
+        data = bytearray(buf.getvalue())
+        for where, xor in flips:
+            data[where % len(data)] ^= xor
+        path.write_bytes(bytes(data if cut is None else data[: cut % (len(data) + 1)]))
+
+        fast = _scan_outcome(path)
+        tars.FAST_HEADERS = False
+        try:
+            slow = _scan_outcome(path)
+        finally:
+            tars.FAST_HEADERS = True
+        assert fast == slow
