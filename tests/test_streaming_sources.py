@@ -322,9 +322,12 @@ def _scan_outcome(path: Path) -> object:
     kinds=st.lists(st.sampled_from(["plain", "long", "pax", "link", "dir", "gnu"]), max_size=5),
     flips=st.lists(st.tuples(st.integers(0, 10**5), st.integers(1, 255)), max_size=3),
     cut=st.one_of(st.none(), st.integers(0, 10**5)),
+    mode=st.sampled_from(
+        [b"0000644\x00", b" 644   \x00", b"644\x00junk", b"0o644\x00\x00\x00", b"\x80" * 8]
+    ),
 )
 def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
-    kinds: list[str], flips: list[tuple[int, int]], cut: int | None
+    kinds: list[str], flips: list[tuple[int, int]], cut: int | None, mode: bytes
 ) -> None:
     import tempfile
 
@@ -349,6 +352,10 @@ def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
                         info.mtime = 8**12  # a number only base-256 can hold
                     tf.addfile(info, io.BytesIO(data))
         data = bytearray(buf.getvalue())
+        # the second header (the first read without tarfile): numbers written otherwise
+        data[512 + 100 : 512 + 108] = mode
+        data[512 + 148 : 512 + 156] = b"        "
+        data[512 + 148 : 512 + 156] = b"%06o\x00 " % sum(data[512:1024])
         for where, xor in flips:
             data[where % len(data)] ^= xor
         path.write_bytes(bytes(data if cut is None else data[: cut % (len(data) + 1)]))

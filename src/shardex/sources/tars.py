@@ -191,6 +191,10 @@ def scan_tar(path: Path, out: _Batcher, *, root: Path, key_prefix: str = "") -> 
 _NUMBERS: Final = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (148, 156))
 _DEVICE_NUMBERS: Final = ((329, 337), (337, 345))
 _PLAIN_OCTAL: Final = re.compile(rb" *([0-7]*) *")
+_CANONICAL: Final = re.compile(
+    rb"([0-7]{7})\x00([0-7]{7})\x00([0-7]{7})\x00([0-7]{11})\x00([0-7]{11})\x00([0-7]{6})\x00 "
+)
+_CANONICAL_DEVICES: Final = re.compile(rb"(?:[0-7]{7}\x00|\x00{8}){2}")
 #: Whether plain headers are read without tarfile (tests compare both ways).
 FAST_HEADERS = True
 
@@ -233,11 +237,10 @@ class _Headers:
         before = self.raw.tell()
         self.raw.seek(at)
         buf = self.raw.read(BLOCK)
-        numbers = [_octal(buf[start:end]) for start, end in _NUMBERS + _DEVICE_NUMBERS]
+        numbers = _numbers(buf)
         if (
-            len(buf) != BLOCK
+            numbers is None
             or buf[156:157] != tarfile.REGTYPE
-            or None in numbers
             or numbers[5] != 256 + sum(buf[:148]) + sum(buf[156:])
         ):
             self.raw.seek(before)
@@ -246,10 +249,21 @@ class _Headers:
         prefix = _nts(buf[345:500], tf.encoding, tf.errors)
         info = tarfile.TarInfo(f"{prefix}/{name}" if prefix else name)
         info.type = tarfile.REGTYPE
-        info.size = numbers[3]  # type: ignore[assignment]
+        info.size = numbers[3]
         info.offset, info.offset_data = at, at + BLOCK
         tf.offset = at + BLOCK + -(-info.size // BLOCK) * BLOCK
         return info
+
+
+def _numbers(buf: bytes) -> list[int] | None:
+    """The numbers of a header (see _NUMBERS), or None unless each is plain octal."""
+    if len(buf) != BLOCK:
+        return None
+    canonical = _CANONICAL.match(buf, 100)  # what tarfile and GNU tar write: one match
+    if canonical is not None and _CANONICAL_DEVICES.match(buf, 329) is not None:
+        return [int(n, 8) for n in canonical.groups()]
+    numbers = [_octal(buf[start:end]) for start, end in _NUMBERS + _DEVICE_NUMBERS]
+    return None if None in numbers else numbers  # type: ignore[return-value]
 
 
 def _octal(field: bytes) -> int | None:
