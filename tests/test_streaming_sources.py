@@ -331,7 +331,7 @@ def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
 ) -> None:
     import tempfile
 
-    import shardex.sources.tars as tars
+    from shardex.sources import tarheaders
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "a.tar"
@@ -361,9 +361,9 @@ def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
         path.write_bytes(bytes(data if cut is None else data[: cut % (len(data) + 1)]))
 
         fast = _scan_outcome(path)
-        tars.FAST_HEADERS = False
+        tarheaders.FAST = False
         try:
             slow = _scan_outcome(path)
         finally:
-            tars.FAST_HEADERS = True
+            tarheaders.FAST = True
         assert fast == slow

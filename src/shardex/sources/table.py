@@ -21,7 +21,6 @@ an empty path or no bytes. Bytes and files are then checked like any image (``va
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -51,6 +50,7 @@ from shardex.sources.base import (
     quoted,
     safe_key,
 )
+from shardex.sources.tablefile import TableFile
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
@@ -183,72 +183,6 @@ def _file_member(full: Path) -> tuple[_Member | None, str]:
     return _Member(ext, st.st_size, path=str(full)), ""
 
 
-class _Table:
-    """A Parquet or CSV file read in batches, a pass at a time."""
-
-    def __init__(self, path: Path, batch_size: int) -> None:
-        self.path = path
-        self.batch_size = batch_size
-        suffix = path.suffix.lower()
-        if suffix not in (".parquet", ".pq", ".csv", ".tsv"):
-            raise SourceError(f"{path}: unsupported table format {suffix!r} (use .parquet or .csv)")
-        self.parquet = suffix in (".parquet", ".pq")
-        self.delimiter = "\t" if suffix == ".tsv" else ","
-        with self._errors():
-            if self.parquet:
-                import pyarrow.dataset as pds
-                from pyarrow.fs import LocalFileSystem
-
-                # what pq.read_table reads a file through: the same types, the same messages
-                self._file = pds.ParquetFileFormat().make_fragment(str(path), LocalFileSystem())
-                self.schema: pa.Schema = self._file.physical_schema
-                self.num_rows: int | None = self._file.count_rows()
-            else:
-                with self._csv(None) as reader:
-                    self.schema = reader.schema
-                    self.num_rows = None if _has_rows(reader) else 0
-
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            yield
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise SourceError(f"cannot read table {self.path}: {exc}") from exc
-
-    def _csv(self, columns: list[str] | None) -> Any:
-        import pyarrow.csv as pcsv
-
-        return pcsv.open_csv(
-            self.path,
-            parse_options=pcsv.ParseOptions(delimiter=self.delimiter),
-            # the types inferred from the first block apply to every column read alone
-            convert_options=pcsv.ConvertOptions(
-                include_columns=columns, column_types=None if columns is None else self.schema
-            ),
-        )
-
-    def batches(self, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """The rows in batches of at most ``batch_size`` (only ``columns`` if given)."""
-        with self._errors():
-            if self.parquet:
-                yield from self._file.to_batches(columns=columns, batch_size=self.batch_size)
-                return
-            with self._csv(columns) as reader:
-                for block in reader:
-                    for start in range(0, block.num_rows, self.batch_size):
-                        yield block.slice(start, self.batch_size)
-
-    def count(self) -> int:
-        """The number of rows."""
-        if self.num_rows is None:
-            self.num_rows = sum(b.num_rows for b in self.batches([self.schema.names[0]]))
-        return self.num_rows
-
-
-def _has_rows(reader: Any) -> bool:
-    return any(block.num_rows for block in reader)
-
-
 def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
     if wanted is not None:
         if wanted not in schema.names:
@@ -313,13 +247,13 @@ class TableSource(Source):
         if not self.path.is_file():
             raise SourceNotFoundError(f"source table {self.uri} does not exist")
         check_utf8_path(self.uri)
-        table = _Table(self.path, self.batch_size)
+        table = TableFile(self.path, self.batch_size)
         if table.num_rows == 0:
             raise EmptySourceError(f"source table {self.uri} has no rows")
         plan = self._plan(table)
         return SampleStream(self._batches(table, plan), plan.label_names)
 
-    def _plan(self, table: _Table) -> _Plan:
+    def _plan(self, table: TableFile) -> _Plan:
         schema = table.schema
         bcol = _pick(schema, self._bytes_column, BYTES_COLUMNS, _is_binary)
         pcol = None if bcol else _pick(schema, self._path_column, PATH_COLUMNS, _is_string)
@@ -339,7 +273,7 @@ class TableSource(Source):
         width = len(str(table.count() - 1)) if bcol is not None and kcol is None else 0
         return _Plan(bcol, pcol, kcol, label, names, key_base, width)
 
-    def _label_plan(self, table: _Table) -> tuple[str | None, tuple[str, ...] | None]:
+    def _label_plan(self, table: TableFile) -> tuple[str | None, tuple[str, ...] | None]:
         """The label column (None when absent) and the label names: given, or every
         string label of the table, sorted (one pass over that column alone)."""
         col = self._label_column
@@ -360,7 +294,7 @@ class TableSource(Source):
             seen.update(s for s in unique if s is not None)
         return col, tuple(sorted(seen))
 
-    def _batches(self, table: _Table, plan: _Plan) -> Iterator[ScanBatch]:
+    def _batches(self, table: TableFile, plan: _Plan) -> Iterator[ScanBatch]:
         start = 0
         for batch in table.batches():
             yield self._batch(pa.Table.from_batches([batch]), plan, start)
