@@ -17,14 +17,27 @@ keys; default ``000000``, ``000001`` ...).
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardex.errors import SourceError
-from shardex.sources.base import ScanResult, Source, build_table
+from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
+    SampleStream,
+    ScanBatch,
+    Source,
+    batch_table,
+    check_batch_size,
+    members_array,
+)
+
+#: Most inline bytes in one batch: Arrow's binary offsets are 32-bit.
+_BATCH_BYTES: Final = 1 << 30
 
 
 class ArraySource(Source):
@@ -39,11 +52,13 @@ class ArraySource(Source):
         label_names: Sequence[str] | None = None,
         metadata: pa.Table | None = None,
         uri: str = "arrays",
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         self.data = dict(data)
         self.label_names = tuple(label_names) if label_names is not None else None
         self.metadata = metadata
         self.uri = uri
+        self.batch_size = check_batch_size(batch_size)
 
     def _length(self) -> int:
         lengths = {name: len(v) for name, v in self.data.items()}
@@ -51,28 +66,94 @@ class ArraySource(Source):
             raise SourceError(f"array source: every entry needs the same length, got {lengths}")
         return next(iter(lengths.values()))
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         n = self._length()
+        if self.metadata is not None and self.metadata.num_rows != n:
+            raise SourceError(
+                f"array source: metadata has {self.metadata.num_rows} rows for {n} samples; "
+                "give it one row per sample"
+            )
         data = dict(self.data)
-        keys = [str(k) for k in data.pop("key", [f"{i:06d}" for i in range(n)])]
+        keys = data.pop("key", None)
         labels = data.pop("label", None)
         splits = data.pop("split", None)
-        members: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-        for name, values in data.items():
-            ext, encoded = _encode(name, values)
-            for row, blob in zip(members, encoded, strict=True):
-                row.append(
-                    {"ext": ext, "path": None, "offset": -1, "size": len(blob), "data": blob}
-                )
-        table = build_table(
-            keys,
-            [f"{self.uri}[{i}]" for i in range(n)],
-            members,
-            splits=None if splits is None else [str(s) for s in splits],
-            labels=None if labels is None else [int(v) for v in labels],
-            metadata=self.metadata,
-        )
-        return ScanResult(table, self.label_names)
+        # every field is encoded up front (fails early, in one line); the bytes stay
+        # referenced, not copied, until a batch is built
+        fields = [_encode(name, values) for name, values in data.items()]
+        return SampleStream(self._batches(n, fields, keys, labels, splits), self.label_names)
+
+    def _batches(
+        self,
+        n: int,
+        fields: list[_Field],
+        keys: Any,
+        labels: Any,
+        splits: Any,
+    ) -> Iterator[ScanBatch]:
+        label_column = None if labels is None else _labels(labels)
+        sizes = sum((f.sizes for f in fields), np.zeros(n, np.int64))
+        for start, stop in _bounds(sizes, self.batch_size):
+            blobs = [f.blobs(start, stop) for f in fields]
+            count = stop - start
+            table = batch_table(
+                _keys(keys, start, stop),
+                [f"{self.uri}[{i}]" for i in range(start, stop)],
+                _members([f.ext for f in fields], blobs, count),
+                splits=None if splits is None else [str(s) for s in splits[start:stop]],
+                labels=None if label_column is None else label_column.slice(start, count),
+                metadata=None if self.metadata is None else self.metadata.slice(start, count),
+            )
+            yield ScanBatch(table)
+
+
+def _bounds(sizes: np.ndarray, batch_size: int) -> Iterator[tuple[int, int]]:
+    """Batches of at most ``batch_size`` samples and (past one sample) ``_BATCH_BYTES``."""
+    n = len(sizes)
+    ends = np.cumsum(sizes)
+    start = 0
+    if n == 0:
+        yield 0, 0
+    while start < n:
+        stop = min(start + batch_size, n)
+        base = ends[start - 1] if start else 0
+        fits = int(np.searchsorted(ends[start:stop], base + _BATCH_BYTES, side="right"))
+        stop = start + max(1, fits)
+        yield start, stop
+        start = stop
+
+
+def _keys(keys: Any, start: int, stop: int) -> list[str]:
+    if keys is None:
+        return [f"{i:06d}" for i in range(start, stop)]
+    return [str(k) for k in keys[start:stop]]
+
+
+def _labels(labels: Any) -> pa.Array:
+    """Class numbers as int64, vectorised for an integer array."""
+    if isinstance(labels, np.ndarray) and labels.dtype.kind in "iub":
+        return pa.array(labels.astype(np.int64, copy=False))
+    return pa.array([int(v) for v in labels], pa.int64())
+
+
+def _members(exts: list[str], blobs: list[pa.Array], count: int) -> pa.Array:
+    """Each sample's members (one per field, in field order) from each field's bytes."""
+    if not blobs:
+        return members_array(np.zeros(count + 1, np.int32), [], [], [], [])
+    width = len(blobs)
+    if width == 1:
+        data = blobs[0]
+    else:  # interleave: sample i's members are rows i*width .. i*width+width-1
+        order = np.arange(count * width).reshape(width, count).T.ravel()
+        data = pa.concat_arrays(blobs).take(pa.array(order))
+    data = data.combine_chunks() if isinstance(data, pa.ChunkedArray) else data
+    return members_array(
+        np.arange(0, count * width + 1, width, dtype=np.int32),
+        exts * count if width > 1 else [exts[0]] * count,
+        None,
+        np.full(count * width, -1, np.int64),
+        pc.binary_length(data),
+        data,
+    )
 
 
 def npy_bytes(array: Any) -> bytes:
@@ -84,19 +165,72 @@ def npy_bytes(array: Any) -> bytes:
     return buf.getvalue()
 
 
-def _encode(name: str, values: Any) -> tuple[str, list[bytes]]:
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One entry of the mapping, ready to be cut into batches."""
+
+    ext: str
+    #: bytes per sample (exact, or an upper estimate for ragged arrays)
+    sizes: np.ndarray
+    #: the encoded bytes of samples [start, stop)
+    blobs: Callable[[int, int], pa.Array]
+
+
+def _encode(name: str, values: Any) -> _Field:
     if isinstance(values, np.ndarray):
         if values.dtype.hasobject:
             raise SourceError(f"array source: {name!r} holds Python objects; use a numeric dtype")
-        return f"{name}.npy", [npy_bytes(v) for v in values]
+        if values.ndim > 1 or (values.dtype.kind in "biufcmM" and values.dtype.isnative):
+            return _npy_rows(f"{name}.npy", values)
+        # rows of a 1-d array are numpy scalars, which come back native and, for bytes
+        # and str, as long as their value: each row's .npy keeps what its scalar is
+        return _Field(
+            f"{name}.npy",
+            np.full(len(values), values.dtype.itemsize + 256, np.int64),
+            lambda a, b: pa.array([npy_bytes(v) for v in values[a:b]], pa.binary()),
+        )
     first = values[0] if len(values) else None
     if isinstance(first, bytes | bytearray | memoryview):
-        return name, [bytes(v) for v in values]
+        if not all(type(v) is bytes for v in values):
+            values = [bytes(v) for v in values]
+        sizes = np.fromiter(map(len, values), np.int64, len(values))
+        return _Field(name, sizes, lambda a, b: pa.array(values[a:b], pa.binary()))
     if isinstance(first, str):
-        return f"{name}.txt", [str(v).encode() for v in values]
+        text = pa.array([v if type(v) is str else str(v) for v in values], pa.string())
+        data = text.cast(pa.binary())  # UTF-8 already: no copy
+        sizes = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(np.int64)
+        return _Field(f"{name}.txt", sizes, lambda a, b: data.slice(a, b - a))
     if isinstance(first, np.ndarray):
-        return f"{name}.npy", [npy_bytes(np.asarray(v)) for v in values]
+        sizes = np.fromiter((np.asarray(v).nbytes + 256 for v in values), np.int64, len(values))
+        return _Field(
+            f"{name}.npy",
+            sizes,
+            lambda a, b: pa.array([npy_bytes(np.asarray(v)) for v in values[a:b]], pa.binary()),
+        )
     raise SourceError(
         f"array source: {name!r} must be an array, or a sequence of arrays, bytes or str "
         f"(found {type(first).__name__})"
     )
+
+
+def _npy_rows(ext: str, values: np.ndarray) -> _Field:
+    """``.npy`` bytes of each row of one array, built as one buffer: every row has the
+    same header (dtype and shape), so the bytes are the header then the row's data."""
+    n = len(values)
+    rows = np.ascontiguousarray(values) if values.ndim > 1 else values
+    row = rows.dtype.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
+    header = npy_bytes(rows[0])[: -row or None] if n else b""
+    width = len(header) + row
+
+    def blobs(a: int, b: int) -> pa.Array:
+        count = b - a
+        out = np.empty((count, width), np.uint8)
+        out[:, : len(header)] = np.frombuffer(header, np.uint8)
+        body = np.ascontiguousarray(rows[a:b]).reshape(-1).view(np.uint8)
+        out[:, len(header) :] = body.reshape(count, row)
+        offsets = np.arange(0, (count + 1) * width, width, dtype=np.int32)
+        return pa.Array.from_buffers(
+            pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(out)]
+        )
+
+    return _Field(ext, np.full(n, width, np.int64), blobs)

@@ -31,10 +31,11 @@ from typing import Any, ClassVar, Final
 
 import pyarrow as pa
 
-from shardex.errors import BadSampleError, SourceError
+from shardex.errors import BadSampleError, ConfigError, SourceError
 from shardex.quoting import printable, quoted
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
     "INVALID",
     "MEMBERS",
     "LeftOut",
@@ -42,20 +43,26 @@ __all__ = [
     "ScanBatch",
     "ScanResult",
     "Source",
+    "batch_table",
     "build_table",
+    "check_batch_size",
     "check_metadata_names",
     "check_utf8_path",
     "file_member",
     "key_from_relpath",
+    "members_array",
     "printable",
     "quoted",
     "safe_key",
 ]
 
+#: Samples per batch of a source's stream (a batch's references, not its bytes, stay in
+#: memory: about 100 bytes per sample).
+DEFAULT_BATCH_SIZE: Final = 8192
 MEMBERS: Final = "_members"
 #: Optional column: why the source could not use a sample (None when fine).
 INVALID: Final = "_invalid"
-MEMBER_TYPE: Final = pa.struct(
+MEMBER_TYPE: Final[pa.StructType] = pa.struct(
     [
         ("ext", pa.string()),
         ("path", pa.string()),
@@ -149,6 +156,9 @@ class Source(ABC):
     kind: ClassVar[str]
     #: Where it is (path, glob, ``demo``).
     uri: str
+    #: Samples per batch of :meth:`stream` (the last batch may be shorter; a source may
+    #: cut a batch shorter to keep its inline bytes addressable).
+    batch_size: int = DEFAULT_BATCH_SIZE
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -173,10 +183,21 @@ class Source(ABC):
         if not tables:
             raise SourceError(f"source {quoted(self.uri)} yielded no batch of samples")
         table = pa.concat_tables(tables, promote_options="default")
+        if INVALID in table.column_names:  # first found in a later batch: back to its place
+            names = [c for c in table.column_names if c != INVALID]
+            names.insert(names.index(MEMBERS) + 1, INVALID)
+            table = table.select(names)
         return ScanResult(table, stream.label_names, tuple(left_out))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+def check_batch_size(batch_size: int) -> int:
+    """A stream's batch size, refused in one line unless a positive int."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    return batch_size
 
 
 def check_utf8_path(uri: str) -> None:
@@ -225,6 +246,72 @@ def check_metadata_names(names: list[str], where: str) -> None:
         )
 
 
+def members_array(
+    offsets: Any,
+    ext: Any,
+    path: Any,
+    offset: Any,
+    size: Any,
+    data: Any = None,
+) -> pa.Array:
+    """The ``_members`` column built column by column (no dict per member).
+
+    ``offsets`` (n + 1 numbers) says where each sample's members start in the flat member
+    columns ``ext``, ``path``, ``offset``, ``size`` and ``data`` (lists or Arrow arrays;
+    ``data`` None when no member is inline).
+    """
+    flat = len(ext)
+    children = [
+        _as_array(ext, pa.string()),
+        pa.nulls(flat, pa.string()) if path is None else _as_array(path, pa.string()),
+        _as_array(offset, pa.int64()),
+        _as_array(size, pa.int64()),
+        pa.nulls(flat, pa.binary()) if data is None else _as_array(data, pa.binary()),
+    ]
+    struct = pa.StructArray.from_arrays(children, fields=list(MEMBER_TYPE))
+    return pa.ListArray.from_arrays(_as_array(offsets, pa.int32()), struct)
+
+
+def _as_array(values: Any, type_: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values if values.type == type_ else values.cast(type_)
+    return pa.array(values, type_)
+
+
+def batch_table(
+    keys: Any,
+    original_paths: Any,
+    members: pa.Array,
+    *,
+    splits: Any = None,
+    labels: Any = None,
+    metadata: pa.Table | None = None,
+    invalid: Any = None,
+) -> pa.Table:
+    """Assemble a scan table from columns (lists or Arrow arrays) and a ``_members``
+    column (see :func:`members_array`)."""
+    columns: dict[str, pa.Array] = {
+        "key": _as_array(keys, pa.string()),
+        "original_path": _as_array(original_paths, pa.string()),
+    }
+    if splits is not None:
+        columns["split"] = _as_array(splits, pa.string())
+    if labels is not None:
+        columns["label"] = _as_array(labels, pa.int64())
+    columns[MEMBERS] = members
+    if invalid is not None:
+        invalid = _as_array(invalid, pa.string())
+        if invalid.null_count < len(invalid):
+            columns[INVALID] = invalid
+    table = pa.table(columns)
+    if metadata is not None:
+        for name in metadata.column_names:
+            table = table.append_column(name, metadata.column(name))
+    return table
+
+
 def build_table(
     keys: list[str],
     original_paths: list[str],
@@ -236,19 +323,12 @@ def build_table(
     invalid: list[str | None] | None = None,
 ) -> pa.Table:
     """Assemble a scan table from per-sample lists (and optional metadata columns)."""
-    columns: dict[str, pa.Array] = {
-        "key": pa.array(keys, pa.string()),
-        "original_path": pa.array(original_paths, pa.string()),
-    }
-    if splits is not None:
-        columns["split"] = pa.array(splits, pa.string())
-    if labels is not None:
-        columns["label"] = pa.array(labels, pa.int64())
-    columns[MEMBERS] = pa.array(members, pa.list_(MEMBER_TYPE))
-    if invalid is not None and any(invalid):
-        columns[INVALID] = pa.array(invalid, pa.string())
-    table = pa.table(columns)
-    if metadata is not None:
-        for name in metadata.column_names:
-            table = table.append_column(name, metadata.column(name))
-    return table
+    return batch_table(
+        keys,
+        original_paths,
+        pa.array(members, pa.list_(MEMBER_TYPE)),
+        splits=splits,
+        labels=labels,
+        metadata=metadata,
+        invalid=invalid,
+    )

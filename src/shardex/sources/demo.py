@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardex.errors import ConfigError
-from shardex.sources.base import ScanResult, Source
+from shardex.sources.base import DEFAULT_BATCH_SIZE, SampleStream, Source, check_batch_size
 from shardex.sources.table import TableSource
 from shardex.storage.cache import cache_dir
 
@@ -196,11 +196,17 @@ class DemoSource(Source):
     kind: ClassVar[str] = "demo"
 
     def __init__(
-        self, count: int = DEFAULT_COUNT, *, seed: int = 0, size_range: tuple[int, int] = (96, 160)
+        self,
+        count: int = DEFAULT_COUNT,
+        *,
+        seed: int = 0,
+        size_range: tuple[int, int] = (96, 160),
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         if count < 1:
             raise ConfigError(f"demo dataset size must be at least 1, got {count}")
         self.count, self.seed, self.size_range = count, seed, size_range
+        self.batch_size = check_batch_size(batch_size)
         self.uri = "demo" if count == DEFAULT_COUNT else f"demo:{count}"
 
     @property
@@ -209,7 +215,8 @@ class DemoSource(Source):
         lo, hi = self.size_range
         return cache_dir() / "demo" / f"shapes-v1-n{self.count}-px{lo}-{hi}-seed{self.seed}"
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         if not (self.folder / "metadata.parquet").is_file():
             generate(self.folder, count=self.count, seed=self.seed, size_range=self.size_range)
-        return TableSource(self.folder / "metadata.parquet", label_names=CLASSES).scan()
+        table = self.folder / "metadata.parquet"
+        return TableSource(table, label_names=CLASSES, batch_size=self.batch_size).stream()

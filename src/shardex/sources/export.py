@@ -6,20 +6,20 @@ is marked invalid (``_invalid``), and the export refuses it with a one-line erro
 the source shard and sample, or skips it into ``errors.parquet`` under
 ``on_error="skip"``.
 
-The export's backend says how its samples are read again
-(:meth:`~shardex.backends.Backend.stored_samples`): a local ``webdataset`` export is read
-once, shard by shard, through its sample index, each sample checked against its checksum
-and its members described as byte ranges of the source tar, read again only when the new
-shards are written (memory stays bounded whatever the export's size). Any other export is
-read through :func:`shardex.open_dataset` (which checks what it reads), its fields held in
-memory until written; samples its dataset would not catch as damaged
-(:meth:`~shardex.backends.Backend.damaged_samples`: array runs whose reader does not check
-their bytes) are checked against config.yaml first.
+A local ``webdataset`` export is read once, shard by shard, through its sample index: each
+sample's bytes are checked against its per-sample checksum and its members become byte
+ranges of the source tar, read again only when the new shards are written (memory stays
+bounded whatever the export's size). Any other export, of any backend or on object
+storage, is read through :func:`shardex.open_dataset` (which checks what it reads), its
+fields held in memory until written; array runs whose reader does not check their bytes
+(``numpy``, ``numpy_mmap``, ``tensordict_memmap``) are checked against their run checksum
+in config.yaml first.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -28,28 +28,63 @@ import pyarrow as pa
 from shardex.backends.registry import backend_for
 from shardex.contract import METADATA_FILE, ExportConfig
 from shardex.errors import FormatError, ShardexError, SourceError
-from shardex.sources.base import MEMBERS, RESERVED, ScanResult, Source, build_table
+from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
+    MEMBERS,
+    RESERVED,
+    SampleStream,
+    ScanBatch,
+    Source,
+    batch_table,
+    check_batch_size,
+    members_array,
+)
 from shardex.storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from shardex.dataset import Dataset
 
+#: Backends whose dataset checks every byte it reads (a per-sample or per-file checksum);
+#: the runs of the others are checked against config.yaml before they are read.
 #: Fields that come back from metadata.parquet rather than from the samples.
 _FROM_METADATA: Final = ("cls", "json")
 
 
+#: A sample as a re-export reads it: its key, its members (``ext``, ``path``, ``offset``,
+#: ``size``, ``data``) and why it cannot be used (None when it can).
+_Sample = tuple[str, list[dict[str, Any]], str | None]
+
+
 @dataclass
 class _Samples:
-    """One split's samples: keys, members, and why each damaged one cannot be used."""
+    """Some samples of a split, column by column: keys, members, and why each damaged one
+    cannot be used."""
 
     keys: list[str] = field(default_factory=list)
-    members: list[list[dict[str, Any]]] = field(default_factory=list)
     invalid: list[str | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=lambda: [0])
+    ext: list[str] = field(default_factory=list)
+    path: list[str | None] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    data: list[bytes | None] = field(default_factory=list)
 
     def add(self, key: str, members: list[dict[str, Any]], invalid: str | None = None) -> None:
         self.keys.append(key)
-        self.members.append([m for m in members if m["ext"] not in _FROM_METADATA])
         self.invalid.append(invalid)
+        for m in members:
+            if m["ext"] not in _FROM_METADATA:
+                self.ext.append(m["ext"])
+                self.path.append(m["path"])
+                self.offset.append(m["offset"])
+                self.size.append(m["size"])
+                self.data.append(m["data"])
+        self.offsets.append(len(self.ext))
+
+    def members(self) -> pa.Array:
+        """The ``_members`` column."""
+        data = self.data if any(d is not None for d in self.data) else None
+        return members_array(self.offsets, self.ext, self.path, self.offset, self.size, data)
 
 
 class ExportSource(Source):
@@ -58,37 +93,29 @@ class ExportSource(Source):
     kind: ClassVar[str] = "shardex-export"
 
     def __init__(
-        self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+        self,
+        root: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         self.uri = os.fspath(root)
         self.storage_options = storage_options
+        self.batch_size = check_batch_size(batch_size)
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         from shardex.api import read_config
 
         storage = open_storage(self.uri, self.storage_options)
         config = read_config(storage)
-        parts = [self._split(storage, config, split) for split in config.splits]
-        keys = [k for p in parts for k in p[0].keys]
-        members = [m for p in parts for m in p[0].members]
-        invalid = [r for p in parts for r in p[0].invalid]
-        meta = pa.concat_tables([p[1] for p in parts])
-        labels = meta.column("label").to_pylist() if "label" in meta.column_names else None
-        user = meta.drop_columns([c for c in meta.column_names if c in RESERVED or c == MEMBERS])
-        table = build_table(
-            keys,
-            meta.column("original_path").to_pylist(),
-            members,
-            splits=meta.column("split").to_pylist(),
-            labels=labels,
-            metadata=user,
-            invalid=invalid,
-        )
-        return ScanResult(table, config.label_names)
+        return SampleStream(self._batches(storage, config), config.label_names)
 
-    def _split(
-        self, storage: Storage, config: ExportConfig, split: str
-    ) -> tuple[_Samples, pa.Table]:
+    def _batches(self, storage: Storage, config: ExportConfig) -> Iterator[ScanBatch]:
+        for split in config.splits:
+            yield from self._split(storage, config, split)
+
+    def _split(self, storage: Storage, config: ExportConfig, split: str) -> Iterator[ScanBatch]:
+        """A split's samples in batches, checked against its metadata rows as they come."""
         from shardex.api import open_dataset
 
         ds = open_dataset(storage, split=split, on_error="skip")
@@ -96,24 +123,57 @@ class ExportSource(Source):
         wanted = meta.column("key").to_pylist()
         backend = backend_for(config)
         stored = backend.stored_samples(ds, wanted)
-        if stored is not None:
-            samples = _Samples()
-            for sample in stored:
-                samples.add(sample.key, sample.members, sample.invalid)
-        else:
-            damaged = backend.damaged_samples(storage, config, split)
-            samples = _dataset_samples(ds, damaged, wanted)
-        good = [k for k, bad in zip(samples.keys, samples.invalid, strict=True) if bad is None]
-        if len(samples.keys) != len(wanted) or good != [
-            k for k, bad in zip(wanted, samples.invalid, strict=True) if bad is None
-        ]:
-            raise SourceError(
-                f"{self.uri}: split {split!r}: the shards and {_metadata_name(config)} list "
-                "different samples (the export is damaged; run shardex verify)"
-            )
-        # keys of damaged samples come from the metadata: their bytes cannot be trusted
-        samples.keys = wanted
-        return samples, meta
+        samples = (
+            ((s.key, s.members, s.invalid) for s in stored)
+            if stored is not None
+            else _dataset_samples(ds, backend.damaged_samples(storage, config, split), wanted)
+        )
+        start = 0
+        for chunk in _chunks(samples, self.batch_size):
+            rows = len(chunk.keys)
+            expected = wanted[start : start + rows]
+            good = [k for k, bad in zip(chunk.keys, chunk.invalid, strict=True) if bad is None]
+            if len(expected) != rows or good != [
+                k for k, bad in zip(expected, chunk.invalid, strict=True) if bad is None
+            ]:
+                raise self._different(config, split)
+            # keys of damaged samples come from the metadata: their bytes cannot be trusted
+            chunk.keys = expected
+            yield ScanBatch(_table(chunk, meta.slice(start, rows)))
+            start += rows
+        if start != len(wanted):
+            raise self._different(config, split)
+
+    def _different(self, config: ExportConfig, split: str) -> SourceError:
+        return SourceError(
+            f"{self.uri}: split {split!r}: the shards and {_metadata_name(config)} list "
+            "different samples (the export is damaged; run shardex verify)"
+        )
+
+
+def _chunks(samples: Iterator[_Sample], size: int) -> Iterator[_Samples]:
+    chunk = _Samples()
+    for key, members, invalid in samples:
+        chunk.add(key, members, invalid)
+        if len(chunk.keys) >= size:
+            yield chunk
+            chunk = _Samples()
+    if chunk.keys:
+        yield chunk
+
+
+def _table(samples: _Samples, meta: pa.Table) -> pa.Table:
+    """A batch's scan table: the samples' members, the rest from their metadata rows."""
+    user = meta.drop_columns([c for c in meta.column_names if c in RESERVED or c == MEMBERS])
+    return batch_table(
+        samples.keys,
+        meta.column("original_path"),
+        samples.members(),
+        splits=meta.column("split"),
+        labels=meta.column("label") if "label" in meta.column_names else None,
+        metadata=user,
+        invalid=samples.invalid,
+    )
 
 
 def _metadata_name(config: ExportConfig) -> str:
@@ -142,7 +202,7 @@ def _metadata(ds: Dataset, storage: Storage, config: ExportConfig) -> pa.Table:
     return meta
 
 
-def _dataset_samples(ds: Dataset, damaged: dict[int, str], wanted: list[str]) -> _Samples:
+def _dataset_samples(ds: Dataset, damaged: dict[int, str], wanted: list[str]) -> Iterator[_Sample]:
     """Read every sample through the dataset (which checks what it reads), held in memory;
     samples it skips as damaged come back invalid, with its message, as do the ``damaged``
     ones (sample number -> reason)."""
@@ -151,12 +211,11 @@ def _dataset_samples(ds: Dataset, damaged: dict[int, str], wanted: list[str]) ->
         number: f"source sample {number}: {message}"
         for number, message in ds.skipped  # type: ignore[attr-defined]
     }
-    out = _Samples()
     got = iter(read)
     for number, key in enumerate(wanted):
         reason = skipped.get(number)
         if reason is not None:
-            out.add(key, [], reason)
+            yield key, [], reason
             continue
         sample = next(got, None)
         if sample is None:
@@ -166,7 +225,6 @@ def _dataset_samples(ds: Dataset, damaged: dict[int, str], wanted: list[str]) ->
             for name, v in sample.items()
             if name != "__key__"
         ]
-        out.add(str(sample["__key__"]), members, damaged.get(number))
+        yield str(sample["__key__"]), members, damaged.get(number)
     if next(got, None) is not None:  # more samples than the metadata lists
-        out.add("", [])
-    return out
+        yield "", [], None

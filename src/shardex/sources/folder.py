@@ -23,42 +23,54 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
+
+import numpy as np
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
 from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
     LeftOut,
+    SampleStream,
+    ScanBatch,
     ScanResult,
     Source,
-    build_table,
+    batch_table,
+    check_batch_size,
     check_utf8_path,
-    file_member,
     key_from_relpath,
+    members_array,
     printable,
     quoted,
 )
 
 SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test"})
-#: A folder to walk: its path, its path relative to the root (with a trailing "/"), its
-#: real path, and the real paths of it and the folders above it (a symlink to one of them
-#: is a loop).
-_Folder = tuple[str, str, str, frozenset[str]]
 
 
-@dataclass
-class _Walk:
-    """What a walk of a source folder found."""
+@dataclass(frozen=True, slots=True)
+class _Folder:
+    """A folder to walk: its path, its path relative to the root (with a trailing "/"),
+    its real path, and the real paths of it and the folders above it (a symlink to one
+    of them is a loop)."""
 
-    real_root: str
-    files: list[tuple[str, int]] = field(default_factory=list)  # (relative path, size)
-    left_out: list[LeftOut] = field(default_factory=list)
+    path: str
+    rel: str
+    real: str
+    above: frozenset[str]
 
-    def leave_out(self, rel: str, reason: str) -> None:
-        shown = printable(rel)
-        self.left_out.append(LeftOut(shown, reason, key_from_relpath(shown)))
+
+#: An image file found: its path relative to the root, and its size.
+_File = tuple[str, int]
+_Found = _File | _Folder | LeftOut
+
+
+def _left_out(rel: str, reason: str) -> LeftOut:
+    shown = printable(rel)
+    return LeftOut(shown, reason, key_from_relpath(shown))
 
 
 def _inside(real_root: str, target: str) -> bool:
@@ -84,75 +96,140 @@ def _unfollowable(path: str, exc: OSError) -> str:
     return f"cannot read: {exc.strerror}"
 
 
-def _walk(root: Path) -> _Walk:
-    """Every image file under root, sorted, and what was left out (see the module
-    docstring)."""
-    real_root = os.path.realpath(root)
-    walk = _Walk(real_root)
-    stack: list[_Folder] = [(str(root), "", real_root, frozenset({real_root}))]
+def _order(entry: os.DirEntry[str]) -> str:
+    """An entry's place among its siblings such that a depth-first walk yields paths in
+    sorted order: a folder sorts as its name plus "/", as the paths below it do."""
+    try:
+        return f"{entry.name}/" if entry.is_dir() else entry.name
+    except OSError:  # (is_dir reports most failures as False)
+        return entry.name
+
+
+def _listing(real_root: str, folder: _Folder) -> Iterator[_Found]:
+    """The entries of one folder, in sorted order, each looked at only when reached (a
+    caller that stops early does not stat the rest)."""
+    try:
+        with os.scandir(folder.path) as listing:
+            entries = sorted(listing, key=_order)
+    except OSError as exc:
+        if not folder.rel:
+            raise SourceError(
+                f"cannot read source folder {quoted(folder.path)}: {exc.strerror}"
+            ) from exc
+        yield _left_out(folder.rel.rstrip("/"), f"cannot read folder: {exc.strerror}")
+        return
+    for entry in entries:
+        found = _visit(real_root, entry, f"{folder.rel}{entry.name}", folder)
+        if found is not None:
+            yield found
+
+
+def _walk(real_root: str, top: _Folder) -> Iterator[_File | LeftOut]:
+    """Every image file under ``top`` in sorted order of their paths, and what is left
+    out (see the module docstring), holding one listing per folder level."""
+    stack = [_listing(real_root, top)]
     while stack:
-        top, rel_top, real_top, above = stack.pop()
-        try:
-            with os.scandir(top) as listing:
-                entries = list(listing)
-        except OSError as exc:
-            if not rel_top:
-                raise SourceError(
-                    f"cannot read source folder {quoted(top)}: {exc.strerror}"
-                ) from exc
-            walk.leave_out(rel_top.rstrip("/"), f"cannot read folder: {exc.strerror}")
-            continue
-        for entry in entries:
-            folder = _visit(walk, entry, f"{rel_top}{entry.name}", real_top, above)
-            if folder is not None:
-                stack.append(folder)
-    walk.files.sort()
-    walk.left_out.sort(key=lambda x: x.original_path)
-    return walk
+        found = next(stack[-1], None)
+        if found is None:
+            stack.pop()
+        elif isinstance(found, _Folder):
+            stack.append(_listing(real_root, found))
+        else:
+            yield found
 
 
-def _visit(
-    walk: _Walk, entry: os.DirEntry[str], rel: str, real_parent: str, above: frozenset[str]
-) -> _Folder | None:
-    """Sort one folder entry: an image (added to the walk), a folder to walk (returned),
-    left out, or not an image (ignored)."""
+def _holds_images(real_root: str, folder: _Folder) -> bool:
+    """Whether a folder holds an image file somewhere below it (stops at the first)."""
+    return any(not isinstance(found, LeftOut) for found in _walk(real_root, folder))
+
+
+def _visit(real_root: str, entry: os.DirEntry[str], rel: str, parent: _Folder) -> _Found | None:
+    """Sort one folder entry: an image, a folder to walk, left out, or not an image
+    (None)."""
     name = entry.name
     link = entry.is_symlink()
     try:
         st = os.stat(entry.path) if link else entry.stat(follow_symlinks=False)
     except OSError as exc:  # a broken symlink or a loop; or the entry went away
-        if _matters(name):
-            walk.leave_out(rel, _unfollowable(entry.path, exc))
-        return None
+        return _left_out(rel, _unfollowable(entry.path, exc)) if _matters(name) else None
     is_dir = stat.S_ISDIR(st.st_mode)
     ext = _extension(name)
     if not is_dir and ext not in IMAGE_EXTENSIONS:
         why = unexported_image_reason(ext) if ext else None
-        if why is not None:
-            walk.leave_out(rel, why)
-        return None
+        return None if why is None else _left_out(rel, why)
     if printable(name) != name:
-        walk.leave_out(rel, "its name is not valid UTF-8 (keys are UTF-8): rename it")
-        return None
-    real = os.path.realpath(entry.path) if link else os.path.join(real_parent, name)
-    if link and not _inside(walk.real_root, real):
+        return _left_out(rel, "its name is not valid UTF-8 (keys are UTF-8): rename it")
+    real = os.path.realpath(entry.path) if link else os.path.join(parent.real, name)
+    if link and not _inside(real_root, real):
         kind = "folder" if is_dir else "file"
-        walk.leave_out(
+        return _left_out(
             rel,
             f"symlink to the {kind} {quoted(real)}, outside the source folder "
             f"(export that {kind} itself, or copy it into the source)",
         )
-        return None
     if is_dir:
-        if real in above:
-            walk.leave_out(rel, f"symlink loop: it leads back to the folder {quoted(real)}")
-            return None
-        return (entry.path, f"{rel}/", real, above | {real})
+        if real in parent.above:
+            return _left_out(rel, f"symlink loop: it leads back to the folder {quoted(real)}")
+        return _Folder(entry.path, f"{rel}/", real, parent.above | {real})
     if not stat.S_ISREG(st.st_mode):
-        walk.leave_out(rel, "not a regular file (a FIFO, socket or device)")
-        return None
-    walk.files.append((rel, st.st_size))
-    return None
+        return _left_out(rel, "not a regular file (a FIFO, socket or device)")
+    return rel, st.st_size
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What a folder's first levels say: whether its top folders are splits, and the
+    class names (sorted), known before any sample is yielded."""
+
+    splits: bool
+    classes: tuple[str, ...]
+
+
+def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
+    """The folders in ``folder`` that hold images, and whether it holds an image file
+    itself; only folders and the first image file are looked at."""
+    holding: list[_Folder] = []
+    has_file = False
+    try:
+        with os.scandir(folder.path) as listing:
+            entries = sorted(listing, key=_order)
+    except OSError as exc:
+        if not folder.rel:
+            raise SourceError(
+                f"cannot read source folder {quoted(folder.path)}: {exc.strerror}"
+            ) from exc
+        return holding, has_file
+    for entry in entries:
+        if has_file and not _order(entry).endswith("/"):
+            continue
+        found = _visit(real_root, entry, f"{folder.rel}{entry.name}", folder)
+        if isinstance(found, _Folder):
+            if _holds_images(real_root, found):
+                holding.append(found)
+        elif isinstance(found, tuple):
+            has_file = True
+    return holding, has_file
+
+
+def _layout(uri: str, real_root: str, root: _Folder) -> _Layout:
+    """Split folders and class names from the first levels (see the module docstring).
+
+    Raises:
+        SourceError: split folders are mixed with other folders or files.
+    """
+    top, top_files = _subfolders(real_root, root)
+    names = {f.rel.rstrip("/") for f in top}
+    split_dirs = names & SPLIT_DIRS
+    if split_dirs and (names - SPLIT_DIRS or top_files):
+        others = sorted(names - SPLIT_DIRS) or ["(files at the top level)"]
+        raise SourceError(
+            f"source folder {uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
+            f"with other entries ({', '.join(others)}); put every image under a split"
+        )
+    if not split_dirs:
+        return _Layout(False, tuple(sorted(names)))
+    classes = {sub.rel.split("/")[1] for split in top for sub in _subfolders(real_root, split)[0]}
+    return _Layout(True, tuple(sorted(classes)))
 
 
 class FolderSource(Source):
@@ -160,42 +237,81 @@ class FolderSource(Source):
 
     kind: ClassVar[str] = "folder"
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.uri = str(self.root)
+        self.batch_size = check_batch_size(batch_size)
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         if not self.root.is_dir():
             raise SourceNotFoundError(f"source folder {self.uri} does not exist")
         check_utf8_path(self.uri)
-        walk = _walk(self.root)
-        files = walk.files
-        if not files and not walk.left_out:
-            raise EmptySourceError(f"source folder {self.uri} holds no image files")
-        top = {rel.split("/", 1)[0] for rel, _ in files if "/" in rel}
-        split_dirs = top & SPLIT_DIRS
-        if split_dirs and (top - SPLIT_DIRS or any("/" not in rel for rel, _ in files)):
-            others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
-            raise SourceError(
-                f"source folder {self.uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
-                f"with other entries ({', '.join(others)}); put every image under a split"
-            )
-        keys, paths, splits, classes = [], [], [], []
-        root = str(self.root)
-        members: list[list[dict[str, Any]]] = []
-        for rel, size in files:
-            parts = rel.split("/")
-            split = parts.pop(0) if split_dirs else None
-            splits.append(split or "")
-            classes.append(parts[0] if len(parts) > 1 else None)
-            ext = rel.rpartition(".")[2].lower()
-            keys.append(key_from_relpath(rel))
-            paths.append(rel)
-            members.append([file_member(f"{root}/{rel}", size, ext)])
-        names = sorted({c for c in classes if c is not None})
-        number = {name: i for i, name in enumerate(names)}
-        labels = [None if c is None else number[c] for c in classes] if names else None
-        table = build_table(
-            keys, paths, members, splits=splits if split_dirs else None, labels=labels
+        real_root = os.path.realpath(self.root)
+        top = _Folder(str(self.root), "", real_root, frozenset({real_root}))
+        layout = _layout(self.uri, real_root, top)
+        return SampleStream(
+            self._batches(real_root, top, layout), layout.classes if layout.classes else None
         )
-        return ScanResult(table, tuple(names) if names else None, tuple(walk.left_out))
+
+    def scan(self) -> ScanResult:
+        scan = super().scan()
+        # as one list, in path order (each batch's are; a folder's may come after files)
+        left_out = tuple(sorted(scan.left_out, key=lambda x: x.original_path))
+        return ScanResult(scan.table, scan.label_names, left_out)
+
+    def _batches(self, real_root: str, top: _Folder, layout: _Layout) -> Iterator[ScanBatch]:
+        files: list[_File] = []
+        left_out: list[LeftOut] = []
+        found_any = False
+        for found in _walk(real_root, top):
+            found_any = True
+            if isinstance(found, LeftOut):
+                left_out.append(found)
+                continue
+            files.append(found)
+            if len(files) >= self.batch_size:
+                yield self._batch(files, left_out, layout)
+                files, left_out = [], []
+        if not found_any:
+            raise EmptySourceError(f"source folder {self.uri} holds no image files")
+        if files or left_out:
+            yield self._batch(files, left_out, layout)
+
+    def _batch(self, files: list[_File], left_out: list[LeftOut], layout: _Layout) -> ScanBatch:
+        number = {name: i for i, name in enumerate(layout.classes)}
+        keys, splits, labels = [], [], []
+        for rel, _size in files:
+            parts = rel.split("/")
+            split = parts.pop(0) if layout.splits else None
+            if layout.splits and (not parts or split not in SPLIT_DIRS):
+                raise self._changed(rel)
+            if len(parts) > 1 and parts[0] not in number:
+                raise self._changed(rel)
+            splits.append(split)
+            labels.append(number[parts[0]] if len(parts) > 1 else None)
+            keys.append(key_from_relpath(rel))
+        paths = [rel for rel, _ in files]
+        root = str(self.root)
+        table = batch_table(
+            keys,
+            paths,
+            members_array(
+                np.arange(len(files) + 1, dtype=np.int32),
+                [rel.rpartition(".")[2].lower() for rel in paths],
+                [f"{root}/{rel}" for rel in paths],
+                np.full(len(files), -1, np.int64),
+                [size for _, size in files],
+            ),
+            splits=splits if layout.splits else None,
+            labels=labels if layout.classes else None,
+        )
+        left_out.sort(key=lambda x: x.original_path)
+        return ScanBatch(table, tuple(left_out))
+
+    def _changed(self, rel: str) -> SourceError:
+        return SourceError(
+            f"source folder {self.uri} changed while it was read ({quoted(rel)} is not under "
+            "the folders found first); export it again once it stays still"
+        )

@@ -105,6 +105,63 @@ def metadata_columns(
     return pa.table(columns)
 
 
+class MetadataTypes:
+    """The type each JSON field took in the batches so far: a later batch's column is
+    cast to it where that loses nothing (ints to an established float, all-null to
+    anything), else refused in one line naming the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.types: dict[str, pa.DataType] = {}
+
+    def fit(self, meta: pa.Table, keys: list[str], originals: list[str]) -> pa.Table:
+        """``meta`` with each column in its field's type (the first batch sets it).
+
+        Raises:
+            SourceError: a field's values have another type than in earlier batches.
+        """
+        for i, name in enumerate(meta.column_names):
+            column = meta.column(i)
+            known = self.types.get(name)
+            if known is None or pa.types.is_null(known):
+                if not pa.types.is_null(column.type) or known is None:
+                    self.types[name] = column.type
+                continue
+            if column.type == known:
+                continue
+            if pa.types.is_null(column.type) or _widens_to(column.type, known):
+                try:
+                    meta = meta.set_column(i, name, column.cast(known))
+                    continue
+                except _ARROW_ERRORS:  # an int too large for a float: refused below
+                    pass
+            at = _first_valid(column)
+            sample = f"{keys[at]!r} ({originals[at]!r})"
+            raise SourceError(
+                f"{self.where}: json field {name!r} holds {printable(str(column.type))} in "
+                f"sample {sample} but {printable(str(known))} in earlier samples; give the "
+                "field one type in every .json member"
+            )
+        return meta
+
+
+def _widens_to(found: pa.DataType, known: pa.DataType) -> bool:
+    """Whether values of type ``found`` fit ``known`` as one list of them would (ints
+    widen to float)."""
+    try:
+        merged = pa.unify_schemas(
+            [pa.schema([("x", known)]), pa.schema([("x", found)])], promote_options="permissive"
+        )
+    except _ARROW_ERRORS:
+        return False
+    return bool(merged.field("x").type == known)
+
+
+def _first_valid(column: pa.ChunkedArray) -> int:
+    valid = column.is_valid().to_pylist()
+    return valid.index(True) if True in valid else 0
+
+
 def _type_error(name: str, values: list[Any], i: int, sample: str, where: str) -> SourceError:
     """Why ``values[i]`` does not fit the values before it."""
     try:

@@ -23,28 +23,34 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
 from shardex.errors import BadSampleError, EmptySourceError, SourceError, SourceNotFoundError
 from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
     LeftOut,
-    ScanResult,
+    SampleStream,
+    ScanBatch,
     Source,
-    build_table,
+    batch_table,
+    check_batch_size,
     check_metadata_names,
     check_utf8_path,
-    file_member,
     key_from_relpath,
+    members_array,
     printable,
     quoted,
     safe_key,
 )
+from shardex.sources.tablefile import TableFile
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
@@ -56,19 +62,40 @@ _MISSING: Final = "does not exist"
 
 @dataclass
 class _Rows:
-    """The rows a table source keeps (by row number), and the rows it leaves out."""
+    """The rows of a batch a table source keeps (by row number in the batch), and the
+    rows it leaves out."""
 
     kept: list[int] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     originals: list[str] = field(default_factory=list)
-    members: list[list[dict[str, Any]]] = field(default_factory=list)
+    ext: list[str] = field(default_factory=list)
+    path: list[str | None] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    data: list[bytes] | None = None
     left_out: list[LeftOut] = field(default_factory=list)
 
-    def add(self, row: int, key: str, original: str, member: dict[str, Any]) -> None:
+    def add(self, row: int, key: str, original: str, member: _Member) -> None:
         self.kept.append(row)
         self.keys.append(key)
         self.originals.append(original)
-        self.members.append([member])
+        self.ext.append(member.ext)
+        self.path.append(member.path)
+        self.size.append(member.size)
+        if member.data is not None:
+            self.data = self.data or []
+            self.data.append(member.data)
+
+    def members(self) -> pa.Array:
+        """The ``_members`` column: one member per kept row."""
+        n = len(self.kept)
+        return members_array(
+            np.arange(n + 1, dtype=np.int32),
+            self.ext,
+            self.path,
+            np.full(n, -1, np.int64),
+            self.size,
+            self.data,
+        )
 
     def leave_out(
         self,
@@ -81,23 +108,50 @@ class _Rows:
         self.left_out.append(LeftOut(original or key, reason, key, error))
 
 
-def _keys_from_paths(folder: Path, rels: list[str | None]) -> list[str]:
-    """Keys for rows without a key column: each path without its extension, relative to
-    the table's folder as written (``imgs/a.jpg`` -> ``imgs/a``).
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """A row's one member: a whole file, or inline bytes."""
+
+    ext: str
+    size: int
+    path: str | None = None
+    data: bytes | None = None
+
+
+def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | None:
+    """Where keys of rows without a key column start: None when every path is relative
+    and stays below the table's folder (keys are the paths as written,
+    ``imgs/a.jpg`` -> ``imgs/a``), else the common parent folder of all the rows' files.
 
     When a path is absolute or climbs out with ``..`` (which would make an unsafe key),
-    every key is the path relative to the common parent folder of all the rows' files
-    instead, as a folder source would name them: the same table always gives the same keys.
+    every key is the path relative to that common parent instead, as a folder source
+    would name them: the same table always gives the same keys. ``rels`` starts a pass
+    over the path column.
     """
+
+    def norm() -> Iterator[str]:
+        for chunk in rels():
+            yield from (os.path.normpath(r) for r in chunk.to_pylist() if r)
+
+    if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm()):
+        return None
+    base: str | None = None
+    for n in norm():  # pairwise, not one list: a table may have millions of rows
+        parent = os.path.dirname(os.path.normpath(folder / n))
+        base = parent if base is None else os.path.commonpath([base, parent])
+    return base
+
+
+def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> list[str]:
+    """Keys for rows without a key column (see :func:`_key_base`)."""
     norm = [os.path.normpath(r) if r else "" for r in rels]
-    if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm):
+    if base is None:
         return [key_from_relpath(printable(n)) if n else "" for n in norm]
     full = [os.path.normpath(folder / n) if n else "" for n in norm]
-    base = os.path.commonpath([os.path.dirname(f) for f in full if f])
     return [key_from_relpath(printable(os.path.relpath(f, base))) if f else "" for f in full]
 
 
-def _file_member(full: Path) -> tuple[dict[str, Any] | None, str]:
+def _file_member(full: Path) -> tuple[_Member | None, str]:
     """The member of an image file, or None and why it cannot be one.
 
     A name that is not an image's is accepted when the file's first bytes are an image's
@@ -126,36 +180,18 @@ def _file_member(full: Path) -> tuple[dict[str, Any] | None, str]:
         if fmt is None:
             return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
         ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-    return file_member(str(full), st.st_size, ext), ""
+    return _Member(ext, st.st_size, path=str(full)), ""
 
 
-def read_table(path: Path) -> pa.Table:
-    """Read a Parquet or CSV file into Arrow."""
-    suffix = path.suffix.lower()
-    try:
-        if suffix in (".parquet", ".pq"):
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path)
-        if suffix in (".csv", ".tsv"):
-            import pyarrow.csv as pcsv
-
-            delimiter = "\t" if suffix == ".tsv" else ","
-            return pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SourceError(f"cannot read table {path}: {exc}") from exc
-    raise SourceError(f"{path}: unsupported table format {suffix!r} (use .parquet or .csv)")
-
-
-def _pick(table: pa.Table, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
+def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
     if wanted is not None:
-        if wanted not in table.column_names:
+        if wanted not in schema.names:
             raise SourceError(
-                f"column {wanted!r} is not in the table (columns: {', '.join(table.column_names)})"
+                f"column {wanted!r} is not in the table (columns: {', '.join(schema.names)})"
             )
         return wanted
     for name in names:
-        if name in table.column_names and kind(table.schema.field(name).type):
+        if name in schema.names and kind(schema.field(name).type):
             return name
     return None
 
@@ -166,6 +202,20 @@ def _is_binary(t: pa.DataType) -> bool:
 
 def _is_string(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How a table's rows become samples: the columns used and what the first pass over
+    the label or path column found."""
+
+    bcol: str | None
+    pcol: str | None
+    kcol: str | None
+    label: str | None  # the label column, when it holds labels
+    label_names: tuple[str, ...] | None
+    key_base: str | None  # see _key_base
+    width: int  # digits of the row numbers that key rows of bytes without a key column
 
 
 class TableSource(Source):
@@ -182,6 +232,7 @@ class TableSource(Source):
         key_column: str | None = None,
         label_column: str | None = "label",
         label_names: tuple[str, ...] | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         self.path = Path(path).expanduser().absolute()
         self.uri = str(self.path)
@@ -190,79 +241,128 @@ class TableSource(Source):
         self._key_column = key_column
         self._label_column = label_column
         self._label_names = label_names
+        self.batch_size = check_batch_size(batch_size)
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         if not self.path.is_file():
             raise SourceNotFoundError(f"source table {self.uri} does not exist")
         check_utf8_path(self.uri)
-        table = read_table(self.path)
+        table = TableFile(self.path, self.batch_size)
         if table.num_rows == 0:
             raise EmptySourceError(f"source table {self.uri} has no rows")
-        bcol = _pick(table, self._bytes_column, BYTES_COLUMNS, _is_binary)
-        pcol = None if bcol else _pick(table, self._path_column, PATH_COLUMNS, _is_string)
+        plan = self._plan(table)
+        return SampleStream(self._batches(table, plan), plan.label_names)
+
+    def _plan(self, table: TableFile) -> _Plan:
+        schema = table.schema
+        bcol = _pick(schema, self._bytes_column, BYTES_COLUMNS, _is_binary)
+        pcol = None if bcol else _pick(schema, self._path_column, PATH_COLUMNS, _is_string)
         if bcol is None and pcol is None:
             raise SourceError(
                 f"source table {self.uri} has no image path column ({', '.join(PATH_COLUMNS)}) "
                 f"and no image bytes column ({', '.join(BYTES_COLUMNS)}); name one explicitly"
             )
-        kcol = _pick(table, self._key_column, KEY_COLUMNS, lambda t: True)
-        used = {c for c in (bcol, pcol, kcol) if c}
-        raw_keys = None if kcol is None else [str(k) for k in table.column(kcol).to_pylist()]
+        kcol = _pick(schema, self._key_column, KEY_COLUMNS, lambda t: True)
+        label, names = self._label_plan(table)
+        key_base = None
+        if pcol is not None and kcol is None:
+            column = str(pcol)
+            key_base = _key_base(
+                self.path.parent, lambda: (b.column(0) for b in table.batches([column]))
+            )
+        width = len(str(table.count() - 1)) if bcol is not None and kcol is None else 0
+        return _Plan(bcol, pcol, kcol, label, names, key_base, width)
+
+    def _label_plan(self, table: TableFile) -> tuple[str | None, tuple[str, ...] | None]:
+        """The label column (None when absent) and the label names: given, or every
+        string label of the table, sorted (one pass over that column alone)."""
+        col = self._label_column
+        if not col or col not in table.schema.names:
+            return None, self._label_names
+        kind = table.schema.field(col).type
+        if pa.types.is_integer(kind):
+            return col, self._label_names
+        if not (_is_string(kind) or pa.types.is_dictionary(kind)):
+            raise SourceError(
+                f"{self.uri}: column {col!r} must hold integers or strings, found {kind}"
+            )
+        if self._label_names:
+            return col, self._label_names
+        seen: set[str] = set()
+        for batch in table.batches([col]):
+            unique = pc.unique(_strings(batch.column(0))).to_pylist()
+            seen.update(s for s in unique if s is not None)
+        return col, tuple(sorted(seen))
+
+    def _batches(self, table: TableFile, plan: _Plan) -> Iterator[ScanBatch]:
+        start = 0
+        for batch in table.batches():
+            yield self._batch(pa.Table.from_batches([batch]), plan, start)
+            start += batch.num_rows
+
+    def _batch(self, table: pa.Table, plan: _Plan, start: int) -> ScanBatch:
+        used = {c for c in (plan.bcol, plan.pcol, plan.kcol) if c}
+        raw_keys = (
+            None if plan.kcol is None else [str(k) for k in table.column(plan.kcol).to_pylist()]
+        )
         rows = (
-            self._blob_rows(table.column(bcol).to_pylist(), bcol, raw_keys)
-            if bcol is not None
-            else self._path_rows(table.column(pcol).to_pylist(), str(pcol), raw_keys)
+            self._blob_rows(table.column(plan.bcol).to_pylist(), plan, raw_keys, start)
+            if plan.bcol is not None
+            else self._path_rows(table.column(plan.pcol).to_pylist(), plan, raw_keys, start)
         )
         # label names come from every row: leaving a row out does not renumber the labels
-        labels, names = self._labels(table)
+        labels = None if plan.label is None else self._labels(table.column(plan.label), plan)
         if len(rows.kept) < table.num_rows:
             table = table.take(pa.array(rows.kept, pa.int64()))
-            labels = None if labels is None else [labels[i] for i in rows.kept]
+            labels = None if labels is None else labels.take(pa.array(rows.kept, pa.int64()))
         splits = None
         if "split" in table.column_names:
             # a null stays null (refused as "no split"), not a split named "None"
             splits = [None if s is None else str(s) for s in table.column("split").to_pylist()]
             used.add("split")
-        if labels is not None and self._label_column:
-            used.add(self._label_column)
+        if plan.label is not None:
+            used.add(plan.label)
         meta = table.drop_columns(sorted(used))
         check_metadata_names(meta.column_names, self.uri)
-        samples = build_table(
-            rows.keys, rows.originals, rows.members, splits=splits, labels=labels, metadata=meta
+        samples = batch_table(
+            rows.keys, rows.originals, rows.members(), splits=splits, labels=labels, metadata=meta
         )
-        return ScanResult(samples, names, tuple(rows.left_out))
+        return ScanBatch(samples, tuple(rows.left_out))
 
-    def _blob_rows(self, blobs: list[bytes | None], bcol: str, raw_keys: list[str] | None) -> _Rows:
+    def _blob_rows(
+        self, blobs: list[bytes | None], plan: _Plan, raw_keys: list[str] | None, start: int
+    ) -> _Rows:
         """Rows whose image is inline bytes: the format is sniffed from them, and bytes
         that are no image are left out (they would be exported as ``KEY.bin``)."""
         rows = _Rows()
-        width = len(str(len(blobs) - 1))
-        keys = raw_keys or [str(i).zfill(width) for i in range(len(blobs))]
+        bcol = plan.bcol
+        keys = raw_keys or [str(start + i).zfill(plan.width) for i in range(len(blobs))]
         for i, blob in enumerate(blobs):
             if blob is None or not blob:
-                rows.leave_out(keys[i], f"row {i}: no image bytes in column {bcol!r}")
+                rows.leave_out(keys[i], f"row {start + i}: no image bytes in column {bcol!r}")
                 continue
             fmt = sniff(blob[:16])
             if fmt is None:
                 rows.leave_out(
                     keys[i],
-                    f"row {i}: the bytes in column {bcol!r} are not a recognised image "
+                    f"row {start + i}: the bytes in column {bcol!r} are not a recognised image "
                     f"(they begin {blob[:8]!r})",
                 )
                 continue
             ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-            member = {"ext": ext, "path": None, "offset": -1, "size": len(blob), "data": blob}
-            rows.add(i, safe_key(keys[i]), keys[i], member)
+            rows.add(i, safe_key(keys[i]), keys[i], _Member(ext, len(blob), data=blob))
         return rows
 
-    def _path_rows(self, rels: list[str | None], pcol: str, raw_keys: list[str] | None) -> _Rows:
+    def _path_rows(
+        self, rels: list[str | None], plan: _Plan, raw_keys: list[str] | None, start: int
+    ) -> _Rows:
         """Rows naming an image file: missing files, folders and files that are no image
         are left out."""
         rows = _Rows()
-        keys = raw_keys or _keys_from_paths(self.path.parent, rels)
+        keys = raw_keys or _keys_from_paths(self.path.parent, rels, plan.key_base)
         for i, rel in enumerate(rels):
             if not rel:
-                rows.leave_out(keys[i], f"row {i}: empty {pcol!r}", f"row {i}")
+                rows.leave_out(keys[i], f"row {start + i}: empty {plan.pcol!r}", f"row {start + i}")
                 continue
             full = (self.path.parent / rel).absolute()
             member, why = _file_member(full)
@@ -270,7 +370,7 @@ class TableSource(Source):
                 missing = why == _MISSING
                 rows.leave_out(
                     keys[i],
-                    f"row {i}: image file {quoted(str(full))} {why}",
+                    f"row {start + i}: image file {quoted(str(full))} {why}",
                     printable(rel),
                     SourceNotFoundError if missing else BadSampleError,
                 )
@@ -278,25 +378,21 @@ class TableSource(Source):
             rows.add(i, safe_key(keys[i]) if raw_keys else keys[i], printable(rel), member)
         return rows
 
-    def _labels(self, table: pa.Table) -> tuple[list[int | None] | None, tuple[str, ...] | None]:
-        col = self._label_column
-        if not col or col not in table.column_names:
-            return None, self._label_names
-        values = table.column(col)
+    def _labels(self, values: pa.ChunkedArray, plan: _Plan) -> pa.Array:
+        """A batch's class numbers."""
         if pa.types.is_integer(values.type):
-            return values.to_pylist(), self._label_names
-        if _is_string(values.type) or pa.types.is_dictionary(values.type):
-            strings = values.cast(pa.string()) if pa.types.is_dictionary(values.type) else values
-            names = self._label_names or tuple(
-                sorted(s for s in pc.unique(strings).to_pylist() if s is not None)
-            )
-            number = {name: i for i, name in enumerate(names)}
-            out: list[int | None] = []
-            for v in strings.to_pylist():
-                if v is not None and v not in number:
-                    raise SourceError(f"{self.uri}: label {v!r} is not in label_names")
-                out.append(None if v is None else number[v])
-            return out, names
-        raise SourceError(
-            f"{self.uri}: column {col!r} must hold integers or strings, found {values.type}"
-        )
+            return values.combine_chunks().cast(pa.int64())
+        assert plan.label_names is not None
+        strings = _strings(values)
+        number = pc.index_in(strings, value_set=pa.array(plan.label_names, pa.string()))
+        unknown = pc.and_(strings.is_valid(), number.is_null())
+        if pc.any(unknown).as_py():
+            v = strings.filter(unknown)[0].as_py()
+            raise SourceError(f"{self.uri}: label {v!r} is not in label_names")
+        return number.cast(pa.int64())
+
+
+def _strings(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    return values.cast(pa.string()) if pa.types.is_dictionary(values.type) else values

@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar, Final
@@ -34,8 +35,19 @@ import pyarrow as pa
 
 from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
 from shardex.format.tar import BLOCK, split_name
-from shardex.sources.base import ScanResult, Source, build_table, check_metadata_names, safe_key
-from shardex.sources.jsonmeta import json_member, metadata_columns, printable
+from shardex.sources import tarheaders
+from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
+    SampleStream,
+    ScanBatch,
+    Source,
+    batch_table,
+    check_batch_size,
+    check_metadata_names,
+    members_array,
+    safe_key,
+)
+from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
 
 _ZERO_BLOCK: Final = bytes(BLOCK)
 _SCAN_CHUNK: Final = 1 << 20
@@ -70,7 +82,8 @@ class _Sample:
     """The sample being read: consecutive members with one key."""
 
     key: str
-    members: list[dict[str, Any]] = field(default_factory=list)
+    #: its members: (extension, data offset, size) in the tar being read
+    members: list[tuple[str, int, int]] = field(default_factory=list)
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
@@ -81,29 +94,78 @@ class _Sample:
         self.problem = self.problem or reason
 
 
-class _Collector:
-    """Accumulates samples from tars into scan-table columns."""
+class _Batcher:
+    """Collects samples from tars into scan-table columns, a batch at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str, batch_size: int) -> None:
+        self.where = where
+        self.batch_size = batch_size
+        self.types = MetadataTypes(where)
+        #: whether batches have a label column: decided by the first batch
+        self.with_label: bool | None = None
+        self.samples = 0
+        self._clear()
+
+    def _clear(self) -> None:
         self.keys: list[str] = []
         self.originals: list[str] = []
-        self.members: list[list[dict[str, Any]]] = []
+        self.offsets: list[int] = [0]
+        self.ext: list[str] = []
+        self.path: list[str] = []
+        self.offset: list[int] = []
+        self.size: list[int] = []
         self.labels: list[int | None] = []
         self.meta: list[dict[str, Any]] = []
         self.invalid: list[str | None] = []
 
-    def add(self, sample: _Sample, original: str, key_prefix: str) -> None:
+    def add(self, sample: _Sample, path: str, original: str, key_prefix: str) -> None:
         self.keys.append(safe_key(key_prefix + sample.key))
         self.originals.append(original)
-        self.members.append(sample.members)
+        for ext, offset, size in sample.members:
+            self.ext.append(ext)
+            self.offset.append(offset)
+            self.size.append(size)
+        self.path += [path] * len(sample.members)
+        self.offsets.append(len(self.ext))
         self.labels.append(sample.label)
         # an unusable sample's fields are not kept: they must not shape the schema
         self.meta.append(sample.meta if sample.problem is None else {})
         self.invalid.append(sample.problem)
+        self.samples += 1
+
+    def full(self) -> bool:
+        return len(self.keys) >= self.batch_size
+
+    def flush(self) -> pa.Table:
+        """The scan table of the samples collected since the last flush."""
+        meta = metadata_columns(self.meta, self.keys, self.originals, self.where)
+        if meta is not None:
+            check_metadata_names(meta.column_names, self.where)
+            meta = self.types.fit(meta, self.keys, self.originals)
+        has_labels = any(label is not None for label in self.labels)
+        if self.with_label is None:
+            self.with_label = has_labels
+        elif has_labels and not self.with_label:
+            first = next(i for i, label in enumerate(self.labels) if label is not None)
+            raise SourceError(
+                f"{self.where}: sample {self.keys[first]!r} ({self.originals[first]!r}) has a "
+                f".cls label but the first {self.batch_size} samples have none; give every "
+                "sample a .cls member, or none"
+            )
+        table = batch_table(
+            self.keys,
+            self.originals,
+            members_array(self.offsets, self.ext, self.path, self.offset, self.size),
+            labels=self.labels if self.with_label else None,
+            metadata=meta,
+            invalid=self.invalid,
+        )
+        self._clear()
+        return table
 
 
-def scan_tar(path: Path, out: _Collector, *, root: Path, key_prefix: str = "") -> None:
-    """Add the samples of one tar to ``out``.
+def scan_tar(path: Path, out: _Batcher, *, root: Path, key_prefix: str = "") -> Iterator[pa.Table]:
+    """Add the samples of one tar to ``out``, yielding each batch that fills.
 
     Raises:
         SourceError: the tar cannot be opened, or is damaged before its first sample.
@@ -121,19 +183,20 @@ def scan_tar(path: Path, out: _Collector, *, root: Path, key_prefix: str = "") -
             raise SourceError(
                 f"cannot read tar {str(path)!r} at byte 0: {printable(str(exc))}"
             ) from exc
-        _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
+        yield from _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
 
 
 def _scan_members(
-    tf: tarfile.TarFile, raw: IO[bytes], out: _Collector, *, rel: str, path: str, key_prefix: str
-) -> None:
+    tf: tarfile.TarFile, raw: IO[bytes], out: _Batcher, *, rel: str, path: str, key_prefix: str
+) -> Iterator[pa.Table]:
+    headers = tarheaders.Headers(tf, raw, fast=tarheaders.FAST)
     with tf:
         size = os.fstat(raw.fileno()).st_size
         sample: _Sample | None = None
         damage: str | None = None
         while True:
             try:
-                info = tf.next()
+                info = headers.next()
             except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
                 # or a GNU sparse map that is not numbers (tarfile lets int() raise)
                 damage = f"bad tar header at byte {tf.offset} ({printable(str(exc))})"
@@ -147,7 +210,9 @@ def _scan_members(
             key, ext = split_name(name)
             if sample is None or key != sample.key:
                 if sample is not None:
-                    out.add(sample, f"{rel}:{sample.key}", key_prefix)
+                    out.add(sample, path, f"{rel}:{sample.key}", key_prefix)
+                    if out.full():
+                        yield out.flush()
                 sample = _Sample(key)
             if info.isreg() and info.offset_data + info.size > size:
                 damage = (
@@ -155,7 +220,7 @@ def _scan_members(
                     f"({info.offset_data + info.size} > {size} bytes)"
                 )
                 break
-            _read_member(raw, path, info, name, ext, sample)
+            _read_member(raw, info, name, ext, sample)
         if damage is not None:
             if sample is None:
                 raise SourceError(
@@ -166,7 +231,9 @@ def _scan_members(
                 "later samples of the tar are lost"
             )
         if sample is not None:
-            out.add(sample, f"{rel}:{sample.key}", key_prefix)
+            out.add(sample, path, f"{rel}:{sample.key}", key_prefix)
+            if out.full():
+                yield out.flush()
 
 
 def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
@@ -210,9 +277,7 @@ def _utf8(name: str) -> str:
     return name
 
 
-def _read_member(
-    raw: IO[bytes], path: str, info: tarfile.TarInfo, name: str, ext: str, s: _Sample
-) -> None:
+def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample) -> None:
     """Add one member to its sample, or say why the sample cannot be used."""
     problem = _member_problem(info, name, ext, s.seen)
     s.seen.add(ext)
@@ -225,9 +290,7 @@ def _read_member(
         if problem is not None:
             s.refuse(problem)
     else:
-        s.members.append(
-            {"ext": ext, "path": path, "offset": info.offset_data, "size": info.size, "data": None}
-        )
+        s.members.append((ext, info.offset_data, info.size))
 
 
 def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
@@ -260,36 +323,28 @@ def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) ->
         return None
 
 
-def collected_table(out: _Collector, where: str) -> pa.Table:
-    """The scan table of what was collected."""
-    meta = metadata_columns(out.meta, out.keys, out.originals, where)
-    if meta is not None:
-        check_metadata_names(meta.column_names, where)
-    has_labels = any(label is not None for label in out.labels)
-    return build_table(
-        out.keys,
-        out.originals,
-        out.members,
-        labels=out.labels if has_labels else None,
-        metadata=meta,
-        invalid=out.invalid,
-    )
-
-
 class TarSource(Source):
     """Samples from existing WebDataset tar files."""
 
     kind: ClassVar[str] = "webdataset-tars"
 
-    def __init__(self, spec: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, spec: str | os.PathLike[str], *, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> None:
         self.uri = os.fspath(spec)
+        self.batch_size = check_batch_size(batch_size)
 
-    def scan(self) -> ScanResult:
+    def stream(self) -> SampleStream:
         paths = _tar_paths(self.uri)
+        return SampleStream(self._batches(paths))
+
+    def _batches(self, paths: list[Path]) -> Iterator[ScanBatch]:
         root = Path(os.path.commonpath([str(p.parent) for p in paths]))
-        out = _Collector()
+        out = _Batcher(repr(self.uri), self.batch_size)
         for path in paths:
-            scan_tar(path, out, root=root)
-        if not out.keys:
+            for table in scan_tar(path, out, root=root):
+                yield ScanBatch(table)
+        if not out.samples:
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
-        return ScanResult(collected_table(out, repr(self.uri)))
+        if out.keys:
+            yield ScanBatch(out.flush())
