@@ -23,6 +23,11 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     ├── SampleNotFoundError(ShardexError, KeyError)      no sample with that key
     └── BackendError(ShardexError, LookupError)          unknown / unavailable / duplicate backend
         └── MissingDependencyError(BackendError, ImportError)
+
+Warnings::
+
+    ShardexWarning(UserWarning)
+    └── ParallelismWarning(ShardexWarning)               work ran in one process, not workers
 """
 
 from __future__ import annotations
@@ -115,3 +120,11 @@ class BackendError(ShardexError, LookupError):
 
 class MissingDependencyError(BackendError, ImportError):
     """An optional dependency is not installed."""
+
+
+class ShardexWarning(UserWarning):
+    """Base class of every warning shardex gives."""
+
+
+class ParallelismWarning(ShardexWarning):
+    """Work meant for worker processes ran in the calling process (the message says why)."""
