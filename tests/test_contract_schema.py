@@ -42,7 +42,7 @@ def test_a_tampered_config_is_still_refused(tmp_path: Path) -> None:
     shardex.export("demo:12", tmp_path / "out", samples_per_shard=4, workers=1)
     config = tmp_path / "out" / "config.yaml"
     config.write_text(config.read_text().replace("num_bytes:", "num_bytez:", 1))
-    with pytest.raises(SchemaError, match="must contain \\[.num_bytes.\\]"):
+    with pytest.raises(SchemaError, match=r"must contain \[.num_bytes.\]"):
         shardex.open_dataset(tmp_path / "out", split="train")
     with pytest.raises(SchemaError, match="must contain"):
         validate({"format_version": 99})
