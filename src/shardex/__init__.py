@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.api import open_dataset, read_config
 
+# The default backend's reader (numpy, the index and tar readers) loads with the package,
+# so that open_dataset in a fresh process imports nothing more; the rest loads on first use.
+from shardex.backends import webdataset as _default_backend  # noqa: F401
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:

@@ -16,6 +16,10 @@ from typing import Any, Final, Literal
 
 import yaml
 
+# The schema compiled to Python ahead of time (scripts/gen_config_validator.py): ~15x
+# faster than an interpreting validator, which matters with tens of thousands of shards,
+# without the ~45 ms of compiling it in every process.
+from shardex import config_validator
 from shardex.errors import ConfigError, SchemaError
 from shardex.names import stored_split_name_problem
 
@@ -315,11 +319,6 @@ def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
     Raises:
         SchemaError: naming the first offending field and what was expected.
     """
-    # The schema compiled to Python ahead of time (scripts/gen_config_validator.py):
-    # ~15x faster than an interpreting validator, which matters with tens of thousands of
-    # shards, without the ~45 ms of compiling it in every process.
-    from shardex import config_validator
-
     check: Callable[[Any], object] = config_validator.validate  # generated, untyped
     try:
         check(raw)

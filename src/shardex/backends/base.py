@@ -5,15 +5,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
-from shardex.parallel import Runner
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:  # for writing only: opening an export imports neither
+    import pyarrow as pa
+
+    from shardex.parallel import Runner
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ def unused_name(path: str, taken: frozenset[str]) -> str:
 
 
 #: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).
-OnShard = Callable[[pa.Table], None]
+OnShard = Callable[["pa.Table"], None]
 
 
 class Backend(ABC):

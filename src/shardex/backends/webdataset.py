@@ -12,7 +12,7 @@ Layout of a split ``S`` (see docs/format.md)::
 from __future__ import annotations
 
 import io
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +31,11 @@ from shardex.format.index import (
     to_npy_bytes,
 )
 from shardex.format.reader import ShardDataset
-from shardex.format.shard import ShardJob, write_shard
-from shardex.parallel import Runner
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:  # for writing only: opening an export imports neither
+    from shardex.format.shard import ShardJob
+    from shardex.parallel import Runner
 
 
 def shard_stem(split: str, name_hash: str, number: int) -> str:
@@ -54,6 +56,8 @@ class WebDatasetBackend(Backend):
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
+        from shardex.format.shard import write_shard
+
         before = plan.previous
         first = len(before.shards) if before is not None else 0
         other_hash = second_hash(plan.name_hash)
@@ -123,6 +127,8 @@ def _job(
     other = second if committed == usual else usual
     held = f"{committed}.tar" in plan.existing
     stem = committed if held else usual
+    from shardex.format.shard import ShardJob
+
     return ShardJob(
         storage,
         f"{stem}.tar",

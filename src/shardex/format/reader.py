@@ -10,10 +10,9 @@ import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import pyarrow as pa
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
@@ -29,9 +28,11 @@ from shardex.errors import (
     StorageError,
 )
 from shardex.format.index import SplitIndex, checksum_seeds, key_hash
-from shardex.format.tables import read_metadata
 from shardex.format.tar import parse_sample
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:  # pyarrow loads on first use of metadata: opening needs none of it
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -444,6 +445,8 @@ class ShardDataset(ReopenedDataset):
     @cached_property
     def metadata(self) -> pa.Table:
         try:
+            from shardex.format.tables import read_metadata
+
             return read_metadata(self.storage, self.config, self.split)
         except (FormatError, ObjectNotFoundError) as exc:
             self._check_replaced(exc)

@@ -12,7 +12,6 @@ helper process instead (see :mod:`shardex.storage.helper`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
@@ -62,6 +61,8 @@ class _Loop:
     """One event loop per process on a daemon thread, for batches of concurrent reads."""
 
     def __init__(self) -> None:
+        import asyncio  # here: asyncio costs ~15 ms to import, and only batches use it
+
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         threading.Thread(
@@ -69,6 +70,8 @@ class _Loop:
         ).start()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 
@@ -168,6 +171,8 @@ class DirectObjectStorage(Storage):
             return [self.get_range(*r) for r in requests]
         for path in {r[0] for r in requests}:
             checked_path(path, self.uri)
+        import asyncio
+
         obstore, store = _obstore(), self._client()
 
         async def gather() -> list[bytes]:

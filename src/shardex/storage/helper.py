@@ -23,12 +23,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from multiprocessing.connection import Client, Connection, Listener
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardex.errors import StorageError
 from shardex.storage.base import ObjectWriter, Storage
 from shardex.storage.direct import DirectObjectStorage as _Direct
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 #: The helper's whole main module: find this shardex, then serve.
 _BOOT = (
@@ -83,6 +85,8 @@ class _Client:
         conn: Connection | None = getattr(self._local, "conn", None)
         try:
             if conn is None:
+                from multiprocessing.connection import Client
+
                 conn = self._local.conn = Client(self._address, authkey=self._key)
             conn.send(message)
             status, value = conn.recv()
@@ -264,6 +268,8 @@ class _State:
 
 def serve() -> None:  # pragma: no cover - runs in the helper
     """The helper's main: read the key, listen, serve until stdin closes."""
+    from multiprocessing.connection import Listener
+
     key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
     state = _State()
     # An abstract socket on Linux: no file to clean up, as the helper ends by os._exit
