@@ -57,7 +57,9 @@ def main() -> int:
     text = source()
     if "--check" in sys.argv[1:]:
         if MODULE.read_text("utf-8") != text:
-            print(f"{MODULE.relative_to(ROOT)} is stale: run python scripts/gen_config_validator.py")
+            print(
+                f"{MODULE.relative_to(ROOT)} is stale: run python scripts/gen_config_validator.py"
+            )
             return 1
         return 0
     MODULE.write_text(text, "utf-8")
