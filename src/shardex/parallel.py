@@ -225,7 +225,7 @@ class Runner:
     def _fall_back(self, why: str) -> None:
         """Do the rest of the work in this process, saying why once."""
         warnings.warn(
-            f"shardex: running in this process instead of {self.workers} worker processes: "
+            f"running in this process instead of {self.workers} worker processes: "
             f"{why}; define it in an importable module to use workers",
             ParallelismWarning,
             stacklevel=4,

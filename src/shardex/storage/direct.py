@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
 from shardex.storage.base import ObjectWriter, Storage, checked_path
+from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
     DEFAULT_RETRY_TIMEOUT,
@@ -144,7 +145,7 @@ class DirectObjectStorage(Storage):
         except StorageError:
             raise
         except Exception as exc:
-            raise _map_error(exc, what, self._options) from exc
+            raise storage_error(exc, what, self._options) from exc
 
     def get(self, path: str) -> bytes:
         checked_path(path, self.uri)
@@ -189,7 +190,7 @@ class DirectObjectStorage(Storage):
             return _run(gather())
         except Exception as exc:
             where = f"{self.uri} (one of {len(requests)} ranged reads)"
-            raise _map_error(exc, where, self._options) from exc
+            raise storage_error(exc, where, self._options) from exc
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         """The object as a stream: one GET, read as chunks arrive (bounded memory)."""
@@ -203,7 +204,7 @@ class DirectObjectStorage(Storage):
         except StorageError:
             raise
         except Exception as exc:
-            raise _map_error(exc, self.join(path), self._options) from exc
+            raise storage_error(exc, self.join(path), self._options) from exc
 
     def size(self, path: str) -> int:
         checked_path(path, self.uri)
@@ -228,7 +229,7 @@ class DirectObjectStorage(Storage):
         except StorageError:
             raise
         except Exception as exc:
-            raise _map_error(exc, f"{self.uri}/{prefix}", self._options) from exc
+            raise storage_error(exc, f"{self.uri}/{prefix}", self._options) from exc
 
     def delete(self, path: str) -> None:
         checked_path(path, self.uri)
@@ -270,7 +271,7 @@ class DirectObjectStorage(Storage):
         except StorageError:
             raise
         except Exception as exc:
-            raise _map_error(exc, self.join(path), self._options) from exc
+            raise storage_error(exc, self.join(path), self._options) from exc
         return str(result["e_tag"])
 
     def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
@@ -287,7 +288,7 @@ class DirectObjectStorage(Storage):
         except StorageError:
             raise
         except Exception as exc:
-            raise _map_error(exc, self.join(path), self._options) from exc
+            raise storage_error(exc, self.join(path), self._options) from exc
         return _MultipartWriter(writer, self.join(path), self._options)
 
 
@@ -306,7 +307,7 @@ class _MultipartWriter(ObjectWriter):
             self._w.write(data)
         except Exception as exc:
             self.abort()
-            raise _map_error(exc, self._where, self._options) from exc
+            raise storage_error(exc, self._where, self._options) from exc
         self._pos += len(data)
 
     @property
@@ -320,7 +321,7 @@ class _MultipartWriter(ObjectWriter):
         try:
             self._w.close()
         except Exception as exc:
-            raise _map_error(exc, self._where, self._options) from exc
+            raise storage_error(exc, self._where, self._options) from exc
 
     def abort(self) -> None:
         if self._done:
@@ -330,22 +331,6 @@ class _MultipartWriter(ObjectWriter):
         error = RuntimeError("aborted")
         with contextlib.suppress(Exception):  # already gone: nothing is visible either way
             self._w.__exit__(type(error), error, None)
-
-
-def _map_error(exc: BaseException, what: str, options: dict[str, Any]) -> StorageError:
-    """One shardex error for an obstore error; messages name the object, never secrets."""
-    obstore = _obstore()
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, FileNotFoundError):
-        return ObjectNotFoundError(f"{what} does not exist")
-    if isinstance(
-        exc, (obstore.exceptions.PermissionDeniedError, obstore.exceptions.UnauthenticatedError)
-    ):
-        return StorageError(
-            f"access to {what} was denied ({type(exc).__name__}); check the "
-            "credentials and their permissions"
-        )
-    return StorageError(f"{what}: {first}")
 
 
 def _profile_credentials(profile: str) -> Any:
