@@ -48,9 +48,7 @@ print("read", len(keys), "copied", len(copied), "forked", os.read(read, 100).dec
 
 @pytest.fixture
 def source(s3: S3Location) -> S3Location:
-    shardex.export(
-        "demo:30", s3.url, storage_options=s3.direct, samples_per_shard=8, workers=1
-    )
+    shardex.export("demo:30", s3.url, storage_options=s3.direct, samples_per_shard=8, workers=1)
     return s3
 
 
@@ -164,6 +162,8 @@ def test_work_that_needs_main_runs_inline_with_one_warning(kind: str, tmp_path: 
 def test_runner_falls_back_for_unpicklable_work() -> None:
     from shardex.parallel import Runner
 
-    with pytest.warns(ParallelismWarning, match="does not pickle"), Runner(2) as runner:
-        assert list(runner.imap(lambda x: x * 2, range(9))) == list(range(0, 18, 2))
+    with Runner(2) as runner:
+        with pytest.warns(ParallelismWarning, match="does not pickle"):
+            doubled = list(runner.imap(lambda x: x * 2, range(9)))
+        assert doubled == list(range(0, 18, 2))
         assert runner.workers == 1

@@ -17,7 +17,8 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
     ├── ExportReplacedError(ShardexError, RuntimeError)  the export changed since it was opened
     ├── StorageError(ShardexError, OSError)              a storage operation failed
-    │   └── ObjectNotFoundError(StorageError, FileNotFoundError)
+    │   ├── ObjectNotFoundError(StorageError, FileNotFoundError)
+    │   └── BucketNotFoundError(StorageError, FileNotFoundError)  the bucket itself is missing
     ├── FormatError(ShardexError, ValueError)            shard / index bytes are malformed
     │   └── ChecksumError(FormatError)                   bytes read do not match the checksum
     ├── SampleNotFoundError(ShardexError, KeyError)      no sample with that key
@@ -97,6 +98,10 @@ class StorageError(ShardexError, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object (file) is missing from a storage."""
+
+
+class BucketNotFoundError(StorageError, FileNotFoundError):
+    """The bucket (or container) of an object-store URL does not exist."""
 
 
 class FormatError(ShardexError, ValueError):

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Final
 
-from shardex.errors import ObjectNotFoundError, StorageError
+from shardex.errors import BucketNotFoundError, ObjectNotFoundError, StorageError
 
 _REQUEST: Final = re.compile(
     r"Error performing (?:\w+ )?(?:request: Error performing \w+ )?(\w+://[^/\s?]+)"
@@ -43,7 +43,7 @@ def storage_error(exc: BaseException, what: str, options: dict[str, Any]) -> Sto
     code = _S3_CODE.search(text)
     if code is not None and code.group(1) == "NoSuchBucket":
         bucket = what.split("://", 1)[-1].split("/", 1)[0]
-        return ObjectNotFoundError(f"{what}: the bucket {bucket!r} does not exist at {server}")
+        return BucketNotFoundError(f"{what}: the bucket {bucket!r} does not exist at {server}")
     if isinstance(exc, FileNotFoundError):
         if _not_s3(text):
             return _not_s3_error(what, server, 404)
