@@ -372,3 +372,49 @@ def test_reexport_from_s3_refuses_or_skips_a_damaged_sample(s3: S3Location, tmp_
     copied = shardex.open_dataset(tmp_path / "copy", split="train")
     assert row["key"] not in set(copied.metadata.column("key").to_pylist())
     assert len(copied) == len(meta) - 1
+
+
+def test_a_forked_childs_helper_exits_when_the_child_is_killed(s3: S3Location) -> None:
+    import json
+
+    storage = ObjectStorage(s3.url, s3.direct)
+    storage.put("blob", b"x")
+    # A program whose forked child starts a helper, reports both pids, then waits.
+    code = (
+        "import json, os, sys, time\n"
+        "from shardex.storage import ObjectStorage\n"
+        "from shardex.storage import helper\n"
+        "storage = ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))\n"
+        "storage.get('blob')\n"
+        "if os.fork() == 0:\n"
+        "    storage.get('blob')\n"
+        "    print(os.getpid(), helper._helper()._proc.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code, s3.url, json.dumps(s3.direct)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as program:
+        try:
+            assert program.stdout is not None
+            child, helper_pid = map(int, program.stdout.readline().split())
+            assert _alive(helper_pid)
+            os.kill(child, signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while _alive(helper_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _alive(helper_pid)
+        finally:
+            program.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not count: it has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

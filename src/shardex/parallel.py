@@ -200,8 +200,14 @@ class Runner:
         )
         # Start the workers now (they start lazily), so that their start-up (~0.5 s)
         # overlaps with the caller's own work, such as scanning the source.
-        for _ in range(self.workers):
-            self._pool.submit(_noop)
+        try:
+            for _ in range(self.workers):
+                self._pool.submit(_noop)
+        except Exception as exc:  # no fork server here (a sandbox, an embedded Python)
+            self._fall_back(
+                f"worker processes cannot start ({type(exc).__name__}: {exc})",
+                "workers=1 does the same without this warning",
+            )
         return self
 
     def __exit__(
@@ -222,11 +228,12 @@ class Runner:
             self._init(*self._initargs)
         self._inline_ready = True
 
-    def _fall_back(self, why: str) -> None:
+    def _fall_back(
+        self, why: str, hint: str = "define what it uses in an importable module to use workers"
+    ) -> None:
         """Do the rest of the work in this process, saying why once."""
         warnings.warn(
-            f"running in this process instead of {self.workers} worker processes: "
-            f"{why}; define it in an importable module to use workers",
+            f"running in this process instead of {self.workers} worker processes: {why}; {hint}",
             ParallelismWarning,
             stacklevel=4,
         )
