@@ -193,8 +193,12 @@ class DirectObjectStorage(Storage):
             raise storage_error(exc, where, self._options) from exc
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
-        """The object as a stream: one GET, read as chunks arrive (bounded memory)."""
+        """The object as a stream: one GET, read as chunks arrive, the next chunk fetched
+        while the caller works on this one (at most three chunks in memory)."""
         checked_path(path, self.uri)
+        return _read_ahead(self._chunks(path, chunk_size))
+
+    def _chunks(self, path: str, chunk_size: int) -> Iterator[bytes]:
         try:
             # obstore itself resumes a body broken mid-way (a ranged GET of the rest),
             # under the same retry settings as every request
@@ -290,6 +294,53 @@ class DirectObjectStorage(Storage):
         except Exception as exc:
             raise storage_error(exc, self.join(path), self._options) from exc
         return _MultipartWriter(writer, self.join(path), self._options)
+
+
+_DONE: Final = object()
+
+
+def _read_ahead(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """``chunks``, pulled one ahead by a thread: the network wait for the next chunk
+    overlaps the caller's work on this one (parsing and checking the samples of a
+    stream), which otherwise adds up (iteration ran at ~0.7 of a plain GET of the shard).
+    Stopping early (``close()``) ends the request."""
+    import queue
+
+    ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        """Hand ``item`` over, unless the caller stopped reading (then False)."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pull() -> None:
+        try:
+            for chunk in chunks:
+                if not offer(chunk):
+                    return
+            offer(_DONE)
+        except BaseException as exc:  # raised in the caller, in order
+            offer(exc)
+        finally:
+            chunks.close()  # type: ignore[attr-defined]  # a generator: drops the response
+
+    thread = threading.Thread(target=pull, daemon=True, name="shardex-read-ahead")
+    thread.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        # Not joined: the thread may wait for a chunk of a slow server; it ends (and ends
+        # the request) within 0.1 s of that chunk arriving, or when the request fails.
+        stop.set()
 
 
 class _MultipartWriter(ObjectWriter):
