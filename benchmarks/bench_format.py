@@ -571,6 +571,138 @@ def profile(out: Path, folder: Path, count: int, limit: int = 15) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(limit)
 
 
+# ------------------------------------- fresh processes (issue 19): import, open, a worker
+FRESH_PROCESSES = 20
+#: One fresh interpreter: ``import shardex``, then ``open_dataset``; or (the baseline) a
+#: bare ``os.open`` + ``os.pread`` of one sample of the same run's concatenated file.
+_FRESH = """
+import os, sys, time
+if sys.argv[1] == "pread":
+    t0 = time.perf_counter()
+    fd = os.open(sys.argv[2], os.O_RDONLY)
+    os.pread(fd, 4096, 0)
+    os.close(fd)
+    print(0.0, 1000 * (time.perf_counter() - t0), 0.0, 0.0)
+else:
+    t0, c0 = time.perf_counter(), time.process_time()
+    import shardex
+    t1, c1 = time.perf_counter(), time.process_time()
+    shardex.open_dataset(sys.argv[2], split="train")[0]
+    t2, c2 = time.perf_counter(), time.process_time()
+    print(1000 * (t1 - t0), 1000 * (t2 - t1), 1000 * (c1 - c0), 1000 * (c2 - c1))
+"""
+
+
+def _fresh_environment(cache: Path) -> dict[str, str]:
+    """As an installed package runs: bytecode cached (in ``cache``, not the source tree)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(cache)}
+
+
+def _fresh(kind: str, path: Path, env: dict[str, str]) -> list[float]:
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH, kind, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.split()
+    return [float(x) for x in out]  # wall import, wall open, CPU import, CPU open (ms)
+
+
+def bench_fresh_open(out: Path, concat: Concat) -> list[Row]:
+    """``import shardex`` and ``open_dataset`` + ``ds[0]`` in fresh processes (medians of
+    FRESH_PROCESSES), each beside a fresh process's bare open + pread, interleaved."""
+    with tempfile.TemporaryDirectory(prefix="bench-pyc-") as cache:
+        env = _fresh_environment(Path(cache))
+        _fresh("shardex", out, env)  # writes the bytecode cache, as an install does
+        shardex_runs, pread_runs = [], []
+        for _ in range(FRESH_PROCESSES):
+            shardex_runs.append(_fresh("shardex", out, env))
+            pread_runs.append(_fresh("pread", concat.path, env)[1])
+    imported, opened, imported_cpu, opened_cpu = (
+        statistics.median(r[k] for r in shardex_runs) for k in range(4)
+    )
+    pread = statistics.median(pread_runs)
+    note = f"fresh process, median of {FRESH_PROCESSES}; baseline: bare os.open + os.pread"
+    return [
+        Row(
+            "import shardex (fresh process)",
+            "ms",
+            imported,
+            pread,
+            150,
+            "value",
+            False,
+            f"{note}; {imported_cpu:.1f} ms of CPU",
+        ),
+        Row(
+            "open_dataset + ds[0] (fresh process, after import)",
+            "ms",
+            opened,
+            pread,
+            5,
+            "value",
+            False,
+            f"{note}; {opened_cpu:.1f} ms of CPU",
+        ),
+    ]
+
+
+class _Timed:
+    """A DataLoader dataset whose items are (sample, ms since the worker's init)."""
+
+    started = 0.0
+
+    def __init__(self, out: Path) -> None:
+        from shardex.torch import MapDataset
+
+        self.ds = MapDataset(out, "train", decode=False)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> float:
+        self.ds[i]
+        return 1000 * (time.perf_counter() - _Timed.started)
+
+
+def _worker_started(_: int) -> None:
+    _Timed.started = time.perf_counter()
+
+
+def bench_spawned_worker(out: Path) -> Row | None:
+    """A spawned DataLoader worker's first sample, from the worker's start (its
+    ``worker_init_fn``): opening the split there and reading one sample."""
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return None
+    times = []
+    for _ in range(5):
+        loader = DataLoader(
+            _Timed(out),
+            batch_size=None,
+            num_workers=1,
+            multiprocessing_context="spawn",
+            worker_init_fn=_worker_started,
+        )
+        times.append(float(next(iter(loader))))
+    note = "median of 5 spawned workers; from worker_init_fn to its first sample"
+    return Row(
+        "first sample of a spawned DataLoader worker",
+        "ms",
+        statistics.median(times),
+        None,
+        30,
+        "value",
+        False,
+        note,
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--images", type=int, default=20_000, help="number of images")
@@ -602,7 +734,11 @@ def main(argv: list[str] | None = None) -> int:
         *ReadBench(main_out, concat, count, reads).rows(),
         bench_open(main_out),
         *bench_sizes(main_out, nolabels, concat, count),
+        *bench_fresh_open(main_out, concat),
     ]
+    worker = bench_spawned_worker(main_out)
+    if worker is not None:
+        rows.append(worker)
     print()
     print(render(rows))
     took = time.perf_counter() - started

@@ -188,10 +188,20 @@ def test_hand_edited_config_is_refused(folder: SampleFolder, tmp_path: Path) -> 
         shardex.open_dataset(tmp_path / "o")
 
 
-def test_import_is_light() -> None:
+def test_import_and_open_are_light(tmp_path: Path) -> None:
+    shardex.export("demo:12", tmp_path / "o", samples_per_shard=4, workers=1)
+    heavy = "{'torch', 'ray', 'zarr', 'tensordict', 'fastjsonschema', 'pyarrow', 'PIL', 'obstore'}"
     code = (
-        "import sys, shardex; heavy = {'torch', 'ray', 'zarr', 'tensordict', 'fastjsonschema'}; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+        f"import sys, shardex; heavy = {heavy}; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy)); "
+        "before = set(sys.modules); ds = shardex.open_dataset(sys.argv[1], split='train'); "
+        "ds[0]; print(sorted(set(sys.modules) - before))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == "[]"  # import shardex: no heavy extras, no pyarrow
+    assert out[1] in ("[]", "['mmap']")  # opening and reading an export: no more imports

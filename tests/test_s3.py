@@ -239,56 +239,52 @@ def test_dataloader_style_workers_fork_or_spawn(s3: S3Location) -> None:
 
     _export_s3(s3)
     ds = shardex.open_dataset(s3.url, split="val", storage_options=s3.direct)
-    key = ds[0]["__key__"]  # the parent has read: its requests went through the helper
+    key = ds[0]["__key__"]  # the parent has read: its children cannot use obstore
     assert _in_forked_child(ds) == key
     assert ds[1]["__key__"] != key  # and the parent still reads after the fork
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         assert pool.map(_read_in_child, [pickle.loads(pickle.dumps(ds))] * 2) == [key, key]
 
 
-def test_delegated_reads_from_threads_and_stopped_streams(s3: S3Location) -> None:
+def _forked_child_work(ds: shardex.Dataset, storage: ObjectStorage) -> str:
+    """In a forked child: threads of ds[i], stopped and whole iterations, a write."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shardex.storage import delegate
-
-    _export_s3(s3)
-    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
-    expected = [ds[i] for i in range(len(ds))]
     with ThreadPoolExecutor(4) as pool:  # each thread has its own connection to the helper
-        assert list(pool.map(ds.__getitem__, range(len(ds)))) == expected
-    for _ in range(3):  # iterations stopped early must not leave open streams behind
+        by_threads = list(pool.map(ds.__getitem__, range(len(ds))))
+    for _ in range(3):  # iterations stopped early must not wedge the helper
         it = iter(ds)
         next(it)
         it.close()  # type: ignore[attr-defined]
-    storage = ds.storage  # type: ignore[attr-defined]
-    assert delegate.call(storage.uri, storage._options, "open_handles") == 0
+    with storage.open_writer("from-child") as writer:
+        writer.write(b"written by a forked child")
+    assert by_threads == list(ds)
+    return f"{type(storage._io).__name__} {len(by_threads)}"
 
 
-def test_direct_mode_refuses_a_fork_after_io_clearly(s3: S3Location) -> None:
-    import json
-
+def test_forked_child_of_a_reading_process_uses_a_helper(s3: S3Location) -> None:
     _export_s3(s3)
-    # In a fresh interpreter: after this, that process runs obstore itself.
-    code = (
-        "import json, sys; import shardex; from shardex.storage import ObjectStorage\n"
-        "from test_s3 import _in_forked_child\n"
-        "storage = ObjectStorage(sys.argv[1], json.loads(sys.argv[2]), delegate=False)\n"
-        "ds = shardex.open_dataset(storage, split='val'); ds[0]\n"
-        "print(_in_forked_child(ds))\n"
-    )
-    tests = Path(__file__).parent
-    # test_s3 imports conftest, which imports tests.support: the repository root on the path
-    paths = [str(tests.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
-    out = subprocess.run(
-        [sys.executable, "-c", code, s3.url, json.dumps(s3.direct)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tests,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-    ).stdout
-    assert out.startswith("error:")
-    assert "forkserver" in out
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
+    storage = ObjectStorage(s3.url, s3.direct)
+    assert ds[0]
+    assert storage.exists("config.yaml")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(60)  # a hang becomes an answer
+        try:
+            answer = _forked_child_work(ds, storage)
+        except BaseException as exc:
+            answer = f"error: {type(exc).__name__}: {exc}"
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    answer = os.read(read, 4096).decode()
+    os.close(read)
+    assert answer == f"HelperObjectStorage {len(ds)}"
+    assert storage.get("from-child") == b"written by a forked child"
+    assert type(storage._io).__name__ == "DirectObjectStorage"  # this process: direct
 
 
 def test_cli_reads_and_writes_s3(s3: S3Location, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -376,3 +372,49 @@ def test_reexport_from_s3_refuses_or_skips_a_damaged_sample(s3: S3Location, tmp_
     copied = shardex.open_dataset(tmp_path / "copy", split="train")
     assert row["key"] not in set(copied.metadata.column("key").to_pylist())
     assert len(copied) == len(meta) - 1
+
+
+def test_a_forked_childs_helper_exits_when_the_child_is_killed(s3: S3Location) -> None:
+    import json
+
+    storage = ObjectStorage(s3.url, s3.direct)
+    storage.put("blob", b"x")
+    # A program whose forked child starts a helper, reports both pids, then waits.
+    code = (
+        "import json, os, sys, time\n"
+        "from shardex.storage import ObjectStorage\n"
+        "from shardex.storage import helper\n"
+        "storage = ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))\n"
+        "storage.get('blob')\n"
+        "if os.fork() == 0:\n"
+        "    storage.get('blob')\n"
+        "    print(os.getpid(), helper._helper()._proc.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code, s3.url, json.dumps(s3.direct)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as program:
+        try:
+            assert program.stdout is not None
+            child, helper_pid = map(int, program.stdout.readline().split())
+            assert _alive(helper_pid)
+            os.kill(child, signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while _alive(helper_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _alive(helper_pid)
+        finally:
+            program.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not count: it has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -25,13 +25,21 @@ def test_no_unpickling_and_only_safe_yaml() -> None:
         r"yaml\.unsafe_load": "no unsafe YAML",
         r"torch\.load\((?![^)]*weights_only=True)": "torch.load only with weights_only=True",
     }
+    # The one unpickling allowed: export workers load the work their own Runner pickled
+    # for them (what ProcessPoolExecutor does inside, made explicit so that work needing
+    # the caller's __main__ falls back instead of breaking the pool). Nothing read from
+    # storage goes through it.
+    allowed = {("parallel.py", r"\bpickle\.loads?\(")}
     found = [
         f"{name}: {why}"
         for name, text in _python_sources().items()
         for pattern, why in unsafe.items()
-        if re.search(pattern, text) and not name.startswith("testing/")
+        if re.search(pattern, text)
+        and not name.startswith("testing/")
+        and (name, pattern) not in allowed
     ]
     assert found == []
+    assert len(re.findall(r"\bpickle\.loads?\(", _python_sources()["parallel.py"])) == 2
 
 
 def test_credentials_never_reach_the_export_or_messages(s3: S3Location) -> None:

@@ -328,7 +328,7 @@ def _left_in_shm(before: set[str]) -> set[str]:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_workers_fork_or_spawn_on_local_and_s3(
     where: str, context: str, export: Path, request: pytest.FixtureRequest

@@ -1,25 +1,68 @@
 """shardex: export curated ML datasets to sharded storage and read them back fast.
 
-Importing shardex is light: torch, ray, zarr and tensordict are imported only by the
-modules that use them.
+Importing shardex is light: it loads what opening an export needs (numpy, the index and
+shard readers) and nothing else; the rest of the API (export, verify, the sources, the
+backends' write side, pyarrow) is imported on first use, and torch, ray, zarr and
+tensordict only by the modules that use them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shardex.api import open_dataset, read_config
+
+# The default backend's reader (numpy, the index and tar readers) loads with the package,
+# so that open_dataset in a fresh process imports nothing more; the rest loads on first use.
+from shardex.backends import webdataset as _default_backend  # noqa: F401
 
 __version__ = "0.1.0"
 
-from shardex.api import open_dataset, read_config
-from shardex.backends.registry import get_backend, register_backend
-from shardex.browse import browse  # the function; the package stays shardex.browse in imports
-from shardex.contract import ExportConfig, KeySpec, ShardInfo, SplitInfo
-from shardex.dataset import Dataset
-from shardex.exported import ExportedDataset
-from shardex.exporter import ExportOptions, export
-from shardex.sources import open_source
-from shardex.storage import open_storage
-from shardex.verification import VerifyReport, verify
+# The function (light: the server loads when it is called). Imported now, as the package's
+# name is also the function's: a later import of shardex.browse.app must not replace it.
+from shardex.browse import browse
+
+if TYPE_CHECKING:
+    from shardex.backends.registry import get_backend, register_backend
+    from shardex.contract import ExportConfig, KeySpec, ShardInfo, SplitInfo
+    from shardex.dataset import Dataset
+    from shardex.exported import ExportedDataset
+    from shardex.exporter import ExportOptions, export
+    from shardex.sources import open_source
+    from shardex.storage import open_storage
+    from shardex.verification import VerifyReport, verify
+
+#: Public names imported on first use (PEP 562), by module.
+_LAZY: dict[str, str] = {
+    "get_backend": "shardex.backends.registry",
+    "register_backend": "shardex.backends.registry",
+    "ExportConfig": "shardex.contract",
+    "KeySpec": "shardex.contract",
+    "ShardInfo": "shardex.contract",
+    "SplitInfo": "shardex.contract",
+    "Dataset": "shardex.dataset",
+    "ExportedDataset": "shardex.exported",
+    "ExportOptions": "shardex.exporter",
+    "export": "shardex.exporter",
+    "open_source": "shardex.sources",
+    "open_storage": "shardex.storage",
+    "VerifyReport": "shardex.verification",
+    "verify": "shardex.verification",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardex' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def materialize(spec: Any, output: Any = None, **kwargs: Any) -> ExportConfig:

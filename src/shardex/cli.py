@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import click
 
 from shardex import __version__
-from shardex.errors import SampleNotFoundError, ShardexError
+from shardex.errors import SampleNotFoundError, ShardexError, ShardexWarning
 from shardex.quoting import one_line
 
 _SPLIT_HELP = "Split to use (default: the only split, else each split in turn)."
@@ -62,11 +63,28 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return super().invoke(ctx)
         except ShardexError as exc:
             # one line whatever the message quotes (a file name may hold a newline)
             click.echo(f"error: {one_line(str(exc))}", err=True)
             ctx.exit(1)
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """shardex's warnings as one line, like its errors; others as Python shows them."""
+    if issubclass(category, ShardexWarning):
+        click.echo(f"warning: {one_line(str(message))}", err=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,14 +5,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from shardex.contract import ExportConfig
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:  # pyarrow loads on first use of metadata: opening needs none of it
+    import pyarrow as pa
 
 Sample = dict[str, Any]
 #: What iteration does with a damaged sample: raise (default) or skip and record it.

@@ -17,12 +17,18 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
     ├── ExportReplacedError(ShardexError, RuntimeError)  the export changed since it was opened
     ├── StorageError(ShardexError, OSError)              a storage operation failed
-    │   └── ObjectNotFoundError(StorageError, FileNotFoundError)
+    │   ├── ObjectNotFoundError(StorageError, FileNotFoundError)
+    │   └── BucketNotFoundError(StorageError, FileNotFoundError)  the bucket itself is missing
     ├── FormatError(ShardexError, ValueError)            shard / index bytes are malformed
     │   └── ChecksumError(FormatError)                   bytes read do not match the checksum
     ├── SampleNotFoundError(ShardexError, KeyError)      no sample with that key
     └── BackendError(ShardexError, LookupError)          unknown / unavailable / duplicate backend
         └── MissingDependencyError(BackendError, ImportError)
+
+Warnings::
+
+    ShardexWarning(UserWarning)
+    └── ParallelismWarning(ShardexWarning)               work ran in one process, not workers
 """
 
 from __future__ import annotations
@@ -94,6 +100,10 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object (file) is missing from a storage."""
 
 
+class BucketNotFoundError(StorageError, FileNotFoundError):
+    """The bucket (or container) of an object-store URL does not exist."""
+
+
 class FormatError(ShardexError, ValueError):
     """Shard or index bytes do not follow the format."""
 
@@ -115,3 +125,11 @@ class BackendError(ShardexError, LookupError):
 
 class MissingDependencyError(BackendError, ImportError):
     """An optional dependency is not installed."""
+
+
+class ShardexWarning(UserWarning):
+    """Base class of every warning shardex gives."""
+
+
+class ParallelismWarning(ShardexWarning):
+    """Work meant for worker processes ran in the calling process (the message says why)."""

@@ -1,8 +1,17 @@
 """Ordered parallel map over local processes, or inline for one worker.
 
 Results come back in submission order, so what is written does not depend on the number of
-workers. Workers start with ``forkserver`` (no fork of a process that already runs Arrow
-threads); at most ``2 * workers`` tasks are in flight, which bounds memory.
+workers. Workers start from a fork server (no fork of a process that already runs Arrow
+threads or obstore's runtime); at most ``2 * workers`` tasks are in flight, which bounds
+memory.
+
+Workers never run the caller's ``__main__``: multiprocessing's forkserver and spawn re-run
+it in every worker, which breaks a script without an ``if __name__ == "__main__":`` guard
+(it would export again), ``python -`` (there is no file to run) and notebooks. Here the
+fork server preloads only shardex, and each worker skips that step. Work that needs
+``__main__`` (a function or a source class defined in the script) cannot be unpickled in
+such a worker: the Runner then does all its work in this process, after a one-line
+:class:`~shardex.errors.ParallelismWarning` saying why.
 
 Workers exit when the process that made the pool dies, even by SIGKILL: each watches it
 (a pidfd on Linux, else a poll once a second). The forkserver and the resource tracker
@@ -13,17 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import multiprocessing
+import io
 import os
+import pickle
 import select
 import signal
 import sys
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
+
+from shardex.errors import ParallelismWarning
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -77,16 +92,84 @@ def _watch(owner: int) -> None:
     os._exit(1)
 
 
-def _start_worker(
-    owner: int, initializer: Callable[..., object] | None, initargs: tuple[object, ...]
-) -> None:
+#: The fork server of shardex's pools: preloads shardex, never the caller's __main__ (a
+#: server of its own, so that the caller's forkserver settings stay as they are).
+_SERVER = forkserver.ForkServer()
+_SERVER.set_forkserver_preload(["shardex.parallel"])
+
+
+class _Popen(popen_forkserver.Popen):
+    """popen_forkserver.Popen on :data:`_SERVER`, less the step that runs ``__main__``."""
+
+    def _launch(self, process_obj: Any) -> None:  # pragma: no cover - the stdlib's, adapted
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        prep_data.pop("init_main_from_name", None)
+        prep_data.pop("init_main_from_path", None)
+        buf = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, w = _SERVER.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        parent_w = os.dup(w)  # the child's sentinel of this process
+        close = util.close_fds  # type: ignore[attr-defined]
+        self.finalizer = util.Finalize(self, close, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _Process(context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _Popen:
+        return _Popen(process_obj)
+
+
+class _Context(context.ForkServerContext):
+    Process = _Process
+
+
+@dataclass(frozen=True, slots=True)
+class _Unreadable:
+    """A worker's answer when the work it was sent needs the caller's ``__main__``."""
+
+    reason: str
+
+
+# In a worker: the initializer's unpickling error, if any (then every task is refused).
+_init_error: str | None = None
+
+
+def _start_worker(owner: int, init: bytes) -> None:
+    global _init_error
     _exit_with(owner)
+    try:
+        initializer, initargs = pickle.loads(init)
+    except Exception as exc:  # defined in the caller's __main__, or importable only there
+        _init_error = f"{type(exc).__name__}: {exc}"
+        return
     if initializer is not None:
         initializer(*initargs)
 
 
+def _run_task(task: bytes) -> object:
+    if _init_error is not None:
+        return _Unreadable(_init_error)
+    try:
+        fn, item = pickle.loads(task)
+    except Exception as exc:
+        return _Unreadable(f"{type(exc).__name__}: {exc}")
+    return fn(item)
+
+
 class Runner:
-    """Runs functions over items in order, on ``workers`` processes (inline for 1)."""
+    """Runs functions over items in order, on ``workers`` processes (inline for 1).
+
+    Work that worker processes cannot take (it does not pickle, or it needs the caller's
+    ``__main__``) runs inline instead, after a :class:`ParallelismWarning`.
+    """
 
     def __init__(
         self,
@@ -98,22 +181,33 @@ class Runner:
         self._pool: ProcessPoolExecutor | None = None
         self._init = initializer
         self._initargs = initargs
+        self._inline_ready = False
 
     def __enter__(self) -> Self:
-        if self.workers == 1 and self._init is not None:
-            self._init(*self._initargs)
-        if self.workers > 1:
-            ctx = multiprocessing.get_context("forkserver")
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=ctx,
-                initializer=_start_worker,
-                initargs=(os.getpid(), self._init, self._initargs),
-            )
-            # Start the workers now (they start lazily), so that their start-up (~0.5 s)
-            # overlaps with the caller's own work, such as scanning the source.
+        if self.workers == 1:
+            self._run_inline_init()
+            return self
+        try:
+            init = pickle.dumps((self._init, self._initargs))
+        except Exception as exc:
+            self._fall_back(f"its setup does not pickle ({type(exc).__name__}: {exc})")
+            return self
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=_Context(),
+            initializer=_start_worker,
+            initargs=(os.getpid(), init),
+        )
+        # Start the workers now (they start lazily), so that their start-up (~0.5 s)
+        # overlaps with the caller's own work, such as scanning the source.
+        try:
             for _ in range(self.workers):
                 self._pool.submit(_noop)
+        except Exception as exc:  # no fork server here (a sandbox, an embedded Python)
+            self._fall_back(
+                f"worker processes cannot start ({type(exc).__name__}: {exc})",
+                "workers=1 does the same without this warning",
+            )
         return self
 
     def __exit__(
@@ -122,19 +216,63 @@ class Runner:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._stop(cancel=exc_type is not None)
+
+    def _stop(self, cancel: bool) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
             self._pool = None
+
+    def _run_inline_init(self) -> None:
+        if not self._inline_ready and self._init is not None:
+            self._init(*self._initargs)
+        self._inline_ready = True
+
+    def _fall_back(
+        self, why: str, hint: str = "define what it uses in an importable module to use workers"
+    ) -> None:
+        """Do the rest of the work in this process, saying why once."""
+        warnings.warn(
+            f"running in this process instead of {self.workers} worker processes: {why}; {hint}",
+            ParallelismWarning,
+            stacklevel=4,
+        )
+        self._stop(cancel=True)
+        self.workers = 1
+        self._run_inline_init()
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """``map(fn, items)`` in order; runs ahead by at most ``2 * workers`` items."""
-        if self._pool is None:
-            yield from map(fn, items)
-            return
-        pending: deque[Future[R]] = deque()
+        pending: deque[tuple[Future[object], T]] = deque()
         for item in items:
-            pending.append(self._pool.submit(fn, item))
+            future = self._submit(fn, item)
+            if future is None:  # inline (from the start, or since a fall-back)
+                while pending:
+                    yield self._result(fn, *pending.popleft())
+                yield fn(item)
+                continue
+            pending.append((future, item))
             if len(pending) >= 2 * self.workers:
-                yield pending.popleft().result()
+                yield self._result(fn, *pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield self._result(fn, *pending.popleft())
+
+    def _submit(self, fn: Callable[[T], R], item: T) -> Future[object] | None:
+        if self._pool is None:
+            return None
+        try:
+            task = pickle.dumps((fn, item))
+        except Exception as exc:
+            self._fall_back(f"its work does not pickle ({type(exc).__name__}: {exc})")
+            return None
+        return self._pool.submit(_run_task, task)
+
+    def _result(self, fn: Callable[[T], R], future: Future[object], item: T) -> R:
+        if future.cancelled():  # dropped by a fall-back before a worker took it
+            return fn(item)
+        result = future.result()
+        if isinstance(result, _Unreadable):
+            if self._pool is not None:
+                self._fall_back(f"a worker process cannot load its work ({result.reason})")
+            return fn(item)
+        return result  # type: ignore[return-value]

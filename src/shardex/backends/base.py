@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import pyarrow as pa
-
 from shardex.contract import CONFIG_FILE, FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
-from shardex.parallel import Runner
 from shardex.storage.base import Storage
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for writing only: opening an export imports neither
+    import pyarrow as pa
+
+    from shardex.parallel import Runner
     from shardex.verification import VerifyReport
 
 
@@ -89,7 +89,7 @@ def unused_name(path: str, taken: frozenset[str]) -> str:
 
 
 #: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).
-OnShard = Callable[[pa.Table], None]
+OnShard = Callable[["pa.Table"], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The backend registry: lazy, explicit, and the same for built-ins and plugins.
 
 Built-in backends are ``"module:Class"`` strings, imported only when used. Third-party
-backends register through the ``shardex.backends`` entry-point group (read on first use)
+backends register through the ``shardex.backends`` entry-point group (read on first use
+of a name not registered yet, or of the list)
 or by calling :func:`register_backend`. A name registered twice raises; an unknown name
 lists the known ones; a backend whose optional dependency is missing names the extra to
 install.
@@ -13,7 +14,6 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Final
 
 from shardex.backends.base import Backend
@@ -76,6 +76,8 @@ class Registry:
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
+        from importlib.metadata import entry_points  # ~10 ms: only when plugins are looked up
+
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             self.register(
                 ep.name, ep.value, origin=f"entry point ({ep.dist.name if ep.dist else '?'})"
@@ -116,8 +118,12 @@ class Registry:
             BackendError: no backend has this name, or its target is not a Backend.
             MissingDependencyError: it needs a package that is not installed.
         """
-        self._load_plugins()
+        # Entry points are read only for a name not registered yet: reading them costs
+        # ~20 ms, which every process that opens a built-in backend's export would pay.
         entry = self._entries.get(name)
+        if entry is None:
+            self._load_plugins()
+            entry = self._entries.get(name)
         if entry is None:
             known = ", ".join(sorted(self._entries))
             raise BackendError(f"unknown backend {name!r}; known backends: {known}")

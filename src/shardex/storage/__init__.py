@@ -12,7 +12,8 @@ from typing import Any
 from shardex.errors import ConfigError
 from shardex.storage.base import ObjectWriter, RangeReader, Storage
 from shardex.storage.local import LocalStorage
-from shardex.storage.object import SCHEMES, ObjectStorage
+from shardex.storage.object import ObjectStorage
+from shardex.storage.options import SCHEMES
 
 __all__ = [
     "LocalStorage",

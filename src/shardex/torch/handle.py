@@ -4,8 +4,7 @@ DataLoader workers receive datasets by fork (a copy of the parent's memory) or b
 (a pickle). A forked worker keeps the opened split: its file descriptors and object-store
 client are remade per process by the storage layer. A spawned worker gets only the
 storage, the split name and the flags, and opens the split itself (the index is read from
-the local cache, so this costs one small GET on object storage). The pickled storage
-remembers which process created it, so a worker never starts a helper process of its own.
+the local cache, so this costs one small GET on object storage).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,8 +29,6 @@ from shardex.backends.base import (
     unused_name,
 )
 from shardex.backends.webdataset.reader import ShardDataset
-from shardex.backends.webdataset.stored import stored_samples
-from shardex.backends.webdataset.verify import verify_split
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
 from shardex.format.index import (
@@ -42,9 +40,11 @@ from shardex.format.index import (
     key_hash,
     to_npy_bytes,
 )
-from shardex.format.shard import ShardJob, write_shard
-from shardex.parallel import Runner
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:  # for writing only: opening an export imports neither
+    from shardex.format.shard import ShardJob
+    from shardex.parallel import Runner
 
 
 def shard_stem(split: str, name_hash: str, number: int) -> str:
@@ -80,15 +80,21 @@ class WebDatasetBackend(Backend):
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
     ) -> None:
+        from shardex.backends.webdataset.verify import verify_split  # (pyarrow: loaded to verify, not to open)
+
         verify_split(storage, config, split, check.report, check.deep, check.bar)
 
     def stored_samples(self, dataset: Dataset, keys: list[str]) -> Iterator[StoredSample] | None:
         assert isinstance(dataset, ShardDataset)  # what open() builds
+        from shardex.backends.webdataset.stored import stored_samples
+
         return stored_samples(dataset, keys)
 
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
+        from shardex.format.shard import write_shard
+
         before = plan.previous
         first = len(before.shards) if before is not None else 0
         other_hash = second_hash(plan.name_hash)
@@ -158,6 +164,8 @@ def _job(
     other = second if committed == usual else usual
     held = f"{committed}.tar" in plan.existing
     stem = committed if held else usual
+    from shardex.format.shard import ShardJob
+
     return ShardJob(
         storage,
         f"{stem}.tar",

@@ -6,14 +6,12 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 from xxhash import xxh3_64_intdigest as _xxh3
 
-from shardex.backends.metadata import read_metadata
 from shardex.codecs.fields import decode_fields
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.dataset import OnReadError, Sample, SampleRanges
@@ -30,6 +28,9 @@ from shardex.format.index import SplitIndex, checksum_seeds, key_hash
 from shardex.format.tar import iter_members, parse_sample, split_name
 from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
+
+if TYPE_CHECKING:  # pyarrow loads on first use of metadata: opening needs none of it
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +426,8 @@ class ShardDataset(SampleRanges):
     @cached_property
     def metadata(self) -> pa.Table:
         try:
+            from shardex.backends.metadata import read_metadata
+
             return read_metadata(self.storage, self.config, self.split)
         except (FormatError, ObjectNotFoundError) as exc:
             self._check_replaced(exc)

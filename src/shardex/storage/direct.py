@@ -1,0 +1,395 @@
+"""Object-store requests made by this process itself, through obstore.
+
+One ranged GET per ``get_range``; writes stream as multipart uploads with a few parts in
+memory and become visible only when completed, so an aborted write leaves nothing.
+
+obstore's I/O runtime does not survive ``os.fork()``: a child forked from a process whose
+runtime has run hangs on its first request, even with a new store (obstore 0.12.1). This
+module records which process started the runtime (:func:`forked_after_io`);
+:class:`shardex.storage.object.ObjectStorage` uses it to send such a child's requests to a
+helper process instead (see :mod:`shardex.storage.helper`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from datetime import timedelta
+from typing import Any, Final, TypeVar
+
+from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
+from shardex.storage.base import ObjectWriter, Storage, checked_path
+from shardex.storage.failures import storage_error
+from shardex.storage.options import (
+    CLIENT_OPTIONS,
+    DEFAULT_RETRY_TIMEOUT,
+    duration,
+    retry_config,
+    setting,
+)
+
+T = TypeVar("T")
+
+#: Bytes per multipart part; with MAX_PARTS_IN_FLIGHT, a writer holds at most ~32 MiB.
+PART_SIZE: Final = 8 * 1024 * 1024
+MAX_PARTS_IN_FLIGHT: Final = 4
+#: Concurrent requests of one batch of ranged reads.
+MAX_CONCURRENT_READS: Final = 32
+
+# The pid of the process whose obstore runtime was started by shardex (None before any).
+_runtime_pid: int | None = None
+
+
+def forked_after_io() -> bool:
+    """Whether this process was forked from one whose obstore runtime had started, so
+    that obstore would hang here."""
+    return _runtime_pid is not None and _runtime_pid != os.getpid()
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "object storage needs obstore: pip install 'shardex[s3]'"
+        ) from exc
+    return obstore
+
+
+class _Loop:
+    """One event loop per process on a daemon thread, for batches of concurrent reads."""
+
+    def __init__(self) -> None:
+        import asyncio  # here: asyncio costs ~15 ms to import, and only batches use it
+
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="shardex-object-io"
+        ).start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+_loop: _Loop | None = None
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    global _loop
+    if _loop is None or _loop.pid != os.getpid():
+        _loop = _Loop()
+    return _loop.run(coro)
+
+
+class DirectObjectStorage(Storage):
+    """Objects under ``uri``, requested by this process through obstore.
+
+    Args:
+        uri: the root URL, without a trailing slash.
+        options: checked and merged options (see :mod:`shardex.storage.options`).
+    """
+
+    def __init__(self, uri: str, options: dict[str, Any]) -> None:
+        self.uri = uri
+        self._options = options
+        self._store: Any = None
+
+    def __repr__(self) -> str:  # no options: they may hold credentials
+        return f"DirectObjectStorage({self.uri!r})"
+
+    @property
+    def retry_timeout(self) -> timedelta:
+        value = self._options.get("retry_timeout")
+        return DEFAULT_RETRY_TIMEOUT if value is None else duration(value, "retry_timeout")
+
+    def _client(self) -> Any:
+        global _runtime_pid
+        if self._store is None:
+            self._store = self._make_store()
+            _runtime_pid = os.getpid()
+        return self._store
+
+    def _make_store(self) -> Any:
+        from obstore.store import from_url
+
+        options = {k: v for k, v in self._options.items() if v is not None}
+        config: dict[str, Any] = {}
+        client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
+        for name, value in options.items():
+            if name.lower() in CLIENT_OPTIONS:
+                client[name.lower()] = value if isinstance(value, bool) else str(value)
+            elif name not in ("profile", "retry_timeout"):
+                config[setting(self.uri, name)] = value if isinstance(value, bool) else str(value)
+        endpoint = str(config.get("endpoint", ""))
+        if endpoint.startswith("http://") or self.uri.startswith("http://"):
+            client.setdefault("allow_http", True)
+        kwargs: dict[str, Any] = {
+            "client_options": client,
+            "retry_config": retry_config(self.retry_timeout),
+        }
+        if options.get("profile"):
+            kwargs["credential_provider"] = _profile_credentials(str(options["profile"]))
+        try:
+            return from_url(self.uri, config=config or None, **kwargs)  # type: ignore[arg-type]
+        except Exception as exc:  # obstore rejects bad options with several types
+            raise ConfigError(f"cannot use {self.uri}: {str(exc).splitlines()[0]}") from exc
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self._client(), *args, **kwargs)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise storage_error(exc, what, self._options) from exc
+
+    def get(self, path: str) -> bytes:
+        checked_path(path, self.uri)
+        result = self._call(self.join(path), _obstore().get, path)
+        return bytes(result.bytes())
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        checked_path(path, self.uri)
+        if length == 0:
+            return b""
+        data = self._call(self.join(path), _obstore().get_range, path, start=start, length=length)
+        return bytes(data)
+
+    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
+
+    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """Ranged GETs of several objects, at most MAX_CONCURRENT_READS at a time.
+
+        Each range is its own request: obstore's ``get_ranges`` would merge ranges up to
+        1 MiB apart into one GET, fetching far more than asked.
+        """
+        if len(requests) <= 1:
+            return [self.get_range(*r) for r in requests]
+        for path in {r[0] for r in requests}:
+            checked_path(path, self.uri)
+        import asyncio
+
+        obstore, store = _obstore(), self._client()
+
+        async def gather() -> list[bytes]:
+            limit = asyncio.Semaphore(MAX_CONCURRENT_READS)
+
+            async def one(path: str, start: int, length: int) -> bytes:
+                async with limit:
+                    data = await obstore.get_range_async(store, path, start=start, length=length)
+                return bytes(data)
+
+            return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+        try:
+            return _run(gather())
+        except Exception as exc:
+            where = f"{self.uri} (one of {len(requests)} ranged reads)"
+            raise storage_error(exc, where, self._options) from exc
+
+    def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        """The object as a stream: one GET, read as chunks arrive, the next chunk fetched
+        while the caller works on this one (at most three chunks in memory)."""
+        checked_path(path, self.uri)
+        return _read_ahead(self._chunks(path, chunk_size))
+
+    def _chunks(self, path: str, chunk_size: int) -> Iterator[bytes]:
+        try:
+            # obstore itself resumes a body broken mid-way (a ranged GET of the rest),
+            # under the same retry settings as every request
+            result = _obstore().get(self._client(), path)
+            for chunk in result.stream(min_chunk_size=chunk_size):
+                yield bytes(chunk)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise storage_error(exc, self.join(path), self._options) from exc
+
+    def size(self, path: str) -> int:
+        checked_path(path, self.uri)
+        return int(self._call(self.join(path), _obstore().head, path)["size"])
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.size(path)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        def walk() -> list[str]:
+            names: list[str] = []
+            for batch in _obstore().list(self._client(), prefix=prefix or None):
+                names.extend(str(meta["path"]) for meta in batch)
+            return names
+
+        try:
+            return iter(sorted(walk()))
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise storage_error(exc, f"{self.uri}/{prefix}", self._options) from exc
+
+    def delete(self, path: str) -> None:
+        checked_path(path, self.uri)
+        self._call(self.join(path), _obstore().delete, path)
+
+    def rename(self, source: str, target: str) -> None:
+        checked_path(source, self.uri)
+        checked_path(target, self.uri)
+        self._call(self.join(source), _obstore().rename, source, target)
+
+    def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        checked_path(path, self.uri)
+        self._call(
+            self.join(path),
+            _obstore().put,
+            path,
+            bytes(data),
+            chunk_size=PART_SIZE,
+            max_concurrency=MAX_PARTS_IN_FLIGHT,
+        )
+
+    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
+        try:
+            result = self._call(self.join(path), _obstore().get, path)
+        except ObjectNotFoundError:
+            return None
+        return bytes(result.bytes()), str(result.meta["e_tag"])
+
+    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
+        """A conditional put: ``If-None-Match: *`` (tag None) or ``If-Match: tag``."""
+        obstore = _obstore()
+        mode: Any = "create" if tag is None else {"e_tag": tag}
+        try:
+            result = obstore.put(self._client(), path, bytes(data), mode=mode, use_multipart=False)
+        except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+            return None
+        except FileNotFoundError:  # If-Match on an object that is gone
+            return None
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise storage_error(exc, self.join(path), self._options) from exc
+        return str(result["e_tag"])
+
+    def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
+        """A presigned GET URL of an object."""
+        checked_path(path, self.uri)
+        return str(self._call(self.join(path), _obstore().sign, "GET", path, expires_in))
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        checked_path(path, self.uri)
+        try:
+            writer = _obstore().open_writer(
+                self._client(), path, buffer_size=PART_SIZE, max_concurrency=MAX_PARTS_IN_FLIGHT
+            )
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise storage_error(exc, self.join(path), self._options) from exc
+        return _MultipartWriter(writer, self.join(path), self._options)
+
+
+_DONE: Final = object()
+
+
+def _read_ahead(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """``chunks``, pulled one ahead by a thread: the network wait for the next chunk
+    overlaps the caller's work on this one (parsing and checking the samples of a
+    stream), which otherwise adds up (iteration ran at ~0.7 of a plain GET of the shard).
+    Stopping early (``close()``) ends the request."""
+    import queue
+
+    ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        """Hand ``item`` over, unless the caller stopped reading (then False)."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pull() -> None:
+        try:
+            for chunk in chunks:
+                if not offer(chunk):
+                    return
+            offer(_DONE)
+        except BaseException as exc:  # raised in the caller, in order
+            offer(exc)
+        finally:
+            chunks.close()  # type: ignore[attr-defined]  # a generator: drops the response
+
+    thread = threading.Thread(target=pull, daemon=True, name="shardex-read-ahead")
+    thread.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        # Not joined: the thread may wait for a chunk of a slow server; it ends (and ends
+        # the request) within 0.1 s of that chunk arriving, or when the request fails.
+        stop.set()
+
+
+class _MultipartWriter(ObjectWriter):
+    """obstore's writer: parts upload as they fill; completing makes the object appear."""
+
+    def __init__(self, writer: Any, where: str, options: dict[str, Any]) -> None:
+        self._w = writer
+        self._where = where
+        self._options = options
+        self._pos = 0
+        self._done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._w.write(data)
+        except Exception as exc:
+            self.abort()
+            raise storage_error(exc, self._where, self._options) from exc
+        self._pos += len(data)
+
+    @property
+    def tell(self) -> int:
+        return self._pos
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._w.close()
+        except Exception as exc:
+            raise storage_error(exc, self._where, self._options) from exc
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        # Leaving obstore's writer through an exception aborts the multipart upload.
+        error = RuntimeError("aborted")
+        with contextlib.suppress(Exception):  # already gone: nothing is visible either way
+            self._w.__exit__(type(error), error, None)
+
+
+def _profile_credentials(profile: str) -> Any:
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the AWS profile {profile!r} needs boto3: pip install boto3"
+        ) from exc
+    return Boto3CredentialProvider(boto3.Session(profile_name=profile))

@@ -1,0 +1,304 @@
+"""Object-store requests made by a helper process, for processes that cannot make them.
+
+A process forked from one whose obstore runtime has started cannot use obstore (it would
+hang, see :mod:`shardex.storage.direct`). Such a process, typically a forked DataLoader
+worker, starts one helper of its own on its first request and sends it every request.
+
+The helper is a fresh interpreter (``subprocess``, not ``multiprocessing``) whose main
+module is shardex's, so it never runs the user's ``__main__`` (a script without an
+``if __name__ == "__main__":`` guard, ``python -c``, stdin, a notebook: all work). It
+exits when its owner closes or loses the pipe on the helper's stdin, SIGKILL included.
+Each calling thread has its own connection, served by its own thread there.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from shardex.errors import StorageError
+from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.direct import DirectObjectStorage as _Direct
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+#: The helper's whole main module: find this shardex, then serve.
+_BOOT = (
+    "import sys; sys.path.insert(0, {root!r}); from shardex.storage.helper import serve; serve()"
+)
+
+_client: _Client | None = None
+_client_lock = threading.Lock()
+
+
+def _helper() -> _Client:
+    """This process's helper, started on first use (and again in a forked child)."""
+    global _client
+    with _client_lock:
+        if _client is None or _client.pid != os.getpid() or not _client.alive:
+            _client = _Client()
+        return _client
+
+
+class _Client:
+    """The helper process and this process's per-thread connections to it."""
+
+    def __init__(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.pid = os.getpid()
+        self._key = os.urandom(16)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT.format(root=root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        self._proc.stdin.write(self._key.hex().encode() + b"\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline().decode().strip()
+        if not line:
+            self._proc.wait()
+            raise StorageError(
+                f"the object-storage helper process ({sys.executable}) did not start "
+                f"(exit status {self._proc.returncode}); its errors are above"
+            )
+        self._address: str = ast.literal_eval(line)
+        self._local = threading.local()
+        atexit.register(self.close)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def call(self, message: tuple[Any, ...]) -> Any:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        try:
+            if conn is None:
+                from multiprocessing.connection import Client
+
+                conn = self._local.conn = Client(self._address, authkey=self._key)
+            conn.send(message)
+            status, value = conn.recv()
+        except (EOFError, OSError) as exc:
+            raise StorageError(f"the object-storage helper process stopped ({exc})") from exc
+        if status == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        if os.getpid() != self.pid:  # a forked child inherited this at-exit call
+            return
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()  # type: ignore[union-attr]  # the helper exits on EOF
+        try:
+            self._proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class HelperObjectStorage(Storage):
+    """The same storage as ``DirectObjectStorage(uri, options)``, run by the helper."""
+
+    def __init__(self, uri: str, options: dict[str, Any]) -> None:
+        self.uri = uri
+        self._options = options
+
+    def __repr__(self) -> str:  # no options: they may hold credentials
+        return f"HelperObjectStorage({self.uri!r})"
+
+    def _run(self, op: Callable[..., Any], *args: Any, keep: bool = False) -> Any:
+        return _helper().call((self.uri, self._options, op, args, keep))
+
+    def get(self, path: str) -> bytes:
+        return self._run(_Direct.get, path)  # type: ignore[no-any-return]
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        return self._run(_Direct.get_range, path, start, length)  # type: ignore[no-any-return]
+
+    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
+
+    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        return self._run(_Direct.get_range_batch, list(requests))  # type: ignore[no-any-return]
+
+    def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        stream = self._run(_Direct.iter_chunks, path, chunk_size, keep=True)
+        finished = False
+        try:
+            while (chunk := _helper().call((None, None, _next, (stream,), False))) is not None:
+                yield chunk
+            finished = True
+        finally:
+            if not finished:  # stopped early: let the helper drop the response
+                _helper().call((None, None, _close, (stream,), False))
+
+    def size(self, path: str) -> int:
+        return int(self._run(_Direct.size, path))
+
+    def exists(self, path: str) -> bool:
+        return bool(self._run(_Direct.exists, path))
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return iter(self._run(_list, prefix))
+
+    def delete(self, path: str) -> None:
+        self._run(_Direct.delete, path)
+
+    def rename(self, source: str, target: str) -> None:
+        self._run(_Direct.rename, source, target)
+
+    def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        self._run(_Direct.put, path, bytes(data))
+
+    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
+        return self._run(_Direct.get_tagged, path)  # type: ignore[no-any-return]
+
+    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
+        return self._run(_Direct.put_if, path, bytes(data), tag)  # type: ignore[no-any-return]
+
+    def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
+        return str(self._run(_Direct.presign, path, expires_in))
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        return _HelperWriter(self._run(_Direct.open_writer, path, keep=True))
+
+
+def _list(storage: Storage, prefix: str) -> list[str]:
+    return list(storage.list(prefix))
+
+
+def _next(stream: Iterator[bytes]) -> bytes | None:
+    return next(stream, None)
+
+
+def _close(stream: Iterator[bytes]) -> None:
+    stream.close()  # type: ignore[attr-defined]  # a generator: drops the HTTP response
+
+
+def _write(writer: ObjectWriter, data: bytes) -> None:
+    writer.write(data)
+
+
+def _commit(writer: ObjectWriter) -> None:
+    writer.commit()
+
+
+def _abort(writer: ObjectWriter) -> None:
+    writer.abort()
+
+
+class _HelperWriter(ObjectWriter):
+    """A multipart write made by the helper process on behalf of this one."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle, self._pos, self._done = handle, 0, False
+
+    def _run(self, op: Callable[..., Any], *args: Any) -> None:
+        _helper().call((None, None, op, (self._handle, *args), False))
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._run(_write, bytes(data))
+        self._pos += len(data)
+
+    @property
+    def tell(self) -> int:
+        return self._pos
+
+    def commit(self) -> None:
+        if not self._done:
+            self._done = True
+            self._run(_commit)
+
+    def abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self._run(_abort)
+
+
+class _State:
+    """What the helper keeps between requests: stores, open writers and streams."""
+
+    def __init__(self) -> None:
+        self.stores: dict[tuple[str, str], Storage] = {}
+        self.handles: dict[int, Any] = {}  # writer and stream ids -> objects
+        self.ids = itertools.count()
+        self.lock = threading.Lock()
+
+    def store(self, uri: str, options: dict[str, Any]) -> Storage:
+        name = (uri, repr(sorted(options.items())))
+        with self.lock:
+            if name not in self.stores:
+                self.stores[name] = _Direct(uri, options)
+            return self.stores[name]
+
+    def run(
+        self,
+        uri: str | None,
+        options: Any,
+        op: Callable[..., Any],
+        args: tuple[Any, ...],
+        keep: bool,
+    ) -> Any:
+        if uri is None:  # an operation on a kept writer or stream
+            handle_id, *rest = args
+            result = op(self.handles[handle_id], *rest)
+            if op in (_commit, _abort, _close) or (op is _next and result is None):
+                self.handles.pop(handle_id, None)
+            return result
+        result = op(self.store(uri, options), *args)
+        if not keep:
+            return result
+        with self.lock:
+            handle_id = next(self.ids)
+            self.handles[handle_id] = result
+        return handle_id
+
+
+def serve() -> None:  # pragma: no cover - runs in the helper
+    """The helper's main: read the key, listen, serve until stdin closes."""
+    from multiprocessing.connection import Listener
+
+    key = bytes.fromhex(sys.stdin.buffer.readline().decode().strip())
+    state = _State()
+    # An abstract socket on Linux: no file to clean up, as the helper ends by os._exit
+    address = f"\0shardex-helper-{os.urandom(8).hex()}" if sys.platform == "linux" else None
+    listener = Listener(address, family="AF_UNIX", authkey=key)
+    sys.stdout.write(f"{listener.address!r}\n")
+    sys.stdout.flush()
+
+    def watch() -> None:  # the owner is gone (or closed us): exit
+        with contextlib.suppress(OSError):
+            sys.stdin.buffer.read()
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    while True:
+        conn = listener.accept()
+        threading.Thread(target=_serve_connection, args=(conn, state), daemon=True).start()
+
+
+def _serve_connection(conn: Connection, state: _State) -> None:  # pragma: no cover
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send(("ok", state.run(*message)))
+        except BaseException as exc:  # sent back and raised in the caller
+            try:
+                conn.send(("error", exc))
+            except Exception:
+                conn.send(("error", StorageError(f"{type(exc).__name__}: {exc}")))

@@ -1,0 +1,180 @@
+"""Object-store options: the names users may give, their checks, and the environment.
+
+Options are checked and merged with the standard ``AWS_*`` environment variables once,
+where a storage is made, so that a storage carries them to worker processes (whose
+environment may be older) and obstore never sees a name it would panic on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from datetime import timedelta
+from typing import Any, Final
+
+from shardex.errors import ConfigError
+
+SCHEMES: Final = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "http://", "https://")
+#: How long a request is retried (connection refused or dropped, timeouts, 5xx, throttling)
+#: before it fails; storage option ``retry_timeout``. 403 and 404 are never retried.
+DEFAULT_RETRY_TIMEOUT: Final = timedelta(minutes=2)
+#: Retries back off from 100 ms, doubling up to 4 s (with jitter): a server back after a
+#: restart is seen within about 4 s.
+_BACKOFF: Final = {
+    "init_backoff": timedelta(milliseconds=100),
+    "max_backoff": timedelta(seconds=4),
+    "base": 2.0,
+}
+
+
+def retry_config(budget: timedelta) -> dict[str, Any]:
+    """obstore's retry settings for a time budget: every request made through the store
+    (multipart parts included) is retried until ``budget`` has passed since its first try;
+    the count is only a backstop, set so that the budget is what ends the retries (the
+    backoff is jittered down to ~0 and a refused connection fails at once, so a count of
+    one per 10 ms of budget is never reached first)."""
+    return {
+        "max_retries": max(10, int(budget.total_seconds() * 100)),
+        "retry_timeout": budget,
+        "backoff": _BACKOFF,
+    }
+
+
+#: Options users may pass (CLI flags --s3-endpoint-url, --s3-region, --s3-profile).
+_OPTION_NAMES: Final = {"endpoint_url": "endpoint", "region": "region"}
+#: shardex's own options; ``retry_timeout`` is the retry budget of every request.
+_SHARDEX_OPTIONS: Final = frozenset({"endpoint_url", "region", "profile", "retry_timeout"})
+#: Options of the HTTP client rather than the store (obstore 0.12's ClientConfig):
+#: durations such as "500ms", "60s", flags as bools.
+CLIENT_OPTIONS: Final = frozenset(
+    {
+        "allow_http", "allow_invalid_certificates", "connect_timeout", "default_content_type",
+        "http1_only", "http2_keep_alive_interval", "http2_keep_alive_timeout",
+        "http2_keep_alive_while_idle", "http2_only", "pool_idle_timeout",
+        "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
+        "randomize_addresses", "read_timeout", "timeout", "user_agent",
+    }
+)  # fmt: skip
+#: Store options by scheme (obstore 0.12's S3Config, GCSConfig, AzureConfig), and the
+#: prefix obstore also accepts on them (``aws_region``, ``AWS_REGION``).
+_STORE_OPTIONS: Final = {
+    "s3": ("aws_", frozenset({
+        "access_key_id", "bucket", "checksum_algorithm", "conditional_put",
+        "container_credentials_relative_uri", "container_credentials_full_uri",
+        "container_authorization_token_file", "copy_if_not_exists", "default_region",
+        "disable_tagging", "disable_bulk_delete", "endpoint", "metadata_endpoint", "region",
+        "request_payer", "role_arn", "role_session_name", "secret_access_key",
+        "server_side_encryption", "session_token", "skip_signature", "sse_bucket_key_enabled",
+        "sse_kms_key_id", "sts_endpoint", "unsigned_payload", "virtual_hosted_style_request",
+        "web_identity_token_file",
+    })),
+    "gs": ("google_", frozenset({
+        "service_account", "service_account_key", "base_url", "bucket",
+        "application_credentials", "skip_signature",
+    })),
+    "az": ("azure_", frozenset({
+        "account_name", "account_key", "client_id", "client_secret", "tenant_id",
+        "authority_host", "sas_key", "token", "use_emulator", "use_fabric_endpoint",
+        "endpoint", "msi_endpoint", "object_id", "msi_resource_id", "federated_token_file",
+        "use_azure_cli", "skip_signature", "container_name", "disable_tagging",
+        "fabric_token_service_url", "fabric_workload_host", "fabric_session_token",
+        "fabric_cluster_identifier",
+    })),
+    "http": ("", frozenset()),
+}  # fmt: skip
+_SCHEME_KIND: Final = {
+    "s3": "s3", "s3a": "s3", "gs": "gs", "az": "az", "abfs": "az", "abfss": "az",
+    "http": "http", "https": "http",
+}  # fmt: skip
+_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|min|h)?\s*$")
+
+
+def duration(value: Any, name: str) -> timedelta:
+    """A duration option: seconds as a number, or "500ms", "30s", "2m", "1h"."""
+    if isinstance(value, timedelta):
+        return value
+    match = None if isinstance(value, bool) else _DURATION.match(str(value))
+    if match is None:
+        raise ConfigError(
+            f"storage option {name!r} must be a duration such as 30 (seconds), '500ms', "
+            f"'30s' or '2m', not {value!r}"
+        )
+    scale = {"ms": 0.001, None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[match.group(2)]
+    return timedelta(seconds=float(match.group(1)) * scale)
+
+
+def setting(uri: str, name: str) -> str:
+    """The setting an option name stands for: ``AWS_REGION``, ``aws_region`` and
+    ``region`` are one; ``endpoint_url`` is ``endpoint``."""
+    prefix = _STORE_OPTIONS[_SCHEME_KIND[uri.split("://", 1)[0].lower()]][0]
+    bare = name.lower()
+    bare = bare[len(prefix) :] if prefix and bare.startswith(prefix) else bare
+    return _OPTION_NAMES.get(bare, bare)
+
+
+def merge_options(uri: str, given: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:
+    """The options of a store: the given ones, checked, over those of the environment
+    (an environment variable gives way to the same setting given under any name)."""
+    check_options(uri, given)
+    taken = {setting(uri, name) for name, value in given.items() if value is not None}
+    kept = {k: v for k, v in environment.items() if setting(uri, k) not in taken}
+    return {**kept, **given}
+
+
+def check_options(uri: str, options: dict[str, Any]) -> None:
+    """Refuse option names obstore does not know (it panics on some), values that are
+    not text, numbers or flags, and one setting given twice; name the nearest option."""
+    store = _STORE_OPTIONS[_SCHEME_KIND[uri.split("://", 1)[0].lower()]][1]
+    known = _SHARDEX_OPTIONS | CLIENT_OPTIONS | store | set(_OPTION_NAMES.values())
+    seen: dict[str, str] = {}
+    for name, value in options.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"storage option names must be text, not {name!r}")
+        bare = setting(uri, name)
+        if bare not in known:
+            near = difflib.get_close_matches(bare, sorted(known), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ConfigError(
+                f"unknown storage option {name!r} for {uri}; {hint}known options: "
+                f"{', '.join(sorted(known))}"
+            )
+        if bare in seen and value is not None:
+            raise ConfigError(
+                f"storage options {seen[bare]!r} and {name!r} name the same setting; "
+                "give one of them"
+            )
+        if value is not None:
+            seen[bare] = name
+        allowed = (
+            (str, bool, int, float, timedelta)
+            if bare == "retry_timeout"
+            else (str, bool, int, float)
+        )
+        if value is not None and not isinstance(value, allowed):
+            raise ConfigError(
+                f"storage option {name!r} must be text, a number or a bool, not "
+                f"{type(value).__name__}"
+            )
+    if options.get("retry_timeout") is not None:
+        duration(options["retry_timeout"], "retry_timeout")
+
+
+_ENVIRONMENT: Final = {
+    "AWS_ACCESS_KEY_ID": "access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_REGION": "region",
+    "AWS_DEFAULT_REGION": "region",
+    "AWS_ENDPOINT_URL": "endpoint_url",
+    "AWS_PROFILE": "profile",
+}
+
+
+def from_environment() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for variable, option in _ENVIRONMENT.items():
+        value = os.environ.get(variable)
+        if value and option not in found:
+            found[option] = value
+    return found
