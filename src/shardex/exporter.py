@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -50,6 +51,7 @@ from shardex.contract import (
     SourceInfo,
     SplitInfo,
 )
+from shardex.engine.write import SplitRows
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
@@ -57,9 +59,10 @@ from shardex.errors import (
     ObjectNotFoundError,
     OutputExistsError,
     ShardexError,
+    SourceError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
-from shardex.format.shard import JSON_COLUMN, parquet_file, sample_sizes
+from shardex.format.shard import JSON_COLUMN, SampleCheck, parquet_file, sample_sizes
 from shardex.format.tables import read_checked_table
 from shardex.options import ExportOptions, Mode, OnError, parse_split_fractions
 from shardex.parallel import Runner
@@ -76,6 +79,7 @@ from shardex.planning import (
     split_names,
 )
 from shardex.progress import Progress
+from shardex.rows import Members
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage, open_storage
@@ -240,17 +244,27 @@ class _Prepared:
     with_label: bool
     write_label: bool
     label_names: tuple[str, ...] | None
+    #: The members of ``table`` (for backends that write shard by shard).
+    members: Members | None = None
+
+    def in_memory(self) -> bool:
+        """Whether most of the samples' bytes are in this process (an in-memory source):
+        then they are written here, as pickling them to workers costs more."""
+        m = self.members
+        return m is not None and m.inline_bytes() * 2 > int(m.size.sum())
 
 
 def _prepare(
     src: Source,
     opts: ExportOptions,
-    runner: Runner,
+    runner: Runner | None,
     bars: Progress,
     previous: ExportConfig | None = None,
     taken: frozenset[str] = frozenset(),
 ) -> _Prepared:
-    """Scan, check, split and select keys; nothing is written yet.
+    """Scan, check, split and select keys; nothing is written yet. Images are checked
+    here only without a runner's absence: ``runner=None`` leaves them to the shard writer
+    (one pass over the bytes).
 
     When appending, ``previous`` is the committed export: its split rule, label names and
     keys apply to the new samples, and ``taken`` are its keys.
@@ -259,7 +273,13 @@ def _prepare(
     scan = src.scan()
     scanning.done()
     table, skipped = check_samples(
-        fixed_lists(scan.table), opts, runner, bars, taken, scan.left_out
+        fixed_lists(scan.table),
+        opts,
+        runner or Runner(1),
+        bars,
+        taken,
+        scan.left_out,
+        images=runner is not None,
     )
     if table.num_rows == 0:
         raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
@@ -300,6 +320,7 @@ def _prepare(
         with_label=with_label,
         write_label=write_label,
         label_names=label_names,
+        members=Members.of(table.column(MEMBERS)) if runner is None else None,
     )
 
 
@@ -343,8 +364,9 @@ def _contract(
     fingerprint: str,
     errors_file: str | None,
     previous: ExportConfig | None = None,
+    num_skipped: int = 0,
 ) -> ExportConfig:
-    """The config.yaml of what was written."""
+    """The config.yaml of what was written (``num_skipped``: samples skipped in all)."""
     table = prep.table
     num_classes = None
     if prep.with_label:
@@ -391,7 +413,7 @@ def _contract(
             **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
         },
         errors_file=errors_file,
-        num_skipped=len(prep.skipped) + (previous.num_skipped if previous else 0),
+        num_skipped=num_skipped + (previous.num_skipped if previous else 0),
         extra=dict(opts.extra),
         fields=prep.fields,
     )
@@ -458,16 +480,43 @@ def export(
         previous = read_config(storage) if opts.mode == "append" else None
         if previous is not None:
             opts = _appending_options(opts, previous)
-        with Progress(progress) as bars, runner or Runner(opts.workers) as runner:
+        with Progress(progress) as bars:
             taken = _exported_keys(storage, previous)
-            prep = _prepare(src, opts, runner, bars, previous, taken)
-            _record_intent(storage, opts.mode, command)  # before the first file is written
-            written, digests, metadata_file, metadata_checksum = _write_splits(
-                storage, backend, prep, opts, runner, bars, previous, committed
-            )
-            errors_file, errors_checksum = _write_errors(storage, prep.skipped, previous, committed)
+            one_pass = backend.writes_shards
+            prep = _prepare(src, opts, None, bars, previous, taken) if one_pass else None
+            workers = 1 if prep is not None and prep.in_memory() else opts.workers
+            intent_before = _read_intent_bytes(storage)
+            writing = False
+            try:
+                with runner or Runner(workers) as pool:
+                    if prep is None:
+                        prep = _prepare(src, opts, pool, bars, previous, taken)
+                    skipped = list(prep.skipped)
+                    _record_intent(storage, opts.mode, command)  # before the first write
+                    writing = True
+                    written, digests, metadata_file, metadata_checksum = _write_splits(
+                        storage, backend, prep, opts, pool, bars, previous, committed, skipped
+                    )
+                if sum(i.num_samples for i in written.values()) == 0:
+                    raise EmptySourceError(
+                        f"every sample of {src.uri} was skipped; nothing to export"
+                    )
+            except SourceError:
+                # a sample refused while writing (the workers are done): undo this run
+                if writing:
+                    _undo(storage, old_files, committed, intent_before)
+                raise
+            errors_file, errors_checksum = _write_errors(storage, skipped, previous, committed)
             config = _contract(
-                prep, src, opts, backend.name, written, _fingerprint(digests), errors_file, previous
+                prep,
+                src,
+                opts,
+                backend.name,
+                written,
+                _fingerprint(digests),
+                errors_file,
+                previous,
+                num_skipped=len(skipped),
             )
             config = dataclasses.replace(
                 config,
@@ -530,6 +579,29 @@ def _record_intent(storage: Storage, mode: Mode, command: str) -> None:
     """Before anything is written: which command writes, over which committed export."""
     record = {"mode": mode, "command": command, "base": _config_digest(storage)}
     storage.put(INTENT_FILE, json.dumps(record).encode())
+
+
+def _read_intent_bytes(storage: Storage) -> bytes | None:
+    try:
+        return storage.get(INTENT_FILE)
+    except ObjectNotFoundError:
+        return None
+
+
+def _undo(
+    storage: Storage, old_files: list[str], committed: frozenset[str], intent: bytes | None
+) -> None:
+    """Leave the output as this run found it: a sample refused while writing (one pass
+    over the bytes finds bad images only then) deletes the files this run wrote."""
+    before = set(old_files) | committed | _CONTROL
+    for path in list(storage.list()):
+        if path not in before:
+            storage.delete(path)
+    storage.remove_leftovers()
+    if intent is None:
+        storage.delete(INTENT_FILE)
+    else:
+        storage.put(INTENT_FILE, intent)
 
 
 def _read_intent(storage: Storage) -> dict[str, Any] | None:
@@ -630,20 +702,21 @@ def _write_splits(
     bars: Progress,
     previous: ExportConfig | None,
     committed: frozenset[str] = frozenset(),
+    skipped: list[dict[str, str]] | None = None,
 ) -> tuple[dict[str, SplitInfo], list[str], str, str | None]:
     """Write every selected split through the backend, streaming metadata.parquet; return
     the splits, their content digests, the metadata file's name and its checksum.
 
     When appending, the export's splits come first in their order, each followed by its
     new samples; its metadata rows are copied into the new metadata file. ``committed``:
-    the files of the committed export, which no new file may replace.
+    the files of the committed export, which no new file may replace. Samples skipped
+    while writing are appended to ``skipped``.
     """
-    table, write_label = prep.table, prep.write_label
+    table = prep.table
     names = [
         *(previous.splits if previous else ()),
         *(s for s in prep.splits if not previous or s not in previous.splits),
     ]
-    selected = [table.filter(pc.equal(table.column("split"), s)) for s in names]
     bar = bars.task("writing shards", table.num_rows)
     metadata_file = unused_name(METADATA_FILE, committed)
     sink = _MetadataSink(storage, metadata_file)
@@ -655,42 +728,99 @@ def _write_splits(
             raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
         bar.advance(shard_table.num_rows)
 
+    def on_skip(records: list[dict[str, str]]) -> None:
+        if skipped is not None:
+            skipped.extend(records)
+        bar.advance(len(records))
+
     old_meta = _old_metadata(storage, previous)
     written: dict[str, SplitInfo] = {}
     digests: list[str] = []
+    splits = _split_rows(prep, names)
     try:
-        for split, rows in zip(names, selected, strict=True):
+        for split, rows in zip(names, splits, strict=True):
             before = previous.splits.get(split) if previous else None
             if old_meta is not None and before is not None:
                 sink(old_meta.filter(pc.equal(old_meta.column("split"), split)))
-            if rows.num_rows == 0 and before is not None:
+            count = rows.num_samples if isinstance(rows, SplitRows) else rows.num_rows
+            if count == 0 and before is not None:
                 written[split] = before
                 continue
-            start = before.num_samples if before is not None else 0
-            rows = rows.append_column(
-                "sample_index", pa.array(np.arange(start, start + rows.num_rows))
-            )
-            sizes = sample_sizes(rows, with_label=write_label)
-            digest = content_digest(rows, sizes)
+            plan, digest = _plan(rows, split, prep, opts, before, committed, previous)
             digests.append(digest)
-            plan = SplitPlan(
-                split,
-                rows,
-                plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes),
-                name_hash(opts, split, digest),
-                write_label,
-                prep.fields,
-                resume=opts.mode in ("resume", "overwrite", "append"),
-                previous=before,
-                existing=committed,
-                format_version=previous.format_version if previous else FORMAT_VERSION,
-            )
-            written[split] = backend.write_split(storage, plan, runner, on_shard)
+            plan = dataclasses.replace(plan, on_skip=on_skip)
+            info = backend.write_split(storage, plan, runner, on_shard)
+            if info.num_samples or before is not None:
+                written[split] = info
         sink.commit()
     except BaseException:
         sink.abort()
         raise
     return written, digests, metadata_file, sink.checksum
+
+
+def _split_rows(prep: _Prepared, names: list[str]) -> list[SplitRows | pa.Table]:
+    """Each split's rows: candidates over the shared members (shard-by-shard backends;
+    no sample bytes copied), or the split's whole table with ``sample_index``."""
+    table = prep.table
+    column = table.column("split")
+    if prep.members is None:
+        return [table.filter(pc.equal(column, s)) for s in names]
+    meta = table.drop_columns([MEMBERS])
+    values = column.to_numpy(zero_copy_only=False)
+    out: list[SplitRows | pa.Table] = []
+    for name in names:
+        index = np.flatnonzero(values == name).astype(np.int64)
+        rows = meta if len(index) == meta.num_rows else meta.take(pa.array(index))
+        sizes = sample_sizes(rows, prep.members, index, with_label=prep.write_label)
+        out.append(SplitRows(rows, prep.members, index, sizes))
+    return out
+
+
+def _plan(
+    rows: SplitRows | pa.Table,
+    split: str,
+    prep: _Prepared,
+    opts: ExportOptions,
+    before: SplitInfo | None,
+    committed: frozenset[str],
+    previous: ExportConfig | None,
+) -> tuple[SplitPlan, str]:
+    """A split's plan, and its content digest."""
+    start = before.num_samples if before is not None else 0
+    if isinstance(rows, SplitRows):
+        table, sizes, candidates = rows.rows, rows.sizes, rows
+    else:
+        table = rows.append_column(
+            "sample_index", pa.array(np.arange(start, start + rows.num_rows))
+        )
+        sizes, candidates = sample_sizes_of_table(table, prep.write_label), None
+    digest = content_digest(table, sizes)
+    plan = SplitPlan(
+        split,
+        table,
+        plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes),
+        name_hash(opts, split, digest),
+        prep.write_label,
+        prep.fields,
+        resume=opts.mode in ("resume", "overwrite", "append"),
+        previous=before,
+        existing=committed,
+        format_version=previous.format_version if previous else FORMAT_VERSION,
+        candidates=candidates,
+        samples_per_shard=opts.samples_per_shard,
+        max_shard_bytes=opts.max_shard_bytes,
+        check=SampleCheck(opts.validate, opts.max_pixels, opts.on_error),
+    )
+    return plan, digest
+
+
+def sample_sizes_of_table(rows: pa.Table, with_label: bool) -> npt.NDArray[np.int64]:
+    """Planned tar sizes of a split's whole table (backends that write whole splits)."""
+    members = Members.of(rows.column(MEMBERS))
+    return sample_sizes(
+        rows, members, np.arange(rows.num_rows, dtype=np.int64), with_label=with_label
+    )
 
 
 def _old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,7 +12,9 @@ import pyarrow as pa
 
 from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
+from shardex.engine.write import SplitRows
 from shardex.errors import BackendError
+from shardex.format.shard import SampleCheck
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
 
@@ -56,6 +59,15 @@ class SplitPlan:
     existing: frozenset[str] = frozenset()
     #: The export's format version (an append keeps the version of what it extends).
     format_version: int = FORMAT_VERSION
+    #: For backends that write shard by shard (:attr:`Backend.writes_shards`): the
+    #: split's candidates (``rows`` then holds no members and no ``sample_index``: the
+    #: writer numbers the samples it keeps), how shards fill, how images are checked,
+    #: and where skipped samples are reported (``bounds`` is then only a first guess).
+    candidates: SplitRows | None = None
+    samples_per_shard: int = 1000
+    max_shard_bytes: int | None = None
+    check: SampleCheck = dataclasses.field(default_factory=SampleCheck)
+    on_skip: Callable[[list[dict[str, str]]], None] | None = None
 
 
 #: What goes before the extension of a file's second name (see :func:`unused_name`).
@@ -92,6 +104,10 @@ class Backend(ABC):
     categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
     #: Backend options (``--backend-option NAME=VALUE``) -> what each does.
     option_help: ClassVar[dict[str, str]] = {}
+    #: Whether :meth:`write_split` writes shard by shard from ``plan.candidates``, checking
+    #: each image as it writes it (one pass over the bytes). Otherwise the exporter checks
+    #: every image first and gives the split's whole table (``plan.rows``).
+    writes_shards: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         unknown = sorted(set(options or {}) - set(self.option_help))

@@ -57,13 +57,15 @@ class ArraySource(Source):
         keys = [str(k) for k in data.pop("key", [f"{i:06d}" for i in range(n)])]
         labels = data.pop("label", None)
         splits = data.pop("split", None)
-        members: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        from shardex.rows import binary_array, members_column  # rows imports this package
+
+        exts, columns = [], []
         for name, values in data.items():
             ext, encoded = _encode(name, values)
-            for row, blob in zip(members, encoded, strict=True):
-                row.append(
-                    {"ext": ext, "path": None, "offset": -1, "size": len(blob), "data": blob}
-                )
+            exts.append(ext)
+            columns.append(binary_array(encoded))
+        # built column by column: one Python dict per member costs more than the export
+        members = members_column(exts, columns, n)
         table = build_table(
             keys,
             [f"{self.uri}[{i}]" for i in range(n)],

@@ -228,7 +228,7 @@ def check_metadata_names(names: list[str], where: str) -> None:
 def build_table(
     keys: list[str],
     original_paths: list[str],
-    members: list[list[dict[str, Any]]],
+    members: list[list[dict[str, Any]]] | pa.Array,
     *,
     splits: Sequence[str | None] | None = None,
     labels: list[int | None] | None = None,
@@ -244,7 +244,9 @@ def build_table(
         columns["split"] = pa.array(splits, pa.string())
     if labels is not None:
         columns["label"] = pa.array(labels, pa.int64())
-    columns[MEMBERS] = pa.array(members, pa.list_(MEMBER_TYPE))
+    columns[MEMBERS] = (
+        members if isinstance(members, pa.Array) else pa.array(members, pa.list_(MEMBER_TYPE))
+    )
     if invalid is not None and any(invalid):
         columns[INVALID] = pa.array(invalid, pa.string())
     table = pa.table(columns)
