@@ -131,14 +131,13 @@ def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
     members = Members.of(rows.column(MEMBERS))
     owner = np.repeat(np.arange(members.num_samples), np.diff(members.starts))
     merged: dict[str, _Merge] = {}
-    first: dict[str, int] = {}
-    for j, name in enumerate(members.ext):  # first-seen order (a dict keeps it)
-        first.setdefault(name, j)
+    codes, firsts = np.unique(members.ext_codes, return_index=True)
     keys: list[str] | None = None
     source = ByteSource(members)
     try:
-        for name in sorted(first, key=first.__getitem__):
-            where = np.flatnonzero(np.fromiter((e == name for e in members.ext), bool))
+        for code in codes[np.argsort(firsts)].tolist():  # first-seen order
+            name = members.ext_names[code]
+            where = np.flatnonzero(members.ext_codes == code)
             if not is_array_field(name):  # encoded bytes: their length is never a shape
                 merge = merged[name] = _Merge(name, "bytes", "uint8")
                 merge.shape, merge.count = (None,), len(where)

@@ -31,11 +31,16 @@ _OPEN_FILES: Final = 64
 class Members:
     """Every member of some samples. Sample ``i`` holds members ``starts[i]`` to
     ``starts[i + 1]``; member ``j`` is ``data[j]`` (inline bytes) when ``inline[j]``, else
-    ``size[j]`` bytes of the local file ``path[j]`` at ``offset[j]`` (-1: the whole file)."""
+    ``size[j]`` bytes of the local file ``path(j)`` at ``offset[j]`` (-1: the whole file).
+    Extensions and paths are dictionary-coded: a million members of one tar hold one
+    path string, not a million."""
 
     starts: npt.NDArray[np.int64]
-    ext: tuple[str, ...]
-    path: tuple[str | None, ...]
+    ext_codes: npt.NDArray[np.int32]
+    ext_names: tuple[str, ...]
+    #: -1 where the member has no file (inline bytes).
+    path_codes: npt.NDArray[np.int32]
+    path_names: tuple[str, ...]
     offset: npt.NDArray[np.int64]
     size: npt.NDArray[np.int64]
     inline: npt.NDArray[np.bool_]
@@ -54,10 +59,14 @@ class Members:
         np.cumsum(lengths, out=starts[1:])
         flat = pc.list_flatten(column)
         data = flat.field("data").cast(pa.large_binary())
+        ext_codes, ext_names = _codes(flat.field("ext"))
+        path_codes, path_names = _codes(flat.field("path"))
         return cls(
             starts=starts,
-            ext=tuple(flat.field("ext").to_pylist()),
-            path=tuple(flat.field("path").to_pylist()),
+            ext_codes=ext_codes,
+            ext_names=ext_names,
+            path_codes=path_codes,
+            path_names=path_names,
             offset=flat.field("offset").to_numpy(zero_copy_only=False).astype(np.int64),
             size=flat.field("size").to_numpy(zero_copy_only=False).astype(np.int64),
             inline=pc.is_valid(data).to_numpy(zero_copy_only=False),
@@ -67,6 +76,13 @@ class Members:
     @property
     def num_samples(self) -> int:
         return len(self.starts) - 1
+
+    def ext(self, j: int) -> str:
+        return str(self.ext_names[self.ext_codes[j]])
+
+    def path(self, j: int) -> str | None:
+        code = self.path_codes[j]
+        return None if code < 0 else self.path_names[code]
 
     def inline_bytes(self) -> int:
         """Bytes held inline (in this process's memory)."""
@@ -83,15 +99,50 @@ class Members:
             - np.repeat(starts[:-1], counts)
             + np.repeat(self.starts[rows], counts)
         )
+        paths = self.path_codes[picks]
+        used, path_codes = np.unique(paths, return_inverse=True)
+        names = tuple(self.path_names[c] for c in used.tolist() if c >= 0)
+        if len(used) and used[0] < 0:  # -1 (no file) stays -1
+            path_codes = path_codes - 1
         return Members(
             starts=starts,
-            ext=tuple(self.ext[j] for j in picks),
-            path=tuple(self.path[j] for j in picks),
+            ext_codes=self.ext_codes[picks],
+            ext_names=self.ext_names,
+            path_codes=path_codes.astype(np.int32),
+            path_names=names,
             offset=self.offset[picks],
             size=self.size[picks],
             inline=self.inline[picks],
             data=self.data.take(pa.array(picks, pa.int64())),
         )
+
+
+def _codes(values: pa.Array) -> tuple[npt.NDArray[np.int32], tuple[str, ...]]:
+    """Dictionary codes of a string array (-1 for null) and its distinct values."""
+    encoded = pc.dictionary_encode(values)
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
+    return codes, tuple(encoded.dictionary.to_pylist())
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRows:
+    """A split's candidate samples, in order: their metadata (``rows``, no members),
+    their members (candidate ``i`` is sample ``member_rows[i]`` of ``members``) and their
+    planned tar sizes."""
+
+    rows: pa.Table
+    members: Members
+    member_rows: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.rows.num_rows)
+
+    def inline(self) -> bool:
+        """Whether most bytes are in memory (then written in this process)."""
+        sizes = self.members.size
+        return bool(self.members.inline_bytes() * 2 > int(sizes.sum()))
 
 
 class ByteSource:
@@ -115,7 +166,7 @@ class ByteSource:
         m = self._m
         if m.inline[j]:
             return self._values[self._offsets[j] : self._offsets[j + 1]]
-        path, offset, size = m.path[j], int(m.offset[j]), int(m.size[j])
+        path, offset, size = m.path(j), int(m.offset[j]), int(m.size[j])
         if path is None:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
         try:
@@ -191,4 +242,4 @@ def members_column(
     return pa.ListArray.from_arrays(offsets, struct, type=pa.list_(MEMBER_TYPE))
 
 
-__all__ = ["MEMBERS", "ByteSource", "Members", "binary_array", "members_column"]
+__all__ = ["MEMBERS", "ByteSource", "Members", "SplitRows", "binary_array", "members_column"]

@@ -12,10 +12,10 @@ import pyarrow as pa
 
 from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
-from shardex.engine.write import SplitRows
 from shardex.errors import BackendError
 from shardex.format.shard import SampleCheck
 from shardex.parallel import Runner
+from shardex.rows import SplitRows
 from shardex.storage.base import Storage
 
 

@@ -21,7 +21,7 @@ import xxhash
 from shardex.backends.base import Backend, Capabilities, OnShard, SplitPlan, unused_name
 from shardex.contract import IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import ReopenedDataset
-from shardex.engine.write import candidates, inline_candidates, write_shards
+from shardex.engine.shards import candidates, inline_candidates, write_shards
 from shardex.format.index import (
     KEYS_FILE,
     SAMPLES_FILE,

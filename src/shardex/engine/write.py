@@ -1,143 +1,101 @@
-"""Pass 2 of an export: a split's shards written from its candidate samples.
-
-Each shard job names a run of candidates; the writer reads each candidate's bytes once
-(checks, hashes and appends them) and takes good candidates until the shard is full, so
-shards stay exactly filled when bad images are only found here. Jobs are planned
-speculatively from the sizes known before writing (every candidate good): when a shard
-used a different number of candidates than planned (it skipped some), the shards in
-flight after it are waited for and discarded, and planning starts again from the true
-position. Discarded shards have the same names as the ones that replace them, or are
-deleted; correct always, and costs only when bad samples exist.
-
-Samples whose bytes are in this process's memory (an in-memory source) are written here,
-inline: pickling them to a worker costs more than writing them. Workers get only
-references (paths, offsets, sizes) and read the bytes themselves.
-"""
+"""Pass 2 of an export over its splits: each split planned and written through the
+backend, metadata.parquet streamed as shards complete, skipped samples collected."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
 from dataclasses import dataclass
-from typing import Final
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from shardex.format.shard import ShardJob, ShardWritten, write_shard
+from shardex.backends.base import Backend, unused_name
+from shardex.contract import (
+    METADATA_FILE,
+    ExportConfig,
+    SplitInfo,
+)
+from shardex.engine.commit import MetadataSink, old_metadata
+from shardex.engine.plan import plan_split, split_rows
+from shardex.engine.prepare import Prepared
+from shardex.errors import (
+    ExportError,
+)
+from shardex.options import ExportOptions
 from shardex.parallel import Runner
-from shardex.planning import plan_bounds
-from shardex.rows import Members
-
-#: Candidates a worker's job carries beyond its planned end, for skips (then doubled).
-_SLACK: Final = 8
+from shardex.progress import Progress
+from shardex.rows import SplitRows
+from shardex.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)
-class SplitRows:
-    """A split's candidate samples, in order: their metadata (``rows``, no members),
-    their members (candidate ``i`` is sample ``member_rows[i]`` of ``members``) and their
-    planned tar sizes."""
+class Written:
+    """What pass 2 wrote: the splits as config.yaml records them, their content digests,
+    metadata.parquet's name and checksum, and every skipped sample (pass 1's first)."""
 
-    rows: pa.Table
-    members: Members
-    member_rows: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.rows.num_rows)
-
-    def inline(self) -> bool:
-        """Whether most bytes are in memory (then written in this process)."""
-        sizes = self.members.size
-        return bool(self.members.inline_bytes() * 2 > int(sizes.sum()))
+    splits: dict[str, SplitInfo]
+    digests: list[str]
+    metadata_file: str
+    metadata_checksum: str | None
+    skipped: list[dict[str, str]]
 
 
-#: (start, stop, first sample number, shard number offset) -> the job's fields it decides.
-MakeJob = Callable[[int, int, int, int], ShardJob]
-
-
-def candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
-    """A job's candidate fields for ``[start, stop)``: views when written inline, compact
-    copies of the references when pickled to a worker."""
-    index = np.arange(start, stop, dtype=np.int64)
-    rows = split.rows.take(pa.array(index))
-    members = split.members.subset(split.member_rows[start:stop])
-    return {
-        "rows": rows,
-        "members": members,
-        "member_rows": np.arange(stop - start, dtype=np.int64),
-        "sizes": split.sizes[start:stop],
-        "last": stop >= split.num_samples,
-    }
-
-
-def inline_candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
-    """The candidates ``[start, stop)`` as views (written in this process: no copy)."""
-    return {
-        "rows": split.rows.slice(start, stop - start),
-        "members": split.members,
-        "member_rows": split.member_rows[start:stop],
-        "sizes": split.sizes[start:stop],
-        "last": stop >= split.num_samples,
-    }
-
-
-def write_shards(
-    split: SplitRows,
-    make_job: MakeJob,
+def write_splits(
+    storage: Storage,
+    backend: Backend,
+    prep: Prepared,
+    opts: ExportOptions,
     runner: Runner,
-    samples_per_shard: int,
-    max_shard_bytes: int | None,
-    *,
-    inline: bool,
-    on_discard: Callable[[ShardWritten], None],
-) -> Iterator[ShardWritten]:
-    """The split's shards in order, each holding ``samples_per_shard`` good samples (or
-    up to the byte cap); only the last may be short. ``on_discard`` gets each shard
-    written speculatively and then replaced (its files may need deleting)."""
-    n = split.num_samples
-    pos = sample = number = 0
-    slack = _SLACK
-    while pos < n:
-        bounds = plan_bounds(split.sizes[pos:], samples_per_shard, max_shard_bytes)
-        stop = [False]
-        round_pos, round_sample, round_number = pos, sample, number
+    bars: Progress,
+    previous: ExportConfig | None,
+    committed: frozenset[str] = frozenset(),
+) -> Written:
+    """Write every selected split through the backend, streaming metadata.parquet.
 
-        def jobs(
-            bounds: tuple[tuple[int, int], ...] = bounds,
-            at: int = round_pos,
-            first: int = round_sample,
-            k: int = round_number,
-            extra: int = slack,
-            stop: list[bool] = stop,
-        ) -> Iterator[ShardJob]:
-            for q, (a, b) in enumerate(bounds):
-                if stop[0]:
-                    return
-                yield make_job(at + a, min(n, at + b + extra), first, k + q)
-                first += b - a
+    When appending, the export's splits come first in their order, each followed by its
+    new samples; its metadata rows are copied into the new metadata file. ``committed``:
+    the files of the committed export, which no new file may replace.
+    """
+    names = [
+        *(previous.splits if previous else ()),
+        *(s for s in prep.splits if not previous or s not in previous.splits),
+    ]
+    bar = bars.task("writing shards", prep.table.num_rows)
+    metadata_file = unused_name(METADATA_FILE, committed)
+    sink = MetadataSink(storage, metadata_file)
+    skipped = list(prep.skipped)
 
-        results = map(write_shard, jobs()) if inline else runner.imap(write_shard, jobs())
-        more = False
-        for q, done in enumerate(results):
-            if stop[0]:
-                on_discard(done)
+    def on_shard(shard_table: pa.Table) -> None:
+        try:
+            sink(shard_table)
+        except ValueError as exc:  # pyarrow: the schema differs from the rows before
+            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
+        bar.advance(shard_table.num_rows)
+
+    def on_skip(records: list[dict[str, str]]) -> None:
+        skipped.extend(records)
+        bar.advance(len(records))
+
+    old_meta = old_metadata(storage, previous)
+    written: dict[str, SplitInfo] = {}
+    digests: list[str] = []
+    try:
+        for split, rows in zip(names, split_rows(prep, names), strict=True):
+            before = previous.splits.get(split) if previous else None
+            if old_meta is not None and before is not None:
+                sink(old_meta.filter(pc.equal(old_meta.column("split"), split)))
+            count = rows.num_samples if isinstance(rows, SplitRows) else rows.num_rows
+            if count == 0 and before is not None:
+                written[split] = before
                 continue
-            a, b = bounds[q]
-            if not done.complete:  # ran out of candidates: the same shard with more
-                on_discard(done)
-                stop[0] = more = True
-                continue
-            pos = round_pos + a + done.consumed
-            if done.num_samples:
-                yield done
-                sample += done.num_samples
-                number += 1
-            if done.consumed != b - a or done.num_samples != b - a:
-                stop[0] = True  # skipped candidates: plan the rest again from here
-        if more:
-            slack *= 2
-        elif not stop[0]:
-            pos = n
+            plan, digest = plan_split(rows, split, prep, opts, before, committed, previous)
+            digests.append(digest)
+            plan = dataclasses.replace(plan, on_skip=on_skip)
+            info = backend.write_split(storage, plan, runner, on_shard)
+            if info.num_samples or before is not None:
+                written[split] = info
+        sink.commit()
+    except BaseException:
+        sink.abort()
+        raise
+    return Written(written, digests, metadata_file, sink.checksum, skipped)

@@ -115,8 +115,8 @@ def sample_sizes(
         - np.repeat(np.cumsum(counts) - counts, counts)
         + np.repeat(members.starts[member_rows], counts)
     )
-    ext_len = {e: len(e.encode()) for e in set(members.ext)}
-    lens = np.fromiter((ext_len[members.ext[j]] for j in flat), np.int64, len(flat))
+    ext_len = np.array([len(e.encode()) for e in members.ext_names], np.int64)
+    lens = ext_len[members.ext_codes[flat]]
     owner = np.repeat(np.arange(n), counts)
     name_len = key_len[owner] + 1 + lens
     sizes = members.size[flat]
@@ -151,7 +151,7 @@ def _header_bytes(
         i = t if owner is None else int(owner[t])
         key = keys[i].as_py()
         if members is not None and flat is not None:
-            ext = members.ext[int(flat[t])]
+            ext = members.ext(int(flat[t]))
         else:
             ext = LABEL_FIELD if name_len[t] == len(key.encode()) + 4 else "json"
         out[t] = member_header(f"{key}.{ext}")[1]
@@ -290,11 +290,12 @@ class _Layout:
         self.sizes: list[int] = []
         sizes = self.sizes
         self.firsts = [0] * (n + 1)
-        starts, ext, size = members.starts, members.ext, members.size
+        starts, size = members.starts, members.size
+        codes, ext = members.ext_codes, members.ext_names
         for i in range(n):
             row = int(job.member_rows[i])
             for j in range(int(starts[row]), int(starts[row + 1])):
-                self.exts.append(ext[j])
+                self.exts.append(ext[codes[j]])
                 self.payloads.append(j)
                 sizes.append(int(size[j]))
             for field, value in ((LABEL_FIELD, labels[i]), ("json", jsons[i])):

@@ -270,7 +270,7 @@ class ArrayBackendTests:
     ) -> None:
         if self.backend_name == "webdataset":
             pytest.skip("tar shards are rewritten in place (docs/reliability.md)")
-        import shardex.exporter
+        import shardex.engine.run
 
         out, data = tmp_path / "o", array_data(9)
         shardex.export(data, out, backend=self.backend_name, samples_per_shard=4)
@@ -281,7 +281,7 @@ class ArrayBackendTests:
             raise RuntimeError("killed at the commit point")
 
         with monkeypatch.context() as patch:
-            patch.setattr(shardex.exporter, "_commit", crash)
+            patch.setattr(shardex.engine.run, "commit", crash)
             with pytest.raises(RuntimeError, match="killed"):
                 shardex.export(changed, out, backend=self.backend_name, overwrite=True)
         assert all(p.read_bytes() == b for p, b in before.items())
