@@ -20,6 +20,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from shardex.codecs.images import (
     HEAD_BYTES,
@@ -188,10 +189,41 @@ def _check_keys(
     taken: frozenset[str] = frozenset(),
 ) -> None:
     """Mark unsafe keys, duplicates, and keys that differ only by case (which collide on
-    case-insensitive file systems when the tars are extracted)."""
+    case-insensitive file systems when the tars are extracted).
+
+    Keys are first compared by a 64-bit hash of their case-folded form, in one array (a
+    dict of every key cost hundreds of bytes per sample); only keys whose hash repeats
+    are compared as strings, in sample order."""
+    hashes = np.fromiter(
+        (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
+        np.uint64,
+        len(keys),
+    )
+    order = np.argsort(hashes, kind="stable")
+    repeats = np.zeros(len(keys), bool)
+    same = hashes[order[1:]] == hashes[order[:-1]]
+    repeats[order[1:][same]] = repeats[order[:-1][same]] = True
+    for i, key in enumerate(keys):
+        if reasons[i] is None and not repeats[i]:
+            reason = unsafe_key(key)
+            if reason is None and key in taken:
+                reason = f"duplicate key {key!r}: already in the export"
+            reasons[i] = reason
+    _check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
+
+
+def _check_repeated(
+    keys: list[str],
+    rows: list[int],
+    reasons: list[str | None],
+    originals: pa.ChunkedArray,
+    taken: frozenset[str],
+) -> None:
+    """The rows whose folded keys may be equal, compared as strings in sample order."""
     seen: dict[str, int] = {}
     folded: dict[str, int] = {}
-    for i, key in enumerate(keys):
+    for i in rows:
+        key = keys[i]
         if reasons[i] is not None:
             continue
         reason = unsafe_key(key)
