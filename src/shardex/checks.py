@@ -1,8 +1,11 @@
-"""Checking samples before anything is written: bad images, empty and duplicate keys.
+"""Checking samples before anything is written: unsafe, empty and duplicate keys, split
+names, what the source found unusable; and renders each sample's ``.json`` member text, so
+that shard sizes are known exactly before writing.
 
-Runs in worker processes over chunks of the scan table and reads only the first and last
-KiBs of each image (or decodes it, with ``validate="decode"``). Also renders each sample's
-``.json`` member text, so that shard sizes are known exactly before writing.
+Images are checked by the shard writer from the bytes it reads to write them (one pass
+over the bytes, see :mod:`shardex.format.shard`). Backends that write whole splits (the
+array backends) get the separate image pass here instead, run in worker processes over
+chunks of the scan table, reading the first and last KiBs of each image (or decoding it).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from shardex.codecs.images import (
     HEAD_BYTES,
@@ -27,7 +31,7 @@ from shardex.codecs.images import (
     check_header,
 )
 from shardex.errors import BadSampleError, DuplicateKeyError
-from shardex.format.shard import JSON_COLUMN, MemberReader
+from shardex.format.shard import JSON_COLUMN, MemberReader, refusal
 from shardex.names import split_name_problem
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
@@ -185,10 +189,41 @@ def _check_keys(
     taken: frozenset[str] = frozenset(),
 ) -> None:
     """Mark unsafe keys, duplicates, and keys that differ only by case (which collide on
-    case-insensitive file systems when the tars are extracted)."""
+    case-insensitive file systems when the tars are extracted).
+
+    Keys are first compared by a 64-bit hash of their case-folded form, in one array (a
+    dict of every key cost hundreds of bytes per sample); only keys whose hash repeats
+    are compared as strings, in sample order."""
+    hashes = np.fromiter(
+        (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
+        np.uint64,
+        len(keys),
+    )
+    order = np.argsort(hashes, kind="stable")
+    repeats = np.zeros(len(keys), bool)
+    same = hashes[order[1:]] == hashes[order[:-1]]
+    repeats[order[1:][same]] = repeats[order[:-1][same]] = True
+    for i, key in enumerate(keys):
+        if reasons[i] is None and not repeats[i]:
+            reason = unsafe_key(key)
+            if reason is None and key in taken:
+                reason = f"duplicate key {key!r}: already in the export"
+            reasons[i] = reason
+    _check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
+
+
+def _check_repeated(
+    keys: list[str],
+    rows: list[int],
+    reasons: list[str | None],
+    originals: pa.ChunkedArray,
+    taken: frozenset[str],
+) -> None:
+    """The rows whose folded keys may be equal, compared as strings in sample order."""
     seen: dict[str, int] = {}
     folded: dict[str, int] = {}
-    for i, key in enumerate(keys):
+    for i in rows:
+        key = keys[i]
         if reasons[i] is not None:
             continue
         reason = unsafe_key(key)
@@ -204,12 +239,6 @@ def _check_keys(
         if reason is None:
             seen[key] = folded[key.casefold()] = i
         reasons[i] = reason
-
-
-def _refusal(original_path: str, reason: str, others: int) -> str:
-    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
-    more = f" (and {others} more)" if others else ""
-    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
 
 
 def _check_splits(splits: list[object], keys: list[str], reasons: list[str | None]) -> None:
@@ -234,28 +263,31 @@ def check_samples(
     progress: Progress,
     taken: frozenset[str] = frozenset(),
     left_out: tuple[LeftOut, ...] = (),
+    *,
+    images: bool = True,
 ) -> tuple[pa.Table, list[dict[str, str]]]:
     """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
 
     ``taken`` holds keys already exported (when appending): they count as duplicates.
     ``left_out`` is what the source found but cannot export: refused first (before any
-    image is read), or recorded first among the skipped.
+    image is read), or recorded first among the skipped. ``images=False`` reads no image
+    bytes: the shard writer checks each image as it writes it (one pass over the bytes).
     """
     if left_out and opts.on_error == "error":
         out = left_out[0]
-        raise out.error(_refusal(out.original_path, out.reason, len(left_out) - 1))
+        raise out.error(refusal(out.original_path, out.reason, len(left_out) - 1))
     json_cols = _json_columns(table)
-    jobs = (
-        _CheckJob(chunk, opts.validate, opts.max_pixels, json_cols)
-        for chunk in _chunks(table, [MEMBERS, *json_cols])
-    )
-    bar = progress.task("checking samples", table.num_rows)
-    reasons: list[str | None] = []
-    texts: list[bytes | None] = []
-    for r, t in runner.imap(_check_chunk, jobs):
-        reasons += r
-        texts += t
-        bar.advance(len(r))
+    reasons: list[str | None] = [None] * table.num_rows
+    if images:
+        jobs = (
+            _CheckJob(chunk, opts.validate, opts.max_pixels, ())
+            for chunk in _chunks(table, [MEMBERS])
+        )
+        bar = progress.task("checking samples", table.num_rows)
+        reasons = []
+        for r, _ in runner.imap(_check_chunk, jobs):
+            reasons += r
+            bar.advance(len(r))
     if INVALID in table.column_names:  # problems the source found while scanning
         for i, found in enumerate(table.column(INVALID).to_pylist()):
             reasons[i] = found or reasons[i]
@@ -273,12 +305,20 @@ def check_samples(
     if skipped and opts.on_error == "error":
         first = skipped[0]
         err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
-        raise err(_refusal(first["original_path"], first["reason"], len(skipped) - 1))
+        raise err(refusal(first["original_path"], first["reason"], len(skipped) - 1))
     skipped = [x.record() for x in left_out] + skipped
     if json_cols:
-        table = table.append_column(JSON_COLUMN, pa.array(texts, pa.binary()))
+        table = table.append_column(JSON_COLUMN, json_texts(table.select(json_cols)))
     if bad:
         keep = np.ones(table.num_rows, dtype=bool)
         keep[bad] = False
         table = table.filter(pa.array(keep))
     return table, skipped
+
+
+def json_texts(rows: pa.Table) -> pa.Array:
+    """Each row's ``.json`` member text: its scalar metadata as one JSON object."""
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+    return pa.array(
+        [dumps(row).encode() for row in _null_non_finite(rows).to_pylist()], pa.binary()
+    )

@@ -25,6 +25,7 @@ from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
 from shardex.format.shard import JSON_COLUMN, LABEL_FIELD, MemberReader
 from shardex.names import relpath_problem
+from shardex.rows import ByteSource, Members
 from shardex.sources.arrays import npy_bytes as npy_bytes
 from shardex.sources.base import MEMBERS
 
@@ -125,25 +126,31 @@ def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
     """The specs of every field of the export, in first-seen member order.
 
     Reads the ``.npy`` members (their dtype and shape are the field's); other members are
-    byte strings of any length; the label is an int64 scalar.
+    byte strings of any length (counted, not read); the label is an int64 scalar.
     """
-    reader = MemberReader()
+    members = Members.of(rows.column(MEMBERS))
+    owner = np.repeat(np.arange(members.num_samples), np.diff(members.starts))
     merged: dict[str, _Merge] = {}
-    keys = rows.column("key").to_pylist()
+    codes, firsts = np.unique(members.ext_codes, return_index=True)
+    keys: list[str] | None = None
+    source = ByteSource(members)
     try:
-        for key, members in zip(keys, rows.column(MEMBERS).to_pylist(), strict=True):
-            for m in members:
-                name = m["ext"]
-                if is_array_field(name):
-                    array = load_npy(reader.read(m), f"sample {key!r} field {name!r}")
-                    _check_dtype(array, key, name)
-                    merge = merged.setdefault(name, _Merge(name, "array", array.dtype.name))
-                    merge.add(array.dtype.name, array.shape, key)
-                else:  # encoded bytes: their length is never a shape, even if all agree
-                    merge = merged.setdefault(name, _Merge(name, "bytes", "uint8"))
-                    merge.add("uint8", (None,), key)
+        for code in codes[np.argsort(firsts)].tolist():  # first-seen order
+            name = members.ext_names[code]
+            where = np.flatnonzero(members.ext_codes == code)
+            if not is_array_field(name):  # encoded bytes: their length is never a shape
+                merge = merged[name] = _Merge(name, "bytes", "uint8")
+                merge.shape, merge.count = (None,), len(where)
+                continue
+            keys = keys if keys is not None else rows.column("key").to_pylist()
+            for j in where.tolist():
+                key = keys[int(owner[j])]
+                array = load_npy(bytes(source.read(j)), f"sample {key!r} field {name!r}")
+                _check_dtype(array, key, name)
+                merge = merged.setdefault(name, _Merge(name, "array", array.dtype.name))
+                merge.add(array.dtype.name, array.shape, key)
     finally:
-        reader.close()
+        source.close()
     specs = [m.spec(rows.num_rows) for m in merged.values()]
     if with_label:
         missing = rows.column("label").null_count

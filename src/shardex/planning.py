@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +19,9 @@ from shardex.fields import field_key
 from shardex.names import split_name_problem
 from shardex.options import ExportOptions
 from shardex.sources.base import MEMBERS
+
+if TYPE_CHECKING:
+    from shardex.backends.base import Backend
 
 SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test")
 
@@ -173,10 +176,11 @@ def key_specs(
     fields: tuple[FieldSpec, ...],
     x_keys: tuple[str, ...],
     y_keys: tuple[str, ...],
-    where: str,
+    backend: Backend,
 ) -> tuple[KeySpec, ...]:
     """What config.yaml says of each key: the stored fields (true dtype and shape) and the
-    Parquet metadata columns. ``where`` prefixes the storage of fields (``tar``)."""
+    Parquet metadata columns, each stored field's place as ``backend`` names it."""
+    where = backend.key_storage or backend.name
 
     def role(key: str) -> Literal["x", "y", "meta"]:
         return "x" if key in x_keys else "y" if key in y_keys else "meta"
@@ -202,7 +206,7 @@ def key_specs(
         if field_key(f.name) in stored:
             continue
         stored.add(field_key(f.name))
-        place = f"{where}:{f.name if where == 'tar' else f.column}"
+        place = backend.field_storage(f)
         if f.kind == "label":
             specs.append(
                 KeySpec(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -17,7 +18,9 @@ from shardex.storage.base import Storage
 if TYPE_CHECKING:  # for writing only: opening an export imports neither
     import pyarrow as pa
 
+    from shardex.format.shard import SampleCheck
     from shardex.parallel import Runner
+    from shardex.rows import SplitRows
     from shardex.verification import VerifyReport
 
 
@@ -69,6 +72,21 @@ class SplitPlan:
     existing: frozenset[str] = frozenset()
     #: The export's format version (an append keeps the version of what it extends).
     format_version: int = FORMAT_VERSION
+    #: For backends that write shard by shard (:attr:`Backend.writes_shards`): the
+    #: split's candidates (``rows`` then holds no members and no ``sample_index``: the
+    #: writer numbers the samples it keeps), how shards fill, how images are checked,
+    #: and where skipped samples are reported (``bounds`` is then only a first guess).
+    candidates: SplitRows | None = None
+    samples_per_shard: int = 1000
+    max_shard_bytes: int | None = None
+    check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())
+    on_skip: Callable[[list[dict[str, str]]], None] | None = None
+
+
+def _default_check() -> SampleCheck:
+    from shardex.format.shard import SampleCheck  # writing code: opening does not load it
+
+    return SampleCheck()
 
 
 #: What goes before the extension of a file's second name (see :func:`unused_name`).
@@ -134,6 +152,10 @@ class Backend(ABC):
     #: What config.yaml's key specs name as a stored field's place, before the colon
     #: (``tar:jpg``); None: the backend's name (``zarr:image``). See :meth:`field_storage`.
     key_storage: ClassVar[str | None] = None
+    #: Whether :meth:`write_split` writes shard by shard from ``plan.candidates``, checking
+    #: each image as it writes it (one pass over the bytes). Otherwise the exporter checks
+    #: every image first and gives the split's whole table (``plan.rows``).
+    writes_shards: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         unknown = sorted(set(options or {}) - set(self.option_help))

@@ -98,7 +98,9 @@ _JPEG_FRAMES: Final = frozenset(
 )
 
 
-def _jpeg_size(head: bytes, read_at: ReadAt | None, size: int) -> tuple[int, int] | None:
+def jpeg_size(
+    head: bytes | memoryview, read_at: ReadAt | None, size: int
+) -> tuple[int, int] | None:
     """Walk the JPEG markers to the frame header; reads past ``head`` go to ``read_at``."""
     pos = 2
     for _ in range(512):  # a real file reaches its frame header in a few markers
@@ -124,7 +126,7 @@ def pixel_size(
     """(width, height) from the header of an encoded image, or None if not found."""
     try:
         if fmt == "jpeg":
-            return _jpeg_size(head, read_at, size)
+            return jpeg_size(head, read_at, size)
         if fmt == "png":
             return struct.unpack_from(">II", head, 16)
         if fmt == "gif":

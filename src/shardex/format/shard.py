@@ -23,10 +23,23 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from shardex.codecs.images import (
+    HEAD_BYTES,
+    IMAGE_EXTENSIONS,
+    MAX_PIXELS,
+    TAIL_BYTES,
+    Validate,
+    check_decode,
+    check_header,
+    jpeg_size,
+)
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
 from shardex.format.tables import arrow_reader
-from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_member, member_header, padding
+from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
+from shardex.options import OnError
+from shardex.quoting import quoted
+from shardex.rows import ByteSource, Members
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
 
@@ -84,29 +97,88 @@ class MemberReader:
         self._fds = {}
 
 
-def sample_sizes(rows: pa.Table, *, with_label: bool) -> npt.NDArray[np.int64]:
-    """Exact tar bytes of each sample (headers, data, padding) before it is written."""
-    out = np.zeros(rows.num_rows, dtype=np.int64)
-    keys = rows.column("key").to_pylist()
-    members = rows.column(MEMBERS).to_pylist()
-    labels = rows.column("label").to_pylist() if with_label else None
-    jsons = rows.column(JSON_COLUMN).to_pylist() if JSON_COLUMN in rows.column_names else None
-    for i, key in enumerate(keys):
-        total = 0
-        for m in members[i]:
-            total += member_header(f"{key}.{m['ext']}")[1] + m["size"] + padding(m["size"])
-        if labels is not None and labels[i] is not None:
-            total += member_header(f"{key}.cls")[1] + BLOCK
-        if jsons is not None and jsons[i] is not None:
-            n = len(jsons[i])
-            total += member_header(f"{key}.json")[1] + n + padding(n)
-        out[i] = total
+def sample_sizes(
+    rows: pa.Table,
+    members: Members,
+    member_rows: npt.NDArray[np.int64],
+    *,
+    with_label: bool,
+) -> npt.NDArray[np.int64]:
+    """Exact tar bytes of each sample (headers, data, padding) before it is written:
+    computed over all samples at once from member sizes and name lengths."""
+    n = rows.num_rows
+    keys = rows.column("key")
+    key_len = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = members.starts[member_rows + 1] - members.starts[member_rows]
+    flat = (
+        np.arange(int(counts.sum()), dtype=np.int64)
+        - np.repeat(np.cumsum(counts) - counts, counts)
+        + np.repeat(members.starts[member_rows], counts)
+    )
+    ext_len = np.array([len(e.encode()) for e in members.ext_names], np.int64)
+    lens = ext_len[members.ext_codes[flat]]
+    owner = np.repeat(np.arange(n), counts)
+    name_len = key_len[owner] + 1 + lens
+    sizes = members.size[flat]
+    total = np.bincount(owner, weights=sizes + (-sizes % BLOCK), minlength=n).astype(np.int64)
+    total += np.bincount(
+        owner, weights=_header_bytes(name_len, keys, owner, flat, members), minlength=n
+    ).astype(np.int64)
+    if with_label:
+        labels = rows.column("label")
+        has = pc.is_valid(labels).to_numpy(zero_copy_only=False)
+        total += np.where(has, _header_bytes(key_len + 4, keys) + BLOCK, 0)
+    if JSON_COLUMN in rows.column_names:
+        texts = rows.column(JSON_COLUMN)
+        has = pc.is_valid(texts).to_numpy(zero_copy_only=False)
+        length = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False)
+        length = length.astype(np.int64)
+        total += np.where(has, _header_bytes(key_len + 5, keys) + length + (-length % BLOCK), 0)
+    return total
+
+
+def _header_bytes(
+    name_len: npt.NDArray[np.int64],
+    keys: pa.ChunkedArray | pa.Array,
+    owner: npt.NDArray[np.int64] | None = None,
+    flat: npt.NDArray[np.int64] | None = None,
+    members: Members | None = None,
+) -> npt.NDArray[np.int64]:
+    """Header bytes before each member's data: one block, more for the rare names past
+    ustar's 100 bytes (computed one by one)."""
+    out = np.full(len(name_len), BLOCK, np.int64)
+    for t in np.flatnonzero(name_len > 100).tolist():
+        i = t if owner is None else int(owner[t])
+        key = keys[i].as_py()
+        if members is not None and flat is not None:
+            ext = members.ext(int(flat[t]))
+        else:
+            ext = LABEL_FIELD if name_len[t] == len(key.encode()) + 4 else "json"
+        out[t] = member_header(f"{key}.{ext}")[1]
     return out
 
 
 @dataclass(frozen=True, slots=True)
+class SampleCheck:
+    """How the writer checks each image it reads (``validate``) and what a bad one does
+    (``on_error``: refuse the export, or skip the sample and fill the shard with the next)."""
+
+    validate: Validate = "header"
+    max_pixels: int = MAX_PIXELS
+    on_error: OnError = "error"
+
+
+@dataclass(frozen=True, slots=True)
 class ShardJob:
-    """One shard to write: its rows (a slice of the split's table) and where to put it.
+    """One shard to write from its candidate samples, and where to put it.
+
+    ``rows`` are the candidates' metadata (``key``, ``original_path``, ``label``, ``_json``,
+    metadata columns; no members), ``members`` their members (candidate ``i`` is sample
+    ``member_rows[i]`` there) and ``sizes`` their planned tar bytes. The shard takes good
+    candidates in order until it holds ``samples_per_shard`` samples or the next would
+    pass ``max_shard_bytes``; bad ones are skipped (or refuse the export). ``last``: the
+    candidates run to the end of the split (else more candidates exist beyond them, and a
+    shard that ran out of candidates before it was full reports itself incomplete).
 
     With ``resume``, a shard whose tar and sidecar already exist is kept when the sidecar's
     keys, byte ranges and checksums equal those of the samples it should hold (the source
@@ -117,15 +189,24 @@ class ShardJob:
     tar_path: str
     parquet_path: str
     rows: pa.Table
+    members: Members
+    member_rows: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
     with_label: bool
+    samples_per_shard: int
+    max_shard_bytes: int | None = None
+    #: The sample number (in the split) of the shard's first sample.
+    first_sample: int = 0
+    last: bool = True
+    check: SampleCheck = dataclasses.field(default_factory=SampleCheck)
     resume: bool = False
     dali_index_path: str | None = None
     #: Set when the committed export names this shard's paths: the shard is kept if it
     #: holds exactly these samples, else written under these (tar, parquet, idx) paths
     #: instead, never over a file the committed config.yaml names.
     alternate: tuple[str, str, str] | None = None
-    #: Seed each sample's checksum with its sample number (``rows``' ``sample_index``),
-    #: as format version 2 does; False writes format version 1's unseeded checksums.
+    #: Seed each sample's checksum with its sample number, as format version 2 does;
+    #: False writes format version 1's unseeded checksums.
     seeded: bool = True
 
 
@@ -144,6 +225,309 @@ class ShardWritten:
     parquet_path: str = ""
     #: The sidecar's whole-file checksum, as config.yaml records it.
     metadata_checksum: str | None = None
+    #: Candidates taken (written or skipped) from the job's first one.
+    consumed: int = 0
+    #: False when the shard ran out of candidates before it was full (not the split's end).
+    complete: bool = True
+    #: errors.parquet rows of the candidates skipped as bad.
+    skipped: tuple[dict[str, str], ...] = ()
+    #: The key hashes of the written samples (the split's key table).
+    key_hashes: npt.NDArray[np.uint64] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.uint64)
+    )
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets)
+
+
+def refusal(original_path: str, reason: str, others: int = 0) -> str:
+    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
+    more = f" (and {others} more)" if others else ""
+    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
+
+
+def image_problem(data: bytes | memoryview, check: SampleCheck) -> str | None:
+    """Why an image member's bytes are not a whole image (``check.validate``), or None."""
+    if check.validate == "decode":
+        return check_decode(bytes(data), max_pixels=check.max_pixels)
+    size = len(data)
+    if check.validate == "none":
+        return "empty file (0 bytes)" if size == 0 else None
+    if size > 4 and data[:3] == b"\xff\xd8\xff" and data[-2:] == b"\xff\xd9":
+        # the common case, without copies: a JPEG that ends with its end-of-image marker
+        dims = jpeg_size(data, None, size)
+        if dims is None or dims[0] * dims[1] <= check.max_pixels:
+            return None
+    head = bytes(data[:HEAD_BYTES])
+    tail = head if size <= HEAD_BYTES else bytes(data[size - TAIL_BYTES :])
+    return check_header(
+        head,
+        tail,
+        size,
+        read_at=lambda o, n: bytes(data[o : o + n]),
+        max_pixels=check.max_pixels,
+    )
+
+
+class _Layout:
+    """The tar members of a job's candidates: names, headers and payloads, built for all
+    candidates at once (vectorised headers; no Python object per byte range)."""
+
+    def __init__(self, job: ShardJob) -> None:
+        n = job.rows.num_rows
+        members = job.members
+        self.keys: list[str] = job.rows.column("key").to_pylist()
+        labels = job.rows.column("label").to_pylist() if job.with_label else [None] * n
+        jsons: list[bytes | None] = (
+            job.rows.column(JSON_COLUMN).to_pylist()
+            if JSON_COLUMN in job.rows.column_names
+            else [None] * n
+        )
+        #: Per member: its extension, and a member of ``members`` or the bytes themselves.
+        self.exts: list[str] = []
+        self.payloads: list[int | bytes] = []
+        self.sizes: list[int] = []
+        sizes = self.sizes
+        self.firsts = [0] * (n + 1)
+        starts, size = members.starts, members.size
+        codes, ext = members.ext_codes, members.ext_names
+        for i in range(n):
+            row = int(job.member_rows[i])
+            for j in range(int(starts[row]), int(starts[row + 1])):
+                self.exts.append(ext[codes[j]])
+                self.payloads.append(j)
+                sizes.append(int(size[j]))
+            for field, value in ((LABEL_FIELD, labels[i]), ("json", jsons[i])):
+                if value is not None:
+                    data = value if isinstance(value, bytes) else str(value).encode()
+                    self.exts.append(field)
+                    self.payloads.append(data)
+                    sizes.append(len(data))
+            self.firsts[i + 1] = len(self.exts)
+        firsts = self.firsts
+        self.names = [
+            f"{self.keys[i]}.{self.exts[t]}"
+            for i in range(n)
+            for t in range(firsts[i], firsts[i + 1])
+        ]
+        self.headers, starts_ = encode_members(
+            [m.encode() for m in self.names], np.array(sizes, np.int64)
+        )
+        self.header_starts: list[int] = starts_.tolist()
+        image: dict[str, bool] = {}
+        self.is_image = [
+            isinstance(p, int)
+            and image.setdefault(e, e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS)
+            for e, p in zip(self.exts, self.payloads, strict=True)
+        ]
+
+
+class _TarOut:
+    """The shard's bytes on their way out: gathered into large writes, hashed whole;
+    the object is opened with the first write (a shard of no good sample is no object).
+    ``writing=False`` only hashes (a shard left by an interrupted export is checked)."""
+
+    def __init__(self, job: ShardJob, stack: contextlib.ExitStack, writing: bool) -> None:
+        self._job, self._stack, self.writing = job, stack, writing
+        self._out: Any = None
+        self.whole = xxhash.xxh3_64()
+        self.buf = bytearray()
+
+    def flush(self) -> None:
+        self.whole.update(self.buf)
+        if self.writing:
+            if self._out is None:
+                self._out = self._stack.enter_context(
+                    self._job.storage.open_writer(self._job.tar_path)
+                )
+            self._out.write(self.buf)
+        self.buf = bytearray()
+
+
+@dataclass(slots=True)
+class _Picked:
+    """The samples a shard took: candidate numbers, byte ranges and checksums."""
+
+    taken: list[int] = dataclasses.field(default_factory=list)
+    offsets: list[int] = dataclasses.field(default_factory=list)
+    lengths: list[int] = dataclasses.field(default_factory=list)
+    sums: list[int] = dataclasses.field(default_factory=list)
+    skipped: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    consumed: int = 0
+    full: bool = False
+    size: int = 0
+
+
+class _Mismatch(Exception):
+    """A shard left by an interrupted export differs from what this one writes."""
+
+
+def _read_sample(
+    layout: _Layout, source: ByteSource, first: int, stop: int, check: SampleCheck
+) -> tuple[list[bytes | memoryview], str | None]:
+    """A candidate's member bytes (each read once), or why it is bad."""
+    datas: list[bytes | memoryview] = []
+    payloads, is_image = layout.payloads, layout.is_image
+    try:
+        for t in range(first, stop):
+            p = payloads[t]
+            data = p if isinstance(p, bytes) else source.read(p)
+            if is_image[t]:
+                reason = image_problem(data, check)
+                if reason:
+                    return datas, reason
+            datas.append(data)
+    except BadSampleError as exc:
+        return datas, exc.reason or str(exc)
+    return datas, None
+
+
+def _fill(
+    job: ShardJob, layout: _Layout, source: ByteSource, out: _TarOut, old: _Existing | None
+) -> _Picked:
+    """Take good candidates in order until the shard is full; append each to ``out``."""
+    got = _Picked()
+    headers = memoryview(layout.headers)
+    hstarts, firsts = layout.header_starts, layout.firsts
+    cap, limit, sizes = job.max_shard_bytes, job.samples_per_shard, job.sizes
+    used, pos, seed = len(END_OF_ARCHIVE), 0, job.first_sample if job.seeded else None
+    for i in range(job.rows.num_rows):
+        count = len(got.taken)
+        if count >= limit or (cap is not None and count and used + int(sizes[i]) > cap):
+            got.full = True
+            break
+        got.consumed = i + 1
+        first, stop = firsts[i], firsts[i + 1]
+        datas, reason = _read_sample(layout, source, first, stop, job.check)
+        if reason:
+            _bad(job, layout, i, reason, got)
+            continue
+        buf = out.buf
+        start = len(buf)
+        for t, data in zip(range(first, stop), datas, strict=True):
+            buf += headers[hstarts[t] : hstarts[t + 1]]
+            buf += data
+            pad = -len(data) % BLOCK
+            if pad:
+                buf += _ZEROS[:pad]
+        with memoryview(buf) as view, view[start:] as sample:
+            digest = xxhash.xxh3_64_intdigest(sample, 0 if seed is None else seed + count)
+        length = len(buf) - start
+        got.taken.append(i)
+        got.offsets.append(pos)
+        got.lengths.append(length)
+        got.sums.append(digest)
+        pos += length
+        used += int(sizes[i])
+        if old is not None and not _same_prefix(old, count, pos, digest):
+            raise _Mismatch
+        if len(buf) >= _FLUSH:
+            out.flush()
+    got.size = pos + len(END_OF_ARCHIVE)
+    return got
+
+
+def _bad(job: ShardJob, layout: _Layout, i: int, reason: str, got: _Picked) -> None:
+    """A bad candidate: refuse the export, or record it and go on."""
+    original = str(job.rows.column("original_path")[i].as_py())
+    if job.check.on_error == "error":
+        raise BadSampleError(refusal(original, reason), reason=reason)
+    got.skipped.append({"key": layout.keys[i], "original_path": original, "reason": reason})
+
+
+def _dali_index(layout: _Layout, got: _Picked) -> DaliIndex:
+    """The DALI index of the taken samples (data offsets from the header lengths)."""
+    dali = DaliIndex()
+    hstarts, firsts = layout.header_starts, layout.firsts
+    for i, start in zip(got.taken, got.offsets, strict=True):
+        parts: list[Component] = []
+        at = 0
+        for t in range(firsts[i], firsts[i + 1]):
+            at += hstarts[t + 1] - hstarts[t]
+            size = layout.sizes[t]
+            parts.append((layout.exts[t], at, size, layout.names[t]))
+            at += size + (-size % BLOCK)
+        dali.add(start, parts)
+    return dali
+
+
+#: Bytes gathered before one write (few large writes instead of one per member).
+_FLUSH: Final = 4 << 20
+
+
+def write_shard(job: ShardJob) -> ShardWritten:
+    """Write the tar and its Parquet sidecar (each appears only when complete), or keep
+    them when resuming and they verify. Each candidate's bytes are read once: checked,
+    hashed and appended."""
+    old = _existing(job) if job.resume or job.alternate else None
+    if old is None and job.alternate is not None:
+        return write_shard(_elsewhere(job))
+    layout = _Layout(job)
+    source = ByteSource(job.members)
+    try:
+        with contextlib.ExitStack() as stack:
+            out = _TarOut(job, stack, writing=old is None)
+            got = _fill(job, layout, source, out, old)
+            out.buf += END_OF_ARCHIVE
+            if got.taken or not out.writing:
+                out.flush()
+    except _Mismatch:
+        return write_shard(_elsewhere(job))
+    finally:
+        source.close()
+    done = _written(job, layout, got, shard_checksum(out.whole))
+    if not got.taken:
+        return done
+    index = _dali_index(layout, got).to_bytes() if job.dali_index_path else None
+    index_path = job.dali_index_path if index is not None else None
+    done = dataclasses.replace(done, dali_index=index_path)
+    if old is not None:
+        # the tar itself is hashed too: its sidecar may be whole while its bytes are not
+        if old.size == got.size and old.table.equals(done.table) and _tar_holds(job, done.checksum):
+            kept = dataclasses.replace(done, metadata_checksum=old.checksum)
+            if job.alternate is None:
+                _keep_index(job.storage, index_path, index)
+                return kept
+            if _holds(job.storage, index_path, index):
+                return kept
+        return write_shard(_elsewhere(job))
+    # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
+    if index_path is not None and index is not None:
+        job.storage.put(index_path, index)
+    with job.storage.open_writer(job.parquet_path) as out_parquet:
+        sidecar = _WriterFile(out_parquet)
+        pq.write_table(done.table, sidecar, compression="zstd")
+    return dataclasses.replace(done, metadata_checksum=sidecar.checksum)
+
+
+def _written(job: ShardJob, layout: _Layout, got: _Picked, checksum: str) -> ShardWritten:
+    """The record of a shard (its sidecar rows, index arrays, what was skipped)."""
+    offsets = np.array(got.offsets, np.uint64)
+    lengths = np.array(got.lengths, np.uint32)
+    sums = np.array(got.sums, np.uint64)
+    firsts = layout.firsts
+    names = [layout.names[firsts[i]] if firsts[i + 1] > firsts[i] else "" for i in got.taken]
+    hashes = np.fromiter(
+        (xxhash.xxh3_64_intdigest(layout.keys[i].encode()) for i in got.taken),
+        np.uint64,
+        len(got.taken),
+    )
+    table = _sidecar(job, np.array(got.taken, np.int64), names, offsets, lengths, sums)
+    return ShardWritten(
+        got.size,
+        checksum,
+        offsets,
+        lengths,
+        sums,
+        table,
+        tar_path=job.tar_path,
+        parquet_path=job.parquet_path,
+        consumed=got.consumed,
+        complete=got.full or job.last,
+        skipped=tuple(got.skipped),
+        key_hashes=hashes,
+    )
 
 
 def iter_fields(
@@ -163,97 +547,6 @@ def iter_fields(
         if text is not None:
             fields.append(("json", text))
         yield fields
-
-
-def _samples(job: ShardJob, reader: MemberReader) -> Iterator[tuple[str, bytes, list[Component]]]:
-    """(first member name, sample bytes, members' data offsets within the sample) of each
-    row, as the tar holds them."""
-    keys = job.rows.column("key").to_pylist()
-    for key, fields in zip(keys, iter_fields(job.rows, job.with_label, reader), strict=True):
-        parts: list[bytes] = []
-        layout: list[Component] = []
-        at = 0
-        for ext, data in fields:
-            name = f"{key}.{ext}"
-            header = encode_member(member_header(name)[0], len(data))
-            at += len(header)
-            layout.append((ext, at, len(data), name))
-            at += len(data) + padding(len(data))
-            parts += (header, data, _ZEROS[: padding(len(data))])
-        yield (f"{key}.{fields[0][0]}" if fields else ""), b"".join(parts), layout
-
-
-def write_shard(job: ShardJob) -> ShardWritten:
-    """Write the tar and its Parquet sidecar (each appears only when complete), or keep
-    them when resuming and they verify."""
-    n = job.rows.num_rows
-    offsets = np.empty(n, np.uint64)
-    lengths = np.empty(n, np.uint32)
-    sums = np.empty(n, np.uint64)
-    names: list[str] = []
-    dali = DaliIndex()
-    whole = xxhash.xxh3_64()
-    reader = MemberReader()
-    old = _existing(job) if job.resume or job.alternate else None
-    if old is None and job.alternate is not None:
-        return write_shard(_elsewhere(job))
-    seeds = (
-        job.rows.column("sample_index").to_pylist()
-        if job.seeded and "sample_index" in job.rows.column_names
-        else [0] * n
-    )
-    try:
-        with contextlib.ExitStack() as stack:
-            out = None if old else stack.enter_context(job.storage.open_writer(job.tar_path))
-            pos = 0
-            for i, (name, sample, layout) in enumerate(_samples(job, reader)):
-                names.append(name)
-                dali.add(pos, layout)
-                offsets[i], lengths[i] = pos, len(sample)
-                sums[i] = xxhash.xxh3_64_intdigest(sample, seeds[i])
-                whole.update(sample)
-                pos += len(sample)
-                if out is not None:
-                    out.write(sample)
-                elif not _same_prefix(old, i, pos, int(sums[i])):
-                    return write_shard(_elsewhere(job))
-            whole.update(END_OF_ARCHIVE)
-            size = pos + len(END_OF_ARCHIVE)
-            if out is not None:
-                out.write(END_OF_ARCHIVE)
-    finally:
-        reader.close()
-    table = _sidecar(job, names, offsets, lengths, sums)
-    index = dali.to_bytes() if job.dali_index_path else None
-    index_path = job.dali_index_path if index is not None else None
-    done = ShardWritten(
-        size,
-        shard_checksum(whole),
-        offsets,
-        lengths,
-        sums,
-        table,
-        dali_index=index_path,
-        tar_path=job.tar_path,
-        parquet_path=job.parquet_path,
-    )
-    if old is not None:
-        # the tar itself is hashed too: its sidecar may be whole while its bytes are not
-        if old.size == size and old.table.equals(table) and _tar_holds(job, done.checksum):
-            kept = dataclasses.replace(done, metadata_checksum=old.checksum)
-            if job.alternate is None:
-                _keep_index(job.storage, index_path, index)
-                return kept
-            if _holds(job.storage, index_path, index):
-                return kept
-        return write_shard(_elsewhere(job))
-    # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
-    if index_path is not None and index is not None:
-        job.storage.put(index_path, index)
-    with job.storage.open_writer(job.parquet_path) as out_parquet:
-        sidecar = _WriterFile(out_parquet)
-        pq.write_table(table, sidecar, compression="zstd")
-    return dataclasses.replace(done, metadata_checksum=sidecar.checksum)
 
 
 def _elsewhere(job: ShardJob) -> ShardJob:
@@ -317,7 +610,7 @@ def _existing(job: ShardJob) -> _Existing | None:
         table = pq.read_table(arrow_reader(data))
     except (ShardexError, pa.ArrowInvalid, OSError):
         return None
-    if table.num_rows != job.rows.num_rows or "sample_checksum" not in table.column_names:
+    if "sample_checksum" not in table.column_names:
         return None
     ends = pc.add(table.column("sample_offset"), table.column("sample_length")).to_pylist()
     sums = table.column("sample_checksum").to_pylist()
@@ -326,7 +619,7 @@ def _existing(job: ShardJob) -> _Existing | None:
 
 def _same_prefix(old: _Existing | None, i: int, end: int, checksum: int) -> bool:
     """Whether sample i, ending at byte ``end``, matches the existing sidecar's record."""
-    return old is not None and old.ends[i] == end and old.sums[i] == checksum
+    return old is not None and i < len(old.ends) and old.ends[i] == end and old.sums[i] == checksum
 
 
 def json_text_column(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
@@ -338,13 +631,14 @@ def json_text_column(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
 
 def _sidecar(
     job: ShardJob,
+    picked: npt.NDArray[np.int64],
     member_names: list[str],
     offsets: npt.NDArray[np.uint64],
     lengths: npt.NDArray[np.uint32],
     sums: npt.NDArray[np.uint64],
 ) -> pa.Table:
     """The Parquet rows of a shard: NeMo's columns, typed metadata, byte ranges."""
-    rows = job.rows
+    rows = job.rows.take(pa.array(picked, pa.int64()))
     n = rows.num_rows
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path"}
     json_text = json_text_column(rows)
@@ -358,6 +652,7 @@ def _sidecar(
     }
     rest = {c: rows.column(c) for c in rows.column_names if c not in internal}
     tail = {
+        "sample_index": pa.array(np.arange(job.first_sample, job.first_sample + n), pa.int64()),
         "sample_offset": pa.array(offsets, pa.uint64()),
         "sample_length": pa.array(lengths, pa.uint32()),
         "sample_checksum": pa.array(sums, pa.uint64()),

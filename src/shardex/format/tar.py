@@ -12,6 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
+
 from shardex.errors import FormatError
 
 BLOCK: Final = 512
@@ -109,6 +112,62 @@ def encode_member(name: bytes, size: int) -> bytes:
         + bytes(padding(len(long)))
         + _header(name[:100], size)
     )
+
+
+def encode_members(
+    names: list[bytes], sizes: npt.NDArray[np.int64]
+) -> tuple[bytes, npt.NDArray[np.int64]]:
+    """The headers of many members at once: their bytes back to back, and where each
+    starts (member ``j``'s header is ``[starts[j], starts[j + 1])``). The same bytes as
+    :func:`encode_member` for each, built with numpy: one Python call per header costs
+    more than writing its member."""
+    count = len(names)
+    if count and int(sizes.max()) > MAX_MEMBER_SIZE:
+        big = int(np.argmax(sizes))
+        _header(names[big], int(sizes[big]))  # raises the one-line error
+    fixed = np.fromiter((len(n) <= 100 for n in names), bool, count)
+    blocks = np.empty((count, BLOCK), np.uint8)
+    blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
+    if count:
+        raw = np.array([n if ok else b"" for n, ok in zip(names, fixed, strict=True)], "S100")
+        name_bytes = (
+            raw.view(np.uint8).reshape(count, 100)
+            if raw.itemsize == 100
+            else (
+                np.pad(
+                    raw.view(np.uint8).reshape(count, raw.itemsize),
+                    ((0, 0), (0, 100 - raw.itemsize)),
+                )
+            )
+        )
+        blocks[:, :100] = name_bytes
+        shifts = 3 * np.arange(10, -1, -1, dtype=np.int64)
+        blocks[:, 124:135] = ((sizes[:, None] >> shifts) & 7) + ord("0")
+        blocks[:, 135] = 0
+        total = (
+            _TEMPLATE_SUM
+            + name_bytes.sum(axis=1, dtype=np.int64)
+            + blocks[:, 124:136].sum(axis=1, dtype=np.int64)
+            - sum(_TEMPLATE[124:136])
+        )
+        blocks[:, 148:154] = ((total[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
+        blocks[:, 154] = 0
+        blocks[:, 155] = ord(" ")
+    lengths = np.full(count, BLOCK, np.int64)
+    if fixed.all():
+        parts = blocks.tobytes()
+    else:
+        pieces = []
+        for j in range(count):
+            if fixed[j]:
+                pieces.append(blocks[j].tobytes())
+            else:
+                pieces.append(encode_member(names[j], int(sizes[j])))
+                lengths[j] = len(pieces[-1])
+        parts = b"".join(pieces)
+    starts = np.zeros(count + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return parts, starts
 
 
 def member_bytes(name: str, data: bytes) -> bytes:

@@ -148,7 +148,7 @@ class ImageWriterStage(Stage):
         """Export what :meth:`reduce` collected (the driver calls this once, at the end);
         metadata columns the source had keep its Arrow ``schema`` types; what the source
         left out is refused or recorded as the export's options say."""
-        from shardex.exporter import export
+        from shardex.engine.run import export_options, run_export
 
         samples: Batch = state.get("samples", [])
         if not samples:
@@ -165,15 +165,15 @@ class ImageWriterStage(Stage):
             "backend": self.backend,
             **self.options,
         }
-        return export(
+        return run_export(
             _Collected(table, label_names, source_uri, left_out),
             self.output_dir,
+            export_options(None, options),
             progress=self.verbose,
             storage_options=self.storage_options,
             runner=runner,
             pipeline=pipeline,
             spec_fingerprint=self.spec_fingerprint,
-            **options,
         )
 
 

@@ -315,7 +315,7 @@ def batch_table(
 def build_table(
     keys: list[str],
     original_paths: list[str],
-    members: list[list[dict[str, Any]]],
+    members: list[list[dict[str, Any]]] | pa.Array,
     *,
     splits: Sequence[str | None] | None = None,
     labels: list[int | None] | None = None,
@@ -326,7 +326,7 @@ def build_table(
     return batch_table(
         keys,
         original_paths,
-        pa.array(members, pa.list_(MEMBER_TYPE)),
+        members if isinstance(members, pa.Array) else pa.array(members, pa.list_(MEMBER_TYPE)),
         splits=splits,
         labels=labels,
         metadata=metadata,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -37,13 +37,12 @@ from shardex.format.index import (
     build_keys_from_hashes,
     build_samples,
     checksum_seeds,
-    key_hash,
     to_npy_bytes,
 )
 from shardex.storage.base import Storage
 
-if TYPE_CHECKING:  # for writing only: opening an export imports neither
-    from shardex.format.shard import ShardJob
+if TYPE_CHECKING:  # for writing only: opening an export imports none of these
+    from shardex.format.shard import ShardJob, ShardWritten
     from shardex.parallel import Runner
 
 
@@ -80,7 +79,8 @@ class WebDatasetBackend(Backend):
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
     ) -> None:
-        from shardex.backends.webdataset.verify import verify_split  # (pyarrow: loaded to verify, not to open)
+        # imported here: it loads pyarrow, which opening an export does not need
+        from shardex.backends.webdataset.verify import verify_split
 
         verify_split(storage, config, split, check.report, check.deep, check.bar)
 
@@ -90,24 +90,46 @@ class WebDatasetBackend(Backend):
 
         return stored_samples(dataset, keys)
 
+    writes_shards: ClassVar[bool] = True
+
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
-        from shardex.format.shard import write_shard
+        from shardex.engine.shards import candidates, inline_candidates, write_shards
 
+        split = plan.candidates
+        if split is None:
+            raise TypeError("the webdataset backend writes from plan.candidates")
         before = plan.previous
         first = len(before.shards) if before is not None else 0
         other_hash = second_hash(plan.name_hash)
-        jobs = (
-            _job(storage, plan, first + k, other_hash, a, b) for k, (a, b) in enumerate(plan.bounds)
-        )
+        inline = split.inline() or runner.workers == 1
+        pick = inline_candidates if inline else candidates
+        base = before.num_samples if before is not None else 0  # appended samples go on
+
+        def make_job(start: int, stop: int, first_sample: int, k: int) -> ShardJob:
+            fields = pick(split, start, stop)
+            return _job(storage, plan, first + k, other_hash, base + first_sample, fields)
+
         shards = list(before.shards) if before is not None else []
         parts: list[tuple[npt.NDArray[np.integer], ...]] = []
-        for (a, b), done in zip(plan.bounds, runner.imap(write_shard, jobs), strict=True):
+        hashes: list[npt.NDArray[np.uint64]] = []
+        discarded: list[ShardWritten] = []
+        for done in write_shards(
+            split,
+            make_job,
+            runner,
+            plan.samples_per_shard,
+            plan.max_shard_bytes,
+            inline=inline,
+            on_discard=discarded.append,
+        ):
+            if done.skipped and plan.on_skip is not None:
+                plan.on_skip(list(done.skipped))
             shards.append(
                 ShardInfo(
                     done.tar_path,
-                    b - a,
+                    done.num_samples,
                     done.num_bytes,
                     done.checksum,
                     done.parquet_path,
@@ -115,30 +137,28 @@ class WebDatasetBackend(Backend):
                     done.metadata_checksum,
                 )
             )
-            number = np.full(b - a, len(shards) - 1, np.uint32)
+            number = np.full(done.num_samples, len(shards) - 1, np.uint32)
             parts.append((number, done.offsets, done.lengths, done.checksums))
+            hashes.append(done.key_hashes)
             on_shard(done.table)
+        _remove_discarded(storage, discarded, shards, plan.existing)
         dtypes = (np.uint32, np.uint64, np.uint32, np.uint64)
         shard_no, offsets, lengths, sums = (
             np.concatenate([p[k] for p in parts]) if parts else np.empty(0, dtype)
             for k, dtype in enumerate(dtypes)
         )
         samples = build_samples(shard_no, offsets, lengths, sums)
-        hashes = np.fromiter(
-            (key_hash(k) for k in plan.rows.column("key").to_pylist()),
-            dtype=np.uint64,
-            count=plan.rows.num_rows,
-        )
+        key_hashes = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
         if before is not None and before.index is not None:
             old_samples, old_hashes = _old_index(storage, before.index)
             samples = np.concatenate([old_samples, samples])
-            hashes = np.concatenate([old_hashes, hashes])
+            key_hashes = np.concatenate([old_hashes, key_hashes])
         index = IndexInfo(
             unused_name(f"{plan.split}/{SAMPLES_FILE}", plan.existing),
             unused_name(f"{plan.split}/{KEYS_FILE}", plan.existing),
         )
         storage.put(index.samples, to_npy_bytes(samples))
-        storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(hashes)))
+        storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(key_hashes)))
         return SplitInfo(
             num_samples=len(samples),
             num_bytes=sum(s.num_bytes for s in shards),
@@ -147,13 +167,36 @@ class WebDatasetBackend(Backend):
         )
 
 
+def _remove_discarded(
+    storage: Storage,
+    discarded: list[ShardWritten],
+    shards: list[ShardInfo],
+    committed: frozenset[str],
+) -> None:
+    """Delete the files of shards written speculatively and then replaced, unless a kept
+    shard now has their name (or the committed export names them: a shard kept on resume
+    is the committed one)."""
+    kept = {p for s in shards for p in (s.path, s.metadata, s.dali_index) if p}
+    for done in discarded:
+        if not done.num_samples:
+            continue
+        for path in (done.tar_path, done.parquet_path, done.dali_index):
+            if path and path not in kept and path not in committed:
+                storage.delete(path)
+
+
 def second_hash(name_hash: str) -> str:
     """The name hash of a shard's second name (see :func:`_job`)."""
     return xxhash.xxh3_64(f"{name_hash}/2".encode()).hexdigest()[:12]
 
 
 def _job(
-    storage: Storage, plan: SplitPlan, number: int, other_hash: str, a: int, b: int
+    storage: Storage,
+    plan: SplitPlan,
+    number: int,
+    other_hash: str,
+    first_sample: int,
+    fields: dict[str, Any],
 ) -> ShardJob:
     """The job of one shard. A shard has two possible names: its usual one and one with
     :func:`second_hash`. When the committed export names one of them, the job first keeps
@@ -170,12 +213,16 @@ def _job(
         storage,
         f"{stem}.tar",
         f"{stem}.parquet",
-        plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
-        plan.with_label,
-        plan.resume,
-        f"{stem}.idx",
+        with_label=plan.with_label,
+        samples_per_shard=plan.samples_per_shard,
+        max_shard_bytes=plan.max_shard_bytes,
+        first_sample=first_sample,
+        check=plan.check,
+        resume=plan.resume,
+        dali_index_path=f"{stem}.idx",
         alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
         seeded=checksum_seeds(plan.format_version),
+        **fields,
     )
 
 

@@ -1,0 +1,181 @@
+"""The end of an export: errors.parquet, metadata.parquet (streamed as shards
+complete), the contract, the commit point (config.yaml) and the clean-up after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from shardex import __version__
+from shardex.backends.base import Backend, unused_name
+from shardex.contract import (
+    CONFIG_FILE,
+    ERRORS_FILE,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    ExportConfig,
+    SourceInfo,
+    SplitInfo,
+)
+from shardex.engine.prepare import Prepared
+from shardex.format.shard import JSON_COLUMN, parquet_file
+from shardex.format.tables import read_checked_table
+from shardex.options import ExportOptions
+from shardex.planning import (
+    key_specs,
+)
+from shardex.sources import Source
+from shardex.storage import Storage
+
+
+def export_files(config: ExportConfig) -> list[str]:
+    """Every file of an export but config.yaml (a shard that is a folder, as the ``numpy``
+    backend's, is named by its folder)."""
+    files = [f for f in (config.metadata_file, config.errors_file) if f]
+    for info in config.splits.values():
+        files += [p for s in info.shards for p in (s.path, s.metadata, s.dali_index) if p]
+        if info.index is not None:
+            files += [info.index.samples, info.index.keys]
+        files += info.files
+    return list(dict.fromkeys(files))
+
+
+def write_errors(
+    storage: Storage,
+    skipped: list[dict[str, str]],
+    previous: ExportConfig | None = None,
+    taken: frozenset[str] = frozenset(),
+) -> tuple[str | None, str | None]:
+    """errors.parquet: one row per skipped sample with the reason (when appending, the
+    export's earlier rows first); its name and whole-file checksum."""
+    if previous is not None and previous.errors_file:
+        old = read_checked_table(storage, previous.errors_file, previous.errors_checksum)
+        skipped = old.to_pylist() + skipped
+    if not skipped:
+        return None, None
+    table = pa.Table.from_pylist(
+        skipped,
+        schema=pa.schema(
+            [("key", pa.string()), ("original_path", pa.string()), ("reason", pa.string())]
+        ),
+    )
+    name = unused_name(ERRORS_FILE, taken)
+    with storage.open_writer(name) as out:
+        pq.write_table(table, sink := parquet_file(out))
+    return name, sink.checksum
+
+
+def combined_digest(digests: list[str]) -> str:
+    return str(xxhash.xxh3_128("\n".join(digests).encode()).hexdigest())
+
+
+class MetadataSink:
+    """Streams shard rows into metadata.parquet as shards complete."""
+
+    def __init__(self, storage: Storage, name: str = METADATA_FILE) -> None:
+        self._out = storage.open_writer(name)
+        self._file = parquet_file(self._out)
+        self._writer: pq.ParquetWriter | None = None
+        self.num_rows = 0
+        #: The file's whole-file checksum, once committed (for config.yaml).
+        self.checksum: str | None = None
+
+    def __call__(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._file, table.schema, compression="zstd")
+        self._writer.write_table(table)
+        self.num_rows += table.num_rows
+
+    def commit(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._out.commit()
+        self.checksum = self._file.checksum
+
+    def abort(self) -> None:
+        if self._writer is not None:  # closed here, or its finaliser writes to a dead file
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        self._out.abort()
+
+
+def contract(
+    prep: Prepared,
+    src: Source,
+    opts: ExportOptions,
+    backend: Backend,
+    written: dict[str, SplitInfo],
+    fingerprint: str,
+    errors_file: str | None,
+    previous: ExportConfig | None = None,
+    num_skipped: int = 0,
+) -> ExportConfig:
+    """The config.yaml of what was written (``num_skipped``: samples skipped in all)."""
+    table = prep.table
+    num_classes = None
+    if prep.with_label:
+        top = pc.max(table.column("label")).as_py()
+        num_classes = (
+            len(prep.label_names) if prep.label_names else (None if top is None else top + 1)
+        )
+    columns = [c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]
+    specs = key_specs(table.select(columns), prep.fields, prep.x_keys, prep.y_keys, backend)
+    fractions = prep.split_method == "fractions"
+    return ExportConfig(
+        format_version=previous.format_version if previous else FORMAT_VERSION,
+        backend=backend.name,
+        num_samples=sum(s.num_samples for s in written.values()),
+        splits=written,
+        key_specs=specs,
+        x_keys=prep.x_keys,
+        y_keys=prep.y_keys,
+        writer={"name": "shardex", "version": __version__},
+        shardex_version=__version__,
+        label_names=prep.label_names,
+        num_classes=num_classes,
+        feature_shapes={
+            s.key: list(s.shape) for s in specs if s.key in prep.x_keys and s.shape is not None
+        },
+        source_datasets=(
+            *(previous.source_datasets if previous else ()),
+            SourceInfo(src.uri, src.kind, table.num_rows + len(prep.skipped), fingerprint),
+        ),
+        source_fingerprint=(
+            combined_digest([previous.source_fingerprint, fingerprint]) if previous else fingerprint
+        ),
+        split_seed=opts.seed if fractions else None,
+        split_fractions=dict(opts.split_fractions or {}) if fractions else None,
+        split_method=prep.split_method,
+        shard_options={
+            "samples_per_shard": opts.samples_per_shard,
+            "max_shard_bytes": opts.max_shard_bytes,
+            "naming": "deterministic" if opts.deterministic_name else "random",
+            "validate": opts.validate,
+            "on_error": opts.on_error,
+            **({"dtype": opts.dtype} if opts.dtype else {}),
+            **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
+        },
+        errors_file=errors_file,
+        num_skipped=num_skipped + (previous.num_skipped if previous else 0),
+        extra=dict(opts.extra),
+        fields=prep.fields,
+    )
+
+
+def commit(storage: Storage, config: ExportConfig) -> None:
+    """Make every file durable, then write config.yaml: the commit point (one atomic put;
+    every file it names was written before and is never written again)."""
+    storage.sync(export_files(config))
+    storage.put(CONFIG_FILE, config.to_yaml().encode())
+    storage.sync([CONFIG_FILE])
+
+
+def old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:
+    if previous is None or not previous.metadata_file:
+        return None
+    return read_checked_table(storage, previous.metadata_file, previous.metadata_checksum)

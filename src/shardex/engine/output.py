@@ -1,0 +1,239 @@
+"""What the output holds, and what a writer records there.
+
+Replacing or extending a committed export follows one rule: nothing writes a file that the
+committed config.yaml names. New files take names the committed export does not use (a
+shard's second name, ``index-samples.2.npy``, ``metadata.2.parquet``: see
+:func:`shardex.backends.base.unused_name`), the new config.yaml commits in one atomic
+put, and the old export's files are deleted after it. The names depend only on the
+committed config.yaml and the input, so an export killed at any point and run again
+writes the same files. Every writer holds the output's lock (:mod:`shardex.storage.lock`)
+and records what it is doing in ``.shardex-intent.json`` (removed when it ends), so that a
+run after a kill knows whether the killed one had committed: then only its clean-up is
+left to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Final
+
+import xxhash
+
+from shardex.api import read_config
+from shardex.backends.ownership import foreign_files, shardex_files
+from shardex.contract import (
+    CONFIG_FILE,
+    ExportConfig,
+    IndexInfo,
+)
+from shardex.engine.commit import commit, export_files
+from shardex.errors import (
+    ObjectNotFoundError,
+    OutputExistsError,
+    ShardexError,
+)
+from shardex.options import ExportOptions, Mode
+from shardex.sources import Source
+from shardex.storage import Storage
+from shardex.storage.local import check_output_folder
+from shardex.storage.lock import LOCK_FILE
+
+#: What a writer records before it writes anything (see :func:`_intent`).
+INTENT_FILE: Final = ".shardex-intent.json"
+
+#: Files of a writer at work, never part of an export.
+CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})
+
+
+def check_root(storage: Storage) -> None:
+    root = storage.local_path("")
+    if root is not None:
+        check_output_folder(root)
+
+
+def check_output(storage: Storage, mode: Mode) -> list[str]:
+    """Refuse what the mode does not allow; return the old files to replace or resume."""
+    existing = [p for p in storage.list() if p != LOCK_FILE]
+    foreign = foreign_files(storage, existing)
+    if foreign:
+        raise OutputExistsError(
+            f"output {storage.uri} holds files shardex did not write (e.g. {foreign[0]!r}); "
+            "export into an empty or new folder"
+        )
+    committed = CONFIG_FILE in existing
+    if mode == "append" and not committed:
+        raise OutputExistsError(
+            f"output {storage.uri} holds no complete export to append to (no {CONFIG_FILE})"
+        )
+    if committed and mode == "resume":
+        raise OutputExistsError(
+            f"output {storage.uri} holds a complete export: nothing to resume "
+            "(use mode 'overwrite' to write it again)"
+        )
+    if (existing or storage.leftovers()) and mode == "error":
+        what = "holds an export" if committed else "holds the files of an unfinished export"
+        hint = "--overwrite to replace it" + (
+            "" if committed else ", or --mode resume to finish it"
+        )
+        raise OutputExistsError(f"output {storage.uri} {what}; pass {hint}")
+    storage.remove_leftovers()  # temporary files of a killed export
+    return existing
+
+
+def committed_files(storage: Storage, old_files: list[str]) -> frozenset[str]:
+    """The files the committed config.yaml names: the new export must not write them."""
+    if CONFIG_FILE not in old_files:
+        return frozenset()
+    try:
+        return frozenset(export_files(read_config(storage)))
+    except ShardexError:  # an unreadable config.yaml: keep clear of every file there
+        return frozenset(old_files)
+
+
+def command_digest(
+    src: Source, opts: ExportOptions, pipeline: tuple[dict[str, Any], ...], spec: str | None
+) -> str:
+    """What makes two runs the same command: the source and every option that changes
+    the output (not the worker count, nor the mode)."""
+    fields = {
+        f.name: getattr(opts, f.name)
+        for f in dataclasses.fields(opts)
+        if f.name not in ("workers", "mode", "overwrite")
+    }
+    text = json.dumps([src.uri, fields, pipeline, spec], sort_keys=True, default=str)
+    return str(xxhash.xxh3_64_hexdigest(text.encode()))
+
+
+def config_digest(storage: Storage) -> str | None:
+    try:
+        return str(xxhash.xxh3_64_hexdigest(storage.get(CONFIG_FILE)))
+    except ObjectNotFoundError:
+        return None
+
+
+def record_intent(storage: Storage, mode: Mode, command: str) -> None:
+    """Before anything is written: which command writes, over which committed export."""
+    record = {"mode": mode, "command": command, "base": config_digest(storage)}
+    storage.put(INTENT_FILE, json.dumps(record).encode())
+
+
+def read_intent_bytes(storage: Storage) -> bytes | None:
+    try:
+        return storage.get(INTENT_FILE)
+    except ObjectNotFoundError:
+        return None
+
+
+def undo(
+    storage: Storage, old_files: list[str], committed: frozenset[str], intent: bytes | None
+) -> None:
+    """Leave the output as this run found it: a sample refused while writing (one pass
+    over the bytes finds bad images only then) deletes the files this run wrote."""
+    before = set(old_files) | committed | CONTROL
+    for path in list(storage.list()):
+        if path not in before:
+            storage.delete(path)
+    storage.remove_leftovers()
+    if intent is None:
+        storage.delete(INTENT_FILE)
+    else:
+        storage.put(INTENT_FILE, intent)
+
+
+def read_intent(storage: Storage) -> dict[str, Any] | None:
+    try:
+        record = json.loads(storage.get(INTENT_FILE))
+    except (ObjectNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def finish_committed(
+    storage: Storage, mode: Mode, command: str, legacy: bool = False
+) -> ExportConfig | None:
+    """When an earlier run of this command (or any run, for ``resume``) was killed after
+    its config.yaml committed, only its clean-up is left: do it and return its config.
+    (``legacy``: an older shardex's interrupted promotion was just finished.)"""
+    if not (legacy and mode == "resume"):
+        intent = read_intent(storage)
+        if intent is None:
+            return None
+        now = config_digest(storage)
+        if now is None or now == intent.get("base"):
+            return None  # it had not committed
+        if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
+            return None  # another command: it replaces or extends what is there
+    config = read_config(storage)
+    storage.remove_leftovers()
+    ours = shardex_files(storage, storage.list())
+    remove_stale(storage, ours, config)
+    storage.delete(INTENT_FILE)
+    return config
+
+
+def promote_legacy(storage: Storage) -> ExportConfig | None:
+    """Repair the output of a shardex version that renamed ``.pending`` files after its
+    config.yaml committed: a kill between the two left a config.yaml naming files already
+    renamed. Commit a config.yaml naming the files that exist; None if nothing to do."""
+    try:
+        config = read_config(storage)
+    except ShardexError:
+        return None
+
+    def usual(name: str) -> str:
+        if ".pending." not in name or storage.exists(name):
+            return name
+        renamed = name.replace(".pending.", ".")
+        return renamed if storage.exists(renamed) else name
+
+    splits = {
+        name: dataclasses.replace(
+            info, index=IndexInfo(usual(info.index.samples), usual(info.index.keys))
+        )
+        if info.index is not None
+        else info
+        for name, info in config.splits.items()
+    }
+    metadata = usual(config.metadata_file) if config.metadata_file else None
+    fixed = dataclasses.replace(config, splits=splits, metadata_file=metadata)
+    if fixed == config:
+        return None
+    commit(storage, fixed)
+    return fixed
+
+
+def resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOptions:
+    """``resume`` over a committed export finishes the overwrite or append that was
+    killed before it committed (given the same source and options)."""
+    intent = read_intent(storage)
+    if opts.mode != "resume" or intent is None or not storage.exists(CONFIG_FILE):
+        return opts
+    mode = intent.get("mode")
+    if mode not in ("overwrite", "append"):
+        return opts
+    if intent.get("command") != command:
+        raise OutputExistsError(
+            f"output {storage.uri} holds a complete export and the files of an interrupted "
+            f"--mode {mode} of another source or other options; resume that one with the "
+            "same source and options, or pass --overwrite"
+        )
+    return dataclasses.replace(opts, mode=mode)
+
+
+def remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) -> None:
+    """Delete files of a replaced export that the new one does not have."""
+    keep = {CONFIG_FILE, *export_files(config)}
+    # A shard that is a folder of files config.yaml does not list (the numpy backend's)
+    # keeps what is under it; every other file must be listed itself.
+    listed = [f for info in config.splits.values() for f in info.files]
+    folders = {
+        s.path
+        for info in config.splits.values()
+        for s in info.shards
+        if not any(f.startswith(f"{s.path}/") for f in listed)
+    }
+    for path in old_files:
+        parents = (path[:i] for i, c in enumerate(path) if c == "/")
+        if path not in keep | CONTROL and not any(p in folders for p in parents):
+            storage.delete(path)

@@ -1,0 +1,91 @@
+"""A split's plan: its candidates over the shared members, their exact tar sizes, the
+first guess of its shard boundaries and its deterministic name hash.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardex.backends.base import SplitPlan
+from shardex.contract import (
+    FORMAT_VERSION,
+    ExportConfig,
+    SplitInfo,
+)
+from shardex.engine.prepare import Prepared
+from shardex.format.shard import SampleCheck, sample_sizes
+from shardex.options import ExportOptions
+from shardex.planning import (
+    content_digest,
+    name_hash,
+    plan_bounds,
+)
+from shardex.rows import Members, SplitRows
+from shardex.sources.base import MEMBERS
+
+
+def split_rows(prep: Prepared, names: list[str]) -> list[SplitRows | pa.Table]:
+    """Each split's rows: candidates over the shared members (shard-by-shard backends;
+    no sample bytes copied), or the split's whole table with ``sample_index``."""
+    table = prep.table
+    column = table.column("split")
+    if prep.members is None:
+        return [table.filter(pc.equal(column, s)) for s in names]
+    meta = table.drop_columns([MEMBERS])
+    values = column.to_numpy(zero_copy_only=False)
+    out: list[SplitRows | pa.Table] = []
+    for name in names:
+        index = np.flatnonzero(values == name).astype(np.int64)
+        rows = meta if len(index) == meta.num_rows else meta.take(pa.array(index))
+        sizes = sample_sizes(rows, prep.members, index, with_label=prep.write_label)
+        out.append(SplitRows(rows, prep.members, index, sizes))
+    return out
+
+
+def plan_split(
+    rows: SplitRows | pa.Table,
+    split: str,
+    prep: Prepared,
+    opts: ExportOptions,
+    before: SplitInfo | None,
+    committed: frozenset[str],
+    previous: ExportConfig | None,
+) -> tuple[SplitPlan, str]:
+    """A split's plan, and its content digest."""
+    start = before.num_samples if before is not None else 0
+    if isinstance(rows, SplitRows):
+        table, sizes, candidates = rows.rows, rows.sizes, rows
+    else:
+        table = rows.append_column(
+            "sample_index", pa.array(np.arange(start, start + rows.num_rows))
+        )
+        sizes, candidates = sample_sizes_of_table(table, prep.write_label), None
+    digest = content_digest(table, sizes)
+    plan = SplitPlan(
+        split,
+        table,
+        plan_bounds(sizes, opts.samples_per_shard, opts.max_shard_bytes),
+        name_hash(opts, split, digest),
+        prep.write_label,
+        prep.fields,
+        resume=opts.mode in ("resume", "overwrite", "append"),
+        previous=before,
+        existing=committed,
+        format_version=previous.format_version if previous else FORMAT_VERSION,
+        candidates=candidates,
+        samples_per_shard=opts.samples_per_shard,
+        max_shard_bytes=opts.max_shard_bytes,
+        check=SampleCheck(opts.validate, opts.max_pixels, opts.on_error),
+    )
+    return plan, digest
+
+
+def sample_sizes_of_table(rows: pa.Table, with_label: bool) -> npt.NDArray[np.int64]:
+    """Planned tar sizes of a split's whole table (backends that write whole splits)."""
+    members = Members.of(rows.column(MEMBERS))
+    return sample_sizes(
+        rows, members, np.arange(rows.num_rows, dtype=np.int64), with_label=with_label
+    )

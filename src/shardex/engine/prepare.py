@@ -1,0 +1,174 @@
+"""Pass 1 of an export: the source's sample references checked, split, labelled and
+their keys selected, without reading image bytes (the shard writer checks those).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from shardex.checks import check_samples
+from shardex.contract import (
+    LABEL_PREFIX,
+    ExportConfig,
+    FieldSpec,
+)
+from shardex.errors import (
+    ConfigError,
+    EmptySourceError,
+)
+from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
+from shardex.format.shard import JSON_COLUMN
+from shardex.format.tables import read_checked_table
+from shardex.options import ExportOptions
+from shardex.parallel import Runner
+from shardex.planning import (
+    assign_splits,
+    drop_unselected_members,
+    fixed_lists,
+    member_keys,
+    select_keys,
+    split_names,
+)
+from shardex.progress import Progress
+from shardex.rows import Members
+from shardex.sources import Source
+from shardex.sources.base import MEMBERS
+from shardex.storage import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The checked, split sample table and the decisions made about it."""
+
+    table: pa.Table
+    fields: tuple[FieldSpec, ...]
+    skipped: list[dict[str, str]]
+    split_method: str
+    splits: list[str]
+    x_keys: tuple[str, ...]
+    y_keys: tuple[str, ...]
+    with_label: bool
+    write_label: bool
+    label_names: tuple[str, ...] | None
+    #: The members of ``table`` (for backends that write shard by shard).
+    members: Members | None = None
+
+    def in_memory(self) -> bool:
+        """Whether most of the samples' bytes are in this process (an in-memory source):
+        then they are written here, as pickling them to workers costs more."""
+        m = self.members
+        return m is not None and m.inline_bytes() * 2 > int(m.size.sum())
+
+
+def prepare(
+    src: Source,
+    opts: ExportOptions,
+    runner: Runner | None,
+    bars: Progress,
+    previous: ExportConfig | None = None,
+    taken: frozenset[str] = frozenset(),
+) -> Prepared:
+    """Scan, check, split and select keys; nothing is written yet. Images are checked
+    here only without a runner's absence: ``runner=None`` leaves them to the shard writer
+    (one pass over the bytes).
+
+    When appending, ``previous`` is the committed export: its split rule, label names and
+    keys apply to the new samples, and ``taken`` are its keys.
+    """
+    scanning = bars.task(f"scanning {src.uri}", None)
+    scan = src.scan()
+    scanning.done()
+    table, skipped = check_samples(
+        fixed_lists(scan.table),
+        opts,
+        runner or Runner(1),
+        bars,
+        taken,
+        scan.left_out,
+        images=runner is not None,
+    )
+    if table.num_rows == 0:
+        raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
+    with_label = opts.labels and "label" in table.column_names
+    if "label" in table.column_names and not with_label:
+        table = table.drop_columns(["label"])
+    label_names = scan.label_names if with_label else None
+    if previous is not None and with_label:
+        table, label_names = relabel(table, label_names, previous)
+    table, split_method = assign_splits(table, opts)
+    start = previous.num_samples if previous is not None else 0
+    table = table.append_column("export_index", pa.array(np.arange(start, start + table.num_rows)))
+    members = member_keys(table)
+    internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
+    available = [
+        *members,
+        *(["label"] if with_label else []),
+        *[c for c in table.column_names if c not in internal],
+    ]
+    x_keys, y_keys = select_keys(opts, available, list(members), with_label)
+    table = drop_unselected_members(table, members, x_keys, y_keys)
+    # metadata columns asked for as keys are stored as sample fields (NAME.npy / NAME.txt)
+    as_fields = [k for k in (*x_keys, *y_keys) if k not in members and k != "label"]
+    if as_fields:
+        table = add_members(table, [column_members(table.column(k), k) for k in as_fields])
+    if opts.dtype is not None:
+        table = cast_members(table, opts.dtype)
+    write_label = with_label and "label" in (*x_keys, *y_keys)
+    label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
+    return Prepared(
+        table=table,
+        fields=with_columns(field_specs(table, write_label), y_keys, label_prefix),
+        skipped=skipped,
+        split_method=previous.split_method if previous is not None else split_method,
+        splits=split_names(table, opts),
+        x_keys=x_keys,
+        y_keys=y_keys,
+        with_label=with_label,
+        write_label=write_label,
+        label_names=label_names,
+        members=Members.of(table.column(MEMBERS)) if runner is None else None,
+    )
+
+
+def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOptions:
+    """New samples are split the way the export was, and keep its keys."""
+    fractions = previous.split_method == "fractions"
+    return dataclasses.replace(
+        opts,
+        split_fractions=previous.split_fractions if fractions else None,
+        seed=(previous.split_seed or 0) if fractions else opts.seed,
+        x_keys=previous.x_keys,
+        y_keys=previous.y_keys,
+    )
+
+
+def relabel(
+    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
+) -> tuple[pa.Table, tuple[str, ...] | None]:
+    """Label numbers of appended samples follow the export's label names."""
+    if not (names and previous.label_names) or names == previous.label_names:
+        return table, previous.label_names or names
+    number = {name: i for i, name in enumerate(previous.label_names)}
+    unknown = sorted(set(names) - set(number))
+    if unknown:
+        raise ConfigError(
+            f"appended samples have labels the export does not know: {', '.join(unknown)} "
+            f"(its labels: {', '.join(previous.label_names)})"
+        )
+    mapping = [number[name] for name in names]
+    labels = [None if v is None else mapping[v] for v in table.column("label").to_pylist()]
+    column = table.column_names.index("label")
+    return table.set_column(column, "label", pa.array(labels, pa.int64())), previous.label_names
+
+
+def exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
+    if previous is None or not previous.metadata_file:
+        return frozenset()
+    table = read_checked_table(
+        storage, previous.metadata_file, previous.metadata_checksum, columns=["key"]
+    )
+    return frozenset(table.column("key").to_pylist())

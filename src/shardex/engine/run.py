@@ -1,0 +1,182 @@
+"""An export from start to commit: the output checked and locked, pass 1 (prepare), pass 2
+(write), then the commit. :func:`run_export` is the internal entry point (pipelines and Ray
+pass their runner, stages and spec fingerprint); :func:`shardex.export` calls it.
+
+The order of work makes a crash harmless: shards, Parquet files and index files are each
+written under a temporary name and renamed into place; ``config.yaml`` is written last and
+is the commit point, so a reader never takes a half-written folder for an export (see
+:mod:`shardex.engine.output` for replacing and extending a committed export).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from shardex.api import read_config
+from shardex.backends.base import Backend
+from shardex.backends.registry import get_backend
+from shardex.contract import ExportConfig
+from shardex.engine.commit import combined_digest, commit, contract, write_errors
+from shardex.engine.output import (
+    INTENT_FILE,
+    check_output,
+    check_root,
+    command_digest,
+    committed_files,
+    finish_committed,
+    promote_legacy,
+    read_intent_bytes,
+    record_intent,
+    remove_stale,
+    resumed,
+    undo,
+)
+from shardex.engine.prepare import Prepared, appending_options, exported_keys, prepare
+from shardex.engine.write import Written, write_splits
+from shardex.errors import ConfigError, EmptySourceError, SourceError
+from shardex.options import ExportOptions
+from shardex.parallel import Runner
+from shardex.progress import Progress
+from shardex.sources import Source, open_source
+from shardex.storage import Storage, open_storage
+from shardex.storage.lock import holder_text
+
+
+def export_options(options: ExportOptions | None, kwargs: dict[str, Any]) -> ExportOptions:
+    """The options, from ``options=`` or keyword arguments (NeMo's ``images_per_tar`` is
+    ``samples_per_shard``)."""
+    if "images_per_tar" in kwargs:
+        kwargs["samples_per_shard"] = kwargs.pop("images_per_tar")
+    if options is not None and kwargs:
+        raise ConfigError("pass either options= or keyword options, not both")
+    return options if options is not None else ExportOptions(**kwargs)
+
+
+def run_export(
+    source: str | os.PathLike[str] | Source | Mapping[str, Any],
+    output: str | os.PathLike[str] | Storage,
+    opts: ExportOptions,
+    *,
+    progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    runner: Runner | None = None,
+    pipeline: tuple[dict[str, Any], ...] = (),
+    spec_fingerprint: str | None = None,
+) -> ExportConfig:
+    """Export a dataset and return the committed contract (see :func:`shardex.export`).
+
+    ``runner``: where parallel work runs (a pipeline executor's; default: ``workers``
+    local processes); ``pipeline``: the stages applied before export and
+    ``spec_fingerprint``: the hash of the spec file followed (both recorded).
+    """
+    src = open_source(source)
+    backend = get_backend(opts.backend, opts.backend_options)
+    if opts.mode == "append" and not backend.capabilities.append:
+        raise ConfigError(
+            f"the {backend.name} backend cannot append to an export; export the combined "
+            "source again with --overwrite (the webdataset backend can append)"
+        )
+    storage = open_storage(output, storage_options)
+    check_root(storage)
+    command = command_digest(src, opts, pipeline, spec_fingerprint)
+    with storage.lock(holder_text(f"export --mode {opts.mode}")) as lock:
+        repaired = promote_legacy(storage) if opts.mode != "error" else None
+        done = finish_committed(storage, opts.mode, command, repaired is not None)
+        if done is not None:
+            return done
+        opts = resumed(storage, opts, command)
+        old_files = check_output(storage, opts.mode)
+        job = _Job(src, storage, backend, opts, command, old_files, runner)
+        with Progress(progress) as bars:
+            prep, written = _write(job, bars)
+            config = _config(job, prep, written, pipeline, spec_fingerprint)
+            lock.check()  # an object-store lease that was taken over: commit nothing
+            commit(storage, config)
+            remove_stale(storage, old_files, config)
+        storage.delete(INTENT_FILE)
+    return config
+
+
+@dataclasses.dataclass(slots=True)
+class _Job:
+    """One export run: its source, output, backend and options, and what the output held."""
+
+    src: Source
+    storage: Storage
+    backend: Backend
+    opts: ExportOptions
+    command: str
+    old_files: list[str]
+    runner: Runner | None
+    committed: frozenset[str] = frozenset()
+    previous: ExportConfig | None = None
+
+    def __post_init__(self) -> None:
+        self.committed = committed_files(self.storage, self.old_files)
+        if self.opts.mode == "append":
+            self.previous = read_config(self.storage)
+            self.opts = appending_options(self.opts, self.previous)
+
+
+def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
+    """Pass 1 and pass 2. A sample refused while writing (one pass over the bytes finds
+    bad images only then) undoes this run's files once the workers are done."""
+    storage, opts = job.storage, job.opts
+    taken = exported_keys(storage, job.previous)
+    one_pass = job.backend.writes_shards
+    prep = prepare(job.src, opts, None, bars, job.previous, taken) if one_pass else None
+    # bytes in this process (an in-memory source) are written here: pickling costs more
+    workers = 1 if prep is not None and prep.in_memory() else opts.workers
+    intent_before = read_intent_bytes(storage)
+    writing = False
+    try:
+        with job.runner or Runner(workers) as pool:
+            if prep is None:
+                prep = prepare(job.src, opts, pool, bars, job.previous, taken)
+            record_intent(storage, opts.mode, job.command)  # before the first write
+            writing = True
+            written = write_splits(
+                storage, job.backend, prep, opts, pool, bars, job.previous, job.committed
+            )
+        if sum(i.num_samples for i in written.splits.values()) == 0:
+            raise EmptySourceError(f"every sample of {job.src.uri} was skipped; nothing to export")
+    except SourceError:
+        if writing:
+            undo(storage, job.old_files, job.committed, intent_before)
+        raise
+    return prep, written
+
+
+def _config(
+    job: _Job,
+    prep: Prepared,
+    written: Written,
+    pipeline: tuple[dict[str, Any], ...],
+    spec_fingerprint: str | None,
+) -> ExportConfig:
+    """errors.parquet, then the contract of what was written."""
+    errors_file, errors_checksum = write_errors(
+        job.storage, written.skipped, job.previous, job.committed
+    )
+    config = contract(
+        prep,
+        job.src,
+        job.opts,
+        job.backend,
+        written.splits,
+        combined_digest(written.digests),
+        errors_file,
+        job.previous,
+        num_skipped=len(written.skipped),
+    )
+    return dataclasses.replace(
+        config,
+        pipeline=tuple(pipeline),
+        spec_fingerprint=spec_fingerprint,
+        metadata_file=written.metadata_file,
+        metadata_checksum=written.metadata_checksum,
+        errors_checksum=errors_checksum,
+    )

@@ -1,0 +1,120 @@
+"""Pass 2 of an export: a split's shards written from its candidate samples.
+
+Each shard job names a run of candidates; the writer reads each candidate's bytes once
+(checks, hashes and appends them) and takes good candidates until the shard is full, so
+shards stay exactly filled when bad images are only found here. Jobs are planned
+speculatively from the sizes known before writing (every candidate good): when a shard
+used a different number of candidates than planned (it skipped some), the shards in
+flight after it are waited for and discarded, and planning starts again from the true
+position. Discarded shards have the same names as the ones that replace them, or are
+deleted; correct always, and costs only when bad samples exist.
+
+Samples whose bytes are in this process's memory (an in-memory source) are written here,
+inline: pickling them to a worker costs more than writing them. Workers get only
+references (paths, offsets, sizes) and read the bytes themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+
+from shardex.format.shard import ShardJob, ShardWritten, write_shard
+from shardex.parallel import Runner
+from shardex.planning import plan_bounds
+from shardex.rows import SplitRows
+
+#: Candidates a worker's job carries beyond its planned end, for skips (then doubled).
+_SLACK: Final = 8
+
+
+#: (start, stop, first sample number, shard number offset) -> the job's fields it decides.
+MakeJob = Callable[[int, int, int, int], ShardJob]
+
+
+def candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
+    """A job's candidate fields for ``[start, stop)``: views when written inline, compact
+    copies of the references when pickled to a worker."""
+    index = np.arange(start, stop, dtype=np.int64)
+    rows = split.rows.take(pa.array(index))
+    members = split.members.subset(split.member_rows[start:stop])
+    return {
+        "rows": rows,
+        "members": members,
+        "member_rows": np.arange(stop - start, dtype=np.int64),
+        "sizes": split.sizes[start:stop],
+        "last": stop >= split.num_samples,
+    }
+
+
+def inline_candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
+    """The candidates ``[start, stop)`` as views (written in this process: no copy)."""
+    return {
+        "rows": split.rows.slice(start, stop - start),
+        "members": split.members,
+        "member_rows": split.member_rows[start:stop],
+        "sizes": split.sizes[start:stop],
+        "last": stop >= split.num_samples,
+    }
+
+
+def write_shards(
+    split: SplitRows,
+    make_job: MakeJob,
+    runner: Runner,
+    samples_per_shard: int,
+    max_shard_bytes: int | None,
+    *,
+    inline: bool,
+    on_discard: Callable[[ShardWritten], None],
+) -> Iterator[ShardWritten]:
+    """The split's shards in order, each holding ``samples_per_shard`` good samples (or
+    up to the byte cap); only the last may be short. ``on_discard`` gets each shard
+    written speculatively and then replaced (its files may need deleting)."""
+    n = split.num_samples
+    pos = sample = number = 0
+    slack = _SLACK
+    while pos < n:
+        bounds = plan_bounds(split.sizes[pos:], samples_per_shard, max_shard_bytes)
+        stop = [False]
+        round_pos, round_sample, round_number = pos, sample, number
+
+        def jobs(
+            bounds: tuple[tuple[int, int], ...] = bounds,
+            at: int = round_pos,
+            first: int = round_sample,
+            k: int = round_number,
+            extra: int = slack,
+            stop: list[bool] = stop,
+        ) -> Iterator[ShardJob]:
+            for q, (a, b) in enumerate(bounds):
+                if stop[0]:
+                    return
+                yield make_job(at + a, min(n, at + b + extra), first, k + q)
+                first += b - a
+
+        results = map(write_shard, jobs()) if inline else runner.imap(write_shard, jobs())
+        more = False
+        for q, done in enumerate(results):
+            if stop[0]:
+                on_discard(done)
+                continue
+            a, b = bounds[q]
+            if not done.complete:  # ran out of candidates: the same shard with more
+                on_discard(done)
+                stop[0] = more = True
+                continue
+            pos = round_pos + a + done.consumed
+            if done.num_samples:
+                yield done
+                sample += done.num_samples
+                number += 1
+            if done.consumed != b - a or done.num_samples != b - a:
+                stop[0] = True  # skipped candidates: plan the rest again from here
+        if more:
+            slack *= 2
+        elif not stop[0]:
+            pos = n

@@ -1,0 +1,61 @@
+"""Duplicate and unsafe keys are found through hashes of the case-folded keys; the result
+is the same as comparing every key with every earlier one."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardex.checks import _check_keys, unsafe_key
+
+
+def _reference(keys: list[str], taken: frozenset[str]) -> list[str | None]:
+    """The plain rule: the first of equal keys (or of keys equal but for case) is kept."""
+    out: list[str | None] = []
+    kept: list[tuple[int, str]] = []
+    for i, key in enumerate(keys):
+        reason = unsafe_key(key)
+        if reason is None and key in taken:
+            reason = "taken"
+        elif reason is None and any(k == key for _, k in kept):
+            reason = "same"
+        elif reason is None and any(k.casefold() == key.casefold() for _, k in kept):
+            reason = "case"
+        if reason is None:
+            kept.append((i, key))
+        out.append(reason)
+    return out
+
+
+def _kind(reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    if "already in the export" in reason:
+        return "taken"
+    if "also used by" in reason:
+        return "same"
+    if "differs only by case" in reason:
+        return "case"
+    return reason
+
+
+@settings(max_examples=200, deadline=2000)
+@given(
+    st.lists(st.text(alphabet="aAbB/.ẞß", max_size=4), max_size=30),
+    st.frozensets(st.text(alphabet="aAb", max_size=2), max_size=3),
+)
+def test_key_checks_match_comparing_every_pair(keys: list[str], taken: frozenset[str]) -> None:
+    reasons: list[str | None] = [None] * len(keys)
+    originals = pa.chunked_array([[f"src/{i}" for i in range(len(keys))]], pa.string())
+    _check_keys(keys, reasons, originals, taken)
+    assert [_kind(r) for r in reasons] == _reference(keys, taken)
+
+
+def test_a_duplicate_names_the_first_sample_with_its_key() -> None:
+    keys = ["cat/1", "dog/1", "Cat/1", "cat/1"]
+    reasons: list[str | None] = [None] * 4
+    _check_keys(keys, reasons, pa.chunked_array([["a.jpg", "b.jpg", "c.jpg", "d.jpg"]]))
+    assert reasons[:2] == [None, None]
+    assert reasons[2] == "duplicate key 'Cat/1': differs only by case from 'cat/1'"
+    assert reasons[3] == "duplicate key 'cat/1' (also used by 'a.jpg')"

@@ -1,0 +1,75 @@
+"""The export reads each image once: bad images found while writing are skipped (or
+refuse the export) and shards stay exactly filled, whatever the worker count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import shardex
+from shardex.errors import BadSampleError
+from shardex.testing import make_image
+
+
+def _folder(root: Path, n: int, bad: set[int]) -> None:
+    for i in range(n):
+        path = root / f"c{i % 2}" / f"{i:04d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = make_image(i)
+        path.write_bytes(data[: len(data) // 2] if i in bad else data)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("cap", [None, 10_000], ids=["by-count", "by-bytes"])
+def test_skipped_images_leave_every_shard_but_the_last_full(
+    tmp_path: Path, cap: int | None
+) -> None:
+    bad = {1, 2, 7, 8, 9, 15, 30, 31}
+    _folder(tmp_path / "src", 40, bad)
+    opts = {"samples_per_shard": 4, "max_shard_bytes": cap, "on_error": "skip"}
+    one = shardex.export(tmp_path / "src", tmp_path / "w1", workers=1, **opts)
+    two = shardex.export(tmp_path / "src", tmp_path / "w2", workers=2, **opts)
+    assert _files(tmp_path / "w1") == _files(tmp_path / "w2")  # no stray speculative shard
+    assert one.num_samples == two.num_samples == 32
+    assert one.num_skipped == 8
+    shards = one.splits["train"].shards
+    if cap is None:
+        assert [s.num_samples for s in shards] == [4] * 8
+    # the same shards as a source without the bad files (names aside)
+    for i in bad:
+        (tmp_path / "src" / f"c{i % 2}" / f"{i:04d}.jpg").unlink()
+    clean = shardex.export(tmp_path / "src", tmp_path / "clean", workers=1, **opts)
+    assert [(s.num_samples, s.num_bytes, s.checksum) for s in shards] == [
+        (s.num_samples, s.num_bytes, s.checksum) for s in clean.splits["train"].shards
+    ]
+    errors = pq.read_table(tmp_path / "w1" / "errors.parquet")
+    assert sorted(errors.column("key").to_pylist()) == sorted(f"c{i % 2}/{i:04d}" for i in bad)
+    ds = shardex.open_dataset(tmp_path / "w2")
+    assert len(ds) == 32
+    assert sorted(ds.keys()) == sorted(f"c{i % 2}/{i:04d}" for i in range(40) if i not in bad)  # type: ignore[attr-defined]
+    assert shardex.verify(tmp_path / "w2").ok
+
+
+def test_a_bad_image_found_while_writing_refuses_and_leaves_nothing(tmp_path: Path) -> None:
+    _folder(tmp_path / "src", 30, {25})
+    with pytest.raises(BadSampleError, match=r"0025\.jpg': truncated JPEG"):
+        shardex.export(tmp_path / "src", tmp_path / "out", workers=2, samples_per_shard=4)
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    done = shardex.export(tmp_path / "src", tmp_path / "out", on_error="skip", samples_per_shard=4)
+    assert done.num_samples == 29  # the refused run left nothing in the way
+
+
+def test_in_memory_bytes_are_checked_too(tmp_path: Path) -> None:
+    images = [make_image(i) for i in range(10)]
+    images[3] = images[3][:100]
+    with pytest.raises(BadSampleError, match=r"arrays\[3\]"):
+        shardex.export({"jpg": images}, tmp_path / "a", workers=1)
+    config = shardex.export({"jpg": images}, tmp_path / "b", on_error="skip", samples_per_shard=3)
+    assert [s.num_samples for s in config.splits["train"].shards] == [3, 3, 3]
