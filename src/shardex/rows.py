@@ -10,7 +10,6 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -203,43 +202,4 @@ class ByteSource:
         self._fds = {}
 
 
-def binary_array(values: Sequence[bytes]) -> pa.Array:
-    """A binary array of byte strings: one join and the offsets (``pa.array`` on a list
-    of bytes appends them one by one, several times slower for images)."""
-    lengths = np.fromiter(map(len, values), np.int64, len(values))
-    offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    blob = pa.py_buffer(b"".join(values))
-    large = pa.Array.from_buffers(
-        pa.large_binary(), len(values), [None, pa.py_buffer(offsets), blob]
-    )
-    return large.cast(pa.binary()) if offsets[-1] < 2**31 else large
-
-
-def members_column(
-    exts: Sequence[str], datas: Sequence[pa.Array], num_samples: int
-) -> pa.ListArray:
-    """A ``_members`` column of inline members built column by column: field ``k`` of every
-    sample is ``datas[k][i]`` under extension ``exts[k]`` (no Python dict per member)."""
-    k = len(exts)
-    if k == 1:
-        data = datas[0].cast(pa.binary())
-    else:
-        data = pa.concat_arrays([d.cast(pa.binary()) for d in datas] or [pa.array([], pa.binary())])
-    if k > 1:  # sample-major order: sample i's fields are consecutive
-        order = np.arange(num_samples * k).reshape(k, num_samples).T.ravel()
-        data = data.take(pa.array(order))
-    sizes = pc.binary_length(data).cast(pa.int64())
-    n = num_samples * k
-    codes = pa.array(np.tile(np.arange(k, dtype=np.int32), num_samples))
-    ext = pa.DictionaryArray.from_arrays(codes, pa.array(list(exts), pa.string()))
-    ext = ext.cast(pa.string())
-    struct = pa.StructArray.from_arrays(
-        [ext, pa.nulls(n, pa.string()), pa.array(np.full(n, -1, np.int64)), sizes, data],
-        fields=list(MEMBER_TYPE),
-    )
-    offsets = pa.array(np.arange(num_samples + 1, dtype=np.int32) * k)
-    return pa.ListArray.from_arrays(offsets, struct, type=pa.list_(MEMBER_TYPE))
-
-
-__all__ = ["MEMBERS", "ByteSource", "Members", "SplitRows", "binary_array", "members_column"]
+__all__ = ["MEMBERS", "ByteSource", "Members", "SplitRows"]
