@@ -630,3 +630,14 @@ def test_thumbnails_are_small_jpegs_and_refuse_what_is_not_an_image() -> None:
             assert max(image.size) == min(160, max(size))
     with pytest.raises(BadImageError, match=r"sample 3 .* is not a decodable image"):
         make_thumbnail(b"\xff\xd8\xff not really a jpeg", 160, "sample 3 (jpg)")
+
+
+def test_bound_to_an_ipv6_address_its_own_urls_are_served(export: Path) -> None:
+    # a browser names an IPv6 server in brackets (http://[2001:db8::7]:8765/ is what
+    # `shardex browse --host 2001:db8::7` prints)
+    app = create_app(export, host="2001:db8::7")
+    with TestClient(app, base_url="http://[2001:db8::7]:8765") as bound:
+        assert bound.get("/api/info").status_code == 200
+        assert bound.get("/", headers={"host": "[2001:db8::7]"}).status_code == 200
+        assert bound.get("/", headers={"host": "attacker.example"}).status_code == 400
+        assert bound.get("/", headers={"host": "[2001:db8::8]:8765"}).status_code == 400
