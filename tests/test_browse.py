@@ -641,3 +641,22 @@ def test_bound_to_an_ipv6_address_its_own_urls_are_served(export: Path) -> None:
         assert bound.get("/", headers={"host": "[2001:db8::7]"}).status_code == 200
         assert bound.get("/", headers={"host": "attacker.example"}).status_code == 400
         assert bound.get("/", headers={"host": "[2001:db8::8]:8765"}).status_code == 400
+
+
+def test_integers_beyond_int64_are_400_with_one_line(client: TestClient) -> None:
+    # the metadata columns are 64-bit: a larger number in a URL is a bad query, not a crash
+    big = "99999999999999999999"
+    for path in (
+        f"/api/page?label={big}",
+        f"/api/page?label=-{big}",
+        f"/api/plots?label={big}",
+        f"/api/page?expr=score+>+{big}",
+        f"/api/page?expr=width+*+{big}",
+        f"/api/page?expr=width+in+(1,+{big})",
+        f"/api/plots?expr=width+==+-{big}",
+    ):
+        response = client.get(path)
+        assert response.status_code == 400, path
+        error = response.json()["error"]
+        assert "\n" not in error, path
+        assert big in error, path
