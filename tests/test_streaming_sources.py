@@ -408,3 +408,34 @@ def test_inline_bytes_past_the_limit_are_cut_between_samples(
     for chunk in chunks:  # each piece within the limit, unless one sample alone passes it
         inline = sum(len(m["data"]) for row in chunk.to_pylist() for m in row)
         assert inline <= limit or len(chunk) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "later"),
+    [
+        ([], ["cat"]),  # only empty lists in the first batch
+        ({"x": 1}, {"x": 1, "y": 2}),  # an object gaining a key
+        (1, 1.5),  # only ints before the first float
+    ],
+)
+def test_tar_json_field_narrower_in_the_first_batch_says_so(
+    tmp_path: Path, first: object, later: object
+) -> None:
+    # one type in every .json member as JSON sees it: the refusal must not tell the user
+    # to fix their data, but say that the first batch fixed the column's type
+    members = []
+    for i in range(4):
+        members.append((f"s{i}.jpg", image_bytes(i)))
+        members.append((f"s{i}.json", json.dumps({"f": first if i < 2 else later}).encode()))
+    _tar(tmp_path / "a.tar", members)
+    assert TarSource(tmp_path / "a.tar").scan().table.num_rows == 4  # one batch: fine
+
+    with pytest.raises(SourceError) as err:
+        TarSource(tmp_path / "a.tar", batch_size=2).scan()
+
+    message = str(err.value)
+    assert "\n" not in message
+    assert "json field 'f'" in message
+    assert "in sample 's2'" in message
+    assert "batch of 2 samples" in message  # the batch that set the type
+    assert "give the field one type" not in message
