@@ -660,3 +660,26 @@ def test_integers_beyond_int64_are_400_with_one_line(client: TestClient) -> None
         error = response.json()["error"]
         assert "\n" not in error, path
         assert big in error, path
+
+
+def test_every_column_the_grid_offers_shows_the_metadatas_value(tmp_path: Path) -> None:
+    # `df.reset_index()` leaves a column named "index": the grid's rows also carry each
+    # sample's number as "index" (and "label_name"); neither may show in that column's place
+    n = 14
+    source = _source(n)
+    extra = pa.table({"index": pa.array(range(1000, 1000 + n)), "label_name": ["mine"] * n})
+    meta = source.metadata
+    assert meta is not None
+    for name in extra.column_names:
+        meta = meta.append_column(name, extra.column(name))
+    source.metadata = meta
+    shardex.export(source, tmp_path / "e", workers=1)
+    with TestClient(create_app(tmp_path / "e"), base_url="http://127.0.0.1") as client:
+        shown = client.get("/api/info").json()["shown"]
+        rows = client.get("/api/page", params={"col": shown}).json()["rows"]
+        for row in rows:
+            metadata = client.get(f"/api/sample/{row['index']}").json()["metadata"]
+            for name in shown:
+                assert row[name] == metadata[name], (name, row)
+        assert [row["index"] for row in rows] == list(range(n))
+        assert client.get("/api/page", params={"min.index": 1003}).json()["total"] == n - 3
