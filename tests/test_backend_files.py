@@ -172,3 +172,49 @@ def test_a_plugin_backends_exports_can_be_overwritten_and_resumed(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "plugin ok" in done.stdout
+
+
+_BROKEN_RUN = """
+import sys
+import shardex
+from shardex.errors import OutputExistsError
+
+out = sys.argv[1]
+try:
+    shardex.export({"key": ["a"], "txt": ["x"]}, out, workers=1)
+except OutputExistsError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_broken_plugin_does_not_turn_a_foreign_folder_into_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Refusing a folder of someone else's files asks every registered backend whether the
+    files are its own; a plugin that fails to import (its own bug, not a missing package)
+    must not replace that refusal with its traceback."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "broken_plugin.py").write_text("raise RuntimeError('this plugin is broken')\n")
+    dist = site / "broken_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[shardex.backends]\nbroken = broken_plugin:BrokenBackend\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "holiday.jpg").write_bytes(b"someone else's photo")
+    path = [str(site), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", _BROKEN_RUN, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused:" in done.stdout
+    assert "holiday.jpg" in done.stdout
+    assert (out / "holiday.jpg").read_bytes() == b"someone else's photo"

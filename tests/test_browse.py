@@ -630,3 +630,56 @@ def test_thumbnails_are_small_jpegs_and_refuse_what_is_not_an_image() -> None:
             assert max(image.size) == min(160, max(size))
     with pytest.raises(BadImageError, match=r"sample 3 .* is not a decodable image"):
         make_thumbnail(b"\xff\xd8\xff not really a jpeg", 160, "sample 3 (jpg)")
+
+
+def test_bound_to_an_ipv6_address_its_own_urls_are_served(export: Path) -> None:
+    # a browser names an IPv6 server in brackets (http://[2001:db8::7]:8765/ is what
+    # `shardex browse --host 2001:db8::7` prints)
+    app = create_app(export, host="2001:db8::7")
+    with TestClient(app, base_url="http://[2001:db8::7]:8765") as bound:
+        assert bound.get("/api/info").status_code == 200
+        assert bound.get("/", headers={"host": "[2001:db8::7]"}).status_code == 200
+        assert bound.get("/", headers={"host": "attacker.example"}).status_code == 400
+        assert bound.get("/", headers={"host": "[2001:db8::8]:8765"}).status_code == 400
+
+
+def test_integers_beyond_int64_are_400_with_one_line(client: TestClient) -> None:
+    # the metadata columns are 64-bit: a larger number in a URL is a bad query, not a crash
+    big = "99999999999999999999"
+    for path in (
+        f"/api/page?label={big}",
+        f"/api/page?label=-{big}",
+        f"/api/plots?label={big}",
+        f"/api/page?expr=score+>+{big}",
+        f"/api/page?expr=width+*+{big}",
+        f"/api/page?expr=width+in+(1,+{big})",
+        f"/api/plots?expr=width+==+-{big}",
+    ):
+        response = client.get(path)
+        assert response.status_code == 400, path
+        error = response.json()["error"]
+        assert "\n" not in error, path
+        assert big in error, path
+
+
+def test_every_column_the_grid_offers_shows_the_metadatas_value(tmp_path: Path) -> None:
+    # `df.reset_index()` leaves a column named "index": the grid's rows also carry each
+    # sample's number as "index" (and "label_name"); neither may show in that column's place
+    n = 14
+    source = _source(n)
+    extra = pa.table({"index": pa.array(range(1000, 1000 + n)), "label_name": ["mine"] * n})
+    meta = source.metadata
+    assert meta is not None
+    for name in extra.column_names:
+        meta = meta.append_column(name, extra.column(name))
+    source.metadata = meta
+    shardex.export(source, tmp_path / "e", workers=1)
+    with TestClient(create_app(tmp_path / "e"), base_url="http://127.0.0.1") as client:
+        shown = client.get("/api/info").json()["shown"]
+        rows = client.get("/api/page", params={"col": shown}).json()["rows"]
+        for row in rows:
+            metadata = client.get(f"/api/sample/{row['index']}").json()["metadata"]
+            for name in shown:
+                assert row[name] == metadata[name], (name, row)
+        assert [row["index"] for row in rows] == list(range(n))
+        assert client.get("/api/page", params={"min.index": 1003}).json()["total"] == n - 3

@@ -32,7 +32,7 @@ from shardex.sources import (
     TarSource,
 )
 from shardex.sources.arrays import npy_bytes
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBERS
+from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBERS, batch_table, members_array
 from shardex.sources.demo import CLASSES
 
 
@@ -367,3 +367,75 @@ def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
         finally:
             tarheaders.FAST = True
         assert fast == slow
+
+
+@pytest.mark.slow
+def test_a_batch_of_more_than_2_gib_of_inline_bytes_keeps_every_sample() -> None:
+    # Arrow's binary offsets are 32-bit: a re-export's batch of 8192 samples read through
+    # their dataset (bytes held, e.g. 300 KB images from S3) passes 2 GiB
+    blob = bytes(range(256)) * 4096  # 1 MiB, shared by every row (little Python memory)
+    n = 2049
+    members = members_array(
+        list(range(n + 1)), ["jpg"] * n, [None] * n, [-1] * n, [len(blob)] * n, [blob] * n
+    )
+    table = batch_table([f"k{i}" for i in range(n)], [f"p{i}" for i in range(n)], members)
+    assert table.num_rows == n
+    column = table.column(MEMBERS)
+    for row in (0, n // 2, n - 1):
+        (member,) = column[row].as_py()
+        assert (member["ext"], member["size"], member["data"]) == ("jpg", len(blob), blob)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.lists(st.integers(0, 9), max_size=3), min_size=1, max_size=12),
+    limit=st.integers(1, 30),
+)
+def test_inline_bytes_past_the_limit_are_cut_between_samples(
+    sizes: list[list[int]], limit: int
+) -> None:
+    from shardex.sources import base
+
+    offsets = np.cumsum([0, *map(len, sizes)]).tolist()
+    data = [bytes([i]) * n for i, n in enumerate(n for sample in sizes for n in sample)]
+    ext = [f"e{i}" for i in range(len(data))]
+    whole = members_array(offsets, ext, None, [0] * len(data), list(map(len, data)), data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(base, "MAX_INLINE_BYTES", limit)
+        cut = members_array(offsets, ext, None, [0] * len(data), list(map(len, data)), data)
+    assert cut.to_pylist() == whole.to_pylist()
+    chunks = cut.chunks if isinstance(cut, pa.ChunkedArray) else [cut]
+    for chunk in chunks:  # each piece within the limit, unless one sample alone passes it
+        inline = sum(len(m["data"]) for row in chunk.to_pylist() for m in row)
+        assert inline <= limit or len(chunk) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "later"),
+    [
+        ([], ["cat"]),  # only empty lists in the first batch
+        ({"x": 1}, {"x": 1, "y": 2}),  # an object gaining a key
+        (1, 1.5),  # only ints before the first float
+    ],
+)
+def test_tar_json_field_narrower_in_the_first_batch_says_so(
+    tmp_path: Path, first: object, later: object
+) -> None:
+    # one type in every .json member as JSON sees it: the refusal must not tell the user
+    # to fix their data, but say that the first batch fixed the column's type
+    members = []
+    for i in range(4):
+        members.append((f"s{i}.jpg", image_bytes(i)))
+        members.append((f"s{i}.json", json.dumps({"f": first if i < 2 else later}).encode()))
+    _tar(tmp_path / "a.tar", members)
+    assert TarSource(tmp_path / "a.tar").scan().table.num_rows == 4  # one batch: fine
+
+    with pytest.raises(SourceError) as err:
+        TarSource(tmp_path / "a.tar", batch_size=2).scan()
+
+    message = str(err.value)
+    assert "\n" not in message
+    assert "json field 'f'" in message
+    assert "in sample 's2'" in message
+    assert "batch of 2 samples" in message  # the batch that set the type
+    assert "give the field one type" not in message

@@ -19,6 +19,7 @@ from typing import Any, Final
 from shardex.backends.base import Backend
 from shardex.contract import ExportConfig
 from shardex.errors import BackendError, MissingDependencyError
+from shardex.quoting import one_line
 
 ENTRY_POINT_GROUP: Final = "shardex.backends"
 
@@ -115,7 +116,8 @@ class Registry:
         """The class of the named backend (imported now: its declarations are class-level).
 
         Raises:
-            BackendError: no backend has this name, or its target is not a Backend.
+            BackendError: no backend has this name, its module fails to import, or its
+                target is not a Backend.
             MissingDependencyError: it needs a package that is not installed.
         """
         # Entry points are read only for a name not registered yet: reading them costs
@@ -134,6 +136,12 @@ class Registry:
             hint = entry.install_hint or f"install the package that provides {module_name}"
             raise MissingDependencyError(
                 f"backend {name!r} needs a missing dependency ({exc.name}): {hint}"
+            ) from exc
+        except Exception as exc:  # a plugin's own bug: named in one line, not a traceback
+            raise BackendError(
+                f"backend {name!r}: importing {module_name} failed "
+                f"({type(exc).__name__}: {one_line(str(exc))}); fix or uninstall "
+                f"{entry.origin}"
             ) from exc
         cls = getattr(module, cls_name, None)
         if not (isinstance(cls, type) and issubclass(cls, Backend)):

@@ -115,7 +115,9 @@ def create_app(browser: Browser, *, host: str = "127.0.0.1") -> Starlette:
         Route("/image/{index:int}", pages.image),
         Mount("/static", StaticFiles(packages=[("shardex.browse", "static")]), name="static"),
     ]
-    allowed = ["*"] if host in ("0.0.0.0", "::", "") else [host, *LOOPBACK_NAMES]
+    # a Host header names an IPv6 address in brackets ("[2001:db8::7]:8765")
+    named = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    allowed = ["*"] if host in ("0.0.0.0", "::", "") else [named, *LOOPBACK_NAMES]
     return Starlette(
         routes=routes,
         middleware=[

@@ -41,6 +41,11 @@ INTERNAL: Final = frozenset(
         "sample_checksum",
     }
 )
+#: What a grid row carries beside its columns (the sample's number, its label's name): a
+#: metadata column of one of these names (``df.reset_index()`` makes ``index``) is filtered
+#: on and shown on the sample page, but not offered under the thumbnails, where it would
+#: show the row's own value instead of the column's.
+ROW_FIELDS: Final = frozenset({"index", "label_name"})
 #: Bins of each histogram, and of each axis of the width x height plot.
 BINS: Final = 30
 SIZE_BINS: Final = 24
@@ -95,7 +100,8 @@ class Columns:
     @property
     def shown(self) -> tuple[str, ...]:
         """Columns the grid may show under a thumbnail."""
-        return (*self.numeric, *(t for t in self.text if t != "key"))
+        shown = (*self.numeric, *(t for t in self.text if t != "key"))
+        return tuple(name for name in shown if name not in ROW_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

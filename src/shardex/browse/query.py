@@ -28,6 +28,8 @@ Mask = npt.NDArray[np.bool_]
 MAX_PAGE: Final = 200
 #: Texts longer than this are refused (a text match or a column name).
 MAX_TEXT: Final = 500
+#: The largest integer a query may hold: metadata columns (and Arrow's scalars) are 64-bit.
+MAX_INT: Final = 2**63 - 1
 
 _COMPARE: Final[dict[type[ast.cmpop], Callable[[Any, Any], Any]]] = {
     ast.Eq: pc.equal,
@@ -69,7 +71,7 @@ def parse_query(
     Raises:
         ConfigError: a parameter names an unknown column or is not a number.
     """
-    labels = tuple(_integer("label", v) for v in params.get("label", ()))
+    labels = tuple(_int64("label", _integer("label", v)) for v in params.get("label", ()))
     bounds: dict[str, list[float | None]] = {}
     for name, values in params.items():
         side, dot, column = name.partition(".")
@@ -159,6 +161,11 @@ class _Columns:
 
     def evaluate(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
+            if isinstance(node.value, int) and abs(node.value) > MAX_INT:
+                raise ConfigError(
+                    f"filter {self.expr!r}: {node.value} is beyond the 64-bit integers "
+                    "the metadata columns hold"
+                )
             return node.value
         if isinstance(node, ast.Name):
             return _widened(self.table.column(node.id))
@@ -281,6 +288,12 @@ def _integer(name: str, text: str) -> int:
         return int(text)
     except ValueError:
         raise ConfigError(f"parameter {name!r} must be an integer, got {text[:40]!r}") from None
+
+
+def _int64(name: str, value: int) -> int:
+    if abs(value) > MAX_INT:
+        raise ConfigError(f"parameter {name!r} is {value}, beyond the 64-bit integers it names")
+    return value
 
 
 def _number(name: str, text: str) -> float:

@@ -27,8 +27,10 @@ import re
 from abc import ABC
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, ClassVar, Final
 
+import numpy as np
 import pyarrow as pa
 
 from shardex.errors import BadSampleError, ConfigError, SourceError
@@ -60,6 +62,10 @@ __all__ = [
 #: memory: about 100 bytes per sample).
 DEFAULT_BATCH_SIZE: Final = 8192
 MEMBERS: Final = "_members"
+#: The most inline bytes one piece of a ``_members`` column holds, well inside the 2 GiB
+#: that Arrow's 32-bit binary offsets address (a batch with more is cut into pieces of
+#: whole samples).
+MAX_INLINE_BYTES: Final = 1 << 30
 #: Optional column: why the source could not use a sample (None when fine).
 INVALID: Final = "_invalid"
 MEMBER_TYPE: Final[pa.StructType] = pa.struct(
@@ -253,13 +259,42 @@ def members_array(
     offset: Any,
     size: Any,
     data: Any = None,
-) -> pa.Array:
+) -> pa.Array | pa.ChunkedArray:
     """The ``_members`` column built column by column (no dict per member).
 
     ``offsets`` (n + 1 numbers) says where each sample's members start in the flat member
     columns ``ext``, ``path``, ``offset``, ``size`` and ``data`` (lists or Arrow arrays;
-    ``data`` None when no member is inline).
+    ``data`` None when no member is inline). Inline bytes (a list) of more than
+    :data:`MAX_INLINE_BYTES` come back as a ChunkedArray, each piece whole samples.
     """
+    if isinstance(data, list):
+        cuts = _inline_cuts(offsets, data)
+        if len(cuts) > 2:
+            at = np.asarray(offsets, np.int64)
+            pieces = []
+            for a, b in pairwise(cuts):
+                lo, hi = int(at[a]), int(at[b])
+                flat = [None if v is None else v[lo:hi] for v in (ext, path, offset, size, data)]
+                pieces.append(_members(at[a : b + 1] - lo, *flat))
+            return pa.chunked_array(pieces, pa.list_(MEMBER_TYPE))
+    return _members(offsets, ext, path, offset, size, data)
+
+
+def _inline_cuts(offsets: Any, data: list[bytes | None]) -> list[int]:
+    """Sample numbers that cut a batch into pieces of at most :data:`MAX_INLINE_BYTES`
+    inline bytes (first 0, last the number of samples)."""
+    sizes = np.fromiter((0 if d is None else len(d) for d in data), np.int64, len(data))
+    before = np.concatenate([[0], np.cumsum(sizes)])[np.asarray(offsets, np.int64)]
+    samples = len(before) - 1
+    cuts = [0]
+    if before[-1] > MAX_INLINE_BYTES:  # rare: only then a loop over the samples
+        for s in range(1, samples):
+            if before[s + 1] - before[cuts[-1]] > MAX_INLINE_BYTES:
+                cuts.append(s)
+    return [*cuts, samples]
+
+
+def _members(offsets: Any, ext: Any, path: Any, offset: Any, size: Any, data: Any) -> pa.Array:
     flat = len(ext)
     children = [
         _as_array(ext, pa.string()),
@@ -283,7 +318,7 @@ def _as_array(values: Any, type_: pa.DataType) -> pa.Array:
 def batch_table(
     keys: Any,
     original_paths: Any,
-    members: pa.Array,
+    members: pa.Array | pa.ChunkedArray,
     *,
     splits: Any = None,
     labels: Any = None,
@@ -292,7 +327,7 @@ def batch_table(
 ) -> pa.Table:
     """Assemble a scan table from columns (lists or Arrow arrays) and a ``_members``
     column (see :func:`members_array`)."""
-    columns: dict[str, pa.Array] = {
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
         "key": _as_array(keys, pa.string()),
         "original_path": _as_array(original_paths, pa.string()),
     }

@@ -44,8 +44,6 @@ from shardex.storage import Storage, open_storage
 if TYPE_CHECKING:
     from shardex.dataset import Dataset
 
-#: Backends whose dataset checks every byte it reads (a per-sample or per-file checksum);
-#: the runs of the others are checked against config.yaml before they are read.
 #: Fields that come back from metadata.parquet rather than from the samples.
 _FROM_METADATA: Final = ("cls", "json")
 

@@ -110,8 +110,9 @@ class MetadataTypes:
     cast to it where that loses nothing (ints to an established float, all-null to
     anything), else refused in one line naming the field."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, batch_size: int) -> None:
         self.where = where
+        self.batch_size = batch_size
         self.types: dict[str, pa.DataType] = {}
 
     def fit(self, meta: pa.Table, keys: list[str], originals: list[str]) -> pa.Table:
@@ -137,6 +138,14 @@ class MetadataTypes:
                     pass
             at = _first_valid(column)
             sample = f"{keys[at]!r} ({originals[at]!r})"
+            if _widens_to(known, column.type):  # one JSON type, narrower in the first batch
+                raise SourceError(
+                    f"{self.where}: json field {name!r} holds {printable(str(column.type))} "
+                    f"in sample {sample}, but only {printable(str(known))} in the batch of "
+                    f"{self.batch_size} samples where it first appears, which set its type "
+                    "(sources are read in batches); read more samples as one batch "
+                    "(the source's batch_size) or give the first ones values of the wider type"
+                )
             raise SourceError(
                 f"{self.where}: json field {name!r} holds {printable(str(column.type))} in "
                 f"sample {sample} but {printable(str(known))} in earlier samples; give the "

@@ -100,7 +100,7 @@ class _Batcher:
     def __init__(self, where: str, batch_size: int) -> None:
         self.where = where
         self.batch_size = batch_size
-        self.types = MetadataTypes(where)
+        self.types = MetadataTypes(where, batch_size)
         #: whether batches have a label column: decided by the first batch
         self.with_label: bool | None = None
         self.samples = 0
