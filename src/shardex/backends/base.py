@@ -8,14 +8,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from shardex.contract import FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
-from shardex.format.shard import SampleCheck
+from shardex.format.shard import SampleCheck, tar_sizes
 from shardex.parallel import Runner
-from shardex.rows import SplitRows
+from shardex.rows import Members, SplitRows
 from shardex.storage.base import Storage
 
 
@@ -118,6 +120,20 @@ class Backend(ABC):
                 f"(its options: {known})"
             )
         self.options: dict[str, Any] = dict(options or {})
+
+    def sample_sizes(
+        self,
+        rows: pa.Table,
+        members: Members,
+        member_rows: npt.NDArray[np.int64],
+        *,
+        with_label: bool,
+    ) -> npt.NDArray[np.int64]:
+        """The bytes each sample (``rows``, its members ``member_rows`` of ``members``)
+        takes in a shard, known before writing: shard boundaries under
+        ``max_shard_bytes`` and the shard names' content digest come from these. The
+        default counts them as tar members (headers, data, padding)."""
+        return tar_sizes(rows, members, member_rows, with_label=with_label)
 
     @abstractmethod
     def write_split(
