@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
+
 from shardex.contract import CONFIG_FILE, FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
@@ -20,7 +23,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
 
     from shardex.format.shard import SampleCheck
     from shardex.parallel import Runner
-    from shardex.rows import SplitRows
+    from shardex.rows import Members, SplitRows
     from shardex.verification import VerifyReport
 
 
@@ -177,6 +180,22 @@ class Backend(ABC):
         """Where config.yaml's key specs say ``field``'s values live: ``{key_storage}:{column}``
         (a backend that stores fields under their own names overrides it)."""
         return f"{cls.key_storage or cls.name}:{field.column}"
+
+    def sample_sizes(
+        self,
+        rows: pa.Table,
+        members: Members,
+        member_rows: npt.NDArray[np.int64],
+        *,
+        with_label: bool,
+    ) -> npt.NDArray[np.int64]:
+        """The bytes each sample (``rows``, its members ``member_rows`` of ``members``)
+        takes in a shard, known before writing: shard boundaries under
+        ``max_shard_bytes`` and the shard names' content digest come from these. The
+        default counts them as tar members (headers, data, padding)."""
+        from shardex.format.shard import tar_sizes  # writing code: opening does not load it
+
+        return tar_sizes(rows, members, member_rows, with_label=with_label)
 
     @abstractmethod
     def write_split(

@@ -5,18 +5,17 @@ first guess of its shard boundaries and its deterministic name hash.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.backends.base import SplitPlan
+from shardex.backends.base import Backend, SplitPlan
 from shardex.contract import (
     FORMAT_VERSION,
     ExportConfig,
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
-from shardex.format.shard import SampleCheck, sample_sizes
+from shardex.format.shard import SampleCheck
 from shardex.options import ExportOptions
 from shardex.planning import (
     content_digest,
@@ -27,9 +26,9 @@ from shardex.rows import Members, SplitRows
 from shardex.sources.base import MEMBERS
 
 
-def split_rows(prep: Prepared, names: list[str]) -> list[SplitRows | pa.Table]:
-    """Each split's rows: candidates over the shared members (shard-by-shard backends;
-    no sample bytes copied), or the split's whole table with ``sample_index``."""
+def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[SplitRows | pa.Table]:
+    """Each split's rows: candidates over the shared members, sized by the backend
+    (shard-by-shard backends; no sample bytes copied), or the split's whole table."""
     table = prep.table
     column = table.column("split")
     if prep.members is None:
@@ -40,7 +39,7 @@ def split_rows(prep: Prepared, names: list[str]) -> list[SplitRows | pa.Table]:
     for name in names:
         index = np.flatnonzero(values == name).astype(np.int64)
         rows = meta if len(index) == meta.num_rows else meta.take(pa.array(index))
-        sizes = sample_sizes(rows, prep.members, index, with_label=prep.write_label)
+        sizes = backend.sample_sizes(rows, prep.members, index, with_label=prep.write_label)
         out.append(SplitRows(rows, prep.members, index, sizes))
     return out
 
@@ -48,6 +47,7 @@ def split_rows(prep: Prepared, names: list[str]) -> list[SplitRows | pa.Table]:
 def plan_split(
     rows: SplitRows | pa.Table,
     split: str,
+    backend: Backend,
     prep: Prepared,
     opts: ExportOptions,
     before: SplitInfo | None,
@@ -62,7 +62,10 @@ def plan_split(
         table = rows.append_column(
             "sample_index", pa.array(np.arange(start, start + rows.num_rows))
         )
-        sizes, candidates = sample_sizes_of_table(table, prep.write_label), None
+        members = Members.of(table.column(MEMBERS))
+        every = np.arange(table.num_rows, dtype=np.int64)
+        sizes = backend.sample_sizes(table, members, every, with_label=prep.write_label)
+        candidates = None
     digest = content_digest(table, sizes)
     plan = SplitPlan(
         split,
@@ -81,11 +84,3 @@ def plan_split(
         check=SampleCheck(opts.validate, opts.max_pixels, opts.on_error),
     )
     return plan, digest
-
-
-def sample_sizes_of_table(rows: pa.Table, with_label: bool) -> npt.NDArray[np.int64]:
-    """Planned tar sizes of a split's whole table (backends that write whole splits)."""
-    members = Members.of(rows.column(MEMBERS))
-    return sample_sizes(
-        rows, members, np.arange(rows.num_rows, dtype=np.int64), with_label=with_label
-    )

@@ -80,7 +80,7 @@ def write_splits(
     written: dict[str, SplitInfo] = {}
     digests: list[str] = []
     try:
-        for split, rows in zip(names, split_rows(prep, names), strict=True):
+        for split, rows in zip(names, split_rows(prep, names, backend), strict=True):
             before = previous.splits.get(split) if previous else None
             if old_meta is not None and before is not None:
                 sink(old_meta.filter(pc.equal(old_meta.column("split"), split)))
@@ -88,7 +88,7 @@ def write_splits(
             if count == 0 and before is not None:
                 written[split] = before
                 continue
-            plan, digest = plan_split(rows, split, prep, opts, before, committed, previous)
+            plan, digest = plan_split(rows, split, backend, prep, opts, before, committed, previous)
             digests.append(digest)
             plan = dataclasses.replace(plan, on_skip=on_skip)
             info = backend.write_split(storage, plan, runner, on_shard)

@@ -97,7 +97,7 @@ class MemberReader:
         self._fds = {}
 
 
-def sample_sizes(
+def tar_sizes(
     rows: pa.Table,
     members: Members,
     member_rows: npt.NDArray[np.int64],
