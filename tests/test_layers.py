@@ -12,10 +12,6 @@ from shardex.backends.registry import REGISTRY
 
 SRC = Path(shardex.__file__).parent
 BUILTIN_NAMES = frozenset(e.name for e in REGISTRY.entries() if e.origin == "built-in")
-#: Known exceptions, each waiting on another change (remove the entry with the change):
-#: the tar writer moves out of format/ with the export engine (its MEMBERS import is the
-#: sources -> backends -> format -> sources loop).
-_FORMAT_PENDING = frozenset({"shard.py"})
 
 
 def _imports(path: Path) -> Iterator[str]:
@@ -30,7 +26,6 @@ def test_format_modules_import_nothing_of_shardex_but_errors() -> None:
     bad = {
         f"{path.name}: {module}"
         for path in sorted((SRC / "format").glob("*.py"))
-        if path.name not in _FORMAT_PENDING
         for module in _imports(path)
         if module.startswith("shardex")
         and module != "shardex.errors"

@@ -17,11 +17,10 @@ from shardex.api import open_dataset, read_config
 # so that open_dataset in a fresh process imports nothing more; the rest loads on first use.
 from shardex.backends import webdataset as _default_backend  # noqa: F401
 
-__version__ = "0.1.0"
-
 # The function (light: the server loads when it is called). Imported now, as the package's
 # name is also the function's: a later import of shardex.browse.app must not replace it.
 from shardex.browse import browse
+from shardex.version import __version__
 
 if TYPE_CHECKING:
     from shardex.backends.registry import get_backend, register_backend

@@ -3,9 +3,10 @@ names, what the source found unusable; and renders each sample's ``.json`` membe
 that shard sizes are known exactly before writing.
 
 Images are checked by the shard writer from the bytes it reads to write them (one pass
-over the bytes, see :mod:`shardex.format.shard`). Backends that write whole splits (the
-array backends) get the separate image pass here instead, run in worker processes over
-chunks of the scan table, reading the first and last KiBs of each image (or decoding it).
+over the bytes, see :mod:`shardex.backends.webdataset.writer`), with :func:`image_problem`
+and :class:`SampleCheck` from here. Backends that write whole splits (the array backends)
+get the separate image pass here instead, run in worker processes over chunks of the scan
+table, reading the first and last KiBs of each image (or decoding it).
 """
 
 from __future__ import annotations
@@ -25,24 +26,65 @@ import xxhash
 from shardex.codecs.images import (
     HEAD_BYTES,
     IMAGE_EXTENSIONS,
+    MAX_PIXELS,
     TAIL_BYTES,
     Validate,
     check_decode,
     check_header,
+    jpeg_size,
 )
 from shardex.errors import BadSampleError, DuplicateKeyError
-from shardex.format.shard import JSON_COLUMN, MemberReader, refusal
 from shardex.names import split_name_problem
-from shardex.options import ExportOptions
+from shardex.options import ExportOptions, OnError
 from shardex.parallel import Runner
 from shardex.progress import Progress
 from shardex.quoting import quoted
+from shardex.rows import JSON_COLUMN, MemberReader
 from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
 CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
 # or an empty, "." or ".." path part.
 _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCheck:
+    """How the writer checks each image it reads (``validate``) and what a bad one does
+    (``on_error``: refuse the export, or skip the sample and fill the shard with the next)."""
+
+    validate: Validate = "header"
+    max_pixels: int = MAX_PIXELS
+    on_error: OnError = "error"
+
+
+def refusal(original_path: str, reason: str, others: int = 0) -> str:
+    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
+    more = f" (and {others} more)" if others else ""
+    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
+
+
+def image_problem(data: bytes | memoryview, check: SampleCheck) -> str | None:
+    """Why an image member's bytes are not a whole image (``check.validate``), or None."""
+    if check.validate == "decode":
+        return check_decode(bytes(data), max_pixels=check.max_pixels)
+    size = len(data)
+    if check.validate == "none":
+        return "empty file (0 bytes)" if size == 0 else None
+    if size > 4 and data[:3] == b"\xff\xd8\xff" and data[-2:] == b"\xff\xd9":
+        # the common case, without copies: a JPEG that ends with its end-of-image marker
+        dims = jpeg_size(data, None, size)
+        if dims is None or dims[0] * dims[1] <= check.max_pixels:
+            return None
+    head = bytes(data[:HEAD_BYTES])
+    tail = head if size <= HEAD_BYTES else bytes(data[size - TAIL_BYTES :])
+    return check_header(
+        head,
+        tail,
+        size,
+        read_at=lambda o, n: bytes(data[o : o + n]),
+        max_pixels=check.max_pixels,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from shardex import __version__
 from shardex.errors import SampleNotFoundError, ShardexError, ShardexWarning
 from shardex.quoting import one_line
+from shardex.version import __version__
 
 _SPLIT_HELP = "Split to use (default: the only split, else each split in turn)."
 

@@ -23,9 +23,8 @@ import pyarrow as pa
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
-from shardex.format.shard import JSON_COLUMN, LABEL_FIELD, MemberReader
 from shardex.names import relpath_problem
-from shardex.rows import ByteSource, Members
+from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, MemberReader, Members
 from shardex.sources.arrays import npy_bytes as npy_bytes
 from shardex.sources.base import MEMBERS
 

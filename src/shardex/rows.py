@@ -10,8 +10,9 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -202,4 +203,89 @@ class ByteSource:
         self._fds = {}
 
 
-__all__ = ["MEMBERS", "ByteSource", "Members", "SplitRows"]
+JSON_COLUMN: Final = "_json"
+
+#: The field that holds the class label (ASCII digits), as WebDataset names it.
+LABEL_FIELD: Final = "cls"
+
+
+class MemberReader:
+    """Reads member bytes from local files, keeping recently used files open."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, member: dict[str, Any]) -> bytes:
+        data = member["data"]
+        if data is not None:
+            return data  # type: ignore[no-any-return]
+        path, offset, size = member["path"], member["offset"], member["size"]
+        try:
+            if offset < 0:  # a whole file: one read of one byte more shows if it grew
+                whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    data = os.read(whole, size + 1)
+                finally:
+                    os.close(whole)
+            else:
+                fd = self._fds.get(path)
+                if fd is None:
+                    if len(self._fds) > 64:
+                        self.close()
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                data = os.pread(fd, size, offset)
+        except OSError as exc:
+            raise BadSampleError(
+                f"cannot read {path}: {exc.strerror}", path=path, reason=str(exc.strerror)
+            ) from exc
+        if len(data) != size:
+            raise BadSampleError(
+                f"{path} changed while exporting: it was {size} bytes, now {len(data)}",
+                path=path,
+                reason="changed during export",
+            )
+        return data
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+
+def iter_fields(
+    rows: pa.Table, with_label: bool, reader: MemberReader
+) -> Iterator[list[tuple[str, bytes]]]:
+    """Each row's fields in member order: source members, ``cls``, ``json``."""
+    n = rows.num_rows
+    members = rows.column(MEMBERS).to_pylist()
+    labels = rows.column("label").to_pylist() if with_label else [None] * n
+    has_json = JSON_COLUMN in rows.column_names
+    jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
+    for i in range(n):
+        fields = [(m["ext"], reader.read(m)) for m in members[i]]
+        if labels[i] is not None:
+            fields.append((LABEL_FIELD, str(labels[i]).encode()))
+        text = jsons[i]
+        if text is not None:
+            fields.append(("json", text))
+        yield fields
+
+
+def json_text_column(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """NeMo's ``metadata`` column: each sample's scalar metadata as JSON text (or null)."""
+    if JSON_COLUMN in rows.column_names:
+        return rows.column(JSON_COLUMN).cast(pa.string())
+    return pa.nulls(rows.num_rows, pa.string())
+
+
+__all__ = [
+    "JSON_COLUMN",
+    "LABEL_FIELD",
+    "MEMBERS",
+    "ByteSource",
+    "MemberReader",
+    "Members",
+    "SplitRows",
+    "iter_fields",
+    "json_text_column",
+]

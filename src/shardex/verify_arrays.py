@@ -15,7 +15,7 @@ import xxhash
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import ShardexError
-from shardex.format.shard import shard_checksum
+from shardex.format.tables import shard_checksum
 from shardex.storage import Storage
 from shardex.verify_report import Problem, VerifyReport, verify_key_table
 

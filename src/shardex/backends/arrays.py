@@ -50,8 +50,9 @@ from shardex.errors import (
 )
 from shardex.fields import npy_bytes
 from shardex.format.index import build_keys, key_hash
-from shardex.format.shard import JSON_COLUMN, json_text_column, shard_checksum
+from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
+from shardex.rows import JSON_COLUMN, json_text_column
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
 

@@ -21,7 +21,7 @@ from shardex.storage.base import Storage
 if TYPE_CHECKING:  # for writing only: opening an export imports neither
     import pyarrow as pa
 
-    from shardex.format.shard import SampleCheck
+    from shardex.checks import SampleCheck
     from shardex.parallel import Runner
     from shardex.rows import Members, SplitRows
     from shardex.verification import VerifyReport
@@ -87,7 +87,7 @@ class SplitPlan:
 
 
 def _default_check() -> SampleCheck:
-    from shardex.format.shard import SampleCheck  # writing code: opening does not load it
+    from shardex.checks import SampleCheck  # writing code: opening does not load it
 
     return SampleCheck()
 
@@ -193,7 +193,9 @@ class Backend(ABC):
         takes in a shard, known before writing: shard boundaries under
         ``max_shard_bytes`` and the shard names' content digest come from these. The
         default counts them as tar members (headers, data, padding)."""
-        from shardex.format.shard import tar_sizes  # writing code: opening does not load it
+        from shardex.backends.webdataset.writer import (
+            tar_sizes,  # writing code: opening does not load it
+        )
 
         return tar_sizes(rows, members, member_rows, with_label=with_label)
 

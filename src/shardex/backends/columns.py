@@ -26,7 +26,7 @@ import pyarrow as pa
 from shardex.codecs.fields import decode_fields
 from shardex.contract import FieldSpec
 from shardex.fields import is_fixed, load_npy, npy_bytes
-from shardex.format.shard import MemberReader, iter_fields
+from shardex.rows import MemberReader, iter_fields
 
 KEY_COLUMN: Final = "__key__"
 Columns = Mapping[str, Any]  # name -> array-like (ndarray, memmap, tensor, zarr array)

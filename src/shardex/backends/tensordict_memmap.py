@@ -57,7 +57,7 @@ from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.contract import ShardInfo, SplitInfo
 from shardex.errors import ConfigError, FormatError
-from shardex.format.shard import shard_checksum
+from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
 

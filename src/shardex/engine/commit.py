@@ -11,7 +11,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex import __version__
 from shardex.backends.base import Backend, unused_name
 from shardex.contract import (
     CONFIG_FILE,
@@ -23,14 +22,15 @@ from shardex.contract import (
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
-from shardex.format.shard import JSON_COLUMN, parquet_file
-from shardex.format.tables import read_checked_table
+from shardex.format.tables import parquet_file, read_checked_table
 from shardex.options import ExportOptions
 from shardex.planning import (
     key_specs,
 )
+from shardex.rows import JSON_COLUMN
 from shardex.sources import Source
 from shardex.storage import Storage
+from shardex.version import __version__
 
 
 def export_files(config: ExportConfig) -> list[str]:

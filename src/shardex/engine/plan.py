@@ -9,13 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.backends.base import Backend, SplitPlan
+from shardex.checks import SampleCheck
 from shardex.contract import (
     FORMAT_VERSION,
     ExportConfig,
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
-from shardex.format.shard import SampleCheck
 from shardex.options import ExportOptions
 from shardex.planning import (
     content_digest,

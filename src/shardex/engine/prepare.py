@@ -21,7 +21,6 @@ from shardex.errors import (
     EmptySourceError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
-from shardex.format.shard import JSON_COLUMN
 from shardex.format.tables import read_checked_table
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
@@ -34,7 +33,7 @@ from shardex.planning import (
     split_names,
 )
 from shardex.progress import Progress
-from shardex.rows import Members
+from shardex.rows import JSON_COLUMN, Members
 from shardex.sources import Source
 from shardex.sources.base import MEMBERS
 from shardex.storage import Storage

@@ -22,7 +22,7 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 
-from shardex.format.shard import ShardJob, ShardWritten, write_shard
+from shardex.backends.webdataset.writer import ShardJob, ShardWritten, write_shard
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
 from shardex.rows import SplitRows

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
-from shardex.format.shard import MemberReader
 from shardex.pipeline.stage import Batch, Stage
+from shardex.rows import MemberReader
 from shardex.sources import Source, open_source
 from shardex.sources.base import INVALID, MEMBERS, LeftOut, ScanResult
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.errors import SourceError
-from shardex.format.shard import LABEL_FIELD
+from shardex.rows import LABEL_FIELD
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
 
 KEY_COLUMNS: Final = ("key", "__key__")

@@ -42,7 +42,7 @@ from shardex.format.index import (
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
-    from shardex.format.shard import ShardJob, ShardWritten
+    from shardex.backends.webdataset.writer import ShardJob, ShardWritten
     from shardex.parallel import Runner
 
 
@@ -207,7 +207,7 @@ def _job(
     other = second if committed == usual else usual
     held = f"{committed}.tar" in plan.existing
     stem = committed if held else usual
-    from shardex.format.shard import ShardJob
+    from shardex.backends.webdataset.writer import ShardJob
 
     return ShardJob(
         storage,

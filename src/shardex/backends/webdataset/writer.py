@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -23,78 +21,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex.codecs.images import (
-    HEAD_BYTES,
-    IMAGE_EXTENSIONS,
-    MAX_PIXELS,
-    TAIL_BYTES,
-    Validate,
-    check_decode,
-    check_header,
-    jpeg_size,
-)
+from shardex.checks import SampleCheck, image_problem, refusal
+from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
-from shardex.format.tables import arrow_reader
+from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
-from shardex.options import OnError
-from shardex.quoting import quoted
-from shardex.rows import ByteSource, Members
+from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members, json_text_column
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
 
-JSON_COLUMN: Final = "_json"
-#: The field that holds the class label (ASCII digits), as WebDataset names it.
-LABEL_FIELD: Final = "cls"
 _ZEROS: Final = bytes(BLOCK)
-
-
-def shard_checksum(hasher: Any) -> str:
-    """The config.yaml form of a whole-file checksum."""
-    return f"xxh3_64:{hasher.hexdigest()}"
-
-
-class MemberReader:
-    """Reads member bytes from local files, keeping recently used files open."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-
-    def read(self, member: dict[str, Any]) -> bytes:
-        data = member["data"]
-        if data is not None:
-            return data  # type: ignore[no-any-return]
-        path, offset, size = member["path"], member["offset"], member["size"]
-        try:
-            if offset < 0:  # a whole file: one read of one byte more shows if it grew
-                whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    data = os.read(whole, size + 1)
-                finally:
-                    os.close(whole)
-            else:
-                fd = self._fds.get(path)
-                if fd is None:
-                    if len(self._fds) > 64:
-                        self.close()
-                    fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                data = os.pread(fd, size, offset)
-        except OSError as exc:
-            raise BadSampleError(
-                f"cannot read {path}: {exc.strerror}", path=path, reason=str(exc.strerror)
-            ) from exc
-        if len(data) != size:
-            raise BadSampleError(
-                f"{path} changed while exporting: it was {size} bytes, now {len(data)}",
-                path=path,
-                reason="changed during export",
-            )
-        return data
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
 
 
 def tar_sizes(
@@ -156,16 +93,6 @@ def _header_bytes(
             ext = LABEL_FIELD if name_len[t] == len(key.encode()) + 4 else "json"
         out[t] = member_header(f"{key}.{ext}")[1]
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class SampleCheck:
-    """How the writer checks each image it reads (``validate``) and what a bad one does
-    (``on_error``: refuse the export, or skip the sample and fill the shard with the next)."""
-
-    validate: Validate = "header"
-    max_pixels: int = MAX_PIXELS
-    on_error: OnError = "error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,35 +166,6 @@ class ShardWritten:
     @property
     def num_samples(self) -> int:
         return len(self.offsets)
-
-
-def refusal(original_path: str, reason: str, others: int = 0) -> str:
-    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
-    more = f" (and {others} more)" if others else ""
-    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
-
-
-def image_problem(data: bytes | memoryview, check: SampleCheck) -> str | None:
-    """Why an image member's bytes are not a whole image (``check.validate``), or None."""
-    if check.validate == "decode":
-        return check_decode(bytes(data), max_pixels=check.max_pixels)
-    size = len(data)
-    if check.validate == "none":
-        return "empty file (0 bytes)" if size == 0 else None
-    if size > 4 and data[:3] == b"\xff\xd8\xff" and data[-2:] == b"\xff\xd9":
-        # the common case, without copies: a JPEG that ends with its end-of-image marker
-        dims = jpeg_size(data, None, size)
-        if dims is None or dims[0] * dims[1] <= check.max_pixels:
-            return None
-    head = bytes(data[:HEAD_BYTES])
-    tail = head if size <= HEAD_BYTES else bytes(data[size - TAIL_BYTES :])
-    return check_header(
-        head,
-        tail,
-        size,
-        read_at=lambda o, n: bytes(data[o : o + n]),
-        max_pixels=check.max_pixels,
-    )
 
 
 class _Layout:
@@ -496,7 +394,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
     if index_path is not None and index is not None:
         job.storage.put(index_path, index)
     with job.storage.open_writer(job.parquet_path) as out_parquet:
-        sidecar = _WriterFile(out_parquet)
+        sidecar = parquet_file(out_parquet)
         pq.write_table(done.table, sidecar, compression="zstd")
     return dataclasses.replace(done, metadata_checksum=sidecar.checksum)
 
@@ -528,25 +426,6 @@ def _written(job: ShardJob, layout: _Layout, got: _Picked, checksum: str) -> Sha
         skipped=tuple(got.skipped),
         key_hashes=hashes,
     )
-
-
-def iter_fields(
-    rows: pa.Table, with_label: bool, reader: MemberReader
-) -> Iterator[list[tuple[str, bytes]]]:
-    """Each row's fields in member order: source members, ``cls``, ``json``."""
-    n = rows.num_rows
-    members = rows.column(MEMBERS).to_pylist()
-    labels = rows.column("label").to_pylist() if with_label else [None] * n
-    has_json = JSON_COLUMN in rows.column_names
-    jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
-    for i in range(n):
-        fields = [(m["ext"], reader.read(m)) for m in members[i]]
-        if labels[i] is not None:
-            fields.append((LABEL_FIELD, str(labels[i]).encode()))
-        text = jsons[i]
-        if text is not None:
-            fields.append(("json", text))
-        yield fields
 
 
 def _elsewhere(job: ShardJob) -> ShardJob:
@@ -622,13 +501,6 @@ def _same_prefix(old: _Existing | None, i: int, end: int, checksum: int) -> bool
     return old is not None and i < len(old.ends) and old.ends[i] == end and old.sums[i] == checksum
 
 
-def json_text_column(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
-    """NeMo's ``metadata`` column: each sample's scalar metadata as JSON text (or null)."""
-    if JSON_COLUMN in rows.column_names:
-        return rows.column(JSON_COLUMN).cast(pa.string())
-    return pa.nulls(rows.num_rows, pa.string())
-
-
 def _sidecar(
     job: ShardJob,
     picked: npt.NDArray[np.int64],
@@ -658,45 +530,3 @@ def _sidecar(
         "sample_checksum": pa.array(sums, pa.uint64()),
     }
     return pa.table({**front, **rest, **tail})
-
-
-class _WriterFile:
-    """The file-like face of an ObjectWriter that pyarrow's writers need; it hashes what
-    passes through, so config.yaml can record the file's checksum without reading it back."""
-
-    def __init__(self, writer: Any) -> None:
-        self._w = writer
-        self._hash = xxhash.xxh3_64()
-        self.closed = False
-
-    @property
-    def checksum(self) -> str:
-        """The whole-file checksum of the bytes written so far (``xxh3_64:HEX``)."""
-        return shard_checksum(self._hash)
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self._w.write(view)
-        self._hash.update(view)
-        return view.nbytes
-
-    def tell(self) -> int:
-        return int(self._w.tell)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-
-def parquet_file(writer: Any) -> Any:
-    """Wrap an ObjectWriter for ``pq.write_table`` / ``pq.ParquetWriter`` (its
-    ``checksum`` is the whole-file checksum of what was written)."""
-    return _WriterFile(writer)
