@@ -1,9 +1,12 @@
-"""The layers hold: ``format/`` is leaf codecs, and only the registry knows backends by
-name (the rest of the code asks a backend's declared capabilities and methods)."""
+"""The layers hold: ``format/`` is leaf codecs, only the registry knows backends by name
+(the rest of the code asks a backend's declared capabilities and methods), and no module
+imports another that imports it back."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,3 +60,12 @@ def test_no_module_outside_the_backends_branches_on_a_backend_name() -> None:
         for name in _name_comparisons(path)
     }
     assert not found, sorted(found)
+
+
+def test_no_import_cycle_among_shardex_modules() -> None:
+    script = Path(__file__).parents[1] / "scripts" / "import_cycles.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--all"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout
+    assert " 0 import cycle group" in out.stdout
