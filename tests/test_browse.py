@@ -683,3 +683,30 @@ def test_every_column_the_grid_offers_shows_the_metadatas_value(tmp_path: Path) 
                 assert row[name] == metadata[name], (name, row)
         assert [row["index"] for row in rows] == list(range(n))
         assert client.get("/api/page", params={"min.index": 1003}).json()["total"] == n - 3
+
+
+def test_division_by_zero_is_400_as_the_filter_stage_stops(client: TestClient) -> None:
+    # the stage raises on a zero divisor; Arrow would give inf and keep every row
+    for expr in ("width+/+0+>+1", "width+//+(height+-+height)+>+0", "score+%+0+<+1"):
+        response = client.get(f"/api/page?expr={expr}")
+        assert response.status_code == 400, expr
+        error = response.json()["error"]
+        assert "divides by zero" in error, expr
+        assert "\n" not in error, expr
+    assert client.get("/api/page?expr=width+/+2+>+0").status_code == 200
+
+
+def test_a_large_png_gets_a_thumbnail_without_pillows_bomb_warning() -> None:
+    # 95 Mpx: past Pillow's warning threshold (89 Mpx), under shardex's own cap, which is
+    # what decides; the test suite turns warnings into errors, as a user's -W error would
+    import io
+
+    from PIL import Image
+
+    from shardex.browse.samples import make_thumbnail
+
+    buf = io.BytesIO()
+    Image.new("1", (10_000, 9_500)).save(buf, "PNG")
+    thumb = make_thumbnail(buf.getvalue(), 96, "a large png")
+    with Image.open(io.BytesIO(thumb)) as image:
+        assert image.size == (96, 91)

@@ -204,8 +204,20 @@ class _Columns:
             return pc.subtract_checked(left, right)
         if isinstance(node.op, ast.Mult):
             return pc.multiply_checked(left, right)
-        # '/' is true division, as in Python (Arrow divides integers as integers)
-        quotient = pc.divide(_float(left), _float(right))
+        # '/' is true division, as in Python (Arrow divides integers as integers); a zero
+        # divisor is an error, as the filter stage stops there (Arrow would give inf or NaN)
+        divisor = _float(right)
+        zero = (
+            pc.any(pc.equal(divisor, 0.0)).as_py()
+            if isinstance(divisor, pa.ChunkedArray | pa.Array)
+            else divisor == 0
+        )
+        if zero:
+            raise ConfigError(
+                f"filter {self.expr!r} divides by zero for some samples (the pipeline's "
+                "filter stage stops there too)"
+            )
+        quotient = pc.divide(_float(left), divisor)
         if isinstance(node.op, ast.Div):
             return quotient
         if isinstance(node.op, ast.FloorDiv):

@@ -9,8 +9,10 @@ bytes are kept briefly too, so its details and its image cost one read together.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,6 +21,10 @@ from shardex.codecs.images import IMAGE_EXTENSIONS, MAX_PIXELS
 from shardex.dataset import Dataset, SampleRanges
 from shardex.errors import FormatError, ShardexError
 
+#: Images of more pixels than this (after JPEG's reduced-size decode) are decoded in full
+#: at most two at a time: a grid of 48 such PNGs at once would need tens of GB.
+_LARGE_PIXELS: Final = 16 << 20
+_LARGE_DECODES: Final = threading.BoundedSemaphore(2)
 #: Thumbnail sizes the grid asks for (longest side, pixels); any other is refused.
 THUMB_SIZES: Final = (96, 160, 256)
 #: Bytes of encoded thumbnails kept in memory.
@@ -170,6 +176,21 @@ def image_field(sample: dict[str, Any], index: int) -> tuple[str, bytes]:
     raise BadImageError(f"sample {index} has no image field (its fields: {names})")
 
 
+def _reduced(opened: Any, size: int, what: str) -> Any:
+    """An opened image decoded at reduced size, as RGB."""
+    with opened as image:
+        if image.width * image.height > MAX_PIXELS:
+            raise BadImageError(
+                f"{what} is {image.width}x{image.height} pixels, more than the "
+                f"{MAX_PIXELS} shardex decodes"
+            )
+        image.draft("RGB", (size, size))  # JPEG only: libjpeg's 1/2, 1/4, 1/8 scaling
+        large = image.width * image.height > _LARGE_PIXELS
+        with _LARGE_DECODES if large else contextlib.nullcontext():
+            image.thumbnail((size, size))
+            return image.convert("RGB")
+
+
 def make_thumbnail(data: bytes, size: int, what: str) -> bytes:
     """A JPEG thumbnail (quality 80) of encoded image bytes, decoded at reduced size.
 
@@ -179,15 +200,10 @@ def make_thumbnail(data: bytes, size: int, what: str) -> bytes:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.width * image.height > MAX_PIXELS:
-                raise BadImageError(
-                    f"{what} is {image.width}x{image.height} pixels, more than the "
-                    f"{MAX_PIXELS} shardex decodes"
-                )
-            image.draft("RGB", (size, size))  # JPEG only: libjpeg's 1/2, 1/4, 1/8 scaling
-            image.thumbnail((size, size))
-            rgb = image.convert("RGB")
+        with warnings.catch_warnings():
+            # the size is checked below against shardex's own cap, not Pillow's warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            rgb = _reduced(Image.open(io.BytesIO(data)), size, what)
     except ShardexError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
