@@ -311,3 +311,65 @@ def test_split_option_exports_only_that_split(tmp_path: Path) -> None:
     assert missing.exit_code != 0
     assert "dev" in missing.stderr
     assert "train, val, test" in missing.stderr
+
+
+# ---------------------------------------------------------------- --config
+
+
+def test_config_file_gives_options_and_flags_override_it(
+    src: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    import tarfile
+
+    out = tmp_path / "out"
+    config = tmp_path / "nexuml.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(out),
+                "samples_per_shard": 3,  # NexuML spelling
+                "split-fractions": {"train": 0.5, "val": 0.5},
+                "no-labels": True,
+                "workers": 1,
+                "no-preprocess": True,
+                "quiet": True,
+            }
+        )
+    )
+    _ok("export-dataset", str(src[0]), "-c", str(config), "--samples-per-shard", "4")
+    raw = yaml.safe_load((out / "config.yaml").read_text())
+    assert raw["split_fractions"] == {"train": 0.5, "val": 0.5}
+    shards = [s for split in raw["splits"].values() for s in split["shards"]]
+    assert max(s["num_samples"] for s in shards) == 4  # the flag won over the file's 3
+    members: list[str] = []
+    for tar in out.rglob("*.tar"):
+        with tarfile.open(tar) as f:
+            members += f.getnames()
+    assert members
+    assert not any(m.endswith(".cls") for m in members)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("sampels_per_shard: 3\n", "unknown option 'sampels_per_shard' (options: backend,"),
+        ("mode: bogus\n", "option 'mode': 'bogus' is not one of"),
+        ("workers: 0\n", "option 'workers': 0 is not in the range"),
+        ("labels: maybe\n", "option 'labels':"),
+        ("no-labels: 1\n", "option 'no-labels': expected true or false"),
+        ("- a\n- b\n", "expected a mapping of option names to values, found a list"),
+        ("a: [\n", "cannot read it as YAML"),
+    ],
+)
+def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    result = _cli("export-dataset", "demo:5", "-o", str(tmp_path / "o"), "--config", str(config))
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: --config ")
+    assert message in lines[0]
+    assert not (tmp_path / "o").exists()

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from shardex import __version__
+from shardex.cli_config import config_option
 from shardex.errors import SampleNotFoundError, ShardexError, ShardexWarning
 from shardex.quoting import one_line
 
@@ -232,8 +233,8 @@ def main() -> None:
     "e.g. --backend-option image_codec=webp for zarr.",
 )
 @click.option(
-    "--preprocess",
-    is_flag=True,
+    "--preprocess/--no-preprocess",
+    default=False,
     help="SOURCE is a spec file: run its stages before writing (without it, the spec's "
     "source is exported as is, with the spec's options).",
 )
@@ -259,6 +260,7 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags
+@config_option
 def export_dataset(
     source: str,
     output: str,
