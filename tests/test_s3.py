@@ -418,3 +418,18 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_exported_dataset_takes_the_cli_s3_keywords(s3: S3Location) -> None:
+    shardex.export("demo:6", s3.url, storage_options=s3.direct, workers=1)
+    keys = {k: v for k, v in s3.direct.items() if k not in ("endpoint_url", "region")}
+    ds = shardex.ExportedDataset(
+        s3.url,
+        label_keys=("label",),
+        storage_options=keys,
+        s3_endpoint_url=s3.direct["endpoint_url"],
+        s3_region=s3.direct["region"],
+    )
+    assert len(ds) == 6
+    assert ds[0]["key"] == shardex.open_dataset(s3.url, storage_options=s3.direct)[0]["__key__"]
+    assert "secret" not in repr(ds)
