@@ -202,6 +202,34 @@ def test_backend_list_shows_all_seven_backends() -> None:
     assert "yes" in result.output
 
 
+def test_backend_list_data_loader_lists_loaders_and_the_backends_they_read() -> None:
+    from shardex.backends.registry import REGISTRY
+
+    result = CliRunner().invoke(main, ["backend", "list", "data-loader"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[0]: cells[1:]
+        for line in result.output.splitlines()
+        if "│" in line and (cells := [c.strip() for c in line.split("│")[1:-1]])[0]
+    }
+    assert set(rows) == {"MapDataset", "StreamDataset", "TensorShardsLoader", "DALI", "Ray"}
+    assert "webdataset" not in rows  # not the export table again
+    caps = {e.name: REGISTRY.get(e.name).capabilities for e in REGISTRY.entries() if e.available}
+    for loader, needs in [
+        ("MapDataset", "random_access"),
+        ("StreamDataset", "streaming"),
+        ("TensorShardsLoader", "shard_windows"),
+        ("DALI", "dali"),
+    ]:
+        listed = set(rows[loader][1].split(" (")[0].split(", "))
+        assert listed == {name for name, c in caps.items() if getattr(c, needs)}, loader
+    assert set(rows["Ray"][1].split(" (")[0].split(", ")) == set(caps)
+    assert "tensor_shards" in rows["TensorShardsLoader"][1]
+    assert "webdataset" not in rows["TensorShardsLoader"][1]
+    assert rows["StreamDataset"][2] == "shardex.torch:StreamDataset"  # where to import it
+    assert "bounded buffer shuffle" in result.output
+
+
 def test_backend_list_gives_the_install_hint_of_a_missing_dependency() -> None:
     from shardex.backends.registry import REGISTRY, BackendEntry
 

@@ -639,12 +639,16 @@ def backend() -> None:
 @backend.command("list")
 @click.argument("category", required=False, type=click.Choice(["data-export", "data-loader"]))
 def backend_list(category: str | None) -> None:
-    """List the registered backends, whether each is usable here, and what it can do."""
+    """List the registered backends, whether each is usable here, and what it can do;
+    `data-loader`: the loaders, the backends each reads, and what each supports."""
     from rich.markup import escape
     from rich.table import Table
 
     from shardex.backends.registry import REGISTRY
 
+    if category == "data-loader":
+        _loader_list()
+        return
     table = Table()
     table.add_column("name", no_wrap=True)
     for header in ("available", "random", "stream", "remote"):
@@ -667,6 +671,35 @@ def backend_list(category: str | None) -> None:
         options = "".join(f"\noption {k}: {v}" for k, v in be.option_help.items())
         text = escape(f"{entry.target}\n{be.description}{options}")
         table.add_row(entry.name, "yes", *flags, text)
+    _console().print(table)
+
+
+def _loader_list() -> None:
+    """The loaders table: the backends each reads come from the backends' capabilities."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from shardex.backends.registry import REGISTRY
+    from shardex.loaders import LOADERS
+
+    capabilities = {}
+    for entry in REGISTRY.entries():
+        if entry.available:
+            try:
+                capabilities[entry.name] = REGISTRY.get(entry.name).capabilities
+            except ShardexError:  # a plugin that fails to import reads with no loader
+                continue
+    table = Table()
+    table.add_column("loader", no_wrap=True)
+    table.add_column("available", no_wrap=True)
+    table.add_column("backends", overflow="fold")
+    table.add_column("import / supports", overflow="fold")
+    for loader in LOADERS:
+        hint = "" if loader.available else f"\n{loader.install_hint}"
+        needs = f" ({loader.needs})" if loader.needs else " (any)"
+        text = f"{loader.target}\n{loader.description}{hint}"
+        names = ", ".join(loader.backends(capabilities)) + needs
+        table.add_row(loader.name, _yes(loader.available), escape(names), escape(text))
     _console().print(table)
 
 
