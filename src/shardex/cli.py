@@ -38,7 +38,8 @@ def _storage_flags(fn: Any) -> Any:
         "--s3-profile",
         default=None,
         metavar="NAME",
-        help="Named AWS profile for s3:// locations (needs boto3).",
+        help="Named AWS profile for s3:// locations, read from ~/.aws/credentials and "
+        "~/.aws/config (boto3 only for role, SSO or process credentials).",
     )(fn)
     fn = click.option(
         "--s3-region", default=None, help="Region for s3:// locations (default: AWS_REGION)."
