@@ -136,3 +136,24 @@ def test_interop_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
     assert result.exit_code == 0, result.output
     assert "exported 8 samples (train 6, test 2)" in result.output
+
+
+def test_unlabelled_rows_and_batches_cut_by_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardex.sources.hf as hf
+
+    ds = _dataset(5)
+    ds = (
+        ds.cast_column("label", datasets.Value("int64"))
+        .map(lambda row, i: {"label": -1 if i == 2 else row["label"]}, with_indices=True)
+        .cast_column("label", datasets.ClassLabel(names=["cat", "dog", "bird"]))
+    )
+    # a batch of at most ~2 images' bytes: the source cuts batches, the export is the same
+    monkeypatch.setattr(hf, "_BATCH_BYTES", len(_image(4, "PNG")) * 2)
+    batches = list(hf.HFSource(ds).stream().batches)
+    assert len(batches) > 1
+    assert sum(b.table.num_rows for b in batches) == 5
+    shardex.export(ds, tmp_path / "o", workers=1)
+    labels = shardex.open_dataset(tmp_path / "o").metadata.column("label").to_pylist()
+    assert labels == [0, 1, None, 0, 1]

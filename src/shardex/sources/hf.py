@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardex.codecs.images import sniff
 from shardex.errors import MissingDependencyError, SourceError
@@ -134,7 +136,11 @@ class HFSource(Source):
         member_offset = [-1] * len(ext)
         size = [len(d) if d is not None else _file_size(p) for d, p in zip(data, path, strict=True)]
         members = members_array(offsets, ext, path, member_offset, size, data)
-        labels = table.column(self.label) if self.label else None
+        labels = None
+        if self.label:
+            # datasets writes -1 for "no label" (unlabelled test splits): shardex's null
+            column = table.column(self.label)
+            labels = pc.if_else(pc.less(column, 0), pa.scalar(None, column.type), column)
         return ScanBatch(
             batch_table(
                 keys,
@@ -189,10 +195,6 @@ def _within_bytes(table: pa.Table, image: str | None) -> pa.Table:
     """The first rows of ``table`` whose inline image bytes stay addressable (at least one)."""
     if image is None:
         return table
-    column = table.column(image)
-    total = 0
-    for i, value in enumerate(column.to_pylist()):
-        total += len((value or {}).get("bytes") or b"")
-        if total > _BATCH_BYTES and i > 0:
-            return table.slice(0, i)
-    return table
+    sizes = pc.fill_null(pc.binary_length(pc.struct_field(table.column(image), "bytes")), 0)
+    over = np.flatnonzero(np.cumsum(sizes.to_numpy()) > _BATCH_BYTES)
+    return table.slice(0, max(1, int(over[0]))) if len(over) else table
