@@ -144,7 +144,7 @@ def test_exported_dataset_by_key_names(demo: Path, tmp_path: Path) -> None:
     clone = pickle.loads(pickle.dumps(ds))
     assert clone[1]["key"] == item["key"]
     with pytest.raises(ConfigError, match="no_such_key"):
-        _ = shardex.ExportedDataset(tmp_path / "mm", feature_keys=("no_such_key",)).dataset
+        _ = shardex.ExportedDataset(tmp_path / "mm", "train", feature_keys=("no_such_key",)).dataset
 
 
 def test_conversion_keeps_metadata_columns(demo: Path, tmp_path: Path) -> None:

@@ -202,6 +202,34 @@ def test_backend_list_shows_all_seven_backends() -> None:
     assert "yes" in result.output
 
 
+def test_backend_list_data_loader_lists_loaders_and_the_backends_they_read() -> None:
+    from shardex.backends.registry import REGISTRY
+
+    result = CliRunner().invoke(main, ["backend", "list", "data-loader"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[0]: cells[1:]
+        for line in result.output.splitlines()
+        if "│" in line and (cells := [c.strip() for c in line.split("│")[1:-1]])[0]
+    }
+    assert set(rows) == {"MapDataset", "StreamDataset", "TensorShardsLoader", "DALI", "Ray"}
+    assert "webdataset" not in rows  # not the export table again
+    caps = {e.name: REGISTRY.get(e.name).capabilities for e in REGISTRY.entries() if e.available}
+    for loader, needs in [
+        ("MapDataset", "random_access"),
+        ("StreamDataset", "streaming"),
+        ("TensorShardsLoader", "shard_windows"),
+        ("DALI", "dali"),
+    ]:
+        listed = set(rows[loader][1].split(" (")[0].split(", "))
+        assert listed == {name for name, c in caps.items() if getattr(c, needs)}, loader
+    assert set(rows["Ray"][1].split(" (")[0].split(", ")) == set(caps)
+    assert "tensor_shards" in rows["TensorShardsLoader"][1]
+    assert "webdataset" not in rows["TensorShardsLoader"][1]
+    assert rows["StreamDataset"][2] == "shardex.torch:StreamDataset"  # where to import it
+    assert "bounded buffer shuffle" in result.output
+
+
 def test_backend_list_gives_the_install_hint_of_a_missing_dependency() -> None:
     from shardex.backends.registry import REGISTRY, BackendEntry
 
@@ -311,3 +339,65 @@ def test_split_option_exports_only_that_split(tmp_path: Path) -> None:
     assert missing.exit_code != 0
     assert "dev" in missing.stderr
     assert "train, val, test" in missing.stderr
+
+
+# ---------------------------------------------------------------- --config
+
+
+def test_config_file_gives_options_and_flags_override_it(
+    src: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    import tarfile
+
+    out = tmp_path / "out"
+    config = tmp_path / "nexuml.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(out),
+                "samples_per_shard": 3,  # NexuML spelling
+                "split-fractions": {"train": 0.5, "val": 0.5},
+                "no-labels": True,
+                "workers": 1,
+                "no-preprocess": True,
+                "quiet": True,
+            }
+        )
+    )
+    _ok("export-dataset", str(src[0]), "-c", str(config), "--samples-per-shard", "4")
+    raw = yaml.safe_load((out / "config.yaml").read_text())
+    assert raw["split_fractions"] == {"train": 0.5, "val": 0.5}
+    shards = [s for split in raw["splits"].values() for s in split["shards"]]
+    assert max(s["num_samples"] for s in shards) == 4  # the flag won over the file's 3
+    members: list[str] = []
+    for tar in out.rglob("*.tar"):
+        with tarfile.open(tar) as f:
+            members += f.getnames()
+    assert members
+    assert not any(m.endswith(".cls") for m in members)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("sampels_per_shard: 3\n", "unknown option 'sampels_per_shard' (options: backend,"),
+        ("mode: bogus\n", "option 'mode': 'bogus' is not one of"),
+        ("workers: 0\n", "option 'workers': 0 is not in the range"),
+        ("labels: maybe\n", "option 'labels':"),
+        ("no-labels: 1\n", "option 'no-labels': expected true or false"),
+        ("- a\n- b\n", "expected a mapping of option names to values, found a list"),
+        ("a: [\n", "cannot read it as YAML"),
+    ],
+)
+def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    result = _cli("export-dataset", "demo:5", "-o", str(tmp_path / "o"), "--config", str(config))
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: --config ")
+    assert message in lines[0]
+    assert not (tmp_path / "o").exists()

@@ -24,10 +24,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardex
 import shardex.dali
 from conftest import S3Location
+from shardex.dali_labels import MAX_DIGITS, NumpyOps, ascii_label
 from shardex.errors import ConfigError, MissingDependencyError
 from shardex.storage import LocalStorage
 from shardex.testing.data import make_image
@@ -290,6 +293,25 @@ def test_pipeline_without_dali_names_the_package(
         shardex.dali.pipeline(tmp_path, batch_size=2)
 
 
+# ---------------------------------------------------------------- labels (no DALI needed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=10**MAX_DIGITS - 1))
+def test_ascii_labels_parse_to_their_integer(label: int) -> None:
+    text = np.frombuffer(str(label).encode(), dtype=np.uint8)
+    assert int(ascii_label(text, NumpyOps())) == label
+
+
+def test_the_labels_of_an_export_parse_and_a_missing_one_is_minus_one(tmp_path: Path) -> None:
+    shardex.export("demo:12", tmp_path / "o", workers=1)
+    stored = [s["cls"] for s in shardex.open_dataset(tmp_path / "o")]
+    parsed = [int(ascii_label(np.frombuffer(b, dtype=np.uint8), NumpyOps())) for b in stored]
+    assert parsed == [int(b) for b in stored]
+    assert not all(p == parsed[0] for p in parsed)  # several classes, not one constant
+    assert int(ascii_label(np.zeros(0, dtype=np.uint8), NumpyOps())) == -1
+
+
 # ---------------------------------------------------------------- with DALI installed
 
 
@@ -308,8 +330,15 @@ def test_dali_reads_every_sample_through_the_index_files(tmp_path: Path) -> None
     shardex.export(src, out, samples_per_shard=4, workers=1)
     pipe = shardex.dali.pipeline(out, batch_size=23, ext=["jpg", "txt", "cls"], num_threads=1)
     got = _outputs(pipe, 1)
-    expected = [(s["jpg"], s.get("txt", b""), s.get("cls", b"")) for s in shardex.open_dataset(out)]
-    assert got == expected  # missing members come back empty (DALI's default)
+    label = [
+        np.array(int(s["cls"]) if "cls" in s else -1, dtype=np.int64).tobytes()
+        for s in shardex.open_dataset(out)
+    ]
+    expected = [
+        (s["jpg"], s.get("txt", b""), lab)
+        for s, lab in zip(shardex.open_dataset(out), label, strict=True)
+    ]
+    assert got == expected  # missing members come back empty (DALI's default), labels -1
 
 
 def test_dali_reads_a_spaced_names_export_and_a_mounted_copy(tmp_path: Path) -> None:
@@ -339,7 +368,7 @@ import shardex.dali
 options = json.loads(sys.argv[2])
 pipe = shardex.dali.pipeline(sys.argv[1], batch_size=12, num_threads=1, storage_options=options)
 image, label = pipe.run()
-print(json.dumps([[np.array(image.at(i)).tobytes().hex(), int(np.array(label.at(i)).tobytes())]
+print(json.dumps([[np.array(image.at(i)).tobytes().hex(), int(np.array(label.at(i)))]
                   for i in range(len(label))]))
 """
 

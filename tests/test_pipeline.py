@@ -144,6 +144,34 @@ def test_a_key_no_stage_produces_fails_before_running(tmp_path: Path) -> None:
         Pipeline("x", [TagStage()]).run()
 
 
+def test_image_writer_takes_nemo_name_and_checks_every_parameter_at_construction(
+    tmp_path: Path,
+) -> None:
+    writer = ImageWriterStage(tmp_path / "o", images_per_tar=25, name="my_writer")
+    assert "stage_name='my_writer'" in repr(writer)
+    config = Pipeline("named", [ReaderStage(SOURCE, batch_size=50), writer]).run(LocalExecutor(1))
+    assert sum(s.num_samples for sp in config.splits.values() for s in sp.shards) == 130
+    bad: list[tuple[dict[str, object], str]] = [
+        ({"images_per_tar": 0}, "images_per_tar must be >= 1"),
+        ({"images_per_tar": "10"}, "images_per_tar must be an int"),
+        ({"images_per_tar": True}, "images_per_tar must be an int"),
+        ({"verbose": "yes"}, "verbose must be True or False"),
+        ({"remove_image_data": 1}, "remove_image_data must be True or False"),
+        ({"deterministic_name": None}, "deterministic_name must be True or False"),
+        ({"name": ""}, "name must be a non-empty one-line str"),
+        ({"name": 3}, "name must be a non-empty one-line str"),
+        ({"images_per_ta": 5}, "unknown parameter 'images_per_ta'"),
+        ({"split_fractions": {"../x": 1.0}}, "split_fractions"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ConfigError, match=message) as info:
+            ImageWriterStage(tmp_path / "p", **kwargs)  # type: ignore[arg-type]
+        assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="output_dir must be"):
+        ImageWriterStage(42)  # type: ignore[arg-type]
+    assert not (tmp_path / "p").exists()
+
+
 # ---------------------------------------------------------------- spec files
 
 

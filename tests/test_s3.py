@@ -418,3 +418,76 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_exported_dataset_takes_the_cli_s3_keywords(s3: S3Location) -> None:
+    shardex.export("demo:6", s3.url, storage_options=s3.direct, workers=1)
+    keys = {k: v for k, v in s3.direct.items() if k not in ("endpoint_url", "region")}
+    ds = shardex.ExportedDataset(
+        s3.url,
+        label_keys=("label",),
+        storage_options=keys,
+        s3_endpoint_url=s3.direct["endpoint_url"],
+        s3_region=s3.direct["region"],
+    )
+    assert len(ds) == 6
+    assert ds[0]["key"] == shardex.open_dataset(s3.url, storage_options=s3.direct)[0]["__key__"]
+    assert "secret" not in repr(ds)
+
+
+def _without_aws_env() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("AWS_") or k == "AWS_METADATA_ENDPOINT"
+    }
+
+
+# boto3 made unimportable, as after `pip install 'shardex[s3]'`, which does not install it
+_NO_BOTO3 = "import sys; sys.modules['boto3'] = None; from shardex.cli import main; main()"
+
+
+def test_s3_profile_reads_the_aws_files_without_boto3(s3: S3Location, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text(
+        f"[other]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n"
+        f"[curator]\naws_access_key_id = {s3.server.access_key}\n"
+        f"aws_secret_access_key = {s3.server.secret_key}\n"
+    )
+    (home / ".aws" / "config").write_text(
+        f"[profile curator]\nregion = {s3.server.region}\nendpoint_url = {s3.server.endpoint}\n"
+        f"[profile other]\nregion = {s3.server.region}\nendpoint_url = {s3.server.endpoint}\n"
+    )
+    env = {**_without_aws_env(), "HOME": str(home)}
+
+    def cli(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", _NO_BOTO3, *args],
+            env={**env, **(extra or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = cli("export-dataset", "demo:6", "-o", s3.url, "-q", "--s3-profile", "curator")
+    assert done.returncode == 0, done.stderr
+    assert len(shardex.open_dataset(s3.url, storage_options=s3.direct)) == 6
+    # AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE are honoured in place of ~/.aws
+    moved = tmp_path / "moved"
+    (home / ".aws").rename(moved)
+    files = {
+        "AWS_SHARED_CREDENTIALS_FILE": str(moved / "credentials"),
+        "AWS_CONFIG_FILE": str(moved / "config"),
+    }
+    done = cli("inspect", s3.url, "--s3-profile", "curator", extra=files)
+    assert done.returncode == 0, done.stderr
+    assert "6 samples" in done.stdout
+    done = cli("inspect", s3.url, "--s3-profile", "other", extra=files)
+    assert done.returncode == 1
+    assert s3.server.secret_key not in done.stderr
+    done = cli("inspect", s3.url, "--s3-profile", "nobody", extra=files)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ")
+    assert "no AWS profile 'nobody' in " in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -787,3 +787,24 @@ def test_window_loader_resumes_mid_epoch_in_a_fresh_process(tensor_export: Path)
 def test_window_loader_refuses_a_tar_export(export: Path) -> None:
     with pytest.raises(ConfigError, match="StreamDataset"):
         TensorShardsLoader(export, 4)
+
+
+def test_exported_dataset_defaults_to_the_only_split_and_batches_embeddings(
+    tmp_path: Path,
+) -> None:
+    shardex.export("demo:10", tmp_path / "one", samples_per_shard=4, workers=1)
+    # demo images differ in size: a score as the feature keeps default collation possible
+    ds = shardex.ExportedDataset(
+        tmp_path / "one", feature_keys=("aesthetic_score",), label_keys=("label", "embedding")
+    )
+    embeddings = shardex.open_dataset(tmp_path / "one").metadata.column("embedding")
+    batch = next(iter(DataLoader(ds, batch_size=4)))  # type: ignore[arg-type]
+    got = batch["labels"]["embedding"]
+    assert isinstance(got, torch.Tensor)
+    assert tuple(got.shape) == (4, 16)
+    np.testing.assert_array_equal(got.numpy(), np.array(embeddings.to_pylist()[:4]))
+    assert batch["labels"]["label"].tolist() == [ds[i]["labels"]["label"] for i in range(4)]
+    assert tuple(batch["features"]["aesthetic_score"].shape) == (4,)
+    shardex.export("demo:10", tmp_path / "two", split_fractions={"a": 0.5, "b": 0.5}, workers=1)
+    with pytest.raises(ConfigError, match="split"):
+        len(shardex.ExportedDataset(tmp_path / "two"))

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from shardex.cli_config import config_option
 from shardex.errors import SampleNotFoundError, ShardexError, ShardexWarning
 from shardex.quoting import one_line
 from shardex.version import __version__
@@ -37,7 +38,8 @@ def _storage_flags(fn: Any) -> Any:
         "--s3-profile",
         default=None,
         metavar="NAME",
-        help="Named AWS profile for s3:// locations (needs boto3).",
+        help="Named AWS profile for s3:// locations, read from ~/.aws/credentials and "
+        "~/.aws/config (boto3 only for role, SSO or process credentials).",
     )(fn)
     fn = click.option(
         "--s3-region", default=None, help="Region for s3:// locations (default: AWS_REGION)."
@@ -232,8 +234,8 @@ def main() -> None:
     "e.g. --backend-option image_codec=webp for zarr.",
 )
 @click.option(
-    "--preprocess",
-    is_flag=True,
+    "--preprocess/--no-preprocess",
+    default=False,
     help="SOURCE is a spec file: run its stages before writing (without it, the spec's "
     "source is exported as is, with the spec's options).",
 )
@@ -259,6 +261,7 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags
+@config_option
 def export_dataset(
     source: str,
     output: str,
@@ -637,12 +640,16 @@ def backend() -> None:
 @backend.command("list")
 @click.argument("category", required=False, type=click.Choice(["data-export", "data-loader"]))
 def backend_list(category: str | None) -> None:
-    """List the registered backends, whether each is usable here, and what it can do."""
+    """List the registered backends, whether each is usable here, and what it can do;
+    `data-loader`: the loaders, the backends each reads, and what each supports."""
     from rich.markup import escape
     from rich.table import Table
 
     from shardex.backends.registry import REGISTRY
 
+    if category == "data-loader":
+        _loader_list()
+        return
     table = Table()
     table.add_column("name", no_wrap=True)
     for header in ("available", "random", "stream", "remote"):
@@ -665,6 +672,35 @@ def backend_list(category: str | None) -> None:
         options = "".join(f"\noption {k}: {v}" for k, v in be.option_help.items())
         text = escape(f"{entry.target}\n{be.description}{options}")
         table.add_row(entry.name, "yes", *flags, text)
+    _console().print(table)
+
+
+def _loader_list() -> None:
+    """The loaders table: the backends each reads come from the backends' capabilities."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from shardex.backends.registry import REGISTRY
+    from shardex.loaders import LOADERS
+
+    capabilities = {}
+    for entry in REGISTRY.entries():
+        if entry.available:
+            try:
+                capabilities[entry.name] = REGISTRY.get(entry.name).capabilities
+            except ShardexError:  # a plugin that fails to import reads with no loader
+                continue
+    table = Table()
+    table.add_column("loader", no_wrap=True)
+    table.add_column("available", no_wrap=True)
+    table.add_column("backends", overflow="fold")
+    table.add_column("import / supports", overflow="fold")
+    for loader in LOADERS:
+        hint = "" if loader.available else f"\n{loader.install_hint}"
+        needs = f" ({loader.needs})" if loader.needs else " (any)"
+        text = f"{loader.target}\n{loader.description}{hint}"
+        names = ", ".join(loader.backends(capabilities)) + needs
+        table.add_row(loader.name, _yes(loader.available), escape(names), escape(text))
     _console().print(table)
 
 

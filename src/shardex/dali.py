@@ -168,10 +168,13 @@ def pipeline(
     num_shards: int = 1,
     shard_root: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    int_labels: bool = True,
     **reader_options: Any,
 ) -> Any:
     """A DALI pipeline whose outputs are the reader's, one per ``ext`` entry (raw bytes as
-    ``uint8`` tensors; add decoding with your own pipeline and :func:`reader_arguments`).
+    ``uint8`` tensors; add decoding with your own pipeline and :func:`reader_arguments`),
+    except ``cls``: an int64 label per sample (-1 where a sample has none), unless
+    ``int_labels=False`` (the ASCII bytes as stored; see :mod:`shardex.dali_labels`).
 
     Args:
         location, split, ext, shard_root, storage_options: as for :func:`reader_arguments`.
@@ -209,7 +212,16 @@ def pipeline(
             name="Reader",
             **reader_options,
         )
-        pipe.set_outputs(*(outputs if isinstance(outputs, (list, tuple)) else [outputs]))
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        if int_labels:
+            from shardex.dali_labels import DaliOps, ascii_label
+
+            ops = DaliOps()
+            outputs = [
+                ascii_label(out, ops) if name == "cls" else out
+                for name, out in zip(args.ext, outputs, strict=True)
+            ]
+        pipe.set_outputs(*outputs)
     return pipe
 
 

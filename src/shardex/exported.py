@@ -28,25 +28,46 @@ class ExportedDataset:
 
     Args:
         root: the export's folder or URL.
-        split: the split, as exported (never re-split).
+        split: the split, as exported (never re-split); default: the only split (as
+            :func:`shardex.open_dataset`; an export of several splits needs one named).
         feature_keys: keys of the inputs; default: the export's ``x_keys``.
         label_keys: keys of the targets; default: the export's ``y_keys``.
         decode: images to arrays, labels to int, ``.npy`` to arrays (default), or raw bytes.
         storage_options: options for object storage (see docs/storage.md).
+        s3_endpoint_url, s3_region, s3_profile: the CLI's ``--s3-*`` flags, for configs that
+            spell them so; they override the same keys of ``storage_options``.
+
+    Metadata columns come back as Python values, except lists of numbers (embeddings),
+    which come back as one numpy array per sample, so that a ``DataLoader`` batch holds one
+    ``(batch, dim)`` tensor instead of ``dim`` tensors.
     """
 
     root: str | os.PathLike[str]
-    split: str = "train"
+    split: str | None = None
     feature_keys: tuple[str, ...] | None = None
     label_keys: tuple[str, ...] | None = None
     decode: bool = True
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    s3_endpoint_url: str | None = field(default=None, repr=False)
+    s3_region: str | None = field(default=None, repr=False)
+    s3_profile: str | None = field(default=None, repr=False)
+
+    @property
+    def options(self) -> dict[str, Any] | None:
+        """``storage_options`` with the ``s3_*`` arguments folded in."""
+        flags = {
+            "endpoint_url": self.s3_endpoint_url,
+            "region": self.s3_region,
+            "profile": self.s3_profile,
+        }
+        given = {k: v for k, v in flags.items() if v is not None}
+        return {**(self.storage_options or {}), **given} or None
 
     @cached_property
     def dataset(self) -> Dataset:
         """The underlying shardex dataset (any backend)."""
         ds = open_dataset(
-            self.root, split=self.split, decode=self.decode, storage_options=self.storage_options
+            self.root, split=self.split, decode=self.decode, storage_options=self.options
         )
         known = self._known(ds)
         for key in (*self.features, *self.labels):
@@ -70,7 +91,7 @@ class ExportedDataset:
         from shardex.api import read_config
         from shardex.storage import open_storage
 
-        return read_config(open_storage(self.root, self.storage_options))
+        return read_config(open_storage(self.root, self.options))
 
     def _known(self, ds: Dataset) -> set[str]:
         return {field_key(f.name) for f in ds.config.fields} | set(self._columns(ds))
@@ -93,7 +114,7 @@ class ExportedDataset:
         by_key = {field_key(name): v for name, v in sample.items() if name != "__key__"}
         out = {}
         for key in keys:
-            out[key] = by_key[key] if key in by_key else self._metadata.column(key)[index].as_py()
+            out[key] = by_key[key] if key in by_key else _value(self._metadata.column(key), index)
         return out
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -113,9 +134,33 @@ class ExportedDataset:
             yield self[i]
 
     def __getstate__(self) -> dict[str, Any]:
-        fields = ("root", "split", "feature_keys", "label_keys", "decode", "storage_options")
+        fields = (
+            "root",
+            "split",
+            "feature_keys",
+            "label_keys",
+            "decode",
+            "storage_options",
+            "s3_endpoint_url",
+            "s3_region",
+            "s3_profile",
+        )
         return {name: getattr(self, name) for name in fields}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
+
+
+def _value(column: pa.ChunkedArray, index: int) -> Any:
+    """One metadata value; a list of numbers as a numpy array (collated into one tensor)."""
+    scalar = column[index]
+    kind = column.type
+    if (
+        scalar.is_valid
+        and (pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind))
+        and (pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type))
+    ):
+        # writable: torch warns on (and may write to) a read-only array
+        return scalar.values.to_numpy(zero_copy_only=False, writable=True)
+    return scalar.as_py()

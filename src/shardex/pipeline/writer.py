@@ -14,7 +14,7 @@ import io
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,39 @@ from shardex.storage import Storage
 
 #: Keys of a pipeline sample that are not metadata columns.
 _NOT_METADATA = frozenset({*READER_KEYS, "pixels", "pixels_changed"})
+
+
+#: Export options ``**options`` may name (the three NeMo names above map to the others).
+_OPTION_NAMES: frozenset[str] = frozenset(
+    f.name for f in fields(ExportOptions) if f.name not in ("samples_per_shard", "backend")
+) - {"deterministic_name"}
+
+
+def _check_params(
+    output_dir: object,
+    images_per_tar: object,
+    remove_image_data: object,
+    verbose: object,
+    deterministic_name: object,
+) -> None:
+    """NeMo's parameters, checked by type at construction (not after the pipeline ran)."""
+    if not isinstance(output_dir, str | os.PathLike | Storage) or output_dir == "":
+        raise ConfigError(
+            f"ImageWriterStage: output_dir must be a folder, URL or Storage, got {output_dir!r}"
+        )
+    if isinstance(images_per_tar, bool) or not isinstance(images_per_tar, int):
+        raise ConfigError(
+            f"ImageWriterStage: images_per_tar must be an int >= 1, got {images_per_tar!r}"
+        )
+    if images_per_tar < 1:
+        raise ConfigError(f"ImageWriterStage: images_per_tar must be >= 1, got {images_per_tar}")
+    for flag, value in (
+        ("remove_image_data", remove_image_data),
+        ("verbose", verbose),
+        ("deterministic_name", deterministic_name),
+    ):
+        if not isinstance(value, bool):
+            raise ConfigError(f"ImageWriterStage: {flag} must be True or False, got {value!r}")
 
 
 class _Collected(Source):
@@ -67,6 +100,8 @@ class ImageWriterStage(Stage):
         backend: any shardex backend (default ``webdataset``).
         storage_options: options for object storage.
         spec_fingerprint: the spec file's hash, recorded in config.yaml (spec runs set it).
+        name: NeMo's stage name (shown in ``repr`` and recorded as ``stage_name``); the
+            stage's kind in config.yaml stays ``image_writer``.
         **options: more export options (``split_fractions``, ``seed``, ``mode``,
             ``max_shard_bytes`` ...; see :class:`shardex.ExportOptions`).
     """
@@ -85,8 +120,15 @@ class ImageWriterStage(Stage):
         backend: str = "webdataset",
         storage_options: dict[str, Any] | None = None,
         spec_fingerprint: str | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
+        _check_params(output_dir, images_per_tar, remove_image_data, verbose, deterministic_name)
+        if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name):
+            raise ConfigError(
+                f"ImageWriterStage: name must be a non-empty one-line str, got {name!r}"
+            )
+        self.stage_name = name
         self.output_dir = output_dir
         self.images_per_tar = images_per_tar
         self.remove_image_data = remove_image_data
@@ -96,7 +138,14 @@ class ImageWriterStage(Stage):
         self.storage_options = storage_options
         self.spec_fingerprint = spec_fingerprint
         self.options = options
-        # bad options (an unsafe split name) fail here, before any stage runs
+        # bad options (an unsafe split name, an unknown keyword) fail here, before any stage runs
+        unknown = sorted(set(options) - _OPTION_NAMES)
+        if unknown:
+            raise ConfigError(
+                f"ImageWriterStage: unknown parameter {unknown[0]!r}; expected one of NeMo's "
+                f"(output_dir, images_per_tar, remove_image_data, verbose, deterministic_name, "
+                f"name) or an export option ({', '.join(sorted(_OPTION_NAMES))})"
+            )
         ExportOptions(
             backend=backend,
             samples_per_shard=images_per_tar,
@@ -111,6 +160,9 @@ class ImageWriterStage(Stage):
             if not isinstance(self.output_dir, Storage)
             else self.output_dir.uri
         )
+        if self.stage_name is None:
+            # an unnamed stage records what it always did (config.yaml stays byte-identical)
+            del out["stage_name"]
         return out
 
     def process(self, batch: Batch) -> Batch:

@@ -14,6 +14,7 @@ from shardex.sources.base import ScanResult, Source, check_utf8_path, quoted
 from shardex.sources.demo import DEFAULT_COUNT, DemoSource
 from shardex.sources.export import ExportSource
 from shardex.sources.folder import FolderSource
+from shardex.sources.hf import HFSource, is_saved_dataset
 from shardex.sources.table import TableSource
 from shardex.sources.tars import TarSource
 
@@ -41,6 +42,14 @@ def _holds_only_tars(root: Path) -> bool:
     return has_tar
 
 
+def _is_hf_dataset(spec: object) -> bool:
+    """Whether ``spec`` is a ``datasets.Dataset``/``DatasetDict`` (without importing it)."""
+    return type(spec).__module__.split(".")[0] == "datasets" and type(spec).__name__ in (
+        "Dataset",
+        "DatasetDict",
+    )
+
+
 def open_source(spec: str | os.PathLike[str] | Source | Mapping[str, Any]) -> Source:
     """The source a user names.
 
@@ -49,10 +58,13 @@ def open_source(spec: str | os.PathLike[str] | Source | Mapping[str, Any]) -> So
     * a folder holding only ``.tar`` files, a ``.tar`` file, or a glob: WebDataset tars;
     * any other folder: an image folder;
     * a ``.parquet``/``.csv``/``.tsv`` file: a table of paths or bytes plus metadata;
-    * a mapping of names to arrays: in-memory arrays (see :class:`ArraySource`).
+    * a mapping of names to arrays: in-memory arrays (see :class:`ArraySource`);
+    * a Hugging Face ``Dataset``/``DatasetDict``, or a folder ``save_to_disk`` wrote.
     """
     if isinstance(spec, Source):
         return spec
+    if _is_hf_dataset(spec):  # before Mapping: a DatasetDict is a dict
+        return HFSource(spec)
     if isinstance(spec, Mapping):
         return ArraySource(spec)
     text = os.fspath(spec)
@@ -69,6 +81,8 @@ def open_source(spec: str | os.PathLike[str] | Source | Mapping[str, Any]) -> So
         try:
             if (path / CONFIG_FILE).is_file():
                 return ExportSource(path)
+            if is_saved_dataset(path):
+                return HFSource(path)
             os.listdir(path)  # (os.walk below ignores an unreadable folder)
         except OSError as exc:
             raise SourceError(f"cannot read source folder {quoted(text)}: {exc.strerror}") from exc

@@ -29,6 +29,7 @@ from shardex.storage.options import (
     retry_config,
     setting,
 )
+from shardex.storage.profiles import profile_options
 
 T = TypeVar("T")
 
@@ -118,6 +119,9 @@ class DirectObjectStorage(Storage):
         from obstore.store import from_url
 
         options = {k: v for k, v in self._options.items() if v is not None}
+        if options.get("profile"):
+            options = profile_options(str(options.pop("profile")), options)
+        provider = options.pop("_credential_provider", None)
         config: dict[str, Any] = {}
         client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
         for name, value in options.items():
@@ -132,8 +136,8 @@ class DirectObjectStorage(Storage):
             "client_options": client,
             "retry_config": retry_config(self.retry_timeout),
         }
-        if options.get("profile"):
-            kwargs["credential_provider"] = _profile_credentials(str(options["profile"]))
+        if provider is not None:
+            kwargs["credential_provider"] = provider
         try:
             return from_url(self.uri, config=config or None, **kwargs)  # type: ignore[arg-type]
         except Exception as exc:  # obstore rejects bad options with several types
@@ -382,14 +386,3 @@ class _MultipartWriter(ObjectWriter):
         error = RuntimeError("aborted")
         with contextlib.suppress(Exception):  # already gone: nothing is visible either way
             self._w.__exit__(type(error), error, None)
-
-
-def _profile_credentials(profile: str) -> Any:
-    try:
-        import boto3
-        from obstore.auth.boto3 import Boto3CredentialProvider
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the AWS profile {profile!r} needs boto3: pip install boto3"
-        ) from exc
-    return Boto3CredentialProvider(boto3.Session(profile_name=profile))

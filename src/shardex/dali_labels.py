@@ -1,0 +1,105 @@
+"""``.cls`` members (ASCII digits, e.g. ``b"12"``) to integer labels, as DALI graph nodes.
+
+DALI's webdataset reader returns each member's raw bytes, so a label arrives as ASCII codes
+(a cast gives 48-57). :func:`ascii_label` parses them with arithmetic only: right-pad the
+digits with ``"0"`` to :data:`MAX_DIGITS`, weigh each by its power of ten, sum, and divide
+by the power of ten the padding added. The few operations that differ between DALI and
+numpy come from a :class:`LabelOps`, so the same expression runs inside a DALI pipeline
+(:class:`DaliOps`) and, in the tests, on numpy arrays without DALI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Protocol
+
+import numpy as np
+
+#: Digits a label may have: powers of ten up to 10**10 are exact in float32, which DALI's
+#: ``math.pow`` may compute in; labels are far shorter.
+MAX_DIGITS: Final = 10
+_ZERO: Final = ord("0")
+#: Weight of each padded position: 10**(MAX_DIGITS - 1 - i).
+WEIGHTS: Final = 10 ** np.arange(MAX_DIGITS - 1, -1, -1, dtype=np.int64)
+
+
+class LabelOps(Protocol):
+    """The operations :func:`ascii_label` needs beyond ``+ - * // ==`` on one sample."""
+
+    def pad(self, text: Any, width: int, fill: int) -> Any:
+        """``text`` (uint8 codes) right-padded with ``fill`` to ``width``."""
+
+    def int64(self, x: Any) -> Any:
+        """``x`` cast to int64."""
+
+    def weigh(self, digits: Any) -> Any:
+        """``digits * WEIGHTS`` (elementwise)."""
+
+    def total(self, x: Any) -> Any:
+        """The sum of ``x``'s elements."""
+
+    def length(self, text: Any) -> Any:
+        """How many bytes ``text`` holds (int64)."""
+
+    def pow10(self, exponent: Any) -> Any:
+        """``10 ** exponent`` as int64."""
+
+
+def ascii_label(text: Any, ops: LabelOps) -> Any:
+    """The integer a ``.cls`` member spells; -1 for a sample without one (empty bytes)."""
+    length = ops.length(text)
+    digits = ops.int64(ops.pad(text, MAX_DIGITS, _ZERO)) - _ZERO
+    value = ops.total(ops.weigh(digits)) // ops.pow10(MAX_DIGITS - length)
+    return value - ops.int64(length == 0)
+
+
+class NumpyOps:
+    """:class:`LabelOps` on numpy arrays (one sample): the reference the tests run."""
+
+    def pad(self, text: Any, width: int, fill: int) -> Any:
+        return np.pad(
+            np.asarray(text, dtype=np.uint8), (0, width - len(text)), constant_values=fill
+        )
+
+    def int64(self, x: Any) -> Any:
+        return np.asarray(x).astype(np.int64)
+
+    def weigh(self, digits: Any) -> Any:
+        return digits * WEIGHTS
+
+    def total(self, x: Any) -> Any:
+        return np.sum(x, dtype=np.int64)
+
+    def length(self, text: Any) -> Any:
+        return np.int64(len(text))
+
+    def pow10(self, exponent: Any) -> Any:
+        return np.int64(10) ** np.int64(exponent)
+
+
+class DaliOps:
+    """:class:`LabelOps` as DALI operators (built inside a pipeline definition)."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.fn = importlib.import_module("nvidia.dali.fn")
+        self.types = importlib.import_module("nvidia.dali.types")
+        self.math = importlib.import_module("nvidia.dali.math")
+
+    def pad(self, text: Any, width: int, fill: int) -> Any:
+        return self.fn.pad(text, fill_value=fill, shape=[width])
+
+    def int64(self, x: Any) -> Any:
+        return self.fn.cast(x, dtype=self.types.INT64)
+
+    def weigh(self, digits: Any) -> Any:
+        return digits * self.types.Constant(WEIGHTS, device="cpu")
+
+    def total(self, x: Any) -> Any:
+        return self.fn.reductions.sum(x)
+
+    def length(self, text: Any) -> Any:
+        return self.fn.shapes(text, dtype=self.types.INT64)[0]
+
+    def pow10(self, exponent: Any) -> Any:
+        return self.int64(self.math.pow(10.0, self.fn.cast(exponent, dtype=self.types.FLOAT)))

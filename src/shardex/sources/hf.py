@@ -1,0 +1,200 @@
+"""A Hugging Face ``datasets.Dataset`` / ``DatasetDict`` (in memory or a ``save_to_disk``
+folder) as a source.
+
+* the ``Image`` column: its original encoded bytes (read as Arrow, never decoded and
+  re-encoded), or the file it names when the dataset holds only a path;
+* a ``ClassLabel`` column (the one named ``label`` first): the labels, with its names;
+* the splits of a ``DatasetDict``: the splits;
+* every other column: typed metadata (its Arrow type as ``datasets`` stores it).
+
+Keys are ``{split}/{row:08d}`` (``{row:08d}`` for a single Dataset): stable for a given
+dataset, unique across splits. Needs ``pip install datasets``; importing shardex does not.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardex.codecs.images import sniff
+from shardex.errors import MissingDependencyError, SourceError
+from shardex.sources.base import (
+    LeftOut,
+    SampleStream,
+    ScanBatch,
+    Source,
+    batch_table,
+    check_batch_size,
+    check_metadata_names,
+    members_array,
+    quoted,
+)
+
+#: Inline bytes per batch at most: the member ``data`` column has 32-bit offsets.
+_BATCH_BYTES: Final = 1 << 30
+#: ``sniff`` names -> member extensions.
+_EXT: Final = {"jpeg": "jpg", "tiff": "tif"}
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a ``save_to_disk`` folder (a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "a Hugging Face dataset as a source needs the datasets package: pip install datasets"
+        ) from exc
+    return datasets
+
+
+class HFSource(Source):
+    """A ``datasets.Dataset`` or ``DatasetDict``, or the folder ``save_to_disk`` wrote."""
+
+    kind: ClassVar[str] = "huggingface"
+
+    def __init__(self, dataset: Any, *, uri: str | None = None, batch_size: int = 1024) -> None:
+        datasets = _datasets()
+        if isinstance(dataset, str | os.PathLike):
+            uri = uri or os.fspath(dataset)
+            dataset = datasets.load_from_disk(os.fspath(dataset))
+        if isinstance(dataset, datasets.DatasetDict):
+            self.splits: dict[str | None, Any] = dict(dataset.items())
+        elif isinstance(dataset, datasets.Dataset):
+            self.splits = {None: dataset}
+        else:
+            raise SourceError(
+                f"expected a datasets.Dataset or DatasetDict, got {type(dataset).__name__}"
+            )
+        if not self.splits:
+            raise SourceError("the DatasetDict holds no split")
+        self.uri = uri or f"huggingface:{type(dataset).__name__}"
+        self.batch_size = check_batch_size(batch_size)
+        first = next(iter(self.splits.values()))
+        self.image, self.label, self.label_names = _roles(first.features, datasets)
+        for name, ds in self.splits.items():
+            if ds.features != first.features:
+                raise SourceError(
+                    f"split {name!r} of {quoted(self.uri)} has other features than the "
+                    "first split; give the splits one schema (datasets.concatenate ...)"
+                )
+        other = [c for c in first.column_names if c not in (self.image, self.label)]
+        check_metadata_names(other, f"Hugging Face dataset {quoted(self.uri)}")
+        self.metadata_columns = other
+
+    def stream(self) -> SampleStream:
+        return SampleStream(self._batches(), self.label_names)
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        for split, ds in self.splits.items():
+            arrow = ds.with_format("arrow")
+            start = 0
+            while start < len(ds):
+                table = arrow[start : start + self.batch_size]
+                table = _within_bytes(table, self.image)
+                yield self._batch(split, start, table)
+                start += table.num_rows
+
+    def _batch(self, split: str | None, start: int, table: pa.Table) -> ScanBatch:
+        rows = range(start, start + table.num_rows)
+        prefix = "" if split is None else f"{split}/"
+        keys = [f"{prefix}{i:08d}" for i in rows]
+        origin = [f"{self.uri}[{split or ''}][{i}]" for i in rows]
+        left_out: list[LeftOut] = []
+        ext: list[str] = []
+        path: list[str | None] = []
+        data: list[bytes | None] = []
+        offsets = [0]
+        images = table.column(self.image).to_pylist() if self.image else [None] * len(keys)
+        for i, image in enumerate(images):
+            member = _member(image)
+            if isinstance(member, str):
+                left_out.append(LeftOut(origin[i], member, key=keys[i]))
+            elif member is not None:
+                ext.append(member[0])
+                path.append(member[1])
+                data.append(member[2])
+                if member[1]:
+                    origin[i] = member[1]
+            offsets.append(len(ext))
+        kept = [i for i in range(len(keys)) if offsets[i + 1] > offsets[i] or not self.image]
+        if len(kept) < len(keys):  # rows left out have no member: drop them from the table
+            table = table.take(kept)
+            keys, origin = [keys[i] for i in kept], [origin[i] for i in kept]
+            offsets = [0, *[offsets[i + 1] for i in kept]]
+        member_offset = [-1] * len(ext)
+        size = [len(d) if d is not None else _file_size(p) for d, p in zip(data, path, strict=True)]
+        members = members_array(offsets, ext, path, member_offset, size, data)
+        labels = None
+        if self.label:
+            # datasets writes -1 for "no label" (unlabelled test splits): shardex's null
+            column = table.column(self.label)
+            labels = pc.if_else(pc.less(column, 0), pa.scalar(None, column.type), column)
+        return ScanBatch(
+            batch_table(
+                keys,
+                origin,
+                members,
+                splits=None if split is None else [split] * len(keys),
+                labels=labels,
+                metadata=table.select(self.metadata_columns),
+            ),
+            tuple(left_out),
+        )
+
+
+def _roles(features: Any, datasets: Any) -> tuple[str | None, str | None, tuple[str, ...] | None]:
+    """The image column, the label column and its names."""
+    images = [n for n, f in features.items() if isinstance(f, datasets.Image)]
+    if len(images) > 1:
+        raise SourceError(
+            f"the dataset has {len(images)} Image columns ({', '.join(images)}); shardex "
+            "exports one: select it (dataset.remove_columns([...]))"
+        )
+    labels = [n for n, f in features.items() if isinstance(f, datasets.ClassLabel)]
+    label = "label" if "label" in labels else (labels[0] if labels else None)
+    names = tuple(features[label].names) if label else None
+    return (images[0] if images else None), label, names
+
+
+def _member(image: dict[str, Any] | None) -> tuple[str, str | None, bytes | None] | str | None:
+    """(ext, path, inline bytes) of an Image value, or why it cannot be exported."""
+    if image is None:
+        return "the row has no image (null)"
+    data, path = image.get("bytes"), image.get("path")
+    if data is not None:
+        kind = sniff(data[:16])
+        if kind is None:
+            return "the image bytes are not a known image format"
+        return _EXT.get(kind, kind), None, data
+    if path and Path(path).is_file():
+        with open(path, "rb") as f:
+            kind = sniff(f.read(16))
+        if kind is None:
+            return f"{quoted(path)} is not a known image format"
+        return _EXT.get(kind, kind), path, None
+    return f"the image file {quoted(str(path))} does not exist"
+
+
+def _file_size(path: str | None) -> int:
+    return os.path.getsize(path) if path else 0
+
+
+def _within_bytes(table: pa.Table, image: str | None) -> pa.Table:
+    """The first rows of ``table`` whose inline image bytes stay addressable (at least one)."""
+    if image is None:
+        return table
+    sizes = pc.fill_null(pc.binary_length(pc.struct_field(table.column(image), "bytes")), 0)
+    over = np.flatnonzero(np.cumsum(sizes.to_numpy()) > _BATCH_BYTES)
+    return table.slice(0, max(1, int(over[0]))) if len(over) else table
