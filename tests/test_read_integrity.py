@@ -545,3 +545,23 @@ def test_append_refuses_a_damaged_metadata_file_instead_of_copying_it(tmp_path: 
     with pytest.raises(ChecksumError, match=r"metadata\.parquet is damaged"):
         shardex.export(more.table, out, workers=1, mode="append")
     assert sorted(p.name for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize("chunk", [1, 700, 5000, 1 << 20])
+def test_iteration_in_chunks_reads_what_ds_i_reads_and_catches_damage(
+    export: Path, chunk: int
+) -> None:
+    """Local iteration reads shards a chunk at a time: at any chunk size (smaller than a
+    sample, cutting samples, holding a whole shard) it yields exactly the samples ds[i]
+    gives, and a flipped byte inside one sample skips that sample alone."""
+    ds = shardex.open_dataset(export, on_error="skip")
+    ds.read_chunk_size = chunk
+    before = [ds[i] for i in range(len(ds))]
+    assert list(ds) == before
+    offset, _, shard, _ = ds.index.record(9)
+    _flip(export / ds._paths[shard], offset + 512 + 3)
+    damaged = shardex.open_dataset(export, on_error="skip")
+    damaged.read_chunk_size = chunk
+    assert list(damaged) == before[:9] + before[10:]
+    assert [n for n, _ in damaged.skipped] == [9]
+    assert "checksum mismatch for sample 9" in damaged.skipped[0][1]

@@ -133,6 +133,11 @@ class SplitIndex:
     def __len__(self) -> int:
         return self.num_samples
 
+    @property
+    def raw(self) -> memoryview:
+        """The record array's bytes: record ``i`` is :data:`RECORD` at ``24 * i``."""
+        return self._raw
+
     def record(self, i: int) -> tuple[int, int, int, int]:
         """``(offset, checksum, shard, length)`` of sample ``i`` (0 <= i < len)."""
         return RECORD.unpack_from(self._raw, i * 24)

@@ -301,18 +301,26 @@ def _member_size(buf: bytes, pos: int) -> int:
 _EXTENSIONS: dict[bytes, str] = {}
 
 
-def parse_sample(buf: bytes, *, where: str = "sample") -> tuple[str, dict[str, bytes]]:
+def parse_sample(
+    buf: bytes, *, where: str = "sample", start: int = 0, stop: int | None = None
+) -> tuple[str, dict[str, bytes]]:
     """Split one sample's bytes (consecutive members of one key) into ``(key, {ext: data})``.
+
+    ``buf[start:stop]`` is the sample (default: all of ``buf``), so that iteration can parse
+    samples out of one large read without copying each first; offsets in errors count
+    from ``start``.
 
     The hot path of every read, so it is written for CPython's speed: locals and literals
     (512 is the block size, 76 the "L" long-name type, 46 ".", 47 "/"), no header checksums
-    (the sample checksum covers the bytes), one slice per member.
+    (the sample checksum covers the bytes), one slice per member; members after the first
+    are matched against ``key + "."`` in place, without slicing their names.
 
     Raises:
         FormatError: the bytes are not whole members, or hold more than one key.
     """
-    pos, end = 0, len(buf)
+    pos, end = start, len(buf) if stop is None else stop
     key, klen = b"", 0
+    keydot = b""
     fields: dict[str, bytes] = {}
     long_name: bytes | None = None
     extensions = _EXTENSIONS
@@ -322,43 +330,63 @@ def parse_sample(buf: bytes, *, where: str = "sample") -> tuple[str, dict[str, b
                 size = int(buf[pos + 124 : pos + 135], 8)
             except ValueError:
                 size = _member_size(buf, pos)
-            stop = pos + 512 + size
-            if stop > end:
-                raise FormatError(f"{where}: member at byte {pos} runs past the sample's end")
+            data = pos + 512
+            stop_at = data + size
+            if stop_at > end:
+                raise FormatError(
+                    f"{where}: member at byte {pos - start} runs past the sample's end"
+                )
             if buf[pos + 156] == 76:
-                long_name = buf[pos + 512 : stop].rstrip(b"\0")
-                pos = stop + (-size % 512)
+                long_name = buf[data:stop_at].rstrip(b"\0")
+                pos = stop_at + (-size % 512)
                 continue
-            if long_name is not None:
-                name, long_name = long_name, None
-            elif buf[pos + 345]:
-                name = _ustar_raw_name(buf, pos)
+            if long_name is None and 0 < klen < 99 and not buf[pos + 345]:
+                # the common case: a short ustar name "key.ext", compared in place
+                if not buf.startswith(keydot, pos):
+                    _other_key(buf, pos, key, where)
+                nul = buf.find(b"\0", pos, pos + 100) % (pos + 101)
+                ext = buf[pos + klen + 1 : nul]
+                if 47 in ext:
+                    _other_key(buf, pos, key, where)
             else:
-                # find() gives -1 for a name of exactly 100 bytes; % maps it to pos + 100
-                name = buf[pos : buf.find(b"\0", pos, pos + 100) % (pos + 101)]
-            if klen:  # the same key, then ".", then an extension without "/"
-                ext = name[klen + 1 :]
-                if name[:klen] != key or name[klen] != 46 or 47 in ext:
-                    other = name.decode("utf-8", "replace")
-                    raise FormatError(f"{where}: holds members of two keys ({key!r}, {other!r})")
-            else:
-                dot = name.find(b".", name.rfind(b"/") + 1)
-                key, ext = (name, b"") if dot < 0 else (name[:dot], name[dot + 1 :])
-                klen = len(key)
+                if long_name is not None:
+                    name, long_name = long_name, None
+                elif buf[pos + 345]:
+                    name = _ustar_raw_name(buf, pos)
+                else:
+                    # find() gives -1 for a name of exactly 100 bytes; % maps it to pos + 100
+                    name = buf[pos : buf.find(b"\0", pos, pos + 100) % (pos + 101)]
+                if klen:  # the same key, then ".", then an extension without "/"
+                    ext = name[klen + 1 :]
+                    if name[:klen] != key or name[klen] != 46 or 47 in ext:
+                        other = name.decode("utf-8", "replace")
+                        raise FormatError(
+                            f"{where}: holds members of two keys ({key!r}, {other!r})"
+                        )
+                else:
+                    dot = name.find(b".", name.rfind(b"/") + 1)
+                    key, ext = (name, b"") if dot < 0 else (name[:dot], name[dot + 1 :])
+                    klen, keydot = len(key), key + b"."
             text = extensions.get(ext)
             if text is None:
                 text = ext.decode("utf-8", "replace")
                 if len(extensions) < 1024:  # a bounded memo of the few extensions in use
                     extensions[ext] = text
-            fields[text] = buf[pos + 512 : stop]
-            pos = stop + (-size % 512)
+            fields[text] = buf[data:stop_at]
+            pos = stop_at + (-size % 512)
     except (ValueError, IndexError) as exc:
         if isinstance(exc, FormatError):
             raise
-        raise FormatError(f"{where}: malformed tar header at byte {pos} ({exc})") from exc
+        raise FormatError(f"{where}: malformed tar header at byte {pos - start} ({exc})") from exc
     if not klen:
         raise FormatError(f"{where}: holds no members")
     return key.decode("utf-8", "replace"), fields
+
+
+def _other_key(buf: bytes, pos: int, key: bytes, where: str) -> None:
+    """Raise the error of a member whose name is not ``key`` + "." + an extension."""
+    name = _ustar_raw_name(buf, pos).decode("utf-8", "replace")
+    raise FormatError(f"{where}: holds members of two keys ({key!r}, {name!r})")
 
 
 def _ustar_raw_name(buf: bytes, pos: int) -> bytes:

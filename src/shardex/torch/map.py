@@ -66,9 +66,8 @@ class MapDataset(Dataset[Any]):
         return len(self._handle)
 
     def __getitem__(self, index: int) -> Any:
-        n = len(self._handle)
         if index < 0:
-            index += n
+            index += len(self._handle)
         return self._make(self._handle.dataset()[index], index)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:

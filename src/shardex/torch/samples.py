@@ -80,6 +80,8 @@ class SampleMaker:
                 out["image"] = spec.transform(pixels) if spec.transform else to_tensor(pixels)
             if "cls" in raw:
                 out["label"] = int(raw["cls"])
+        elif not spec.keys and spec.transform is None:
+            return raw  # each read makes a fresh dict: nothing to copy or add
         else:
             out = dict(raw)
         columns = self.columns()

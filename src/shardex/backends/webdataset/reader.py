@@ -24,7 +24,7 @@ from shardex.errors import (
     ShardexError,
     StorageError,
 )
-from shardex.format.index import SplitIndex, checksum_seeds, key_hash
+from shardex.format.index import RECORD, SplitIndex, checksum_seeds, key_hash
 from shardex.format.tar import iter_members, parse_sample, split_name
 from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
@@ -33,6 +33,19 @@ if TYPE_CHECKING:  # pyarrow loads on first use of metadata: opening needs none 
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
+_pread = os.pread
+
+# The process id, kept current by a fork hook: os.getpid() is a system call, too dear for
+# every read, and descriptors opened before a fork must not be shared with the child.
+_PROCESS = [os.getpid()]
+
+
+def _after_fork() -> None:
+    _PROCESS[0] = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 #: get_many merges two reads of one shard when the gap between them is at most this.
 DEFAULT_COALESCE_GAP = 0
@@ -45,6 +58,9 @@ class ShardDataset(SampleRanges):
 
     #: Bytes per chunk when remote shards are streamed for iteration.
     stream_chunk_size = 4 << 20
+    #: Bytes per read when local shards are iterated: large enough that a system call
+    #: serves many samples, small enough to stay in the CPU cache while they are parsed.
+    read_chunk_size = 1 << 20
 
     def __init__(
         self,
@@ -77,9 +93,12 @@ class ShardDataset(SampleRanges):
         )
         self._n = info.num_samples
         self._record = self.index.record
+        self._unpack, self._raw = RECORD.unpack_from, self.index.raw
         self._local = [storage.local_path(p) for p in self._paths]
         self._fds: list[int | None] = [None] * len(self._paths)
-        self._pid = os.getpid()
+        self._count = len(self._paths)
+        self._all_local = all(p is not None for p in self._local)
+        self._pid = _PROCESS[0]
         # Format 2 seeds each sample's checksum with its number (0 x number: format 1).
         self._seed = 1 if checksum_seeds(config.format_version) else 0
         self._same_config: bytes | None = None
@@ -89,8 +108,8 @@ class ShardDataset(SampleRanges):
 
     def _open(self, shard: int) -> int | None:
         """The descriptor of a local shard (opened once per process); None if remote."""
-        if self._pid != os.getpid():  # forked: descriptors are per process
-            self._fds, self._pid = [None] * len(self._paths), os.getpid()
+        if self._pid != _PROCESS[0]:  # forked: descriptors are per process
+            self._fds, self._pid = [None] * len(self._paths), _PROCESS[0]
         local = self._local[shard]
         if local is None:
             return None
@@ -147,7 +166,7 @@ class ShardDataset(SampleRanges):
                 f"index entry points past the end of {self.storage.join(self._paths[shard])} "
                 f"({offset}+{length} > {self._sizes[shard]} bytes)"
             )
-        fd = self._fds[shard] if self._pid == os.getpid() else None
+        fd = self._fds[shard] if self._pid == _PROCESS[0] else None
         if fd is None:
             fd = self._open(shard)
         if fd is None:
@@ -199,13 +218,38 @@ class ShardDataset(SampleRanges):
         sample["__key__"] = key
         return sample
 
+    def _fast(
+        self, number: int, offset: int, checksum: int, shard: int, length: int
+    ) -> Sample | None:
+        """Sample ``number`` read the short way, or None: an open local shard, a record
+        inside it, a whole read, a matching checksum and plain members; anything else
+        goes the checked way (``_read``, ``_sample``), which raises the error that fits."""
+        if self._pid != _PROCESS[0] or shard >= self._count:
+            return None
+        fd = self._fds[shard]
+        if fd is None or offset + length > self._sizes[shard]:
+            return None
+        buf = _pread(fd, length, offset)
+        if len(buf) != length or (self.verify and _xxh3(buf, number * self._seed) != checksum):
+            return None
+        try:
+            key, fields = parse_sample(buf, where=self._paths[shard])
+        except FormatError:
+            return None
+        sample = decode_fields(fields) if self.decode else cast(Sample, fields)
+        sample["__key__"] = key
+        return sample
+
     def __getitem__(self, index: int) -> Sample:
         n = self._n
         if index < 0:
             index += n
         if not 0 <= index < n:
             raise IndexError(f"sample {index} is out of range for a split of {n} samples")
-        offset, checksum, shard, length = self._record(index)
+        offset, checksum, shard, length = self._unpack(self._raw, index * 24)
+        sample = self._fast(index, offset, checksum, shard, length)
+        if sample is not None:
+            return sample
         try:
             return self._sample(self._read(shard, offset, length), checksum, shard, offset, index)
         except (FormatError, ObjectNotFoundError) as exc:
@@ -253,7 +297,8 @@ class ShardDataset(SampleRanges):
     def get_many(self, indices: Sequence[int], *, coalesce_gap: int | None = None) -> list[Sample]:
         """Samples in the order asked, read as one batch.
 
-        Reads are sorted per shard; two reads of a shard merge when the gap between them is
+        Local reads (``coalesce_gap`` 0, the default there) go one by one in the order
+        asked. Otherwise reads are sorted per shard; two reads of a shard merge when the gap between them is
         at most ``coalesce_gap`` bytes (default: 0 locally, 64 KiB on object storage), which
         bounds the bytes read beyond the samples. Whole shards are never fetched. On object
         storage the reads run concurrently.
@@ -274,6 +319,8 @@ class ShardDataset(SampleRanges):
         if idx.min() < 0 or idx.max() >= self._n:
             raise IndexError(f"indices out of range for a split of {self._n} samples")
         rec = self.index.samples[idx]
+        if gap == 0 and self._all_local:
+            return self._get_local(idx, rec)
         order = np.lexsort((rec["offset"], rec["shard"]))
         shards, offs = rec["shard"][order].tolist(), rec["offset"][order].tolist()
         lens, sums = rec["length"][order].tolist(), rec["checksum"][order].tolist()
@@ -291,6 +338,24 @@ class ShardDataset(SampleRanges):
         except (FormatError, ObjectNotFoundError) as exc:
             self._check_replaced(exc)
             raise
+
+    def _get_local(self, idx: np.ndarray, rec: npt.NDArray[np.void]) -> list[Sample]:
+        """Local samples one by one in the order asked: each read is verified and parsed
+        while its bytes are still in the CPU cache, where reading a whole batch first
+        would leave them to be fetched again from memory."""
+        out: list[Sample] = []
+        fast, checked = self._fast, self.__getitem__
+        for number, off, checksum, shard, length in zip(
+            idx.tolist(),
+            rec["offset"].tolist(),
+            rec["checksum"].tolist(),
+            rec["shard"].tolist(),
+            rec["length"].tolist(),
+            strict=True,
+        ):
+            sample = fast(number, off, checksum, shard, length)
+            out.append(checked(number) if sample is None else sample)
+        return out
 
     def _read_many(
         self,
@@ -357,7 +422,36 @@ class ShardDataset(SampleRanges):
                 for number in range(lo, hi):
                     self._skip(number, exc)
                 continue
-            for number, (off, length, checksum) in enumerate(ranges, lo):
+            yield from self._local_shard(shard, ranges, lo)
+
+    def _local_shard(
+        self, shard: int, ranges: list[tuple[int, int, int]], first: int
+    ) -> Iterator[Sample]:
+        """Samples of an open local shard, read ``read_chunk_size`` bytes at a time and
+        parsed in place: one system call and no copy per sample. A sample that fails
+        any check is read again the checked way, which raises (or skips) with the
+        error of ``ds[i]``."""
+        fd, size, where = self._fds[shard], self._sizes[shard], self._paths[shard]
+        seed, verify, decode = self._seed, self.verify, self.decode
+        chunk = self.read_chunk_size
+        buf, view, base, top = b"", memoryview(b""), 0, 0  # buf holds bytes [base, top)
+        for number, (off, length, checksum) in enumerate(ranges, first):
+            stop = off + length
+            if (off < base or stop > top) and fd is not None and stop <= size:
+                buf = _pread(fd, min(max(chunk, length), size - off), off)
+                view, base, top = memoryview(buf), off, off + len(buf)
+            sample: Sample | None = None
+            if base <= off and stop <= top:
+                start = off - base
+                if not verify or _xxh3(view[start : start + length], number * seed) == checksum:
+                    try:
+                        key, fields = parse_sample(buf, where=where, start=start, stop=stop - base)
+                    except FormatError:
+                        pass
+                    else:
+                        sample = decode_fields(fields) if decode else cast(Sample, fields)
+                        sample["__key__"] = key
+            if sample is None:
                 try:
                     sample = self._sample(
                         self._read(shard, off, length), checksum, shard, off, number
@@ -365,7 +459,7 @@ class ShardDataset(SampleRanges):
                 except FormatError as exc:
                     self._skip(number, exc)
                     continue
-                yield sample
+            yield sample
 
     def _skip(self, number: int, exc: FormatError | ObjectNotFoundError) -> None:
         """Raise, or (on_error="skip") record and log a damaged sample; a replaced export
