@@ -405,8 +405,8 @@ def page(browser: Any) -> Iterator[Any]:
     assert errors == []  # no script failed on any page
 
 
-@pytest.fixture(scope="module")
-def server(export: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def _browse_server(export: Path) -> Iterator[str]:
     """``shardex browse EXPORT --port 0`` in a subprocess; its URL."""
     command = [sys.executable, "-m", "shardex.cli", "browse", str(export), "--port", "0"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -426,6 +426,12 @@ def server(export: Path) -> Iterator[str]:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server(export: Path) -> Iterator[str]:
+    with _browse_server(export) as url:
+        yield url
 
 
 def _screenshot(page: Any, name: str) -> None:
@@ -710,3 +716,27 @@ def test_a_large_png_gets_a_thumbnail_without_pillows_bomb_warning() -> None:
     thumb = make_thumbnail(buf.getvalue(), 96, "a large png")
     with Image.open(io.BytesIO(thumb)) as image:
         assert image.size == (96, 91)
+
+
+def test_the_demo_export_in_the_browser(page: Any, tmp_path: Path) -> None:
+    # what a newcomer sees first: the built-in demo, exported and browsed with the CLI
+    out = tmp_path / "demo-export"
+    shardex.export("demo:120", out, workers=1)
+    ds = shardex.open_dataset(out)
+    labels = ds.metadata.column("label").to_pylist()
+    with _browse_server(out) as url:
+        _grid(page, f"{url}?limit=24")
+        widths = page.eval_on_selector_all(".tile img", "els => els.map(e => e.naturalWidth)")
+        assert len(widths) == 24
+        assert all(w > 0 for w in widths)
+        _screenshot(page, "demo-grid")
+        page.check("input[name=label][value='2']")
+        _wait_count(page, f"of {labels.count(2)} matching")
+        page.goto(f"{url}sample/5")
+        page.wait_for_function("() => document.querySelector('#image').naturalWidth > 0")
+        assert "verified on read" in page.text_content("#checksum")
+        cells = page.locator("#fields tbody tr").all_inner_texts()
+        sample = ds[5]
+        assert [c.split("\t")[:2] for c in cells] == [
+            [k, str(len(v))] for k, v in sample.items() if k != "__key__"
+        ]

@@ -113,6 +113,9 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # listening before the URL is printed: a browser or script that opens it at once
+        # waits in the backlog until the server accepts, never "connection refused"
+        sock.listen(128)
     except (OSError, OverflowError) as exc:
         sock.close()
         why = getattr(exc, "strerror", None) or exc
