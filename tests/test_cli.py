@@ -387,6 +387,12 @@ def test_config_file_gives_options_and_flags_override_it(
         ("no-labels: 1\n", "option 'no-labels': expected true or false"),
         ("- a\n- b\n", "expected a mapping of option names to values, found a list"),
         ("a: [\n", "cannot read it as YAML"),
+        # a list or mapping for a one-value flag, a float for an integer: the flag refuses
+        # them on the command line, so the file must too (not a traceback, not a truncation)
+        ("samples-per-shard: [1, 2]\n", "option 'samples-per-shard': expected one value"),
+        ("samples-per-shard: 1.5\n", "option 'samples-per-shard': '1.5' is not a valid integer"),
+        ("x-key: {a: 1}\n", "option 'x-key': expected a value or a list of values"),
+        ("workers: true\n", "option 'workers': 'True' is not a valid integer"),
     ],
 )
 def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(

@@ -105,11 +105,29 @@ def _as_flag_value(param: click.Option, value: Any) -> Any:
 def _checked(
     command: click.Command, param: click.Option, key: object, value: Any, path: Path
 ) -> Any:
-    if param.multiple and not isinstance(value, list | tuple):
-        value = [value]
+    where = f"--config {str(path)!r}: option {key!r}"
+    if param.multiple:
+        values = value if isinstance(value, list | tuple) else [value]
+        if not all(_is_scalar(v) for v in values):
+            raise ConfigError(f"{where}: expected a value or a list of values, got {value!r}")
+        value = [_as_text(v) for v in values]
+    elif not _is_scalar(value):
+        raise ConfigError(f"{where}: expected one value, got a {type(value).__name__}")
+    else:
+        value = _as_text(value)
     try:
         # the flag's own type checks the value (a choice, a range, a path)
         with click.Context(command) as ctx:
             return param.type_cast_value(ctx, value)
     except click.BadParameter as exc:
-        raise ConfigError(f"--config {str(path)!r}: option {key!r}: {exc.message}") from None
+        raise ConfigError(f"{where}: {exc.message}") from None
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _as_text(value: Any) -> Any:
+    """A YAML number or boolean as the text the flag would get, so its type checks it as
+    on the command line (``int(1.5)`` would truncate, ``int(True)`` would pass)."""
+    return value if value is None or isinstance(value, str) else str(value)
