@@ -126,6 +126,8 @@ class WebDatasetBackend(Backend):
         ):
             if done.skipped and plan.on_skip is not None:
                 plan.on_skip(list(done.skipped))
+            if not done.num_samples:  # the split's last candidates were all skipped
+                continue
             shards.append(
                 ShardInfo(
                     done.tar_path,
