@@ -491,3 +491,22 @@ def test_s3_profile_reads_the_aws_files_without_boto3(s3: S3Location, tmp_path: 
     assert done.stderr.startswith("error: ")
     assert "no AWS profile 'nobody' in " in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_aws_profile_in_the_environment_does_not_replace_keys_given(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as for the AWS CLI, keys beat AWS_PROFILE: a shell with AWS_PROFILE set must not
+    # swap the credentials a user passed (here for the wrong ones) behind their back
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[other]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_PROFILE", "other")
+    shardex.export(DemoSource(4), s3.url, storage_options=s3.direct, workers=1)
+    assert len(shardex.open_dataset(s3.url, storage_options=s3.direct)) == 4
+    # keys from the variables win over AWS_PROFILE too
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.server.secret_key)
+    env_only = {k: v for k, v in s3.direct.items() if "key" not in k}
+    assert len(shardex.open_dataset(s3.url, storage_options=env_only)) == 4
