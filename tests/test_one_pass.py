@@ -89,3 +89,16 @@ def test_bad_images_at_the_end_of_a_split_are_recorded(tmp_path: Path, workers: 
     assert sorted(errors.column("key").to_pylist()) == sorted(f"c1/{i:04d}" for i in bad)
     assert len(list((tmp_path / "out").rglob("*.tar"))) == 2  # no empty shard left
     assert shardex.verify(tmp_path / "out").ok
+
+
+def test_a_split_whose_images_are_all_bad_leaves_no_files(tmp_path: Path) -> None:
+    for split, bad in (("train", False), ("val", True)):
+        for i in range(3):
+            path = tmp_path / "src" / split / "c0" / f"{i}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            data = make_image(i)
+            path.write_bytes(data[: len(data) // 2] if bad else data)
+    done = shardex.export(tmp_path / "src", tmp_path / "out", on_error="skip", workers=1)
+    assert list(done.splits) == ["train"]
+    assert done.num_skipped == 3
+    assert not (tmp_path / "out" / "val").exists()  # no index of a split not exported
