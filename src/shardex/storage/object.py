@@ -39,14 +39,15 @@ class ObjectStorage(Storage):
 
     Args:
         url: the root URL.
-        storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile;
-            needs boto3), ``timeout`` and ``connect_timeout`` per request (defaults
+        storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile,
+            read from the AWS shared files; boto3 only for a role, SSO or a
+            ``credential_process``), ``timeout`` and ``connect_timeout`` per request (defaults
             ``"60s"`` and ``"5s"``; a timed-out request is retried), ``retry_timeout``
             (how long a failing request is retried, default ``"2m"``), and any obstore
             store or client option (``access_key_id``, ``secret_access_key``,
             ``session_token``, ``virtual_hosted_style_request``, ``allow_http``, ...);
             an unknown name is a :class:`ConfigError`. Unset options come from the
-            standard ``AWS_*`` environment variables.
+            standard ``AWS_*`` environment variables (keys win over ``AWS_PROFILE``).
             Credentials stay in memory: they are never written to config.yaml, logs or
             error messages.
     """
