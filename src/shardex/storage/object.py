@@ -30,6 +30,7 @@ from shardex.storage.options import (
     from_environment,
     merge_options,
 )
+from shardex.storage.profiles import profile_options
 
 __all__ = ["SCHEMES", "ObjectStorage"]
 
@@ -59,6 +60,9 @@ class ObjectStorage(Storage):
         # Credentials and endpoint are read from the environment here, once, so that they
         # travel with the storage to worker processes (whose environment may be older).
         self._options = merge_options(self.uri, storage_options or {}, from_environment())
+        if self._options.get("profile"):  # its files too are read here, once
+            profile = str(self._options.pop("profile"))
+            self._options = profile_options(profile, self._options, now=True)
         self._impl: DirectObjectStorage | HelperObjectStorage | None = None
         self._impl_pid = -1
 
