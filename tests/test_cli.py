@@ -407,3 +407,15 @@ def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(
     assert lines[0].startswith("error: --config ")
     assert message in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_config_file_null_leaves_the_option_at_its_default(tmp_path: Path) -> None:
+    # `key:` with no value (YAML null), as a template leaves it, is the flag not given:
+    # not a key named None, not mode None
+    config = tmp_path / "c.yaml"
+    config.write_text("x-key:\nmode:\nno-labels:\nsamples-per-shard: 2\n")
+    _ok("export-dataset", "demo:4", "-o", str(tmp_path / "o"), "-c", str(config), "-q")
+    done = shardex.read_config(tmp_path / "o")
+    assert done.x_keys == ("image",)
+    assert done.label_names is not None
+    assert [s.num_samples for s in done.splits["train"].shards] == [2, 2]

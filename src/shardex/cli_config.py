@@ -3,7 +3,8 @@
 The file maps each option's long flag name (``samples-per-shard``, or ``samples_per_shard``
 as NexuML configs spell it) to a value of the flag's type: a list for a repeatable flag,
 ``true``/``false`` for a ``--x/--no-x`` pair (``no-x: true`` works too), a mapping for
-``split-fractions`` and ``backend-option``. The values become click's ``default_map``, so a
+``split-fractions`` and ``backend-option``; no value (YAML null) leaves the flag's default.
+The values become click's ``default_map``, so a
 flag on the command line overrides the file and every value passes the flag's own checks.
 """
 
@@ -68,6 +69,8 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
             known = ", ".join(sorted(f for f, (_, neg) in flags.items() if not neg))
             raise ConfigError(f"--config {str(path)!r}: unknown option {key!r} (options: {known})")
         param, negated = found
+        if value is None:  # `key:` with no value, as a template leaves it: not given
+            continue
         if negated:
             if not isinstance(value, bool):
                 raise ConfigError(
