@@ -393,6 +393,12 @@ def test_config_file_gives_options_and_flags_override_it(
         ("samples-per-shard: 1.5\n", "option 'samples-per-shard': '1.5' is not a valid integer"),
         ("x-key: {a: 1}\n", "option 'x-key': expected a value or a list of values"),
         ("workers: true\n", "option 'workers': 'True' is not a valid integer"),
+        # one option under two spellings: which one wins would be a guess
+        (
+            "samples-per-shard: 2\nsamples_per_shard: 3\n",
+            "options 'samples-per-shard' and 'samples_per_shard' set the same option",
+        ),
+        ("labels: true\nno-labels: true\n", "options 'labels' and 'no-labels' set the same"),
     ],
 )
 def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(

@@ -63,12 +63,20 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
         )
     flags = _flags(command)
     out: dict[str, Any] = {}
+    spelled: dict[str, object] = {}
     for key, value in raw.items():
         found = flags.get(str(key).replace("_", "-"))
         if found is None:
             known = ", ".join(sorted(f for f, (_, neg) in flags.items() if not neg))
             raise ConfigError(f"--config {str(path)!r}: unknown option {key!r} (options: {known})")
         param, negated = found
+        name = str(param.name)
+        if name in spelled:
+            raise ConfigError(
+                f"--config {str(path)!r}: options {spelled[name]!r} and {key!r} set the same "
+                "option; keep one"
+            )
+        spelled[name] = key
         if value is None:  # `key:` with no value, as a template leaves it: not given
             continue
         if negated:
@@ -77,7 +85,7 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
                     f"--config {str(path)!r}: option {key!r}: expected true or false, got {value!r}"
                 )
             value = not value
-        out[str(param.name)] = _checked(command, param, key, _as_flag_value(param, value), path)
+        out[name] = _checked(command, param, key, _as_flag_value(param, value), path)
     return out
 
 
