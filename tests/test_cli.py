@@ -387,6 +387,18 @@ def test_config_file_gives_options_and_flags_override_it(
         ("no-labels: 1\n", "option 'no-labels': expected true or false"),
         ("- a\n- b\n", "expected a mapping of option names to values, found a list"),
         ("a: [\n", "cannot read it as YAML"),
+        # a list or mapping for a one-value flag, a float for an integer: the flag refuses
+        # them on the command line, so the file must too (not a traceback, not a truncation)
+        ("samples-per-shard: [1, 2]\n", "option 'samples-per-shard': expected one value"),
+        ("samples-per-shard: 1.5\n", "option 'samples-per-shard': '1.5' is not a valid integer"),
+        ("x-key: {a: 1}\n", "option 'x-key': expected a value or a list of values"),
+        ("workers: true\n", "option 'workers': 'True' is not a valid integer"),
+        # one option under two spellings: which one wins would be a guess
+        (
+            "samples-per-shard: 2\nsamples_per_shard: 3\n",
+            "options 'samples-per-shard' and 'samples_per_shard' set the same option",
+        ),
+        ("labels: true\nno-labels: true\n", "options 'labels' and 'no-labels' set the same"),
     ],
 )
 def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(
@@ -401,3 +413,15 @@ def test_config_file_refuses_unknown_keys_and_bad_values_in_one_line(
     assert lines[0].startswith("error: --config ")
     assert message in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_config_file_null_leaves_the_option_at_its_default(tmp_path: Path) -> None:
+    # `key:` with no value (YAML null), as a template leaves it, is the flag not given:
+    # not a key named None, not mode None
+    config = tmp_path / "c.yaml"
+    config.write_text("x-key:\nmode:\nno-labels:\nsamples-per-shard: 2\n")
+    _ok("export-dataset", "demo:4", "-o", str(tmp_path / "o"), "-c", str(config), "-q")
+    done = shardex.read_config(tmp_path / "o")
+    assert done.x_keys == ("image",)
+    assert done.label_names is not None
+    assert [s.num_samples for s in done.splits["train"].shards] == [2, 2]

@@ -456,3 +456,49 @@ def test_resume_refuses_another_source_and_overwrite_clears_the_leftovers(
     assert config.num_samples == 25
     assert set(_files(out)) == {"config.yaml", *export_files(config)}  # no leftovers
     assert shardex.verify(out).ok
+
+
+def _grandchildren(pid: int) -> list[int]:
+    def children(p: int) -> list[int]:
+        try:
+            return [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:  # gone meanwhile
+            return []
+
+    return [g for c in children(pid) for g in children(c)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_worker_killed_mid_export_is_a_one_line_error(tmp_path: Path) -> None:
+    # the OOM killer takes a worker: the user gets `error: ...`, not a traceback
+    from helpers import make_tree
+
+    make_tree(tmp_path / "src", [f"c{i % 3}/{i:05d}.jpg" for i in range(600)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from shardex.cli import main; main()",
+            "export-dataset",
+            str(tmp_path / "src"),
+            *("-o", str(tmp_path / "out"), "-q", "--workers", "2", "--samples-per-shard", "2"),
+            *("--validate", "decode"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        workers = _grandchildren(proc.pid)  # the fork server's two workers
+        time.sleep(0.01)
+    assert len(workers) == 2, "the export ended before its workers were seen"
+    time.sleep(0.5)
+    os.kill(workers[-1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert err.startswith("error: ")
+    assert len(err.strip().splitlines()) == 1, err
+    # what the message says to do works
+    done = shardex.export(tmp_path / "src", tmp_path / "out", mode="resume", samples_per_shard=2)
+    assert done.num_samples == 600

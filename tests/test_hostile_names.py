@@ -467,3 +467,27 @@ def test_field_names_that_cannot_name_files_fail_before_writing(tmp_path: Path) 
         shardex.export(src / "t.parquet", tmp_path / "out", backend="numpy", x_keys=("a\nb",))
     _assert_one_line(info.value)
     assert _walk(tmp_path) == before  # refused before any array was written
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["changed", "removed"])
+def test_a_file_that_changes_before_it_is_read_is_named_on_one_line(
+    tmp_path: Path, gone: bool
+) -> None:
+    # the array backends read members with MemberReader: a file named with a newline that
+    # changed (or went) since the scan is refused in one line, as the tar writer does
+    from shardex.errors import BadSampleError
+    from shardex.rows import MemberReader
+
+    path = tmp_path / "a\nb.npy"
+    path.write_bytes(b"12345")
+    member = {"ext": "npy", "path": str(path), "offset": 0, "size": 9, "data": None}
+    if gone:
+        path.unlink()
+    reader = MemberReader()
+    try:
+        with pytest.raises(BadSampleError) as caught:
+            reader.read(member)
+    finally:
+        reader.close()
+    assert "\n" not in str(caught.value)
+    assert "a\\nb.npy" in str(caught.value)

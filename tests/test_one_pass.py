@@ -73,3 +73,32 @@ def test_in_memory_bytes_are_checked_too(tmp_path: Path) -> None:
         shardex.export({"jpg": images}, tmp_path / "a", workers=1)
     config = shardex.export({"jpg": images}, tmp_path / "b", on_error="skip", samples_per_shard=3)
     assert [s.num_samples for s in config.splits["train"].shards] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bad_images_at_the_end_of_a_split_are_recorded(tmp_path: Path, workers: int) -> None:
+    # the last shard's candidates are all bad: no shard holds them, errors.parquet must
+    bad = {5, 7, 9, 11}  # c1/0005 ... c1/0011: the split's last four samples
+    _folder(tmp_path / "src", 12, bad)
+    done = shardex.export(
+        tmp_path / "src", tmp_path / "out", samples_per_shard=4, on_error="skip", workers=workers
+    )
+    assert done.num_samples == 8
+    assert done.num_skipped == 4
+    errors = pq.read_table(tmp_path / "out" / "errors.parquet")
+    assert sorted(errors.column("key").to_pylist()) == sorted(f"c1/{i:04d}" for i in bad)
+    assert len(list((tmp_path / "out").rglob("*.tar"))) == 2  # no empty shard left
+    assert shardex.verify(tmp_path / "out").ok
+
+
+def test_a_split_whose_images_are_all_bad_leaves_no_files(tmp_path: Path) -> None:
+    for split, bad in (("train", False), ("val", True)):
+        for i in range(3):
+            path = tmp_path / "src" / split / "c0" / f"{i}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            data = make_image(i)
+            path.write_bytes(data[: len(data) // 2] if bad else data)
+    done = shardex.export(tmp_path / "src", tmp_path / "out", on_error="skip", workers=1)
+    assert list(done.splits) == ["train"]
+    assert done.num_skipped == 3
+    assert not (tmp_path / "out" / "val").exists()  # no index of a split not exported

@@ -491,3 +491,55 @@ def test_s3_profile_reads_the_aws_files_without_boto3(s3: S3Location, tmp_path: 
     assert done.stderr.startswith("error: ")
     assert "no AWS profile 'nobody' in " in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_aws_profile_in_the_environment_does_not_replace_keys_given(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as for the AWS CLI, keys beat AWS_PROFILE: a shell with AWS_PROFILE set must not
+    # swap the credentials a user passed (here for the wrong ones) behind their back
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[other]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_PROFILE", "other")
+    shardex.export(DemoSource(4), s3.url, storage_options=s3.direct, workers=1)
+    assert len(shardex.open_dataset(s3.url, storage_options=s3.direct)) == 4
+    # keys from the variables win over AWS_PROFILE too
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.server.secret_key)
+    env_only = {k: v for k, v in s3.direct.items() if "key" not in k}
+    assert len(shardex.open_dataset(s3.url, storage_options=env_only)) == 4
+
+
+def test_s3_profile_files_set_after_workers_started_reach_the_workers(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a notebook: one export starts the worker processes, then AWS_* file variables are
+    # set; the workers (whose environment is older) must write with that profile too
+    from helpers import make_tree
+
+    make_tree(tmp_path / "src", [f"c{i % 2}/{i:03d}.jpg" for i in range(24)])
+    shardex.export(tmp_path / "src", tmp_path / "local", workers=2, samples_per_shard=4)
+    files = tmp_path / "aws"
+    files.mkdir()
+    (files / "credentials").write_text(
+        f"[curator]\naws_access_key_id = {s3.server.access_key}\n"
+        f"aws_secret_access_key = {s3.server.secret_key}\n"
+    )
+    (files / "config").write_text(
+        f"[profile curator]\nregion = {s3.server.region}\nendpoint_url = {s3.server.endpoint}\n"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(files / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(files / "config"))
+    done = shardex.export(
+        tmp_path / "src",
+        s3.url,
+        workers=2,
+        samples_per_shard=4,
+        storage_options={"profile": "curator"},
+    )
+    assert done.num_samples == 24
+    assert len(shardex.open_dataset(s3.url, storage_options=s3.direct)) == 24

@@ -3,7 +3,8 @@
 The file maps each option's long flag name (``samples-per-shard``, or ``samples_per_shard``
 as NexuML configs spell it) to a value of the flag's type: a list for a repeatable flag,
 ``true``/``false`` for a ``--x/--no-x`` pair (``no-x: true`` works too), a mapping for
-``split-fractions`` and ``backend-option``. The values become click's ``default_map``, so a
+``split-fractions`` and ``backend-option``; no value (YAML null) leaves the flag's default.
+The values become click's ``default_map``, so a
 flag on the command line overrides the file and every value passes the flag's own checks.
 """
 
@@ -62,19 +63,29 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
         )
     flags = _flags(command)
     out: dict[str, Any] = {}
+    spelled: dict[str, object] = {}
     for key, value in raw.items():
         found = flags.get(str(key).replace("_", "-"))
         if found is None:
             known = ", ".join(sorted(f for f, (_, neg) in flags.items() if not neg))
             raise ConfigError(f"--config {str(path)!r}: unknown option {key!r} (options: {known})")
         param, negated = found
+        name = str(param.name)
+        if name in spelled:
+            raise ConfigError(
+                f"--config {str(path)!r}: options {spelled[name]!r} and {key!r} set the same "
+                "option; keep one"
+            )
+        spelled[name] = key
+        if value is None:  # `key:` with no value, as a template leaves it: not given
+            continue
         if negated:
             if not isinstance(value, bool):
                 raise ConfigError(
                     f"--config {str(path)!r}: option {key!r}: expected true or false, got {value!r}"
                 )
             value = not value
-        out[str(param.name)] = _checked(command, param, key, _as_flag_value(param, value), path)
+        out[name] = _checked(command, param, key, _as_flag_value(param, value), path)
     return out
 
 
@@ -105,11 +116,29 @@ def _as_flag_value(param: click.Option, value: Any) -> Any:
 def _checked(
     command: click.Command, param: click.Option, key: object, value: Any, path: Path
 ) -> Any:
-    if param.multiple and not isinstance(value, list | tuple):
-        value = [value]
+    where = f"--config {str(path)!r}: option {key!r}"
+    if param.multiple:
+        values = value if isinstance(value, list | tuple) else [value]
+        if not all(_is_scalar(v) for v in values):
+            raise ConfigError(f"{where}: expected a value or a list of values, got {value!r}")
+        value = [_as_text(v) for v in values]
+    elif not _is_scalar(value):
+        raise ConfigError(f"{where}: expected one value, got a {type(value).__name__}")
+    else:
+        value = _as_text(value)
     try:
         # the flag's own type checks the value (a choice, a range, a path)
         with click.Context(command) as ctx:
             return param.type_cast_value(ctx, value)
     except click.BadParameter as exc:
-        raise ConfigError(f"--config {str(path)!r}: option {key!r}: {exc.message}") from None
+        raise ConfigError(f"{where}: {exc.message}") from None
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _as_text(value: Any) -> Any:
+    """A YAML number or boolean as the text the flag would get, so its type checks it as
+    on the command line (``int(1.5)`` would truncate, ``int(True)`` would pass)."""
+    return value if value is None or isinstance(value, str) else str(value)

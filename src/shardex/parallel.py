@@ -33,12 +33,13 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from shardex.errors import ParallelismWarning
+from shardex.errors import ExportError, ParallelismWarning
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -265,14 +266,30 @@ class Runner:
         except Exception as exc:
             self._fall_back(f"its work does not pickle ({type(exc).__name__}: {exc})")
             return None
-        return self._pool.submit(_run_task, task)
+        try:
+            return self._pool.submit(_run_task, task)
+        except BrokenProcessPool as exc:
+            raise _worker_died() from exc
 
     def _result(self, fn: Callable[[T], R], future: Future[object], item: T) -> R:
         if future.cancelled():  # dropped by a fall-back before a worker took it
             return fn(item)
-        result = future.result()
+        try:
+            result = future.result()
+        except BrokenProcessPool as exc:
+            raise _worker_died() from exc
         if isinstance(result, _Unreadable):
             if self._pool is not None:
                 self._fall_back(f"a worker process cannot load its work ({result.reason})")
             return fn(item)
         return result  # type: ignore[return-value]
+
+
+def _worker_died() -> ExportError:
+    """A worker was killed (the OOM killer, a signal): one line, instead of the pool's
+    traceback."""
+    return ExportError(
+        "a worker process died (killed by a signal, or out of memory), so the run stopped "
+        "and committed nothing; run it again (an export: with --mode resume, which keeps "
+        "the shards already written), with fewer workers if memory ran short"
+    )

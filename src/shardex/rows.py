@@ -236,11 +236,11 @@ class MemberReader:
                 data = os.pread(fd, size, offset)
         except OSError as exc:
             raise BadSampleError(
-                f"cannot read {path}: {exc.strerror}", path=path, reason=str(exc.strerror)
+                f"cannot read {quoted(path)}: {exc.strerror}", path=path, reason=str(exc.strerror)
             ) from exc
         if len(data) != size:
             raise BadSampleError(
-                f"{path} changed while exporting: it was {size} bytes, now {len(data)}",
+                f"{quoted(path)} changed while exporting: it was {size} bytes, now {len(data)}",
                 path=path,
                 reason="changed during export",
             )

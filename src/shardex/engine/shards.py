@@ -72,7 +72,8 @@ def write_shards(
     on_discard: Callable[[ShardWritten], None],
 ) -> Iterator[ShardWritten]:
     """The split's shards in order, each holding ``samples_per_shard`` good samples (or
-    up to the byte cap); only the last may be short. ``on_discard`` gets each shard
+    up to the byte cap); only the last may be short, or even empty (no files written,
+    only its skipped samples to record). ``on_discard`` gets each shard
     written speculatively and then replaced (its files may need deleting)."""
     n = split.num_samples
     pos = sample = number = 0
@@ -108,8 +109,10 @@ def write_shards(
                 stop[0] = more = True
                 continue
             pos = round_pos + a + done.consumed
+            # yielded even when empty (the split's last candidates were all bad): its
+            # skipped samples still go to errors.parquet
+            yield done
             if done.num_samples:
-                yield done
                 sample += done.num_samples
                 number += 1
             if done.consumed != b - a or done.num_samples != b - a:

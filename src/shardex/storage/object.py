@@ -30,6 +30,7 @@ from shardex.storage.options import (
     from_environment,
     merge_options,
 )
+from shardex.storage.profiles import profile_options
 
 __all__ = ["SCHEMES", "ObjectStorage"]
 
@@ -39,14 +40,15 @@ class ObjectStorage(Storage):
 
     Args:
         url: the root URL.
-        storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile;
-            needs boto3), ``timeout`` and ``connect_timeout`` per request (defaults
+        storage_options: ``endpoint_url``, ``region``, ``profile`` (a named AWS profile,
+            read from the AWS shared files; boto3 only for a role, SSO or a
+            ``credential_process``), ``timeout`` and ``connect_timeout`` per request (defaults
             ``"60s"`` and ``"5s"``; a timed-out request is retried), ``retry_timeout``
             (how long a failing request is retried, default ``"2m"``), and any obstore
             store or client option (``access_key_id``, ``secret_access_key``,
             ``session_token``, ``virtual_hosted_style_request``, ``allow_http``, ...);
             an unknown name is a :class:`ConfigError`. Unset options come from the
-            standard ``AWS_*`` environment variables.
+            standard ``AWS_*`` environment variables (keys win over ``AWS_PROFILE``).
             Credentials stay in memory: they are never written to config.yaml, logs or
             error messages.
     """
@@ -58,6 +60,9 @@ class ObjectStorage(Storage):
         # Credentials and endpoint are read from the environment here, once, so that they
         # travel with the storage to worker processes (whose environment may be older).
         self._options = merge_options(self.uri, storage_options or {}, from_environment())
+        if self._options.get("profile"):  # its files too are read here, once
+            profile = str(self._options.pop("profile"))
+            self._options = profile_options(profile, self._options, now=True)
         self._impl: DirectObjectStorage | HelperObjectStorage | None = None
         self._impl_pid = -1
 

@@ -119,7 +119,13 @@ def merge_options(uri: str, given: dict[str, Any], environment: dict[str, str]) 
     check_options(uri, given)
     taken = {setting(uri, name) for name, value in given.items() if value is not None}
     kept = {k: v for k, v in environment.items() if setting(uri, k) not in taken}
-    return {**kept, **given}
+    merged = {**kept, **given}
+    keys = any(setting(uri, k) == "access_key_id" and v is not None for k, v in merged.items())
+    if "profile" in kept and keys:
+        # as for the AWS CLI, keys (given, or AWS_ACCESS_KEY_ID) beat AWS_PROFILE: the
+        # profile would replace them (see shardex.storage.profiles)
+        del merged["profile"]
+    return merged
 
 
 def check_options(uri: str, options: dict[str, Any]) -> None:

@@ -53,9 +53,11 @@ def _section(path: Path, name: str) -> dict[str, str] | None:
     return dict(parser[name]) if parser.has_section(name) else None
 
 
-def profile_options(profile: str, options: dict[str, Any]) -> dict[str, Any]:
+def profile_options(profile: str, options: dict[str, Any], *, now: bool = False) -> dict[str, Any]:
     """``options`` with what the named profile holds: its keys, and its region and
-    endpoint where ``options`` has none.
+    endpoint where ``options`` has none. ``now``: where the storage is made, so that
+    worker processes (whose environment may be older) get the files' keys; a profile
+    that needs boto3 keeps its name (each process makes its own provider).
 
     Raises:
         ConfigError: neither file has the profile.
@@ -81,7 +83,10 @@ def profile_options(profile: str, options: dict[str, Any]) -> dict[str, Any]:
             out.pop(key, None)
         out.update({option: found[key] for key, option in _CREDENTIALS.items() if key in found})
     elif any(key in found for key in _NEEDS_BOTO3):
-        out["_credential_provider"] = _boto3_provider(profile)
+        if now:
+            out["profile"] = profile
+        else:
+            out["_credential_provider"] = _boto3_provider(profile)
     for key, option in _SETTINGS.items():
         if key in found and out.get(option) is None:
             out[option] = found[key]

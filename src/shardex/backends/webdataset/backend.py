@@ -126,6 +126,8 @@ class WebDatasetBackend(Backend):
         ):
             if done.skipped and plan.on_skip is not None:
                 plan.on_skip(list(done.skipped))
+            if not done.num_samples:  # the split's last candidates were all skipped
+                continue
             shards.append(
                 ShardInfo(
                     done.tar_path,
@@ -142,6 +144,8 @@ class WebDatasetBackend(Backend):
             hashes.append(done.key_hashes)
             on_shard(done.table)
         _remove_discarded(storage, discarded, shards, plan.existing)
+        if not parts and before is None:  # every sample skipped: the split is not exported
+            return SplitInfo(num_samples=0, num_bytes=0, shards=(), index=None)
         dtypes = (np.uint32, np.uint64, np.uint32, np.uint64)
         shard_no, offsets, lengths, sums = (
             np.concatenate([p[k] for p in parts]) if parts else np.empty(0, dtype)
