@@ -145,30 +145,18 @@ class SplitRows:
         return bool(self.members.inline_bytes() * 2 > int(sizes.sum()))
 
 
-class ByteSource:
-    """Reads members' bytes: inline ones as views of their Arrow buffer, file ones with
-    ``pread`` (keeping recently used files open)."""
+class _Files:
+    """Byte ranges of local files, recently used files kept open."""
 
-    def __init__(self, members: Members) -> None:
-        self._m = members
-        data = members.data
-        buffers = data.buffers()
-        self._offsets = np.frombuffer(buffers[1], np.int64)[
-            data.offset : data.offset + len(data) + 1
-        ]
-        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
-        values = buffers[2] if buffers[2] is not None else b""
-        self._values = memoryview(values).cast("B")
+    def __init__(self) -> None:
         self._fds: dict[str, int] = {}
 
-    def read(self, j: int) -> memoryview | bytes:
-        """Member ``j``'s bytes (a view for inline members: no copy)."""
-        m = self._m
-        if m.inline[j]:
-            return self._values[self._offsets[j] : self._offsets[j + 1]]
-        path, offset, size = m.path(j), int(m.offset[j]), int(m.size[j])
-        if path is None:
-            raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
+    def read(self, path: str, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file).
+
+        Raises:
+            BadSampleError: the file cannot be read, or its size changed.
+        """
         try:
             if offset < 0:  # a whole file: one read of one byte more shows if it grew
                 whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -203,6 +191,36 @@ class ByteSource:
         self._fds = {}
 
 
+class ByteSource:
+    """Reads members' bytes: inline ones as views of their Arrow buffer, file ones with
+    ``pread`` (keeping recently used files open)."""
+
+    def __init__(self, members: Members) -> None:
+        self._m = members
+        data = members.data
+        buffers = data.buffers()
+        self._offsets = np.frombuffer(buffers[1], np.int64)[
+            data.offset : data.offset + len(data) + 1
+        ]
+        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
+        values = buffers[2] if buffers[2] is not None else b""
+        self._values = memoryview(values).cast("B")
+        self._files = _Files()
+
+    def read(self, j: int) -> memoryview | bytes:
+        """Member ``j``'s bytes (a view for inline members: no copy)."""
+        m = self._m
+        if m.inline[j]:
+            return self._values[self._offsets[j] : self._offsets[j + 1]]
+        path = m.path(j)
+        if path is None:
+            raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
+        return self._files.read(path, int(m.offset[j]), int(m.size[j]))
+
+    def close(self) -> None:
+        self._files.close()
+
+
 JSON_COLUMN: Final = "_json"
 
 #: The field that holds the class label (ASCII digits), as WebDataset names it.
@@ -210,46 +228,20 @@ LABEL_FIELD: Final = "cls"
 
 
 class MemberReader:
-    """Reads member bytes from local files, keeping recently used files open."""
+    """Reads the bytes of members given as dicts (a scan table's rows), keeping recently
+    used files open."""
 
     def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
+        self._files = _Files()
 
     def read(self, member: dict[str, Any]) -> bytes:
         data = member["data"]
         if data is not None:
             return data  # type: ignore[no-any-return]
-        path, offset, size = member["path"], member["offset"], member["size"]
-        try:
-            if offset < 0:  # a whole file: one read of one byte more shows if it grew
-                whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    data = os.read(whole, size + 1)
-                finally:
-                    os.close(whole)
-            else:
-                fd = self._fds.get(path)
-                if fd is None:
-                    if len(self._fds) > 64:
-                        self.close()
-                    fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                data = os.pread(fd, size, offset)
-        except OSError as exc:
-            raise BadSampleError(
-                f"cannot read {quoted(path)}: {exc.strerror}", path=path, reason=str(exc.strerror)
-            ) from exc
-        if len(data) != size:
-            raise BadSampleError(
-                f"{quoted(path)} changed while exporting: it was {size} bytes, now {len(data)}",
-                path=path,
-                reason="changed during export",
-            )
-        return data
+        return self._files.read(member["path"], member["offset"], member["size"])
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
+        self._files.close()
 
 
 def iter_fields(
