@@ -105,18 +105,26 @@ def _order(entry: os.DirEntry[str]) -> str:
         return entry.name
 
 
-def _listing(real_root: str, folder: _Folder) -> Iterator[_Found]:
-    """The entries of one folder, in sorted order, each looked at only when reached (a
-    caller that stops early does not stat the rest)."""
+def _entries(folder: _Folder) -> list[os.DirEntry[str]] | OSError:
+    """A folder's entries in walk order, or why it cannot be read (the source's own folder
+    unreadable is a SourceError)."""
     try:
         with os.scandir(folder.path) as listing:
-            entries = sorted(listing, key=_order)
+            return sorted(listing, key=_order)
     except OSError as exc:
         if not folder.rel:
             raise SourceError(
                 f"cannot read source folder {quoted(folder.path)}: {exc.strerror}"
             ) from exc
-        yield _left_out(folder.rel.rstrip("/"), f"cannot read folder: {exc.strerror}")
+        return exc
+
+
+def _listing(real_root: str, folder: _Folder) -> Iterator[_Found]:
+    """The entries of one folder, in sorted order, each looked at only when reached (a
+    caller that stops early does not stat the rest)."""
+    entries = _entries(folder)
+    if isinstance(entries, OSError):
+        yield _left_out(folder.rel.rstrip("/"), f"cannot read folder: {entries.strerror}")
         return
     for entry in entries:
         found = _visit(real_root, entry, f"{folder.rel}{entry.name}", folder)
@@ -190,14 +198,8 @@ def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
     itself; only folders and the first image file are looked at."""
     holding: list[_Folder] = []
     has_file = False
-    try:
-        with os.scandir(folder.path) as listing:
-            entries = sorted(listing, key=_order)
-    except OSError as exc:
-        if not folder.rel:
-            raise SourceError(
-                f"cannot read source folder {quoted(folder.path)}: {exc.strerror}"
-            ) from exc
+    entries = _entries(folder)
+    if isinstance(entries, OSError):
         return holding, has_file
     for entry in entries:
         if has_file and not _order(entry).endswith("/"):
