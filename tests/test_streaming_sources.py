@@ -415,7 +415,6 @@ def test_inline_bytes_past_the_limit_are_cut_between_samples(
     [
         ([], ["cat"]),  # only empty lists in the first batch
         ({"x": 1}, {"x": 1, "y": 2}),  # an object gaining a key
-        (1, 1.5),  # only ints before the first float
     ],
 )
 def test_tar_json_field_narrower_in_the_first_batch_says_so(
@@ -439,3 +438,24 @@ def test_tar_json_field_narrower_in_the_first_batch_says_so(
     assert "in sample 's2'" in message
     assert "batch of 2 samples" in message  # the batch that set the type
     assert "give the field one type" not in message
+
+
+def test_tar_json_floats_after_a_batch_of_ints_make_the_field_float(tmp_path: Path) -> None:
+    # JSON writers that print 2.0 as 2 give a score field ints first, floats later: the
+    # export keeps every value, as one float column, whatever the batch size
+    members = []
+    for i in range(6):
+        members.append((f"s{i}.jpg", image_bytes(i)))
+        score = i if i < 4 else i + 0.5
+        members.append((f"s{i}.json", json.dumps({"score": score}).encode()))
+    _tar(tmp_path / "a.tar", members)
+    whole = TarSource(tmp_path / "a.tar").scan().table
+    batched = TarSource(tmp_path / "a.tar", batch_size=2).scan().table
+    assert batched.column("score").type == pa.float64()
+    assert batched.column("score").to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.5, 5.5]
+    assert batched.select(["key", "score"]).equals(whole.select(["key", "score"]))
+    out = tmp_path / "out"
+    shardex.export(TarSource(tmp_path / "a.tar", batch_size=2), out, workers=1)
+    ds = shardex.open_dataset(out)
+    assert [json.loads(ds[i]["json"])["score"] for i in range(6)] == [0, 1, 2, 3, 4.5, 5.5]
+    assert ds.metadata.column("score").to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.5, 5.5]

@@ -145,8 +145,10 @@ class SampleStream:
     ``label_names`` is known before the first batch. Every batch has ``key``,
     ``original_path`` and ``_members``; ``split`` and ``label`` are in every batch or in
     none; ``_invalid`` may be missing (every sample usable); metadata columns may differ
-    between batches (a column a batch lacks is null for its rows), but a column has one
-    type in every batch that has it (a source refuses a type change in one line).
+    between batches (a column a batch lacks is null for its rows); a column has one type
+    in every batch that has it, but for integers that a later batch widens to floats (a
+    source refuses any other change in one line): consumers join batches with Arrow's
+    permissive promotion, as :meth:`Source.scan` does.
     """
 
     batches: Iterator[ScanBatch]
@@ -188,7 +190,7 @@ class Source(ABC):
             left_out += batch.left_out
         if not tables:
             raise SourceError(f"source {quoted(self.uri)} yielded no batch of samples")
-        table = pa.concat_tables(tables, promote_options="default")
+        table = pa.concat_tables(tables, promote_options="permissive")
         if INVALID in table.column_names:  # first found in a later batch: back to its place
             names = [c for c in table.column_names if c != INVALID]
             names.insert(names.index(MEMBERS) + 1, INVALID)

@@ -108,7 +108,8 @@ def metadata_columns(
 class MetadataTypes:
     """The type each JSON field took in the batches so far: a later batch's column is
     cast to it where that loses nothing (ints to an established float, all-null to
-    anything), else refused in one line naming the field."""
+    anything); floats after ints make the field a float (earlier batches widen when
+    joined); anything else is refused in one line naming the field."""
 
     def __init__(self, where: str, batch_size: int) -> None:
         self.where = where
@@ -136,6 +137,11 @@ class MetadataTypes:
                     continue
                 except _ARROW_ERRORS:  # an int too large for a float: refused below
                     pass
+            if pa.types.is_integer(known) and pa.types.is_floating(column.type):
+                # floats after a batch of ints: the field is a float from now on; the
+                # earlier batches' ints widen when batches are joined (see SampleStream)
+                self.types[name] = column.type
+                continue
             at = _first_valid(column)
             sample = f"{keys[at]!r} ({originals[at]!r})"
             if _widens_to(known, column.type):  # one JSON type, narrower in the first batch
