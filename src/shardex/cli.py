@@ -245,8 +245,9 @@ def main() -> None:
     multiple=True,
     metavar="KEY",
     help="SOURCE is a spec file: run its stages in order only until KEY exists "
-    "(repeatable: all of them), then write that view. Fails before running if no stage "
-    "produces KEY.",
+    "(repeatable: all of them; stages that only change KEY in place, such as a resize of "
+    "pixels, still run), then write that view. With --x-key pixels the decoded pixels "
+    "are stored as a tensor field. Fails before running if no stage produces KEY.",
 )
 @click.option(
     "--executor",
