@@ -220,10 +220,12 @@ def main() -> None:
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["float16", "float32", "float64"]),
+    type=click.Choice(["float16", "float32", "float64", "bfloat16"]),
     default=None,
     help="Cast floating-point array fields to this dtype (recorded in config.yaml). "
-    "Integers, booleans and images are never cast. Default: keep every dtype.",
+    "Integers, booleans and images are never cast. bfloat16: torch, tensor_shards and "
+    "tensordict_memmap backends only (read back as torch.bfloat16 tensors). "
+    "Default: keep every dtype.",
 )
 @click.option(
     "--backend-option",

@@ -23,7 +23,7 @@ from shardex.sources.base import MEMBERS
 if TYPE_CHECKING:
     from shardex.backends.base import Backend
 
-SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test")
+SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test", "predict")
 
 
 def fixed_lists(table: pa.Table) -> pa.Table:
