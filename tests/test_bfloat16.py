@@ -183,7 +183,7 @@ def test_other_backends_refuse_bfloat16_before_any_work(tmp_path: Path, backend:
     assert "\n" not in line
     assert line == (
         f"error: the {backend} backend cannot store dtype bfloat16; use one that can "
-        "(tensor_shards, tensordict_memmap, torch) or another --dtype"
+        "(tensor_shards, tensordict_memmap, torch) or another dtype"
     )
     assert not out.exists()
     with pytest.raises(ConfigError, match="cannot store dtype bfloat16"):

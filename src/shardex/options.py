@@ -101,7 +101,7 @@ def _check_bfloat16(backend: str) -> None:
                 continue
     raise ConfigError(
         f"the {backend} backend cannot store dtype bfloat16; use one that can "
-        f"({', '.join(able) or 'none installed: pip install shardex[torch]'}) or another --dtype"
+        f"({', '.join(able) or 'none installed: pip install shardex[torch]'}) or another dtype"
     )
 
 
