@@ -224,3 +224,28 @@ def test_in_memory_image_array_gets_its_shape_and_key_spec(tmp_path: Path, backe
     plain = _plain_columns(out, backend, "image")
     for i, key in enumerate(keys):
         np.testing.assert_array_equal(plain[key], images[i])
+
+
+def test_pixels_of_different_sizes_are_stored_ragged(tmp_path: Path) -> None:
+    """A resize without a crop keeps each aspect ratio: one shape per sample, kept."""
+    files = _sources(tmp_path / "src")
+    batch: list[dict[str, Any]] = [
+        {"key": rel, "image": data, "image_ext": "png"} for rel, data in files.items()
+    ]
+    for stage in (DecodeStage(), ResizeStage(32)):
+        batch = stage.process(batch) or []
+    expected = {s["key"]: s["pixels"] for s in batch}
+    assert len({a.shape for a in expected.values()}) > 1
+    spec = _spec(tmp_path, tmp_path / "src")
+    raw = yaml.safe_load(spec.read_text())
+    raw["stages"] = [{"stage": "decode"}, {"stage": "resize", "size": 32}]
+    spec.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    shardex.pipeline.run_spec(
+        spec, out, until_keys=["pixels"], x_keys=["pixels"], backend="tensordict_memmap"
+    )
+    config = shardex.read_config(out)
+    assert config.feature_shapes == {"pixels": [None, None, 3]}
+    paths = _by_path(out)
+    for sample in shardex.open_dataset(out, decode=True):
+        np.testing.assert_array_equal(sample["pixels.npy"], expected[paths[sample["__key__"]]])
