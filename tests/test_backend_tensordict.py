@@ -238,16 +238,31 @@ def test_damaged_file_is_refused_not_zero_filled(tmp_path: Path) -> None:
     assert leaf.stat().st_size == 16  # tensordict would have grown it with zeros
 
 
-def test_object_storage_is_refused() -> None:
+def test_storage_without_local_files_is_staged_and_cached(tmp_path: Path, cache_dir: Path) -> None:
+    """A storage that offers no local path (object storage) gets the same files, uploaded
+    from a staging folder, and is read from one checked copy in the cache."""
+
     class Remote(LocalStorage):
         def local_path(self, path: str) -> None:  # type: ignore[override]
             return None
 
     backend = get_backend("tensordict_memmap")
-    assert isinstance(backend, TensorDictBackend)
-    assert backend.capabilities.remote is False
-    with pytest.raises(ConfigError, match="local folders only"):
-        backend.write_run(Remote("/nonexistent"), "train/tensordict-00", {}, ())
+    assert backend.capabilities.remote is True
+    data = _dtype_data()
+    local = shardex.export(data, tmp_path / "local", backend="tensordict_memmap", workers=1)
+    remote = shardex.export(
+        data, Remote(str(tmp_path / "remote")), backend="tensordict_memmap", workers=1
+    )
+    assert remote.splits == local.splits  # same files, sizes and checksums
+    for path in local.split("train").files:
+        assert (tmp_path / "remote" / path).read_bytes() == (tmp_path / "local" / path).read_bytes()
+    before = (
+        set((cache_dir / "tensordict").glob("*")) if (cache_dir / "tensordict").exists() else set()
+    )
+    ds = shardex.open_dataset(Remote(str(tmp_path / "remote")))
+    assert list(ds) == list(shardex.open_dataset(tmp_path / "local"))
+    (copy,) = set((cache_dir / "tensordict").glob("*")) - before
+    assert tensordict.TensorDict.load_memmap(copy).keys() == _load(tmp_path / "local").keys()
 
 
 def test_same_export_twice_gives_identical_files(tmp_path: Path) -> None:

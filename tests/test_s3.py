@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 import shardex
 from conftest import S3Location
-from shardex.errors import ConfigError, NotAnExportError, StorageError
+from shardex.errors import NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
 from shardex.testing import StorageTests
@@ -320,12 +321,16 @@ def test_storage_docs_example_runs(s3: S3Location) -> None:
     assert len(scope["batch"]) == 22  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numpy_mmap", "torch", "tensor_shards"])
+@pytest.mark.parametrize(
+    "backend", ["numpy", "numpy_mmap", "torch", "tensor_shards", "tensordict_memmap"]
+)
 def test_array_backends_write_and_read_object_storage(
     backend: str, s3: S3Location, tmp_path: Path
 ) -> None:
     if backend == "torch":
         pytest.importorskip("torch")
+    if backend == "tensordict_memmap":
+        pytest.importorskip("tensordict")
     shardex.export("demo:30", tmp_path / "local", backend=backend, samples_per_shard=8, workers=1)
     url = s3.child(backend)
     shardex.export(
@@ -338,16 +343,47 @@ def test_array_backends_write_and_read_object_storage(
     assert shardex.verify(url, storage_options=s3.direct).ok
 
 
-def test_tensordict_backend_refuses_object_storage_clearly(s3: S3Location) -> None:
-    pytest.importorskip("tensordict")
-    with pytest.raises(ConfigError, match="local"):
-        shardex.export(
-            "demo:5",
-            s3.child("td"),
-            backend="tensordict_memmap",
-            storage_options=s3.direct,
-            workers=1,
-        )
+def test_tensordict_on_object_storage_is_downloaded_once_and_checked(
+    s3: S3Location, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Written staged and uploaded; read from one checked download in the cache, shared
+    by later opens; a damaged object is refused, never mapped."""
+    tensordict = pytest.importorskip("tensordict")
+    from shardex.errors import ChecksumError
+
+    url = s3.child("td")
+    config = shardex.export(
+        "demo:12", url, backend="tensordict_memmap", workers=1, storage_options=s3.counted
+    )
+    (shard,) = config.split("train").shards
+    storage = ObjectStorage(url, s3.direct)
+    uploaded = sorted(storage.list(f"{shard.path}/"))
+    assert f"{shard.path}/meta.json" in uploaded
+    assert not list(Path(tempfile.gettempdir()).glob("shardex-tensordict-*"))  # staging gone
+    copies = cache_dir / "tensordict"
+    before = set(copies.iterdir()) if copies.is_dir() else set()
+    first = list(shardex.open_dataset(url, storage_options=s3.counted))
+    s3.proxy.reset()
+    again = list(shardex.open_dataset(url, storage_options=s3.counted))
+    assert again == first
+    # only config.yaml, the key table and metadata are read again: no array file
+    assert not [r.key for r in s3.proxy.gets() if f"/{shard.path}/" in r.key]
+    (copy,) = set(copies.iterdir()) - before
+    assert tensordict.TensorDict.load_memmap(copy)["label__label"].tolist() == [
+        int(s["cls"]) for s in first
+    ]
+    # the same bytes under another name: a new export at another URL is a new download
+    victim = f"{shard.path}/label__label.memmap"
+    data = bytearray(storage.get(victim))
+    data[0] ^= 1
+    other = s3.child("td2")
+    shardex.export(
+        "demo:12", other, backend="tensordict_memmap", workers=1, storage_options=s3.direct
+    )
+    damaged = ObjectStorage(other, s3.direct)
+    damaged.put(victim, bytes(data))
+    with pytest.raises(ChecksumError, match="differs"):
+        shardex.open_dataset(other, storage_options=s3.direct)[0]
 
 
 def test_reexport_from_s3_refuses_or_skips_a_damaged_sample(s3: S3Location, tmp_path: Path) -> None:

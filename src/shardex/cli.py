@@ -220,10 +220,12 @@ def main() -> None:
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["float16", "float32", "float64"]),
+    type=click.Choice(["float16", "float32", "float64", "bfloat16"]),
     default=None,
     help="Cast floating-point array fields to this dtype (recorded in config.yaml). "
-    "Integers, booleans and images are never cast. Default: keep every dtype.",
+    "Integers, booleans and images are never cast. bfloat16: torch, tensor_shards and "
+    "tensordict_memmap backends only (read back as torch.bfloat16 tensors). "
+    "Default: keep every dtype.",
 )
 @click.option(
     "--backend-option",
@@ -245,8 +247,9 @@ def main() -> None:
     multiple=True,
     metavar="KEY",
     help="SOURCE is a spec file: run its stages in order only until KEY exists "
-    "(repeatable: all of them), then write that view. Fails before running if no stage "
-    "produces KEY.",
+    "(repeatable: all of them; stages that only change KEY in place, such as a resize of "
+    "pixels, still run), then write that view. With --x-key pixels the decoded pixels "
+    "are stored as a tensor field. Fails before running if no stage produces KEY.",
 )
 @click.option(
     "--executor",

@@ -6,15 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardex.codecs.images import MAX_PIXELS, VALIDATE_CHOICES, Validate
-from shardex.errors import ConfigError
+from shardex.errors import ConfigError, ShardexError
 from shardex.names import split_name_problem
 
 OnError = Literal["error", "skip"]
 #: What to do with an output that already holds an export or an interrupted one.
 Mode = Literal["error", "overwrite", "resume", "append"]
 MODES: tuple[Mode, ...] = ("error", "overwrite", "resume", "append")
-#: Floating-point dtypes ``--dtype`` may cast to.
-FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32", "float64")
+#: Floating-point dtypes ``--dtype`` may cast to (bfloat16: backends that can store it).
+FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32", "float64", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,8 @@ class ExportOptions:
     validate: Validate = "header"
     max_pixels: int = MAX_PIXELS
     #: Explicit cast of floating-point array fields (recorded in config.yaml); images and
-    #: integer arrays are never cast.
+    #: integer arrays are never cast. ``bfloat16`` only where the backend stores it
+    #: (``capabilities.bfloat16``: torch, tensor_shards, tensordict_memmap).
     dtype: str | None = None
     #: Options of the backend (see ``shardex backend list``), recorded in config.yaml.
     backend_options: dict[str, Any] = field(default_factory=dict)
@@ -57,9 +58,11 @@ class ExportOptions:
             raise ConfigError(f"max_shard_bytes must be >= 1, got {self.max_shard_bytes}")
         if self.dtype is not None and self.dtype not in FLOAT_DTYPES:
             raise ConfigError(
-                f"dtype must be float16, float32 or float64 (floating-point fields only), "
-                f"got {self.dtype!r}"
+                f"dtype must be float16, float32, float64 or bfloat16 (floating-point fields "
+                f"only), got {self.dtype!r}"
             )
+        if self.dtype == "bfloat16":
+            _check_bfloat16(self.backend)
         if self.on_error not in ("error", "skip"):
             raise ConfigError(f"on_error must be 'error' or 'skip', got {self.on_error!r}")
         if self.validate not in VALIDATE_CHOICES:
@@ -80,6 +83,26 @@ class ExportOptions:
                 raise ConfigError(
                     f"split fractions must be >= 0 and sum to 1, got {self.split_fractions}"
                 )
+
+
+def _check_bfloat16(backend: str) -> None:
+    """Refuse ``dtype="bfloat16"`` for a backend that cannot store it, before any work."""
+    from shardex.backends.registry import REGISTRY  # only for this rare option
+
+    if REGISTRY.backend_class(backend).capabilities.bfloat16:
+        return
+    able = []
+    for entry in REGISTRY.entries():
+        if entry.available:
+            try:
+                if REGISTRY.backend_class(entry.name).capabilities.bfloat16:
+                    able.append(entry.name)
+            except ShardexError:  # a broken plugin does not hide the answer
+                continue
+    raise ConfigError(
+        f"the {backend} backend cannot store dtype bfloat16; use one that can "
+        f"({', '.join(able) or 'none installed: pip install shardex[torch]'}) or another dtype"
+    )
 
 
 def parse_split_fractions(text: str) -> dict[str, float]:

@@ -23,7 +23,7 @@ from shardex.sources.base import MEMBERS
 if TYPE_CHECKING:
     from shardex.backends.base import Backend
 
-SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test")
+SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test", "predict")
 
 
 def fixed_lists(table: pa.Table) -> pa.Table:
@@ -201,7 +201,8 @@ def key_specs(
                 f"{where}:" + "|".join(exts),
             )
         )
-    stored = {"image", "json"}
+    # an array field named ``image`` (``image.npy``) is its own key when no encoded image is
+    stored = {"json", *(["image"] if images else [])}
     for f in fields:
         if field_key(f.name) in stored:
             continue

@@ -44,6 +44,8 @@ class Capabilities:
     #: Whether its shards are runs of whole samples that ``TensorShardsLoader`` loads whole
     #: (its dataset is an :class:`~shardex.backends.arrays.ArrayDataset`).
     shard_windows: bool = False
+    #: Whether it stores ``--dtype bfloat16`` fields (see :mod:`shardex.bfloat16`).
+    bfloat16: bool = False
 
 
 @dataclass(frozen=True, slots=True)

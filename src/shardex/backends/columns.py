@@ -23,6 +23,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
+from shardex.bfloat16 import as_tensor, is_bfloat16, storage_dtype, to_bits, widened
 from shardex.codecs.fields import decode_fields
 from shardex.contract import FieldSpec
 from shardex.fields import is_fixed, load_npy, npy_bytes
@@ -64,7 +65,8 @@ def build_columns(rows: pa.Table, layout: Layout, with_label: bool) -> dict[str,
                 spec = layout[k]
                 if spec.kind == "array":  # native byte order: what every backend stores
                     array = load_npy(data, f"sample {keys[i]!r} field {name!r}")
-                    values[k][i] = array.astype(array.dtype.newbyteorder("="), copy=False)
+                    array = array.astype(array.dtype.newbyteorder("="), copy=False)
+                    values[k][i] = to_bits(array) if is_bfloat16(spec) else array
                 elif spec.kind == "label":
                     values[k][i] = int(data)
                 else:
@@ -76,12 +78,12 @@ def build_columns(rows: pa.Table, layout: Layout, with_label: bool) -> dict[str,
         name = spec.column
         present = np.array([v is not None for v in column], dtype=bool)
         if is_fixed(spec):
-            dense = np.zeros((n, *(int(d or 0) for d in spec.shape)), dtype=spec.dtype)
+            dense = np.zeros((n, *(int(d or 0) for d in spec.shape)), dtype=storage_dtype(spec))
             for row in np.flatnonzero(present).tolist():
                 dense[row] = column[row]
             out[name] = dense
         else:
-            empty = np.empty((0,) * max(len(spec.shape), 1), dtype=spec.dtype)
+            empty = np.empty((0,) * max(len(spec.shape), 1), dtype=storage_dtype(spec))
             out.update(
                 _ragged([empty if v is None else v for v in column], name, spec.kind == "array")
             )
@@ -157,7 +159,8 @@ class ColumnReader:
         return bytes(np.asarray(self._slice(KEY_COLUMN, i))).decode()
 
     def native(self, i: int) -> dict[str, Any]:
-        """Field name -> stored value: ndarray (arrays), int (label), bytes (the rest)."""
+        """Field name -> stored value: ndarray (arrays; a ``torch.bfloat16`` tensor for a
+        bfloat16 field), int (label), bytes (the rest)."""
         out: dict[str, Any] = {}
         for spec in self.layout:
             name = spec.column
@@ -169,7 +172,7 @@ class ColumnReader:
                 value = np.asarray(self._slice(name, i))
                 if spec.kind == "array":
                     value = value.reshape(tuple(int(d) for d in self.columns[f"{name}.shapes"][i]))
-            out[spec.name] = _native(spec, value)
+            out[spec.name] = as_tensor(value) if is_bfloat16(spec) else _native(spec, value)
         return out
 
     def sample(self, i: int, decode: bool) -> dict[str, Any]:
@@ -188,11 +191,12 @@ def _native(spec: FieldSpec, value: np.ndarray) -> Any:
 def as_sample(kinds: dict[str, str], native: dict[str, Any], decode: bool) -> dict[str, Any]:
     """Stored values (``kinds``: field name -> kind) as sample fields: raw bytes (``.npy``
     bytes for arrays, ASCII digits for the label), or decoded like the ``webdataset``
-    backend decodes."""
+    backend decodes. A bfloat16 tensor's raw bytes are float32 ``.npy`` (the same values:
+    ``.npy`` has no bfloat16)."""
     if not decode:
         return {
             name: (
-                npy_bytes(v)
+                npy_bytes(v if isinstance(v, np.ndarray) else widened(v))
                 if kinds[name] == "array"
                 else str(v).encode()
                 if kinds[name] == "label"

@@ -8,6 +8,9 @@ Layout of a split ``S``::
     S/tensors-{hash}-manifest.json    shards, sample counts, checksums and fields
     S/tensors-{hash}-keys.npy         sorted key hashes -> sample number
 
+``--dtype bfloat16`` fields are stored as their bit patterns (``uint16``; numpy has no
+bfloat16) and read back as ``torch.bfloat16`` (see :mod:`shardex.bfloat16`).
+
 A shard is one object read whole: this is the layout for
 :class:`shardex.torch.TensorShardsLoader`, which keeps a window of shards in memory and
 batches across them, so batch size and shard size are independent.
@@ -59,6 +62,7 @@ class TensorShardsBackend(ArrayBackend):
         remote=True,
         checked_reads=True,
         shard_windows=True,
+        bfloat16=True,  # as bit patterns (uint16); config.yaml's fields say bfloat16
     )
     stem_name: ClassVar[str] = "tensors"
     dataset: ClassVar[type[ArrayDataset]] = TensorShardsDataset

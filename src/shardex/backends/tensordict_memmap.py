@@ -24,7 +24,7 @@ dimensions, and tensordict requires every entry to start with the batch size.
 
 **Dtypes.** Every dtype that torch tensors hold is stored as it is: bool, (u)int8/16/32/64,
 float16/32/64 and complex64/128 (uint16/32/64 are torch's limited-support dtypes: they store
-and load faithfully). Arrays in non-native byte order are stored in native order (same
+and load faithfully); ``--dtype bfloat16`` fields are ``torch.bfloat16`` tensors. Arrays in non-native byte order are stored in native order (same
 values). Other dtypes (strings, datetimes, structured) are refused with a ConfigError before
 anything is written.
 
@@ -34,15 +34,24 @@ then moved to its final name, so that a file under the final name is always whol
 keeps its old copy. config.yaml, written last, is the commit point. Reading maps every file
 (``load_memmap`` with tensordict's default mode: shared, because a copy-on-write mapping counts
 against the memory commit limit and fails for a column larger than RAM plus swap) and hands
-out read-only numpy views. Local folders only.
+out read-only numpy views.
+
+**Object storage.** tensordict maps local files, so an export to ``s3://...`` is staged: the
+split's folder is written in the temporary folder (``$TMPDIR``: room for one split's
+arrays), checksummed, then each file is uploaded (each object whole or absent) and the
+staging folder removed. Reading downloads the split's folder once into shardex's cache
+(``$SHARDEX_CACHE_DIR/tensordict/``, named by the run's checksum, so a replaced export never
+meets a stale copy), checks its bytes against config.yaml, and maps the copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -55,11 +64,13 @@ from tensordict import TensorDict, TensorDictBase
 from shardex.backends.arrays import ArrayBackend, ArrayDataset, Written
 from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
+from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
 from shardex.contract import ShardInfo, SplitInfo
-from shardex.errors import ConfigError, FormatError
+from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
+from shardex.storage.cache import cache_dir
 
 #: The suffixes of the columns that are nested keys ``(NAME, SUFFIX)``.
 SUFFIXES: Final = frozenset({"data", "offsets", "shapes", "present"})
@@ -103,8 +114,9 @@ def column_name(key: tuple[str, ...]) -> str:
     return f"{base}.{key[1]}"
 
 
-def _tensor(column: str, array: Any) -> torch.Tensor:
-    """A tensor sharing the column's memory where it can (one copy into the file follows)."""
+def _tensor(column: str, array: Any, bfloat16: bool = False) -> torch.Tensor:
+    """A tensor sharing the column's memory where it can (one copy into the file follows);
+    ``bfloat16``: the column holds bfloat16 bit patterns."""
     a = np.asarray(array)
     a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
     if not a.flags.writeable:
@@ -112,9 +124,10 @@ def _tensor(column: str, array: Any) -> torch.Tensor:
         # cheaper than teaching every caller to silence that warning
         a = a.copy()
     try:
-        return torch.from_numpy(a)
+        tensor = torch.from_numpy(a)
     except TypeError as exc:
         raise _dtype_error(column, str(a.dtype)) from exc
+    return tensor.view(torch.int16).view(torch.bfloat16) if bfloat16 else tensor
 
 
 def _dtype_error(column: str, dtype: str) -> ConfigError:
@@ -126,19 +139,22 @@ def _dtype_error(column: str, dtype: str) -> ConfigError:
 
 
 def _check_dtype(column: str, dtype: str) -> None:
+    if dtype == BFLOAT16:
+        return
     try:
         torch.from_numpy(np.empty(0, dtype=np.dtype(dtype)))
     except TypeError as exc:
         raise _dtype_error(column, dtype) from exc
 
 
-def _tree(columns: Columns) -> dict[str, Any]:
-    """The columns as nested dicts of tensors, keys in sorted order (a stable meta.json)."""
+def _tree(columns: Columns, bfloat16: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The columns as nested dicts of tensors, keys in sorted order (a stable meta.json);
+    ``bfloat16``: the columns that hold bfloat16 bit patterns."""
     grouped = frozenset(_split(c)[0] for c in columns if _split(c)[1] is not None)
     tree: dict[str, Any] = {}
     for column in sorted(columns):
         key = tensordict_key(column, grouped)
-        tensor = _tensor(column, columns[column])
+        tensor = _tensor(column, columns[column], column in bfloat16)
         if len(key) == 1:
             tree[key[0]] = tensor
         else:
@@ -174,14 +190,46 @@ def _written(root: Path, stem: str, names: list[str]) -> Written:
     return Written(stem, tuple(files), num_bytes, shard_checksum(hasher))
 
 
-def _local_root(storage: Storage, stem: str) -> Path:
-    root = storage.local_path(stem)
-    if root is None:
-        raise ConfigError(
-            f"tensordict_memmap writes local folders only, and {storage.uri} is not one: "
-            "export to a local folder (then copy it), or use the numpy_mmap backend"
-        )
-    return root
+def _upload(storage: Storage, staged: Path, stem: str, names: list[str]) -> None:
+    """Each staged file put under ``stem/`` (streamed: a column may be larger than memory)."""
+    for name in sorted(names):
+        with open(staged / name, "rb") as f, storage.open_writer(f"{stem}/{name}") as out:
+            while chunk := f.read(_CHUNK):
+                out.write(chunk)
+
+
+def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
+    """A local copy of a run on object storage: downloaded once, checked against the run's
+    checksum in config.yaml, then renamed into place (a reader never maps a partial copy)."""
+    digest = hashlib.sha256(f"{storage.uri}\0{shard.path}\0{shard.checksum}".encode())
+    target = cache_dir() / "tensordict" / digest.hexdigest()[:16]
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        hasher = xxhash.xxh3_64()
+        for path in sorted(paths):  # the order the checksum covers them
+            local = tmp / path[len(shard.path) + 1 :]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with open(local, "wb") as f:
+                for chunk in storage.iter_chunks(path):
+                    hasher.update(chunk)
+                    f.write(chunk)
+        found = shard_checksum(hasher)
+        if found != shard.checksum:
+            raise ChecksumError(
+                f"{storage.join(shard.path)}: checksum {found} differs from {shard.checksum} "
+                "in config.yaml; the export is damaged (shardex verify)"
+            )
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not target.is_dir():  # another process's copy won the race: use it
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _load_memmap(root: Path) -> TensorDictBase:
@@ -199,18 +247,17 @@ class TensorDictDataset(ArrayDataset):
     """A split of a ``tensordict_memmap`` export: every column memory-mapped."""
 
     def _load(self, shard: ShardInfo) -> Columns:
+        info = self.config.split(self.split)
+        paths = [p for p in info.files if p.startswith(f"{shard.path}/") and p != info.keys]
         root = self.storage.local_path(shard.path)
         if root is None:
-            raise ConfigError(
-                f"{self.storage.join(shard.path)}: tensordict_memmap exports are read from "
-                "local folders only; copy the export to a local disk"
-            )
-        self._check_sizes(shard)
+            root = _cached_copy(self.storage, shard, paths)
+        self._check_sizes(shard, root, paths)
         columns: dict[str, np.ndarray] = {}
         for key, tensor in _load_memmap(root).items(include_nested=True, leaves_only=True):
             if not isinstance(tensor, torch.Tensor):
                 raise FormatError(f"{root}: entry {key!r} is not a tensor; not a shardex export")
-            view = tensor.numpy()
+            view = from_tensor(tensor) if tensor.dtype == torch.bfloat16 else tensor.numpy()
             # the mapping is shared with the file: a sample's array must not write to it
             view.flags.writeable = False
             columns[column_name(key if isinstance(key, tuple) else (key,))] = view
@@ -219,15 +266,14 @@ class TensorDictDataset(ArrayDataset):
             raise FormatError(f"{root}: columns {missing} are missing; the export is damaged")
         return columns
 
-    def _check_sizes(self, shard: ShardInfo) -> None:
-        """Refuse a run whose files are missing or not their recorded size, before mapping
-        them: tensordict would grow a short file with zeros instead of failing."""
-        info = self.config.split(self.split)
-        paths = [p for p in info.files if p.startswith(f"{shard.path}/") and p != info.keys]
+    def _check_sizes(self, shard: ShardInfo, root: Path, paths: list[str]) -> None:
+        """Refuse a run whose files (under ``root``, the run's folder or its cached copy)
+        are missing or not their recorded size, before mapping them: tensordict would grow
+        a short file with zeros instead of failing."""
         found = 0
         for path in paths:
-            local = self.storage.local_path(path)
-            if local is None or not local.is_file():
+            local = root / path[len(shard.path) + 1 :]
+            if not local.is_file():
                 raise FormatError(f"{self.storage.join(path)} is missing; the export is damaged")
             found += local.stat().st_size
         if found != shard.num_bytes:
@@ -243,7 +289,7 @@ class TensorDictBackend(ArrayBackend):
     name: ClassVar[str] = "tensordict_memmap"
     description: ClassVar[str] = "one memory-mapped TensorDict per split (TensorDict.load_memmap)"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=True, streaming=True, remote=False
+        random_access=True, streaming=True, remote=True, bfloat16=True
     )
     per_split: ClassVar[bool] = True
     stem_name: ClassVar[str] = "tensordict"
@@ -253,14 +299,23 @@ class TensorDictBackend(ArrayBackend):
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
         # refuse what cannot be written before any shard's bytes are read
-        _local_root(storage, plan.split)
         for spec in plan.fields:
             _check_dtype(spec.name, spec.dtype)
         return super().write_split(storage, plan, runner, on_shard)
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
-        root = _local_root(storage, stem)
-        tree = _tree(columns)
+        tree = _tree(columns, bfloat16_columns(layout))
+        root = storage.local_path(stem)
+        if root is None:  # object storage: staged locally, then uploaded
+            staged = Path(tempfile.mkdtemp(prefix="shardex-tensordict-"))
+            try:
+                TensorDict(tree, batch_size=[]).memmap(staged / "run")
+                names = [p.relative_to(staged / "run").as_posix() for p in _files_under(staged)]
+                written = _written(staged / "run", stem, names)
+                _upload(storage, staged / "run", stem, names)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+            return written
         tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
         try:
             TensorDict(tree, batch_size=[]).memmap(tmp)

@@ -20,6 +20,7 @@ import numpy as np
 from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
+from shardex.bfloat16 import bfloat16_columns, from_tensor
 from shardex.contract import ShardInfo
 from shardex.errors import FormatError, MissingDependencyError
 from shardex.storage.base import Storage
@@ -45,7 +46,11 @@ def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:
         raise FormatError(f"{where}: not a readable torch shard ({exc})") from exc
     if not isinstance(tensors, dict):
         raise FormatError(f"{where}: expected a dict of tensors, found {type(tensors).__name__}")
-    return {name: t.numpy() for name, t in tensors.items()}
+    # bfloat16 tensors (--dtype bfloat16) become their bit patterns (numpy has no bfloat16)
+    return {
+        name: from_tensor(t) if t.dtype == torch.bfloat16 else t.numpy()
+        for name, t in tensors.items()
+    }
 
 
 class TorchDataset(ArrayDataset):
@@ -67,6 +72,7 @@ class TorchBackend(ArrayBackend):
         remote=True,
         checked_reads=True,
         shard_windows=True,
+        bfloat16=True,
     )
     stem_name: ClassVar[str] = "tensors"
     dataset: ClassVar[type[ArrayDataset]] = TorchDataset
@@ -75,6 +81,8 @@ class TorchBackend(ArrayBackend):
         torch = _torch()
         # copy=True: a tensor that owns exactly its bytes, never a view of a larger buffer
         tensors = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in columns.items()}
+        for name in bfloat16_columns(layout) & set(tensors):
+            tensors[name] = tensors[name].view(torch.int16).view(torch.bfloat16)
         buf = io.BytesIO()
         torch.save(tensors, buf)
         out = ArrayWriter(storage, f"{stem}.pt", listed=False)

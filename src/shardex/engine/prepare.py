@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from shardex.bfloat16 import BFLOAT16, mark
 from shardex.checks import check_samples
 from shardex.contract import (
     LABEL_PREFIX,
@@ -114,13 +115,16 @@ def prepare(
     as_fields = [k for k in (*x_keys, *y_keys) if k not in members and k != "label"]
     if as_fields:
         table = add_members(table, [column_members(table.column(k), k) for k in as_fields])
-    if opts.dtype is not None:
+    if opts.dtype not in (None, BFLOAT16):  # bfloat16: cast by the array backends
         table = cast_members(table, opts.dtype)
     write_label = with_label and "label" in (*x_keys, *y_keys)
     label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
+    fields = field_specs(table, write_label)
     return Prepared(
         table=table,
-        fields=with_columns(field_specs(table, write_label), y_keys, label_prefix),
+        fields=with_columns(
+            mark(fields) if opts.dtype == BFLOAT16 else fields, y_keys, label_prefix
+        ),
         skipped=skipped,
         split_method=previous.split_method if previous is not None else split_method,
         splits=split_names(table, opts),

@@ -55,7 +55,8 @@ class Pipeline:
 
     def plan(self, until_keys: tuple[str, ...] = ()) -> Plan:
         """Check the chain (readers first, writer last, every key a stage needs produced
-        earlier) and cut it after the first stage by which ``until_keys`` all exist."""
+        earlier) and cut it once ``until_keys`` all exist and the next stage does more than
+        change them in place (a resize or crop of ``pixels`` still runs)."""
         if not self.stages or not isinstance(self.stages[0], ReaderStage):
             raise ConfigError(f"pipeline {self.name!r}: the first stage must be a ReaderStage")
         if not isinstance(self.stages[-1], ImageWriterStage):
@@ -66,7 +67,7 @@ class Pipeline:
         wanted = set(until_keys)
         kept: list[Stage] = []
         for stage in middle:
-            if until_keys and wanted <= available:
+            if until_keys and wanted <= available and not _refines(stage, wanted):
                 break
             missing = [k for k in stage.needs if k not in available]
             if missing:
@@ -91,8 +92,9 @@ class Pipeline:
 
         Args:
             executor: where the stages run (default: :class:`LocalExecutor`).
-            until_keys: run stages in order only until these keys exist, then write
-                that view (``--preprocess-until-key``).
+            until_keys: run stages in order only until these keys exist (and the
+                stages right after that only change them in place), then write that
+                view (``--preprocess-until-key``).
 
         Raises:
             ConfigError: the chain is malformed or a wanted key is never produced
@@ -125,6 +127,12 @@ class Pipeline:
             )
         finally:
             plan.writer.cleanup(states[-1])
+
+
+def _refines(stage: Stage, keys: set[str]) -> bool:
+    """Whether a stage only changes some of ``keys`` in place (a resize or crop of
+    ``pixels``): it still runs after the keys exist, so the view holds their final values."""
+    return bool(stage.needs) and set(stage.needs) <= keys and not stage.produces
 
 
 def _reduce(chain: list[Stage], states: list[dict[str, Any]], batch: Batch) -> None:

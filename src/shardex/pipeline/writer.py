@@ -27,9 +27,12 @@ from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.pipeline.readers import READER_KEYS
 from shardex.pipeline.stage import Batch, Stage
+from shardex.sources.arrays import npy_bytes
 from shardex.sources.base import LeftOut, ScanResult, Source, build_table
 from shardex.storage import Storage
 
+#: The member of ``pixels`` stored as a key (``--x-key pixels``): an array field.
+PIXELS_MEMBER = "pixels.npy"
 #: Keys of a pipeline sample that are not metadata columns.
 _NOT_METADATA = frozenset({*READER_KEYS, "pixels", "pixels_changed"})
 
@@ -166,9 +169,17 @@ class ImageWriterStage(Stage):
         return out
 
     def process(self, batch: Batch) -> Batch:
+        keys = self._stored_keys()
         for sample in batch:
-            _finish_pixels(sample)
+            _finish_pixels(sample, keys)
         return batch
+
+    def _stored_keys(self) -> frozenset[str] | None:
+        """The x and y keys asked for (None: x keys not given, every member is stored)."""
+        x_keys = self.options.get("x_keys")
+        if not x_keys:
+            return None
+        return frozenset((*x_keys, *(self.options.get("y_keys") or ())))
 
     def reduce(self, batch: Batch, state: dict[str, Any]) -> Batch:
         """Keep each sample's metadata; its bytes go to a spool file on disk, so that the
@@ -229,11 +240,16 @@ class ImageWriterStage(Stage):
         )
 
 
-def _finish_pixels(sample: dict[str, Any]) -> None:
-    """Pixels a stage changed but nobody encoded are stored as lossless PNG; unchanged
-    pixels are dropped (the original bytes are the image)."""
+def _finish_pixels(sample: dict[str, Any], keys: frozenset[str] | None = None) -> None:
+    """``pixels`` asked for as a key (``keys``) are stored as the array field
+    ``pixels.npy`` (their dtype and shape kept); pixels a stage changed but nobody
+    encoded are stored as lossless PNG, unless the ``image`` key is not stored anyway;
+    other pixels are dropped (the original bytes are the image)."""
     pixels = sample.pop("pixels", None)
-    if pixels is not None and sample.pop("pixels_changed", False):
+    if pixels is not None and keys is not None and "pixels" in keys:
+        sample[f"member:{PIXELS_MEMBER}"] = npy_bytes(pixels)
+    wants_image = keys is None or "image" in keys
+    if pixels is not None and sample.pop("pixels_changed", False) and wants_image:
         from PIL import Image
 
         buf = io.BytesIO()

@@ -1,8 +1,9 @@
 """An image folder: ``[split/][class/]name.ext``.
 
-Top-level folders named ``train``, ``val``, ``validation``, ``valid`` or ``test`` become
-splits. Below them (or below the root), first-level folders become classes: their sorted
-names are ``label_names`` and a sample's label is its folder's position there.
+Top-level folders named ``train``, ``val``, ``validation``, ``valid``, ``test`` or
+``predict`` become splits. Below them (or below the root), first-level folders become
+classes: their sorted names are ``label_names`` and a sample's label is its folder's
+position there.
 
 Nothing found is dropped without a word. Files whose names are not images (``.txt``,
 ``.csv`` ...) are not samples; everything else that cannot be exported is listed as left
@@ -48,7 +49,7 @@ from shardex.sources.base import (
     quoted,
 )
 
-SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test"})
+SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test", "predict"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from shardex.api import open_dataset
 from shardex.backends.arrays import ArrayDataset
 from shardex.backends.columns import ColumnReader, concat_columns, slice_columns
 from shardex.backends.registry import backend_for
+from shardex.bfloat16 import is_bfloat16
 from shardex.errors import ConfigError
 from shardex.fields import is_fixed
 from shardex.torch.order import EpochOrder
@@ -230,6 +231,8 @@ class TensorShardsLoader:
                     [np.asarray(r.columns[spec.column])[rows] for r, rows in parts]
                 )
                 tensor = torch.from_numpy(stacked)
+                if is_bfloat16(spec):  # bit patterns: numpy has no bfloat16
+                    tensor = tensor.view(torch.int16).view(torch.bfloat16)
                 out[spec.name] = tensor.pin_memory() if self.pin_memory and _cuda() else tensor
             else:
                 out[spec.name] = [
