@@ -9,6 +9,7 @@ lose their image) and Ray's default decoder fails to cast the ``jpg`` column.
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,9 @@ import yaml
 from click.testing import CliRunner
 
 import shardex
-from helpers import image_bytes
+from helpers import files_of, image_bytes
 from shardex.cli import main
-from shardex.codecs.images import decode
+from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.errors import ConfigError
 from tests.support.raycluster import local_ray_cluster
 
@@ -170,6 +171,9 @@ def test_cli_flag_and_bad_names(tmp_path: Path) -> None:
     )
     assert bad.exit_code == 2
     assert "--image-member" in bad.output
+    command = main.commands["export-dataset"]  # type: ignore[attr-defined]
+    (param,) = [p for p in command.params if p.name == "image_member"]
+    assert set(param.type.choices) == IMAGE_EXTENSIONS  # the flag offers what the option takes
     with pytest.raises(ConfigError, match="image_member must be an image extension"):
         shardex.export("demo:12", tmp_path / "c", image_member="image")
     assert not (tmp_path / "c").exists()
@@ -224,3 +228,24 @@ def test_renaming_reads_sliced_chunks_and_null_rows() -> None:
     ]
     assert out["image_format"].to_pylist() == ["png", None, "webp", None]
     assert one_image_member(table, None) is table
+
+
+def test_overwrite_and_resume_follow_the_option(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for member, want in ((None, set(FORMATS)), ("jpg", {"jpg"}), (None, set(FORMATS))):
+        config = shardex.export(
+            "demo:30", out, samples_per_shard=8, workers=1, image_member=member, overwrite=True
+        )
+        assert config.shard_options.get("image_member") == member
+        assert {e for s in shardex.open_dataset(out) for e in s if e in FORMATS} == want
+        assert shardex.verify(out).ok
+        table = pq.read_table(out / str(config.metadata_file))
+        assert ("image_format" in table.column_names) == (member is not None)
+    clean, resumed = tmp_path / "clean", tmp_path / "resumed"
+    shardex.export("demo:30", clean, samples_per_shard=8, workers=1, image_member="jpg")
+    shutil.copytree(clean, resumed)
+    (resumed / "config.yaml").unlink()  # as if killed before the commit
+    shardex.export(
+        "demo:30", resumed, samples_per_shard=8, workers=1, image_member="jpg", mode="resume"
+    )
+    assert files_of(resumed) == files_of(clean)
