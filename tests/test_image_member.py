@@ -249,3 +249,27 @@ def test_overwrite_and_resume_follow_the_option(tmp_path: Path) -> None:
         "demo:30", resumed, samples_per_shard=8, workers=1, image_member="jpg", mode="resume"
     )
     assert files_of(resumed) == files_of(clean)
+
+
+def test_an_image_folder_of_mixed_formats_reads_in_hugging_face(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "folder"
+    written = {}
+    for i in range(9):
+        ext = ("png", "jpg", "webp")[i % 3]  # a png first: without the option jpg rows lose
+        path = folder / ("cat", "dog")[i % 2] / f"{i:02d}.{ext}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(image_bytes(i, ext))
+        written[i] = decode(path.read_bytes())
+    shardex.export(folder, tmp_path / "out", workers=1, image_member="jpg", samples_per_shard=4)
+    tars = _tars(tmp_path / "out")
+    rows = list(
+        datasets.load_dataset(
+            "webdataset", data_files={"train": tars}, split="train", cache_dir=str(tmp_path / "c")
+        )
+    )
+    assert len(rows) == 9
+    for row in rows:
+        i = int(row["__key__"].rsplit("/", 1)[-1].split(".")[0])
+        assert np.array_equal(np.asarray(row["jpg"]), written[i]), row["__key__"]
+    assert {r["cls"] for r in rows} == {0, 1}
