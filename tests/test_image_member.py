@@ -119,6 +119,25 @@ def test_hugging_face_datasets_reads_every_row_with_its_image(
     )
 
 
+def test_wids_default_decoder_decodes_every_image(exports: tuple[Path, Path]) -> None:
+    import functools
+
+    wids = pytest.importorskip("wids")
+    mixed, one = exports
+    want = {k: decode(data) for k, (_, data) in _images(mixed).items()}
+    train = shardex.open_dataset(one).config.split("train")
+    shards = [{"url": str(one / s.path), "nsamples": s.num_samples} for s in train.shards]
+    pil = functools.partial(wids.wids.default_decoder, format="PIL")
+    dataset = wids.ShardListDataset(shards, transformations=[pil])
+    try:
+        assert len(dataset) == 40
+        for i in range(40):
+            sample = dataset[i]
+            assert np.array_equal(np.asarray(sample[".jpg"]), want[sample["__key__"]])
+    finally:
+        dataset.close()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     pytest.importorskip("ray")
