@@ -341,6 +341,32 @@ def test_dali_reads_every_sample_through_the_index_files(tmp_path: Path) -> None
     assert got == expected  # missing members come back empty (DALI's default), labels -1
 
 
+def test_dali_labels_are_the_integers_stored_many_digits_included(tmp_path: Path) -> None:
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (shardex[dali])")
+    stored = [0, 7, 10, 42, 99, 100, 1234, 65535, 999_999_999, None, 3]
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(src / "a.tar", "w") as tar:
+        for i, label in enumerate(stored):
+            _add(tar, f"s{i:03d}.jpg", make_image(i))
+            if label is not None:
+                _add(tar, f"s{i:03d}.cls", str(label).encode())
+    out = tmp_path / "out"
+    shardex.export(src, out, samples_per_shard=4, workers=1)
+    pipe = shardex.dali.pipeline(out, batch_size=len(stored), ext=["jpg", "cls"], num_threads=1)
+    images, labels = pipe.run()
+    got = [np.array(labels.at(i)) for i in range(len(stored))]
+    assert {g.dtype for g in got} == {np.dtype(np.int64)}
+    assert [int(g) for g in got] == [-1 if lab is None else lab for lab in stored]
+    jpgs = [s["jpg"] for s in shardex.open_dataset(out)]
+    assert [np.array(images.at(i)).tobytes() for i in range(len(stored))] == jpgs
+    raw = shardex.dali.pipeline(
+        out, batch_size=len(stored), ext=["cls"], num_threads=1, int_labels=False
+    )
+    (text,) = raw.run()
+    assert np.array(text.at(1)).tobytes() == b"7"  # the stored ASCII, when asked for
+
+
 def test_dali_reads_a_spaced_names_export_and_a_mounted_copy(tmp_path: Path) -> None:
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (shardex[dali])")
     src = make_tars(tmp_path / "src", spaced=True)

@@ -129,7 +129,7 @@ def test_interop_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.chdir(tmp_path)
     text = (Path(__file__).resolve().parents[1] / "docs" / "interop.md").read_text()
-    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "hf-saved" in b]
     exec(compile(code, "docs/interop.md", "exec"), {})
     result = CliRunner().invoke(
         main, ["export-dataset", "hf-saved", "-o", "out", "-q", "--workers", "1"]

@@ -228,6 +228,15 @@ def main() -> None:
     "Default: keep every dtype.",
 )
 @click.option(
+    "--image-member",
+    type=click.Choice(["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"]),
+    default=None,
+    help="Store every sample's image as KEY.<this> (e.g. jpg) whatever its format, the "
+    "bytes unchanged and the format in the image_format column: readers that make one "
+    "column per extension (Hugging Face datasets, Ray Data) then read mixed "
+    "jpg/png/webp exports (recorded in config.yaml; see docs/interop.md).",
+)
+@click.option(
     "--backend-option",
     "backend_options",
     multiple=True,
@@ -285,6 +294,7 @@ def export_dataset(
     validate: str,
     max_pixels: int | None,
     dtype: str | None,
+    image_member: str | None,
     backend_options: tuple[str, ...],
     preprocess: bool,
     until_keys: tuple[str, ...],
@@ -329,6 +339,7 @@ def export_dataset(
         on_error=on_error,  # type: ignore[arg-type]
         validate=validate,  # type: ignore[arg-type]
         dtype=dtype,
+        image_member=image_member,
         backend_options=_backend_options(backend_options),
     )
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
@@ -752,6 +763,7 @@ _OPTION_PARAMS = {
     "validate": "validate",
     "max_pixels": "max_pixels",
     "dtype": "dtype",
+    "image_member": "image_member",
     "backend_options": "backend_options",
 }
 

@@ -99,7 +99,8 @@ class DaliOps:
         return self.fn.reductions.sum(x)
 
     def length(self, text: Any) -> Any:
-        return self.fn.shapes(text, dtype=self.types.INT64)[0]
+        # DataNode.shape, not fn.shapes: DALI 2.x deprecates fn.shapes
+        return text.shape(dtype=self.types.INT64)[0]
 
     def pow10(self, exponent: Any) -> Any:
         return self.int64(self.math.pow(10.0, self.fn.cast(exponent, dtype=self.types.FLOAT)))

@@ -41,6 +41,10 @@ class ExportOptions:
     #: integer arrays are never cast. ``bfloat16`` only where the backend stores it
     #: (``capabilities.bfloat16``: torch, tensor_shards, tensordict_memmap).
     dtype: str | None = None
+    #: Store every sample's image as the member ``KEY.<image_member>`` (e.g. ``"jpg"``)
+    #: whatever its format, the format going to the ``image_format`` column, so readers
+    #: that make one column per extension see one image column (see docs/interop.md).
+    image_member: str | None = None
     #: Options of the backend (see ``shardex backend list``), recorded in config.yaml.
     backend_options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +67,12 @@ class ExportOptions:
             )
         if self.dtype == "bfloat16":
             _check_bfloat16(self.backend)
+        if self.image_member is not None:
+            from shardex.image_member import image_member_problem
+
+            problem = image_member_problem(self.image_member)
+            if problem is not None:
+                raise ConfigError(problem)
         if self.on_error not in ("error", "skip"):
             raise ConfigError(f"on_error must be 'error' or 'skip', got {self.on_error!r}")
         if self.validate not in VALIDATE_CHOICES:

@@ -177,9 +177,12 @@ def key_specs(
     x_keys: tuple[str, ...],
     y_keys: tuple[str, ...],
     backend: Backend,
+    image_formats: tuple[str, ...] | None = None,
 ) -> tuple[KeySpec, ...]:
     """What config.yaml says of each key: the stored fields (true dtype and shape) and the
-    Parquet metadata columns, each stored field's place as ``backend`` names it."""
+    Parquet metadata columns, each stored field's place as ``backend`` names it.
+    ``image_formats``: the images' real encodings when one member name holds them all
+    (``image_member``), else they follow from the member extensions."""
     where = backend.key_storage or backend.name
 
     def role(key: str) -> Literal["x", "y", "meta"]:
@@ -189,7 +192,7 @@ def key_specs(
     images = [f for f in fields if f.kind == "bytes" and field_key(f.name) == "image"]
     if images:
         exts = sorted(f.name for f in images)
-        enc = sorted({encoding_of_extension(e) or e for e in exts})
+        enc = sorted(image_formats or {encoding_of_extension(e) or e for e in exts})
         specs.append(
             KeySpec(
                 "image",

@@ -23,6 +23,7 @@ from shardex.contract import (
 )
 from shardex.engine.prepare import Prepared
 from shardex.format.tables import parquet_file, read_checked_table
+from shardex.image_member import IMAGE_FORMAT
 from shardex.options import ExportOptions
 from shardex.planning import (
     key_specs,
@@ -124,7 +125,14 @@ def contract(
             len(prep.label_names) if prep.label_names else (None if top is None else top + 1)
         )
     columns = [c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]
-    specs = key_specs(table.select(columns), prep.fields, prep.x_keys, prep.y_keys, backend)
+    formats = (
+        tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
+        if opts.image_member and IMAGE_FORMAT in table.column_names
+        else None
+    )
+    specs = key_specs(
+        table.select(columns), prep.fields, prep.x_keys, prep.y_keys, backend, formats
+    )
     fractions = prep.split_method == "fractions"
     return ExportConfig(
         format_version=previous.format_version if previous else FORMAT_VERSION,
@@ -158,6 +166,7 @@ def contract(
             "validate": opts.validate,
             "on_error": opts.on_error,
             **({"dtype": opts.dtype} if opts.dtype else {}),
+            **({"image_member": opts.image_member} if opts.image_member else {}),
             **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
         },
         errors_file=errors_file,

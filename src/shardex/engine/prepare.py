@@ -23,6 +23,7 @@ from shardex.errors import (
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.tables import read_checked_table
+from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.planning import (
@@ -83,7 +84,7 @@ def prepare(
     scan = src.scan()
     scanning.done()
     table, skipped = check_samples(
-        fixed_lists(scan.table),
+        one_image_member(fixed_lists(scan.table), opts.image_member),
         opts,
         runner or Runner(1),
         bars,
@@ -146,6 +147,7 @@ def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOpti
         seed=(previous.split_seed or 0) if fractions else opts.seed,
         x_keys=previous.x_keys,
         y_keys=previous.y_keys,
+        image_member=previous.shard_options.get("image_member"),
     )
 
 
