@@ -405,7 +405,8 @@ def inspect(
 
     from shardex.api import read_config
 
-    config = read_config(output, _storage_options(s3_endpoint_url, s3_region, s3_profile))
+    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    config = read_config(storage)
     if as_json:
         click.echo(json.dumps(config.to_dict(), indent=2))
         return
@@ -438,6 +439,25 @@ def inspect(
         )
     if config.num_skipped:
         console.print(f"[yellow]{config.num_skipped} samples skipped[/] (see {config.errors_file})")
+    _print_plain_readers(console, config, storage.uri.rstrip("/"))
+
+
+def _print_plain_readers(console: Any, config: Any, location: str) -> None:
+    """Per split, the call that opens it with the stock library (no shardex): the array
+    backends' folders carry a content hash (see docs/backends.md, *Where the files are*)."""
+    from shardex.backends.registry import REGISTRY
+
+    try:
+        backend = REGISTRY.backend_class(config.backend)
+    except ShardexError:  # not installed here: the summary above is all there is
+        return
+    calls = [(name, backend.plain_reader(config, name, location)) for name in config.splits]
+    if any(call for _, call in calls):
+        console.print("without shardex:")
+    for name, call in calls:
+        if call:
+            # one line each, as written (no markup, no wrapping), to copy into Python
+            console.print(f"  {name}: {call}", markup=False, highlight=False, soft_wrap=True)
 
 
 @main.command("ls")

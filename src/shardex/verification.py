@@ -55,6 +55,7 @@ def verify(
             return report
         for name in config.splits:
             backend.verify_split(storage, config, name, Check(report, deep, bar))
+            _verify_derived(storage, backend.derived_files(config, name), report)
     _verify_table_file(
         storage,
         config.metadata_file,
@@ -74,6 +75,25 @@ def verify(
         report,
     )
     return report
+
+
+def _verify_derived(storage: Storage, files: dict[str, bytes], report: VerifyReport) -> None:
+    """Shard lists must say exactly what config.yaml gives (they follow from it alone)."""
+    for path, want in files.items():
+        try:
+            found = storage.get(path)
+        except ShardexError as exc:
+            report.problems.append(Problem(path, "missing", f"cannot be read ({exc})"))
+            continue
+        if found != want:
+            report.problems.append(
+                Problem(
+                    path,
+                    "list",
+                    "does not list the shards config.yaml names; export again with the "
+                    "same options (it rewrites it) or delete it and rerun the export",
+                )
+            )
 
 
 def check_file_checksum(

@@ -222,6 +222,21 @@ class Backend(ABC):
         """
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
 
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        """Python that opens split ``split`` of the export at ``location`` (its root: a
+        folder or URL) with the library its files are made for, without shardex (``shardex
+        inspect`` prints it). None (the default): no single call does."""
+        return None
+
+    @classmethod
+    def derived_files(cls, config: ExportConfig, split: str) -> dict[str, bytes]:
+        """Files of a split that follow from config.yaml alone (``path -> content``): the
+        ``webdataset`` backend's shard lists. The engine writes them around the commit (see
+        :func:`shardex.engine.commit.commit`) and ``shardex verify`` compares them with what
+        config.yaml gives; their names must be in :attr:`files`. The default has none."""
+        return {}
+
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
     ) -> None:

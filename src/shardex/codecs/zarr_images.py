@@ -30,10 +30,10 @@ import warnings
 from functools import cached_property
 from typing import Any, Final
 
-from numcodecs import get_codec as get_numcodec
-from numcodecs.abc import Codec as Numcodec
+from zarr.abc.numcodec import Numcodec
 from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
 from zarr.errors import ZarrUserWarning
+from zarr.registry import get_numcodec
 
 from shardex.errors import ConfigError, MissingDependencyError
 

@@ -7,6 +7,7 @@ Layout of a split ``S`` (see docs/format.md)::
     S/images-{hash}-000000.idx        DALI's index of the tar's members (wds2idx format)
     S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
     S/index-keys.npy                  sorted key hashes -> sample number
+    S/shards.wids.json, S/shards.txt  the tars' names, for wids and webdataset (lists.py)
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class WebDatasetBackend(Backend):
         r"[^/]+/images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
         # (".pending" names: the leftovers of shardex versions that renamed after committing)
         r"[^/]+/index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+        r"(?:[^/]+/)?shards\.(?:wids\.json|txt)",
     )
     key_storage: ClassVar[str | None] = "tar"
     dataset: ClassVar[type[ReopenedDataset]] = ShardDataset
@@ -75,6 +77,21 @@ class WebDatasetBackend(Backend):
     @classmethod
     def field_storage(cls, field: FieldSpec) -> str:
         return f"tar:{field.name}"  # a tar member's extension, not a column
+
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        from shardex.backends.webdataset.lists import WIDS_FILE
+
+        if not config.split(split).shards:
+            return None
+        index = f"{location}/{config.split_prefix(split)}{WIDS_FILE}"
+        return f"wids.ShardListDataset({index!r})"
+
+    @classmethod
+    def derived_files(cls, config: ExportConfig, split: str) -> dict[str, bytes]:
+        from shardex.backends.webdataset.lists import shard_lists
+
+        return shard_lists(config, split)
 
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
