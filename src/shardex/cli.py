@@ -226,6 +226,14 @@ def main() -> None:
     "Integers, booleans and images are never cast. Default: keep every dtype.",
 )
 @click.option(
+    "--layout",
+    type=click.Choice(["split", "flat"]),
+    default="split",
+    show_default=True,
+    help="Where a split's files go: a folder per split, or (flat, one split only, webdataset "
+    "backend) the output's top level, as NeMo Curator writes OUTPUT/images-*.tar.",
+)
+@click.option(
     "--backend-option",
     "backend_options",
     multiple=True,
@@ -282,6 +290,7 @@ def export_dataset(
     validate: str,
     max_pixels: int | None,
     dtype: str | None,
+    layout: str,
     backend_options: tuple[str, ...],
     preprocess: bool,
     until_keys: tuple[str, ...],
@@ -327,6 +336,7 @@ def export_dataset(
         validate=validate,  # type: ignore[arg-type]
         dtype=dtype,
         backend_options=_backend_options(backend_options),
+        layout=layout,  # type: ignore[arg-type]
     )
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
     if source.endswith((".yaml", ".yml")):
@@ -770,6 +780,7 @@ _OPTION_PARAMS = {
     "max_pixels": "max_pixels",
     "dtype": "dtype",
     "backend_options": "backend_options",
+    "layout": "layout",
 }
 
 

@@ -44,6 +44,8 @@ class Capabilities:
     #: Whether its shards are runs of whole samples that ``TensorShardsLoader`` loads whole
     #: (its dataset is an :class:`~shardex.backends.arrays.ArrayDataset`).
     shard_windows: bool = False
+    #: Whether it can write a one-split export at the output's top level (``layout="flat"``).
+    flat_layout: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,13 @@ class SplitPlan:
     max_shard_bytes: int | None = None
     check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())
     on_skip: Callable[[list[dict[str, str]]], None] | None = None
+    #: ``layout="flat"``: the split's files go to the output's top level (see :attr:`prefix`).
+    flat: bool = False
+
+    @property
+    def prefix(self) -> str:
+        """What the paths of the split's files start with: ``"{split}/"``, or ``""`` (flat)."""
+        return "" if self.flat else f"{self.split}/"
 
 
 def _default_check() -> SampleCheck:

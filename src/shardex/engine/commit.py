@@ -159,6 +159,7 @@ def contract(
             "validate": opts.validate,
             "on_error": opts.on_error,
             **({"dtype": opts.dtype} if opts.dtype else {}),
+            **({"layout": opts.layout} if opts.layout != "split" else {}),
             **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
         },
         errors_file=errors_file,

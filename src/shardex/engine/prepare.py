@@ -142,6 +142,7 @@ def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOpti
         seed=(previous.split_seed or 0) if fractions else opts.seed,
         x_keys=previous.x_keys,
         y_keys=previous.y_keys,
+        layout="flat" if previous.flat else "split",
     )
 
 
