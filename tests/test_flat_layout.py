@@ -198,3 +198,46 @@ def test_image_writer_stage_writes_flat(tmp_path: Path) -> None:
         s.path for s in config.split(next(iter(config.splits))).shards
     ]
     assert len(shardex.open_dataset(out)) == 25
+
+
+# An export that SIGKILLs itself once it has written its second tar (a real kill, no mock).
+KILLED_AFTER_SECOND_TAR = """
+import os, signal, sys
+import shardex
+from shardex.storage import LocalStorage
+
+class Killing(LocalStorage):
+    tars = 0
+    def open_writer(self, path):
+        if path.endswith(".tar"):
+            Killing.tars += 1
+            if Killing.tars == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().open_writer(path)
+
+shardex.export(sys.argv[1], Killing(sys.argv[2]), workers=1, samples_per_shard=4, layout="flat")
+"""
+
+
+def test_a_killed_flat_export_resumes_to_the_same_bytes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = make_sample_folder(tmp_path / "src", 14)
+    shardex.export(
+        str(folder.table), tmp_path / "whole", workers=1, samples_per_shard=4, layout="flat"
+    )
+    out = tmp_path / "out"
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_SECOND_TAR, str(folder.table), str(out)], timeout=120
+    )
+    assert child.returncode == -9
+    assert not (out / "config.yaml").exists()
+    assert list(out.glob("images-*.tar"))  # top-level files of an export at work
+    with pytest.raises(OutputExistsError, match="unfinished export"):
+        shardex.export(str(folder.table), out, workers=1, samples_per_shard=4, layout="flat")
+    shardex.export(
+        str(folder.table), out, workers=1, samples_per_shard=4, layout="flat", mode="resume"
+    )
+    whole = {p: (tmp_path / "whole" / p).read_bytes() for p in _files(tmp_path / "whole")}
+    assert {p: (out / p).read_bytes() for p in _files(out)} == whole

@@ -103,6 +103,8 @@ def command_digest(
         for f in dataclasses.fields(opts)
         if f.name not in ("workers", "mode", "overwrite")
     }
+    if fields["layout"] == "split":  # the default: the digest of runs of earlier versions
+        del fields["layout"]
     text = json.dumps([src.uri, fields, pipeline, spec], sort_keys=True, default=str)
     return str(xxhash.xxh3_64_hexdigest(text.encode()))
 
