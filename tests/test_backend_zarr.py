@@ -268,3 +268,72 @@ def test_s3_export_is_identical_and_reads_two_ranged_gets(s3: S3Location, tmp_pa
         gets = s3.proxy.gets()
         assert len(s3.proxy.requests) == len(gets) == 2  # the shard's index, then the image
         assert all(r.range is not None for r in gets)
+
+
+# A user's script: plain zarr, shardex installed but never imported by the script.
+ENTRY_POINT_READER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np, zarr
+
+    group = zarr.open_group(sys.argv[1], mode="r")
+    assert "shardex" not in sys.modules
+    np.save(sys.argv[2], group["image"][:])
+    assert "shardex.codecs.zarr_images" in sys.modules  # what zarr's entry point loaded
+    """
+)
+
+
+def _declared_codecs() -> dict[str, str]:
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    codecs: dict[str, str] = pyproject["project"]["entry-points"]["zarr.codecs"]
+    return codecs
+
+
+def _installed_as_declared(tmp_path: Path) -> Path:
+    """A folder holding shardex's distribution metadata with the entry points pyproject.toml
+    declares (what ``pip install`` writes), to put before site-packages: the installed copy's
+    metadata is as old as its last install."""
+    info = tmp_path / "meta" / "shardex-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shardex\nVersion: 0.1.0\n")
+    lines = [f"{name} = {target}" for name, target in _declared_codecs().items()]
+    (info / "entry_points.txt").write_text("[zarr.codecs]\n" + "\n".join(lines) + "\n")
+    return info.parent
+
+
+@pytest.mark.parametrize("codec", ["png", "webp", "jpeg"])
+def test_plain_zarr_decodes_images_through_entry_points(codec: str, tmp_path: Path) -> None:
+    images = _images(5, smooth=True)
+    out = tmp_path / "o"
+    options = {"image_codec": codec, "image_quality": 100}
+    shardex.export({"image": images}, out, backend="zarr", workers=1, backend_options=options)
+    src = Path(shardex.__file__).parents[1]
+    env = {"PYTHONPATH": f"{_installed_as_declared(tmp_path)}:{src}", "PATH": ""}
+    path = shardex.read_config(out).split("train").shards[0].path
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", ENTRY_POINT_READER, str(out / path), "plain.npy"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    want = shardex.open_dataset(out, split="train", decode=True)
+    got = np.load(tmp_path / "plain.npy")
+    np.testing.assert_array_equal(got, np.stack([s["image.npy"] for s in want]))
+    if codec != "jpeg":
+        np.testing.assert_array_equal(got, images)
+
+
+def test_each_image_codec_has_an_entry_point() -> None:
+    from shardex.codecs import zarr_images
+
+    declared = _declared_codecs()
+    assert set(declared) == {f"numcodecs.imagecodecs_{n}" for n in zarr_images._CLASSES}
+    for name, target in declared.items():
+        module, _, attr = target.partition(":")
+        assert module == zarr_images.__name__
+        assert getattr(zarr_images, attr).codec_name == name

@@ -138,7 +138,11 @@ def test_overwrite_never_writes_a_file_the_committed_export_names(
 
     config = shardex.export(whole, Watching(out), mode="overwrite", workers=1, samples_per_shard=7)
     assert seen
-    assert not set(seen) & (set(before) - {"config.yaml", ".shardex-intent.json"})
+    # the shard lists follow from config.yaml alone: replaced only after it commits
+    lists = {p for p in before if p.endswith(("/shards.txt", "/shards.wids.json"))}
+    assert lists
+    assert all(seen.index(p) > seen.index("config.yaml") for p in lists)
+    assert not set(seen) & (set(before) - {"config.yaml", ".shardex-intent.json"} - lists)
     assert config.metadata_file == "metadata.2.parquet"
     assert shardex.verify(out).ok
     after = _files(out)

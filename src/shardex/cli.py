@@ -237,6 +237,14 @@ def main() -> None:
     "jpg/png/webp exports (recorded in config.yaml; see docs/interop.md).",
 )
 @click.option(
+    "--layout",
+    type=click.Choice(["split", "flat"]),
+    default="split",
+    show_default=True,
+    help="Where a split's files go: a folder per split, or (flat, one split only, webdataset "
+    "backend) the output's top level, as NeMo Curator writes OUTPUT/images-*.tar.",
+)
+@click.option(
     "--backend-option",
     "backend_options",
     multiple=True,
@@ -295,6 +303,7 @@ def export_dataset(
     max_pixels: int | None,
     dtype: str | None,
     image_member: str | None,
+    layout: str,
     backend_options: tuple[str, ...],
     preprocess: bool,
     until_keys: tuple[str, ...],
@@ -341,6 +350,7 @@ def export_dataset(
         dtype=dtype,
         image_member=image_member,
         backend_options=_backend_options(backend_options),
+        layout=layout,  # type: ignore[arg-type]
     )
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
     if source.endswith((".yaml", ".yml")):
@@ -419,7 +429,8 @@ def inspect(
 
     from shardex.api import read_config
 
-    config = read_config(output, _storage_options(s3_endpoint_url, s3_region, s3_profile))
+    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    config = read_config(storage)
     if as_json:
         click.echo(json.dumps(config.to_dict(), indent=2))
         return
@@ -452,6 +463,25 @@ def inspect(
         )
     if config.num_skipped:
         console.print(f"[yellow]{config.num_skipped} samples skipped[/] (see {config.errors_file})")
+    _print_plain_readers(console, config, storage.uri.rstrip("/"))
+
+
+def _print_plain_readers(console: Any, config: Any, location: str) -> None:
+    """Per split, the call that opens it with the stock library (no shardex): the array
+    backends' folders carry a content hash (see docs/backends.md, *Where the files are*)."""
+    from shardex.backends.registry import REGISTRY
+
+    try:
+        backend = REGISTRY.backend_class(config.backend)
+    except ShardexError:  # not installed here: the summary above is all there is
+        return
+    calls = [(name, backend.plain_reader(config, name, location)) for name in config.splits]
+    if any(call for _, call in calls):
+        console.print("without shardex:")
+    for name, call in calls:
+        if call:
+            # one line each, as written (no markup, no wrapping), to copy into Python
+            console.print(f"  {name}: {call}", markup=False, highlight=False, soft_wrap=True)
 
 
 @main.command("ls")
@@ -765,6 +795,7 @@ _OPTION_PARAMS = {
     "dtype": "dtype",
     "image_member": "image_member",
     "backend_options": "backend_options",
+    "layout": "layout",
 }
 
 

@@ -168,6 +168,17 @@ class ExportConfig:
             known = ", ".join(self.splits) or "none"
             raise ConfigError(f"split {name!r} is not in this export (splits: {known})") from None
 
+    @property
+    def flat(self) -> bool:
+        """Whether the one split's files lie at the export's top level (``layout="flat"``,
+        NeMo Curator's ``$output/images-*.tar``) instead of in a folder named after it."""
+        return self.shard_options.get("layout") == "flat"
+
+    def split_prefix(self, name: str) -> str:
+        """What a path of split ``name``'s files starts with: ``"{name}/"``, or ``""`` when
+        the export is :attr:`flat`."""
+        return "" if self.flat else f"{name}/"
+
     def key_spec(self, key: str) -> KeySpec | None:
         """The spec of a stored key, if any."""
         return next((s for s in self.key_specs if s.key == key), None)

@@ -13,6 +13,10 @@ OnError = Literal["error", "skip"]
 #: What to do with an output that already holds an export or an interrupted one.
 Mode = Literal["error", "overwrite", "resume", "append"]
 MODES: tuple[Mode, ...] = ("error", "overwrite", "resume", "append")
+#: Where a split's files go: a folder named after it, or (one split only) the output's top
+#: level, as NeMo Curator's ImageWriterStage writes ``$output/images-*.tar``.
+Layout = Literal["split", "flat"]
+LAYOUTS: tuple[Layout, ...] = ("split", "flat")
 #: Floating-point dtypes ``--dtype`` may cast to (bfloat16: backends that can store it).
 FLOAT_DTYPES: tuple[str, ...] = ("float16", "float32", "float64", "bfloat16")
 
@@ -48,6 +52,8 @@ class ExportOptions:
     #: Options of the backend (see ``shardex backend list``), recorded in config.yaml.
     backend_options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ``"flat"``: the one split's files at the output's top level (recorded in config.yaml).
+    layout: Layout = "split"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -83,6 +89,7 @@ class ExportOptions:
                 problem = split_name_problem(name)
                 if problem is not None:
                     raise ConfigError(f"{option}: {problem}")
+        self._check_layout()
         if self.split_fractions is not None:
             total = sum(self.split_fractions.values())
             if (
@@ -92,6 +99,19 @@ class ExportOptions:
             ):
                 raise ConfigError(
                     f"split fractions must be >= 0 and sum to 1, got {self.split_fractions}"
+                )
+
+    def _check_layout(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be 'split' or 'flat', got {self.layout!r}")
+        if self.layout != "flat":
+            return
+        for option, names in (("splits", self.splits), ("split_fractions", self.split_fractions)):
+            if names is not None and len(names) > 1:
+                raise ConfigError(
+                    f"layout='flat' holds one split, and {option} names {len(names)} "
+                    f"({', '.join(map(repr, names))}); export one split, or use the default "
+                    "layout (a folder per split)"
                 )
 
 

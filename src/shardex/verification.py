@@ -29,6 +29,10 @@ from shardex.verify_report import Problem, VerifyReport, verify_key_table
 __all__ = ["Problem", "VerifyReport", "check_file_checksum", "verify", "verify_key_table"]
 
 
+#: :data:`shardex.engine.output.INTENT_FILE` (not imported: it loads the export engine).
+_INTENT_FILE = ".shardex-intent.json"
+
+
 def verify(
     location: str | Storage,
     *,
@@ -55,6 +59,7 @@ def verify(
             return report
         for name in config.splits:
             backend.verify_split(storage, config, name, Check(report, deep, bar))
+            _verify_derived(storage, backend.derived_files(config, name), report)
     _verify_table_file(
         storage,
         config.metadata_file,
@@ -74,6 +79,29 @@ def verify(
         report,
     )
     return report
+
+
+def _verify_derived(storage: Storage, files: dict[str, bytes], report: VerifyReport) -> None:
+    """Shard lists must say exactly what config.yaml gives (they follow from it alone)."""
+    for path, want in files.items():
+        try:
+            found = storage.get(path)
+        except ShardexError as exc:
+            report.problems.append(Problem(path, "missing", f"cannot be read ({exc})"))
+            continue
+        # An overwrite or append replaces the lists just after its config.yaml commits, and
+        # deletes the replaced export's files only after that: a writer at work or killed
+        # there (its intent file is still present) leaves lists naming the replaced
+        # export's tars, which are all still there; running it again finishes the job.
+        if found != want and not storage.exists(_INTENT_FILE):
+            report.problems.append(
+                Problem(
+                    path,
+                    "list",
+                    "does not list the shards config.yaml names; export again with the "
+                    "same options (it rewrites it) or delete it and rerun the export",
+                )
+            )
 
 
 def check_file_checksum(

@@ -46,6 +46,8 @@ class Capabilities:
     shard_windows: bool = False
     #: Whether it stores ``--dtype bfloat16`` fields (see :mod:`shardex.bfloat16`).
     bfloat16: bool = False
+    #: Whether it can write a one-split export at the output's top level (``layout="flat"``).
+    flat_layout: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,13 @@ class SplitPlan:
     max_shard_bytes: int | None = None
     check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())
     on_skip: Callable[[list[dict[str, str]]], None] | None = None
+    #: ``layout="flat"``: the split's files go to the output's top level (see :attr:`prefix`).
+    flat: bool = False
+
+    @property
+    def prefix(self) -> str:
+        """What the paths of the split's files start with: ``"{split}/"``, or ``""`` (flat)."""
+        return "" if self.flat else f"{self.split}/"
 
 
 def _default_check() -> SampleCheck:
@@ -223,6 +232,21 @@ class Backend(ABC):
         ``dataset.skipped``) instead of raising. The default builds :attr:`dataset`.
         """
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
+
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        """Python that opens split ``split`` of the export at ``location`` (its root: a
+        folder or URL) with the library its files are made for, without shardex (``shardex
+        inspect`` prints it). None (the default): no single call does."""
+        return None
+
+    @classmethod
+    def derived_files(cls, config: ExportConfig, split: str) -> dict[str, bytes]:
+        """Files of a split that follow from config.yaml alone (``path -> content``): the
+        ``webdataset`` backend's shard lists. The engine writes them around the commit (see
+        :func:`shardex.engine.commit.commit`) and ``shardex verify`` compares them with what
+        config.yaml gives; their names must be in :attr:`files`. The default has none."""
+        return {}
 
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check

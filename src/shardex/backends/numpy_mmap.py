@@ -21,7 +21,7 @@ import numpy as np
 from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
-from shardex.contract import ShardInfo
+from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
 
@@ -60,6 +60,18 @@ class NumpyMmapBackend(ArrayBackend):
     per_split: ClassVar[bool] = True
     stem_name: ClassVar[str] = "arrays"
     dataset: ClassVar[type[ArrayDataset]] = NumpyMmapDataset
+
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        info = config.split(split)
+        if not info.shards:
+            return None
+        folder = info.shards[0].path
+        columns = [
+            f[len(folder) + 1 : -len(".npy")] for f in info.files if f.startswith(f"{folder}/")
+        ]
+        where = f"{location}/{folder}/"
+        return f"numpy.load({where!r} + COLUMN + '.npy', mmap_mode='r')  # COLUMN: {', '.join(columns)}"
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         out = ArrayWriter(storage, stem, listed=True)

@@ -5,6 +5,11 @@ An overwrite or a resume replaces only what shardex wrote; anything else in the 
 means the user pointed shardex at the wrong folder, and the export is refused. A plugin
 backend's files count as shardex's as soon as it is registered.
 
+Files at the output's top level (the flat layout's shards and index) count as a backend's
+only where shardex has been at work: the output holds config.yaml or the intent file of an
+export. A NeMo Curator output (``images-{hash}-000000.tar`` ... at the top level, named like
+a flat export's shards) is someone else's, and is not overwritten.
+
 Backends are asked lazily, cheapest first: the one config.yaml names, then those already
 imported (the one being exported with), then the others, so a folder holding one
 backend's export does not import every backend's dependencies (torch, zarr) to be checked.
@@ -40,7 +45,18 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
             committed config.yaml names a backend that is not registered or not installed
             here (its files cannot be told from foreign ones).
     """
+    paths = list(paths)
     rest = [p for p in paths if _EXPORT_FILES.fullmatch(p) is None]
+    if not rest:
+        return rest
+    if not _MARKS.intersection(paths):  # no export here: nothing at the top level is ours
+        top = [p for p in rest if "/" not in p]
+        return top + _owned(storage, [p for p in rest if "/" in p])
+    return _owned(storage, rest)
+
+
+def _owned(storage: Storage, rest: list[str]) -> list[str]:
+    """The ``rest`` no registered backend writes."""
     if not rest:
         return rest
     committed = _committed_backend(storage)
@@ -57,6 +73,10 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
     if unknown is not None:
         raise unknown
     return rest
+
+
+#: What only an export (or one at work) leaves at the output's top level.
+_MARKS: Final = frozenset({CONFIG_FILE, ".shardex-intent.json"})
 
 
 def shardex_files(storage: Storage, paths: Iterable[str]) -> list[str]:

@@ -65,7 +65,7 @@ from shardex.backends.arrays import ArrayBackend, ArrayDataset, Written
 from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
-from shardex.contract import ShardInfo, SplitInfo
+from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
@@ -302,6 +302,15 @@ class TensorDictBackend(ArrayBackend):
         for spec in plan.fields:
             _check_dtype(spec.name, spec.dtype)
         return super().write_split(storage, plan, runner, on_shard)
+
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        shards = config.split(split).shards
+        return (
+            f"tensordict.TensorDict.load_memmap({location + '/' + shards[0].path!r})"
+            if shards
+            else None
+        )
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         tree = _tree(columns, bfloat16_columns(layout))

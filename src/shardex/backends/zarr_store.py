@@ -44,7 +44,7 @@ from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Wri
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
 from shardex.codecs.zarr_images import IMAGE_CODECS, image_codec, register_image_codecs
-from shardex.contract import FieldSpec, ShardInfo
+from shardex.contract import ExportConfig, FieldSpec, ShardInfo
 from shardex.errors import (
     ChecksumError,
     ConfigError,
@@ -331,6 +331,11 @@ class ZarrBackend(ArrayBackend):
     per_split: ClassVar[bool] = True
     stem_name: ClassVar[str] = "zarr"
     dataset: ClassVar[type[ArrayDataset]] = ZarrDataset
+
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        shards = config.split(split).shards
+        return f"zarr.open_group({location + '/' + shards[0].path!r}, mode='r')" if shards else None
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)

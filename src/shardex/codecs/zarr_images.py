@@ -5,7 +5,12 @@ zarr v3 resolves a codec by the ``name`` in an array's metadata. zarr-python nam
 numcodecs codecs ``numcodecs.<id>`` (its own ``numcodecs.zstd`` ... wrappers), so the arrays
 the ``zarr`` backend writes name their image codec ``numcodecs.imagecodecs_png`` (``_webp``,
 ``_jpeg``) with the numcodecs configuration. :func:`register_image_codecs` makes both
-registries know them; plain zarr + imagecodecs users do the same in a few lines::
+registries know them. With shardex installed, zarr finds these classes by itself: they are
+declared in the ``zarr.codecs`` entry-point group (pyproject.toml), which zarr reads the
+first time it resolves a codec name, so a plain ``zarr.open_group(...)`` decodes the images
+without importing shardex (a class registers the numcodecs codec it wraps when it first
+encodes or decodes). Plain zarr + imagecodecs users without shardex do the same in a few
+lines::
 
     import imagecodecs.numcodecs, zarr.registry
     from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
@@ -22,10 +27,13 @@ so a 1-pixel-high image is not mistaken for a grey one.
 from __future__ import annotations
 
 import warnings
+from functools import cached_property
 from typing import Any, Final
 
+from zarr.abc.numcodec import Numcodec
 from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
 from zarr.errors import ZarrUserWarning
+from zarr.registry import get_numcodec
 
 from shardex.errors import ConfigError, MissingDependencyError
 
@@ -48,6 +56,13 @@ class _ImageCodec(_NumcodecsArrayBytesCodec):
             warnings.filterwarnings("ignore", "Numcodecs codecs", ZarrUserWarning)
             super().__init__(**codec_config)
 
+    @cached_property
+    def _codec(self) -> Numcodec:
+        # Loaded through zarr's entry points, nothing registered imagecodecs' numcodecs
+        # codecs in this process yet (numcodecs only finds its own entry points).
+        _register_numcodecs()
+        return get_numcodec(self.codec_config)  # type: ignore[arg-type]
+
 
 class ImagecodecsPng(_ImageCodec, codec_name="imagecodecs_png"):
     """PNG (lossless) chunks."""
@@ -68,18 +83,23 @@ _CLASSES: Final[dict[str, type[_ImageCodec]]] = {
 }
 
 
-def register_image_codecs() -> None:
-    """Make numcodecs and zarr v3 know the image codecs (idempotent)."""
+def _register_numcodecs() -> None:
+    """Make numcodecs know imagecodecs' image codecs (idempotent)."""
     try:
         import imagecodecs.numcodecs
     except ImportError as exc:
         raise MissingDependencyError(
             "zarr image codecs need imagecodecs: pip install 'shardex[zarr]'"
         ) from exc
-    from zarr.registry import register_codec
-
     # Skips codecs numcodecs already knows (quietly), so calling again is cheap.
     imagecodecs.numcodecs.register_codecs([f"imagecodecs_{n}" for n in _CLASSES], verbose=False)
+
+
+def register_image_codecs() -> None:
+    """Make numcodecs and zarr v3 know the image codecs (idempotent)."""
+    _register_numcodecs()
+    from zarr.registry import register_codec
+
     for name, cls in _CLASSES.items():
         # The same qualname each call: registering again replaces, never adds a rival class.
         register_codec(f"numcodecs.imagecodecs_{name}", cls, qualname=f"{__name__}.{cls.__name__}")

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex.backends.base import Backend, unused_name
+from shardex.backends.registry import REGISTRY
 from shardex.contract import (
     CONFIG_FILE,
     ERRORS_FILE,
@@ -36,14 +37,14 @@ from shardex.version import __version__
 
 def export_files(config: ExportConfig) -> list[str]:
     """Every file of an export but config.yaml (a shard that is a folder, as the ``numpy``
-    backend's, is named by its folder)."""
+    backend's, is named by its folder), the :func:`derived_files` too."""
     files = [f for f in (config.metadata_file, config.errors_file) if f]
     for info in config.splits.values():
         files += [p for s in info.shards for p in (s.path, s.metadata, s.dali_index) if p]
         if info.index is not None:
             files += [info.index.samples, info.index.keys]
         files += info.files
-    return list(dict.fromkeys(files))
+    return list(dict.fromkeys([*files, *derived_files(config)]))
 
 
 def write_errors(
@@ -167,6 +168,7 @@ def contract(
             "on_error": opts.on_error,
             **({"dtype": opts.dtype} if opts.dtype else {}),
             **({"image_member": opts.image_member} if opts.image_member else {}),
+            **({"layout": opts.layout} if opts.layout != "split" else {}),
             **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
         },
         errors_file=errors_file,
@@ -176,12 +178,39 @@ def contract(
     )
 
 
+def derived_files(config: ExportConfig) -> dict[str, bytes]:
+    """The files that follow from config.yaml alone (shard lists: see
+    :meth:`Backend.derived_files <shardex.backends.base.Backend.derived_files>`)."""
+    backend = REGISTRY.backend_class(config.backend)
+    return {
+        p: data
+        for split in config.splits
+        for p, data in backend.derived_files(config, split).items()
+    }
+
+
+def write_derived(storage: Storage, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        storage.put(path, data)
+    storage.sync(list(files))
+
+
 def commit(storage: Storage, config: ExportConfig) -> None:
     """Make every file durable, then write config.yaml: the commit point (one atomic put;
-    every file it names was written before and is never written again)."""
+    every file it names was written before and is never written again, derived files
+    aside).
+
+    Derived files (shard lists) the output does not hold yet are written before it, so
+    they are there as soon as the export is; those it holds (the replaced export's) are
+    replaced just after it: until the commit they describe the committed export, and the
+    replaced export's files are deleted only after them (:func:`remove_stale`)."""
+    derived = derived_files(config)
+    later = {p: data for p, data in derived.items() if storage.exists(p)}
+    write_derived(storage, {p: data for p, data in derived.items() if p not in later})
     storage.sync(export_files(config))
     storage.put(CONFIG_FILE, config.to_yaml().encode())
     storage.sync([CONFIG_FILE])
+    write_derived(storage, later)
 
 
 def old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:

@@ -1,7 +1,9 @@
 """What the output holds, and what a writer records there.
 
 Replacing or extending a committed export follows one rule: nothing writes a file that the
-committed config.yaml names. New files take names the committed export does not use (a
+committed config.yaml names. (The one exception comes after the commit: shard lists, which
+follow from config.yaml alone, are replaced just after the new config.yaml commits and
+before the old export's files are deleted; see :func:`shardex.engine.commit.commit`.) New files take names the committed export does not use (a
 shard's second name, ``index-samples.2.npy``, ``metadata.2.parquet``: see
 :func:`shardex.backends.base.unused_name`), the new config.yaml commits in one atomic
 put, and the old export's files are deleted after it. The names depend only on the
@@ -27,7 +29,7 @@ from shardex.contract import (
     ExportConfig,
     IndexInfo,
 )
-from shardex.engine.commit import commit, export_files
+from shardex.engine.commit import commit, derived_files, export_files, write_derived
 from shardex.errors import (
     ObjectNotFoundError,
     OutputExistsError,
@@ -101,6 +103,8 @@ def command_digest(
         for f in dataclasses.fields(opts)
         if f.name not in ("workers", "mode", "overwrite")
     }
+    if fields["layout"] == "split":  # the default: the digest of runs of earlier versions
+        del fields["layout"]
     text = json.dumps([src.uri, fields, pipeline, spec], sort_keys=True, default=str)
     return str(xxhash.xxh3_64_hexdigest(text.encode()))
 
@@ -166,6 +170,7 @@ def finish_committed(
             return None  # another command: it replaces or extends what is there
     config = read_config(storage)
     storage.remove_leftovers()
+    write_derived(storage, derived_files(config))  # killed before it replaced them
     ours = shardex_files(storage, storage.list())
     remove_stale(storage, ours, config)
     storage.delete(INTENT_FILE)

@@ -82,5 +82,6 @@ def plan_split(
         samples_per_shard=opts.samples_per_shard,
         max_shard_bytes=opts.max_shard_bytes,
         check=SampleCheck(opts.validate, opts.max_pixels, opts.on_error),
+        flat=opts.layout == "flat",
     )
     return plan, digest

@@ -148,6 +148,7 @@ def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOpti
         x_keys=previous.x_keys,
         y_keys=previous.y_keys,
         image_member=previous.shard_options.get("image_member"),
+        layout="flat" if previous.flat else "split",
     )
 
 

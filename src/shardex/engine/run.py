@@ -74,6 +74,11 @@ def run_export(
     """
     src = open_source(source)
     backend = get_backend(opts.backend, opts.backend_options)
+    if opts.layout == "flat" and not backend.capabilities.flat_layout:
+        raise ConfigError(
+            f"the {backend.name} backend cannot write layout='flat' (one split at the output's "
+            "top level); use the webdataset backend, or the default layout"
+        )
     if opts.mode == "append" and not backend.capabilities.append:
         raise ConfigError(
             f"the {backend.name} backend cannot append to an export; export the combined "
@@ -136,6 +141,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
         with job.runner or Runner(workers) as pool:
             if prep is None:
                 prep = prepare(job.src, opts, pool, bars, job.previous, taken)
+            _check_one_split(job, prep)
             record_intent(storage, opts.mode, job.command)  # before the first write
             writing = True
             written = write_splits(
@@ -148,6 +154,17 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
             undo(storage, job.old_files, job.committed, intent_before)
         raise
     return prep, written
+
+
+def _check_one_split(job: _Job, prep: Prepared) -> None:
+    """The flat layout holds one split: refuse more before anything is written."""
+    names = list(dict.fromkeys([*(job.previous.splits if job.previous else ()), *prep.splits]))
+    if job.opts.layout == "flat" and len(names) > 1:
+        raise ConfigError(
+            f"layout='flat' holds one split, and {job.src.uri} gives {len(names)} "
+            f"({', '.join(map(repr, names))}); export one split (--split NAME), or use the "
+            "default layout (a folder per split)"
+        )
 
 
 def _config(

@@ -105,8 +105,9 @@ class ImageWriterStage(Stage):
         spec_fingerprint: the spec file's hash, recorded in config.yaml (spec runs set it).
         name: NeMo's stage name (shown in ``repr`` and recorded as ``stage_name``); the
             stage's kind in config.yaml stays ``image_writer``.
-        **options: more export options (``split_fractions``, ``seed``, ``mode``,
-            ``max_shard_bytes`` ...; see :class:`shardex.ExportOptions`).
+        **options: more export options (``layout="flat"``: the one split's files at the
+            top level, as NeMo writes ``output_dir/images-*.tar``; ``split_fractions``,
+            ``seed``, ``mode``, ``max_shard_bytes`` ...; see :class:`shardex.ExportOptions`).
     """
 
     name: ClassVar[str] = "image_writer"

@@ -1,12 +1,14 @@
 """The default backend: WebDataset tar shards + Parquet sidecars + a random-access index.
 
-Layout of a split ``S`` (see docs/format.md)::
+Layout of a split ``S`` (see docs/format.md; ``layout="flat"``: the one split's files at
+the top level, without ``S/``)::
 
     S/images-{hash}-000000.tar        plain POSIX tar, a sample's members consecutive
     S/images-{hash}-000000.parquet    one row per sample: NeMo columns, metadata, byte range
     S/images-{hash}-000000.idx        DALI's index of the tar's members (wds2idx format)
     S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
     S/index-keys.npy                  sorted key hashes -> sample number
+    S/shards.wids.json, S/shards.txt  the tars' names, for wids and webdataset (lists.py)
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ if TYPE_CHECKING:  # for writing only: opening an export imports none of these
     from shardex.parallel import Runner
 
 
-def shard_stem(split: str, name_hash: str, number: int) -> str:
-    """``S/images-{hash}-{NNNNNN}``: the path of a shard without its extension."""
-    return f"{split}/images-{name_hash}-{number:06d}"
+def shard_stem(prefix: str, name_hash: str, number: int) -> str:
+    """``{prefix}images-{hash}-{NNNNNN}`` (``prefix``: ``S/``, or ``""`` in the flat
+    layout): the path of a shard without its extension."""
+    return f"{prefix}images-{name_hash}-{number:06d}"
 
 
 class WebDatasetBackend(Backend):
@@ -63,11 +66,14 @@ class WebDatasetBackend(Backend):
         append=True,
         checked_reads=True,
         dali=True,
+        flat_layout=True,
     )
     files: ClassVar[tuple[str, ...]] = (
-        r"[^/]+/images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
+        # (no folder: the flat layout; see shardex.backends.ownership for when those count)
+        r"(?:[^/]+/)?images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
         # (".pending" names: the leftovers of shardex versions that renamed after committing)
-        r"[^/]+/index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+        r"(?:[^/]+/)?index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+        r"(?:[^/]+/)?shards\.(?:wids\.json|txt)",
     )
     key_storage: ClassVar[str | None] = "tar"
     dataset: ClassVar[type[ReopenedDataset]] = ShardDataset
@@ -75,6 +81,21 @@ class WebDatasetBackend(Backend):
     @classmethod
     def field_storage(cls, field: FieldSpec) -> str:
         return f"tar:{field.name}"  # a tar member's extension, not a column
+
+    @classmethod
+    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+        from shardex.backends.webdataset.lists import WIDS_FILE
+
+        if not config.split(split).shards:
+            return None
+        index = f"{location}/{config.split_prefix(split)}{WIDS_FILE}"
+        return f"wids.ShardListDataset({index!r})"
+
+    @classmethod
+    def derived_files(cls, config: ExportConfig, split: str) -> dict[str, bytes]:
+        from shardex.backends.webdataset.lists import shard_lists
+
+        return shard_lists(config, split)
 
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
@@ -158,8 +179,8 @@ class WebDatasetBackend(Backend):
             samples = np.concatenate([old_samples, samples])
             key_hashes = np.concatenate([old_hashes, key_hashes])
         index = IndexInfo(
-            unused_name(f"{plan.split}/{SAMPLES_FILE}", plan.existing),
-            unused_name(f"{plan.split}/{KEYS_FILE}", plan.existing),
+            unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
+            unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),
         )
         storage.put(index.samples, to_npy_bytes(samples))
         storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(key_hashes)))
@@ -206,7 +227,7 @@ def _job(
     :func:`second_hash`. When the committed export names one of them, the job first keeps
     that shard if it holds exactly these samples; otherwise it writes the other name, so
     that nothing the committed config.yaml names is ever written over."""
-    usual, second = (shard_stem(plan.split, h, number) for h in (plan.name_hash, other_hash))
+    usual, second = (shard_stem(plan.prefix, h, number) for h in (plan.name_hash, other_hash))
     committed = second if f"{second}.tar" in plan.existing else usual
     other = second if committed == usual else usual
     held = f"{committed}.tar" in plan.existing

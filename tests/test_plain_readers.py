@@ -1,0 +1,89 @@
+"""``shardex inspect`` prints, per split, the call that opens it with the stock library;
+each call runs as printed in a process that never imports shardex."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import shardex
+from shardex.cli import main
+from shardex.testing.data import make_image
+
+LABELS = [3, 1, 4, 1, 5, 9, 2]
+IMAGES = np.arange(7 * 4 * 4 * 3, dtype=np.uint8).reshape(7, 4, 4, 3)
+
+# What each library's object must give: the labels, as a user reads them.
+CHECKS = {
+    "zarr": "labels = obj['label__label'][:]",
+    "numpy_mmap": "labels = obj('label__label')[:]",
+    "tensordict_memmap": "labels = obj['label__label'].numpy()",
+}
+
+SCRIPT = """
+import sys
+import numpy, zarr, tensordict
+{call}
+assert "shardex" not in sys.modules
+{check}
+print(",".join(str(int(v)) for v in labels))
+"""
+
+
+def _calls(out: Path) -> dict[str, str]:
+    result = CliRunner().invoke(main, ["inspect", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.split("without shardex:\n", 1)[1].splitlines()
+    return dict(line.strip().split(": ", 1) for line in lines)
+
+
+def _run(code: str, cwd: Path, warnings: str = "error") -> str:
+    done = subprocess.run(
+        [sys.executable, "-W", warnings, "-c", code], capture_output=True, text=True, cwd=cwd
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("backend", sorted(CHECKS))
+def test_inspect_prints_a_call_that_opens_the_split(backend: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shardex.export({"image": IMAGES, "label": LABELS}, out, backend=backend, workers=1)
+    call = _calls(out)["train"]
+    if backend == "numpy_mmap":  # one file per column: the printed call takes its name
+        expr, _, columns = call.partition("  # COLUMN: ")
+        assert "label__label" in columns.split(", ")
+        code = f"obj = lambda COLUMN: {expr}"
+    else:
+        code = f"obj = {call}"
+    want = shardex.open_dataset(out, split="train").metadata.column("label").to_pylist()
+    printed = _run(SCRIPT.format(call=code, check=CHECKS[backend]), tmp_path)
+    assert printed.strip() == ",".join(map(str, want))
+    assert sorted(want) == sorted(LABELS)
+
+
+def test_inspect_prints_wids_calls_for_each_split(tmp_path: Path) -> None:
+    pytest.importorskip("wids")
+    out = tmp_path / "out"
+    blobs = [make_image(i) for i in range(20)]
+    fractions = {"train": 0.5, "val": 0.5}
+    config = shardex.export({"jpg": blobs}, out, split_fractions=fractions, workers=1)
+    calls = _calls(out)
+    assert set(calls) == {"train", "val"}
+    for split, call in calls.items():
+        code = textwrap.dedent(
+            f"""
+            import sys, wids
+            ds = {call}
+            assert "shardex" not in sys.modules
+            print(len(ds))
+            """
+        )
+        # (wids warns that its own default, transformations="PIL", is deprecated)
+        assert int(_run(code, tmp_path, warnings="default")) == config.split(split).num_samples

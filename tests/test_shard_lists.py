@@ -1,0 +1,128 @@
+"""Shard lists (``S/shards.wids.json``, ``S/shards.txt``): read by the real wids and
+webdataset, relative to their folder, replaced with the export, checked by verify."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardex
+from shardex.testing.data import make_image
+
+pytest.importorskip("wids")
+
+
+def _data(n: int, first: int = 0) -> dict[str, list[Any]]:
+    return {
+        "jpg": [make_image(i) for i in range(first, first + n)],
+        "label": [i % 3 for i in range(first, first + n)],
+        "key": [f"{i:06d}" for i in range(first, first + n)],
+    }
+
+
+def _export(out: Path, n: int = 30, **options: Any) -> shardex.ExportConfig:
+    defaults = {"samples_per_shard": 8, "workers": 1, "split_fractions": {"train": 0.7, "val": 0.3}}
+    return shardex.export(_data(n), out, **{**defaults, **options})
+
+
+def _by_wids(index: Path, cache: Path) -> dict[str, bytes]:
+    import wids
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # wids leaves its files to gc
+        ds = wids.ShardListDataset(str(index), transformations=[], cache_dir=str(cache))
+        got = {(s := ds[i])["__key__"]: s[".jpg"].read() for i in range(len(ds))}
+        ds.close()
+        del ds, s
+        gc.collect()
+    return got
+
+
+def _by_webdataset(root: Path, listing: Path) -> dict[str, bytes]:
+    import webdataset as wds
+
+    folder = listing.parent.relative_to(root)
+    urls = [str(root / folder / name) for name in listing.read_text().split()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # webdataset leaves its files to gc
+        got = {s["__key__"]: s["jpg"] for s in wds.WebDataset(urls, shardshuffle=False)}
+        gc.collect()
+    return got
+
+
+def _expected(out: Path, split: str) -> dict[str, bytes]:
+    return {s["__key__"]: s["jpg"] for s in shardex.open_dataset(out, split=split)}
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_wids_and_webdataset_read_each_split_from_its_lists(split: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = _export(out)
+    want = _expected(out, split)
+    assert len(want) == config.split(split).num_samples
+    assert _by_wids(out / split / "shards.wids.json", tmp_path / "cache") == want
+    assert _by_webdataset(out, out / split / "shards.txt") == want
+    index = json.loads((out / split / "shards.wids.json").read_text())
+    assert index["__kind__"] == "wids-shard-index-v1"
+    assert [s["url"] for s in index["shardlist"]] == (
+        out / split / "shards.txt"
+    ).read_text().split()
+    assert sum(s["nsamples"] for s in index["shardlist"]) == len(want)
+
+
+def test_lists_name_shards_relative_to_their_folder(tmp_path: Path) -> None:
+    """A moved export keeps working lists (the tar names are not absolute)."""
+    _export(tmp_path / "out")
+    want = _expected(tmp_path / "out", "train")
+    shutil.move(tmp_path / "out", tmp_path / "moved")
+    moved = tmp_path / "moved"
+    assert _by_wids(moved / "train" / "shards.wids.json", tmp_path / "cache") == want
+    assert _by_webdataset(moved, moved / "train" / "shards.txt") == want
+    assert shardex.verify(moved).ok
+
+
+def test_overwrite_and_append_replace_the_lists(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = shardex.export(_data(20), out, samples_per_shard=8, workers=1)
+    old = (out / "train" / "shards.txt").read_text().split()
+    shardex.export(_data(12, first=100), out, samples_per_shard=5, workers=1, mode="overwrite")
+    new = (out / "train" / "shards.txt").read_text().split()
+    assert set(new).isdisjoint(old)  # the replaced export's tars are gone, and so are they
+    assert not any((out / "train" / name).exists() for name in old)
+    assert _by_wids(out / "train" / "shards.wids.json", tmp_path / "c1") == _expected(out, "train")
+    appended = shardex.export(
+        _data(9, first=200), out, samples_per_shard=5, workers=1, mode="append"
+    )
+    listed = (out / "train" / "shards.txt").read_text().split()
+    assert listed[: len(new)] == new
+    assert len(listed) == len(appended.split("train").shards) > len(new)
+    got = _by_wids(out / "train" / "shards.wids.json", tmp_path / "c2")
+    assert len(got) == 21 == len(_expected(out, "train"))
+    assert shardex.verify(out).ok
+    assert first.num_samples == 20
+
+
+def test_verify_reports_a_list_that_differs_from_config(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _export(out)
+    listing = out / "val" / "shards.txt"
+    listing.write_text(listing.read_text() + "images-000000000000-000009.tar\n")
+    report = shardex.verify(out)
+    assert [(p.file, p.kind) for p in report.problems] == [("val/shards.txt", "list")]
+    (out / "train" / "shards.wids.json").unlink()
+    assert ("train/shards.wids.json", "missing") in [
+        (p.file, p.kind) for p in shardex.verify(out).problems
+    ]
+
+
+def test_array_backends_write_no_lists(tmp_path: Path) -> None:
+    import numpy as np
+
+    shardex.export({"image": np.zeros((4, 2, 2), np.uint8)}, tmp_path / "o", backend="numpy_mmap")
+    assert not list((tmp_path / "o").rglob("shards.*"))
