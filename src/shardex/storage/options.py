@@ -7,7 +7,6 @@ environment may be older) and obstore never sees a name it would panic on.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from datetime import timedelta
@@ -139,6 +138,8 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
             raise ConfigError(f"storage option names must be text, not {name!r}")
         bare = setting(uri, name)
         if bare not in known:
+            import difflib  # here: only a misspelt option needs it
+
             near = difflib.get_close_matches(bare, sorted(known), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ConfigError(
