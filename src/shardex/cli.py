@@ -6,7 +6,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
@@ -32,16 +32,25 @@ def _size(n: float) -> str:
     return f"{n} B"
 
 
-class _Duration(click.ParamType):
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[str]
+else:  # click < 8.2 has no generic ParamType
+    _ParamType = click.ParamType
+
+
+class _Duration(_ParamType):
     """A duration: seconds, or "500ms", "30s", "2m", "1h" (storage options' syntax)."""
 
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def __init__(self, option: str) -> None:
+        self.option = option
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from shardex.storage.options import duration
 
         try:
-            duration(value, param.name if param is not None and param.name else "duration")
+            duration(value, self.option)
         except ShardexError as exc:
             self.fail(str(exc), param, ctx)
         return str(value)
@@ -74,19 +83,16 @@ _TIME_OPTIONS: Final = "shardex.storage_time_options"
 
 
 def _keep_time_option(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-    if value is not None:
-        option = next(
-            o for flag, o, _ in _TIME_FLAGS if flag.lstrip("-").replace("-", "_") == param.name
-        )
-        ctx.meta.setdefault(_TIME_OPTIONS, {})[option] = value
+    if value is not None and isinstance(param.type, _Duration):
+        ctx.meta.setdefault(_TIME_OPTIONS, {})[param.type.option] = value
 
 
 def _storage_flags(fn: Any) -> Any:
     """The object-storage flags every command that takes a location accepts."""
-    for flag, _, text in reversed(_TIME_FLAGS):
+    for flag, option, text in reversed(_TIME_FLAGS):
         fn = click.option(
             flag,
-            type=_Duration(),
+            type=_Duration(option),
             default=None,
             metavar="DURATION",
             expose_value=False,
