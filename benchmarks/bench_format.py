@@ -713,7 +713,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--profile", action="store_true", help="print cProfile of ds[i] and export")
+    p.add_argument(
+        "--fresh-only",
+        action="store_true",
+        help="only the fresh-process rows: import, open + ds[0], a spawned worker's first sample",
+    )
     return p.parse_args(argv)
+
+
+def fresh_rows(out_root: Path, folder: Path, concat: Concat) -> list[Row]:
+    """The fresh-process rows alone, on the export of an earlier run (made if missing)."""
+    out = out_root / "export"
+    if not (out / "config.yaml").exists():
+        shardex.export(folder, out, workers=1, overwrite=True)
+    rows = bench_fresh_open(out, concat)
+    worker = bench_spawned_worker(out)
+    return rows if worker is None else [*rows, worker]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -725,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     out_root.mkdir(parents=True, exist_ok=True)
     concat = build_concat(folder, count, out_root / "concat.bin")
     print(f"raw image bytes: {concat.raw_bytes:,} ({concat.raw_bytes / count / 1024:.2f} KiB mean)")
+    if args.fresh_only:
+        print(render(fresh_rows(out_root, folder, concat)))
+        return 0
     export_rows, main_out, nolabels = bench_export(folder, out_root, count, args.repeats)
     memory_rows = bench_in_memory(folder, concat, out_root, args.repeats)
     reads = max(args.repeats, READ_REPEATS)
