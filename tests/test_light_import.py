@@ -18,7 +18,7 @@ import shardex
 #: read by shardex.yaml_subset), importlib.resources (and tempfile, shutil, random, bz2,
 #: lzma under it: only the schema file needs it), the object-storage modules (only s3://
 #: and the like), the output lock (writers), secrets, socket, hashlib, decimal, difflib,
-#: configparser, subprocess, and the optional extras.
+#: configparser, subprocess, logging (only a skipped sample logs), and the optional extras.
 LAZY = (
     "yaml",
     "importlib.resources",
@@ -35,6 +35,7 @@ LAZY = (
     "configparser",
     "subprocess",
     "asyncio",
+    "logging",
     "shardex.storage.object",
     "shardex.storage.direct",
     "shardex.storage.helper",
