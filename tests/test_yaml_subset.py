@@ -60,13 +60,13 @@ _DOC = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=1000)
 @given(st.dictionaries(_TEXT, _DOC, min_size=1, max_size=5))
 def test_what_safe_dump_writes_reads_back_as_pyyaml_reads_it(doc: dict[str, Any]) -> None:
     _agrees(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=1000)
 @given(st.text(st.characters(codec="ascii"), max_size=20), st.sampled_from(["k: ", "- ", "k:\n- "]))
 def test_any_hand_written_value_reads_as_pyyaml_reads_it_or_is_declined(
     value: str, prefix: str
