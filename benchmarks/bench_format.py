@@ -577,7 +577,11 @@ FRESH_PROCESSES = 20
 #: bare ``os.open`` + ``os.pread`` of one sample of the same run's concatenated file.
 _FRESH = """
 import os, sys, time
-if sys.argv[1] == "pread":
+if sys.argv[1] == "numpy":
+    t0, c0 = time.perf_counter(), time.process_time()
+    import numpy
+    print(1000 * (time.perf_counter() - t0), 0.0, 1000 * (time.process_time() - c0), 0.0)
+elif sys.argv[1] == "pread":
     t0 = time.perf_counter()
     fd = os.open(sys.argv[2], os.O_RDONLY)
     os.pread(fd, 4096, 0)
@@ -618,14 +622,18 @@ def bench_fresh_open(out: Path, concat: Concat) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-pyc-") as cache:
         env = _fresh_environment(Path(cache))
         _fresh("shardex", out, env)  # writes the bytecode cache, as an install does
-        shardex_runs, pread_runs = [], []
+        shardex_runs, pread_runs, numpy_runs = [], [], []
         for _ in range(FRESH_PROCESSES):
             shardex_runs.append(_fresh("shardex", out, env))
             pread_runs.append(_fresh("pread", concat.path, env)[1])
+            numpy_runs.append(_fresh("numpy", out, env))
     imported, opened, imported_cpu, opened_cpu = (
         statistics.median(r[k] for r in shardex_runs) for k in range(4)
     )
     pread = statistics.median(pread_runs)
+    # the floor under import shardex, which needs numpy to open an export: read beside
+    # it, it tells a busy machine from a slow import
+    numpy_wall, numpy_cpu = (statistics.median(r[k] for r in numpy_runs) for k in (0, 2))
     note = f"fresh process, median of {FRESH_PROCESSES}; baseline: bare os.open + os.pread"
     return [
         Row(
@@ -636,7 +644,8 @@ def bench_fresh_open(out: Path, concat: Concat) -> list[Row]:
             150,
             "value",
             False,
-            f"{note}; {imported_cpu:.1f} ms of CPU",
+            f"{note}; {imported_cpu:.1f} ms of CPU; import numpy alone: {numpy_wall:.1f} ms, "
+            f"{numpy_cpu:.1f} ms of CPU",
         ),
         Row(
             "open_dataset + ds[0] (fresh process, after import)",
@@ -713,7 +722,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--profile", action="store_true", help="print cProfile of ds[i] and export")
+    p.add_argument(
+        "--fresh-only",
+        action="store_true",
+        help="only the fresh-process rows: import, open + ds[0], a spawned worker's first sample",
+    )
     return p.parse_args(argv)
+
+
+def fresh_rows(out_root: Path, folder: Path, concat: Concat) -> list[Row]:
+    """The fresh-process rows alone, on the export of an earlier run (made if missing)."""
+    out = out_root / "export"
+    if not (out / "config.yaml").exists():
+        shardex.export(folder, out, workers=1, overwrite=True)
+    rows = bench_fresh_open(out, concat)
+    worker = bench_spawned_worker(out)
+    return rows if worker is None else [*rows, worker]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -725,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     out_root.mkdir(parents=True, exist_ok=True)
     concat = build_concat(folder, count, out_root / "concat.bin")
     print(f"raw image bytes: {concat.raw_bytes:,} ({concat.raw_bytes / count / 1024:.2f} KiB mean)")
+    if args.fresh_only:
+        print(render(fresh_rows(out_root, folder, concat)))
+        return 0
     export_rows, main_out, nolabels = bench_export(folder, out_root, count, args.repeats)
     memory_rows = bench_in_memory(folder, concat, out_root, args.repeats)
     reads = max(args.repeats, READ_REPEATS)

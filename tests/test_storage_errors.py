@@ -168,7 +168,7 @@ def test_open_and_export_fail_in_one_line(
         assert isinstance(failed.value, BucketNotFoundError)
 
 
-# The CLI has no retry-budget flag, so only failures that are not retried (a server down,
+# Failures that are not retried (a server down,
 # no metadata service or a 5xx answer are retried for 2 minutes by default).
 @pytest.mark.parametrize(
     ("name", "command"),

@@ -6,7 +6,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
@@ -32,8 +32,73 @@ def _size(n: float) -> str:
     return f"{n} B"
 
 
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[str]
+else:  # click < 8.2 has no generic ParamType
+    _ParamType = click.ParamType
+
+
+class _Duration(_ParamType):
+    """A duration: seconds, or "500ms", "30s", "2m", "1h" (storage options' syntax)."""
+
+    name = "duration"
+
+    def __init__(self, option: str) -> None:
+        self.option = option
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from shardex.storage.options import duration
+
+        try:
+            duration(value, self.option)
+        except ShardexError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value)
+
+
+#: The object-storage time limits: flag, the storage option it sets, help.
+_TIME_FLAGS: Final = (
+    (
+        "--s3-retry-timeout",
+        "retry_timeout",
+        "How long a failing object-storage request (connection refused or dropped, timed "
+        "out, 5xx, throttled) is retried before the command fails: seconds or 500ms, 30s, "
+        "2m (default 2m).",
+    ),
+    (
+        "--s3-timeout",
+        "timeout",
+        "Time limit of one object-storage request, after which it is retried (default 60s).",
+    ),
+    (
+        "--s3-connect-timeout",
+        "connect_timeout",
+        "Time limit of connecting to the object store (default 5s).",
+    ),
+)
+#: Where the time-limit flags leave their values for _storage_options (ctx.meta is shared
+#: by a command's contexts): so that every command taking a location takes them, without
+#: one more parameter each.
+_TIME_OPTIONS: Final = "shardex.storage_time_options"
+
+
+def _keep_time_option(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if value is not None and isinstance(param.type, _Duration):
+        ctx.meta.setdefault(_TIME_OPTIONS, {})[param.type.option] = value
+
+
 def _storage_flags(fn: Any) -> Any:
     """The object-storage flags every command that takes a location accepts."""
+    for flag, option, text in reversed(_TIME_FLAGS):
+        fn = click.option(
+            flag,
+            type=_Duration(option),
+            default=None,
+            metavar="DURATION",
+            expose_value=False,
+            callback=_keep_time_option,
+            help=text,
+        )(fn)
     fn = click.option(
         "--s3-profile",
         default=None,
@@ -57,6 +122,9 @@ def _storage_options(
     endpoint_url: str | None, region: str | None, profile: str | None
 ) -> dict[str, Any] | None:
     options = {"endpoint_url": endpoint_url, "region": region, "profile": profile}
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        options.update(ctx.meta.get(_TIME_OPTIONS, {}))
     return {k: v for k, v in options.items() if v} or None
 
 

@@ -20,7 +20,6 @@ class JsonSchemaValueException(ValueError):
 JsonSchemaValuesException = JsonSchemaValueException  # never raised: fast_fail is on
 
 VERSION = "2.22.3"
-from decimal import Decimal
 import re
 
 
@@ -108,7 +107,7 @@ def validate(data, custom_formats={}, name_prefix=None):
             data__numclasses = data["num_classes"]
             if not isinstance(data__numclasses, (int, NoneType)) and not (isinstance(data__numclasses, float) and data__numclasses.is_integer()) or isinstance(data__numclasses, bool):
                 raise JsonSchemaValueException("" + (name_prefix or "data") + ".num_classes must be integer or null", value=data__numclasses, name="" + (name_prefix or "data") + ".num_classes", definition={'type': ['integer', 'null'], 'minimum': 0}, rule='type')
-            if isinstance(data__numclasses, (int, float, Decimal)) and not isinstance(data__numclasses, bool):
+            if isinstance(data__numclasses, (int, float)) and not isinstance(data__numclasses, bool):
                 if data__numclasses < 0:
                     raise JsonSchemaValueException("" + (name_prefix or "data") + ".num_classes must be bigger than or equal to 0", value=data__numclasses, name="" + (name_prefix or "data") + ".num_classes", definition={'type': ['integer', 'null'], 'minimum': 0}, rule='minimum')
         if "modality" in data_keys:
@@ -244,9 +243,9 @@ def validate(data, custom_formats={}, name_prefix=None):
                 for data__splitfractions_key in data__splitfractions_keys:
                     if data__splitfractions_key not in []:
                         data__splitfractions_value = data__splitfractions.get(data__splitfractions_key)
-                        if not isinstance(data__splitfractions_value, (int, float, Decimal)) or isinstance(data__splitfractions_value, bool):
+                        if not isinstance(data__splitfractions_value, (int, float)) or isinstance(data__splitfractions_value, bool):
                             raise JsonSchemaValueException("" + (name_prefix or "data") + ".split_fractions.{data__splitfractions_key}".format(**locals()) + " must be number", value=data__splitfractions_value, name="" + (name_prefix or "data") + ".split_fractions.{data__splitfractions_key}".format(**locals()) + "", definition={'type': 'number', 'minimum': 0, 'maximum': 1}, rule='type')
-                        if isinstance(data__splitfractions_value, (int, float, Decimal)) and not isinstance(data__splitfractions_value, bool):
+                        if isinstance(data__splitfractions_value, (int, float)) and not isinstance(data__splitfractions_value, bool):
                             if data__splitfractions_value < 0:
                                 raise JsonSchemaValueException("" + (name_prefix or "data") + ".split_fractions.{data__splitfractions_key}".format(**locals()) + " must be bigger than or equal to 0", value=data__splitfractions_value, name="" + (name_prefix or "data") + ".split_fractions.{data__splitfractions_key}".format(**locals()) + "", definition={'type': 'number', 'minimum': 0, 'maximum': 1}, rule='minimum')
                             if data__splitfractions_value > 1:
@@ -665,7 +664,7 @@ def validate___definitions_shape(data, custom_formats={}, name_prefix=None):
         for data_x, data_item in enumerate(data):
             if not isinstance(data_item, (int, NoneType)) and not (isinstance(data_item, float) and data_item.is_integer()) or isinstance(data_item, bool):
                 raise JsonSchemaValueException("" + (name_prefix or "data") + "[{data_x}]".format(**locals()) + " must be integer or null", value=data_item, name="" + (name_prefix or "data") + "[{data_x}]".format(**locals()) + "", definition={'type': ['integer', 'null'], 'minimum': 0}, rule='type')
-            if isinstance(data_item, (int, float, Decimal)) and not isinstance(data_item, bool):
+            if isinstance(data_item, (int, float)) and not isinstance(data_item, bool):
                 if data_item < 0:
                     raise JsonSchemaValueException("" + (name_prefix or "data") + "[{data_x}]".format(**locals()) + " must be bigger than or equal to 0", value=data_item, name="" + (name_prefix or "data") + "[{data_x}]".format(**locals()) + "", definition={'type': ['integer', 'null'], 'minimum': 0}, rule='minimum')
     return data
@@ -673,7 +672,7 @@ def validate___definitions_shape(data, custom_formats={}, name_prefix=None):
 def validate___definitions_count(data, custom_formats={}, name_prefix=None):
     if not isinstance(data, (int)) and not (isinstance(data, float) and data.is_integer()) or isinstance(data, bool):
         raise JsonSchemaValueException("" + (name_prefix or "data") + " must be integer", value=data, name="" + (name_prefix or "data") + "", definition={'type': 'integer', 'minimum': 0}, rule='type')
-    if isinstance(data, (int, float, Decimal)) and not isinstance(data, bool):
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
         if data < 0:
             raise JsonSchemaValueException("" + (name_prefix or "data") + " must be bigger than or equal to 0", value=data, name="" + (name_prefix or "data") + "", definition={'type': 'integer', 'minimum': 0}, rule='minimum')
     return data

@@ -11,15 +11,12 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any, Final, Literal
-
-import yaml
 
 # The schema compiled to Python ahead of time (scripts/gen_config_validator.py): ~15x
 # faster than an interpreting validator, which matters with tens of thousands of shards,
 # without the ~45 ms of compiling it in every process.
-from shardex import config_validator
+from shardex import config_validator, yaml_subset
 from shardex.errors import ConfigError, SchemaError
 from shardex.names import stored_split_name_problem
 
@@ -248,6 +245,8 @@ class ExportConfig:
         """
         raw = self.to_dict()
         validate(raw, where=f"{CONFIG_FILE} to be written")
+        import yaml  # writers only: opening reads config.yaml with yaml_subset
+
         return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
 
     @classmethod
@@ -289,19 +288,30 @@ class ExportConfig:
     def from_yaml(cls, text: str | bytes, *, where: str = CONFIG_FILE) -> ExportConfig:
         """Parse and validate config.yaml text."""
         try:
-            raw = yaml.load(text, Loader=_SafeLoader)
-        except yaml.YAMLError as exc:
-            raise SchemaError(f"{where}: not valid YAML ({exc})") from exc
+            # what shardex writes, without importing PyYAML (~10 ms, more than an open)
+            raw = yaml_subset.load(text)
+        except yaml_subset.Unsupported:
+            raw = _parse_yaml(text, where)
         validate(raw, where=where)
         return cls.from_dict(raw)
 
 
-_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _parse_yaml(text: str | bytes, where: str) -> Any:
+    """config.yaml text beyond yaml_subset (hand-edited, or another writer's), by PyYAML."""
+    import yaml
+
+    _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=_SafeLoader)
+    except yaml.YAMLError as exc:
+        raise SchemaError(f"{where}: not valid YAML ({exc})") from exc
 
 
 @cache
 def schema() -> dict[str, Any]:
     """The JSON schema (draft-07) of config.yaml shipped with the package."""
+    from importlib import resources  # here: importlib.resources costs ~20 ms (tempfile)
+
     text = resources.files("shardex").joinpath("schema/config.schema.json").read_text("utf-8")
     return json.loads(text)  # type: ignore[no-any-return]
 

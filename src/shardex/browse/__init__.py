@@ -9,13 +9,14 @@ the network.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from shardex.errors import ConfigError, MissingDependencyError
 
 if TYPE_CHECKING:
+    import socket
+
     from starlette.applications import Starlette
 
     from shardex.browse.app import Browser
@@ -108,6 +109,8 @@ def browse(
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    import socket  # here: `import shardex` loads this package, and only serving binds
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

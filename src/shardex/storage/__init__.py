@@ -7,13 +7,15 @@ storage object) becomes a :class:`Storage`; inner code only ever sees a Storage.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardex.errors import ConfigError
 from shardex.storage.base import ObjectWriter, RangeReader, Storage
 from shardex.storage.local import LocalStorage
-from shardex.storage.object import ObjectStorage
 from shardex.storage.options import SCHEMES
+
+if TYPE_CHECKING:
+    from shardex.storage.object import ObjectStorage
 
 __all__ = [
     "LocalStorage",
@@ -44,6 +46,8 @@ def open_storage(
     if text.startswith("file://"):
         return LocalStorage(text[len("file://") :])
     if text.startswith(SCHEMES):
+        from shardex.storage.object import ObjectStorage
+
         return ObjectStorage(text, storage_options)
     if "://" in text:
         scheme = text.split("://", 1)[0]
@@ -52,3 +56,13 @@ def open_storage(
             f"{', '.join(SCHEMES)})"
         )
     return LocalStorage(text)
+
+
+def __getattr__(name: str) -> Any:
+    # ObjectStorage on first use (PEP 562): opening a local export does not import the
+    # object-storage modules (obstore's wrappers, the helper process: ~15 ms)
+    if name == "ObjectStorage":
+        from shardex.storage.object import ObjectStorage
+
+        return ObjectStorage
+    raise AttributeError(f"module 'shardex.storage' has no attribute {name!r}")

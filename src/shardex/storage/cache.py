@@ -3,7 +3,6 @@ index files, a metadata table read in pieces)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -22,6 +21,8 @@ def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
     local = storage.local_path(path)
     if local is not None:
         return local
+    import hashlib  # here: ~3 ms to import, and only a remote object needs a local copy
+
     digest = hashlib.sha256(f"{storage.uri}\0{fingerprint}".encode()).hexdigest()[:16]
     target = cache_dir() / "index" / digest / path
     if not target.is_file():

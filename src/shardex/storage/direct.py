@@ -25,6 +25,7 @@ from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
     DEFAULT_RETRY_TIMEOUT,
+    client_value,
     duration,
     retry_config,
     setting,
@@ -126,7 +127,7 @@ class DirectObjectStorage(Storage):
         client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
         for name, value in options.items():
             if name.lower() in CLIENT_OPTIONS:
-                client[name.lower()] = value if isinstance(value, bool) else str(value)
+                client[name.lower()] = client_value(name.lower(), value)
             elif name not in ("profile", "retry_timeout"):
                 config[setting(self.uri, name)] = value if isinstance(value, bool) else str(value)
         endpoint = str(config.get("endpoint", ""))

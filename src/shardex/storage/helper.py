@@ -41,6 +41,21 @@ _client: _Client | None = None
 _client_lock = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    """In a forked child: drop the parent's helper, closing the child's copies of its pipes
+    and of this thread's connection. The helper exits when its stdin has no writer left;
+    a child keeping a copy of that pipe kept it alive after the parent ended (os._exit,
+    as multiprocessing workers end, or a kill) for as long as the child lived."""
+    global _client, _client_lock
+    _client_lock = threading.Lock()  # another thread of the parent may have held it
+    client, _client = _client, None
+    if client is not None:
+        client.forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _helper() -> _Client:
     """This process's helper, started on first use (and again in a forked child)."""
     global _client
@@ -95,6 +110,15 @@ class _Client:
         if status == "error":
             raise value
         return value
+
+    def forget(self) -> None:
+        """Close this process's copies of the pipes and connection (a forked child's:
+        the parent flushed its only write, so closing writes nothing)."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        for pipe in (self._proc.stdin, self._proc.stdout, conn):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
     def close(self) -> None:
         if os.getpid() != self.pid:  # a forked child inherited this at-exit call

@@ -5,16 +5,17 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-import secrets
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
 from shardex.storage.base import ObjectWriter, Storage, checked_path
-from shardex.storage.lock import LocalLock
+
+if TYPE_CHECKING:
+    from shardex.storage.lock import LocalLock
 
 _TMP_MARK = ".tmp-"
 
@@ -29,7 +30,7 @@ class LocalObjectWriter(ObjectWriter):
 
     def __init__(self, final: Path, *, buffer_size: int = 1 << 20) -> None:
         self._final = final
-        self._tmp = final.with_name(f".{final.name}{_TMP_MARK}{secrets.token_hex(4)}")
+        self._tmp = final.with_name(f".{final.name}{_TMP_MARK}{os.urandom(4).hex()}")
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self._tmp, "wb", buffering=buffer_size)  # noqa: SIM115
@@ -219,6 +220,8 @@ class LocalStorage(Storage):
 
     def lock(self, holder: str) -> LocalLock:
         """``flock`` on ``ROOT/.shardex-lock``: released by the kernel if this process dies."""
+        from shardex.storage.lock import LocalLock  # writers only: readers never lock
+
         return LocalLock(self.root, holder)
 
     def local_path(self, path: str) -> Path:

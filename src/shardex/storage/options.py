@@ -7,7 +7,6 @@ environment may be older) and obstore never sees a name it would panic on.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from datetime import timedelta
@@ -83,6 +82,9 @@ _STORE_OPTIONS: Final = {
     })),
     "http": ("", frozenset()),
 }  # fmt: skip
+#: Options that are durations, given as seconds or "500ms", "30s", "2m", "1h" (obstore
+#: alone would refuse a bare number of seconds for the client's).
+DURATION_OPTIONS: Final = frozenset({"retry_timeout", "timeout", "connect_timeout"})
 _SCHEME_KIND: Final = {
     "s3": "s3", "s3a": "s3", "gs": "gs", "az": "az", "abfs": "az", "abfss": "az",
     "http": "http", "https": "http",
@@ -102,6 +104,15 @@ def duration(value: Any, name: str) -> timedelta:
         )
     scale = {"ms": 0.001, None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[match.group(2)]
     return timedelta(seconds=float(match.group(1)) * scale)
+
+
+def client_value(name: str, value: Any) -> str | bool:
+    """An HTTP client option as obstore takes it: durations in milliseconds."""
+    if isinstance(value, bool):
+        return value
+    if name in DURATION_OPTIONS:
+        return f"{round(duration(value, name).total_seconds() * 1000)}ms"
+    return str(value)
 
 
 def setting(uri: str, name: str) -> str:
@@ -139,6 +150,8 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
             raise ConfigError(f"storage option names must be text, not {name!r}")
         bare = setting(uri, name)
         if bare not in known:
+            import difflib  # here: only a misspelt option needs it
+
             near = difflib.get_close_matches(bare, sorted(known), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ConfigError(
@@ -154,7 +167,7 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
             seen[bare] = name
         allowed = (
             (str, bool, int, float, timedelta)
-            if bare == "retry_timeout"
+            if bare in DURATION_OPTIONS
             else (str, bool, int, float)
         )
         if value is not None and not isinstance(value, allowed):
@@ -162,8 +175,8 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
                 f"storage option {name!r} must be text, a number or a bool, not "
                 f"{type(value).__name__}"
             )
-    if options.get("retry_timeout") is not None:
-        duration(options["retry_timeout"], "retry_timeout")
+        if bare in DURATION_OPTIONS and value is not None:
+            duration(value, name)
 
 
 _ENVIRONMENT: Final = {
