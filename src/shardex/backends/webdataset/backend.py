@@ -7,6 +7,7 @@ Layout of a split ``S`` (see docs/format.md)::
     S/images-{hash}-000000.idx        DALI's index of the tar's members (wds2idx format)
     S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
     S/index-keys.npy                  sorted key hashes -> sample number
+    S/index-members.npy               where each sample's members lie (format version 3)
 """
 
 from __future__ import annotations
@@ -33,10 +34,15 @@ from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, Spli
 from shardex.dataset import Dataset, ReopenedDataset
 from shardex.format.index import (
     KEYS_FILE,
+    MEMBERS_FILE,
+    MEMBERS_VERSION,
     SAMPLES_FILE,
+    MemberSpans,
     build_keys_from_hashes,
+    build_members,
     build_samples,
     checksum_seeds,
+    spans_of_rows,
     to_npy_bytes,
 )
 from shardex.storage.base import Storage
@@ -67,7 +73,7 @@ class WebDatasetBackend(Backend):
     files: ClassVar[tuple[str, ...]] = (
         r"[^/]+/images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
         # (".pending" names: the leftovers of shardex versions that renamed after committing)
-        r"[^/]+/index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+        r"[^/]+/index-(?:samples|keys|members)(?:\.pending|\.2)?\.npy",
     )
     key_storage: ClassVar[str | None] = "tar"
     dataset: ClassVar[type[ReopenedDataset]] = ShardDataset
@@ -114,6 +120,7 @@ class WebDatasetBackend(Backend):
         shards = list(before.shards) if before is not None else []
         parts: list[tuple[npt.NDArray[np.integer], ...]] = []
         hashes: list[npt.NDArray[np.uint64]] = []
+        members = _members_of(storage, plan)
         discarded: list[ShardWritten] = []
         for done in write_shards(
             split,
@@ -142,6 +149,8 @@ class WebDatasetBackend(Backend):
             number = np.full(done.num_samples, len(shards) - 1, np.uint32)
             parts.append((number, done.offsets, done.lengths, done.checksums))
             hashes.append(done.key_hashes)
+            if members is not None and done.members is not None:
+                members.append(done.members)
             on_shard(done.table)
         _remove_discarded(storage, discarded, shards, plan.existing)
         if not parts and before is None:  # every sample skipped: the split is not exported
@@ -160,9 +169,12 @@ class WebDatasetBackend(Backend):
         index = IndexInfo(
             unused_name(f"{plan.split}/{SAMPLES_FILE}", plan.existing),
             unused_name(f"{plan.split}/{KEYS_FILE}", plan.existing),
+            None if members is None else unused_name(f"{plan.split}/{MEMBERS_FILE}", plan.existing),
         )
         storage.put(index.samples, to_npy_bytes(samples))
         storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(key_hashes)))
+        if index.members is not None and members is not None:
+            storage.put(index.members, to_npy_bytes(build_members(members)))
         return SplitInfo(
             num_samples=len(samples),
             num_bytes=sum(s.num_bytes for s in shards),
@@ -228,6 +240,21 @@ def _job(
         seeded=checksum_seeds(plan.format_version),
         **fields,
     )
+
+
+def _members_of(storage: Storage, plan: SplitPlan) -> list[MemberSpans] | None:
+    """The member spans to extend with each written shard's: the committed split's, or
+    none yet; None where the split gets no ``index-members.npy`` (format versions before
+    3, and an append to a split written without one)."""
+    if plan.format_version < MEMBERS_VERSION:
+        return None
+    before = plan.previous
+    if before is None or before.index is None:
+        return []
+    if before.index.members is None:
+        return None
+    rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
+    return [spans_of_rows(rows)]
 
 
 def _old_index(

@@ -24,7 +24,14 @@ from shardex.errors import (
     ShardexError,
     StorageError,
 )
-from shardex.format.index import RECORD, SplitIndex, checksum_seeds, key_hash
+from shardex.format.index import (
+    ABSENT,
+    RECORD,
+    MemberIndex,
+    SplitIndex,
+    checksum_seeds,
+    key_hash,
+)
 from shardex.format.tar import iter_members, parse_sample, split_name
 from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
@@ -92,6 +99,19 @@ class ShardDataset(SampleRanges):
             num_samples=info.num_samples,
         )
         self._n = info.num_samples
+        #: Where each sample's members lie (format version 3): reads slice the fields
+        #: out of the sample's bytes instead of parsing its tar headers.
+        self.members = (
+            MemberIndex(local_copy(storage, info.index.members, fp), num_samples=self._n)
+            if info.index.members is not None
+            else None
+        )
+        self._members_where = storage.join(info.index.members or "")
+        m = self.members
+        self._names: tuple[str, ...] = m.names if m is not None else ()
+        self._mraw: memoryview = m.raw if m is not None else memoryview(b"")
+        self._msize: int = m.row_size if m is not None else 0
+        self._munpack = m.unpack if m is not None else None
         self._record = self.index.record
         self._unpack, self._raw = RECORD.unpack_from, self.index.raw
         self._local = [storage.local_path(p) for p in self._paths]
@@ -180,7 +200,9 @@ class ShardDataset(SampleRanges):
             )
         return data
 
-    def check_sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> None:
+    def check_sample(
+        self, buf: bytes | memoryview, checksum: int, shard: int, offset: int, number: int
+    ) -> None:
         """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
         ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
         if _xxh3(buf, number * self._seed) != checksum:
@@ -199,10 +221,7 @@ class ShardDataset(SampleRanges):
     ) -> Sample:
         if self.verify:
             self.check_sample(data, checksum, shard, offset, number)
-        key, fields = parse_sample(data, where=self._paths[shard])
-        sample: Sample = dict(fields)
-        sample["__key__"] = key
-        return sample
+        return self._fields(data, 0, len(data), shard, number)
 
     def field_spans(self, data: bytes, shard: int) -> tuple[tuple[str, int, int], ...]:
         where = self._paths[shard]
@@ -210,20 +229,92 @@ class ShardDataset(SampleRanges):
             (split_name(m.name)[1], m.data_offset, m.size) for m in iter_members(data, where=where)
         )
 
-    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
-        if self.verify and _xxh3(buf, number * self._seed) != checksum:
-            self.check_sample(buf, checksum, shard, offset, number)
-        key, fields = parse_sample(buf, where=self._paths[shard])
+    def _cut(self, buf: bytes, start: int, stop: int, number: int) -> Sample | None:
+        """Sample ``number`` sliced out of ``buf[start:stop]`` (its bytes, already checked)
+        by its row of ``index-members.npy``; None when the row fails its check, points
+        outside the sample or says to parse (the caller goes the checked way)."""
+        at = number * self._msize
+        row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
+        if self.verify and _xxh3(self._mraw[at + 8 : at + self._msize], number) != row[0]:
+            return None
+        key_at, key_len = row[1], row[2]
+        if key_len == ABSENT or start + key_at + key_len > stop:
+            return None
+        sample: Sample = {}
+        for name, off, size in zip(self._names, row[3::2], row[4::2], strict=True):
+            if size != ABSENT:
+                off += start
+                if off + size > stop:
+                    return None
+                sample[name] = buf[off : off + size]
+        if self.decode:
+            sample = decode_fields(sample)
+        sample["__key__"] = buf[start + key_at : start + key_at + key_len].decode(
+            "utf-8", "replace"
+        )
+        return sample
+
+    def _fields(self, buf: bytes, start: int, stop: int, shard: int, number: int) -> Sample:
+        """Sample ``number`` out of ``buf[start:stop]`` (its checked bytes): sliced by its
+        index-members row, or parsed from its tar headers (exports before format 3, a row
+        that says to parse).
+
+        Raises:
+            FormatError: the row is damaged, or the tar headers are.
+        """
+        if self.members is not None:
+            sample = self._cut(buf, start, stop, number)
+            if sample is not None:
+                return sample
+            self._check_row(number)
+        where = self._paths[shard]
+        key, fields = parse_sample(buf, where=where, start=start, stop=stop)
         sample = decode_fields(fields) if self.decode else cast(Sample, fields)
         sample["__key__"] = key
         return sample
+
+    def _check_row(self, number: int) -> None:
+        """Raise FormatError if sample ``number``'s row of index-members.npy fails its check."""
+        at, size = number * self._msize, self._msize
+        assert self._munpack is not None  # called with members only
+        if _xxh3(self._mraw[at + 8 : at + size], number) != self._munpack(self._mraw, at)[0]:
+            raise FormatError(
+                f"row {number} of {self._members_where} fails its check: the file is "
+                "damaged; `shardex verify` reports it, a re-export repairs it"
+            )
+
+    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
+        if self.verify and _xxh3(buf, number * self._seed) != checksum:
+            self.check_sample(buf, checksum, shard, offset, number)
+        return self._fields(buf, 0, len(buf), shard, number)
+
+    def _sample_in(
+        self,
+        buf: bytes,
+        start: int,
+        length: int,
+        checksum: int,
+        shard: int,
+        offset: int,
+        number: int,
+    ) -> Sample:
+        """``_sample`` of the sample at ``buf[start:start + length]``, without copying it
+        out first where a members row slices its fields."""
+        if self.members is None:
+            return self._sample(buf[start : start + length], checksum, shard, offset, number)
+        if self.verify:
+            with memoryview(buf) as view, view[start : start + length] as data:
+                if _xxh3(data, number * self._seed) != checksum:
+                    self.check_sample(data, checksum, shard, offset, number)
+        return self._fields(buf, start, start + length, shard, number)
 
     def _fast(
         self, number: int, offset: int, checksum: int, shard: int, length: int
     ) -> Sample | None:
         """Sample ``number`` read the short way, or None: an open local shard, a record
-        inside it, a whole read, a matching checksum and plain members; anything else
-        goes the checked way (``_read``, ``_sample``), which raises the error that fits."""
+        inside it, a whole read, a matching checksum and a good members row (or plain
+        members); anything else goes the checked way (``_read``, ``_sample``), which
+        raises the error that fits."""
         if self._pid != _PROCESS[0] or shard >= self._count:
             return None
         fd = self._fds[shard]
@@ -232,6 +323,8 @@ class ShardDataset(SampleRanges):
         buf = _pread(fd, length, offset)
         if len(buf) != length or (self.verify and _xxh3(buf, number * self._seed) != checksum):
             return None
+        if self._munpack is not None:
+            return self._cut(buf, 0, length, number)
         try:
             key, fields = parse_sample(buf, where=self._paths[shard])
         except FormatError:
@@ -433,6 +526,7 @@ class ShardDataset(SampleRanges):
         error of ``ds[i]``."""
         fd, size, where = self._fds[shard], self._sizes[shard], self._paths[shard]
         seed, verify, decode = self._seed, self.verify, self.decode
+        cut = self._cut if self.members is not None else None
         chunk = self.read_chunk_size
         buf, view, base, top = b"", memoryview(b""), 0, 0  # buf holds bytes [base, top)
         for number, (off, length, checksum) in enumerate(ranges, first):
@@ -444,13 +538,18 @@ class ShardDataset(SampleRanges):
             if base <= off and stop <= top:
                 start = off - base
                 if not verify or _xxh3(view[start : start + length], number * seed) == checksum:
-                    try:
-                        key, fields = parse_sample(buf, where=where, start=start, stop=stop - base)
-                    except FormatError:
-                        pass
+                    if cut is not None:
+                        sample = cut(buf, start, stop - base, number)
                     else:
-                        sample = decode_fields(fields) if decode else cast(Sample, fields)
-                        sample["__key__"] = key
+                        try:
+                            key, fields = parse_sample(
+                                buf, where=where, start=start, stop=stop - base
+                            )
+                        except FormatError:
+                            pass
+                        else:
+                            sample = decode_fields(fields) if decode else cast(Sample, fields)
+                            sample["__key__"] = key
             if sample is None:
                 try:
                     sample = self._sample(
@@ -507,7 +606,7 @@ class ShardDataset(SampleRanges):
                 window, base = window[off - base :] + chunk, off  # drop what was read
             start = off - base
             try:
-                sample = self._sample(window[start : start + length], checksum, shard, off, number)
+                sample = self._sample_in(window, start, length, checksum, shard, off, number)
             except FormatError as exc:
                 self._skip(number, exc)
                 continue
