@@ -40,6 +40,7 @@ import numpy.typing as npt
 import xxhash
 
 from shardex.errors import FormatError, ObjectNotFoundError
+from shardex.format.tar import BLOCK, fits_ustar, split_name
 
 SAMPLE_DTYPE: Final = np.dtype(
     [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
@@ -231,6 +232,25 @@ class MemberSpans:
         return cls(tuple(columns), spans)
 
 
+def member_row(
+    members: Sequence[tuple[str, int, int]],
+) -> tuple[int, int, list[tuple[str, int, int]]]:
+    """One sample's ``(key offset, key length, [(extension, data offset, size), ...])``
+    for :meth:`MemberSpans.of`, from its members' (name, data offset, size) as a reader
+    parsing the headers finds them: ``split_name`` of each name; the key lies in the first
+    member's name field, or in the data of its GNU long-name record; ABSENT (parse) when
+    it is split over ustar's prefix and name or the members hold more than one key."""
+    if not members:
+        return 0, ABSENT, []
+    key, _ = split_name(members[0][0])
+    raw = members[0][0].encode()
+    key_at = 0 if len(raw) <= 100 else BLOCK if not fits_ustar(raw) else -1
+    named = [(split_name(name), at, size) for name, at, size in members]
+    same = key_at >= 0 and all(k == key for (k, _), _, _ in named)
+    spans = [(ext, at, size) for (_, ext), at, size in named]
+    return max(key_at, 0), len(key.encode()) if same else ABSENT, spans
+
+
 def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
     """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
     sample order; an extension that is empty (readers parse those samples) gets no column."""
@@ -244,7 +264,7 @@ def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
         n = len(part.spans)
         out["key"][at : at + n] = part.spans[:, :2]
         for name in exts:
-            members[name][at : at + n, 1] = ABSENT
+            members[name][at : at + n] = ABSENT
         for col, ext in enumerate(part.exts):
             if ext:
                 members[ext][at : at + n] = part.spans[:, 2 + 2 * col : 4 + 2 * col]

@@ -25,16 +25,9 @@ from shardex.checks import SampleCheck, image_problem, refusal
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
-from shardex.format.index import ABSENT, MemberSpans
+from shardex.format.index import MemberSpans, member_row
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
-from shardex.format.tar import (
-    BLOCK,
-    END_OF_ARCHIVE,
-    encode_members,
-    fits_ustar,
-    member_header,
-    split_name,
-)
+from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
 from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members, json_text_column
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
@@ -370,27 +363,10 @@ def _dali_index(got: _Picked, components: list[list[Component]]) -> DaliIndex:
 
 
 def _member_spans(components: list[list[Component]]) -> MemberSpans:
-    """Where each taken sample's key and members lie, as a reader parsing the headers
-    would find them (``split_name`` of each member name; the key is in the first
-    member's name field, or in the data of its GNU long-name record)."""
-    rows: list[tuple[int, int, list[tuple[str, int, int]]]] = []
-    for parts in components:
-        if not parts:
-            rows.append((0, ABSENT, []))
-            continue
-        key, _ = split_name(parts[0][3])
-        raw = parts[0][3].encode()
-        key_at = 0 if len(raw) <= 100 else BLOCK if not fits_ustar(raw) else -1
-        named = [(split_name(name), at, size) for _, at, size, name in parts]
-        same = key_at >= 0 and all(k == key for (k, _), _, _ in named)
-        rows.append(
-            (
-                max(key_at, 0),
-                len(key.encode()) if same else ABSENT,
-                [(ext, at, size) for (_, ext), at, size in named],
-            )
-        )
-    return MemberSpans.of(rows)
+    """Where each taken sample's key and members lie (the split's index-members rows)."""
+    return MemberSpans.of(
+        [member_row([(name, at, size) for _, at, size, name in parts]) for parts in components]
+    )
 
 
 #: Bytes gathered before one write (few large writes instead of one per member).
