@@ -321,6 +321,8 @@ class MemberIndex:
         self.names: tuple[str, ...] = tuple(names)
         self.row_size = rows.dtype.itemsize
         #: Unpacks a row: check, key offset, key length, then offset and size per member.
-        self.unpack = struct.Struct("<Q" + "I" * (2 + 2 * len(names))).unpack_from
+        self.unpack: Callable[[memoryview, int], tuple[int, ...]] = struct.Struct(
+            "<Q" + "I" * (2 + 2 * len(names))
+        ).unpack_from
         raw: Any = rows.view(np.uint8)
         self.raw = memoryview(raw) if num_samples else memoryview(b"")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
@@ -100,20 +100,17 @@ class ShardDataset(SampleRanges):
         )
         self._n = info.num_samples
         #: Where each sample's members lie (format version 3): reads slice the fields
-        #: out of the sample's bytes instead of parsing its tar headers.
-        self.members = (
-            MemberIndex(local_copy(storage, info.index.members, fp), num_samples=self._n)
-            if info.index.members is not None
-            else None
-        )
+        #: out of the sample's bytes instead of parsing its tar headers. Loaded by the
+        #: first read, so that opening costs no request for it.
+        self.members: MemberIndex | None = None
+        self._members_file, self._fingerprint = info.index.members, fp
+        self._pending = info.index.members is not None
         self._members_where = storage.join(info.index.members or "")
-        m = self.members
-        self._names: tuple[str, ...] = m.names if m is not None else ()
+        self._names: tuple[str, ...] = ()
         #: (extension, position of its offset in an unpacked row; its size follows)
-        self._columns = [(name, 3 + 2 * k) for k, name in enumerate(self._names)]
-        self._mraw: memoryview = m.raw if m is not None else memoryview(b"")
-        self._msize: int = m.row_size if m is not None else 0
-        self._munpack = m.unpack if m is not None else None
+        self._columns: list[tuple[str, int]] = []
+        self._mraw, self._msize = memoryview(b""), 0
+        self._munpack: Callable[[memoryview, int], tuple[int, ...]] | None = None
         self._record = self.index.record
         self._unpack, self._raw = RECORD.unpack_from, self.index.raw
         self._local = [storage.local_path(p) for p in self._paths]
@@ -127,6 +124,19 @@ class ShardDataset(SampleRanges):
 
     def __len__(self) -> int:
         return self._n
+
+    def _load_members(self) -> None:
+        """Map index-members.npy (on object storage: fetch it once, into the cache)."""
+        assert self._members_file is not None  # pending only when config.yaml names one
+        try:
+            path = local_copy(self.storage, self._members_file, self._fingerprint)
+            m = MemberIndex(path, num_samples=self._n)
+        except (FormatError, ObjectNotFoundError) as exc:
+            self._check_replaced(exc)
+            raise
+        self._names, self._mraw, self._msize = m.names, m.raw, m.row_size
+        self._columns = [(name, 3 + 2 * k) for k, name in enumerate(m.names)]
+        self._munpack, self.members, self._pending = m.unpack, m, False
 
     def _open(self, shard: int) -> int | None:
         """The descriptor of a local shard (opened once per process); None if remote."""
@@ -221,6 +231,8 @@ class ShardDataset(SampleRanges):
     def from_bytes(
         self, data: bytes, checksum: int, shard: int, offset: int, number: int
     ) -> Sample:
+        if self._pending:
+            self._load_members()
         if self.verify:
             self.check_sample(data, checksum, shard, offset, number)
         return self._fields(data, 0, len(data), shard, number)
@@ -340,6 +352,8 @@ class ShardDataset(SampleRanges):
             index += n
         if not 0 <= index < n:
             raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+        if self._pending:
+            self._load_members()
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)
         # _fast inlined for format 3: a call costs ~3 % of a read
         if self._munpack is None:
@@ -421,6 +435,8 @@ class ShardDataset(SampleRanges):
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
             return []
+        if self._pending:
+            self._load_members()
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.min() < 0 or idx.max() >= self._n:
             raise IndexError(f"indices out of range for a split of {self._n} samples")
@@ -507,6 +523,8 @@ class ShardDataset(SampleRanges):
         Local shards are read sample by sample (the kernel reads ahead); remote shards are
         streamed, one GET per shard, holding about one 4 MiB chunk in memory.
         """
+        if self._pending:
+            self._load_members()
         samples = self.index.samples
         for shard, path in enumerate(self._paths):
             lo, hi = int(self._first[shard]), int(self._first[shard + 1])
