@@ -54,10 +54,9 @@ def _after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
-#: get_many merges two reads of one shard when the gap between them is at most this.
+#: get_many merges two reads of one local shard when the gap between them is at most
+#: this (object storage: its ``coalesce_gap`` option).
 DEFAULT_COALESCE_GAP = 0
-#: The same on object storage, where a request costs far more than a few KiB of bytes.
-REMOTE_COALESCE_GAP = 64 * 1024
 
 
 class ShardDataset(SampleRanges):
@@ -418,20 +417,15 @@ class ShardDataset(SampleRanges):
         """Samples in the order asked, read as one batch.
 
         Local reads (``coalesce_gap`` 0, the default there) go one by one in the order
-        asked. Otherwise reads are sorted per shard; two reads of a shard merge when the gap between them is
-        at most ``coalesce_gap`` bytes (default: 0 locally, 64 KiB on object storage), which
-        bounds the bytes read beyond the samples. Whole shards are never fetched. On object
-        storage the reads run concurrently.
+        asked. Otherwise reads are sorted per shard; two reads of a shard merge when the
+        gap between them is at most ``coalesce_gap`` bytes (default: 0 locally; on object
+        storage its ``coalesce_gap`` storage option, 64 KiB unless set: 0 fetches only the
+        samples' bytes, a larger gap makes fewer requests). Whole shards are never
+        fetched. On object storage the reads run concurrently.
         """
-        gap = (
-            coalesce_gap
-            if coalesce_gap is not None
-            else (
-                DEFAULT_COALESCE_GAP
-                if self._local and self._local[0] is not None
-                else REMOTE_COALESCE_GAP
-            )
-        )
+        gap = coalesce_gap if coalesce_gap is not None else self.storage.coalesce_gap
+        if gap is None:
+            gap = DEFAULT_COALESCE_GAP
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
             return []
