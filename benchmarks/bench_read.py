@@ -28,10 +28,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
+
+import shardex
 from _report import Row, render, write_json
 from bench_format import (
     BATCH,
@@ -49,8 +50,6 @@ from bench_format import (
     warm,
     webdataset_count,
 )
-
-import shardex
 from shardex.contract import FORMAT_VERSION
 
 #: LitData's iterator in the issue's run (same 20,000 JPEGs): litdata is not installed
