@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
@@ -47,8 +48,13 @@ _pread = os.pread
 _PROCESS = [os.getpid()]
 
 
+# Threads that read a dataset's first samples at once load its index-members.npy once.
+_LOADING = [threading.Lock()]
+
+
 def _after_fork() -> None:
     _PROCESS[0] = os.getpid()
+    _LOADING[0] = threading.Lock()  # a fork while another thread held it
 
 
 if hasattr(os, "register_at_fork"):
@@ -126,6 +132,11 @@ class ShardDataset(SampleRanges):
 
     def _load_members(self) -> None:
         """Map index-members.npy (on object storage: fetch it once, into the cache)."""
+        with _LOADING[0]:
+            if self._pending:
+                self._load_members_now()
+
+    def _load_members_now(self) -> None:
         assert self._members_file is not None  # pending only when config.yaml names one
         try:
             path = local_copy(self.storage, self._members_file, self._fingerprint)
