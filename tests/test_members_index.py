@@ -4,6 +4,7 @@ refused, damaged shard bytes are still caught, and exports without it read as be
 
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ import pytest
 import yaml
 
 import shardex
+from conftest import S3Location
 from shardex.errors import ChecksumError, FormatError
 from shardex.format.index import ABSENT
 from shardex.format.tar import iter_members, parse_sample, split_name
+from shardex.storage import ObjectStorage
 from shardex.verification import verify
 
 # Keys of every layout a member name can take: short ustar names, a name over 100 bytes
@@ -203,3 +206,33 @@ def test_an_append_extends_the_members_index(export: Path) -> None:
     assert list(ds)[: len(want)] == want
     assert [ds[len(want) + k]["txt"] for k in range(3)] == [b"1", b"2", b"3"]
     assert verify(export).ok, verify(export).problems
+
+
+def test_object_storage_reads_slice_by_the_members_index(
+    s3: S3Location, clean: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = list(shardex.open_dataset(clean))
+    shardex.export(_source(), s3.url, storage_options=s3.direct, workers=1, samples_per_shard=4)
+    # index copies are cached by the shards' checksums: another test's would be found
+    monkeypatch.setenv("SHARDEX_CACHE_DIR", str(tmp_path / "cache"))
+    s3.proxy.reset()
+    ds = shardex.open_dataset(s3.url, storage_options=s3.counted)
+    s3.proxy.wait_idle()
+    assert all("index-members" not in r.path for r in s3.proxy.requests)  # not at open
+    ds.stream_chunk_size = 3000  # type: ignore[attr-defined]  # samples span chunks
+    assert list(ds) == want
+    assert [ds[i] for i in range(len(ds))] == want
+    assert ds.get_many([5, 0, 3]) == [want[5], want[0], want[3]]
+    s3.proxy.wait_idle()
+    assert sum("index-members" in r.path for r in s3.proxy.requests) == 1
+    # a damaged row on the server is refused there too
+    storage = ObjectStorage(s3.url, s3.direct)
+    raw = bytearray(storage.get("train/index-members.npy"))
+    rows = np.load(io.BytesIO(bytes(raw)))
+    raw[len(raw) - rows.nbytes + 2 * rows.dtype.itemsize + 20] ^= 0x04
+    storage.put("train/index-members.npy", bytes(raw))
+    monkeypatch.setenv("SHARDEX_CACHE_DIR", str(tmp_path / "cache2"))
+    damaged = shardex.open_dataset(s3.url, storage_options=s3.direct)
+    with pytest.raises(FormatError, match="row 2 "):
+        list(damaged)
+    assert damaged[1] == want[1]
