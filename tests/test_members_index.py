@@ -12,12 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardex
 from conftest import S3Location
 from shardex.errors import ChecksumError, FormatError
-from shardex.format.index import ABSENT
-from shardex.format.tar import iter_members, parse_sample, split_name
+from shardex.format.index import ABSENT, MemberSpans, member_row
+from shardex.format.tar import iter_members, member_bytes, parse_sample, split_name
 from shardex.storage import ObjectStorage
 from shardex.verification import verify
 
@@ -236,3 +238,44 @@ def test_object_storage_reads_slice_by_the_members_index(
     with pytest.raises(FormatError, match="row 2 "):
         list(damaged)
     assert damaged[1] == want[1]
+
+
+_NAME_CHARS = st.characters(blacklist_characters="\x00./", blacklist_categories=("Cs",))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    key=st.lists(st.text(_NAME_CHARS, min_size=1, max_size=70), min_size=1, max_size=4).map(
+        "/".join
+    ),
+    members=st.lists(
+        st.tuples(st.text(_NAME_CHARS, min_size=0, max_size=8), st.binary(max_size=1500)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_a_row_slices_what_parsing_gives(key: str, members: list[tuple[str, bytes]]) -> None:
+    """For any key and members (long names, prefix-split names, empty or repeated
+    extensions), slicing by the row gives what parse_sample gives, or the row says parse."""
+    sample = b"".join(member_bytes(f"{key}.{ext}" if ext else key, data) for ext, data in members)
+    found = [(m.name, m.data_offset, m.size) for m in iter_members(sample)]
+    row = MemberSpans.of([member_row(found)])  # as the writer and verify build rows
+    key_at, key_len = (int(v) for v in row.spans[0, :2])
+    spans = [
+        (ext, int(row.spans[0, 2 + 2 * c]), int(row.spans[0, 3 + 2 * c]))
+        for c, ext in enumerate(row.exts)
+    ]
+    try:
+        parsed_key, fields = parse_sample(sample)
+    except FormatError:  # readers raise it, through the parse the row sends them to
+        assert key_len == ABSENT
+        return
+    if key_len == ABSENT:  # readers parse this one
+        assert (
+            len(key.encode()) > 100
+            or any(not e for e, _ in members)
+            or len({e for e, _ in members}) < len(members)
+        )
+        return
+    assert sample[key_at : key_at + key_len].decode() == parsed_key == key
+    assert {ext: sample[at : at + size] for ext, at, size in spans} == fields
