@@ -329,6 +329,7 @@ def test_overwrite_replaces_the_export_and_removes_stale_files(tmp_path: Path) -
         str(config.metadata_file),
         index.samples,
         index.keys,
+        index.members,
         *(s.path for s in shards),
         *(s.metadata for s in shards if s.metadata),
         *(s.dali_index for s in shards if s.dali_index),

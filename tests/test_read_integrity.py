@@ -184,9 +184,10 @@ def test_format_1_exports_still_read_verify_and_append(export: Path, tmp_path: P
     assert verify(export).ok, verify(export).problems
 
 
-def test_new_exports_are_format_2_with_file_checksums(clean: Path) -> None:
+def test_new_exports_are_format_3_with_file_checksums(clean: Path) -> None:
     raw = _config(clean)
-    assert raw["format_version"] == 2
+    assert raw["format_version"] == 3
+    assert raw["splits"]["train"]["index"]["members"] == "train/index-members.npy"
     meta = (clean / raw["metadata_file"]).read_bytes()
     assert raw["metadata_checksum"] == f"xxh3_64:{xxhash.xxh3_64_hexdigest(meta)}"
     for shard in raw["splits"]["train"]["shards"]:

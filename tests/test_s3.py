@@ -19,7 +19,7 @@ import pytest
 
 import shardex
 from conftest import S3Location
-from shardex.errors import NotAnExportError, StorageError
+from shardex.errors import ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
 from shardex.testing import StorageTests
@@ -72,6 +72,10 @@ def test_reads_cost_one_ranged_get_per_sample_and_no_list(s3: S3Location) -> Non
     opened = proxy.requests
     assert [r.method for r in opened] == ["GET", "GET"]  # config.yaml, index-samples.npy
     assert proxy.lists() == []
+    proxy.reset()
+    ds[0]  # the first read also fetches index-members.npy, once
+    proxy.wait_idle()
+    assert [r.range is None for r in proxy.requests] == [True, False]
     for i in random.Random(0).sample(range(len(ds)), k=15):
         proxy.reset()
         sample = ds[i]
@@ -99,6 +103,7 @@ def test_iteration_streams_each_shard_with_one_get(s3: S3Location, tmp_path: Pat
     _export_s3(s3)
     ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
     ds.stream_chunk_size = 1000  # type: ignore[attr-defined]  # many chunks per shard
+    ds[0]  # the first read fetches index-members.npy (once per process)
     s3.proxy.reset()
     samples = list(ds)
     s3.proxy.wait_idle()
@@ -112,6 +117,7 @@ def test_get_many_runs_bounded_ranged_gets(s3: S3Location) -> None:
     _export_s3(s3)
     ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
     picks = random.Random(5).sample(range(len(ds)), k=20)
+    ds[0]  # the first read fetches index-members.npy (once per process)
     s3.proxy.reset()
     batch = ds.get_many(picks, coalesce_gap=0)
     s3.proxy.wait_idle()
@@ -579,3 +585,34 @@ def test_s3_profile_files_set_after_workers_started_reach_the_workers(
     )
     assert done.num_samples == 24
     assert len(shardex.open_dataset(s3.url, storage_options=s3.direct)) == 24
+
+
+def test_coalesce_gap_chooses_bytes_or_requests(s3: S3Location) -> None:
+    _export_s3(s3)
+    every_other = list(range(0, 24, 2))  # one shard of 25, a sample's gap between each
+    seen = {}
+    for gap in (0, "1MiB"):
+        options = {**s3.counted, "coalesce_gap": gap}
+        ds = shardex.open_dataset(s3.url, split="train", storage_options=options)
+        ds[1]  # index files fetched
+        s3.proxy.reset()
+        batch = ds.get_many(every_other)
+        s3.proxy.wait_idle()
+        seen[gap] = (len(s3.proxy.gets()), sum(r.body_bytes for r in s3.proxy.gets()))
+        assert [s["__key__"] for s in batch] == [ds[i]["__key__"] for i in every_other]
+        from shardex.torch import MapDataset
+
+        items = MapDataset(s3.url, "train", decode=False, storage_options=options)
+        items[1]
+        s3.proxy.reset()
+        assert [s["__key__"] for s in items.__getitems__(every_other)] == [
+            s["__key__"] for s in batch
+        ]
+        s3.proxy.wait_idle()
+        assert len(s3.proxy.gets()) == seen[gap][0]
+    wanted = sum(ds.index.record(i)[3] for i in every_other)  # type: ignore[attr-defined]
+    assert seen[0] == (len(every_other), wanted)  # only the samples' bytes
+    assert seen["1MiB"][0] == 1  # one request, the gaps fetched too
+    assert seen["1MiB"][1] > wanted
+    with pytest.raises(ConfigError, match="'coalesce_gap' must be a size in bytes"):
+        shardex.open_dataset(s3.url, storage_options={**s3.direct, "coalesce_gap": "lots"})

@@ -22,7 +22,10 @@ from shardex.names import stored_split_name_problem
 
 #: 2: per-sample checksums are seeded with the sample number (see format/index.py);
 #: version 1 exports still open and read.
-FORMAT_VERSION: Final = 2
+#: 3: each split also has ``index-members.npy``, where every member of every sample lies,
+#: so that reads slice fields without parsing tar headers; version 1 and 2 exports
+#: (without it) still open and read as before.
+FORMAT_VERSION: Final = 3
 CONFIG_FILE: Final = "config.yaml"
 METADATA_FILE: Final = "metadata.parquet"
 ERRORS_FILE: Final = "errors.parquet"
@@ -86,10 +89,11 @@ class ShardInfo:
 
 @dataclass(frozen=True, slots=True)
 class IndexInfo:
-    """The random-access index files of a split."""
+    """The random-access index files of a split (``members``: from format version 3)."""
 
     samples: str
     keys: str
+    members: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +200,8 @@ class ExportConfig:
                 del info["files"]
             if info["keys"] is None:
                 del info["keys"]
+            if info["index"] is not None and info["index"]["members"] is None:
+                del info["index"]["members"]
         for name in ("key_specs", "x_keys", "y_keys", "source_datasets", "pipeline", "fields"):
             raw[name] = list(raw[name])
         for spec in raw["fields"]:

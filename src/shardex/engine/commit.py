@@ -43,6 +43,7 @@ def export_files(config: ExportConfig) -> list[str]:
         files += [p for s in info.shards for p in (s.path, s.metadata, s.dali_index) if p]
         if info.index is not None:
             files += [info.index.samples, info.index.keys]
+            files += [info.index.members] if info.index.members else []
         files += info.files
     return list(dict.fromkeys([*files, *derived_files(config)]))
 

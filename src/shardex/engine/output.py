@@ -27,7 +27,6 @@ from shardex.backends.ownership import foreign_files, shardex_files
 from shardex.contract import (
     CONFIG_FILE,
     ExportConfig,
-    IndexInfo,
 )
 from shardex.engine.commit import commit, derived_files, export_files, write_derived
 from shardex.errors import (
@@ -194,7 +193,10 @@ def promote_legacy(storage: Storage) -> ExportConfig | None:
 
     splits = {
         name: dataclasses.replace(
-            info, index=IndexInfo(usual(info.index.samples), usual(info.index.keys))
+            info,
+            index=dataclasses.replace(
+                info.index, samples=usual(info.index.samples), keys=usual(info.index.keys)
+            ),
         )
         if info.index is not None
         else info

@@ -12,6 +12,16 @@ Two memory-mappable ``.npy`` files per split:
   row 1 the sample number of each. A key is found by binary search in O(log N) page reads,
   then confirmed against the key stored in the sample's tar header (hash collisions are
   handled by checking each candidate).
+* ``index-members.npy`` (format version 3 on): one row per sample, in sample order, saying
+  where each member lies inside the sample's bytes, so that a read slices its fields
+  instead of parsing tar headers. A structured array: ``check`` (u8, xxh3-64 of the rest
+  of the row seeded with the sample number: a damaged or moved row fails its read),
+  ``key`` (u4 x 2: offset and length of the key's bytes in the first member's name) and
+  ``members``, one (u4 x 2) column per member extension of the split, named by it: the
+  offset of the member's data from the sample's first byte and its size, :data:`ABSENT`
+  as size where the sample has no such member. A key length of :data:`ABSENT` means
+  "parse this sample's headers" (a key split over ustar's prefix and name fields, an
+  empty or repeated extension). The tar shards are unchanged.
 
 Opening is ``np.load(mmap_mode="r")``: O(1) time and memory whatever the size.
 """
@@ -21,6 +31,7 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,6 +40,7 @@ import numpy.typing as npt
 import xxhash
 
 from shardex.errors import FormatError, ObjectNotFoundError
+from shardex.format.tar import BLOCK, fits_ustar, split_name
 
 SAMPLE_DTYPE: Final = np.dtype(
     [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
@@ -36,6 +48,11 @@ SAMPLE_DTYPE: Final = np.dtype(
 RECORD: Final = struct.Struct("<QQII")
 SAMPLES_FILE: Final = "index-samples.npy"
 KEYS_FILE: Final = "index-keys.npy"
+MEMBERS_FILE: Final = "index-members.npy"
+#: The first format version with ``index-members.npy``.
+MEMBERS_VERSION: Final = 3
+#: The size of a member a sample lacks; as a key length: the sample must be parsed.
+ABSENT: Final = 0xFFFFFFFF
 
 
 def key_hash(key: str) -> int:
@@ -177,3 +194,135 @@ class SplitIndex:
         while pos < len(hashes) and hashes[pos] == h:
             yield int(table[1, pos])
             pos += 1
+
+
+def members_dtype(exts: Sequence[str]) -> np.dtype[np.void]:
+    """The row type of ``index-members.npy`` for these member extensions."""
+    return np.dtype(
+        [("check", "<u8"), ("key", "<u4", (2,)), ("members", [(e, "<u4", (2,)) for e in exts])]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSpans:
+    """Where the members of consecutive samples lie (one shard's, as its writer laid them
+    out): ``spans[i]`` is the key's (offset, length), then (offset, size) per extension of
+    ``exts`` (size :data:`ABSENT` where missing), counted from the sample's first byte."""
+
+    exts: tuple[str, ...]
+    spans: npt.NDArray[np.uint32]
+
+    @classmethod
+    def of(cls, samples: Sequence[tuple[int, int, Sequence[tuple[str, int, int]]]]) -> MemberSpans:
+        """From ``(key offset, key length, [(extension, data offset, size), ...])`` per
+        sample; a sample with an empty or repeated extension (or a key length of
+        :data:`ABSENT`) gets a key length of ABSENT: readers parse it."""
+        columns: dict[str, int] = {}
+        for _, _, members in samples:
+            for ext, _, _ in members:
+                columns.setdefault(ext, len(columns))
+        spans = np.full((len(samples), 2 + 2 * len(columns)), ABSENT, np.uint32)
+        for i, (key_at, key_len, members) in enumerate(samples):
+            row = [key_at, key_len] + [ABSENT] * (2 * len(columns))
+            for ext, at, size in members:
+                if not ext or row[3 + 2 * columns[ext]] != ABSENT:
+                    row[1] = ABSENT
+                row[2 + 2 * columns[ext]], row[3 + 2 * columns[ext]] = at, size
+            spans[i] = row
+        return cls(tuple(columns), spans)
+
+
+def member_row(
+    members: Sequence[tuple[str, int, int]],
+) -> tuple[int, int, list[tuple[str, int, int]]]:
+    """One sample's ``(key offset, key length, [(extension, data offset, size), ...])``
+    for :meth:`MemberSpans.of`, from its members' (name, data offset, size) as a reader
+    parsing the headers finds them: ``split_name`` of each name; the key lies in the first
+    member's name field, or in the data of its GNU long-name record; ABSENT (parse) when
+    it is split over ustar's prefix and name or the members hold more than one key."""
+    if not members:
+        return 0, ABSENT, []
+    key, _ = split_name(members[0][0])
+    raw = members[0][0].encode()
+    key_at = 0 if len(raw) <= 100 else BLOCK if not fits_ustar(raw) else -1
+    named = [(split_name(name), at, size) for name, at, size in members]
+    same = key_at >= 0 and all(k == key for (k, _), _, _ in named)
+    spans = [(ext, at, size) for (_, ext), at, size in named]
+    return max(key_at, 0), len(key.encode()) if same else ABSENT, spans
+
+
+def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
+    """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
+    sample order; an extension that is empty (readers parse those samples) gets no column."""
+    exts: list[str] = []
+    for part in parts:
+        exts += [e for e in part.exts if e and e not in exts]
+    out = np.zeros(sum(len(p.spans) for p in parts), members_dtype(exts))
+    members = out["members"]
+    at = 0
+    for part in parts:
+        n = len(part.spans)
+        out["key"][at : at + n] = part.spans[:, :2]
+        for name in exts:
+            members[name][at : at + n] = ABSENT
+        for col, ext in enumerate(part.exts):
+            if ext:
+                members[ext][at : at + n] = part.spans[:, 2 + 2 * col : 4 + 2 * col]
+        at += n
+    seal_members(out)
+    return out
+
+
+def seal_members(rows: npt.NDArray[np.void]) -> None:
+    """Set each row's ``check``: xxh3-64 of the row after it, seeded with the row's number."""
+    if not len(rows):
+        return
+    size = rows.dtype.itemsize
+    raw: Any = rows.view(np.uint8)
+    view = memoryview(raw)
+    rows["check"] = np.fromiter(
+        (
+            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], i)
+            for i in range(len(rows))
+        ),
+        np.uint64,
+        len(rows),
+    )
+
+
+def spans_of_rows(rows: npt.NDArray[np.void]) -> MemberSpans:
+    """The rows of an ``index-members.npy`` back as spans (an append adds to them)."""
+    exts = tuple(rows.dtype["members"].names or ())
+    spans = np.empty((len(rows), 2 + 2 * len(exts)), np.uint32)
+    spans[:, :2] = rows["key"]
+    for col, ext in enumerate(exts):
+        spans[:, 2 + 2 * col : 4 + 2 * col] = rows["members"][ext]
+    return MemberSpans(exts, spans)
+
+
+class MemberIndex:
+    """Memory-mapped ``index-members.npy`` of a split (see the module docstring)."""
+
+    def __init__(self, path: Path, *, num_samples: int) -> None:
+        rows: Any = _load(path, "member")
+        names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
+        if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
+            raise FormatError(
+                f"{path}: expected a 1-d array of index-members rows, found {rows.dtype} "
+                f"with shape {rows.shape}"
+            )
+        if len(rows) != num_samples:
+            raise FormatError(
+                f"{path}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
+            )
+        self.path = path
+        self.rows = rows
+        #: The member extensions, in column order.
+        self.names: tuple[str, ...] = tuple(names)
+        self.row_size = rows.dtype.itemsize
+        #: Unpacks a row: check, key offset, key length, then offset and size per member.
+        self.unpack: Callable[[memoryview, int], tuple[int, ...]] = struct.Struct(
+            "<Q" + "I" * (2 + 2 * len(names))
+        ).unpack_from
+        raw: Any = rows.view(np.uint8)
+        self.raw = memoryview(raw) if num_samples else memoryview(b"")

@@ -97,6 +97,9 @@ class Storage(ABC):
 
     #: URI of the root, e.g. ``/data/export`` or ``s3://bucket/prefix``.
     uri: str
+    #: Batched reads (``get_many``) merge two ranges of one object when at most this many
+    #: bytes lie between them; None: the reader's default (0 locally).
+    coalesce_gap: int | None = None
 
     @abstractmethod
     def get(self, path: str) -> bytes:

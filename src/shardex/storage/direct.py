@@ -25,6 +25,7 @@ from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
     DEFAULT_RETRY_TIMEOUT,
+    OWN_OPTIONS,
     client_value,
     duration,
     retry_config,
@@ -128,7 +129,7 @@ class DirectObjectStorage(Storage):
         for name, value in options.items():
             if name.lower() in CLIENT_OPTIONS:
                 client[name.lower()] = client_value(name.lower(), value)
-            elif name not in ("profile", "retry_timeout"):
+            elif name not in OWN_OPTIONS:
                 config[setting(self.uri, name)] = value if isinstance(value, bool) else str(value)
         endpoint = str(config.get("endpoint", ""))
         if endpoint.startswith("http://") or self.uri.startswith("http://"):

@@ -24,8 +24,10 @@ from shardex.storage.base import ObjectWriter, Storage
 from shardex.storage.direct import DirectObjectStorage, forked_after_io
 from shardex.storage.helper import HelperObjectStorage
 from shardex.storage.options import (
+    DEFAULT_COALESCE_GAP,
     DEFAULT_RETRY_TIMEOUT,
     SCHEMES,
+    byte_size,
     duration,
     from_environment,
     merge_options,
@@ -44,7 +46,11 @@ class ObjectStorage(Storage):
             read from the AWS shared files; boto3 only for a role, SSO or a
             ``credential_process``), ``timeout`` and ``connect_timeout`` per request (defaults
             ``"60s"`` and ``"5s"``; a timed-out request is retried), ``retry_timeout``
-            (how long a failing request is retried, default ``"2m"``), and any obstore
+            (how long a failing request is retried, default ``"2m"``), ``coalesce_gap``
+            (batched reads, ``get_many``, fetch two ranges of a shard in one request
+            when at most this many bytes lie between them: ``0`` fetches only the bytes
+            asked for, a larger gap makes fewer requests; bytes or ``"64KiB"``, default
+            ``"64KiB"``), and any obstore
             store or client option (``access_key_id``, ``secret_access_key``,
             ``session_token``, ``virtual_hosted_style_request``, ``allow_http``, ...);
             an unknown name is a :class:`ConfigError`. Unset options come from the
@@ -75,6 +81,12 @@ class ObjectStorage(Storage):
 
     def __repr__(self) -> str:  # no options: they may hold credentials
         return f"ObjectStorage({self.uri!r})"
+
+    @property
+    def coalesce_gap(self) -> int:  # type: ignore[override]  # always set here
+        """The gap batched reads merge ranges across (storage option ``coalesce_gap``)."""
+        value = self._options.get("coalesce_gap")
+        return DEFAULT_COALESCE_GAP if value is None else byte_size(value, "coalesce_gap")
 
     @property
     def retry_timeout(self) -> timedelta:

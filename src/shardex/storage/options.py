@@ -42,8 +42,32 @@ def retry_config(budget: timedelta) -> dict[str, Any]:
 
 #: Options users may pass (CLI flags --s3-endpoint-url, --s3-region, --s3-profile).
 _OPTION_NAMES: Final = {"endpoint_url": "endpoint", "region": "region"}
-#: shardex's own options; ``retry_timeout`` is the retry budget of every request.
-_SHARDEX_OPTIONS: Final = frozenset({"endpoint_url", "region", "profile", "retry_timeout"})
+#: shardex's own options; ``retry_timeout`` is the retry budget of every request,
+#: ``coalesce_gap`` the most bytes between two ranges that one batched read fetches in one
+#: request (see :func:`byte_size`).
+_SHARDEX_OPTIONS: Final = frozenset(
+    {"endpoint_url", "region", "profile", "retry_timeout", "coalesce_gap"}
+)
+#: The default ``coalesce_gap`` of object storage (see ``benchmarks/RESULTS.md``, issue 15).
+DEFAULT_COALESCE_GAP: Final = 64 << 10
+#: Options that configure shardex, never passed on to obstore.
+OWN_OPTIONS: Final = frozenset({"profile", "retry_timeout", "coalesce_gap"})
+_SIZE: Final = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_UNITS: Final = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_UNITS.update({"KB": 1000, "MB": 1000**2, "GB": 1000**3})
+
+
+def byte_size(value: Any, name: str) -> int:
+    """A size option: bytes as a whole number, or "64KiB", "1MiB", "500KB"."""
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    if match is None:
+        raise ConfigError(
+            f"storage option {name!r} must be a size in bytes such as 0, 65536, '64KiB' or "
+            f"'1MiB', not {value!r}"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
 #: Options of the HTTP client rather than the store (obstore 0.12's ClientConfig):
 #: durations such as "500ms", "60s", flags as bools.
 CLIENT_OPTIONS: Final = frozenset(
@@ -177,6 +201,8 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
             )
         if bare in DURATION_OPTIONS and value is not None:
             duration(value, name)
+        if bare == "coalesce_gap" and value is not None:
+            byte_size(value, name)
 
 
 _ENVIRONMENT: Final = {

@@ -8,6 +8,7 @@ the top level, without ``S/``)::
     S/images-{hash}-000000.idx        DALI's index of the tar's members (wds2idx format)
     S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
     S/index-keys.npy                  sorted key hashes -> sample number
+    S/index-members.npy               where each sample's members lie (format version 3)
     S/shards.wids.json, S/shards.txt  the tars' names, for wids and webdataset (lists.py)
 """
 
@@ -35,10 +36,15 @@ from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, Spli
 from shardex.dataset import Dataset, ReopenedDataset
 from shardex.format.index import (
     KEYS_FILE,
+    MEMBERS_FILE,
+    MEMBERS_VERSION,
     SAMPLES_FILE,
+    MemberSpans,
     build_keys_from_hashes,
+    build_members,
     build_samples,
     checksum_seeds,
+    spans_of_rows,
     to_npy_bytes,
 )
 from shardex.storage.base import Storage
@@ -72,7 +78,7 @@ class WebDatasetBackend(Backend):
         # (no folder: the flat layout; see shardex.backends.ownership for when those count)
         r"(?:[^/]+/)?images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
         # (".pending" names: the leftovers of shardex versions that renamed after committing)
-        r"(?:[^/]+/)?index-(?:samples|keys)(?:\.pending|\.2)?\.npy",
+        r"(?:[^/]+/)?index-(?:samples|keys|members)(?:\.pending|\.2)?\.npy",
         r"(?:[^/]+/)?shards\.(?:wids\.json|txt)",
     )
     key_storage: ClassVar[str | None] = "tar"
@@ -135,6 +141,7 @@ class WebDatasetBackend(Backend):
         shards = list(before.shards) if before is not None else []
         parts: list[tuple[npt.NDArray[np.integer], ...]] = []
         hashes: list[npt.NDArray[np.uint64]] = []
+        members = _members_of(storage, plan)
         discarded: list[ShardWritten] = []
         for done in write_shards(
             split,
@@ -163,6 +170,8 @@ class WebDatasetBackend(Backend):
             number = np.full(done.num_samples, len(shards) - 1, np.uint32)
             parts.append((number, done.offsets, done.lengths, done.checksums))
             hashes.append(done.key_hashes)
+            if members is not None and done.members is not None:
+                members.append(done.members)
             on_shard(done.table)
         _remove_discarded(storage, discarded, shards, plan.existing)
         if not parts and before is None:  # every sample skipped: the split is not exported
@@ -181,9 +190,12 @@ class WebDatasetBackend(Backend):
         index = IndexInfo(
             unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
             unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),
+            None if members is None else unused_name(f"{plan.prefix}{MEMBERS_FILE}", plan.existing),
         )
         storage.put(index.samples, to_npy_bytes(samples))
         storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(key_hashes)))
+        if index.members is not None and members is not None:
+            storage.put(index.members, to_npy_bytes(build_members(members)))
         return SplitInfo(
             num_samples=len(samples),
             num_bytes=sum(s.num_bytes for s in shards),
@@ -249,6 +261,21 @@ def _job(
         seeded=checksum_seeds(plan.format_version),
         **fields,
     )
+
+
+def _members_of(storage: Storage, plan: SplitPlan) -> list[MemberSpans] | None:
+    """The member spans to extend with each written shard's: the committed split's, or
+    none yet; None where the split gets no ``index-members.npy`` (format versions before
+    3, and an append to a split written without one)."""
+    if plan.format_version < MEMBERS_VERSION:
+        return None
+    before = plan.previous
+    if before is None or before.index is None:
+        return []
+    if before.index.members is None:
+        return None
+    rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
+    return [spans_of_rows(rows)]
 
 
 def _old_index(

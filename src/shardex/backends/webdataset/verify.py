@@ -3,8 +3,9 @@ record inside its shard, samples tiling each shard exactly, the key table sorted
 permutation of the samples, and each entry's hash that of its sample's key); every shard
 (present, size, whole-file checksum) and every sample in it (checksum, seeded with the
 sample number from format 2 on, tar members, key); the Parquet sidecars (whole-file
-checksum where config.yaml records one, keys) and the DALI index files (the same bytes as
-the shard's members give); with ``deep``, that every image decodes."""
+checksum where config.yaml records one, keys), the DALI index files (the same bytes as
+the shard's members give) and ``index-members.npy`` (format 3: every row as the samples'
+members give it, its check included); with ``deep``, that every image decodes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,15 @@ from shardex.codecs.images import IMAGE_EXTENSIONS, check_decode
 from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo
 from shardex.errors import FormatError, ShardexError
 from shardex.format.dali_index import DaliIndex
-from shardex.format.index import SAMPLE_DTYPE, checksum_seeds, key_hash
+from shardex.format.index import (
+    SAMPLE_DTYPE,
+    MemberSpans,
+    build_members,
+    checksum_seeds,
+    key_hash,
+    member_row,
+    members_dtype,
+)
 from shardex.format.tables import arrow_reader
 from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.storage import Storage
@@ -57,10 +66,14 @@ def verify_split(
     read = np.zeros(split.num_samples, dtype=bool)
     seeded = checksum_seeds(config.format_version)
     first = 0
+    # each sample's members (name, data offset, size) as read, None where unread
+    members: list[list[tuple[str, int, int]] | None] = [None] * split.num_samples
     for number, shard in enumerate(split.shards):
         records = samples[first : first + shard.num_samples]
         if _check_records(shard, number, records, report):
-            keys = _verify_shard(storage, shard, records, report, deep, first if seeded else None)
+            keys = _verify_shard(
+                storage, shard, records, report, deep, first if seeded else None, members, first
+            )
             for k, key in enumerate(keys):
                 if key is not None:
                     hashes[first + k], read[first + k] = key_hash(key), True
@@ -70,6 +83,58 @@ def verify_split(
         bar.advance(shard.num_samples)
     if table is not None:
         _check_key_hashes(split.index.keys, table, hashes, read, report)
+    if split.index.members is not None:
+        _verify_members(storage, split.index.members, members, report)
+
+
+def _verify_members(
+    storage: Storage,
+    path: str,
+    members: list[list[tuple[str, int, int]] | None],
+    report: VerifyReport,
+) -> None:
+    """``index-members.npy`` holds, row for row, what the samples' members give."""
+    found = load_npy(storage, path, report)
+    if found is None:
+        return
+    names = found.dtype.names == ("check", "key", "members") and found.dtype["members"].names
+    if found.ndim != 1 or not isinstance(names, tuple) or found.dtype != members_dtype(names):
+        report.problems.append(
+            Problem(path, "index", f"not index-members rows: {found.dtype} {found.shape}")
+        )
+        return
+    if len(found) != len(members):
+        report.problems.append(
+            Problem(path, "index", f"holds {len(found)} rows for {len(members)} samples")
+        )
+        return
+    read = np.array([m is not None for m in members], bool)
+    expected = build_members([MemberSpans.of([member_row(m or []) for m in members])])
+    if expected.dtype != found.dtype:
+        if read.all():
+            report.problems.append(
+                Problem(
+                    path,
+                    "index",
+                    f"member columns {names} differ from the samples' "
+                    f"{expected.dtype['members'].names}",
+                )
+            )
+        return
+    size = found.dtype.itemsize
+    bad = read & np.any(
+        found.view(np.uint8).reshape(-1, size) != expected.view(np.uint8).reshape(-1, size),
+        axis=1,
+    )
+    if np.any(bad):
+        report.problems.append(
+            Problem(
+                path,
+                "index",
+                f"{int(bad.sum())} rows differ from their samples' members (the first: row "
+                f"{int(np.argmax(bad))}): reads of those samples fail",
+            )
+        )
 
 
 def _check_key_hashes(
@@ -134,9 +199,12 @@ def _verify_shard(
     report: VerifyReport,
     deep: bool,
     first: int | None,
+    members: list[list[tuple[str, int, int]] | None],
+    number: int,
 ) -> list[str | None]:
     """Check a shard and its samples (``first``: the number of its first sample, whose
-    checksums are seeded with their numbers; None in format 1); the samples' keys."""
+    checksums are seeded with their numbers; None in format 1); the samples' keys.
+    ``members[number + k]`` gets sample k's members as read."""
     chunks = _chunks(storage, shard, report)
     if chunks is None:
         return []
@@ -158,8 +226,10 @@ def _verify_shard(
         sample = window[off - base : off - base + length]
         seed = 0 if first is None else first + k
         keys.append(_verify_sample(shard, off, sample, checksum, seed, report, deep))
+        found = _members(sample)
+        members[number + k] = found
         if dali is not None:
-            dali = _add_members(dali, off, sample)
+            dali = None if found is None else _add_members(dali, off, found)
     for chunk in chunks:
         whole.update(chunk)
     report.bytes += shard.num_bytes
@@ -173,17 +243,20 @@ def _verify_shard(
     return keys
 
 
-def _add_members(dali: DaliIndex, offset: int, sample: bytes) -> DaliIndex | None:
-    """Add a sample's members to the index expected beside the shard; None (nothing left to
-    compare) when the sample is damaged, which is reported on its own."""
+def _members(sample: bytes) -> list[tuple[str, int, int]] | None:
+    """A sample's members: (name, data offset, size); None when it is damaged (reported
+    on its own)."""
     try:
-        members = [
-            (split_name(m.name)[1], m.data_offset, m.size, m.name)
-            for m in iter_members(sample, strict=False)
-        ]
+        return [(m.name, m.data_offset, m.size) for m in iter_members(sample, strict=False)]
     except FormatError:
         return None
-    dali.add(offset, members)
+
+
+def _add_members(
+    dali: DaliIndex, offset: int, members: list[tuple[str, int, int]]
+) -> DaliIndex | None:
+    """Add a sample's members to the index expected beside the shard."""
+    dali.add(offset, [(split_name(name)[1], at, size, name) for name, at, size in members])
     return dali
 
 

@@ -25,6 +25,7 @@ from shardex.checks import SampleCheck, image_problem, refusal
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
+from shardex.format.index import MemberSpans, member_row
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
 from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members, json_text_column
@@ -162,6 +163,8 @@ class ShardWritten:
     key_hashes: npt.NDArray[np.uint64] = dataclasses.field(
         default_factory=lambda: np.zeros(0, np.uint64)
     )
+    #: Where each sample's members lie (the split's ``index-members.npy`` rows).
+    members: MemberSpans | None = None
 
     @property
     def num_samples(self) -> int:
@@ -334,20 +337,36 @@ def _bad(job: ShardJob, layout: _Layout, i: int, reason: str, got: _Picked) -> N
     got.skipped.append({"key": layout.keys[i], "original_path": original, "reason": reason})
 
 
-def _dali_index(layout: _Layout, got: _Picked) -> DaliIndex:
-    """The DALI index of the taken samples (data offsets from the header lengths)."""
-    dali = DaliIndex()
-    hstarts, firsts = layout.header_starts, layout.firsts
-    for i, start in zip(got.taken, got.offsets, strict=True):
+def _components(layout: _Layout, got: _Picked) -> list[list[Component]]:
+    """The members of each taken sample: extension, data offset from the sample's first
+    byte (past the header lengths), size and name."""
+    hstarts, firsts, sizes = layout.header_starts, layout.firsts, layout.sizes
+    out: list[list[Component]] = []
+    for i in got.taken:
         parts: list[Component] = []
         at = 0
         for t in range(firsts[i], firsts[i + 1]):
             at += hstarts[t + 1] - hstarts[t]
-            size = layout.sizes[t]
+            size = sizes[t]
             parts.append((layout.exts[t], at, size, layout.names[t]))
             at += size + (-size % BLOCK)
+        out.append(parts)
+    return out
+
+
+def _dali_index(got: _Picked, components: list[list[Component]]) -> DaliIndex:
+    """The DALI index of the taken samples."""
+    dali = DaliIndex()
+    for start, parts in zip(got.offsets, components, strict=True):
         dali.add(start, parts)
     return dali
+
+
+def _member_spans(components: list[list[Component]]) -> MemberSpans:
+    """Where each taken sample's key and members lie (the split's index-members rows)."""
+    return MemberSpans.of(
+        [member_row([(name, at, size) for _, at, size, name in parts]) for parts in components]
+    )
 
 
 #: Bytes gathered before one write (few large writes instead of one per member).
@@ -377,9 +396,10 @@ def write_shard(job: ShardJob) -> ShardWritten:
     done = _written(job, layout, got, shard_checksum(out.whole))
     if not got.taken:
         return done
-    index = _dali_index(layout, got).to_bytes() if job.dali_index_path else None
+    components = _components(layout, got)
+    index = _dali_index(got, components).to_bytes() if job.dali_index_path else None
     index_path = job.dali_index_path if index is not None else None
-    done = dataclasses.replace(done, dali_index=index_path)
+    done = dataclasses.replace(done, dali_index=index_path, members=_member_spans(components))
     if old is not None:
         # the tar itself is hashed too: its sidecar may be whole while its bytes are not
         if old.size == got.size and old.table.equals(done.table) and _tar_holds(job, done.checksum):
