@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
 
     from shardex.checks import SampleCheck
     from shardex.parallel import Runner
-    from shardex.rows import Members, SplitRows
+    from shardex.rows import Members, SpilledRows, SplitRows
     from shardex.verification import VerifyReport
 
 
@@ -79,7 +79,7 @@ class SplitPlan:
     #: split's candidates (``rows`` then holds no members and no ``sample_index``: the
     #: writer numbers the samples it keeps), how shards fill, how images are checked,
     #: and where skipped samples are reported (``bounds`` is then only a first guess).
-    candidates: SplitRows | None = None
+    candidates: SplitRows | SpilledRows | None = None
     samples_per_shard: int = 1000
     max_shard_bytes: int | None = None
     check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())

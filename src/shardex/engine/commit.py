@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
@@ -116,15 +115,14 @@ def contract(
     num_skipped: int = 0,
 ) -> ExportConfig:
     """The config.yaml of what was written (``num_skipped``: samples skipped in all)."""
-    table = prep.table
     num_classes = None
     if prep.with_label:
-        top = pc.max(table.column("label")).as_py()
+        top = prep.label_max
         num_classes = (
             len(prep.label_names) if prep.label_names else (None if top is None else top + 1)
         )
-    columns = [c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]
-    specs = key_specs(table.select(columns), prep.fields, prep.x_keys, prep.y_keys, backend)
+    columns = pa.schema(f for f in prep.schema if f.name not in ("export_index", JSON_COLUMN))
+    specs = key_specs(columns, prep.stored, prep.fields, prep.x_keys, prep.y_keys, backend)
     fractions = prep.split_method == "fractions"
     return ExportConfig(
         format_version=previous.format_version if previous else FORMAT_VERSION,
@@ -143,7 +141,7 @@ def contract(
         },
         source_datasets=(
             *(previous.source_datasets if previous else ()),
-            SourceInfo(src.uri, src.kind, table.num_rows + len(prep.skipped), fingerprint),
+            SourceInfo(src.uri, src.kind, prep.num_rows + len(prep.skipped), fingerprint),
         ),
         source_fingerprint=(
             combined_digest([previous.source_fingerprint, fingerprint]) if previous else fingerprint
