@@ -169,11 +169,14 @@ def _prepare_first(
 ) -> Prepared | None:
     """Pass 1 before any worker starts, for a backend that writes shard by shard (it
     checks images as it writes them): streamed, the splits spilled under ``folder``,
-    unless the source's bytes are in memory (its first batch tells) or an option needs
-    the whole table. None: the images are checked first, in the workers."""
+    unless the source's bytes are in memory (its first batch tells), an option needs
+    the whole table, or it appends. None: the images are checked first, in the workers."""
     if not job.backend.writes_shards:
         return None
-    if not streamable(job.opts, job.backend) or job.previous is not None:
+    # a pipeline's runner (Ray tasks may run on other machines, which do not see this
+    # one's scratch) hands over a table it has gathered anyway: the whole-table path
+    whole = job.runner is not None or job.previous is not None
+    if whole or not streamable(job.opts, job.backend):
         return prepare(job.src, job.opts, None, bars, job.previous, taken)
     stream = job.src.stream()
     batches = iter(stream.batches)
