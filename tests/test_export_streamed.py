@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -205,6 +206,39 @@ def test_index_files_are_those_of_whole_arrays(shards: list[list[int]], repeat: 
         assert (Path(d) / "s.npy").read_bytes() == to_npy_bytes(samples)
         assert (Path(d) / "k.npy").read_bytes() == to_npy_bytes(build_keys_from_hashes(every))
         assert np.load(io.BytesIO((Path(d) / "k.npy").read_bytes())).shape == (2, len(every))
+
+
+def _tar(path: Path, n: int) -> Path:
+    import tarfile
+
+    tiny = make_image(0, size=(4, 4))
+    with tarfile.open(path, "w") as tf:
+        for i in range(n):
+            for name, data in ((f"s{i:06d}.jpg", tiny), (f"s{i:06d}.cls", b"3")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_an_export_holds_memory_flat_whatever_the_source_size(tmp_path: Path) -> None:
+    from shardex.sources import TarSource
+
+    opts = {"workers": 1, "samples_per_shard": 500}  # written in this process: traced too
+    shardex.export(TarSource(_tar(tmp_path / "warm.tar", 100)), tmp_path / "warm", **opts)
+    peaks = {}
+    for name, n in {"small": 2_000, "large": 20_000}.items():
+        source = TarSource(_tar(tmp_path / f"{name}.tar", n), batch_size=500)
+        tracemalloc.start()
+        try:
+            shardex.export(source, tmp_path / name, **opts)  # type: ignore[arg-type]
+            peaks[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert len(shardex.open_dataset(tmp_path / name)) == n
+    # ten times the samples, the same peak (the whole-table path: 1.2x, its Python
+    # objects alone; its Arrow buffers are not traced)
+    assert peaks["large"] < 1.1 * peaks["small"], peaks
 
 
 def _scratch() -> set[str]:
