@@ -81,8 +81,8 @@ class Scanned:
 
 
 class _Pass:
-    def __init__(self, opts: ExportOptions, folder: Path, taken: frozenset[str], uri: str) -> None:
-        self.opts, self.folder, self.taken, self.uri = opts, folder, taken, uri
+    def __init__(self, opts: ExportOptions, folder: Path, taken: frozenset[str]) -> None:
+        self.opts, self.folder, self.taken = opts, folder, taken
         self.spills: dict[str, Spill] = {}
         self.schemas: list[pa.Schema] = []
         self.lists: dict[str, _Lists] = {}
@@ -95,14 +95,13 @@ class _Pass:
         self.exts: dict[str, None] = {}
 
     def add(self, table: pa.Table) -> None:
-        n = table.num_rows
         first = self.rows
-        self.rows += n
+        self.rows += table.num_rows
         if self.with_label is None:
             self.with_label = self.opts.labels and "label" in table.column_names
             self.source_split = "split" in table.column_names
         self._list_stats(table)
-        reasons: list[str | None] = [None] * n
+        reasons: list[str | None] = [None] * table.num_rows
         if INVALID in table.column_names:  # problems the source found while scanning
             reasons = [r or None for r in table.column(INVALID).to_pylist()]
             table = table.drop_columns([INVALID])
@@ -115,31 +114,31 @@ class _Pass:
         for i, key in enumerate(keys):
             if reasons[i] is None:
                 reasons[i] = key_problem(key, self.taken)
-        bad = [i for i, r in enumerate(reasons) if r is not None]
-        if bad:
-            originals = table.column("original_path")
-            self.bad += [
-                (
-                    first + i,
-                    {"key": keys[i], "original_path": originals[i].as_py(), "reason": str(r)},
-                )
-                for i in bad
-                if (r := reasons[i]) is not None
-            ]
-            keep = np.ones(n, bool)
-            keep[bad] = False
-            table = table.filter(pa.array(keep))
-            keys = [k for k, r in zip(keys, reasons, strict=True) if r is None]
-            rows = np.flatnonzero(keep) + first
-        else:
-            rows = np.arange(first, first + n, dtype=np.int64)
+        table, keys, rows = self._drop_bad(table, keys, reasons, first)
         self._add_keys(keys, rows)
         exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext"))
         self.exts.update(dict.fromkeys(exts.to_pylist()))
         if not self.source_split:
             table, _ = assign_splits(table, self.opts)
-        table = table.append_column(ROW, pa.array(rows, pa.int64()))
-        self._spill(table)
+        self._spill(table.append_column(ROW, pa.array(rows, pa.int64())))
+
+    def _drop_bad(
+        self, table: pa.Table, keys: list[str], reasons: list[str | None], first: int
+    ) -> tuple[pa.Table, list[str], np.ndarray]:
+        """The batch without its bad samples (recorded), their keys and row numbers."""
+        bad = [i for i, r in enumerate(reasons) if r is not None]
+        if not bad:
+            return table, keys, np.arange(first, first + table.num_rows, dtype=np.int64)
+        originals = table.column("original_path")
+        self.bad += [
+            (first + i, {"key": keys[i], "original_path": originals[i].as_py(), "reason": str(r)})
+            for i in bad
+            if (r := reasons[i]) is not None
+        ]
+        keep = np.ones(table.num_rows, bool)
+        keep[bad] = False
+        kept = [k for k, r in zip(keys, reasons, strict=True) if r is None]
+        return table.filter(pa.array(keep)), kept, np.flatnonzero(keep) + first
 
     def _schema(self, schema: pa.Schema) -> None:
         if not self.schemas or not schema.equals(self.schemas[-1]):
@@ -221,7 +220,7 @@ def scan_stream(
     """Pass 1 over ``stream`` (see the module docstring). Refuses the export as the
     whole-table path does: what the source left out first, then the first bad sample (in
     source order; the others counted), then an export with nothing left."""
-    work = _Pass(opts, folder, taken, uri)
+    work = _Pass(opts, folder, taken)
     batches = 0
     for batch in stream.batches:
         batches += 1
