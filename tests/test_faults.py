@@ -259,7 +259,7 @@ STEPS: dict[str, tuple[str, str, int]] = {
     "record written": ("after-put", ".shardex-intent.json", 1),
     "first shard": ("wrote", "*.tar", 1),
     "third shard": ("wrote", "*.tar", 3),
-    "first index": ("after-put", "*/index-keys*.npy", 1),
+    "first index": ("wrote", "*/index-keys*.npy", 1),  # streamed out: a writer
     "metadata written": ("wrote", "metadata*.parquet", 1),
     "before commit": ("before-put", "config.yaml", 1),
     "after commit": ("after-put", "config.yaml", 1),

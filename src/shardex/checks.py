@@ -3,8 +3,8 @@ names, what the source found unusable; and renders each sample's ``.json`` membe
 that shard sizes are known exactly before writing.
 
 Images are checked by the shard writer from the bytes it reads to write them (one pass
-over the bytes, see :mod:`shardex.backends.webdataset.writer`), with :func:`image_problem`
-and :class:`SampleCheck` from here. Backends that write whole splits (the array backends)
+over the bytes, see :mod:`shardex.backends.webdataset.writer`), with :func:`~shardex.sample_check.image_problem`
+and :class:`~shardex.sample_check.SampleCheck`. Backends that write whole splits (the array backends)
 get the separate image pass here instead, run in worker processes over chunks of the scan
 table, reading the first and last KiBs of each image (or decoding it).
 """
@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -26,65 +26,25 @@ import xxhash
 from shardex.codecs.images import (
     HEAD_BYTES,
     IMAGE_EXTENSIONS,
-    MAX_PIXELS,
     TAIL_BYTES,
     Validate,
     check_decode,
     check_header,
-    jpeg_size,
 )
 from shardex.errors import BadSampleError, DuplicateKeyError
 from shardex.names import split_name_problem
-from shardex.options import ExportOptions, OnError
+from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
 from shardex.quoting import quoted
 from shardex.rows import JSON_COLUMN, MemberReader
+from shardex.sample_check import refusal
 from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
 CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
 # or an empty, "." or ".." path part.
 _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
-
-
-@dataclass(frozen=True, slots=True)
-class SampleCheck:
-    """How the writer checks each image it reads (``validate``) and what a bad one does
-    (``on_error``: refuse the export, or skip the sample and fill the shard with the next)."""
-
-    validate: Validate = "header"
-    max_pixels: int = MAX_PIXELS
-    on_error: OnError = "error"
-
-
-def refusal(original_path: str, reason: str, others: int = 0) -> str:
-    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
-    more = f" (and {others} more)" if others else ""
-    return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
-
-
-def image_problem(data: bytes | memoryview, check: SampleCheck) -> str | None:
-    """Why an image member's bytes are not a whole image (``check.validate``), or None."""
-    if check.validate == "decode":
-        return check_decode(bytes(data), max_pixels=check.max_pixels)
-    size = len(data)
-    if check.validate == "none":
-        return "empty file (0 bytes)" if size == 0 else None
-    if size > 4 and data[:3] == b"\xff\xd8\xff" and data[-2:] == b"\xff\xd9":
-        # the common case, without copies: a JPEG that ends with its end-of-image marker
-        dims = jpeg_size(data, None, size)
-        if dims is None or dims[0] * dims[1] <= check.max_pixels:
-            return None
-    head = bytes(data[:HEAD_BYTES])
-    tail = head if size <= HEAD_BYTES else bytes(data[size - TAIL_BYTES :])
-    return check_header(
-        head,
-        tail,
-        size,
-        read_at=lambda o, n: bytes(data[o : o + n]),
-        max_pixels=check.max_pixels,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +184,14 @@ def unsafe_key(key: str) -> str | None:
     return f"unsafe key {key!r} (control character)"
 
 
+def key_problem(key: str, taken: frozenset[str] = frozenset()) -> str | None:
+    """Why a key alone cannot be exported (unsafe, or already in the export), or None."""
+    reason = unsafe_key(key)
+    if reason is None and key in taken:
+        reason = f"duplicate key {key!r}: already in the export"
+    return reason
+
+
 def _check_keys(
     keys: list[str],
     reasons: list[str | None],
@@ -247,14 +215,11 @@ def _check_keys(
     repeats[order[1:][same]] = repeats[order[:-1][same]] = True
     for i, key in enumerate(keys):
         if reasons[i] is None and not repeats[i]:
-            reason = unsafe_key(key)
-            if reason is None and key in taken:
-                reason = f"duplicate key {key!r}: already in the export"
-            reasons[i] = reason
-    _check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
+            reasons[i] = key_problem(key, taken)
+    check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
 
 
-def _check_repeated(
+def check_repeated(
     keys: list[str],
     rows: list[int],
     reasons: list[str | None],
@@ -268,10 +233,8 @@ def _check_repeated(
         key = keys[i]
         if reasons[i] is not None:
             continue
-        reason = unsafe_key(key)
-        if reason is None and key in taken:
-            reason = f"duplicate key {key!r}: already in the export"
-        elif reason is None and key in seen:
+        reason = key_problem(key, taken)
+        if reason is None and key in seen:
             reason = (
                 f"duplicate key {key!r} (also used by {quoted(str(originals[seen[key]].as_py()))})"
             )
@@ -283,7 +246,7 @@ def _check_repeated(
         reasons[i] = reason
 
 
-def _check_splits(splits: list[object], keys: list[str], reasons: list[str | None]) -> None:
+def check_splits(splits: list[object], keys: list[str], reasons: list[str | None]) -> None:
     """Mark samples whose split (from a table column or a tar's ``.json``) cannot name a
     folder of the export: like an unsafe key, a bad sample (an error, or a recorded skip
     under ``on_error="skip"``), never a path outside the output."""
@@ -316,8 +279,7 @@ def check_samples(
     bytes: the shard writer checks each image as it writes it (one pass over the bytes).
     """
     if left_out and opts.on_error == "error":
-        out = left_out[0]
-        raise out.error(refusal(out.original_path, out.reason, len(left_out) - 1))
+        refuse_left_out(left_out)
     json_cols = _json_columns(table)
     reasons: list[str | None] = [None] * table.num_rows
     if images:
@@ -337,7 +299,7 @@ def check_samples(
     keys = table.column("key").to_pylist()
     originals = table.column("original_path")
     if "split" in table.column_names:
-        _check_splits(table.column("split").to_pylist(), keys, reasons)
+        check_splits(table.column("split").to_pylist(), keys, reasons)
     _check_keys(keys, reasons, originals, taken)
     bad = [i for i, r in enumerate(reasons) if r is not None]
     skipped = [
@@ -345,9 +307,7 @@ def check_samples(
         for i in bad
     ]
     if skipped and opts.on_error == "error":
-        first = skipped[0]
-        err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
-        raise err(refusal(first["original_path"], first["reason"], len(skipped) - 1))
+        refuse(skipped)
     skipped = [x.record() for x in left_out] + skipped
     if json_cols:
         table = table.append_column(JSON_COLUMN, json_texts(table.select(json_cols)))
@@ -356,6 +316,24 @@ def check_samples(
         keep[bad] = False
         table = table.filter(pa.array(keep))
     return table, skipped
+
+
+def refuse_left_out(left_out: list[LeftOut] | tuple[LeftOut, ...]) -> NoReturn:
+    """Refuse the first of what the source left out (the others counted)."""
+    out = left_out[0]
+    raise out.error(refusal(out.original_path, out.reason, len(left_out) - 1))
+
+
+def refuse(skipped: list[dict[str, str]]) -> NoReturn:
+    """Refuse the first bad sample of ``skipped`` (its records; the others counted)."""
+    first = skipped[0]
+    err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
+    raise err(refusal(first["original_path"], first["reason"], len(skipped) - 1))
+
+
+def json_columns(schema: pa.Schema) -> tuple[str, ...]:
+    """The metadata columns of ``schema`` that go into the ``.json`` member."""
+    return _json_columns(schema.empty_table())
 
 
 def json_texts(rows: pa.Table) -> pa.Array:

@@ -11,7 +11,8 @@ from shardex.contract import ExportConfig
 from shardex.engine.commit import export_files
 from shardex.engine.output import INTENT_FILE
 from shardex.engine.run import export_options, run_export
-from shardex.options import ExportOptions, OnError, parse_split_fractions
+from shardex.options import ExportOptions, parse_split_fractions
+from shardex.sample_check import OnError
 from shardex.sources import Source
 from shardex.storage import Storage
 

@@ -121,43 +121,70 @@ class _Merge:
         return FieldSpec(self.name, self.kind, self.dtype, self.shape or (), self.count < total)
 
 
-def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
-    """The specs of every field of the export, in first-seen member order.
+class FieldMerger:
+    """The specs of every field of an export, accumulated batch by batch (the whole
+    table need not be in memory): :meth:`add` each batch of rows, then :meth:`specs`.
 
     Reads the ``.npy`` members (their dtype and shape are the field's); other members are
     byte strings of any length (counted, not read); the label is an int64 scalar.
     """
-    members = Members.of(rows.column(MEMBERS))
-    owner = np.repeat(np.arange(members.num_samples), np.diff(members.starts))
-    merged: dict[str, _Merge] = {}
-    codes, firsts = np.unique(members.ext_codes, return_index=True)
-    keys: list[str] | None = None
-    source = ByteSource(members)
-    try:
-        for code in codes[np.argsort(firsts)].tolist():  # first-seen order
-            name = members.ext_names[code]
-            where = np.flatnonzero(members.ext_codes == code)
-            if not is_array_field(name):  # encoded bytes: their length is never a shape
-                merge = merged[name] = _Merge(name, "bytes", "uint8")
-                merge.shape, merge.count = (None,), len(where)
-                continue
-            keys = keys if keys is not None else rows.column("key").to_pylist()
-            for j in where.tolist():
-                key = keys[int(owner[j])]
-                array = load_npy(bytes(source.read(j)), f"sample {key!r} field {name!r}")
-                _check_dtype(array, key, name)
-                merge = merged.setdefault(name, _Merge(name, "array", array.dtype.name))
-                merge.add(array.dtype.name, array.shape, key)
-    finally:
-        source.close()
-    specs = [m.spec(rows.num_rows) for m in merged.values()]
-    if with_label:
-        missing = rows.column("label").null_count
-        specs.append(FieldSpec(LABEL_FIELD, "label", "int64", (), missing > 0))
-    if JSON_COLUMN in rows.column_names:
-        missing = rows.column(JSON_COLUMN).null_count
-        specs.append(FieldSpec("json", "bytes", "uint8", (None,), missing > 0))
-    return tuple(specs)
+
+    def __init__(self) -> None:
+        self._merged: dict[str, _Merge] = {}
+        self._rows = self._labels_missing = self._json_missing = 0
+        self._json = False
+
+    def add(self, rows: pa.Table, members: Members | None = None) -> None:
+        """One batch's rows (and their ``_members`` read as :class:`Members`)."""
+        members = members if members is not None else Members.of(rows.column(MEMBERS))
+        owner = np.repeat(np.arange(members.num_samples), np.diff(members.starts))
+        merged = self._merged
+        codes, firsts = np.unique(members.ext_codes, return_index=True)
+        keys: list[str] | None = None
+        source = ByteSource(members)
+        try:
+            for code in codes[np.argsort(firsts)].tolist():  # first-seen order
+                name = members.ext_names[code]
+                where = np.flatnonzero(members.ext_codes == code)
+                if not is_array_field(name):  # encoded bytes: their length is never a shape
+                    merge = merged.setdefault(name, _Merge(name, "bytes", "uint8"))
+                    merge.shape, merge.count = (None,), merge.count + len(where)
+                    continue
+                keys = keys if keys is not None else rows.column("key").to_pylist()
+                for j in where.tolist():
+                    key = keys[int(owner[j])]
+                    array = load_npy(bytes(source.read(j)), f"sample {key!r} field {name!r}")
+                    _check_dtype(array, key, name)
+                    merge = merged.setdefault(name, _Merge(name, "array", array.dtype.name))
+                    merge.add(array.dtype.name, array.shape, key)
+        finally:
+            source.close()
+        self._rows += rows.num_rows
+        if "label" in rows.column_names:
+            self._labels_missing += rows.column("label").null_count
+        if JSON_COLUMN in rows.column_names:
+            self._json = True
+            self._json_missing += rows.column(JSON_COLUMN).null_count
+
+    def specs(self, with_label: bool, order: Iterable[str] = ()) -> tuple[FieldSpec, ...]:
+        """The specs, members in ``order`` (first seen in the source; others after them
+        as seen), then the label and the ``.json`` text."""
+        rank = {name: i for i, name in enumerate(order)}
+        names = sorted(self._merged, key=lambda n: rank.get(n, len(rank)))
+        specs = [self._merged[n].spec(self._rows) for n in names]
+        if with_label:
+            specs.append(FieldSpec(LABEL_FIELD, "label", "int64", (), self._labels_missing > 0))
+        if self._json:
+            specs.append(FieldSpec("json", "bytes", "uint8", (None,), self._json_missing > 0))
+        return tuple(specs)
+
+
+def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
+    """The specs of every field of ``rows``, in first-seen member order (see
+    :class:`FieldMerger`)."""
+    merger = FieldMerger()
+    merger.add(rows)
+    return merger.specs(with_label)
 
 
 def _check_dtype(array: npt.NDArray[Any], key: str, name: str) -> None:

@@ -8,8 +8,8 @@ from typing import Any, Literal
 from shardex.codecs.images import MAX_PIXELS, VALIDATE_CHOICES, Validate
 from shardex.errors import ConfigError, ShardexError
 from shardex.names import split_name_problem
+from shardex.sample_check import OnError
 
-OnError = Literal["error", "skip"]
 #: What to do with an output that already holds an export or an interrupted one.
 Mode = Literal["error", "overwrite", "resume", "append"]
 MODES: tuple[Mode, ...] = ("error", "overwrite", "resume", "append")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
@@ -22,8 +23,10 @@ from shardex.sources.base import MEMBERS
 
 if TYPE_CHECKING:
     from shardex.backends.base import Backend
+    from shardex.rows import Sizes
 
 SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test", "predict")
+_CHUNK: Final = 1 << 16
 
 
 def fixed_lists(table: pa.Table) -> pa.Table:
@@ -79,7 +82,11 @@ def split_names(table: pa.Table, opts: ExportOptions) -> list[str]:
     """The splits to write, in order. Every split name becomes a folder of the output, so
     each is checked here whatever the source (samples with unsafe splits were already
     refused or skipped by ``check_samples``; this is the last line before any write)."""
-    present = set(pc.unique(table.column("split")).to_pylist())
+    return ordered_splits(set(pc.unique(table.column("split")).to_pylist()), opts)
+
+
+def ordered_splits(present: set[str], opts: ExportOptions) -> list[str]:
+    """The splits to write, in order, of the split names the samples have."""
     for name in present:
         problem = split_name_problem(name)
         if problem is not None:
@@ -98,25 +105,26 @@ def split_names(table: pa.Table, opts: ExportOptions) -> list[str]:
 
 
 def plan_bounds(
-    sizes: np.ndarray, samples_per_shard: int, max_shard_bytes: int | None
+    sizes: Sizes, samples_per_shard: int, max_shard_bytes: int | None
 ) -> tuple[tuple[int, int], ...]:
     """Row ranges of shards: full by count, or until the next sample would pass the byte cap.
 
     A sample larger than the cap gets a shard of its own; no shard is ever padded.
     """
     n = len(sizes)
-    if max_shard_bytes is None:
+    if max_shard_bytes is None:  # the sizes are not read (they may be in a file)
         starts = range(0, n, samples_per_shard)
         return tuple((s, min(s + samples_per_shard, n)) for s in starts)
     from shardex.format.tar import END_OF_ARCHIVE
 
     out, start, used = [], 0, len(END_OF_ARCHIVE)
-    for i, size in enumerate(sizes.tolist()):
-        full = i - start >= samples_per_shard or (i > start and used + size > max_shard_bytes)
-        if full:
-            out.append((start, i))
-            start, used = i, len(END_OF_ARCHIVE)
-        used += size
+    for at in range(0, n, _CHUNK):  # a chunk at a time: no Python int per sample at once
+        for i, size in enumerate(np.asarray(sizes[at : at + _CHUNK]).tolist(), at):
+            full = i - start >= samples_per_shard or (i > start and used + size > max_shard_bytes)
+            if full:
+                out.append((start, i))
+                start, used = i, len(END_OF_ARCHIVE)
+            used += size
     if start < n:
         out.append((start, n))
     return tuple(out)
@@ -165,6 +173,11 @@ def member_keys(table: pa.Table) -> dict[str, set[str]]:
     """Logical key -> member names: image extensions are the key ``image``, ``x.npy`` is
     ``x``."""
     exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext")).to_pylist()
+    return member_keys_of(exts)
+
+
+def member_keys_of(exts: Iterable[str]) -> dict[str, set[str]]:
+    """:func:`member_keys` of the member names ``exts``."""
     out: dict[str, set[str]] = {}
     for ext in sorted(exts):
         out.setdefault(field_key(ext), set()).add(ext)
@@ -172,7 +185,8 @@ def member_keys(table: pa.Table) -> dict[str, set[str]]:
 
 
 def key_specs(
-    table: pa.Table,
+    schema: pa.Schema,
+    members: dict[str, set[str]],
     fields: tuple[FieldSpec, ...],
     x_keys: tuple[str, ...],
     y_keys: tuple[str, ...],
@@ -237,9 +251,9 @@ def key_specs(
                     field_key(f.name), role(field_key(f.name)), "bytes", None, None, encoding, place
                 )
             )
-    if "json" in {f.name for f in fields} and "json" in member_keys(table):
+    if "json" in {f.name for f in fields} and "json" in members:
         specs.append(KeySpec("json", role("json"), "bytes", None, None, "json", f"{where}:json"))
-    for c in table.schema:
+    for c in schema:
         if c.name in {MEMBERS, "key", "original_path", "split", "label"} or c.name in stored:
             continue
         dtype, shape = _dtype_of(c.type)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -73,6 +73,10 @@ class Members:
             data=data,
         )
 
+    @classmethod
+    def empty(cls) -> Members:
+        return cls.of(pa.array([], pa.list_(MEMBER_TYPE)))
+
     @property
     def num_samples(self) -> int:
         return len(self.starts) - 1
@@ -87,6 +91,10 @@ class Members:
     def inline_bytes(self) -> int:
         """Bytes held inline (in this process's memory)."""
         return int(self.size[self.inline].sum())
+
+    def mostly_inline(self) -> bool:
+        """Whether most of the bytes are inline (an in-memory source)."""
+        return self.inline_bytes() * 2 > int(self.size.sum())
 
     def subset(self, rows: npt.NDArray[np.int64]) -> Members:
         """The members of the given samples, in that order (for a worker's job: only its
@@ -122,6 +130,84 @@ def _codes(values: pa.Array) -> tuple[npt.NDArray[np.int32], tuple[str, ...]]:
     encoded = pc.dictionary_encode(values)
     codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
     return codes, tuple(encoded.dictionary.to_pylist())
+
+
+@dataclass(frozen=True, slots=True)
+class SizesFile:
+    """Planned sample sizes kept in a local file (``<i8`` each), read only where sliced:
+    a split's sizes are not held in memory (nor mapped, which would count its pages in
+    the process's resident memory as they are touched)."""
+
+    path: str
+    begin: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.begin
+
+    def __getitem__(self, where: slice) -> SizesFile:
+        start, stop, step = where.indices(len(self))
+        if step != 1:
+            raise ValueError("sizes are sliced with step 1 only")
+        return SizesFile(self.path, self.begin + start, self.begin + max(start, stop))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> npt.NDArray[np.int64]:
+        count = len(self)
+        out = np.fromfile(self.path, "<i8", count, offset=8 * self.begin) if count else None
+        return (out if out is not None else np.zeros(0, np.int64)).astype(np.int64)
+
+
+#: Sizes of a split: in memory, or in a local file.
+Sizes: TypeAlias = npt.NDArray[np.int64] | SizesFile
+
+
+@dataclass(frozen=True, slots=True)
+class SpillSlice:
+    """Candidates ``[offset, offset + count)`` of the record batches ``batches`` of a
+    split's spill file (an Arrow IPC file on local scratch, see
+    :mod:`shardex.engine.spill`): what a worker's job names instead of carrying rows."""
+
+    path: str
+    batches: tuple[int, ...]
+    offset: int
+    count: int
+
+    def read(self) -> tuple[pa.Table, Members]:
+        """The candidates' rows (no members) and their members: only these batches are
+        read (no memory map of the whole file)."""
+        with pa.OSFile(self.path) as f:
+            reader = pa.ipc.open_file(f)
+            batches = [reader.get_batch(i) for i in self.batches]
+        table = pa.Table.from_batches(batches).slice(self.offset, self.count)
+        return table.drop_columns([MEMBERS]), Members.of(table.column(MEMBERS))
+
+
+@dataclass(frozen=True, slots=True)
+class SpilledRows:
+    """A split's candidate samples in a spill file on local scratch: ``starts`` are the
+    first rows of its record batches (and the number of rows last), ``sizes`` their
+    planned sizes. Workers read their own slices (see :class:`SpillSlice`)."""
+
+    path: str
+    starts: npt.NDArray[np.int64]
+    sizes: SizesFile
+    #: :func:`shardex.planning.content_digest` of its keys and sizes.
+    digest: str
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.starts[-1])
+
+    def inline(self) -> bool:
+        """Spilled samples are references to files: workers read them."""
+        return False
+
+    def slice(self, start: int, stop: int) -> SpillSlice:
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, max(start, stop - 1), side="right")) - 1
+        last = max(first, min(last, len(self.starts) - 2))
+        offset = start - int(self.starts[first])
+        return SpillSlice(self.path, tuple(range(first, last + 1)), offset, stop - start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +363,9 @@ __all__ = [
     "ByteSource",
     "MemberReader",
     "Members",
+    "SizesFile",
+    "SpillSlice",
+    "SpilledRows",
     "SplitRows",
     "iter_fields",
     "json_text_column",

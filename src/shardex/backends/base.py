@@ -21,9 +21,9 @@ from shardex.storage.base import Storage
 if TYPE_CHECKING:  # for writing only: opening an export imports neither
     import pyarrow as pa
 
-    from shardex.checks import SampleCheck
     from shardex.parallel import Runner
-    from shardex.rows import Members, SplitRows
+    from shardex.rows import Members, SpilledRows, SplitRows
+    from shardex.sample_check import SampleCheck
     from shardex.verification import VerifyReport
 
 
@@ -83,7 +83,7 @@ class SplitPlan:
     #: split's candidates (``rows`` then holds no members and no ``sample_index``: the
     #: writer numbers the samples it keeps), how shards fill, how images are checked,
     #: and where skipped samples are reported (``bounds`` is then only a first guess).
-    candidates: SplitRows | None = None
+    candidates: SplitRows | SpilledRows | None = None
     samples_per_shard: int = 1000
     max_shard_bytes: int | None = None
     check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())
@@ -98,7 +98,7 @@ class SplitPlan:
 
 
 def _default_check() -> SampleCheck:
-    from shardex.checks import SampleCheck  # writing code: opening does not load it
+    from shardex.sample_check import SampleCheck  # writing code: opening does not load it
 
     return SampleCheck()
 

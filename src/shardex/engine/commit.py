@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
@@ -24,7 +23,6 @@ from shardex.contract import (
 )
 from shardex.engine.prepare import Prepared
 from shardex.format.tables import parquet_file, read_checked_table
-from shardex.image_member import IMAGE_FORMAT
 from shardex.options import ExportOptions
 from shardex.planning import (
     key_specs,
@@ -119,21 +117,15 @@ def contract(
     num_skipped: int = 0,
 ) -> ExportConfig:
     """The config.yaml of what was written (``num_skipped``: samples skipped in all)."""
-    table = prep.table
     num_classes = None
     if prep.with_label:
-        top = pc.max(table.column("label")).as_py()
+        top = prep.label_max
         num_classes = (
             len(prep.label_names) if prep.label_names else (None if top is None else top + 1)
         )
-    columns = [c for c in table.column_names if c not in ("export_index", JSON_COLUMN)]
-    formats = (
-        tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
-        if opts.image_member and IMAGE_FORMAT in table.column_names
-        else None
-    )
+    columns = pa.schema(f for f in prep.schema if f.name not in ("export_index", JSON_COLUMN))
     specs = key_specs(
-        table.select(columns), prep.fields, prep.x_keys, prep.y_keys, backend, formats
+        columns, prep.stored, prep.fields, prep.x_keys, prep.y_keys, backend, prep.image_formats
     )
     fractions = prep.split_method == "fractions"
     return ExportConfig(
@@ -153,7 +145,7 @@ def contract(
         },
         source_datasets=(
             *(previous.source_datasets if previous else ()),
-            SourceInfo(src.uri, src.kind, table.num_rows + len(prep.skipped), fingerprint),
+            SourceInfo(src.uri, src.kind, prep.num_rows + len(prep.skipped), fingerprint),
         ),
         source_fingerprint=(
             combined_digest([previous.source_fingerprint, fingerprint]) if previous else fingerprint

@@ -4,12 +4,13 @@ first guess of its shard boundaries and its deterministic name hash.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.backends.base import Backend, SplitPlan
-from shardex.checks import SampleCheck
 from shardex.contract import (
     FORMAT_VERSION,
     ExportConfig,
@@ -22,20 +23,31 @@ from shardex.planning import (
     name_hash,
     plan_bounds,
 )
-from shardex.rows import Members, SplitRows
+from shardex.rows import Members, Sizes, SpilledRows, SplitRows
+from shardex.sample_check import SampleCheck
 from shardex.sources.base import MEMBERS
 
+#: A split's rows as pass 2 gets them (see :func:`split_rows`).
+Rows: TypeAlias = SplitRows | SpilledRows | pa.Table
 
-def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[SplitRows | pa.Table]:
+
+_NO_ROWS = pa.table({"key": pa.array([], pa.string())})
+
+
+def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[Rows]:
     """Each split's rows: candidates over the shared members, sized by the backend
-    (shard-by-shard backends; no sample bytes copied), or the split's whole table."""
+    (shard-by-shard backends; no sample bytes copied), in spill files (a streamed pass 1:
+    sized already), or the split's whole table."""
+    if prep.spilled is not None:
+        return [prep.spilled[s] for s in names]
     table = prep.table
+    assert table is not None  # not spilled: the whole table
     column = table.column("split")
     if prep.members is None:
         return [table.filter(pc.equal(column, s)) for s in names]
     meta = table.drop_columns([MEMBERS])
     values = column.to_numpy(zero_copy_only=False)
-    out: list[SplitRows | pa.Table] = []
+    out: list[Rows] = []
     for name in names:
         index = np.flatnonzero(values == name).astype(np.int64)
         rows = meta if len(index) == meta.num_rows else meta.take(pa.array(index))
@@ -45,7 +57,7 @@ def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[Split
 
 
 def plan_split(
-    rows: SplitRows | pa.Table,
+    rows: Rows,
     split: str,
     backend: Backend,
     prep: Prepared,
@@ -56,7 +68,12 @@ def plan_split(
 ) -> tuple[SplitPlan, str]:
     """A split's plan, and its content digest."""
     start = before.num_samples if before is not None else 0
-    if isinstance(rows, SplitRows):
+    digest: str | None = None
+    candidates: SplitRows | SpilledRows | None
+    sizes: Sizes
+    if isinstance(rows, SpilledRows):
+        table, sizes, candidates, digest = _NO_ROWS, rows.sizes, rows, rows.digest
+    elif isinstance(rows, SplitRows):
         table, sizes, candidates = rows.rows, rows.sizes, rows
     else:
         table = rows.append_column(
@@ -66,7 +83,7 @@ def plan_split(
         every = np.arange(table.num_rows, dtype=np.int64)
         sizes = backend.sample_sizes(table, members, every, with_label=prep.write_label)
         candidates = None
-    digest = content_digest(table, sizes)
+    digest = digest or content_digest(table, np.asarray(sizes))
     plan = SplitPlan(
         split,
         table,

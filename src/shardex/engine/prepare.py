@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from shardex.backends.base import Backend
 from shardex.bfloat16 import BFLOAT16, mark
 from shardex.checks import check_samples
 from shardex.contract import (
@@ -17,13 +20,15 @@ from shardex.contract import (
     ExportConfig,
     FieldSpec,
 )
+from shardex.engine.finish import finish
+from shardex.engine.stream import scan_stream
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.tables import read_checked_table
-from shardex.image_member import one_image_member
+from shardex.image_member import IMAGE_FORMAT, one_image_member
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.planning import (
@@ -31,21 +36,24 @@ from shardex.planning import (
     drop_unselected_members,
     fixed_lists,
     member_keys,
+    member_keys_of,
+    ordered_splits,
     select_keys,
     split_names,
 )
 from shardex.progress import Progress
-from shardex.rows import JSON_COLUMN, Members
+from shardex.rows import JSON_COLUMN, Members, SpilledRows
 from shardex.sources import Source
-from shardex.sources.base import MEMBERS
+from shardex.sources.base import MEMBERS, SampleStream
 from shardex.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """The checked, split sample table and the decisions made about it."""
+    """The checked, split samples and the decisions made about them: the whole table
+    (``table``), or each selected split's rows spilled to local scratch (``spilled``)."""
 
-    table: pa.Table
+    table: pa.Table | None
     fields: tuple[FieldSpec, ...]
     skipped: list[dict[str, str]]
     split_method: str
@@ -55,8 +63,20 @@ class Prepared:
     with_label: bool
     write_label: bool
     label_names: tuple[str, ...] | None
+    #: The columns of the samples' rows (``_members``, ``_json``, ``export_index`` too).
+    schema: pa.Schema
+    #: Samples exported, all splits.
+    num_rows: int
+    #: The largest label number (None: no label).
+    label_max: int | None
+    #: Logical key -> member names of the samples (see :func:`member_keys`).
+    stored: dict[str, set[str]]
     #: The members of ``table`` (for backends that write shard by shard).
     members: Members | None = None
+    #: Each selected split's rows in a spill file (a streamed pass 1; ``table`` None).
+    spilled: dict[str, SpilledRows] | None = None
+    #: The images' real encodings when one member name holds them all (``image_member``).
+    image_formats: tuple[str, ...] | None = None
 
     def in_memory(self) -> bool:
         """Whether most of the samples' bytes are in this process (an in-memory source):
@@ -123,9 +143,14 @@ def prepare(
     fields = field_specs(table, write_label)
     return Prepared(
         table=table,
+        schema=table.schema,
+        num_rows=table.num_rows,
+        label_max=pc.max(table.column("label")).as_py() if with_label else None,
+        stored=member_keys(table),
         fields=with_columns(
             mark(fields) if opts.dtype == BFLOAT16 else fields, y_keys, label_prefix
         ),
+        image_formats=image_formats(table) if opts.image_member else None,
         skipped=skipped,
         split_method=previous.split_method if previous is not None else split_method,
         splits=split_names(table, opts),
@@ -135,6 +160,72 @@ def prepare(
         write_label=write_label,
         label_names=label_names,
         members=Members.of(table.column(MEMBERS)) if runner is None else None,
+    )
+
+
+def image_formats(table: pa.Table) -> tuple[str, ...] | None:
+    """The images' real encodings, from the ``image_format`` column ``image_member`` adds."""
+    if IMAGE_FORMAT not in table.column_names:
+        return None
+    return tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
+
+
+def streamable(opts: ExportOptions, backend: Backend) -> bool:
+    """Whether pass 1 can stream: a backend that writes shard by shard, and no option
+    that needs every sample's members at hand (keys chosen by name may drop members or
+    make metadata columns into members; ``dtype`` rewrites arrays)."""
+    return (
+        backend.writes_shards
+        and opts.x_keys is None
+        and opts.y_keys is None
+        and opts.dtype is None
+        and opts.image_member is None  # renames members with the whole table at hand
+    )
+
+
+def prepare_streamed(
+    stream: SampleStream,
+    uri: str,
+    opts: ExportOptions,
+    backend: Backend,
+    folder: Path,
+    bars: Progress,
+    taken: frozenset[str] = frozenset(),
+) -> Prepared:
+    """Pass 1 over a streaming source (see :mod:`shardex.engine.stream`), then the
+    planning pass (:mod:`shardex.engine.finish`); the selected splits' rows end in spill
+    files under ``folder`` (local scratch)."""
+    scanning = bars.task(f"scanning {uri}", None)
+    scanned = scan_stream(stream, opts, folder, uri, taken)
+    scanning.done()
+    splits = ordered_splits(set(scanned.counts), opts)
+    with_label = scanned.with_label
+    done = finish(scanned, backend, folder, splits, write_label=with_label)
+    stored = member_keys_of(done.exts)
+    internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
+    available = [
+        *stored,
+        *(["label"] if with_label else []),
+        *[c for c in done.schema.names if c not in internal],
+    ]
+    x_keys, y_keys = select_keys(opts, available, list(stored), with_label)
+    fields = done.merger.specs(with_label, order=scanned.exts)
+    return Prepared(
+        table=None,
+        fields=with_columns(fields, y_keys, LABEL_PREFIX),
+        skipped=scanned.skipped,
+        split_method=scanned.split_method,
+        splits=splits,
+        x_keys=x_keys,
+        y_keys=y_keys,
+        with_label=with_label,
+        write_label=with_label,
+        label_names=scanned.label_names,
+        schema=done.schema,
+        num_rows=scanned.num_rows,
+        label_max=done.label_max,
+        stored=stored,
+        spilled=done.spilled,
     )
 
 

@@ -11,8 +11,10 @@ is the commit point, so a reader never takes a half-written folder for an export
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from shardex.api import read_config
@@ -34,13 +36,23 @@ from shardex.engine.output import (
     resumed,
     undo,
 )
-from shardex.engine.prepare import Prepared, appending_options, exported_keys, prepare
+from shardex.engine.prepare import (
+    Prepared,
+    appending_options,
+    exported_keys,
+    prepare,
+    prepare_streamed,
+    streamable,
+)
+from shardex.engine.scratch import scratch
 from shardex.engine.write import Written, write_splits
 from shardex.errors import ConfigError, EmptySourceError, SourceError
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
+from shardex.rows import Members
 from shardex.sources import Source, open_source
+from shardex.sources.base import MEMBERS, SampleStream
 from shardex.storage import Storage, open_storage
 from shardex.storage.lock import holder_text
 
@@ -131,28 +143,30 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     bad images only then) undoes this run's files once the workers are done."""
     storage, opts = job.storage, job.opts
     taken = exported_keys(storage, job.previous)
-    one_pass = job.backend.writes_shards
-    prep = prepare(job.src, opts, None, bars, job.previous, taken) if one_pass else None
-    # bytes in this process (an in-memory source) are written here: pickling costs more
-    workers = 1 if prep is not None and prep.in_memory() else opts.workers
-    intent_before = read_intent_bytes(storage)
-    writing = False
-    try:
-        with job.runner or Runner(workers) as pool:
-            if prep is None:
-                prep = prepare(job.src, opts, pool, bars, job.previous, taken)
-            _check_one_split(job, prep)
-            record_intent(storage, opts.mode, job.command)  # before the first write
-            writing = True
-            written = write_splits(
-                storage, job.backend, prep, opts, pool, bars, job.previous, job.committed
-            )
-        if sum(i.num_samples for i in written.splits.values()) == 0:
-            raise EmptySourceError(f"every sample of {job.src.uri} was skipped; nothing to export")
-    except SourceError:
-        if writing:
-            undo(storage, job.old_files, job.committed, intent_before)
-        raise
+    with scratch() as folder:
+        prep = _prepare_first(job, bars, taken, folder)
+        # bytes in this process (an in-memory source) are written here: pickling costs more
+        workers = 1 if prep is not None and prep.in_memory() else opts.workers
+        intent_before = read_intent_bytes(storage)
+        writing = False
+        try:
+            with job.runner or Runner(workers) as pool:
+                if prep is None:
+                    prep = prepare(job.src, opts, pool, bars, job.previous, taken)
+                _check_one_split(job, prep)
+                record_intent(storage, opts.mode, job.command)  # before the first write
+                writing = True
+                written = write_splits(
+                    storage, job.backend, prep, opts, pool, bars, job.previous, job.committed
+                )
+            if sum(i.num_samples for i in written.splits.values()) == 0:
+                raise EmptySourceError(
+                    f"every sample of {job.src.uri} was skipped; nothing to export"
+                )
+        except SourceError:
+            if writing:
+                undo(storage, job.old_files, job.committed, intent_before)
+            raise
     return prep, written
 
 
@@ -165,6 +179,43 @@ def _check_one_split(job: _Job, prep: Prepared) -> None:
             f"({', '.join(map(repr, names))}); export one split (--split NAME), or use the "
             "default layout (a folder per split)"
         )
+
+
+def _prepare_first(
+    job: _Job, bars: Progress, taken: frozenset[str], folder: Path
+) -> Prepared | None:
+    """Pass 1 before any worker starts, for a backend that writes shard by shard (it
+    checks images as it writes them): streamed, the splits spilled under ``folder``,
+    unless the source's bytes are in memory (its first batch tells), an option needs
+    the whole table, or it appends. None: the images are checked first, in the workers."""
+    if not job.backend.writes_shards:
+        return None
+    # a pipeline's runner (Ray tasks may run on other machines, which do not see this
+    # one's scratch) hands over a table it has gathered anyway: the whole-table path
+    whole = job.runner is not None or job.previous is not None
+    if whole or not streamable(job.opts, job.backend):
+        return prepare(job.src, job.opts, None, bars, job.previous, taken)
+    stream = job.src.stream()
+    batches = iter(stream.batches)
+    first = next(batches, None)
+    replay = SampleStream(
+        itertools.chain([first] if first is not None else [], batches), stream.label_names
+    )
+    if first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline():
+        return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
+    return prepare_streamed(replay, job.src.uri, job.opts, job.backend, folder, bars, taken)
+
+
+class _Replay(Source):
+    """A source whose stream has begun: the rest of it, its first batch put back."""
+
+    kind = "replay"
+
+    def __init__(self, src: Source, stream: SampleStream) -> None:
+        self.uri, self._stream = src.uri, stream
+
+    def stream(self) -> SampleStream:
+        return self._stream
 
 
 def _config(

@@ -25,19 +25,37 @@ import pyarrow as pa
 from shardex.backends.webdataset.writer import ShardJob, ShardWritten, write_shard
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
-from shardex.rows import SplitRows
+from shardex.rows import Members, SpilledRows, SplitRows
 
 #: Candidates a worker's job carries beyond its planned end, for skips (then doubled).
 _SLACK: Final = 8
 
 
+_NO_ROWS: Final = pa.table({})
+_NO_MEMBERS: Final = Members.empty()
+
 #: (start, stop, first sample number, shard number offset) -> the job's fields it decides.
 MakeJob = Callable[[int, int, int, int], ShardJob]
 
 
-def candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
+def spilled_candidates(split: SpilledRows, start: int, stop: int) -> dict[str, object]:
+    """A job's candidate fields for ``[start, stop)`` of a spilled split: the slice of
+    its spill file that the writer reads (inline or in a worker), and the sizes."""
+    return {
+        "rows": _NO_ROWS,
+        "members": _NO_MEMBERS,
+        "member_rows": np.zeros(0, np.int64),
+        "sizes": np.asarray(split.sizes[start:stop]),
+        "last": stop >= split.num_samples,
+        "spill": split.slice(start, stop),
+    }
+
+
+def candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> dict[str, object]:
     """A job's candidate fields for ``[start, stop)``: views when written inline, compact
     copies of the references when pickled to a worker."""
+    if isinstance(split, SpilledRows):
+        return spilled_candidates(split, start, stop)
     index = np.arange(start, stop, dtype=np.int64)
     rows = split.rows.take(pa.array(index))
     members = split.members.subset(split.member_rows[start:stop])
@@ -50,8 +68,10 @@ def candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
     }
 
 
-def inline_candidates(split: SplitRows, start: int, stop: int) -> dict[str, object]:
+def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> dict[str, object]:
     """The candidates ``[start, stop)`` as views (written in this process: no copy)."""
+    if isinstance(split, SpilledRows):
+        return spilled_candidates(split, start, stop)
     return {
         "rows": split.rows.slice(start, stop - start),
         "members": split.members,
@@ -62,7 +82,7 @@ def inline_candidates(split: SplitRows, start: int, stop: int) -> dict[str, obje
 
 
 def write_shards(
-    split: SplitRows,
+    split: SplitRows | SpilledRows,
     make_job: MakeJob,
     runner: Runner,
     samples_per_shard: int,

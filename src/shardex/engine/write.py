@@ -24,7 +24,6 @@ from shardex.errors import (
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
-from shardex.rows import SplitRows
 from shardex.storage import Storage
 
 
@@ -60,7 +59,7 @@ def write_splits(
         *(previous.splits if previous else ()),
         *(s for s in prep.splits if not previous or s not in previous.splits),
     ]
-    bar = bars.task("writing shards", prep.table.num_rows)
+    bar = bars.task("writing shards", prep.num_rows)
     metadata_file = unused_name(METADATA_FILE, committed)
     sink = MetadataSink(storage, metadata_file)
     skipped = list(prep.skipped)
@@ -84,7 +83,7 @@ def write_splits(
             before = previous.splits.get(split) if previous else None
             if old_meta is not None and before is not None:
                 sink(old_meta.filter(pc.equal(old_meta.column("split"), split)))
-            count = rows.num_samples if isinstance(rows, SplitRows) else rows.num_rows
+            count = rows.num_rows if isinstance(rows, pa.Table) else rows.num_samples
             if count == 0 and before is not None:
                 written[split] = before
                 continue

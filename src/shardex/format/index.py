@@ -251,12 +251,23 @@ def member_row(
     return max(key_at, 0), len(key.encode()) if same else ABSENT, spans
 
 
-def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
-    """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
-    sample order; an extension that is empty (readers parse those samples) gets no column."""
+def member_columns(parts: Sequence[tuple[str, ...]]) -> list[str]:
+    """The extension columns of ``index-members.npy`` for parts with these extensions, in
+    order of appearance; an empty one (readers parse those samples) gets no column."""
     exts: list[str] = []
     for part in parts:
-        exts += [e for e in part.exts if e and e not in exts]
+        exts += [e for e in part if e and e not in exts]
+    return exts
+
+
+def build_members(
+    parts: Sequence[MemberSpans], exts: Sequence[str] | None = None, start: int = 0
+) -> npt.NDArray[np.void]:
+    """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
+    sample order. ``exts`` (the columns of the whole file) and ``start`` (the number of
+    the first row) build a file part by part: the parts' rows joined are the whole's."""
+    if exts is None:
+        exts = member_columns([p.exts for p in parts])
     out = np.zeros(sum(len(p.spans) for p in parts), members_dtype(exts))
     members = out["members"]
     at = 0
@@ -269,12 +280,13 @@ def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
             if ext:
                 members[ext][at : at + n] = part.spans[:, 2 + 2 * col : 4 + 2 * col]
         at += n
-    seal_members(out)
+    seal_members(out, start)
     return out
 
 
-def seal_members(rows: npt.NDArray[np.void]) -> None:
-    """Set each row's ``check``: xxh3-64 of the row after it, seeded with the row's number."""
+def seal_members(rows: npt.NDArray[np.void], start: int = 0) -> None:
+    """Set each row's ``check``: xxh3-64 of the row after it, seeded with the row's number
+    (``start`` is the first row's)."""
     if not len(rows):
         return
     size = rows.dtype.itemsize
@@ -282,7 +294,7 @@ def seal_members(rows: npt.NDArray[np.void]) -> None:
     view = memoryview(raw)
     rows["check"] = np.fromiter(
         (
-            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], i)
+            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], start + i)
             for i in range(len(rows))
         ),
         np.uint64,

@@ -40,12 +40,9 @@ from shardex.format.index import (
     MEMBERS_VERSION,
     SAMPLES_FILE,
     MemberSpans,
-    build_keys_from_hashes,
-    build_members,
     build_samples,
     checksum_seeds,
     spans_of_rows,
-    to_npy_bytes,
 )
 from shardex.storage.base import Storage
 
@@ -123,6 +120,7 @@ class WebDatasetBackend(Backend):
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
         from shardex.engine.shards import candidates, inline_candidates, write_shards
+        from shardex.engine.split_index import IndexSink
 
         split = plan.candidates
         if split is None:
@@ -139,65 +137,61 @@ class WebDatasetBackend(Backend):
             return _job(storage, plan, first + k, other_hash, base + first_sample, fields)
 
         shards = list(before.shards) if before is not None else []
-        parts: list[tuple[npt.NDArray[np.integer], ...]] = []
-        hashes: list[npt.NDArray[np.uint64]] = []
-        members = _members_of(storage, plan)
         discarded: list[ShardWritten] = []
-        for done in write_shards(
-            split,
-            make_job,
-            runner,
-            plan.samples_per_shard,
-            plan.max_shard_bytes,
-            inline=inline,
-            on_discard=discarded.append,
-        ):
-            if done.skipped and plan.on_skip is not None:
-                plan.on_skip(list(done.skipped))
-            if not done.num_samples:  # the split's last candidates were all skipped
-                continue
-            shards.append(
-                ShardInfo(
-                    done.tar_path,
-                    done.num_samples,
-                    done.num_bytes,
-                    done.checksum,
-                    done.parquet_path,
-                    done.dali_index,
-                    done.metadata_checksum,
+        members = _members_of(storage, plan)
+        with IndexSink() as index_out:
+            if before is not None and before.index is not None:
+                index_out.add(*_old_index(storage, before.index))
+            if members is not None:
+                for part in members:
+                    index_out.add_members(part)
+            for done in write_shards(
+                split,
+                make_job,
+                runner,
+                plan.samples_per_shard,
+                plan.max_shard_bytes,
+                inline=inline,
+                on_discard=discarded.append,
+            ):
+                if done.skipped and plan.on_skip is not None:
+                    plan.on_skip(list(done.skipped))
+                if not done.num_samples:  # the split's last candidates were all skipped
+                    continue
+                shards.append(
+                    ShardInfo(
+                        done.tar_path,
+                        done.num_samples,
+                        done.num_bytes,
+                        done.checksum,
+                        done.parquet_path,
+                        done.dali_index,
+                        done.metadata_checksum,
+                    )
                 )
+                number = np.full(done.num_samples, len(shards) - 1, np.uint32)
+                records = build_samples(number, done.offsets, done.lengths, done.checksums)
+                index_out.add(records, done.key_hashes)
+                if members is not None and done.members is not None:
+                    index_out.add_members(done.members)
+                on_shard(done.table)
+            _remove_discarded(storage, discarded, shards, plan.existing)
+            if not index_out.num_samples and before is None:
+                # every sample skipped: the split is not exported
+                return SplitInfo(num_samples=0, num_bytes=0, shards=(), index=None)
+            index = IndexInfo(
+                unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
+                unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),
+                None
+                if members is None
+                else unused_name(f"{plan.prefix}{MEMBERS_FILE}", plan.existing),
             )
-            number = np.full(done.num_samples, len(shards) - 1, np.uint32)
-            parts.append((number, done.offsets, done.lengths, done.checksums))
-            hashes.append(done.key_hashes)
-            if members is not None and done.members is not None:
-                members.append(done.members)
-            on_shard(done.table)
-        _remove_discarded(storage, discarded, shards, plan.existing)
-        if not parts and before is None:  # every sample skipped: the split is not exported
-            return SplitInfo(num_samples=0, num_bytes=0, shards=(), index=None)
-        dtypes = (np.uint32, np.uint64, np.uint32, np.uint64)
-        shard_no, offsets, lengths, sums = (
-            np.concatenate([p[k] for p in parts]) if parts else np.empty(0, dtype)
-            for k, dtype in enumerate(dtypes)
-        )
-        samples = build_samples(shard_no, offsets, lengths, sums)
-        key_hashes = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
-        if before is not None and before.index is not None:
-            old_samples, old_hashes = _old_index(storage, before.index)
-            samples = np.concatenate([old_samples, samples])
-            key_hashes = np.concatenate([old_hashes, key_hashes])
-        index = IndexInfo(
-            unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
-            unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),
-            None if members is None else unused_name(f"{plan.prefix}{MEMBERS_FILE}", plan.existing),
-        )
-        storage.put(index.samples, to_npy_bytes(samples))
-        storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(key_hashes)))
-        if index.members is not None and members is not None:
-            storage.put(index.members, to_npy_bytes(build_members(members)))
+            index_out.put(storage, index.samples, index.keys)
+            if index.members is not None:
+                index_out.put_members(storage, index.members)
+            num_samples = index_out.num_samples
         return SplitInfo(
-            num_samples=len(samples),
+            num_samples=num_samples,
             num_bytes=sum(s.num_bytes for s in shards),
             shards=tuple(shards),
             index=index,

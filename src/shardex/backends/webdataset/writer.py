@@ -21,14 +21,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex.checks import SampleCheck, image_problem, refusal
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import Component, DaliIndex
 from shardex.format.index import MemberSpans, member_row
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
-from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members, json_text_column
+from shardex.rows import (
+    JSON_COLUMN,
+    LABEL_FIELD,
+    ByteSource,
+    Members,
+    SpillSlice,
+    json_text_column,
+)
+from shardex.sample_check import SampleCheck, image_problem, refusal
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
 
@@ -129,6 +136,9 @@ class ShardJob:
     check: SampleCheck = dataclasses.field(default_factory=SampleCheck)
     resume: bool = False
     dali_index_path: str | None = None
+    #: Where the candidates are when the job does not carry them (``rows`` and
+    #: ``members`` are then empty): a slice of a spill file the writer reads itself.
+    spill: SpillSlice | None = None
     #: Set when the committed export names this shard's paths: the shard is kept if it
     #: holds exactly these samples, else written under these (tar, parquet, idx) paths
     #: instead, never over a file the committed config.yaml names.
@@ -377,6 +387,10 @@ def write_shard(job: ShardJob) -> ShardWritten:
     """Write the tar and its Parquet sidecar (each appears only when complete), or keep
     them when resuming and they verify. Each candidate's bytes are read once: checked,
     hashed and appended."""
+    if job.spill is not None:
+        rows, members = job.spill.read()
+        every = np.arange(rows.num_rows, dtype=np.int64)
+        job = dataclasses.replace(job, rows=rows, members=members, member_rows=every, spill=None)
     old = _existing(job) if job.resume or job.alternate else None
     if old is None and job.alternate is not None:
         return write_shard(_elsewhere(job))

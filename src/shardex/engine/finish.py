@@ -1,0 +1,128 @@
+"""The planning pass of a streamed export: each split's spilled rows read back in order,
+made final (the joined column types, list columns of one length as fixed-size lists, the
+``.json`` member text, export numbers), sized by the backend and written to the split's
+final spill, which shard jobs read slices of. Field specs, member names and the label
+range are gathered on the way. One batch is in memory at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardex.backends.base import Backend
+from shardex.checks import json_columns, json_texts
+from shardex.engine.spill import FinalSpill
+from shardex.engine.stream import ROW, Scanned
+from shardex.fields import FieldMerger
+from shardex.rows import JSON_COLUMN, Members, SpilledRows
+from shardex.sources.base import MEMBERS
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The selected splits' final spills, and what the contract needs of every row."""
+
+    spilled: dict[str, SpilledRows]
+    schema: pa.Schema
+    merger: FieldMerger
+    #: Member names of the exported samples.
+    exts: frozenset[str]
+    label_max: int | None
+
+
+class _Final:
+    """Makes spilled rows final, as the whole-table path has them (see the module
+    docstring); ``start``: the export number of the first sample."""
+
+    def __init__(self, scanned: Scanned, start: int) -> None:
+        self.s, self.start = scanned, start
+        schema = scanned.schema
+        self.casts: dict[str, pa.DataType] = {}
+        for f in schema:
+            t = f.type
+            if f.name == MEMBERS:
+                continue
+            if pa.types.is_list(t) or pa.types.is_large_list(t):
+                stats = scanned.lists.get(f.name)
+                lengths = stats.lengths if stats is not None else set()
+                one = next(iter(lengths)) if len(lengths) == 1 else 0
+                fixed = one and stats is not None and not stats.missing
+                # as planning.fixed_lists: Parquet reads no fixed-size lists of size 0 back
+                self.casts[f.name] = (
+                    pa.list_(t.value_type, one) if fixed else pa.list_(t.value_type)
+                )
+            elif pa.types.is_fixed_size_list(t):
+                self.casts[f.name] = pa.list_(t.value_type, t.list_size)
+        for name, t in self.casts.items():
+            schema = schema.set(schema.get_field_index(name), pa.field(name, t))
+        self.json = json_columns(schema)
+        self.repeated = pa.array(scanned.repeated, pa.int64())
+
+    def __call__(self, raw: pa.Table) -> pa.Table:
+        s = self.s
+        if len(self.repeated):
+            raw = raw.filter(pc.invert(pc.is_in(raw.column(ROW), self.repeated)))
+        rows = raw.column(ROW).to_numpy()
+        split = raw.column("split")
+        base = raw.drop_columns([ROW, "split"] if s.assigned else [ROW])
+        if not base.schema.equals(s.schema):
+            empty = s.schema.empty_table()
+            base = pa.concat_tables([empty, base], promote_options="permissive").combine_chunks()
+        for name, t in self.casts.items():
+            i = base.schema.get_field_index(name)
+            base = base.set_column(i, name, base.column(i).cast(t))
+        if self.json:
+            base = base.append_column(JSON_COLUMN, json_texts(base.select(list(self.json))))
+        if s.assigned:
+            base = base.append_column("split", split)
+        numbers = self.start + rows - np.searchsorted(s.dropped, rows)
+        return base.append_column("export_index", pa.array(numbers, pa.int64()))
+
+
+def finish(
+    scanned: Scanned,
+    backend: Backend,
+    folder: Path,
+    selected: list[str],
+    *,
+    write_label: bool,
+    start: int = 0,
+) -> Finished:
+    """Read every split back once (see the module docstring); only ``selected`` splits
+    are spilled again and sized."""
+    final = _Final(scanned, start)
+    merger = FieldMerger()
+    exts: set[str] = set()
+    top: int | None = None
+    schema: pa.Schema | None = None
+    spilled: dict[str, SpilledRows] = {}
+    for k, (name, spill) in enumerate(scanned.spills.items()):
+        if name not in scanned.counts:
+            continue
+        out: FinalSpill | None = None
+        for raw in spill.tables():
+            rows = final(raw)
+            if not rows.num_rows:
+                continue
+            schema = rows.schema
+            members = Members.of(rows.column(MEMBERS))
+            merger.add(rows, members)
+            exts.update(members.ext_names[c] for c in np.unique(members.ext_codes).tolist())
+            if scanned.with_label:
+                most = pc.max(rows.column("label")).as_py()
+                top = most if top is None or (most is not None and most > top) else top
+            if name in selected:
+                every = np.arange(rows.num_rows, dtype=np.int64)
+                sizes = backend.sample_sizes(rows, members, every, with_label=write_label)
+                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema)
+                out.append(rows, sizes)
+        spill.remove()
+        if out is not None:
+            spilled[name] = out.close()
+    assert schema is not None  # scan_stream refused an export of no sample
+    return Finished(spilled, schema, merger, frozenset(exts), top)

@@ -1,0 +1,112 @@
+"""A split's random-access index (``index-samples.npy``, ``index-keys.npy``,
+``index-members.npy``; the format is
+:mod:`shardex.format.index`'s) built as shards complete, in memory that does not grow
+with the split: records are appended to local scratch and streamed out under their
+``.npy`` header, and the key table is sorted from hash runs (:mod:`shardex.engine.runs`)
+merged run by run. The files written are byte for byte those of ``np.save`` of the
+whole arrays.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from shardex.engine.runs import HashRuns
+from shardex.engine.scratch import scratch
+from shardex.format.index import (
+    SAMPLE_DTYPE,
+    MemberSpans,
+    build_members,
+    member_columns,
+    members_dtype,
+)
+from shardex.storage.base import Storage
+
+_KEY: Final = np.dtype([("h", "<u8"), ("sample", "<u8")])
+_COPY: Final = 1 << 20
+
+
+def npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header that ``np.save`` writes for an array of this dtype and shape."""
+    out = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()
+
+
+class IndexSink:
+    """Collects a split's index records in sample order; :meth:`put` writes both files.
+    Use as a context manager: its scratch space goes whatever happens."""
+
+    def __init__(self) -> None:
+        self._scratch = scratch("index")
+        folder = self._scratch.__enter__()
+        self._samples_path = folder / "samples.bin"
+        self._samples: BinaryIO = open(self._samples_path, "wb")  # noqa: SIM115
+        self._keys = HashRuns(folder, "keys", _KEY)
+        self._folder: Path = folder
+        self.num_samples = 0
+        #: Each shard's member spans: their extensions, and their rows on scratch.
+        self._members: list[tuple[tuple[str, ...], Path, int]] = []
+
+    def __enter__(self) -> IndexSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._samples.close()
+        self._keys.close()
+        self._scratch.__exit__(None, None, None)
+
+    def add(self, records: npt.NDArray[np.void], key_hashes: npt.NDArray[np.uint64]) -> None:
+        """The next samples' records (:data:`SAMPLE_DTYPE`) and key hashes."""
+        keys = np.empty(len(key_hashes), _KEY)
+        keys["h"] = key_hashes
+        keys["sample"] = np.arange(self.num_samples, self.num_samples + len(key_hashes))
+        self._keys.add(keys)
+        self._samples.write(np.ascontiguousarray(records, SAMPLE_DTYPE).tobytes())
+        self.num_samples += len(records)
+
+    def add_members(self, spans: MemberSpans) -> None:
+        """The next samples' member spans (``index-members.npy``), kept on scratch."""
+        path = self._folder / f"members-{len(self._members)}.bin"
+        spans.spans.astype(np.uint32, copy=False).tofile(path)
+        self._members.append((spans.exts, path, len(spans.spans)))
+
+    def put_members(self, storage: Storage, members_path: str) -> None:
+        """Write ``index-members.npy`` (atomically) from the spans added, part by part."""
+        exts = member_columns([e for e, _, _ in self._members])
+        total = sum(n for _, _, n in self._members)
+        with storage.open_writer(members_path) as out:
+            out.write(npy_header(members_dtype(exts), (total,)))
+            at = 0
+            for part_exts, path, n in self._members:
+                spans = np.fromfile(path, np.uint32).reshape(n, 2 + 2 * len(part_exts))
+                out.write(build_members([MemberSpans(part_exts, spans)], exts, at).tobytes())
+                at += n
+
+    def put(self, storage: Storage, samples_path: str, keys_path: str) -> None:
+        """Write ``index-samples.npy`` and ``index-keys.npy`` (each atomically)."""
+        self._samples.close()
+        n = self.num_samples
+        with storage.open_writer(samples_path) as out, open(self._samples_path, "rb") as f:
+            out.write(npy_header(SAMPLE_DTYPE, (n,)))
+            while chunk := f.read(_COPY):
+                out.write(chunk)
+        samples = self._folder / "key-samples.bin"
+        with storage.open_writer(keys_path) as out, open(samples, "wb") as rows:
+            out.write(npy_header(np.dtype(np.uint64), (2, n)))
+            for run in self._keys.sorted_runs():  # row 0: the hashes, sorted
+                out.write(np.ascontiguousarray(run["h"]).tobytes())
+                rows.write(np.ascontiguousarray(run["sample"]).tobytes())
+            rows.close()
+            with open(samples, "rb") as f:  # row 1: the sample of each
+                while chunk := f.read(_COPY):
+                    out.write(chunk)

@@ -1,0 +1,268 @@
+"""Pass 1 over a streaming source, batch by batch, in memory that does not grow with the
+dataset: each batch's references checked (what the source found unusable, split names,
+unsafe keys, keys already exported), split, and spilled split by split to local scratch
+(:mod:`shardex.engine.spill`). Repeated keys (also by case) are found across batches
+from hash runs on scratch (:mod:`shardex.engine.runs`) once the source is read.
+
+What needs every batch (the columns' joined types, list columns of one length, export
+numbers after the samples left out) is decided at the end and applied as the spilled
+rows are read back (:mod:`shardex.engine.finish`), so the rows match those of the
+whole-table path exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from shardex.checks import (
+    check_repeated,
+    check_splits,
+    key_problem,
+    refuse,
+    refuse_left_out,
+)
+from shardex.engine.runs import HashRuns
+from shardex.engine.spill import Spill
+from shardex.errors import EmptySourceError, SourceError
+from shardex.options import ExportOptions
+from shardex.planning import assign_splits
+from shardex.quoting import quoted
+from shardex.sources.base import INVALID, MEMBERS, LeftOut, SampleStream
+
+#: The source row number of each spilled row (the order of samples).
+ROW: Final = "_row"
+_KEY_RECORD: Final = np.dtype([("h", "<u8"), ("row", "<i8")])
+
+
+@dataclass(slots=True)
+class _Lists:
+    """What pass 1 saw of a list column: its lengths and the rows without a value."""
+
+    lengths: set[int] = field(default_factory=set)
+    missing: int = 0
+
+
+@dataclass(slots=True)
+class Scanned:
+    """What pass 1 found: each split's spilled rows, the source columns' joined schema,
+    the rows left out (their numbers, sorted), and the skipped samples' records."""
+
+    spills: dict[str, Spill]
+    schema: pa.Schema
+    lists: dict[str, _Lists]
+    #: Source row numbers of every sample not exported (bad, repeated), sorted.
+    dropped: np.ndarray
+    #: Those of repeated keys (still in the spills: left out as they are read back).
+    repeated: np.ndarray
+    skipped: list[dict[str, str]]
+    label_names: tuple[str, ...] | None
+    with_label: bool
+    split_method: str
+    #: Samples per split (repeated keys not counted).
+    counts: dict[str, int]
+    #: Member names in the order first seen.
+    exts: tuple[str, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def assigned(self) -> bool:
+        """Whether the export assigned the splits (else the source named them)."""
+        return self.split_method != "source"
+
+
+class _Pass:
+    def __init__(self, opts: ExportOptions, folder: Path, taken: frozenset[str]) -> None:
+        self.opts, self.folder, self.taken = opts, folder, taken
+        self.spills: dict[str, Spill] = {}
+        self.schemas: list[pa.Schema] = []
+        self.lists: dict[str, _Lists] = {}
+        self.left_out: list[LeftOut] = []
+        self.bad: list[tuple[int, dict[str, str]]] = []
+        self.keys = HashRuns(folder, "keys", _KEY_RECORD)
+        self.rows = 0
+        self.with_label: bool | None = None
+        self.source_split: bool | None = None
+        self.exts: dict[str, None] = {}
+
+    def add(self, table: pa.Table) -> None:
+        first = self.rows
+        self.rows += table.num_rows
+        if self.with_label is None:
+            self.with_label = self.opts.labels and "label" in table.column_names
+            self.source_split = "split" in table.column_names
+        self._list_stats(table)
+        reasons: list[str | None] = [None] * table.num_rows
+        if INVALID in table.column_names:  # problems the source found while scanning
+            reasons = [r or None for r in table.column(INVALID).to_pylist()]
+            table = table.drop_columns([INVALID])
+        if "label" in table.column_names and not self.with_label:
+            table = table.drop_columns(["label"])
+        self._schema(table.schema)
+        keys = table.column("key").to_pylist()
+        if "split" in table.column_names:
+            check_splits(table.column("split").to_pylist(), keys, reasons)
+        for i, key in enumerate(keys):
+            if reasons[i] is None:
+                reasons[i] = key_problem(key, self.taken)
+        table, keys, rows = self._drop_bad(table, keys, reasons, first)
+        self._add_keys(keys, rows)
+        exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext"))
+        self.exts.update(dict.fromkeys(exts.to_pylist()))
+        if not self.source_split:
+            table, _ = assign_splits(table, self.opts)
+        self._spill(table.append_column(ROW, pa.array(rows, pa.int64())))
+
+    def _drop_bad(
+        self, table: pa.Table, keys: list[str], reasons: list[str | None], first: int
+    ) -> tuple[pa.Table, list[str], np.ndarray]:
+        """The batch without its bad samples (recorded), their keys and row numbers."""
+        bad = [i for i, r in enumerate(reasons) if r is not None]
+        if not bad:
+            return table, keys, np.arange(first, first + table.num_rows, dtype=np.int64)
+        originals = table.column("original_path")
+        self.bad += [
+            (first + i, {"key": keys[i], "original_path": originals[i].as_py(), "reason": str(r)})
+            for i in bad
+            if (r := reasons[i]) is not None
+        ]
+        keep = np.ones(table.num_rows, bool)
+        keep[bad] = False
+        kept = [k for k, r in zip(keys, reasons, strict=True) if r is None]
+        return table.filter(pa.array(keep)), kept, np.flatnonzero(keep) + first
+
+    def _schema(self, schema: pa.Schema) -> None:
+        if not self.schemas or not schema.equals(self.schemas[-1]):
+            self.schemas.append(schema)
+
+    def _list_stats(self, table: pa.Table) -> None:
+        """Lengths of list columns (all rows, as the whole-table path sees them before
+        the checks), and rows without a value (a column a batch lacks counts as null)."""
+        for f in table.schema:
+            if f.name != MEMBERS and (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)):
+                col = table.column(f.name)
+                stats = self.lists.setdefault(f.name, _Lists(missing=self.rows - table.num_rows))
+                lengths = pc.unique(pc.list_value_length(col)).to_pylist()
+                stats.lengths.update(x for x in lengths if x is not None)
+                stats.missing += col.null_count
+        for name, stats in self.lists.items():
+            if name not in table.column_names:
+                stats.missing += table.num_rows
+
+    def _add_keys(self, keys: list[str], rows: np.ndarray) -> None:
+        """Each key's case-folded hash, for repeated keys across batches."""
+        records = np.empty(len(keys), _KEY_RECORD)
+        records["h"] = np.fromiter(
+            (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
+            np.uint64,
+            len(keys),
+        )
+        records["row"] = rows
+        self.keys.add(records)
+
+    def _spill(self, table: pa.Table) -> None:
+        splits = table.column("split")
+        for name in pc.unique(splits).to_pylist():
+            if name not in self.spills:
+                self.spills[name] = Spill(self.folder, f"split{len(self.spills):04d}")
+            self.spills[name].append(table.filter(pc.equal(splits, name)))
+
+    def repeated(self) -> tuple[np.ndarray, list[tuple[int, dict[str, str]]]]:
+        """Rows whose key repeats an earlier one (exactly or by case), with their records:
+        only rows whose hashes repeat are read back from the spills and compared."""
+        suspects = [
+            run["row"][np.r_[same, False] | np.r_[False, same]]
+            for run in self.keys.sorted_runs()
+            if np.any(same := run["h"][1:] == run["h"][:-1])
+        ]
+        self.keys.remove()
+        if not suspects:
+            return np.zeros(0, np.int64), []
+        rows = np.sort(np.concatenate(suspects))
+        found = [
+            t.select([ROW, "key", "original_path"]).filter(pc.is_in(t.column(ROW), pa.array(rows)))
+            for spill in self.spills.values()
+            for t in spill.tables()
+        ]
+        table = pa.concat_tables(found)
+        table = table.take(pc.sort_indices(table, [(ROW, "ascending")]))
+        keys = table.column("key").to_pylist()
+        reasons: list[str | None] = [None] * len(keys)
+        check_repeated(
+            keys, list(range(len(keys))), reasons, table.column("original_path"), self.taken
+        )
+        numbers = table.column(ROW).to_numpy()
+        originals = table.column("original_path").to_pylist()
+        out = [
+            (int(numbers[i]), {"key": keys[i], "original_path": originals[i], "reason": r})
+            for i, r in enumerate(reasons)
+            if r is not None
+        ]
+        return np.array([g for g, _ in out], np.int64), out
+
+
+def scan_stream(
+    stream: SampleStream,
+    opts: ExportOptions,
+    folder: Path,
+    uri: str,
+    taken: frozenset[str] = frozenset(),
+) -> Scanned:
+    """Pass 1 over ``stream`` (see the module docstring). Refuses the export as the
+    whole-table path does: what the source left out first, then the first bad sample (in
+    source order; the others counted), then an export with nothing left."""
+    work = _Pass(opts, folder, taken)
+    batches = 0
+    for batch in stream.batches:
+        batches += 1
+        work.left_out += batch.left_out
+        if batch.table.num_rows:
+            work.add(batch.table)
+    if not batches:
+        raise SourceError(f"source {quoted(uri)} yielded no batch of samples")
+    repeated, records = work.repeated()
+    bad = sorted(work.bad + records, key=lambda x: x[0])
+    if work.left_out and opts.on_error == "error":
+        refuse_left_out(work.left_out)
+    if bad and opts.on_error == "error":
+        refuse([r for _, r in bad])
+    counts = _counts(work, repeated)
+    if not sum(counts.values()):
+        raise EmptySourceError(f"every sample of {uri} was skipped; nothing to export")
+    if work.source_split and opts.split_fractions:
+        assign_splits(pa.table({"split": pa.array([], pa.string())}), opts)  # its error
+    method = "source" if work.source_split else "fractions" if opts.split_fractions else "single"
+    return Scanned(
+        spills=work.spills,
+        schema=pa.unify_schemas(work.schemas, promote_options="permissive"),
+        lists=work.lists,
+        dropped=np.sort(np.array([g for g, _ in bad], np.int64)),
+        repeated=repeated,
+        skipped=[x.record() for x in work.left_out] + [r for _, r in bad],
+        label_names=stream.label_names if work.with_label else None,
+        with_label=bool(work.with_label),
+        split_method=method,
+        counts=counts,
+        exts=tuple(work.exts),
+    )
+
+
+def _counts(work: _Pass, repeated: np.ndarray) -> dict[str, int]:
+    """Samples per split, repeated keys not counted (a split left empty is gone)."""
+    counts = {name: spill.num_rows for name, spill in work.spills.items()}
+    if len(repeated):
+        for name, spill in work.spills.items():
+            for t in spill.tables():
+                counts[name] -= int(
+                    pc.sum(pc.is_in(t.column(ROW), pa.array(repeated))).as_py() or 0
+                )
+    return {name: n for name, n in counts.items() if n}
