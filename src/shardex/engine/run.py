@@ -62,6 +62,7 @@ def run_export(
     *,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_storage_options: dict[str, Any] | None = None,
     runner: Runner | None = None,
     pipeline: tuple[dict[str, Any], ...] = (),
     spec_fingerprint: str | None = None,
@@ -71,8 +72,11 @@ def run_export(
     ``runner``: where parallel work runs (a pipeline executor's; default: ``workers``
     local processes); ``pipeline``: the stages applied before export and
     ``spec_fingerprint``: the hash of the spec file followed (both recorded).
+    ``source_storage_options``: those of a source on object storage (default: the
+    output's ``storage_options``).
     """
-    src = open_source(source)
+    given = source_storage_options if source_storage_options is not None else storage_options
+    src = open_source(source, given)
     backend = get_backend(opts.backend, opts.backend_options)
     if opts.mode == "append" and not backend.capabilities.append:
         raise ConfigError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -33,7 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
-from shardex.errors import BadSampleError, EmptySourceError, SourceError, SourceNotFoundError
+from shardex.errors import (
+    BadSampleError,
+    EmptySourceError,
+    ObjectNotFoundError,
+    SourceError,
+    SourceNotFoundError,
+)
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
     LeftOut,
@@ -50,7 +57,9 @@ from shardex.sources.base import (
     quoted,
     safe_key,
 )
+from shardex.sources.remote import MAX_IN_FLIGHT, is_url, register, split_url
 from shardex.sources.tablefile import TableFile
+from shardex.storage import Storage, open_storage
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
@@ -131,7 +140,9 @@ def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | Non
 
     def norm() -> Iterator[str]:
         for chunk in rels():
-            yield from (os.path.normpath(r) for r in chunk.to_pylist() if r)
+            yield from (
+                os.path.normpath(_pseudo(r) if is_url(r) else r) for r in chunk.to_pylist() if r
+            )
 
     if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm()):
         return None
@@ -183,6 +194,61 @@ def _file_member(full: Path) -> tuple[_Member | None, str]:
     return _Member(ext, st.st_size, path=str(full)), ""
 
 
+def _pseudo(url: str) -> str:
+    """The absolute path that stands for a URL while keys and relative paths are worked
+    out with path functions: ``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``."""
+    scheme, _, rest = url.partition("://")
+    return f"/{scheme}:/{rest}"
+
+
+def _url(pseudo: str) -> str | None:
+    """The URL a pseudo path stands for (None when a relative path climbed out of its
+    bucket with ``..``)."""
+    scheme, _, rest = pseudo.lstrip("/").partition(":/")
+    url = f"{scheme}://{rest}"
+    return url if is_url(url) and "/" in rest and "/" not in scheme else None
+
+
+def object_members(
+    urls: dict[int, str | None], options: dict[str, Any] | None
+) -> dict[int, tuple[_Member | None, str]]:
+    """The members of rows that name objects (by row number), or why each cannot be one:
+    their sizes asked concurrently (one HEAD each), the first bytes of those whose names
+    are not images' read to tell their format."""
+    if not urls:
+        return {}
+    stores: dict[str, Storage] = {}
+    for url in urls.values():
+        if url is not None:
+            bucket = split_url(url)[0]
+            if bucket not in stores:
+                stores[bucket] = open_storage(bucket, options)
+                register(stores[bucket])
+
+    def one(url: str | None) -> tuple[_Member | None, str]:
+        if url is None:
+            return None, "climbs out of its bucket with '..'"
+        bucket, path = split_url(url)
+        storage = stores[bucket]
+        try:
+            size = storage.size(path)
+        except ObjectNotFoundError:
+            return None, _MISSING
+        ext = path.rpartition("/")[2].rpartition(".")[2].lower() if "." in path else ""
+        if ext not in IMAGE_EXTENSIONS:
+            why = unexported_image_reason(ext)
+            if why is not None:
+                return None, f"is not exported: {why}"
+            fmt = sniff(storage.get_range(path, 0, 16)) if size else None
+            if fmt is None:
+                return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
+            ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
+        return _Member(ext, size, path=url), ""
+
+    with ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-head") as pool:
+        return dict(zip(urls, pool.map(one, urls.values()), strict=True))
+
+
 def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
     if wanted is not None:
         if wanted not in schema.names:
@@ -227,6 +293,7 @@ class TableSource(Source):
         self,
         path: str | os.PathLike[str],
         *,
+        storage_options: dict[str, Any] | None = None,
         path_column: str | None = None,
         bytes_column: str | None = None,
         key_column: str | None = None,
@@ -234,8 +301,13 @@ class TableSource(Source):
         label_names: tuple[str, ...] | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
-        self.path = Path(path).expanduser().absolute()
-        self.uri = str(self.path)
+        text = os.fspath(path)
+        #: the table's URL when it is on object storage (its path is then the pseudo path
+        #: that stands for the URL, see _pseudo), else None
+        self.url = text if is_url(text) else None
+        self.path = Path(_pseudo(text)) if self.url else Path(text).expanduser().absolute()
+        self.uri = self.url or str(self.path)
+        self.storage_options = storage_options
         self._path_column = path_column
         self._bytes_column = bytes_column
         self._key_column = key_column
@@ -244,14 +316,27 @@ class TableSource(Source):
         self.batch_size = check_batch_size(batch_size)
 
     def stream(self) -> SampleStream:
-        if not self.path.is_file():
+        if self.url is not None:
+            table = self._object_table(self.url)
+        elif not self.path.is_file():
             raise SourceNotFoundError(f"source table {self.uri} does not exist")
-        check_utf8_path(self.uri)
-        table = TableFile(self.path, self.batch_size)
+        else:
+            check_utf8_path(self.uri)
+            table = TableFile(self.path, self.batch_size)
         if table.num_rows == 0:
             raise EmptySourceError(f"source table {self.uri} has no rows")
         plan = self._plan(table)
         return SampleStream(self._batches(table, plan), plan.label_names)
+
+    def _object_table(self, url: str) -> TableFile:
+        """The table at ``url``, fetched whole (one GET)."""
+        folder, _, name = url.rpartition("/")
+        storage = open_storage(folder, self.storage_options)
+        try:
+            data = storage.get(name)
+        except ObjectNotFoundError as exc:
+            raise SourceNotFoundError(f"source table {url} does not exist") from exc
+        return TableFile(url, self.batch_size, data)
 
     def _plan(self, table: TableFile) -> _Plan:
         schema = table.schema
@@ -359,18 +444,28 @@ class TableSource(Source):
         """Rows naming an image file: missing files, folders and files that are no image
         are left out."""
         rows = _Rows()
+        written = rels
+        rels = [_pseudo(r) if r and is_url(r) else r for r in rels]
         keys = raw_keys or _keys_from_paths(self.path.parent, rels, plan.key_base)
-        for i, rel in enumerate(rels):
-            if not rel:
+        fulls = [(self.path.parent / r).absolute() if r else None for r in rels]
+        urls = {
+            i: _url(os.path.normpath(full))
+            for i, full in enumerate(fulls)
+            if full is not None and (self.url is not None or is_url(written[i] or ""))
+        }
+        found = object_members(urls, self.storage_options)
+        for i, rel in enumerate(written):
+            full = fulls[i]
+            if not rel or full is None:
                 rows.leave_out(keys[i], f"row {start + i}: empty {plan.pcol!r}", f"row {start + i}")
                 continue
-            full = (self.path.parent / rel).absolute()
-            member, why = _file_member(full)
+            member, why = found[i] if i in found else _file_member(full)
             if member is None:
                 missing = why == _MISSING
+                kind = "object" if i in urls else "image file"
                 rows.leave_out(
                     keys[i],
-                    f"row {start + i}: image file {quoted(str(full))} {why}",
+                    f"row {start + i}: {kind} {quoted(urls.get(i) or str(full))} {why}",
                     printable(rel),
                     SourceNotFoundError if missing else BadSampleError,
                 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import builtins
 import contextlib
 import itertools
 import os
@@ -153,6 +154,14 @@ class HelperObjectStorage(Storage):
     def list(self, prefix: str = "") -> Iterator[str]:
         return iter(self._run(_list, prefix))
 
+    def list_pages(self, folder: str = "") -> Iterator[builtins.list[tuple[str, int]]]:
+        yield self._run(_list_all, folder)  # one page: the helper lists every page
+
+    def list_folder(
+        self, folder: str = ""
+    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
+        return self._run(_Direct.list_folder, folder)  # type: ignore[no-any-return]
+
     def delete(self, path: str) -> None:
         self._run(_Direct.delete, path)
 
@@ -177,6 +186,10 @@ class HelperObjectStorage(Storage):
 
 def _list(storage: Storage, prefix: str) -> list[str]:
     return list(storage.list(prefix))
+
+
+def _list_all(storage: Storage, folder: str) -> list[tuple[str, int]]:
+    return [entry for page in storage.list_pages(folder) for entry in page]
 
 
 def _next(stream: Iterator[bytes]) -> bytes | None:
