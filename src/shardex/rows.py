@@ -262,9 +262,10 @@ class MemberReader:
     used files open; objects with a GET each, from the stores registered in this
     process (see :mod:`shardex.sources.remote`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stores: tuple[tuple[str, Storage], ...] | None = None) -> None:
         self._files = _Files()
-        self._objects = ObjectReads(registered())
+        # stores: those registered where the job was made (a worker has none of its own)
+        self._objects = ObjectReads(registered() if stores is None else stores)
 
     def read(self, member: dict[str, Any]) -> bytes:
         data = member["data"]

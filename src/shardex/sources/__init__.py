@@ -124,8 +124,8 @@ def open_source(
         suffix = path.suffix.lower()
         if suffix == ".tar":
             return TarSource(path)
-        if suffix in (".parquet", ".pq", ".csv", ".tsv"):
-            return TableSource(path)
+        if suffix in (".parquet", ".pq", ".csv", ".tsv"):  # its paths may be URLs
+            return TableSource(path, storage_options=storage_options)
         raise SourceError(
             f"source {text}: unsupported file type {suffix!r} (use a folder, a .tar, a glob of "
             ".tar files, a .parquet/.csv table, or 'demo')"
