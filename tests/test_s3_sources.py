@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shlex
 import socket
 import tarfile
 import time
@@ -273,6 +275,25 @@ def test_cli_source_flags(s3: S3Location, tmp_path: Path) -> None:
     assert (
         "--source-s3-endpoint-url" in CliRunner().invoke(main, ["export-dataset", "--help"]).output
     )
+    # the example of docs/storage.md, its source and output on the server
+    text = (Path(__file__).parents[1] / "docs" / "storage.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    (block,) = [b for b in blocks if "s3://my-bucket/images/" in b]
+    command = shlex.split(
+        block.replace("\\\n", " ")
+        .replace("s3://my-bucket/images/", s3.child("cli/"))
+        .replace("s3://my-bucket/exports/images", s3.child("cli-out"))
+        .replace("http://127.0.0.1:8333", s3.server.endpoint)
+    )
+    assert command[:2] == ["shardex", "export-dataset"]
+    env = {"AWS_ACCESS_KEY_ID": s3.server.access_key, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key}
+    result = CliRunner().invoke(main, command[1:], env=env)
+    assert result.exit_code == 0, result.output
+    assert shardex.read_config(s3.child("cli-out"), s3.direct).num_samples == 6
+    # the source's own flags are refused where they would not be used
+    code, output = _cli(s3, s3.child("cli/"), "-o", str(tmp_path / "ray"), "--executor", "ray")
+    assert code == 2
+    assert "--source-s3-*" in output
 
 
 @pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "bad credentials"])

@@ -359,6 +359,12 @@ def export_dataset(
         backend_options=_backend_options(backend_options),
     )
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
+    source_options = _storage_options(source_s3_endpoint_url, source_s3_region, source_s3_profile)
+    if source_options and (executor == "ray" or source.endswith((".yaml", ".yml"))):
+        raise click.UsageError(
+            "--source-s3-* flags work with a SOURCE exported by the local executor; with "
+            "--executor ray or a spec file, give the source's store through AWS_* variables"
+        )
     if source.endswith((".yaml", ".yml")):
         config = _export_spec(
             source,
@@ -376,9 +382,6 @@ def export_dataset(
     elif executor == "ray":
         config = _export_on_ray(source, output, opts, ray_address, not quiet, storage_options)
     else:
-        source_options = _storage_options(
-            source_s3_endpoint_url, source_s3_region, source_s3_profile
-        )
         config = export(
             source,
             output,
