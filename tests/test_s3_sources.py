@@ -334,3 +334,28 @@ def test_an_unreachable_source_endpoint_is_one_line(s3: S3Location, tmp_path: Pa
     assert s3.child("images") in message
     assert "cannot reach" in message
     assert s3.server.secret_key not in message
+
+
+@pytest.mark.parametrize("damage", ["cut inside a member", "data after the end"])
+def test_a_damaged_tar_on_s3_is_refused_or_skipped_as_a_local_one(
+    s3: S3Location, tmp_path: Path, damage: str
+) -> None:
+    good = _tar([(f"k{i}", image_bytes(i), i % 2) for i in range(6)])
+    data = good[: len(good) // 2 + 100] if damage.startswith("cut") else good + good
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.tar").write_bytes(data)
+    ObjectStorage(s3.child("bad"), s3.direct).put("part.tar", data)
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", on_error="skip", **OPTS)  # type: ignore[arg-type]
+    remote = shardex.export(
+        s3.child("bad/"),
+        tmp_path / "remote",
+        on_error="skip",
+        source_storage_options=s3.direct,
+        **OPTS,  # type: ignore[arg-type]
+    )
+    assert remote.num_skipped == 1
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("bad/"))
+    code, output = _cli(s3, s3.child("bad/"), "-o", str(tmp_path / "refused"))
+    assert code == 1
+    assert "part.tar" in output
+    assert "damaged" in output

@@ -62,6 +62,16 @@ class StorageTests:
         assert list(storage.list()) == ["a/1", "b/1", "b/2", "c"]
         assert list(storage.list("b/")) == ["b/1", "b/2"]
 
+    def test_list_pages_and_folders(self, storage: Storage) -> None:
+        for name, data in (("b/x/2", b"22"), ("a/1", b"1"), ("b/1", b"333"), ("c", b"")):
+            storage.put(name, data)
+        listed = [entry for page in storage.list_pages() for entry in page]
+        assert listed == [("a/1", 1), ("b/1", 3), ("b/x/2", 2), ("c", 0)]
+        assert [e for page in storage.list_pages("b") for e in page] == [("b/1", 3), ("b/x/2", 2)]
+        assert storage.list_folder() == (["a", "b"], [("c", 0)])
+        assert storage.list_folder("b") == (["b/x"], [("b/1", 3)])
+        assert storage.list_folder("nothing") == ([], [])
+
     def test_delete_is_idempotent(self, storage: Storage) -> None:
         storage.put("d.bin", b"x")
         storage.delete("d.bin")
