@@ -98,28 +98,35 @@ def test_image_folder_prefix_exports_like_the_local_folder(s3: S3Location, tmp_p
 
 def test_listing_is_paginated_and_streamed(s3: S3Location) -> None:
     """More objects than one LIST page: batches come as pages arrive, every page is
-    asked for once, and the samples come in key order."""
+    asked for once, the samples come in key order, and the layout costs a LIST per
+    class folder, not a listing of every object."""
     count = 1100  # S3 lists at most 1,000 keys per page
     data = image_bytes(0)
-    names = [f"n{i:05d}.jpg" for i in range(count)]
+    names = [f"{cls}/n{i:05d}.jpg" for i in range(count) for cls in ["a" if i < 1050 else "b"]]
     started = time.monotonic()
     _upload(ObjectStorage(s3.child("many"), s3.direct), dict.fromkeys(names, data))
     source = ObjectFolderSource(s3.child("many"), s3.counted, batch_size=300)
     s3.proxy.reset()
     stream = source.stream()
-
-    def pages() -> int:  # the listing of the samples (the layout's have a delimiter)
-        return len([r for r in s3.proxy.lists() if "delimiter" not in r.params])
-
+    assert stream.label_names == ("a", "b")
+    # the layout: the first key, then a jump past a/, then past b/ (which finds nothing)
+    layout = s3.proxy.lists()
+    after = [r.params.get("start-after", [""])[0].rpartition("/")[2] for r in layout]
+    assert after == ["", "a0", "b0"]
     first = next(stream.batches)
     assert first.table.num_rows == 300
-    assert pages() == 1  # the second page is asked for only when the first is used up
+    # the second page is asked for only when the first is used up
+    assert len(s3.proxy.lists()) == len(layout) + 1
     keys = first.table.column("key").to_pylist()
+    labels = first.table.column("label").to_pylist()
     for batch in stream.batches:
         keys += batch.table.column("key").to_pylist()
+        labels += batch.table.column("label").to_pylist()
     assert keys == [name[:-4] for name in names]
-    assert pages() == 2
-    assert [r.params.get("continuation-token") is not None for r in s3.proxy.lists()][-1]
+    assert labels == [0] * 1050 + [1] * 50
+    pages = s3.proxy.lists()[len(layout) :]
+    assert len(pages) == 2
+    assert pages[1].params.get("continuation-token") is not None
     assert time.monotonic() - started < 20  # it is a few seconds on a laptop
 
 

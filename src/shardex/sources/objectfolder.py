@@ -2,10 +2,12 @@
 
 The same layout, keys, labels and order as :class:`~shardex.sources.folder.FolderSource`
 on a local copy: object stores list keys in sorted order, which is the order of the local
-walk. The first levels (split folders, class folders) are read with delimiter listings
-before any sample is yielded; then the prefix is listed page by page (one LIST request
-per 1,000 objects), each batch yielded as its pages arrive, so that memory holds one
-batch of references, whatever the number of objects. No object is read while scanning:
+walk. The split and class folders are found before any sample is yielded, by listings
+that jump past a folder once it is known to hold an image (one LIST request per class
+folder; images directly in the prefix or in a split folder are listed through). Then the
+prefix is listed page by page (one LIST request per 1,000 objects), each batch yielded as
+its pages arrive: memory holds one batch of references and the folder names, never a
+listing. No object is read while scanning:
 sizes come from the listing, bytes are fetched when the shards are written (one GET
 each, see :mod:`shardex.sources.remote`).
 
@@ -17,6 +19,7 @@ the reason.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
@@ -42,19 +45,33 @@ def _found(rel: str, size: int) -> _File | LeftOut | None:
     return rel, size
 
 
-def _holds_images(storage: Storage, folder: str) -> bool:
-    """Whether an image is somewhere below ``folder`` (stops at the first page that has
-    one)."""
-    return any(_image(name) for page in storage.list_pages(folder) for name, _ in page)
+def _next_folder(storage: Storage, after: str | None, found: _Found) -> str | None:
+    """Read the listing after ``after`` into ``found`` until a folder to jump past; return
+    where to list from next (None: the listing is done)."""
+    for page in storage.list_pages("", after):
+        for rel, _ in page:
+            parts = rel.split("/")
+            if not _image(parts[-1]) or "" in parts or "." in parts or ".." in parts:
+                continue
+            if len(parts) == 1:
+                found.top_files = True
+                continue
+            subfolders = found.folders.setdefault(parts[0], set())
+            if parts[0] not in SPLIT_DIRS:  # a class folder: the rest of it does not matter
+                return f"{parts[0]}0"  # '0' follows '/': past every key of the folder
+            if len(parts) > 2:  # a split's class folder
+                subfolders.add(parts[1])
+                return f"{parts[0]}/{parts[1]}0"
+    return None
 
 
-def _image_folders(storage: Storage, folder: str) -> tuple[list[str], bool]:
-    """The folders in ``folder`` that hold images (their names), and whether it holds an
-    image itself."""
-    folders, files = storage.list_folder(folder)
-    start = len(folder) + 1 if folder else 0
-    holding = [f[start:] for f in folders if _holds_images(storage, f)]
-    return holding, any(_image(name) for name, _ in files)
+@dataclass(slots=True)
+class _Found:
+    """The folders holding images (a top folder -> its subfolders holding images, known
+    for split folders) and whether images lie in the prefix itself."""
+
+    folders: dict[str, set[str]] = field(default_factory=dict)
+    top_files: bool = False
 
 
 class ObjectFolderSource(FolderSource):
@@ -92,7 +109,11 @@ class ObjectFolderSource(FolderSource):
 
     def _object_layout(self, storage: Storage) -> _Layout:
         """Split folders and class names, as the local folder source finds them."""
-        top, top_files = _image_folders(storage, "")
+        found = _Found()
+        after = _next_folder(storage, None, found)
+        while after is not None:
+            after = _next_folder(storage, after, found)
+        top, top_files = found.folders, found.top_files
         split_dirs = set(top) & SPLIT_DIRS
         if split_dirs and (set(top) - SPLIT_DIRS or top_files):
             others = sorted(set(top) - SPLIT_DIRS) or ["(files at the top level)"]
@@ -102,8 +123,7 @@ class ObjectFolderSource(FolderSource):
             )
         if not split_dirs:
             return _Layout(False, tuple(sorted(top)))
-        classes = {c for split in top for c in _image_folders(storage, split)[0]}
-        return _Layout(True, tuple(sorted(classes)))
+        return _Layout(True, tuple(sorted(set().union(*top.values()))))
 
     def _listed(self, storage: Storage, layout: _Layout) -> Iterator[ScanBatch]:
         files: list[_File] = []

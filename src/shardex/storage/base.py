@@ -135,29 +135,15 @@ class Storage(ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Relative paths of the objects whose path starts with ``prefix``, sorted."""
 
-    def list_pages(self, folder: str = "") -> Iterator[builtins.list[tuple[str, int]]]:
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
         """The objects below ``folder`` ("" for the root) with their sizes, in path order,
         page by page as the store lists them (object stores: one LIST request per page
-        of up to 1,000, the next asked for only when this one is used)."""
+        of up to 1,000, the next asked for only when this one is used); ``after``: only
+        the paths that sort after it."""
         names = builtins.list(self.list(f"{folder}/" if folder else ""))
-        yield [(name, self.size(name)) for name in names]
-
-    def list_folder(
-        self, folder: str = ""
-    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
-        """The folders directly in ``folder`` ("" for the root) and its objects with their
-        sizes, in path order (object stores: a LIST with a ``/`` delimiter)."""
-        start = f"{folder}/" if folder else ""
-        folders: dict[str, None] = {}
-        files: builtins.list[tuple[str, int]] = []
-        for page in self.list_pages(folder):
-            for name, size in page:
-                head, slash, _ = name[len(start) :].partition("/")
-                if slash:
-                    folders[start + head] = None
-                else:
-                    files.append((name, size))
-        return builtins.list(folders), files
+        yield [(name, self.size(name)) for name in names if after is None or name > after]
 
     @abstractmethod
     def delete(self, path: str) -> None:

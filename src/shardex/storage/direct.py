@@ -242,26 +242,22 @@ class DirectObjectStorage(Storage):
         except Exception as exc:
             raise storage_error(exc, f"{self.uri}/{prefix}", self._options) from exc
 
-    def list_pages(self, folder: str = "") -> Iterator[builtins.list[tuple[str, int]]]:
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
         """One LIST request per page, made when the page before it has been used."""
         try:
-            pages = _obstore().list(self._client(), prefix=folder or None, chunk_size=_PAGE)
+            pages = _obstore().list(
+                self._client(), prefix=folder or None, offset=after, chunk_size=_PAGE
+            )
             for page in pages:
                 yield [(str(meta["path"]), int(meta["size"])) for meta in page]
         except StorageError:
             raise
         except Exception as exc:
-            raise storage_error(exc, self._folder_url(folder), self._options) from exc
-
-    def list_folder(
-        self, folder: str = ""
-    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
-        found = self._call(self._folder_url(folder), _obstore().list_with_delimiter, folder or None)
-        files = [(str(meta["path"]), int(meta["size"])) for meta in found["objects"]]
-        return sorted(str(p) for p in found["common_prefixes"]), sorted(files)
-
-    def _folder_url(self, folder: str) -> str:
-        return f"{self.uri}/{folder}/" if folder else f"{self.uri}/"
+            raise storage_error(
+                exc, f"{self.uri}/{folder}/" if folder else f"{self.uri}/", self._options
+            ) from exc
 
     def delete(self, path: str) -> None:
         checked_path(path, self.uri)

@@ -154,13 +154,10 @@ class HelperObjectStorage(Storage):
     def list(self, prefix: str = "") -> Iterator[str]:
         return iter(self._run(_list, prefix))
 
-    def list_pages(self, folder: str = "") -> Iterator[builtins.list[tuple[str, int]]]:
-        yield self._run(_list_all, folder)  # one page: the helper lists every page
-
-    def list_folder(
-        self, folder: str = ""
-    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
-        return self._run(_Direct.list_folder, folder)  # type: ignore[no-any-return]
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        yield self._run(_list_all, folder, after)  # one page: the helper lists every page
 
     def delete(self, path: str) -> None:
         self._run(_Direct.delete, path)
@@ -188,8 +185,8 @@ def _list(storage: Storage, prefix: str) -> list[str]:
     return list(storage.list(prefix))
 
 
-def _list_all(storage: Storage, folder: str) -> list[tuple[str, int]]:
-    return [entry for page in storage.list_pages(folder) for entry in page]
+def _list_all(storage: Storage, folder: str, after: str | None) -> list[tuple[str, int]]:
+    return [entry for page in storage.list_pages(folder, after) for entry in page]
 
 
 def _next(stream: Iterator[bytes]) -> bytes | None:

@@ -116,13 +116,10 @@ class ObjectStorage(Storage):
     def list(self, prefix: str = "") -> Iterator[str]:
         return self._io.list(prefix)
 
-    def list_pages(self, folder: str = "") -> Iterator[builtins.list[tuple[str, int]]]:
-        return self._io.list_pages(folder)
-
-    def list_folder(
-        self, folder: str = ""
-    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
-        return self._io.list_folder(folder)
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        return self._io.list_pages(folder, after)
 
     def delete(self, path: str) -> None:
         self._io.delete(path)
