@@ -43,7 +43,9 @@ def upload(folder: Path, url: str, options: dict[str, str]) -> int:
     storage = ObjectStorage(url, options)
     files = [p for p in sorted(folder.rglob("*")) if p.is_file()]
     with ThreadPoolExecutor(32) as pool:
-        list(pool.map(lambda p: storage.put(p.relative_to(folder).as_posix(), p.read_bytes()), files))
+        list(
+            pool.map(lambda p: storage.put(p.relative_to(folder).as_posix(), p.read_bytes()), files)
+        )
     return len(files)
 
 
@@ -118,17 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     base = count / took["local -> local"]
     rows = [Row("export local -> local", "images/s", base, note=f"workers={args.workers}")]
-    for kind in ("S3 -> local", "S3 -> S3", "local -> S3"):
-        rows.append(
-            Row(
-                f"export {kind}",
-                "images/s",
-                count / took[kind],
-                baseline=base,
-                target=TARGET if kind == "S3 -> S3" else None,
-                note="baseline: local -> local, same run, interleaved",
-            )
+    rows += [
+        Row(
+            f"export {kind}",
+            "images/s",
+            count / took[kind],
+            baseline=base,
+            target=TARGET if kind == "S3 -> S3" else None,
+            note="baseline: local -> local, same run, interleaved",
         )
+        for kind in ("S3 -> local", "S3 -> S3", "local -> S3")
+    ]
     print(render(rows))
     if args.json:
         write_json(args.json, rows, images=count, size_kb=args.size_kb, repeats=args.repeats)

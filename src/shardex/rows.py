@@ -217,9 +217,13 @@ class ByteSource:
         self._values = memoryview(values).cast("B")
         self._files = _Files()
         self._objects = ObjectReads(members.stores)
-        self._is_url = np.array(["://" in name for name in members.path_names], dtype=bool)
+        self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
 
     def _url(self, j: int) -> bool:
+        """Whether member ``j`` (not inline) is an object named by URL."""
+        if self._is_url is None:
+            names = self._m.path_names
+            self._is_url = np.fromiter(("://" in n for n in names), bool, len(names))
         code = self._m.path_codes[j]
         return bool(code >= 0 and self._is_url[code])
 
