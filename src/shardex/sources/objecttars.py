@@ -10,18 +10,11 @@ written. Memory holds a read-ahead of a few MiB of the tar and the batch being f
 from __future__ import annotations
 
 import fnmatch
-import posixpath
-import tarfile
 from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final
 
-from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
-from shardex.sources.base import ScanBatch
-from shardex.sources.jsonmeta import printable
+from shardex.errors import EmptySourceError, SourceNotFoundError
 from shardex.storage import Storage, open_storage
-
-if TYPE_CHECKING:
-    from shardex.sources.tars import _Batcher
 
 _GLOB: Final = "*?["
 #: Bytes of a tar kept behind the parser: tarfile and the header reader step back at most
@@ -87,6 +80,11 @@ def _matches(path: str, pattern: str) -> bool:
     return match(0, 0)
 
 
+def open_tar_stream(storage: Storage, path: str, size: int) -> _Stream:
+    """The tar at ``path`` read as one streamed GET (see :class:`_Stream`)."""
+    return _Stream(storage.iter_chunks(path), size, storage.join(path))
+
+
 def object_tars(url: str, options: dict[str, Any] | None) -> tuple[Storage, list[tuple[str, int]]]:
     """The storage and the tars (path below its root, size) a URL names, in path order.
 
@@ -115,42 +113,3 @@ def object_tars(url: str, options: dict[str, Any] | None) -> tuple[Storage, list
     if not found:
         raise EmptySourceError(f"no .tar files match {url!r}")
     return storage, sorted(found)
-
-
-def object_tar_batches(
-    url: str, options: dict[str, Any] | None, out: _Batcher
-) -> Iterator[ScanBatch]:
-    """The samples of the tars a URL names, batch by batch, each tar read as one GET."""
-    from shardex.sources.tars import scan_members
-
-    storage, tars = object_tars(url, options)
-    parents = [posixpath.dirname(p) for p, _ in tars]
-    root = posixpath.commonpath(parents) if all(parents) else ""
-    for path, size in tars:
-        rel = posixpath.relpath(path, root) if root else path
-        where = storage.join(path)
-        stream = _Stream(storage.iter_chunks(path), size, where)
-        raw = cast("IO[bytes]", stream)  # what tarfile and the header reader use of it
-        try:
-            try:
-                tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115
-            except (tarfile.TarError, OSError) as exc:
-                raise SourceError(
-                    f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
-                ) from exc
-            for table in scan_members(
-                tf,
-                raw,
-                out,
-                rel=rel,
-                path=where,
-                size=size,
-                inline=True,
-            ):
-                yield ScanBatch(table)
-        finally:
-            stream.close()
-    if not out.samples:
-        raise EmptySourceError(f"the tars at {url!r} hold no samples")
-    if out.keys:
-        yield ScanBatch(out.flush())

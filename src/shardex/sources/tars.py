@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import glob
 import os
+import posixpath
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar, Final
+from typing import IO, Any, ClassVar, Final, cast
 
 import pyarrow as pa
 
@@ -48,7 +49,9 @@ from shardex.sources.base import (
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
+from shardex.sources.objecttars import object_tars, open_tar_stream
 from shardex.sources.remote import is_url
+from shardex.storage import Storage
 
 _ZERO_BLOCK: Final = bytes(BLOCK)
 _SCAN_CHUNK: Final = 1 << 20
@@ -367,10 +370,8 @@ class TarSource(Source):
 
     def stream(self) -> SampleStream:
         if is_url(self.uri):
-            from shardex.sources.objecttars import object_tar_batches
-
-            out = _Batcher(repr(self.uri), self.batch_size)
-            return SampleStream(object_tar_batches(self.uri, self.storage_options, out))
+            storage, tars = object_tars(self.uri, self.storage_options)
+            return SampleStream(self._object_batches(storage, tars))
         paths = _tar_paths(self.uri)
         return SampleStream(self._batches(paths))
 
@@ -380,6 +381,34 @@ class TarSource(Source):
         for path in paths:
             for table in scan_tar(path, out, root=root):
                 yield ScanBatch(table)
+        if not out.samples:
+            raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
+        if out.keys:
+            yield ScanBatch(out.flush())
+
+    def _object_batches(self, storage: Storage, tars: list[tuple[str, int]]) -> Iterator[ScanBatch]:
+        """The samples of tars on object storage, each read as one streamed GET."""
+        parents = [posixpath.dirname(p) for p, _ in tars]
+        root = posixpath.commonpath(parents) if all(parents) else ""
+        out = _Batcher(repr(self.uri), self.batch_size)
+        for path, size in tars:
+            rel = posixpath.relpath(path, root) if root else path
+            where = storage.join(path)
+            stream = open_tar_stream(storage, path, size)
+            raw = cast("IO[bytes]", stream)  # what tarfile and the header reader use of it
+            try:
+                try:
+                    tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115
+                except (tarfile.TarError, OSError) as exc:
+                    raise SourceError(
+                        f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
+                    ) from exc
+                for table in scan_members(
+                    tf, raw, out, rel=rel, path=where, size=size, inline=True
+                ):
+                    yield ScanBatch(table)
+            finally:
+                stream.close()
         if not out.samples:
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
         if out.keys:
