@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -57,16 +56,14 @@ from shardex.sources.base import (
     quoted,
     safe_key,
 )
-from shardex.sources.remote import MAX_IN_FLIGHT, is_url, register, split_url
+from shardex.sources.objecttable import MISSING, Member, object_members, pseudo_path, url_of
+from shardex.sources.remote import is_url
 from shardex.sources.tablefile import TableFile
-from shardex.storage import Storage, open_storage
+from shardex.storage import open_storage
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
 KEY_COLUMNS: Final = ("key", "__key__", "id", "image_id")
-
-
-_MISSING: Final = "does not exist"
 
 
 @dataclass
@@ -83,7 +80,7 @@ class _Rows:
     data: list[bytes] | None = None
     left_out: list[LeftOut] = field(default_factory=list)
 
-    def add(self, row: int, key: str, original: str, member: _Member) -> None:
+    def add(self, row: int, key: str, original: str, member: Member) -> None:
         self.kept.append(row)
         self.keys.append(key)
         self.originals.append(original)
@@ -117,16 +114,6 @@ class _Rows:
         self.left_out.append(LeftOut(original or key, reason, key, error))
 
 
-@dataclass(frozen=True, slots=True)
-class _Member:
-    """A row's one member: a whole file, or inline bytes."""
-
-    ext: str
-    size: int
-    path: str | None = None
-    data: bytes | None = None
-
-
 def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | None:
     """Where keys of rows without a key column start: None when every path is relative
     and stays below the table's folder (keys are the paths as written,
@@ -141,7 +128,7 @@ def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | Non
     def norm() -> Iterator[str]:
         for chunk in rels():
             yield from (
-                os.path.normpath(_pseudo(r) if is_url(r) else r) for r in chunk.to_pylist() if r
+                os.path.normpath(pseudo_path(r) if is_url(r) else r) for r in chunk.to_pylist() if r
             )
 
     if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm()):
@@ -162,7 +149,7 @@ def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> 
     return [key_from_relpath(printable(os.path.relpath(f, base))) if f else "" for f in full]
 
 
-def _file_member(full: Path) -> tuple[_Member | None, str]:
+def _file_member(full: Path) -> tuple[Member | None, str]:
     """The member of an image file, or None and why it cannot be one.
 
     A name that is not an image's is accepted when the file's first bytes are an image's
@@ -171,7 +158,7 @@ def _file_member(full: Path) -> tuple[_Member | None, str]:
     try:
         st = full.stat()
     except FileNotFoundError:
-        return None, _MISSING
+        return None, MISSING
     except OSError as exc:
         return None, f"cannot be read: {exc.strerror}"
     if stat.S_ISDIR(st.st_mode):
@@ -191,62 +178,7 @@ def _file_member(full: Path) -> tuple[_Member | None, str]:
         if fmt is None:
             return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
         ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-    return _Member(ext, st.st_size, path=str(full)), ""
-
-
-def _pseudo(url: str) -> str:
-    """The absolute path that stands for a URL while keys and relative paths are worked
-    out with path functions: ``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``."""
-    scheme, _, rest = url.partition("://")
-    return f"/{scheme}:/{rest}"
-
-
-def _url(pseudo: str) -> str | None:
-    """The URL a pseudo path stands for (None when a relative path climbed out of its
-    bucket with ``..``)."""
-    scheme, _, rest = pseudo.lstrip("/").partition(":/")
-    url = f"{scheme}://{rest}"
-    return url if is_url(url) and "/" in rest and "/" not in scheme else None
-
-
-def object_members(
-    urls: dict[int, str | None], options: dict[str, Any] | None
-) -> dict[int, tuple[_Member | None, str]]:
-    """The members of rows that name objects (by row number), or why each cannot be one:
-    their sizes asked concurrently (one HEAD each), the first bytes of those whose names
-    are not images' read to tell their format."""
-    if not urls:
-        return {}
-    stores: dict[str, Storage] = {}
-    for url in urls.values():
-        if url is not None:
-            bucket = split_url(url)[0]
-            if bucket not in stores:
-                stores[bucket] = open_storage(bucket, options)
-                register(stores[bucket])
-
-    def one(url: str | None) -> tuple[_Member | None, str]:
-        if url is None:
-            return None, "climbs out of its bucket with '..'"
-        bucket, path = split_url(url)
-        storage = stores[bucket]
-        try:
-            size = storage.size(path)
-        except ObjectNotFoundError:
-            return None, _MISSING
-        ext = path.rpartition("/")[2].rpartition(".")[2].lower() if "." in path else ""
-        if ext not in IMAGE_EXTENSIONS:
-            why = unexported_image_reason(ext)
-            if why is not None:
-                return None, f"is not exported: {why}"
-            fmt = sniff(storage.get_range(path, 0, 16)) if size else None
-            if fmt is None:
-                return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
-            ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-        return _Member(ext, size, path=url), ""
-
-    with ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-head") as pool:
-        return dict(zip(urls, pool.map(one, urls.values()), strict=True))
+    return Member(ext, st.st_size, path=str(full)), ""
 
 
 def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
@@ -303,9 +235,9 @@ class TableSource(Source):
     ) -> None:
         text = os.fspath(path)
         #: the table's URL when it is on object storage (its path is then the pseudo path
-        #: that stands for the URL, see _pseudo), else None
+        #: that stands for the URL, see pseudo_path), else None
         self.url = text if is_url(text) else None
-        self.path = Path(_pseudo(text)) if self.url else Path(text).expanduser().absolute()
+        self.path = Path(pseudo_path(text)) if self.url else Path(text).expanduser().absolute()
         self.uri = self.url or str(self.path)
         self.storage_options = storage_options
         self._path_column = path_column
@@ -435,7 +367,7 @@ class TableSource(Source):
                 )
                 continue
             ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-            rows.add(i, safe_key(keys[i]), keys[i], _Member(ext, len(blob), data=blob))
+            rows.add(i, safe_key(keys[i]), keys[i], Member(ext, len(blob), data=blob))
         return rows
 
     def _path_rows(
@@ -445,11 +377,11 @@ class TableSource(Source):
         are left out."""
         rows = _Rows()
         written = rels
-        rels = [_pseudo(r) if r and is_url(r) else r for r in rels]
+        rels = [pseudo_path(r) if r and is_url(r) else r for r in rels]
         keys = raw_keys or _keys_from_paths(self.path.parent, rels, plan.key_base)
         fulls = [(self.path.parent / r).absolute() if r else None for r in rels]
         urls = {
-            i: _url(os.path.normpath(full))
+            i: url_of(os.path.normpath(full))
             for i, full in enumerate(fulls)
             if full is not None and (self.url is not None or is_url(written[i] or ""))
         }
@@ -461,7 +393,7 @@ class TableSource(Source):
                 continue
             member, why = found[i] if i in found else _file_member(full)
             if member is None:
-                missing = why == _MISSING
+                missing = why == MISSING
                 kind = "object" if i in urls else "image file"
                 rows.leave_out(
                     keys[i],
