@@ -366,3 +366,25 @@ def test_a_damaged_tar_on_s3_is_refused_or_skipped_as_a_local_one(
     assert code == 1
     assert "part.tar" in output
     assert "damaged" in output
+
+
+def test_a_bad_image_on_s3_is_skipped_as_on_disk(s3: S3Location, tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src", RELS)
+    bad = RELS[7]  # cut short: its header check fails when its shard is written
+    (tmp_path / "src" / bad).write_bytes(files[bad][:40])
+    _upload(ObjectStorage(s3.child("bad-image"), s3.direct), files_of(tmp_path / "src"))
+    local = shardex.export(str(tmp_path / "src"), tmp_path / "local", on_error="skip", **OPTS)  # type: ignore[arg-type]
+    s3.proxy.reset()
+    remote = shardex.export(
+        s3.child("bad-image"),
+        tmp_path / "remote",
+        on_error="skip",
+        source_storage_options=s3.counted,
+        **OPTS,  # type: ignore[arg-type]
+    )
+    assert local.num_skipped == remote.num_skipped == 1
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("bad-image"))
+    # the shards after the bad one are planned again: their images may be read again
+    assert set(_object_gets(s3, "/bad-image/")) == {
+        f"{s3.url.split('/', 3)[3]}/bad-image/{rel}" for rel in RELS
+    }

@@ -86,11 +86,14 @@ class ObjectReads:
         self._ahead_bytes = 0
         self._sizes: dict[int, int] = {}
         self._queue: deque[tuple[int, str, int, int]] = deque()
+        self._queued: set[int] = set()  # numbers in the queue not read yet
 
     def expect(self, members: Iterable[tuple[int, str, int, int]]) -> None:
         """Members (number, URL, offset, size) that will be read, in the order they will
         be: they are fetched ahead, a few at a time."""
-        self._queue.extend(members)
+        for member in members:
+            self._queue.append(member)
+            self._queued.add(member[0])
         self._top_up()
 
     def read(self, number: int, url: str, offset: int, size: int) -> bytes:
@@ -102,10 +105,16 @@ class ObjectReads:
         """
         pending = self._ahead.pop(number, None)
         if pending is None:
+            self._queued.discard(number)  # read now: never fetched ahead after this
             data = self._fetch(url, offset, size)
         else:
             self._ahead_bytes -= self._sizes.pop(number)
             data = pending.result()
+        # members are read in order: those fetched ahead of this one and never read (the
+        # rest of a sample found bad) are dropped, to free their places
+        for stale in [n for n in self._ahead if n < number]:
+            self._ahead.pop(stale).cancel()
+            self._ahead_bytes -= self._sizes.pop(stale)
         self._top_up()
         return data
 
@@ -116,8 +125,9 @@ class ObjectReads:
             and (not self._ahead or self._ahead_bytes < MAX_AHEAD_BYTES)
         ):
             number, url, offset, size = self._queue.popleft()
-            if number in self._ahead:
+            if number not in self._queued or number in self._ahead:
                 continue
+            self._queued.discard(number)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-read")
             self._ahead[number] = self._pool.submit(self._fetch, url, offset, size)
@@ -155,6 +165,7 @@ class ObjectReads:
     def close(self) -> None:
         """Stop fetching ahead (requests in flight end on their own)."""
         self._queue.clear()
+        self._queued.clear()
         for pending in self._ahead.values():
             pending.cancel()
         self._ahead.clear()
