@@ -11,6 +11,7 @@ table, reading the first and last KiBs of each image (or decoding it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -40,6 +41,8 @@ from shardex.quoting import quoted
 from shardex.rows import JSON_COLUMN, MemberReader
 from shardex.sample_check import refusal
 from shardex.sources.base import INVALID, MEMBERS, LeftOut
+from shardex.sources.remote import registered
+from shardex.storage.base import Storage
 
 CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
@@ -53,6 +56,8 @@ class _CheckJob:
     validate: Validate
     max_pixels: int
     json_columns: tuple[str, ...]
+    #: Stores of members on object storage (registered where the job is made).
+    stores: tuple[tuple[str, Storage], ...] = dataclasses.field(default_factory=registered)
 
 
 def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
@@ -95,7 +100,7 @@ def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
 def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
     """Per sample: why it is bad (or None), and its ``.json`` member text (or None)."""
     reasons: list[str | None] = []
-    reader = MemberReader()
+    reader = MemberReader(job.stores)
     try:
         for members in job.rows.column(MEMBERS).to_pylist():
             reason = None
@@ -105,11 +110,15 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
                 try:
                     if job.validate == "decode":
                         reason = check_decode(reader.read(m), max_pixels=job.max_pixels)
+                    elif job.validate == "header" and m["data"] is None and "://" in m["path"]:
+                        # an object: its bytes whole, one GET (ranges would cost more)
+                        reason = _check_member_header({**m, "data": reader.read(m)}, job.max_pixels)
                     elif job.validate == "header":
                         reason = _check_member_header(m, job.max_pixels)
                     elif m["size"] == 0:
                         reason = "empty file (0 bytes)"
-                    elif m["path"] is not None:  # unreadable: skipped here, not fatal later
+                    elif m["path"] is not None and "://" not in m["path"]:  # unreadable: skipped
+                        # here, not fatal later
                         os.close(os.open(m["path"], os.O_RDONLY | os.O_CLOEXEC))
                 except BadSampleError as exc:
                     reason = exc.reason or str(exc)

@@ -118,6 +118,28 @@ def _storage_flags(fn: Any) -> Any:
     return fn
 
 
+def _source_storage_flags(fn: Any) -> Any:
+    """The object-storage flags of a source on object storage (default: the --s3-* ones)."""
+    fn = click.option(
+        "--source-s3-profile",
+        default=None,
+        metavar="NAME",
+        help="Named AWS profile for an s3:// SOURCE (default: --s3-profile).",
+    )(fn)
+    fn = click.option(
+        "--source-s3-region",
+        default=None,
+        help="Region for an s3:// SOURCE (default: --s3-region).",
+    )(fn)
+    fn = click.option(
+        "--source-s3-endpoint-url",
+        default=None,
+        metavar="URL",
+        help="S3-compatible endpoint for an s3:// SOURCE (default: --s3-endpoint-url).",
+    )(fn)
+    return fn
+
+
 def _storage_options(
     endpoint_url: str | None, region: str | None, profile: str | None
 ) -> dict[str, Any] | None:
@@ -349,6 +371,7 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags
+@_source_storage_flags
 @config_option
 def export_dataset(
     source: str,
@@ -381,6 +404,9 @@ def export_dataset(
     s3_endpoint_url: str | None,
     s3_region: str | None,
     s3_profile: str | None,
+    source_s3_endpoint_url: str | None,
+    source_s3_region: str | None,
+    source_s3_profile: str | None,
 ) -> None:
     """Export SOURCE to sharded storage at OUTPUT.
 
@@ -388,7 +414,12 @@ def export_dataset(
     file, a folder or glob of WebDataset tars, an existing export, or `demo` (`demo:N`):
     the built-in labelled demo images (no download). It can also be a spec file (.yaml)
     naming the source, stages, backend and options (see docs/pipeline.md).
+
+    SOURCE may be on object storage (s3://bucket/prefix/): an image folder, WebDataset
+    tars (a prefix, a glob or one .tar), a .parquet/.csv table, or an export. Its
+    endpoint, region and profile are the --s3-* ones unless --source-s3-* are given.
     """
+    from shardex.backends.registry import check_options
     from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
     from shardex.exporter import export
@@ -420,7 +451,14 @@ def export_dataset(
         backend_options=_backend_options(backend_options),
         layout=layout,  # type: ignore[arg-type]
     )
+    check_options(opts)  # what the backend cannot store: before the source is looked at
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
+    source_options = _storage_options(source_s3_endpoint_url, source_s3_region, source_s3_profile)
+    if source_options and (executor == "ray" or source.endswith((".yaml", ".yml"))):
+        raise click.UsageError(
+            "--source-s3-* flags work with a SOURCE exported by the local executor; with "
+            "--executor ray or a spec file, give the source's store through AWS_* variables"
+        )
     if source.endswith((".yaml", ".yml")):
         config = _export_spec(
             source,
@@ -438,7 +476,14 @@ def export_dataset(
     elif executor == "ray":
         config = _export_on_ray(source, output, opts, ray_address, not quiet, storage_options)
     else:
-        config = export(source, output, opts, progress=not quiet, storage_options=storage_options)
+        config = export(
+            source,
+            output,
+            opts,
+            progress=not quiet,
+            storage_options=storage_options,
+            source_storage_options=source_options,
+        )
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
     size = sum(s.num_bytes for s in config.splits.values())

@@ -33,6 +33,7 @@ def export(
     *,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_storage_options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> ExportConfig:
     """Export a dataset; returns the committed contract.
@@ -47,6 +48,9 @@ def export(
             ``samples_per_shard``).
         progress: show progress bars.
         storage_options: options for object storage (see docs/storage.md).
+        source_storage_options: options of a source on object storage (``s3://...``),
+            when they differ from the output's: its own endpoint, region, profile or
+            credentials (default: ``storage_options``).
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -55,4 +59,11 @@ def export(
         SourceError: the source is missing, empty or malformed.
     """
     opts = export_options(options, kwargs)
-    return run_export(source, output, opts, progress=progress, storage_options=storage_options)
+    return run_export(
+        source,
+        output,
+        opts,
+        progress=progress,
+        storage_options=storage_options,
+        source_storage_options=source_storage_options,
+    )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shardex.codecs.images import MAX_PIXELS, VALIDATE_CHOICES, Validate
-from shardex.errors import ConfigError, ShardexError
+from shardex.errors import ConfigError
 from shardex.names import split_name_problem
 from shardex.sample_check import OnError
 
@@ -43,7 +43,8 @@ class ExportOptions:
     max_pixels: int = MAX_PIXELS
     #: Explicit cast of floating-point array fields (recorded in config.yaml); images and
     #: integer arrays are never cast. ``bfloat16`` only where the backend stores it
-    #: (``capabilities.bfloat16``: torch, tensor_shards, tensordict_memmap).
+    #: (``capabilities.bfloat16``: torch, tensor_shards, tensordict_memmap), checked with
+    #: the backend before any work (:func:`shardex.backends.registry.check_options`).
     dtype: str | None = None
     #: Store every sample's image as the member ``KEY.<image_member>`` (e.g. ``"jpg"``)
     #: whatever its format, the format going to the ``image_format`` column, so readers
@@ -71,8 +72,6 @@ class ExportOptions:
                 f"dtype must be float16, float32, float64 or bfloat16 (floating-point fields "
                 f"only), got {self.dtype!r}"
             )
-        if self.dtype == "bfloat16":
-            _check_bfloat16(self.backend)
         if self.image_member is not None:
             from shardex.image_member import image_member_problem
 
@@ -113,26 +112,6 @@ class ExportOptions:
                     f"({', '.join(map(repr, names))}); export one split, or use the default "
                     "layout (a folder per split)"
                 )
-
-
-def _check_bfloat16(backend: str) -> None:
-    """Refuse ``dtype="bfloat16"`` for a backend that cannot store it, before any work."""
-    from shardex.backends.registry import REGISTRY  # only for this rare option
-
-    if REGISTRY.backend_class(backend).capabilities.bfloat16:
-        return
-    able = []
-    for entry in REGISTRY.entries():
-        if entry.available:
-            try:
-                if REGISTRY.backend_class(entry.name).capabilities.bfloat16:
-                    able.append(entry.name)
-            except ShardexError:  # a broken plugin does not hide the answer
-                continue
-    raise ConfigError(
-        f"the {backend} backend cannot store dtype bfloat16; use one that can "
-        f"({', '.join(able) or 'none installed: pip install shardex[torch]'}) or another dtype"
-    )
 
 
 def parse_split_fractions(text: str) -> dict[str, float]:

@@ -10,7 +10,7 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -22,6 +22,8 @@ import pyarrow.compute as pc
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.sources.remote import ObjectReads, registered
+from shardex.storage import Storage
 
 #: Files a reader keeps open at most (a tar source reads many members of few files).
 _OPEN_FILES: Final = 64
@@ -31,7 +33,9 @@ _OPEN_FILES: Final = 64
 class Members:
     """Every member of some samples. Sample ``i`` holds members ``starts[i]`` to
     ``starts[i + 1]``; member ``j`` is ``data[j]`` (inline bytes) when ``inline[j]``, else
-    ``size[j]`` bytes of the local file ``path(j)`` at ``offset[j]`` (-1: the whole file).
+    ``size[j]`` bytes of the local file ``path(j)`` at ``offset[j]`` (-1: the whole file),
+    or of the object ``path(j)`` names by URL (a source on object storage; ``stores`` are
+    the storages such URLs are read from, see :mod:`shardex.sources.remote`).
     Extensions and paths are dictionary-coded: a million members of one tar hold one
     path string, not a million."""
 
@@ -45,6 +49,8 @@ class Members:
     size: npt.NDArray[np.int64]
     inline: npt.NDArray[np.bool_]
     data: pa.LargeBinaryArray
+    #: Storages by root URL for members named by URL (empty when none is).
+    stores: tuple[tuple[str, Storage], ...] = ()
 
     @classmethod
     def of(cls, column: pa.ChunkedArray | pa.Array) -> Members:
@@ -61,6 +67,7 @@ class Members:
         data = flat.field("data").cast(pa.large_binary())
         ext_codes, ext_names = _codes(flat.field("ext"))
         path_codes, path_names = _codes(flat.field("path"))
+        remote = any("://" in name for name in path_names)
         return cls(
             starts=starts,
             ext_codes=ext_codes,
@@ -71,6 +78,7 @@ class Members:
             size=flat.field("size").to_numpy(zero_copy_only=False).astype(np.int64),
             inline=pc.is_valid(data).to_numpy(zero_copy_only=False),
             data=data,
+            stores=registered() if remote else (),
         )
 
     @classmethod
@@ -122,6 +130,7 @@ class Members:
             size=self.size[picks],
             inline=self.inline[picks],
             data=self.data.take(pa.array(picks, pa.int64())),
+            stores=self.stores,
         )
 
 
@@ -279,7 +288,8 @@ class _Files:
 
 class ByteSource:
     """Reads members' bytes: inline ones as views of their Arrow buffer, file ones with
-    ``pread`` (keeping recently used files open)."""
+    ``pread`` (keeping recently used files open), objects with a GET each (fetched ahead,
+    concurrently, once :meth:`expect` says which will be read)."""
 
     def __init__(self, members: Members) -> None:
         self._m = members
@@ -292,6 +302,27 @@ class ByteSource:
         values = buffers[2] if buffers[2] is not None else b""
         self._values = memoryview(values).cast("B")
         self._files = _Files()
+        self._objects = ObjectReads(members.stores)
+        self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
+
+    def _url(self, j: int) -> bool:
+        """Whether member ``j`` (not inline) is an object named by URL."""
+        if self._is_url is None:
+            names = self._m.path_names
+            self._is_url = np.fromiter(("://" in n for n in names), bool, len(names))
+        code = self._m.path_codes[j]
+        return bool(code >= 0 and self._is_url[code])
+
+    def expect(self, js: Iterable[int]) -> None:
+        """The members that will be read, in that order: those on object storage are
+        fetched ahead (call it only with members that will be read, or their bytes are
+        fetched for nothing)."""
+        m = self._m
+        self._objects.expect(
+            (j, m.path_names[m.path_codes[j]], int(m.offset[j]), int(m.size[j]))
+            for j in js
+            if not m.inline[j] and self._url(j)
+        )
 
     def read(self, j: int) -> memoryview | bytes:
         """Member ``j``'s bytes (a view for inline members: no copy)."""
@@ -301,10 +332,13 @@ class ByteSource:
         path = m.path(j)
         if path is None:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
+        if self._url(j):
+            return self._objects.read(j, path, int(m.offset[j]), int(m.size[j]))
         return self._files.read(path, int(m.offset[j]), int(m.size[j]))
 
     def close(self) -> None:
         self._files.close()
+        self._objects.close()
 
 
 JSON_COLUMN: Final = "_json"
@@ -315,19 +349,26 @@ LABEL_FIELD: Final = "cls"
 
 class MemberReader:
     """Reads the bytes of members given as dicts (a scan table's rows), keeping recently
-    used files open."""
+    used files open; objects with a GET each, from the stores registered in this
+    process (see :mod:`shardex.sources.remote`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stores: tuple[tuple[str, Storage], ...] | None = None) -> None:
         self._files = _Files()
+        # stores: those registered where the job was made (a worker has none of its own)
+        self._objects = ObjectReads(registered() if stores is None else stores)
 
     def read(self, member: dict[str, Any]) -> bytes:
         data = member["data"]
         if data is not None:
             return data  # type: ignore[no-any-return]
-        return self._files.read(member["path"], member["offset"], member["size"])
+        path: str = member["path"]
+        if "://" in path:
+            return self._objects.read(-1, path, member["offset"], member["size"])
+        return self._files.read(path, member["offset"], member["size"])
 
     def close(self) -> None:
         self._files.close()
+        self._objects.close()
 
 
 def iter_fields(

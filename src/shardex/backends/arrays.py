@@ -15,6 +15,7 @@ table (``S/{stem_name}-{hash}-keys.npy``, the same table as the ``webdataset`` b
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -54,6 +55,7 @@ from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
 from shardex.rows import JSON_COLUMN, json_text_column
 from shardex.sources.base import MEMBERS
+from shardex.sources.remote import registered
 from shardex.storage.base import Storage
 
 #: Samples read together when iterating (one read per array per block).
@@ -82,10 +84,12 @@ class _RunJob:
     layout: Layout
     with_label: bool
     write: bool  # False: return the columns (a per-split backend joins them first)
+    #: Stores of members on object storage (registered where the job is made).
+    stores: tuple[tuple[str, Storage], ...] = dataclasses.field(default_factory=registered)
 
 
 def _run(job: _RunJob) -> tuple[Written | None, dict[str, np.ndarray] | None, pa.Table]:
-    columns = build_columns(job.rows, job.layout, job.with_label)
+    columns = build_columns(job.rows, job.layout, job.with_label, job.stores)
     meta = metadata_rows(job.rows)
     if not job.write:
         return None, columns, meta

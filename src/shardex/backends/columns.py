@@ -28,6 +28,7 @@ from shardex.codecs.fields import decode_fields
 from shardex.contract import FieldSpec
 from shardex.fields import is_fixed, load_npy, npy_bytes
 from shardex.rows import MemberReader, iter_fields
+from shardex.storage.base import Storage
 
 KEY_COLUMN: Final = "__key__"
 Columns = Mapping[str, Any]  # name -> array-like (ndarray, memmap, tensor, zarr array)
@@ -51,12 +52,18 @@ def array_names(layout: Layout) -> list[str]:
     return out
 
 
-def build_columns(rows: pa.Table, layout: Layout, with_label: bool) -> dict[str, np.ndarray]:
-    """The arrays of a run of rows (member bytes are read here)."""
+def build_columns(
+    rows: pa.Table,
+    layout: Layout,
+    with_label: bool,
+    stores: tuple[tuple[str, Storage], ...] | None = None,
+) -> dict[str, np.ndarray]:
+    """The arrays of a run of rows (member bytes are read here; ``stores``: those of
+    members on object storage, see :class:`shardex.rows.MemberReader`)."""
     n = rows.num_rows
     index = {spec.name: k for k, spec in enumerate(layout)}
     values: list[list[Any]] = [[None] * n for _ in layout]
-    reader = MemberReader()
+    reader = MemberReader(stores)
     keys = rows.column("key").to_pylist()
     try:
         for i, fields in enumerate(iter_fields(rows, with_label, reader)):

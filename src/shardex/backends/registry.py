@@ -14,12 +14,15 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from shardex.backends.base import Backend
 from shardex.contract import ExportConfig
-from shardex.errors import BackendError, MissingDependencyError
+from shardex.errors import BackendError, ConfigError, MissingDependencyError, ShardexError
 from shardex.quoting import one_line
+
+if TYPE_CHECKING:
+    from shardex.options import ExportOptions
 
 ENTRY_POINT_GROUP: Final = "shardex.backends"
 
@@ -167,3 +170,23 @@ def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
 def backend_for(config: ExportConfig) -> Backend:
     """The backend of a committed export, with the options it was written with."""
     return REGISTRY.get(config.backend, config.shard_options.get("backend_options"))
+
+
+def check_options(opts: ExportOptions) -> None:
+    """Refuse options the backend cannot honour, before any work: ``dtype="bfloat16"``
+    where the backend cannot store it."""
+    backend = opts.backend
+    if opts.dtype != "bfloat16" or REGISTRY.backend_class(backend).capabilities.bfloat16:
+        return
+    able = []
+    for entry in REGISTRY.entries():
+        if entry.available:
+            try:
+                if REGISTRY.backend_class(entry.name).capabilities.bfloat16:
+                    able.append(entry.name)
+            except ShardexError:  # a broken plugin does not hide the answer
+                continue
+    raise ConfigError(
+        f"the {backend} backend cannot store dtype bfloat16; use one that can "
+        f"({', '.join(able) or 'none installed: pip install shardex[torch]'}) or another dtype"
+    )

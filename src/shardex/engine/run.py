@@ -19,7 +19,7 @@ from typing import Any
 
 from shardex.api import read_config
 from shardex.backends.base import Backend
-from shardex.backends.registry import get_backend
+from shardex.backends.registry import check_options, get_backend
 from shardex.contract import ExportConfig
 from shardex.engine.commit import combined_digest, commit, contract, write_errors
 from shardex.engine.output import (
@@ -74,6 +74,7 @@ def run_export(
     *,
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
+    source_storage_options: dict[str, Any] | None = None,
     runner: Runner | None = None,
     pipeline: tuple[dict[str, Any], ...] = (),
     spec_fingerprint: str | None = None,
@@ -83,8 +84,12 @@ def run_export(
     ``runner``: where parallel work runs (a pipeline executor's; default: ``workers``
     local processes); ``pipeline``: the stages applied before export and
     ``spec_fingerprint``: the hash of the spec file followed (both recorded).
+    ``source_storage_options``: those of a source on object storage (default: the
+    output's ``storage_options``).
     """
-    src = open_source(source)
+    check_options(opts)  # what the backend cannot store: before the source is looked at
+    given = source_storage_options if source_storage_options is not None else storage_options
+    src = open_source(source, given)
     backend = get_backend(opts.backend, opts.backend_options)
     if opts.layout == "flat" and not backend.capabilities.flat_layout:
         raise ConfigError(

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from shardex.backends.registry import check_options
 from shardex.contract import ExportConfig
 from shardex.errors import ConfigError
 from shardex.options import ExportOptions
@@ -150,11 +151,13 @@ class ImageWriterStage(Stage):
                 f"(output_dir, images_per_tar, remove_image_data, verbose, deterministic_name, "
                 f"name) or an export option ({', '.join(sorted(_OPTION_NAMES))})"
             )
-        ExportOptions(
-            backend=backend,
-            samples_per_shard=images_per_tar,
-            deterministic_name=deterministic_name,
-            **options,
+        check_options(
+            ExportOptions(
+                backend=backend,
+                samples_per_shard=images_per_tar,
+                deterministic_name=deterministic_name,
+                **options,
+            )
         )
 
     def params(self) -> dict[str, Any]:

@@ -296,7 +296,7 @@ class FolderSource(Source):
             labels.append(number[parts[0]] if len(parts) > 1 else None)
             keys.append(key_from_relpath(rel))
         paths = [rel for rel, _ in files]
-        root = str(self.root)
+        root = self.member_root()
         table = batch_table(
             keys,
             paths,
@@ -312,6 +312,10 @@ class FolderSource(Source):
         )
         left_out.sort(key=lambda x: x.original_path)
         return ScanBatch(table, tuple(left_out))
+
+    def member_root(self) -> str:
+        """What a member's path is relative to (its path is ``ROOT/rel``)."""
+        return str(self.root)
 
     def _changed(self, rel: str) -> SourceError:
         return SourceError(

@@ -33,7 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
-from shardex.errors import BadSampleError, EmptySourceError, SourceError, SourceNotFoundError
+from shardex.errors import (
+    BadSampleError,
+    EmptySourceError,
+    ObjectNotFoundError,
+    SourceError,
+    SourceNotFoundError,
+)
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
     LeftOut,
@@ -50,14 +56,14 @@ from shardex.sources.base import (
     quoted,
     safe_key,
 )
+from shardex.sources.objecttable import MISSING, Member, object_members, pseudo_path, url_of
+from shardex.sources.remote import is_url
 from shardex.sources.tablefile import TableFile
+from shardex.storage import open_storage
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
 KEY_COLUMNS: Final = ("key", "__key__", "id", "image_id")
-
-
-_MISSING: Final = "does not exist"
 
 
 @dataclass
@@ -74,7 +80,7 @@ class _Rows:
     data: list[bytes] | None = None
     left_out: list[LeftOut] = field(default_factory=list)
 
-    def add(self, row: int, key: str, original: str, member: _Member) -> None:
+    def add(self, row: int, key: str, original: str, member: Member) -> None:
         self.kept.append(row)
         self.keys.append(key)
         self.originals.append(original)
@@ -108,16 +114,6 @@ class _Rows:
         self.left_out.append(LeftOut(original or key, reason, key, error))
 
 
-@dataclass(frozen=True, slots=True)
-class _Member:
-    """A row's one member: a whole file, or inline bytes."""
-
-    ext: str
-    size: int
-    path: str | None = None
-    data: bytes | None = None
-
-
 def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | None:
     """Where keys of rows without a key column start: None when every path is relative
     and stays below the table's folder (keys are the paths as written,
@@ -131,7 +127,9 @@ def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | Non
 
     def norm() -> Iterator[str]:
         for chunk in rels():
-            yield from (os.path.normpath(r) for r in chunk.to_pylist() if r)
+            yield from (
+                os.path.normpath(pseudo_path(r) if is_url(r) else r) for r in chunk.to_pylist() if r
+            )
 
     if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm()):
         return None
@@ -151,7 +149,7 @@ def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> 
     return [key_from_relpath(printable(os.path.relpath(f, base))) if f else "" for f in full]
 
 
-def _file_member(full: Path) -> tuple[_Member | None, str]:
+def _file_member(full: Path) -> tuple[Member | None, str]:
     """The member of an image file, or None and why it cannot be one.
 
     A name that is not an image's is accepted when the file's first bytes are an image's
@@ -160,7 +158,7 @@ def _file_member(full: Path) -> tuple[_Member | None, str]:
     try:
         st = full.stat()
     except FileNotFoundError:
-        return None, _MISSING
+        return None, MISSING
     except OSError as exc:
         return None, f"cannot be read: {exc.strerror}"
     if stat.S_ISDIR(st.st_mode):
@@ -180,7 +178,7 @@ def _file_member(full: Path) -> tuple[_Member | None, str]:
         if fmt is None:
             return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
         ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-    return _Member(ext, st.st_size, path=str(full)), ""
+    return Member(ext, st.st_size, path=str(full)), ""
 
 
 def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
@@ -227,6 +225,7 @@ class TableSource(Source):
         self,
         path: str | os.PathLike[str],
         *,
+        storage_options: dict[str, Any] | None = None,
         path_column: str | None = None,
         bytes_column: str | None = None,
         key_column: str | None = None,
@@ -234,8 +233,13 @@ class TableSource(Source):
         label_names: tuple[str, ...] | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
-        self.path = Path(path).expanduser().absolute()
-        self.uri = str(self.path)
+        text = os.fspath(path)
+        #: the table's URL when it is on object storage (its path is then the pseudo path
+        #: that stands for the URL, see pseudo_path), else None
+        self.url = text if is_url(text) else None
+        self.path = Path(pseudo_path(text)) if self.url else Path(text).expanduser().absolute()
+        self.uri = self.url or str(self.path)
+        self.storage_options = storage_options
         self._path_column = path_column
         self._bytes_column = bytes_column
         self._key_column = key_column
@@ -244,14 +248,27 @@ class TableSource(Source):
         self.batch_size = check_batch_size(batch_size)
 
     def stream(self) -> SampleStream:
-        if not self.path.is_file():
+        if self.url is not None:
+            table = self._object_table(self.url)
+        elif not self.path.is_file():
             raise SourceNotFoundError(f"source table {self.uri} does not exist")
-        check_utf8_path(self.uri)
-        table = TableFile(self.path, self.batch_size)
+        else:
+            check_utf8_path(self.uri)
+            table = TableFile(self.path, self.batch_size)
         if table.num_rows == 0:
             raise EmptySourceError(f"source table {self.uri} has no rows")
         plan = self._plan(table)
         return SampleStream(self._batches(table, plan), plan.label_names)
+
+    def _object_table(self, url: str) -> TableFile:
+        """The table at ``url``, fetched whole (one GET)."""
+        folder, _, name = url.rpartition("/")
+        storage = open_storage(folder, self.storage_options)
+        try:
+            data = storage.get(name)
+        except ObjectNotFoundError as exc:
+            raise SourceNotFoundError(f"source table {url} does not exist") from exc
+        return TableFile(url, self.batch_size, data)
 
     def _plan(self, table: TableFile) -> _Plan:
         schema = table.schema
@@ -350,7 +367,7 @@ class TableSource(Source):
                 )
                 continue
             ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-            rows.add(i, safe_key(keys[i]), keys[i], _Member(ext, len(blob), data=blob))
+            rows.add(i, safe_key(keys[i]), keys[i], Member(ext, len(blob), data=blob))
         return rows
 
     def _path_rows(
@@ -359,18 +376,28 @@ class TableSource(Source):
         """Rows naming an image file: missing files, folders and files that are no image
         are left out."""
         rows = _Rows()
+        written = rels
+        rels = [pseudo_path(r) if r and is_url(r) else r for r in rels]
         keys = raw_keys or _keys_from_paths(self.path.parent, rels, plan.key_base)
-        for i, rel in enumerate(rels):
-            if not rel:
+        fulls = [(self.path.parent / r).absolute() if r else None for r in rels]
+        urls = {
+            i: url_of(os.path.normpath(full))
+            for i, full in enumerate(fulls)
+            if full is not None and (self.url is not None or is_url(written[i] or ""))
+        }
+        found = object_members(urls, self.storage_options)
+        for i, rel in enumerate(written):
+            full = fulls[i]
+            if not rel or full is None:
                 rows.leave_out(keys[i], f"row {start + i}: empty {plan.pcol!r}", f"row {start + i}")
                 continue
-            full = (self.path.parent / rel).absolute()
-            member, why = _file_member(full)
+            member, why = found[i] if i in found else _file_member(full)
             if member is None:
-                missing = why == _MISSING
+                missing = why == MISSING
+                kind = "object" if i in urls else "image file"
                 rows.leave_out(
                     keys[i],
-                    f"row {start + i}: image file {quoted(str(full))} {why}",
+                    f"row {start + i}: {kind} {quoted(urls.get(i) or str(full))} {why}",
                     printable(rel),
                     SourceNotFoundError if missing else BadSampleError,
                 )

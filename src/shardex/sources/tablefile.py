@@ -20,12 +20,15 @@ __all__ = ["TableFile"]
 
 
 class TableFile:
-    """A Parquet or CSV file read in batches, a pass at a time."""
+    """A Parquet or CSV file read in batches, a pass at a time; ``data``: the file's
+    bytes, when it is not a local file (a table on object storage, fetched whole)."""
 
-    def __init__(self, path: Path, batch_size: int) -> None:
+    def __init__(self, path: Path | str, batch_size: int, data: bytes | None = None) -> None:
         self.path = path
         self.batch_size = batch_size
-        suffix = path.suffix.lower()
+        self._data = data
+        suffix = "." + str(path).rpartition(".")[2] if "." in str(path) else ""
+        suffix = suffix.lower()
         if suffix not in (".parquet", ".pq", ".csv", ".tsv"):
             raise SourceError(f"{path}: unsupported table format {suffix!r} (use .parquet or .csv)")
         self.parquet = suffix in (".parquet", ".pq")
@@ -36,7 +39,11 @@ class TableFile:
                 from pyarrow.fs import LocalFileSystem
 
                 # what pq.read_table reads a file through: the same types, the same messages
-                self._file = pds.ParquetFileFormat().make_fragment(str(path), LocalFileSystem())
+                self._file = (
+                    pds.ParquetFileFormat().make_fragment(str(path), LocalFileSystem())
+                    if data is None
+                    else pds.ParquetFileFormat().make_fragment(pa.BufferReader(data))
+                )
                 self.schema: pa.Schema = self._file.physical_schema
                 self.num_rows: int | None = self._file.count_rows()
             else:
@@ -55,7 +62,7 @@ class TableFile:
         import pyarrow.csv as pcsv
 
         return pcsv.open_csv(
-            self.path,
+            self.path if self._data is None else pa.BufferReader(self._data),
             parse_options=pcsv.ParseOptions(delimiter=self.delimiter),
             # the types inferred from the first block apply to every column read alone
             convert_options=pcsv.ConvertOptions(

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import glob
 import os
+import posixpath
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar, Final
+from typing import IO, Any, ClassVar, Final, cast
 
 import pyarrow as pa
 
@@ -48,6 +49,9 @@ from shardex.sources.base import (
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
+from shardex.sources.objecttars import object_tars, open_tar_stream
+from shardex.sources.remote import is_url
+from shardex.storage import Storage
 
 _ZERO_BLOCK: Final = bytes(BLOCK)
 _SCAN_CHUNK: Final = 1 << 20
@@ -82,8 +86,9 @@ class _Sample:
     """The sample being read: consecutive members with one key."""
 
     key: str
-    #: its members: (extension, data offset, size) in the tar being read
-    members: list[tuple[str, int, int]] = field(default_factory=list)
+    #: its members: (extension, data offset, size, bytes) in the tar being read (bytes
+    #: None when they stay in the tar, to be read when the shard is written)
+    members: list[tuple[str, int, int, bytes | None]] = field(default_factory=list)
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
@@ -111,9 +116,10 @@ class _Batcher:
         self.originals: list[str] = []
         self.offsets: list[int] = [0]
         self.ext: list[str] = []
-        self.path: list[str] = []
+        self.path: list[str | None] = []
         self.offset: list[int] = []
         self.size: list[int] = []
+        self.data: list[bytes | None] = []
         self.labels: list[int | None] = []
         self.meta: list[dict[str, Any]] = []
         self.invalid: list[str | None] = []
@@ -121,11 +127,12 @@ class _Batcher:
     def add(self, sample: _Sample, path: str, original: str, key_prefix: str) -> None:
         self.keys.append(safe_key(key_prefix + sample.key))
         self.originals.append(original)
-        for ext, offset, size in sample.members:
+        for ext, offset, size, data in sample.members:
             self.ext.append(ext)
             self.offset.append(offset)
             self.size.append(size)
-        self.path += [path] * len(sample.members)
+            self.data.append(data)
+            self.path.append(path if data is None else None)
         self.offsets.append(len(self.ext))
         self.labels.append(sample.label)
         # an unusable sample's fields are not kept: they must not shape the schema
@@ -155,7 +162,14 @@ class _Batcher:
         table = batch_table(
             self.keys,
             self.originals,
-            members_array(self.offsets, self.ext, self.path, self.offset, self.size),
+            members_array(
+                self.offsets,
+                self.ext,
+                self.path,
+                self.offset,
+                self.size,
+                self.data if any(d is not None for d in self.data) else None,
+            ),
             labels=self.labels if self.with_label else None,
             metadata=meta,
             invalid=self.invalid,
@@ -183,15 +197,28 @@ def scan_tar(path: Path, out: _Batcher, *, root: Path, key_prefix: str = "") -> 
             raise SourceError(
                 f"cannot read tar {str(path)!r} at byte 0: {printable(str(exc))}"
             ) from exc
-        yield from _scan_members(tf, raw, out, rel=rel, path=str(path), key_prefix=key_prefix)
+        size = os.fstat(raw.fileno()).st_size
+        yield from scan_members(
+            tf, raw, out, rel=rel, path=str(path), size=size, key_prefix=key_prefix
+        )
 
 
-def _scan_members(
-    tf: tarfile.TarFile, raw: IO[bytes], out: _Batcher, *, rel: str, path: str, key_prefix: str
+def scan_members(
+    tf: tarfile.TarFile,
+    raw: IO[bytes],
+    out: _Batcher,
+    *,
+    rel: str,
+    path: str,
+    size: int,
+    key_prefix: str = "",
+    inline: bool = False,
 ) -> Iterator[pa.Table]:
+    """The samples of an open tar of ``size`` bytes into ``out`` (see :func:`scan_tar`);
+    ``inline``: members keep their bytes (a tar read as a stream), else their byte
+    ranges of ``path``."""
     headers = tarheaders.Headers(tf, raw, fast=tarheaders.FAST)
     with tf:
-        size = os.fstat(raw.fileno()).st_size
         sample: _Sample | None = None
         damage: str | None = None
         while True:
@@ -220,7 +247,7 @@ def _scan_members(
                     f"({info.offset_data + info.size} > {size} bytes)"
                 )
                 break
-            _read_member(raw, info, name, ext, sample)
+            _read_member(raw, info, name, ext, sample, inline)
         if damage is not None:
             if sample is None:
                 raise SourceError(
@@ -277,7 +304,9 @@ def _utf8(name: str) -> str:
     return name
 
 
-def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample) -> None:
+def _read_member(
+    raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample, inline: bool
+) -> None:
     """Add one member to its sample, or say why the sample cannot be used."""
     problem = _member_problem(info, name, ext, s.seen)
     s.seen.add(ext)
@@ -290,7 +319,7 @@ def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: 
         if problem is not None:
             s.refuse(problem)
     else:
-        s.members.append((ext, info.offset_data, info.size))
+        s.members.append((ext, info.offset_data, info.size, _read(raw, info) if inline else None))
 
 
 def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
@@ -329,12 +358,20 @@ class TarSource(Source):
     kind: ClassVar[str] = "webdataset-tars"
 
     def __init__(
-        self, spec: str | os.PathLike[str], *, batch_size: int = DEFAULT_BATCH_SIZE
+        self,
+        spec: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         self.uri = os.fspath(spec)
+        self.storage_options = storage_options
         self.batch_size = check_batch_size(batch_size)
 
     def stream(self) -> SampleStream:
+        if is_url(self.uri):
+            storage, tars = object_tars(self.uri, self.storage_options)
+            return SampleStream(self._object_batches(storage, tars))
         paths = _tar_paths(self.uri)
         return SampleStream(self._batches(paths))
 
@@ -344,6 +381,34 @@ class TarSource(Source):
         for path in paths:
             for table in scan_tar(path, out, root=root):
                 yield ScanBatch(table)
+        if not out.samples:
+            raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
+        if out.keys:
+            yield ScanBatch(out.flush())
+
+    def _object_batches(self, storage: Storage, tars: list[tuple[str, int]]) -> Iterator[ScanBatch]:
+        """The samples of tars on object storage, each read as one streamed GET."""
+        parents = [posixpath.dirname(p) for p, _ in tars]
+        root = posixpath.commonpath(parents) if all(parents) else ""
+        out = _Batcher(repr(self.uri), self.batch_size)
+        for path, size in tars:
+            rel = posixpath.relpath(path, root) if root else path
+            where = storage.join(path)
+            stream = open_tar_stream(storage, path, size)
+            raw = cast("IO[bytes]", stream)  # what tarfile and the header reader use of it
+            try:
+                try:
+                    tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115
+                except (tarfile.TarError, OSError) as exc:
+                    raise SourceError(
+                        f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
+                    ) from exc
+                for table in scan_members(
+                    tf, raw, out, rel=rel, path=where, size=size, inline=True
+                ):
+                    yield ScanBatch(table)
+            finally:
+                stream.close()
         if not out.samples:
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
         if out.keys:

@@ -138,6 +138,16 @@ class Storage(ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Relative paths of the objects whose path starts with ``prefix``, sorted."""
 
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        """The objects below ``folder`` ("" for the root) with their sizes, in path order,
+        page by page as the store lists them (object stores: one LIST request per page
+        of up to 1,000, the next asked for only when this one is used); ``after``: only
+        the paths that sort after it."""
+        names = builtins.list(self.list(f"{folder}/" if folder else ""))
+        yield [(name, self.size(name)) for name in names if after is None or name > after]
+
     @abstractmethod
     def delete(self, path: str) -> None:
         """Remove the object; a missing object is not an error."""

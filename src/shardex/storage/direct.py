@@ -12,6 +12,7 @@ helper process instead (see :mod:`shardex.storage.helper`).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import threading
@@ -40,6 +41,8 @@ PART_SIZE: Final = 8 * 1024 * 1024
 MAX_PARTS_IN_FLIGHT: Final = 4
 #: Concurrent requests of one batch of ranged reads.
 MAX_CONCURRENT_READS: Final = 32
+#: Objects per page of a listing: what one S3 LIST request returns at most.
+_PAGE: Final = 1000
 
 # The pid of the process whose obstore runtime was started by shardex (None before any).
 _runtime_pid: int | None = None
@@ -240,6 +243,23 @@ class DirectObjectStorage(Storage):
             raise
         except Exception as exc:
             raise storage_error(exc, f"{self.uri}/{prefix}", self._options) from exc
+
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        """One LIST request per page, made when the page before it has been used."""
+        try:
+            pages = _obstore().list(
+                self._client(), prefix=folder or None, offset=after, chunk_size=_PAGE
+            )
+            for page in pages:
+                yield [(str(meta["path"]), int(meta["size"])) for meta in page]
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise storage_error(
+                exc, f"{self.uri}/{folder}/" if folder else f"{self.uri}/", self._options
+            ) from exc
 
     def delete(self, path: str) -> None:
         checked_path(path, self.uri)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import builtins
 import contextlib
 import itertools
 import os
@@ -177,6 +178,11 @@ class HelperObjectStorage(Storage):
     def list(self, prefix: str = "") -> Iterator[str]:
         return iter(self._run(_list, prefix))
 
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        yield self._run(_list_all, folder, after)  # one page: the helper lists every page
+
     def delete(self, path: str) -> None:
         self._run(_Direct.delete, path)
 
@@ -201,6 +207,10 @@ class HelperObjectStorage(Storage):
 
 def _list(storage: Storage, prefix: str) -> list[str]:
     return list(storage.list(prefix))
+
+
+def _list_all(storage: Storage, folder: str, after: str | None) -> list[tuple[str, int]]:
+    return [entry for page in storage.list_pages(folder, after) for entry in page]
 
 
 def _next(stream: Iterator[bytes]) -> bytes | None:

@@ -14,6 +14,7 @@ Fork-safety is this one wrapper, chosen per process; neither implementation know
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -126,6 +127,11 @@ class ObjectStorage(Storage):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         return self._io.list(prefix)
+
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        return self._io.list_pages(folder, after)
 
     def delete(self, path: str) -> None:
         self._io.delete(path)

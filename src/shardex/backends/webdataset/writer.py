@@ -27,6 +27,7 @@ from shardex.format.dali_index import Component, DaliIndex
 from shardex.format.index import MemberSpans, member_row
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
+from shardex.planning import plan_bounds
 from shardex.rows import (
     JSON_COLUMN,
     LABEL_FIELD,
@@ -396,6 +397,11 @@ def write_shard(job: ShardJob) -> ShardWritten:
         return write_shard(_elsewhere(job))
     layout = _Layout(job)
     source = ByteSource(job.members)
+    # members on object storage are fetched ahead, but only those of the candidates the
+    # shard holds when every one is good: the rest are the next shard's to fetch
+    planned = plan_bounds(job.sizes, job.samples_per_shard, job.max_shard_bytes)
+    ahead = layout.payloads[: layout.firsts[planned[0][1]]] if planned else []
+    source.expect(p for p in ahead if isinstance(p, int))
     try:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)

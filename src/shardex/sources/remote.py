@@ -1,0 +1,176 @@
+"""Sources on object storage: where their members' bytes come from.
+
+A member of a source on object storage names its object by URL (``s3://bucket/a/b.jpg``)
+in the ``path`` of its ``_members`` entry. The source's storage (its endpoint, region and
+credentials, which may differ from the output's) is registered here when the source is
+streamed, in the process that scans it; :class:`shardex.rows.Members` takes the stores its
+URLs need from here and carries them, pickled, to the workers that write the shards.
+
+:class:`ObjectReads` fetches members: one GET per member (whole object, or one range of
+a tar), at most :data:`MAX_IN_FLIGHT` at a time, ahead of the writer in the order it will
+read them, never past what it was told to expect (so a member is fetched once, by the
+shard that writes it). Transient failures (dropped connections, timeouts, 5xx,
+throttling) are retried by the storage layer (storage option ``retry_timeout``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Final
+
+from shardex.errors import BadSampleError, ObjectNotFoundError
+from shardex.quoting import quoted
+from shardex.storage import Storage, open_storage
+from shardex.storage.options import SCHEMES
+
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "ObjectReads",
+    "is_url",
+    "register",
+    "registered",
+    "split_url",
+]
+
+#: Requests in flight at once (per shard writer), and the bytes fetched ahead at most.
+MAX_IN_FLIGHT: Final = 16
+MAX_AHEAD_BYTES: Final = 64 << 20
+
+_stores: dict[str, Storage] = {}
+_lock = threading.Lock()
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` is an object-store URL (``s3://``, ``gs://`` ...)."""
+    return text.startswith(SCHEMES)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """An object URL as its bucket root and the path below it:
+    ``s3://b/x/y.jpg`` -> (``s3://b``, ``x/y.jpg``)."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, path = rest.partition("/")
+    return f"{scheme}://{bucket}", path
+
+
+def register(storage: Storage) -> None:
+    """Make ``storage`` the one that serves member URLs below its root (the source's
+    options, credentials included, stay in memory and travel only pickled to workers)."""
+    with _lock:
+        _stores[storage.uri.rstrip("/")] = storage
+
+
+def registered() -> tuple[tuple[str, Storage], ...]:
+    """The stores registered in this process, by root URL."""
+    with _lock:
+        return tuple(_stores.items())
+
+
+class ObjectReads:
+    """Member bytes of objects, fetched concurrently ahead of the reader.
+
+    Args:
+        stores: storages by root URL (a member URL is read from the longest root it
+            starts with; one with no registered root from its bucket, with the options
+            of the environment).
+    """
+
+    def __init__(self, stores: Iterable[tuple[str, Storage]] = ()) -> None:
+        self._roots = sorted(dict(stores).items(), key=lambda kv: -len(kv[0]))
+        self._buckets: dict[str, Storage] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future[bytes]] = {}
+        self._ahead_bytes = 0
+        self._sizes: dict[int, int] = {}
+        self._queue: deque[tuple[int, str, int, int]] = deque()
+        self._queued: set[int] = set()  # numbers in the queue not read yet
+
+    def expect(self, members: Iterable[tuple[int, str, int, int]]) -> None:
+        """Members (number, URL, offset, size) that will be read, in the order they will
+        be: they are fetched ahead, a few at a time."""
+        for member in members:
+            self._queue.append(member)
+            self._queued.add(member[0])
+        self._top_up()
+
+    def read(self, number: int, url: str, offset: int, size: int) -> bytes:
+        """The bytes of a member (``offset`` -1: the whole object).
+
+        Raises:
+            BadSampleError: the object is gone, or its size changed since the scan.
+            StorageError: the store cannot be read (unreachable, access denied).
+        """
+        pending = self._ahead.pop(number, None)
+        if pending is None:
+            self._queued.discard(number)  # read now: never fetched ahead after this
+            data = self._fetch(url, offset, size)
+        else:
+            self._ahead_bytes -= self._sizes.pop(number)
+            data = pending.result()
+        # members are read in order: those fetched ahead of this one and never read (the
+        # rest of a sample found bad) are dropped, to free their places
+        for stale in [n for n in self._ahead if n < number]:
+            self._ahead.pop(stale).cancel()
+            self._ahead_bytes -= self._sizes.pop(stale)
+        self._top_up()
+        return data
+
+    def _top_up(self) -> None:
+        while (
+            self._queue
+            and len(self._ahead) < MAX_IN_FLIGHT
+            and (not self._ahead or self._ahead_bytes < MAX_AHEAD_BYTES)
+        ):
+            number, url, offset, size = self._queue.popleft()
+            if number not in self._queued or number in self._ahead:
+                continue
+            self._queued.discard(number)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-read")
+            self._ahead[number] = self._pool.submit(self._fetch, url, offset, size)
+            self._sizes[number] = size
+            self._ahead_bytes += size
+
+    def _fetch(self, url: str, offset: int, size: int) -> bytes:
+        storage, path = self._storage(url)
+        try:
+            # a whole object is read whole: a short or long answer shows it changed
+            data = storage.get(path) if offset < 0 else storage.get_range(path, offset, size)
+        except ObjectNotFoundError as exc:
+            raise BadSampleError(
+                f"cannot read {quoted(url)}: it does not exist (any more)",
+                path=url,
+                reason=f"cannot read {quoted(url)}: it does not exist",
+            ) from exc
+        if len(data) != size:
+            raise BadSampleError(
+                f"{quoted(url)} changed while exporting: it was {size} bytes, now {len(data)}",
+                path=url,
+                reason="changed during export",
+            )
+        return data
+
+    def _storage(self, url: str) -> tuple[Storage, str]:
+        for root, storage in self._roots:
+            if url.startswith(root + "/"):
+                return storage, url[len(root) + 1 :]
+        bucket, path = split_url(url)
+        if bucket not in self._buckets:
+            self._buckets[bucket] = open_storage(bucket)
+        return self._buckets[bucket], path
+
+    def close(self) -> None:
+        """Stop fetching ahead (requests in flight end on their own)."""
+        self._queue.clear()
+        self._queued.clear()
+        for pending in self._ahead.values():
+            pending.cancel()
+        self._ahead.clear()
+        self._sizes.clear()
+        self._ahead_bytes = 0
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

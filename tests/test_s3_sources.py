@@ -1,0 +1,390 @@
+"""Sources on object storage, against a real S3-compatible server (SeaweedFS on loopback).
+
+Each kind of source is put on the server and exported; the export must equal the export
+of the same files from local disk (shards byte for byte; config.yaml differs only in the
+source's URI). Requests are counted by the transparent proxy in front of the server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import socket
+import tarfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import shardex
+from conftest import S3Location
+from helpers import files_of, image_bytes, make_tree
+from shardex.cli import main
+from shardex.errors import StorageError
+from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
+from shardex.storage import ObjectStorage
+
+RELS = [
+    f"{split}/{cls}/img{i}.jpg"
+    for split in ("train", "val")
+    for cls in ("cat", "dog")
+    for i in range(6)
+]
+OPTS = {"samples_per_shard": 5, "workers": 2}
+
+
+def _upload(storage: ObjectStorage, files: dict[str, bytes]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda kv: storage.put(*kv), files.items()))
+
+
+def _same_export(local: Path, remote: Path, source_uri: str) -> None:
+    """The two exports hold the same files, byte for byte, but for the source's URI."""
+    a, b = files_of(local), files_of(remote)
+    assert sorted(a) == sorted(b)
+    assert [name for name in a if a[name] != b[name]] == ["config.yaml"]
+    ca, cb = yaml.safe_load(a["config.yaml"]), yaml.safe_load(b["config.yaml"])
+    assert cb["source_datasets"][0]["uri"] == source_uri
+    for config in (ca, cb):
+        del config["source_datasets"][0]["uri"]
+    assert ca == cb
+
+
+def _object_gets(s3: S3Location, under: str) -> Counter[str]:
+    return Counter(r.key for r in s3.proxy.gets() if r.status == 200 and under in r.key)
+
+
+def test_image_folder_prefix_exports_like_the_local_folder(s3: S3Location, tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src", RELS)
+    _upload(ObjectStorage(s3.child("images"), s3.direct), files)
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **OPTS)  # type: ignore[arg-type]
+    s3.proxy.reset()
+    config = shardex.export(
+        s3.child("images") + "/",
+        tmp_path / "remote",
+        source_storage_options=s3.counted,
+        **OPTS,  # type: ignore[arg-type]
+    )
+    assert config.label_names == ("cat", "dog")
+    assert {name: info.num_samples for name, info in config.splits.items()} == {
+        "train": 12,
+        "val": 12,
+    }
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("images"))
+    # every image fetched exactly once, with one GET, and nothing written to the source
+    gets = _object_gets(s3, "/images/")
+    assert sorted(gets) == sorted(f"{s3.url.split('/', 3)[3]}/images/{rel}" for rel in RELS)
+    assert set(gets.values()) == {1}
+    assert s3.proxy.count("PUT") == s3.proxy.count("DELETE") == 0
+    # an array backend reads the members in its workers too (with the source's options)
+    shardex.export(str(tmp_path / "src"), tmp_path / "np-local", backend="numpy", workers=2)
+    shardex.export(
+        s3.child("images"),
+        tmp_path / "np-remote",
+        backend="numpy",
+        workers=2,
+        source_storage_options=s3.counted,
+    )
+    _same_export(tmp_path / "np-local", tmp_path / "np-remote", s3.child("images"))
+
+
+def test_listing_is_paginated_and_streamed(s3: S3Location) -> None:
+    """More objects than one LIST page: batches come as pages arrive, every page is
+    asked for once, the samples come in key order, and the layout costs a LIST per
+    class folder, not a listing of every object."""
+    count = 1100  # S3 lists at most 1,000 keys per page
+    data = image_bytes(0)
+    names = [f"{cls}/n{i:05d}.jpg" for i in range(count) for cls in ["a" if i < 1050 else "b"]]
+    started = time.monotonic()
+    _upload(ObjectStorage(s3.child("many"), s3.direct), dict.fromkeys(names, data))
+    source = ObjectFolderSource(s3.child("many"), s3.counted, batch_size=300)
+    s3.proxy.reset()
+    stream = source.stream()
+    assert stream.label_names == ("a", "b")
+    # the layout: the first key, then a jump past a/, then past b/ (which finds nothing)
+    layout = s3.proxy.lists()
+    after = [r.params.get("start-after", [""])[0].rpartition("/")[2] for r in layout]
+    assert after == ["", "a0", "b0"]
+    first = next(stream.batches)
+    assert first.table.num_rows == 300
+    # the second page is asked for only when the first is used up
+    assert len(s3.proxy.lists()) == len(layout) + 1
+    keys = first.table.column("key").to_pylist()
+    labels = first.table.column("label").to_pylist()
+    for batch in stream.batches:
+        keys += batch.table.column("key").to_pylist()
+        labels += batch.table.column("label").to_pylist()
+    assert keys == [name[:-4] for name in names]
+    assert labels == [0] * 1050 + [1] * 50
+    pages = s3.proxy.lists()[len(layout) :]
+    assert len(pages) == 2
+    assert pages[1].params.get("continuation-token") is not None
+    assert time.monotonic() - started < 20  # it is a few seconds on a laptop
+
+
+def _tar(samples: list[tuple[str, bytes, int]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, image, label in samples:
+            meta = json.dumps({"score": label / 2}).encode()
+            for ext, data in (("jpg", image), ("cls", str(label).encode()), ("json", meta)):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_webdataset_tars_stream_with_one_get_each(s3: S3Location, tmp_path: Path) -> None:
+    tars = {
+        f"shards/part-{t}.tar": _tar(
+            [(f"s{t}_{i}", image_bytes(10 * t + i), i % 3) for i in range(8)]
+        )
+        for t in range(3)
+    }
+    tars["shards/part-x.txt"] = b"not a tar"  # not matched by the glob
+    for name, data in tars.items():
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(data)
+    _upload(ObjectStorage(s3.child("wds"), s3.direct), tars)
+    local = tmp_path / "src" / "shards" / "part-*.tar"
+    shardex.export(str(local), tmp_path / "local", **OPTS)  # type: ignore[arg-type]
+    for source in (s3.child("wds/shards/part-*.tar"), s3.child("wds/shards/")):
+        if source.endswith("/"):  # a prefix holding only tars is a tar source
+            ObjectStorage(s3.child("wds"), s3.direct).delete("shards/part-x.txt")
+        s3.proxy.reset()
+        out = tmp_path / ("prefix" if source.endswith("/") else "glob")
+        assert isinstance(open_source(source, s3.counted), TarSource)
+        shardex.export(source, out, source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
+        _same_export(tmp_path / "local", out, source)
+        gets = _object_gets(s3, "/wds/")
+        assert sorted(gets) == sorted(
+            f"{s3.url.split('/', 3)[3]}/wds/{n}" for n in tars if n.endswith(".tar")
+        )
+        assert set(gets.values()) == {1}  # one streamed GET per tar, members never again
+        assert all(r.range is None for r in s3.proxy.gets())
+
+
+def test_tables_on_s3_and_tables_of_s3_urls(s3: S3Location, tmp_path: Path) -> None:
+    rels = [f"imgs/{i:02d}.jpg" for i in range(10)]
+    files = make_tree(tmp_path / "src", rels)
+    labels = ["cat" if i % 2 else "dog" for i in range(10)]
+    table = pa.table({"image_path": rels, "label": labels, "score": [i / 4 for i in range(10)]})
+    pq.write_table(table, tmp_path / "src" / "table.parquet")
+    (tmp_path / "src" / "table.csv").write_text(table.to_pandas().to_csv(index=False))
+    uploaded = {**files, "table.parquet": (tmp_path / "src" / "table.parquet").read_bytes()}
+    uploaded["table.csv"] = (tmp_path / "src" / "table.csv").read_bytes()
+    _upload(ObjectStorage(s3.child("data"), s3.direct), uploaded)
+    shardex.export(str(tmp_path / "src" / "table.parquet"), tmp_path / "local", **OPTS)  # type: ignore[arg-type]
+    for name in ("table.parquet", "table.csv"):
+        s3.proxy.reset()
+        url = s3.child(f"data/{name}")
+        assert isinstance(open_source(url, s3.counted), TableSource)
+        shardex.export(url, tmp_path / name, source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
+        if name.endswith(".parquet"):
+            _same_export(tmp_path / "local", tmp_path / name, url)
+        gets = _object_gets(s3, "/data/imgs/")
+        assert len(gets) == 10
+        assert set(gets.values()) == {1}
+        assert s3.proxy.count("HEAD") == 10  # each row's size: one HEAD
+    # a local table whose paths are s3:// URLs: the same samples as its local twin
+    urls = [f"{s3.child('data')}/{rel}" for rel in rels] + [s3.child("data/imgs/missing.jpg")]
+    local_paths = [str(tmp_path / "src" / rel) for rel in rels] + [
+        str(tmp_path / "src" / "imgs" / "missing.jpg")
+    ]
+    for name, paths in (("urls.parquet", urls), ("paths.parquet", local_paths)):
+        pq.write_table(pa.table({"image_path": paths, "label": [*labels, "cat"]}), tmp_path / name)
+    s3.proxy.reset()
+    a = shardex.export(str(tmp_path / "paths.parquet"), tmp_path / "a", on_error="skip", **OPTS)  # type: ignore[arg-type]
+    b = shardex.export(
+        str(tmp_path / "urls.parquet"),
+        tmp_path / "b",
+        on_error="skip",
+        source_storage_options=s3.counted,
+        **OPTS,  # type: ignore[arg-type]
+    )
+    assert a.num_skipped == b.num_skipped == 1
+    for split in a.splits:
+        ours = shardex.open_dataset(tmp_path / "b", split=split)
+        assert list(ours) == list(shardex.open_dataset(tmp_path / "a", split=split))
+        assert ours.metadata.column("original_path").to_pylist()[0].startswith("s3://")
+    assert set(_object_gets(s3, "/data/imgs/").values()) == {1}
+
+
+def test_an_export_on_s3_is_a_source(s3: S3Location, tmp_path: Path) -> None:
+    """Re-export and backend conversion from an export on object storage equal those from
+    the same export on local disk."""
+    opts = {"split_fractions": {"train": 0.75, "val": 0.25}, "samples_per_shard": 10, "workers": 1}
+    shardex.export("demo:40", s3.child("exp"), storage_options=s3.direct, **opts)  # type: ignore[arg-type]
+    shardex.export("demo:40", tmp_path / "exp", **opts)  # type: ignore[arg-type]
+    for backend in ("webdataset", "numpy"):
+        local, remote = tmp_path / f"{backend}-local", tmp_path / f"{backend}-remote"
+        shardex.export(str(tmp_path / "exp"), local, backend=backend, samples_per_shard=15)
+        shardex.export(
+            s3.child("exp"),
+            remote,
+            backend=backend,
+            samples_per_shard=15,
+            source_storage_options=s3.direct,
+        )
+        _same_export(local, remote, s3.child("exp"))
+
+
+def test_transient_server_errors_are_retried(s3: S3Location, tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src", RELS[:8])
+    _upload(ObjectStorage(s3.child("flaky"), s3.direct), files)
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **OPTS)  # type: ignore[arg-type]
+    s3.proxy.reset()
+    # two image GETs and one LIST answered 503 (as a throttling or restarting server)
+    s3.proxy.fail_next(2, 503, when=lambda h: h.method == "GET" and h.path.endswith(".jpg"))
+    s3.proxy.fail_next(1, 503, when=lambda h: "list-type" in h.query)
+    shardex.export(
+        s3.child("flaky"), tmp_path / "remote", source_storage_options=s3.counted, **OPTS
+    )  # type: ignore[arg-type]
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("flaky"))
+    failed = [r for r in s3.proxy.requests if r.fault == "fail"]
+    assert len(failed) == 3
+    gets = _object_gets(s3, "/flaky/")
+    assert sum(gets.values()) == 8  # each image read whole once, after the retries
+
+
+def _cli(
+    s3: S3Location, source: str, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    environment = {
+        "AWS_ACCESS_KEY_ID": s3.server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.server.secret_key,
+        **(env or {}),
+    }
+    flags = ["--source-s3-endpoint-url", s3.server.endpoint, "--source-s3-region", s3.server.region]
+    result = CliRunner().invoke(
+        main,
+        ["export-dataset", source, "-q", "--samples-per-shard", "5", *flags, *extra],
+        env=environment,
+    )
+    return result.exit_code, result.output
+
+
+def test_cli_source_flags(s3: S3Location, tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src", RELS[:6])
+    _upload(ObjectStorage(s3.child("cli"), s3.direct), files)
+    code, output = _cli(s3, s3.child("cli/"), "-o", str(tmp_path / "out"))
+    assert code == 0, output
+    assert "exported 6 samples" in output
+    assert s3.server.secret_key not in output
+    assert (
+        "--source-s3-endpoint-url" in CliRunner().invoke(main, ["export-dataset", "--help"]).output
+    )
+    # the example of docs/storage.md, its source and output on the server
+    text = (Path(__file__).parents[1] / "docs" / "storage.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    (block,) = [b for b in blocks if "s3://my-bucket/images/" in b]
+    command = shlex.split(
+        block.replace("\\\n", " ")
+        .replace("s3://my-bucket/images/", s3.child("cli/"))
+        .replace("s3://my-bucket/exports/images", s3.child("cli-out"))
+        .replace("http://127.0.0.1:8333", s3.server.endpoint)
+    )
+    assert command[:2] == ["shardex", "export-dataset"]
+    env = {"AWS_ACCESS_KEY_ID": s3.server.access_key, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key}
+    result = CliRunner().invoke(main, command[1:], env=env)
+    assert result.exit_code == 0, result.output
+    assert shardex.read_config(s3.child("cli-out"), s3.direct).num_samples == 6
+    # the source's own flags are refused where they would not be used
+    code, output = _cli(s3, s3.child("cli/"), "-o", str(tmp_path / "ray"), "--executor", "ray")
+    assert code == 2
+    assert "--source-s3-*" in output
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "bad credentials"])
+def test_source_errors_are_one_line_naming_the_url(
+    s3: S3Location, tmp_path: Path, case: str
+) -> None:
+    url, env = s3.child("nothing-here/"), None
+    if case == "missing bucket":
+        url = "s3://no-such-bucket-h7/images/"
+    elif case == "bad credentials":
+        env = {"AWS_SECRET_ACCESS_KEY": "wrong-secret"}
+    code, output = _cli(s3, url, "-o", str(tmp_path / "out"), env=env)
+    assert code == 1
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output
+    assert lines[0].startswith("error: ")
+    assert url.split("://", 1)[1].split("/", 1)[0] in lines[0]  # names the bucket, at least
+    expected = {
+        "missing bucket": "does not exist",
+        "empty prefix": "holds no image files",
+        "bad credentials": "denied",
+    }[case]
+    assert expected in lines[0]
+    assert "wrong-secret" not in output
+    assert s3.server.secret_key not in output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_unreachable_source_endpoint_is_one_line(s3: S3Location, tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = {**s3.direct, "endpoint_url": f"http://127.0.0.1:{port}", "retry_timeout": "1s"}
+    with pytest.raises(StorageError) as caught:
+        shardex.export(s3.child("images/"), tmp_path / "out", source_storage_options=options)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert s3.child("images") in message
+    assert "cannot reach" in message
+    assert s3.server.secret_key not in message
+
+
+@pytest.mark.parametrize("damage", ["cut inside a member", "data after the end"])
+def test_a_damaged_tar_on_s3_is_refused_or_skipped_as_a_local_one(
+    s3: S3Location, tmp_path: Path, damage: str
+) -> None:
+    good = _tar([(f"k{i}", image_bytes(i), i % 2) for i in range(6)])
+    data = good[: len(good) // 2 + 100] if damage.startswith("cut") else good + good
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.tar").write_bytes(data)
+    ObjectStorage(s3.child("bad"), s3.direct).put("part.tar", data)
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", on_error="skip", **OPTS)  # type: ignore[arg-type]
+    remote = shardex.export(
+        s3.child("bad/"),
+        tmp_path / "remote",
+        on_error="skip",
+        source_storage_options=s3.direct,
+        **OPTS,  # type: ignore[arg-type]
+    )
+    assert remote.num_skipped == 1
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("bad/"))
+    code, output = _cli(s3, s3.child("bad/"), "-o", str(tmp_path / "refused"))
+    assert code == 1
+    assert "part.tar" in output
+    assert "damaged" in output
+
+
+def test_a_bad_image_on_s3_is_skipped_as_on_disk(s3: S3Location, tmp_path: Path) -> None:
+    files = make_tree(tmp_path / "src", RELS)
+    bad = RELS[7]  # cut short: its header check fails when its shard is written
+    (tmp_path / "src" / bad).write_bytes(files[bad][:40])
+    _upload(ObjectStorage(s3.child("bad-image"), s3.direct), files_of(tmp_path / "src"))
+    local = shardex.export(str(tmp_path / "src"), tmp_path / "local", on_error="skip", **OPTS)  # type: ignore[arg-type]
+    s3.proxy.reset()
+    remote = shardex.export(
+        s3.child("bad-image"),
+        tmp_path / "remote",
+        on_error="skip",
+        source_storage_options=s3.counted,
+        **OPTS,  # type: ignore[arg-type]
+    )
+    assert local.num_skipped == remote.num_skipped == 1
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("bad-image"))
+    # the shards after the bad one are planned again: their images may be read again
+    assert set(_object_gets(s3, "/bad-image/")) == {
+        f"{s3.url.split('/', 3)[3]}/bad-image/{rel}" for rel in RELS
+    }
