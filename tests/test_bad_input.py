@@ -330,6 +330,8 @@ def test_overwrite_replaces_the_export_and_removes_stale_files(tmp_path: Path) -
         index.samples,
         index.keys,
         index.members,
+        "train/shards.txt",  # the shard lists, rewritten for the new shards
+        "train/shards.wids.json",
         *(s.path for s in shards),
         *(s.metadata for s in shards if s.metadata),
         *(s.dali_index for s in shards if s.dali_index),
