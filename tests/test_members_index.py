@@ -279,3 +279,35 @@ def test_a_row_slices_what_parsing_gives(key: str, members: list[tuple[str, byte
         return
     assert sample[key_at : key_at + key_len].decode() == parsed_key == key
     assert {ext: sample[at : at + size] for ext, at, size in spans} == fields
+
+
+def test_an_append_refuses_a_damaged_members_file_instead_of_sealing_it(export: Path) -> None:
+    # The append writes the rows again with new checks: a damaged row carried over would
+    # pass its new check, and ds[3] would slice wrong fields out of good bytes silently.
+    before = list(shardex.open_dataset(export))
+    config = (export / "config.yaml").read_bytes()
+    _flip_row(export, 3, 8 + 8 + 4)
+    more = {"key": ["x1"], "txt": [b"1"], "seg.bin": [b"s"], "label": [0]}
+    with pytest.raises(FormatError, match=r"row 3 of .*index-members\.npy fails its check") as e:
+        shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert "\n" not in str(e.value)
+    assert (export / "config.yaml").read_bytes() == config
+    ds = shardex.open_dataset(export)
+    with pytest.raises(FormatError, match="row 3 "):
+        ds[3]
+    assert [ds[i] for i in range(len(ds)) if i != 3] == before[:3] + before[4:]
+    shardex.export(_source(), export, workers=1, samples_per_shard=4, mode="overwrite")
+    shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert list(shardex.open_dataset(export))[: len(before)] == before
+    assert verify(export).ok, verify(export).problems
+
+
+def test_an_append_refuses_a_members_file_claiming_a_huge_shape(export: Path) -> None:
+    path = _members_file(export)
+    data = path.read_bytes()
+    n = len(KEYS)
+    path.write_bytes(data.replace(f"'shape': ({n},)".encode(), b"'shape': (999999999999,)"))
+    more = {"key": ["x1"], "txt": [b"1"], "seg.bin": [b"s"], "label": [0]}
+    with pytest.raises(FormatError, match=r"index-members\.npy: not a valid member index") as e:
+        shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert "\n" not in str(e.value)

@@ -275,12 +275,17 @@ def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
 
 def seal_members(rows: npt.NDArray[np.void]) -> None:
     """Set each row's ``check``: xxh3-64 of the row after it, seeded with the row's number."""
+    rows["check"] = _checks(rows)
+
+
+def _checks(rows: npt.NDArray[np.void]) -> npt.NDArray[np.uint64]:
+    """What each row's ``check`` should be."""
     if not len(rows):
-        return
+        return np.zeros(0, np.uint64)
     size = rows.dtype.itemsize
-    raw: Any = rows.view(np.uint8)
+    raw: Any = np.ascontiguousarray(rows).view(np.uint8)
     view = memoryview(raw)
-    rows["check"] = np.fromiter(
+    return np.fromiter(
         (
             xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], i)
             for i in range(len(rows))
@@ -288,6 +293,32 @@ def seal_members(rows: npt.NDArray[np.void]) -> None:
         np.uint64,
         len(rows),
     )
+
+
+def check_member_rows(rows: Any, where: str, num_samples: int) -> tuple[str, ...]:
+    """The member extensions of ``rows`` (an ``index-members.npy`` of a split of
+    ``num_samples`` samples, found at ``where``).
+
+    Raises:
+        FormatError: it is not a 1-d array of index-members rows, or not one per sample.
+    """
+    names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
+    if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
+        raise FormatError(
+            f"{where}: expected a 1-d array of index-members rows, found {rows.dtype} "
+            f"with shape {rows.shape}"
+        )
+    if len(rows) != num_samples:
+        raise FormatError(
+            f"{where}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
+        )
+    return tuple(names)
+
+
+def first_damaged_row(rows: npt.NDArray[np.void]) -> int | None:
+    """The number of the first row whose ``check`` fails, or None."""
+    bad = np.flatnonzero(rows["check"] != _checks(rows))
+    return int(bad[0]) if len(bad) else None
 
 
 def spans_of_rows(rows: npt.NDArray[np.void]) -> MemberSpans:
@@ -305,16 +336,7 @@ class MemberIndex:
 
     def __init__(self, path: Path, *, num_samples: int) -> None:
         rows: Any = _load(path, "member")
-        names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
-        if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
-            raise FormatError(
-                f"{path}: expected a 1-d array of index-members rows, found {rows.dtype} "
-                f"with shape {rows.shape}"
-            )
-        if len(rows) != num_samples:
-            raise FormatError(
-                f"{path}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
-            )
+        names = check_member_rows(rows, str(path), num_samples)
         self.path = path
         self.rows = rows
         #: The member extensions, in column order.

@@ -34,6 +34,7 @@ from shardex.backends.base import (
 from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
+from shardex.errors import FormatError
 from shardex.format.index import (
     KEYS_FILE,
     MEMBERS_FILE,
@@ -43,7 +44,9 @@ from shardex.format.index import (
     build_keys_from_hashes,
     build_members,
     build_samples,
+    check_member_rows,
     checksum_seeds,
+    first_damaged_row,
     spans_of_rows,
     to_npy_bytes,
 )
@@ -274,7 +277,21 @@ def _members_of(storage: Storage, plan: SplitPlan) -> list[MemberSpans] | None:
         return []
     if before.index.members is None:
         return None
-    rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
+    where = storage.join(before.index.members)
+    try:
+        rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
+    except (ValueError, OSError, EOFError, TypeError, MemoryError) as exc:  # a hostile header
+        raise FormatError(f"{where}: not a valid member index file ({exc})") from exc
+    check_member_rows(rows, where, before.num_samples)
+    # The new file seals every row again: a damaged row carried over would pass its new
+    # check, and reads would slice wrong fields out of good bytes without an error.
+    bad = first_damaged_row(rows)
+    if bad is not None:
+        raise FormatError(
+            f"row {bad} of {where} fails its check: the file is damaged, and appending "
+            "would carry the damage into the new index unnoticed; `shardex verify` reports "
+            "it, an export with mode='overwrite' repairs it"
+        )
     return [spans_of_rows(rows)]
 
 
