@@ -149,3 +149,12 @@ def test_a_deeply_nested_config_is_declined_then_refused_in_one_line(tmp_path: P
     with pytest.raises(SchemaError, match=r"config\.yaml") as e:
         shardex.open_dataset(tmp_path / "o", split="train")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["backend: [unclosed\n", _nested(3000), "a: 1\n\tb: 2\n"])
+def test_a_config_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path, text: str) -> None:
+    shardex.export("demo:4", tmp_path / "o", samples_per_shard=4, workers=1)
+    (tmp_path / "o" / "config.yaml").write_text(text)
+    with pytest.raises(SchemaError, match=r"config\.yaml: not valid YAML \(.*line \d+") as e:
+        shardex.open_dataset(tmp_path / "o", split="train")
+    assert "\n" not in str(e.value)
