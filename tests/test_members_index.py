@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 import shardex
 from conftest import S3Location
 from shardex.errors import ChecksumError, FormatError
-from shardex.format.index import ABSENT, MemberSpans, member_row
+from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 from shardex.format.tar import iter_members, member_bytes, parse_sample, split_name
 from shardex.storage import ObjectStorage
 from shardex.verification import verify
@@ -260,6 +261,7 @@ def test_a_row_slices_what_parsing_gives(key: str, members: list[tuple[str, byte
     sample = b"".join(member_bytes(f"{key}.{ext}" if ext else key, data) for ext, data in members)
     found = [(m.name, m.data_offset, m.size) for m in iter_members(sample)]
     row = MemberSpans.of([member_row(found)])  # as the writer and verify build rows
+    assert row is not None
     key_at, key_len = (int(v) for v in row.spans[0, :2])
     spans = [
         (ext, int(row.spans[0, 2 + 2 * c]), int(row.spans[0, 3 + 2 * c]))
@@ -311,3 +313,25 @@ def test_an_append_refuses_a_members_file_claiming_a_huge_shape(export: Path) ->
     with pytest.raises(FormatError, match=r"index-members\.npy: not a valid member index") as e:
         shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
     assert "\n" not in str(e.value)
+
+
+def test_samples_with_extensions_of_their_own_get_no_members_file(tmp_path: Path) -> None:
+    # every sample brings an extension: rows of one column per extension would make the
+    # file (and the writer's memory) grow with samples x extensions
+    n = MAX_MEMBER_COLUMNS + 16
+    with tarfile.open(tmp_path / "src.tar", "w") as tar:
+        for i in range(n):
+            for ext, data in ((f"f{i}.bin", b"x" * i), ("txt", b"t%d" % i)):
+                info = tarfile.TarInfo(f"k{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    shardex.export(tmp_path / "src.tar", out, workers=1, samples_per_shard=n // 2)
+    raw = yaml.safe_load((out / "config.yaml").read_text())
+    assert "members" not in raw["splits"]["train"]["index"]
+    assert not list(out.rglob("index-members*.npy"))
+    ds = shardex.open_dataset(out)
+    assert ds.members is None
+    want = [{"__key__": f"k{i:04d}", f"f{i}.bin": b"x" * i, "txt": b"t%d" % i} for i in range(n)]
+    assert [ds[i] for i in range(n)] == list(ds) == ds.get_many(range(n)) == want
+    assert verify(out).ok, verify(out).problems

@@ -53,6 +53,12 @@ MEMBERS_FILE: Final = "index-members.npy"
 MEMBERS_VERSION: Final = 3
 #: The size of a member a sample lacks; as a key length: the sample must be parsed.
 ABSENT: Final = 0xFFFFFFFF
+#: The most member extensions a split's ``index-members.npy`` has columns for. Every row
+#: has a column per extension of the split, so samples that each bring extensions of
+#: their own (a hostile source, keys cut at an unexpected dot) would grow the file, and
+#: the writer's memory, with samples x extensions; such a split gets no index-members.npy
+#: and its reads parse the tar headers, as in format 2.
+MAX_MEMBER_COLUMNS: Final = 64
 
 
 def key_hash(key: str) -> int:
@@ -213,14 +219,19 @@ class MemberSpans:
     spans: npt.NDArray[np.uint32]
 
     @classmethod
-    def of(cls, samples: Sequence[tuple[int, int, Sequence[tuple[str, int, int]]]]) -> MemberSpans:
+    def of(
+        cls, samples: Sequence[tuple[int, int, Sequence[tuple[str, int, int]]]]
+    ) -> MemberSpans | None:
         """From ``(key offset, key length, [(extension, data offset, size), ...])`` per
         sample; a sample with an empty or repeated extension (or a key length of
-        :data:`ABSENT`) gets a key length of ABSENT: readers parse it."""
+        :data:`ABSENT`) gets a key length of ABSENT: readers parse it. None when the
+        samples hold more than :data:`MAX_MEMBER_COLUMNS` extensions."""
         columns: dict[str, int] = {}
         for _, _, members in samples:
             for ext, _, _ in members:
                 columns.setdefault(ext, len(columns))
+        if len(columns.keys() - {""}) > MAX_MEMBER_COLUMNS:
+            return None
         spans = np.full((len(samples), 2 + 2 * len(columns)), ABSENT, np.uint32)
         for i, (key_at, key_len, members) in enumerate(samples):
             row = [key_at, key_len] + [ABSENT] * (2 * len(columns))
@@ -251,12 +262,19 @@ def member_row(
     return max(key_at, 0), len(key.encode()) if same else ABSENT, spans
 
 
+def member_columns(parts: Sequence[MemberSpans]) -> list[str]:
+    """The columns of ``index-members.npy`` for these spans: their extensions in order of
+    first appearance; an empty one (readers parse those samples) gets none."""
+    exts: dict[str, None] = {}
+    for part in parts:
+        exts.update((e, None) for e in part.exts if e)
+    return list(exts)
+
+
 def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
     """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
-    sample order; an extension that is empty (readers parse those samples) gets no column."""
-    exts: list[str] = []
-    for part in parts:
-        exts += [e for e in part.exts if e and e not in exts]
+    sample order (see :func:`member_columns`)."""
+    exts = member_columns(parts)
     out = np.zeros(sum(len(p.spans) for p in parts), members_dtype(exts))
     members = out["members"]
     at = 0

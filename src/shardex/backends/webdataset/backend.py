@@ -37,6 +37,7 @@ from shardex.dataset import Dataset, ReopenedDataset
 from shardex.errors import FormatError
 from shardex.format.index import (
     KEYS_FILE,
+    MAX_MEMBER_COLUMNS,
     MEMBERS_FILE,
     MEMBERS_VERSION,
     SAMPLES_FILE,
@@ -47,6 +48,7 @@ from shardex.format.index import (
     check_member_rows,
     checksum_seeds,
     first_damaged_row,
+    member_columns,
     spans_of_rows,
     to_npy_bytes,
 )
@@ -173,7 +175,9 @@ class WebDatasetBackend(Backend):
             number = np.full(done.num_samples, len(shards) - 1, np.uint32)
             parts.append((number, done.offsets, done.lengths, done.checksums))
             hashes.append(done.key_hashes)
-            if members is not None and done.members is not None:
+            if members is not None and done.members is None:
+                members = None  # more extensions than rows have columns for
+            elif members is not None and done.members is not None:
                 members.append(done.members)
             on_shard(done.table)
         _remove_discarded(storage, discarded, shards, plan.existing)
@@ -190,6 +194,8 @@ class WebDatasetBackend(Backend):
             old_samples, old_hashes = _old_index(storage, before.index)
             samples = np.concatenate([old_samples, samples])
             key_hashes = np.concatenate([old_hashes, key_hashes])
+        if members is not None and len(member_columns(members)) > MAX_MEMBER_COLUMNS:
+            members = None  # reads parse the headers (see MAX_MEMBER_COLUMNS)
         index = IndexInfo(
             unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
             unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),

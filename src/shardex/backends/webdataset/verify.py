@@ -22,6 +22,7 @@ from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo
 from shardex.errors import FormatError, ShardexError
 from shardex.format.dali_index import DaliIndex
 from shardex.format.index import (
+    MAX_MEMBER_COLUMNS,
     SAMPLE_DTYPE,
     MemberSpans,
     build_members,
@@ -109,7 +110,13 @@ def _verify_members(
         )
         return
     read = np.array([m is not None for m in members], bool)
-    expected = build_members([MemberSpans.of([member_row(m or []) for m in members])])
+    spans = MemberSpans.of([member_row(m or []) for m in members])
+    if spans is None:  # the writer makes no file for these samples: this one is not its
+        report.problems.append(
+            Problem(path, "index", f"the samples hold more than {MAX_MEMBER_COLUMNS} extensions")
+        )
+        return
+    expected = build_members([spans])
     if expected.dtype != found.dtype:
         if read.all():
             report.problems.append(
