@@ -335,3 +335,23 @@ def test_samples_with_extensions_of_their_own_get_no_members_file(tmp_path: Path
     want = [{"__key__": f"k{i:04d}", f"f{i}.bin": b"x" * i, "txt": b"t%d" % i} for i in range(n)]
     assert [ds[i] for i in range(n)] == list(ds) == ds.get_many(range(n)) == want
     assert verify(out).ok, verify(out).problems
+
+
+def test_a_members_file_of_other_samples_fails_its_checks(export: Path, tmp_path: Path) -> None:
+    # Rows of another export with as many samples (a file copied over, a stale cached
+    # copy) pass a check seeded with the row number alone, and their slices of this
+    # export's bytes would be wrong fields, returned with checksums on.
+    other = _source()
+    other["txt"] = [b"other " * (i + 3) for i in range(len(KEYS))]
+    shardex.export(other, tmp_path / "other", workers=1, samples_per_shard=4)
+    shutil.copyfile(_members_file(tmp_path / "other"), _members_file(export))
+    ds = shardex.open_dataset(export)
+    for i in range(len(ds)):
+        if np.load(_members_file(export))[i]["key"][1] != ABSENT:  # rows that slice
+            with pytest.raises(FormatError, match=rf"row {i} of .*index-members\.npy fails"):
+                ds[i]
+    with pytest.raises(FormatError, match=r"index-members\.npy fails its check"):
+        list(ds)
+    with pytest.raises(FormatError, match=r"index-members\.npy fails its check"):
+        ds.get_many(range(len(ds)))
+    assert not verify(export).ok

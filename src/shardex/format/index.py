@@ -15,7 +15,9 @@ Two memory-mappable ``.npy`` files per split:
 * ``index-members.npy`` (format version 3 on): one row per sample, in sample order, saying
   where each member lies inside the sample's bytes, so that a read slices its fields
   instead of parsing tar headers. A structured array: ``check`` (u8, xxh3-64 of the rest
-  of the row seeded with the sample number: a damaged or moved row fails its read),
+  of the row seeded with the sample's checksum in ``index-samples.npy``, itself seeded
+  with the sample number: a damaged or moved row, or one written for other samples, fails
+  its read),
   ``key`` (u4 x 2: offset and length of the key's bytes in the first member's name) and
   ``members``, one (u4 x 2) column per member extension of the split, named by it: the
   offset of the member's data from the sample's first byte and its size, :data:`ABSENT`
@@ -271,9 +273,12 @@ def member_columns(parts: Sequence[MemberSpans]) -> list[str]:
     return list(exts)
 
 
-def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
+def build_members(
+    parts: Sequence[MemberSpans], checksums: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.void]:
     """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
-    sample order (see :func:`member_columns`)."""
+    sample order (see :func:`member_columns`); ``checksums``: the samples' (their
+    ``index-samples.npy`` records'), which seed the rows' checks."""
     exts = member_columns(parts)
     out = np.zeros(sum(len(p.spans) for p in parts), members_dtype(exts))
     members = out["members"]
@@ -287,17 +292,20 @@ def build_members(parts: Sequence[MemberSpans]) -> npt.NDArray[np.void]:
             if ext:
                 members[ext][at : at + n] = part.spans[:, 2 + 2 * col : 4 + 2 * col]
         at += n
-    seal_members(out)
+    seal_members(out, checksums)
     return out
 
 
-def seal_members(rows: npt.NDArray[np.void]) -> None:
-    """Set each row's ``check``: xxh3-64 of the row after it, seeded with the row's number."""
-    rows["check"] = _checks(rows)
+def seal_members(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> None:
+    """Set each row's ``check``: xxh3-64 of the row after it, seeded with its sample's
+    checksum (so that a row passes only beside the bytes it was written for)."""
+    rows["check"] = _checks(rows, checksums)
 
 
-def _checks(rows: npt.NDArray[np.void]) -> npt.NDArray[np.uint64]:
-    """What each row's ``check`` should be."""
+def _checks(
+    rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint64]:
+    """What each row's ``check`` should be (``checksums``: the samples')."""
     if not len(rows):
         return np.zeros(0, np.uint64)
     size = rows.dtype.itemsize
@@ -305,8 +313,8 @@ def _checks(rows: npt.NDArray[np.void]) -> npt.NDArray[np.uint64]:
     view = memoryview(raw)
     return np.fromiter(
         (
-            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], i)
-            for i in range(len(rows))
+            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], seed)
+            for i, seed in enumerate(checksums.tolist())
         ),
         np.uint64,
         len(rows),
@@ -333,9 +341,10 @@ def check_member_rows(rows: Any, where: str, num_samples: int) -> tuple[str, ...
     return tuple(names)
 
 
-def first_damaged_row(rows: npt.NDArray[np.void]) -> int | None:
-    """The number of the first row whose ``check`` fails, or None."""
-    bad = np.flatnonzero(rows["check"] != _checks(rows))
+def first_damaged_row(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> int | None:
+    """The number of the first row whose ``check`` fails, or None (``checksums``: the
+    samples')."""
+    bad = np.flatnonzero(rows["check"] != _checks(rows, checksums))
     return int(bad[0]) if len(bad) else None
 
 

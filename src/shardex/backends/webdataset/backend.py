@@ -40,6 +40,7 @@ from shardex.format.index import (
     MAX_MEMBER_COLUMNS,
     MEMBERS_FILE,
     MEMBERS_VERSION,
+    SAMPLE_DTYPE,
     SAMPLES_FILE,
     MemberSpans,
     build_keys_from_hashes,
@@ -204,7 +205,8 @@ class WebDatasetBackend(Backend):
         storage.put(index.samples, to_npy_bytes(samples))
         storage.put(index.keys, to_npy_bytes(build_keys_from_hashes(key_hashes)))
         if index.members is not None and members is not None:
-            storage.put(index.members, to_npy_bytes(build_members(members)))
+            members_rows = build_members(members, samples["checksum"])
+            storage.put(index.members, to_npy_bytes(members_rows))
         return SplitInfo(
             num_samples=len(samples),
             num_bytes=sum(s.num_bytes for s in shards),
@@ -286,12 +288,18 @@ def _members_of(storage: Storage, plan: SplitPlan) -> list[MemberSpans] | None:
     where = storage.join(before.index.members)
     try:
         rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
+        records = np.load(io.BytesIO(storage.get(before.index.samples)), allow_pickle=False)
     except (ValueError, OSError, EOFError, TypeError, MemoryError) as exc:  # a hostile header
         raise FormatError(f"{where}: not a valid member index file ({exc})") from exc
     check_member_rows(rows, where, before.num_samples)
+    if records.dtype != SAMPLE_DTYPE or records.shape != (before.num_samples,):
+        raise FormatError(
+            f"{storage.join(before.index.samples)}: expected {before.num_samples} records of "
+            f"{SAMPLE_DTYPE}, found {records.dtype} {records.shape}"
+        )
     # The new file seals every row again: a damaged row carried over would pass its new
     # check, and reads would slice wrong fields out of good bytes without an error.
-    bad = first_damaged_row(rows)
+    bad = first_damaged_row(rows, records["checksum"])
     if bad is not None:
         raise FormatError(
             f"row {bad} of {where} fails its check: the file is damaged, and appending "

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
@@ -85,16 +86,18 @@ def verify_split(
     if table is not None:
         _check_key_hashes(split.index.keys, table, hashes, read, report)
     if split.index.members is not None:
-        _verify_members(storage, split.index.members, members, report)
+        _verify_members(storage, split.index.members, members, samples["checksum"], report)
 
 
 def _verify_members(
     storage: Storage,
     path: str,
     members: list[list[tuple[str, int, int]] | None],
+    checksums: npt.NDArray[np.uint64],
     report: VerifyReport,
 ) -> None:
-    """``index-members.npy`` holds, row for row, what the samples' members give."""
+    """``index-members.npy`` holds, row for row, what the samples' members give, each row
+    sealed with its sample's checksum (``checksums``)."""
     found = load_npy(storage, path, report)
     if found is None:
         return
@@ -116,7 +119,7 @@ def _verify_members(
             Problem(path, "index", f"the samples hold more than {MAX_MEMBER_COLUMNS} extensions")
         )
         return
-    expected = build_members([spans])
+    expected = build_members([spans], checksums)
     if expected.dtype != found.dtype:
         if read.all():
             report.problems.append(
