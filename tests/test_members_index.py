@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 import shardex
 from conftest import S3Location
 from shardex.errors import ChecksumError, FormatError
-from shardex.format.index import ABSENT, MemberSpans, member_row
+from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 from shardex.format.tar import iter_members, member_bytes, parse_sample, split_name
 from shardex.storage import ObjectStorage
 from shardex.verification import verify
@@ -260,6 +261,7 @@ def test_a_row_slices_what_parsing_gives(key: str, members: list[tuple[str, byte
     sample = b"".join(member_bytes(f"{key}.{ext}" if ext else key, data) for ext, data in members)
     found = [(m.name, m.data_offset, m.size) for m in iter_members(sample)]
     row = MemberSpans.of([member_row(found)])  # as the writer and verify build rows
+    assert row is not None
     key_at, key_len = (int(v) for v in row.spans[0, :2])
     spans = [
         (ext, int(row.spans[0, 2 + 2 * c]), int(row.spans[0, 3 + 2 * c]))
@@ -279,3 +281,77 @@ def test_a_row_slices_what_parsing_gives(key: str, members: list[tuple[str, byte
         return
     assert sample[key_at : key_at + key_len].decode() == parsed_key == key
     assert {ext: sample[at : at + size] for ext, at, size in spans} == fields
+
+
+def test_an_append_refuses_a_damaged_members_file_instead_of_sealing_it(export: Path) -> None:
+    # The append writes the rows again with new checks: a damaged row carried over would
+    # pass its new check, and ds[3] would slice wrong fields out of good bytes silently.
+    before = list(shardex.open_dataset(export))
+    config = (export / "config.yaml").read_bytes()
+    _flip_row(export, 3, 8 + 8 + 4)
+    more = {"key": ["x1"], "txt": [b"1"], "seg.bin": [b"s"], "label": [0]}
+    with pytest.raises(FormatError, match=r"row 3 of .*index-members\.npy fails its check") as e:
+        shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert "\n" not in str(e.value)
+    assert (export / "config.yaml").read_bytes() == config
+    ds = shardex.open_dataset(export)
+    with pytest.raises(FormatError, match="row 3 "):
+        ds[3]
+    assert [ds[i] for i in range(len(ds)) if i != 3] == before[:3] + before[4:]
+    shardex.export(_source(), export, workers=1, samples_per_shard=4, mode="overwrite")
+    shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert list(shardex.open_dataset(export))[: len(before)] == before
+    assert verify(export).ok, verify(export).problems
+
+
+def test_an_append_refuses_a_members_file_claiming_a_huge_shape(export: Path) -> None:
+    path = _members_file(export)
+    data = path.read_bytes()
+    n = len(KEYS)
+    path.write_bytes(data.replace(f"'shape': ({n},)".encode(), b"'shape': (999999999999,)"))
+    more = {"key": ["x1"], "txt": [b"1"], "seg.bin": [b"s"], "label": [0]}
+    with pytest.raises(FormatError, match=r"index-members\.npy: not a valid member index") as e:
+        shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert "\n" not in str(e.value)
+
+
+def test_samples_with_extensions_of_their_own_get_no_members_file(tmp_path: Path) -> None:
+    # every sample brings an extension: rows of one column per extension would make the
+    # file (and the writer's memory) grow with samples x extensions
+    n = MAX_MEMBER_COLUMNS + 16
+    with tarfile.open(tmp_path / "src.tar", "w") as tar:
+        for i in range(n):
+            for ext, data in ((f"f{i}.bin", b"x" * i), ("txt", b"t%d" % i)):
+                info = tarfile.TarInfo(f"k{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    shardex.export(tmp_path / "src.tar", out, workers=1, samples_per_shard=n // 2)
+    raw = yaml.safe_load((out / "config.yaml").read_text())
+    assert "members" not in raw["splits"]["train"]["index"]
+    assert not list(out.rglob("index-members*.npy"))
+    ds = shardex.open_dataset(out)
+    assert ds.members is None
+    want = [{"__key__": f"k{i:04d}", f"f{i}.bin": b"x" * i, "txt": b"t%d" % i} for i in range(n)]
+    assert [ds[i] for i in range(n)] == list(ds) == ds.get_many(range(n)) == want
+    assert verify(out).ok, verify(out).problems
+
+
+def test_a_members_file_of_other_samples_fails_its_checks(export: Path, tmp_path: Path) -> None:
+    # Rows of another export with as many samples (a file copied over, a stale cached
+    # copy) pass a check seeded with the row number alone, and their slices of this
+    # export's bytes would be wrong fields, returned with checksums on.
+    other = _source()
+    other["txt"] = [b"other " * (i + 3) for i in range(len(KEYS))]
+    shardex.export(other, tmp_path / "other", workers=1, samples_per_shard=4)
+    shutil.copyfile(_members_file(tmp_path / "other"), _members_file(export))
+    ds = shardex.open_dataset(export)
+    for i in range(len(ds)):
+        if np.load(_members_file(export))[i]["key"][1] != ABSENT:  # rows that slice
+            with pytest.raises(FormatError, match=rf"row {i} of .*index-members\.npy fails"):
+                ds[i]
+    with pytest.raises(FormatError, match=r"index-members\.npy fails its check"):
+        list(ds)
+    with pytest.raises(FormatError, match=r"index-members\.npy fails its check"):
+        ds.get_many(range(len(ds)))
+    assert not verify(export).ok

@@ -159,6 +159,7 @@ def _as_format_1(root: Path) -> None:
     np.save(_samples_file(root), rec)
     raw["format_version"] = 1
     del raw["metadata_checksum"], raw["errors_checksum"]
+    (root / raw["splits"]["train"]["index"].pop("members")).unlink()  # from format 3
     _write_config(root, raw)
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -616,3 +617,21 @@ def test_coalesce_gap_chooses_bytes_or_requests(s3: S3Location) -> None:
     assert seen["1MiB"][1] > wanted
     with pytest.raises(ConfigError, match="'coalesce_gap' must be a size in bytes"):
         shardex.open_dataset(s3.url, storage_options={**s3.direct, "coalesce_gap": "lots"})
+
+
+@pytest.mark.parametrize("name", ["COALESCE_GAP", "aws_coalesce_gap"])
+def test_shardex_options_take_every_spelling_of_their_name(s3: S3Location, name: str) -> None:
+    # AWS_REGION, aws_region and region are one setting: so are shardex's own options
+    _export_s3(s3)
+    every_other = list(range(0, 24, 2))
+    ds = shardex.open_dataset(s3.url, split="train", storage_options={**s3.counted, name: 0})
+    assert ds.storage.coalesce_gap == 0
+    ds[1]  # index files fetched
+    s3.proxy.reset()
+    assert [s["__key__"] for s in ds.get_many(every_other)] == [
+        ds[i]["__key__"] for i in every_other
+    ]
+    s3.proxy.wait_idle()
+    assert len(s3.proxy.gets()) == 2 * len(every_other)  # get_many's, then ds[i]'s
+    storage = ObjectStorage(s3.url, {**s3.direct, "AWS_RETRY_TIMEOUT": "3s"})
+    assert storage.retry_timeout == timedelta(seconds=3)

@@ -133,3 +133,28 @@ def test_a_hand_edited_config_beyond_the_subset_still_opens(tmp_path: Path) -> N
     config.write_text(config.read_text().replace("num_samples: 12", "num_samples: 'twelve'", 1))
     with pytest.raises(SchemaError, match="num_samples"):
         shardex.open_dataset(tmp_path / "o", split="train")
+
+
+def _nested(depth: int) -> str:
+    """A mapping nested ``depth`` levels deep, one key per level."""
+    return "".join(" " * i + f"k{i}:\n" for i in range(depth - 1)) + " " * depth + "k: 1\n"
+
+
+def test_a_deeply_nested_config_is_declined_then_refused_in_one_line(tmp_path: Path) -> None:
+    # 600 levels: beyond the subset's recursion, within libyaml's 1000-level limit
+    with pytest.raises(yaml_subset.Unsupported):
+        yaml_subset.load(_nested(600))
+    shardex.export("demo:4", tmp_path / "o", samples_per_shard=4, workers=1)
+    (tmp_path / "o" / "config.yaml").write_text(_nested(600))
+    with pytest.raises(SchemaError, match=r"config\.yaml") as e:
+        shardex.open_dataset(tmp_path / "o", split="train")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["backend: [unclosed\n", _nested(3000), "a: 1\n\tb: 2\n"])
+def test_a_config_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path, text: str) -> None:
+    shardex.export("demo:4", tmp_path / "o", samples_per_shard=4, workers=1)
+    (tmp_path / "o" / "config.yaml").write_text(text)
+    with pytest.raises(SchemaError, match=r"config\.yaml: not valid YAML \(.*line \d+") as e:
+        shardex.open_dataset(tmp_path / "o", split="train")
+    assert "\n" not in str(e.value)

@@ -310,7 +310,9 @@ def _parse_yaml(text: str | bytes, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as exc:
-        raise SchemaError(f"{where}: not valid YAML ({exc})") from exc
+        # PyYAML's messages span lines (the problem, then "in <string>, line L, column C")
+        problem = " ".join(str(exc).split())
+        raise SchemaError(f"{where}: not valid YAML ({problem})") from exc
 
 
 @cache

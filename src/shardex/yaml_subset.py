@@ -5,8 +5,8 @@ whole open), so the block-style subset shardex writes is read here in pure Pytho
 block mappings and sequences, plain and single-quoted one-line scalars, ``[]`` and ``{}``.
 Anything else (flow collections, double quotes, folded lines, comments, anchors, tags, a
 duplicate key, odd indentation, a plain scalar YAML would read as a timestamp, an octal,
-hex or sexagesimal number, inf or nan) raises :class:`Unsupported`, and the caller parses
-the text with PyYAML. So what this returns is what ``yaml.safe_load`` returns, or nothing:
+hex or sexagesimal number, inf or nan, nesting deeper than the stack) raises
+:class:`Unsupported`, and the caller parses the text with PyYAML. So what this returns is what ``yaml.safe_load`` returns, or nothing:
 tests/test_yaml_subset.py compares the two on generated documents.
 """
 
@@ -79,7 +79,10 @@ def load(text: str | bytes) -> Any:
         lines.append((len(line) - len(content), content))
     if lines[0][0] != 0:
         raise Unsupported("an indented first line")
-    value, end = _block(lines, 0, 0)
+    try:
+        value, end = _block(lines, 0, 0)
+    except RecursionError:  # nesting deeper than the stack: PyYAML refuses it in one line
+        raise Unsupported("nested too deeply") from None
     if end != len(lines):
         raise Unsupported(f"line {end + 1}: unexpected indentation")
     return value

@@ -74,23 +74,31 @@ class IndexSink:
         self._samples.write(np.ascontiguousarray(records, SAMPLE_DTYPE).tobytes())
         self.num_samples += len(records)
 
-    def add_members(self, spans: MemberSpans) -> None:
-        """The next samples' member spans (``index-members.npy``), kept on scratch."""
+    def add_members(self, spans: MemberSpans, checksums: npt.NDArray[np.uint64]) -> None:
+        """The next samples' member spans (``index-members.npy``) and the samples'
+        checksums (which seed the rows' checks), kept on scratch."""
         path = self._folder / f"members-{len(self._members)}.bin"
-        spans.spans.astype(np.uint32, copy=False).tofile(path)
+        with open(path, "wb") as f:
+            f.write(np.ascontiguousarray(checksums, np.uint64).tobytes())
+            f.write(np.ascontiguousarray(spans.spans, np.uint32).tobytes())
         self._members.append((spans.exts, path, len(spans.spans)))
+
+    def member_columns(self) -> list[str]:
+        """The columns ``index-members.npy`` gets for the spans added so far."""
+        return member_columns([exts for exts, _, _ in self._members])
 
     def put_members(self, storage: Storage, members_path: str) -> None:
         """Write ``index-members.npy`` (atomically) from the spans added, part by part."""
-        exts = member_columns([e for e, _, _ in self._members])
+        exts = self.member_columns()
         total = sum(n for _, _, n in self._members)
         with storage.open_writer(members_path) as out:
             out.write(npy_header(members_dtype(exts), (total,)))
-            at = 0
             for part_exts, path, n in self._members:
-                spans = np.fromfile(path, np.uint32).reshape(n, 2 + 2 * len(part_exts))
-                out.write(build_members([MemberSpans(part_exts, spans)], exts, at).tobytes())
-                at += n
+                raw = np.fromfile(path, np.uint8)
+                checksums = raw[: 8 * n].view(np.uint64)
+                spans = raw[8 * n :].view(np.uint32).reshape(n, 2 + 2 * len(part_exts))
+                part = MemberSpans(part_exts, spans)
+                out.write(build_members([part], checksums, exts).tobytes())
 
     def put(self, storage: Storage, samples_path: str, keys_path: str) -> None:
         """Write ``index-samples.npy`` and ``index-keys.npy`` (each atomically)."""

@@ -15,7 +15,9 @@ Two memory-mappable ``.npy`` files per split:
 * ``index-members.npy`` (format version 3 on): one row per sample, in sample order, saying
   where each member lies inside the sample's bytes, so that a read slices its fields
   instead of parsing tar headers. A structured array: ``check`` (u8, xxh3-64 of the rest
-  of the row seeded with the sample number: a damaged or moved row fails its read),
+  of the row seeded with the sample's checksum in ``index-samples.npy``, itself seeded
+  with the sample number: a damaged or moved row, or one written for other samples, fails
+  its read),
   ``key`` (u4 x 2: offset and length of the key's bytes in the first member's name) and
   ``members``, one (u4 x 2) column per member extension of the split, named by it: the
   offset of the member's data from the sample's first byte and its size, :data:`ABSENT`
@@ -53,6 +55,12 @@ MEMBERS_FILE: Final = "index-members.npy"
 MEMBERS_VERSION: Final = 3
 #: The size of a member a sample lacks; as a key length: the sample must be parsed.
 ABSENT: Final = 0xFFFFFFFF
+#: The most member extensions a split's ``index-members.npy`` has columns for. Every row
+#: has a column per extension of the split, so samples that each bring extensions of
+#: their own (a hostile source, keys cut at an unexpected dot) would grow the file, and
+#: the writer's memory, with samples x extensions; such a split gets no index-members.npy
+#: and its reads parse the tar headers, as in format 2.
+MAX_MEMBER_COLUMNS: Final = 64
 
 
 def key_hash(key: str) -> int:
@@ -213,14 +221,19 @@ class MemberSpans:
     spans: npt.NDArray[np.uint32]
 
     @classmethod
-    def of(cls, samples: Sequence[tuple[int, int, Sequence[tuple[str, int, int]]]]) -> MemberSpans:
+    def of(
+        cls, samples: Sequence[tuple[int, int, Sequence[tuple[str, int, int]]]]
+    ) -> MemberSpans | None:
         """From ``(key offset, key length, [(extension, data offset, size), ...])`` per
         sample; a sample with an empty or repeated extension (or a key length of
-        :data:`ABSENT`) gets a key length of ABSENT: readers parse it."""
+        :data:`ABSENT`) gets a key length of ABSENT: readers parse it. None when the
+        samples hold more than :data:`MAX_MEMBER_COLUMNS` extensions."""
         columns: dict[str, int] = {}
         for _, _, members in samples:
             for ext, _, _ in members:
                 columns.setdefault(ext, len(columns))
+        if len(columns.keys() - {""}) > MAX_MEMBER_COLUMNS:
+            return None
         spans = np.full((len(samples), 2 + 2 * len(columns)), ABSENT, np.uint32)
         for i, (key_at, key_len, members) in enumerate(samples):
             row = [key_at, key_len] + [ABSENT] * (2 * len(columns))
@@ -252,20 +265,24 @@ def member_row(
 
 
 def member_columns(parts: Sequence[tuple[str, ...]]) -> list[str]:
-    """The extension columns of ``index-members.npy`` for parts with these extensions, in
-    order of appearance; an empty one (readers parse those samples) gets no column."""
-    exts: list[str] = []
+    """The columns of ``index-members.npy`` for parts with these extensions: the
+    extensions in order of first appearance; an empty one (readers parse those samples)
+    gets none."""
+    exts: dict[str, None] = {}
     for part in parts:
-        exts += [e for e in part if e and e not in exts]
-    return exts
+        exts.update((e, None) for e in part if e)
+    return list(exts)
 
 
 def build_members(
-    parts: Sequence[MemberSpans], exts: Sequence[str] | None = None, start: int = 0
+    parts: Sequence[MemberSpans],
+    checksums: npt.NDArray[np.uint64],
+    exts: Sequence[str] | None = None,
 ) -> npt.NDArray[np.void]:
     """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
-    sample order. ``exts`` (the columns of the whole file) and ``start`` (the number of
-    the first row) build a file part by part: the parts' rows joined are the whole's."""
+    sample order (see :func:`member_columns`); ``checksums``: the samples' (their
+    ``index-samples.npy`` records'), which seed the rows' checks. ``exts`` (the columns of
+    the whole file) builds a file part by part: the parts' rows joined are the whole's."""
     if exts is None:
         exts = member_columns([p.exts for p in parts])
     out = np.zeros(sum(len(p.spans) for p in parts), members_dtype(exts))
@@ -280,26 +297,60 @@ def build_members(
             if ext:
                 members[ext][at : at + n] = part.spans[:, 2 + 2 * col : 4 + 2 * col]
         at += n
-    seal_members(out, start)
+    seal_members(out, checksums)
     return out
 
 
-def seal_members(rows: npt.NDArray[np.void], start: int = 0) -> None:
-    """Set each row's ``check``: xxh3-64 of the row after it, seeded with the row's number
-    (``start`` is the first row's)."""
+def seal_members(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> None:
+    """Set each row's ``check``: xxh3-64 of the row after it, seeded with its sample's
+    checksum (so that a row passes only beside the bytes it was written for)."""
+    rows["check"] = _checks(rows, checksums)
+
+
+def _checks(
+    rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint64]:
+    """What each row's ``check`` should be (``checksums``: the samples')."""
     if not len(rows):
-        return
+        return np.zeros(0, np.uint64)
     size = rows.dtype.itemsize
-    raw: Any = rows.view(np.uint8)
+    raw: Any = np.ascontiguousarray(rows).view(np.uint8)
     view = memoryview(raw)
-    rows["check"] = np.fromiter(
+    return np.fromiter(
         (
-            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], start + i)
-            for i in range(len(rows))
+            xxhash.xxh3_64_intdigest(view[i * size + 8 : (i + 1) * size], seed)
+            for i, seed in enumerate(checksums.tolist())
         ),
         np.uint64,
         len(rows),
     )
+
+
+def check_member_rows(rows: Any, where: str, num_samples: int) -> tuple[str, ...]:
+    """The member extensions of ``rows`` (an ``index-members.npy`` of a split of
+    ``num_samples`` samples, found at ``where``).
+
+    Raises:
+        FormatError: it is not a 1-d array of index-members rows, or not one per sample.
+    """
+    names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
+    if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
+        raise FormatError(
+            f"{where}: expected a 1-d array of index-members rows, found {rows.dtype} "
+            f"with shape {rows.shape}"
+        )
+    if len(rows) != num_samples:
+        raise FormatError(
+            f"{where}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
+        )
+    return tuple(names)
+
+
+def first_damaged_row(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> int | None:
+    """The number of the first row whose ``check`` fails, or None (``checksums``: the
+    samples')."""
+    bad = np.flatnonzero(rows["check"] != _checks(rows, checksums))
+    return int(bad[0]) if len(bad) else None
 
 
 def spans_of_rows(rows: npt.NDArray[np.void]) -> MemberSpans:
@@ -317,16 +368,7 @@ class MemberIndex:
 
     def __init__(self, path: Path, *, num_samples: int) -> None:
         rows: Any = _load(path, "member")
-        names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
-        if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
-            raise FormatError(
-                f"{path}: expected a 1-d array of index-members rows, found {rows.dtype} "
-                f"with shape {rows.shape}"
-            )
-        if len(rows) != num_samples:
-            raise FormatError(
-                f"{path}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
-            )
+        names = check_member_rows(rows, str(path), num_samples)
         self.path = path
         self.rows = rows
         #: The member extensions, in column order.

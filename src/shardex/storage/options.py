@@ -154,13 +154,21 @@ def merge_options(uri: str, given: dict[str, Any], environment: dict[str, str]) 
     check_options(uri, given)
     taken = {setting(uri, name) for name, value in given.items() if value is not None}
     kept = {k: v for k, v in environment.items() if setting(uri, k) not in taken}
-    merged = {**kept, **given}
+    # shardex's own and the HTTP client's options are looked up by their bare names
+    # (RETRY_TIMEOUT, aws_coalesce_gap and coalesce_gap are one setting, as for obstore's)
+    merged = {_bare(uri, k): v for k, v in {**kept, **given}.items()}
     keys = any(setting(uri, k) == "access_key_id" and v is not None for k, v in merged.items())
     if "profile" in kept and keys:
         # as for the AWS CLI, keys (given, or AWS_ACCESS_KEY_ID) beat AWS_PROFILE: the
         # profile would replace them (see shardex.storage.profiles)
         del merged["profile"]
     return merged
+
+
+def _bare(uri: str, name: str) -> str:
+    """``name``, or the bare setting it stands for where shardex reads it by that name."""
+    bare = setting(uri, name)
+    return bare if bare in OWN_OPTIONS or bare in CLIENT_OPTIONS else name
 
 
 def check_options(uri: str, options: dict[str, Any]) -> None:

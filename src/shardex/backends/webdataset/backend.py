@@ -34,14 +34,19 @@ from shardex.backends.base import (
 from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
+from shardex.errors import FormatError
 from shardex.format.index import (
     KEYS_FILE,
+    MAX_MEMBER_COLUMNS,
     MEMBERS_FILE,
     MEMBERS_VERSION,
+    SAMPLE_DTYPE,
     SAMPLES_FILE,
     MemberSpans,
     build_samples,
+    check_member_rows,
     checksum_seeds,
+    first_damaged_row,
     spans_of_rows,
 )
 from shardex.storage.base import Storage
@@ -143,8 +148,8 @@ class WebDatasetBackend(Backend):
             if before is not None and before.index is not None:
                 index_out.add(*_old_index(storage, before.index))
             if members is not None:
-                for part in members:
-                    index_out.add_members(part)
+                for part, checksums in members:
+                    index_out.add_members(part, checksums)
             for done in write_shards(
                 split,
                 make_job,
@@ -172,13 +177,17 @@ class WebDatasetBackend(Backend):
                 number = np.full(done.num_samples, len(shards) - 1, np.uint32)
                 records = build_samples(number, done.offsets, done.lengths, done.checksums)
                 index_out.add(records, done.key_hashes)
-                if members is not None and done.members is not None:
-                    index_out.add_members(done.members)
+                if members is not None and done.members is None:
+                    members = None  # more extensions than rows have columns for
+                elif members is not None and done.members is not None:
+                    index_out.add_members(done.members, done.checksums)
                 on_shard(done.table)
             _remove_discarded(storage, discarded, shards, plan.existing)
             if not index_out.num_samples and before is None:
                 # every sample skipped: the split is not exported
                 return SplitInfo(num_samples=0, num_bytes=0, shards=(), index=None)
+            if members is not None and len(index_out.member_columns()) > MAX_MEMBER_COLUMNS:
+                members = None  # reads parse the headers (see MAX_MEMBER_COLUMNS)
             index = IndexInfo(
                 unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
                 unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),
@@ -257,10 +266,13 @@ def _job(
     )
 
 
-def _members_of(storage: Storage, plan: SplitPlan) -> list[MemberSpans] | None:
-    """The member spans to extend with each written shard's: the committed split's, or
-    none yet; None where the split gets no ``index-members.npy`` (format versions before
-    3, and an append to a split written without one)."""
+def _members_of(
+    storage: Storage, plan: SplitPlan
+) -> list[tuple[MemberSpans, npt.NDArray[np.uint64]]] | None:
+    """The member spans (with their samples' checksums) to extend with each written
+    shard's: the committed split's, or none yet; None where the split gets no
+    ``index-members.npy`` (format versions before 3, and an append to a split written
+    without one)."""
     if plan.format_version < MEMBERS_VERSION:
         return None
     before = plan.previous
@@ -268,8 +280,28 @@ def _members_of(storage: Storage, plan: SplitPlan) -> list[MemberSpans] | None:
         return []
     if before.index.members is None:
         return None
-    rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
-    return [spans_of_rows(rows)]
+    where = storage.join(before.index.members)
+    try:
+        rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
+        records = np.load(io.BytesIO(storage.get(before.index.samples)), allow_pickle=False)
+    except (ValueError, OSError, EOFError, TypeError, MemoryError) as exc:  # a hostile header
+        raise FormatError(f"{where}: not a valid member index file ({exc})") from exc
+    check_member_rows(rows, where, before.num_samples)
+    if records.dtype != SAMPLE_DTYPE or records.shape != (before.num_samples,):
+        raise FormatError(
+            f"{storage.join(before.index.samples)}: expected {before.num_samples} records of "
+            f"{SAMPLE_DTYPE}, found {records.dtype} {records.shape}"
+        )
+    # The new file seals every row again: a damaged row carried over would pass its new
+    # check, and reads would slice wrong fields out of good bytes without an error.
+    bad = first_damaged_row(rows, records["checksum"])
+    if bad is not None:
+        raise FormatError(
+            f"row {bad} of {where} fails its check: the file is damaged, and appending "
+            "would carry the damage into the new index unnoticed; `shardex verify` reports "
+            "it, an export with mode='overwrite' repairs it"
+        )
+    return [(spans_of_rows(rows), records["checksum"])]
 
 
 def _old_index(

@@ -243,7 +243,7 @@ class ShardDataset(SampleRanges):
             self._load_members()
         if self.verify:
             self.check_sample(data, checksum, shard, offset, number)
-        return self._fields(data, 0, len(data), shard, number)
+        return self._fields(data, 0, len(data), shard, number, checksum)
 
     def field_spans(self, data: bytes, shard: int) -> tuple[tuple[str, int, int], ...]:
         where = self._paths[shard]
@@ -251,14 +251,16 @@ class ShardDataset(SampleRanges):
             (split_name(m.name)[1], m.data_offset, m.size) for m in iter_members(data, where=where)
         )
 
-    def _cut(self, buf: bytes, start: int, number: int) -> Sample | None:
+    def _cut(self, buf: bytes, start: int, number: int, checksum: int) -> Sample | None:
         """Sample ``number`` sliced out of ``buf`` from ``start`` (its bytes, already
-        checked) by its row of ``index-members.npy``; None when the row fails its check
-        or says to parse (the caller goes the checked way). Slices stay inside ``buf``
-        whatever the row says; with ``verify`` the row is checked first."""
+        checked against ``checksum``, its record's) by its row of ``index-members.npy``;
+        None when the row fails its check or says to parse (the caller goes the checked
+        way). Slices stay inside ``buf`` whatever the row says; with ``verify`` the row is
+        checked first: its check is seeded with the sample's checksum, so only the row
+        written for these very bytes passes."""
         at = number * self._msize
         row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
-        if self.verify and _xxh3(self._mraw[at + 8 : at + self._msize], number) != row[0]:
+        if self.verify and _xxh3(self._mraw[at + 8 : at + self._msize], checksum) != row[0]:
             return None
         key_len = row[2]
         if key_len == ABSENT:
@@ -275,7 +277,9 @@ class ShardDataset(SampleRanges):
         sample["__key__"] = buf[key_at : key_at + key_len].decode("utf-8", "replace")
         return sample
 
-    def _fields(self, buf: bytes, start: int, stop: int, shard: int, number: int) -> Sample:
+    def _fields(
+        self, buf: bytes, start: int, stop: int, shard: int, number: int, checksum: int
+    ) -> Sample:
         """Sample ``number`` out of ``buf[start:stop]`` (its checked bytes): sliced by its
         index-members row, or parsed from its tar headers (exports before format 3, a row
         that says to parse).
@@ -284,30 +288,32 @@ class ShardDataset(SampleRanges):
             FormatError: the row is damaged, or the tar headers are.
         """
         if self.members is not None:
-            sample = self._cut(buf, start, number)
+            sample = self._cut(buf, start, number, checksum)
             if sample is not None:
                 return sample
-            self._check_row(number)
+            self._check_row(number, checksum)
         where = self._paths[shard]
         key, fields = parse_sample(buf, where=where, start=start, stop=stop)
         sample = decode_fields(fields) if self.decode else cast(Sample, fields)
         sample["__key__"] = key
         return sample
 
-    def _check_row(self, number: int) -> None:
-        """Raise FormatError if sample ``number``'s row of index-members.npy fails its check."""
+    def _check_row(self, number: int, checksum: int) -> None:
+        """Raise FormatError if sample ``number``'s row of index-members.npy fails its check
+        (``checksum``: the sample's, which seeds it)."""
         at, size = number * self._msize, self._msize
         assert self._munpack is not None  # called with members only
-        if _xxh3(self._mraw[at + 8 : at + size], number) != self._munpack(self._mraw, at)[0]:
+        if _xxh3(self._mraw[at + 8 : at + size], checksum) != self._munpack(self._mraw, at)[0]:
             raise FormatError(
                 f"row {number} of {self._members_where} fails its check: the file is "
-                "damaged; `shardex verify` reports it, a re-export repairs it"
+                "damaged, or was not written for these samples; `shardex verify` reports "
+                "it, a re-export repairs it"
             )
 
     def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
         if self.verify and _xxh3(buf, number * self._seed) != checksum:
             self.check_sample(buf, checksum, shard, offset, number)
-        return self._fields(buf, 0, len(buf), shard, number)
+        return self._fields(buf, 0, len(buf), shard, number, checksum)
 
     def _sample_in(
         self,
@@ -327,7 +333,7 @@ class ShardDataset(SampleRanges):
             with memoryview(buf) as view, view[start : start + length] as data:
                 if _xxh3(data, number * self._seed) != checksum:
                     self.check_sample(data, checksum, shard, offset, number)
-        return self._fields(buf, start, start + length, shard, number)
+        return self._fields(buf, start, start + length, shard, number, checksum)
 
     def _fast(
         self, number: int, offset: int, checksum: int, shard: int, length: int
@@ -345,7 +351,7 @@ class ShardDataset(SampleRanges):
         if len(buf) != length or (self.verify and _xxh3(buf, number * self._seed) != checksum):
             return None
         if self._munpack is not None:
-            return self._cut(buf, 0, number)
+            return self._cut(buf, 0, number, checksum)
         try:
             key, fields = parse_sample(buf, where=self._paths[shard])
         except FormatError:
@@ -375,7 +381,7 @@ class ShardDataset(SampleRanges):
                 if len(buf) == length and (
                     not self.verify or _xxh3(buf, index * self._seed) == checksum
                 ):
-                    sample = self._cut(buf, 0, index)
+                    sample = self._cut(buf, 0, index, checksum)
                     if sample is not None:
                         return sample
         try:
@@ -579,7 +585,7 @@ class ShardDataset(SampleRanges):
                 start = off - base
                 if not verify or _xxh3(view[start : start + length], number * seed) == checksum:
                     if cut is not None:
-                        sample = cut(buf, start, number)
+                        sample = cut(buf, start, number, checksum)
                     else:
                         try:
                             key, fields = parse_sample(
@@ -670,7 +676,7 @@ class ShardDataset(SampleRanges):
             if cut is not None and (
                 not verify or _xxh3(data_view[start : start + length], number * seed) == checksum
             ):
-                sample = cut(data, start, number)
+                sample = cut(data, start, number, checksum)
             if sample is None:
                 try:
                     sample = self._sample_in(data, start, length, checksum, shard, off, number)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
@@ -22,6 +23,7 @@ from shardex.contract import CONFIG_FILE, ExportConfig, ShardInfo
 from shardex.errors import FormatError, ShardexError
 from shardex.format.dali_index import DaliIndex
 from shardex.format.index import (
+    MAX_MEMBER_COLUMNS,
     SAMPLE_DTYPE,
     MemberSpans,
     build_members,
@@ -84,16 +86,18 @@ def verify_split(
     if table is not None:
         _check_key_hashes(split.index.keys, table, hashes, read, report)
     if split.index.members is not None:
-        _verify_members(storage, split.index.members, members, report)
+        _verify_members(storage, split.index.members, members, samples["checksum"], report)
 
 
 def _verify_members(
     storage: Storage,
     path: str,
     members: list[list[tuple[str, int, int]] | None],
+    checksums: npt.NDArray[np.uint64],
     report: VerifyReport,
 ) -> None:
-    """``index-members.npy`` holds, row for row, what the samples' members give."""
+    """``index-members.npy`` holds, row for row, what the samples' members give, each row
+    sealed with its sample's checksum (``checksums``)."""
     found = load_npy(storage, path, report)
     if found is None:
         return
@@ -109,7 +113,13 @@ def _verify_members(
         )
         return
     read = np.array([m is not None for m in members], bool)
-    expected = build_members([MemberSpans.of([member_row(m or []) for m in members])])
+    spans = MemberSpans.of([member_row(m or []) for m in members])
+    if spans is None:  # the writer makes no file for these samples: this one is not its
+        report.problems.append(
+            Problem(path, "index", f"the samples hold more than {MAX_MEMBER_COLUMNS} extensions")
+        )
+        return
+    expected = build_members([spans], checksums)
     if expected.dtype != found.dtype:
         if read.all():
             report.problems.append(

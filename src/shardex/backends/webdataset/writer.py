@@ -373,8 +373,9 @@ def _dali_index(got: _Picked, components: list[list[Component]]) -> DaliIndex:
     return dali
 
 
-def _member_spans(components: list[list[Component]]) -> MemberSpans:
-    """Where each taken sample's key and members lie (the split's index-members rows)."""
+def _member_spans(components: list[list[Component]]) -> MemberSpans | None:
+    """Where each taken sample's key and members lie (the split's index-members rows);
+    None when they hold too many extensions for one (see MAX_MEMBER_COLUMNS)."""
     return MemberSpans.of(
         [member_row([(name, at, size) for _, at, size, name in parts]) for parts in components]
     )
