@@ -219,6 +219,38 @@ shardex.export(sys.argv[1], Killing(sys.argv[2]), workers=1, samples_per_shard=4
 """
 
 
+@pytest.mark.parametrize("layout", ["split", "flat"])
+def test_foreign_top_level_files_beside_a_split_export_are_kept(
+    tmp_path: Path, layout: str
+) -> None:
+    """A split-folder export does not make the top level shardex's: NeMo's tars (named like
+    a flat export's) and a user's shards.txt beside it refuse an overwrite, flat or not,
+    and stay as they are."""
+    out = tmp_path / "out"
+    shardex.export(_data(10), out, workers=1)
+    theirs = {"images-0123456789ab-000000.tar": b"x" * 1024, "shards.txt": b"my notes\n"}
+    for name, data in theirs.items():
+        (out / name).write_bytes(data)
+    before = {p: (out / p).read_bytes() for p in _files(out)}
+    with pytest.raises(OutputExistsError, match="did not write"):
+        shardex.export(_data(12), out, workers=1, mode="overwrite", layout=layout)
+    assert {p: (out / p).read_bytes() for p in _files(out)} == before
+
+
+def test_overwrites_between_layouts_leave_only_the_new_export(tmp_path: Path) -> None:
+    """flat -> split -> flat: each overwrite deletes the other layout's files."""
+    out = tmp_path / "out"
+    _flat(out, 10)
+    shardex.export(_data(10), out, workers=1, mode="overwrite")
+    assert not list(out.glob("images-*"))
+    assert not (out / "shards.txt").exists()
+    assert shardex.verify(out).ok
+    _flat(out, 10, mode="overwrite")
+    assert not (out / "train").exists()
+    assert shardex.verify(out).ok
+    assert len(list(shardex.open_dataset(out))) == 10
+
+
 def test_a_killed_flat_export_resumes_to_the_same_bytes(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -292,3 +292,32 @@ def test_an_image_folder_of_mixed_formats_reads_in_hugging_face(tmp_path: Path) 
         i = int(row["__key__"].rsplit("/", 1)[-1].split(".")[0])
         assert np.array_equal(np.asarray(row["jpg"]), written[i]), row["__key__"]
     assert {r["cls"] for r in rows} == {0, 1}
+
+
+@pytest.mark.parametrize("member", [None, "jpg", "png"])
+def test_re_export_gives_each_image_its_own_format_back(
+    exports: tuple[Path, Path], member: str | None, tmp_path: Path
+) -> None:
+    """Re-exporting an ``image_member`` export reads its images as they were (a png under
+    ``.png``): without the option the members are the original mixed ones, with it the
+    formats are kept, not all taken for the member name's (and the source's own
+    ``image_format`` column is not refused as the user's)."""
+    mixed, one = exports
+    out = tmp_path / "re"
+    config = shardex.export(one, out, samples_per_shard=15, workers=1, image_member=member)
+    if member is None:
+        assert _images(out) == _images(mixed)
+        assert "image_format" not in shardex.open_dataset(out).metadata.column_names
+        return
+    (spec,) = [s for s in config.key_specs if s.key == "image"]
+    assert sorted(spec.encoding.split("|")) == sorted(set(FORMATS.values()))  # type: ignore[union-attr]
+    formats = dict(
+        zip(
+            *shardex.open_dataset(out)
+            .metadata.select(["key", "image_format"])
+            .to_pydict()
+            .values(),
+            strict=True,
+        )
+    )
+    assert formats == {k: FORMATS[ext] for k, (ext, _) in _images(mixed).items()}

@@ -34,8 +34,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "tensordict": ("tensordict", "torch"),
     "PyTorch": ("torch",),
     "Hugging Face `datasets` as a source": ("datasets",),
-    "wids and webdataset: shard lists": ("wids", "webdataset"),
-    "NeMo Curator: the flat layout": ("pyarrow",),
+    "wids and webdataset": ("wids", "webdataset"),
+    "NeMo Curator": ("shardex.pipeline",),  # shardex alone
 }
 #: Sections whose code starts Ray (a local cluster on loopback is started for them).
 USES_RAY = ("Mixed image formats", "Ray Data")

@@ -87,3 +87,19 @@ def test_inspect_prints_wids_calls_for_each_split(tmp_path: Path) -> None:
         )
         # (wids warns that its own default, transformations="PIL", is deprecated)
         assert int(_run(code, tmp_path, warnings="default")) == config.split(split).num_samples
+
+
+def test_a_path_wids_cannot_take_gets_no_wids_call(tmp_path: Path) -> None:
+    """wids reads its argument as a URL ("#" starts a fragment): for such a folder no call
+    is printed rather than one that fails; zarr's, which takes the path as it is, runs."""
+    pytest.importorskip("wids")
+    out = tmp_path / "run #2?"
+    shardex.export({"jpg": [make_image(i) for i in range(4)]}, out, workers=1)
+    result = CliRunner().invoke(main, ["inspect", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wids.ShardListDataset" not in result.output
+    zarr_out = tmp_path / "zarr #2?"
+    shardex.export({"image": IMAGES, "label": LABELS}, zarr_out, backend="zarr", workers=1)
+    code = f"obj = {_calls(zarr_out)['train']}"
+    printed = _run(SCRIPT.format(call=code, check=CHECKS["zarr"]), tmp_path)
+    assert sorted(map(int, printed.strip().split(","))) == sorted(LABELS)

@@ -350,6 +350,28 @@ def test_array_backends_write_and_read_object_storage(
     assert shardex.verify(url, storage_options=s3.direct).ok
 
 
+@pytest.mark.parametrize("backend", ["numpy_mmap", "tensordict_memmap"])
+def test_inspect_prints_no_local_only_call_for_object_storage(
+    backend: str, s3: S3Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numpy and tensordict map local files: a printed ``load_memmap('s3://...')`` would
+    fail as written, so ``shardex inspect`` prints none for an export on object storage."""
+    pytest.importorskip("tensordict")
+    from click.testing import CliRunner
+
+    from shardex.cli import main
+
+    url = s3.child(backend)
+    shardex.export("demo:6", url, backend=backend, workers=1, storage_options=s3.direct)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.server.secret_key)
+    flags = ["--s3-endpoint-url", s3.server.endpoint, "--s3-region", s3.server.region]
+    result = CliRunner().invoke(main, ["inspect", url, *flags])
+    assert result.exit_code == 0, result.output
+    assert f"backend {backend}" in result.output
+    assert "s3://" not in result.output.partition("without shardex:")[2]
+
+
 def test_tensordict_on_object_storage_is_downloaded_once_and_checked(
     s3: S3Location, tmp_path: Path, cache_dir: Path
 ) -> None:

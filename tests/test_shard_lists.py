@@ -126,3 +126,54 @@ def test_array_backends_write_no_lists(tmp_path: Path) -> None:
 
     shardex.export({"image": np.zeros((4, 2, 2), np.uint8)}, tmp_path / "o", backend="numpy_mmap")
     assert not list((tmp_path / "o").rglob("shards.*"))
+
+
+KILLED_AFTER_COMMIT = """
+import os, signal, sys
+import shardex
+from shardex.storage import LocalStorage
+from shardex.testing.data import make_image
+
+n = int(sys.argv[2])
+data = {"jpg": [make_image(i) for i in range(n)], "key": [f"{i:06d}" for i in range(n)]}
+
+class Killing(LocalStorage):
+    committed = False
+    def put(self, path, data):
+        if Killing.committed and path.endswith("shards.txt"):
+            os.kill(os.getpid(), signal.SIGKILL)  # the new config.yaml is in, the lists not
+        super().put(path, data)
+        Killing.committed |= path == "config.yaml"
+
+shardex.export(data, Killing(sys.argv[1]), workers=1, samples_per_shard=4, mode="overwrite")
+"""
+
+
+def test_an_overwrite_killed_between_commit_and_lists_is_finished(tmp_path: Path) -> None:
+    """Killed (SIGKILL) after its config.yaml commits and before the lists are replaced:
+    the lists still name the replaced export's tars, every one of them still whole, and
+    running the command again replaces the lists and deletes those tars."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    shardex.export(
+        {"jpg": [make_image(i) for i in range(10)], "key": [f"{i:06d}" for i in range(10)]},
+        out,
+        workers=1,
+        samples_per_shard=4,
+    )
+    old = _by_webdataset(out, out / "train" / "shards.txt")
+    child = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(out), "14"], timeout=120)
+    assert child.returncode == -9
+    assert shardex.read_config(out).num_samples == 14
+    assert _by_webdataset(out, out / "train" / "shards.txt") == old  # the old export, whole
+    assert shardex.verify(out).ok  # a writer's window (its intent file is there)
+    data = {"jpg": [make_image(i) for i in range(14)], "key": [f"{i:06d}" for i in range(14)]}
+    shardex.export(data, out, workers=1, samples_per_shard=4, mode="overwrite")  # the same command
+    assert _by_webdataset(out, out / "train" / "shards.txt") == _expected(out, "train")
+    assert len(_expected(out, "train")) == 14
+    listed = (out / "train" / "shards.txt").read_text().split()
+    assert sorted(p.name for p in (out / "train").glob("*.tar")) == sorted(listed)
+    assert not (out / ".shardex-intent.json").exists()
+    assert shardex.verify(out).ok

@@ -193,6 +193,20 @@ def test_until_key_still_stops_before_a_stage_that_makes_new_keys(tmp_path: Path
     assert [s.name for s in plan.stages] == ["decode", "resize", "center_crop"]
 
 
+def test_until_key_stops_before_a_filter_on_the_key(tmp_path: Path) -> None:
+    """A filter that needs only the wanted key adds nothing, but it drops samples: it does
+    not change the key in place, so the view stops before it (as docs/pipeline.md says)."""
+    _sources(tmp_path / "src")
+    spec = tmp_path / "spec.yaml"
+    stages = [
+        {"stage": "dedup", "method": "exact"},
+        {"stage": "filter", "expr": "content_hash == ''"},
+    ]
+    spec.write_text(yaml.safe_dump({"source": str(tmp_path / "src"), "stages": stages}))
+    pipeline = shardex.pipeline.Spec.load(spec).pipeline(tmp_path / "out")
+    assert [s.name for s in pipeline.plan(("content_hash",)).stages] == ["dedup"]
+
+
 @pytest.mark.parametrize("backend", ARRAY_BACKENDS)
 def test_in_memory_image_array_gets_its_shape_and_key_spec(tmp_path: Path, backend: str) -> None:
     n = 6

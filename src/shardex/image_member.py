@@ -101,3 +101,16 @@ def _rename(
     # fresh offsets: Arrow takes no validity mask with the offsets of a sliced array
     renamed = pa.ListArray.from_arrays(pa.array(offsets), struct, mask=chunk.is_null())
     return renamed, pa.array(fmt, pa.string()), counts
+
+
+#: The member extension a re-export gives back to each image format.
+_EXTENSION_OF: Final = {"jpeg": "jpg", "tiff": "tif"}
+
+
+def original_extension(image_format: str | None, member: str) -> str:
+    """The extension an ``image_member`` export's image takes back when it is re-exported
+    (``png`` for a PNG stored as ``KEY.jpg``); ``member`` where the format is unknown."""
+    if not image_format:
+        return member
+    ext = _EXTENSION_OF.get(image_format, image_format)
+    return ext if ext in IMAGE_EXTENSIONS else member

@@ -64,7 +64,7 @@ class NumpyMmapBackend(ArrayBackend):
     @classmethod
     def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
         info = config.split(split)
-        if not info.shards:
+        if not info.shards or "://" in location:  # numpy maps local files only
             return None
         folder = info.shards[0].path
         columns = [

@@ -6,9 +6,11 @@ means the user pointed shardex at the wrong folder, and the export is refused. A
 backend's files count as shardex's as soon as it is registered.
 
 Files at the output's top level (the flat layout's shards and index) count as a backend's
-only where shardex has been at work: the output holds config.yaml or the intent file of an
-export. A NeMo Curator output (``images-{hash}-000000.tar`` ... at the top level, named like
-a flat export's shards) is someone else's, and is not overwritten.
+only where a flat export is or was at work: the committed config.yaml says
+``layout: flat``, or the intent file of a run says it writes or replaces a flat export
+(``top_level``). A NeMo Curator output (``images-{hash}-000000.tar`` ... at the top level,
+named like a flat export's shards) is someone else's, and is neither overwritten nor
+deleted, also beside a split-folder export.
 
 Backends are asked lazily, cheapest first: the one config.yaml names, then those already
 imported (the one being exported with), then the others, so a folder holding one
@@ -17,6 +19,7 @@ backend's export does not import every backend's dependencies (torch, zarr) to b
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Iterable
@@ -49,10 +52,29 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
     rest = [p for p in paths if _EXPORT_FILES.fullmatch(p) is None]
     if not rest:
         return rest
-    if not _MARKS.intersection(paths):  # no export here: nothing at the top level is ours
+    if not _top_level_ours(storage, paths):  # no flat export here: nothing at the top is ours
         top = [p for p in rest if "/" not in p]
         return top + _owned(storage, [p for p in rest if "/" in p])
     return _owned(storage, rest)
+
+
+def _top_level_ours(storage: Storage, paths: list[str]) -> bool:
+    """Whether files at the top level may be a backend's: a flat export is committed there,
+    or a run that writes or replaces one recorded its intent."""
+    if INTENT_FILE in paths:
+        try:
+            record = json.loads(storage.get(INTENT_FILE))
+        except (ShardexError, OSError, ValueError):
+            record = None
+        if isinstance(record, dict) and record.get("top_level") is True:
+            return True
+    return CONFIG_FILE in paths and committed_is_flat(storage)
+
+
+def committed_is_flat(storage: Storage) -> bool:
+    """Whether the output holds a committed export with ``layout: flat``."""
+    config = _committed(storage)
+    return config is not None and config.flat
 
 
 def _owned(storage: Storage, rest: list[str]) -> list[str]:
@@ -75,8 +97,8 @@ def _owned(storage: Storage, rest: list[str]) -> list[str]:
     return rest
 
 
-#: What only an export (or one at work) leaves at the output's top level.
-_MARKS: Final = frozenset({CONFIG_FILE, ".shardex-intent.json"})
+#: The intent file of a run at work (see :func:`shardex.engine.output.record_intent`).
+INTENT_FILE: Final = ".shardex-intent.json"
 
 
 def shardex_files(storage: Storage, paths: Iterable[str]) -> list[str]:
@@ -97,7 +119,12 @@ def _order(committed: str | None) -> list[str]:
 
 
 def _committed_backend(storage: Storage) -> str | None:
+    config = _committed(storage)
+    return None if config is None else config.backend
+
+
+def _committed(storage: Storage) -> ExportConfig | None:
     try:
-        return ExportConfig.from_yaml(storage.get(CONFIG_FILE), where=CONFIG_FILE).backend
+        return ExportConfig.from_yaml(storage.get(CONFIG_FILE), where=CONFIG_FILE)
     except (ShardexError, OSError):  # none, or unreadable: every backend is asked anyway
         return None

@@ -308,7 +308,7 @@ class TensorDictBackend(ArrayBackend):
         shards = config.split(split).shards
         return (
             f"tensordict.TensorDict.load_memmap({location + '/' + shards[0].path!r})"
-            if shards
+            if shards and "://" not in location  # tensordict maps local files only
             else None
         )
 

@@ -115,9 +115,13 @@ def config_digest(storage: Storage) -> str | None:
         return None
 
 
-def record_intent(storage: Storage, mode: Mode, command: str) -> None:
-    """Before anything is written: which command writes, over which committed export."""
-    record = {"mode": mode, "command": command, "base": config_digest(storage)}
+def record_intent(storage: Storage, mode: Mode, command: str, top_level: bool = False) -> None:
+    """Before anything is written: which command writes, over which committed export;
+    ``top_level``: it writes or replaces a flat export, so files at the output's top level
+    are shardex's (see :mod:`shardex.backends.ownership`)."""
+    record: dict[str, Any] = {"mode": mode, "command": command, "base": config_digest(storage)}
+    if top_level:
+        record["top_level"] = True
     storage.put(INTENT_FILE, json.dumps(record).encode())
 
 

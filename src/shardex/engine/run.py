@@ -19,6 +19,7 @@ from typing import Any
 
 from shardex.api import read_config
 from shardex.backends.base import Backend
+from shardex.backends.ownership import committed_is_flat
 from shardex.backends.registry import check_options, get_backend
 from shardex.contract import ExportConfig
 from shardex.engine.commit import combined_digest, commit, contract, write_errors
@@ -159,7 +160,9 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 if prep is None:
                     prep = prepare(job.src, opts, pool, bars, job.previous, taken)
                 _check_one_split(job, prep)
-                record_intent(storage, opts.mode, job.command)  # before the first write
+                # a run that writes or replaces a flat export owns the top level's shards
+                flat = opts.layout == "flat" or committed_is_flat(storage)
+                record_intent(storage, opts.mode, job.command, flat)  # before the first write
                 writing = True
                 written = write_splits(
                     storage, job.backend, prep, opts, pool, bars, job.previous, job.committed

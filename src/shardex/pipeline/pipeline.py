@@ -131,8 +131,9 @@ class Pipeline:
 
 def _refines(stage: Stage, keys: set[str]) -> bool:
     """Whether a stage only changes some of ``keys`` in place (a resize or crop of
-    ``pixels``): it still runs after the keys exist, so the view holds their final values."""
-    return bool(stage.needs) and set(stage.needs) <= keys and not stage.produces
+    ``pixels``): it still runs after the keys exist, so the view holds their final values.
+    (A filter on the keys also needs only them, and adds nothing, but drops samples.)"""
+    return stage.changes_in_place and bool(stage.needs) and set(stage.needs) <= keys
 
 
 def _reduce(chain: list[Stage], states: list[dict[str, Any]], batch: Batch) -> None:

@@ -48,6 +48,10 @@ class Stage(ABC):
     needs: tuple[str, ...] = ()
     produces: tuple[str, ...] = ()
     resources: Resources = Resources()
+    #: Whether it only rewrites its ``needs`` keys, keeping every sample (a resize of
+    #: ``pixels``): ``--preprocess-until-key`` runs it on once those keys exist, so the
+    #: view holds their final values. A filter on them drops samples: it stays False.
+    changes_in_place: ClassVar[bool] = False
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Prepare in the worker (load a model); called once before the first batch."""

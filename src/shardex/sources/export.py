@@ -28,6 +28,7 @@ import pyarrow as pa
 from shardex.backends.registry import backend_for
 from shardex.contract import METADATA_FILE, ExportConfig
 from shardex.errors import FormatError, ShardexError, SourceError
+from shardex.image_member import IMAGE_FORMAT, original_extension
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
     MEMBERS,
@@ -79,6 +80,15 @@ class _Samples:
                 self.data.append(m["data"])
         self.offsets.append(len(self.ext))
 
+    def restore_images(self, member: str, formats: list[str | None]) -> None:
+        """Give each sample's image stored as ``KEY.<member>`` (``image_member``) its own
+        format's extension back, from its ``image_format`` metadata: a re-export sees the
+        source's files as they were, whatever options it is made with."""
+        for i, image_format in enumerate(formats):
+            for m in range(self.offsets[i], self.offsets[i + 1]):
+                if self.ext[m] == member:
+                    self.ext[m] = original_extension(image_format, member)
+
     def members(self) -> pa.Array:
         """The ``_members`` column."""
         data = self.data if any(d is not None for d in self.data) else None
@@ -126,6 +136,9 @@ class ExportSource(Source):
             if stored is not None
             else _dataset_samples(ds, backend.damaged_samples(storage, config, split), wanted)
         )
+        member = config.shard_options.get("image_member")
+        if IMAGE_FORMAT not in meta.column_names:
+            member = None
         start = 0
         for chunk in _chunks(samples, self.batch_size):
             rows = len(chunk.keys)
@@ -137,7 +150,12 @@ class ExportSource(Source):
                 raise self._different(config, split)
             # keys of damaged samples come from the metadata: their bytes cannot be trusted
             chunk.keys = expected
-            yield ScanBatch(_table(chunk, meta.slice(start, rows)))
+            rows_meta = meta.slice(start, rows)
+            if member is not None:
+                chunk.restore_images(member, rows_meta.column(IMAGE_FORMAT).to_pylist())
+                # shardex's own column, not the user's: an image_member re-export adds it again
+                rows_meta = rows_meta.drop_columns([IMAGE_FORMAT])
+            yield ScanBatch(_table(chunk, rows_meta))
             start += rows
         if start != len(wanted):
             raise self._different(config, split)

@@ -94,7 +94,8 @@ class WebDatasetBackend(Backend):
     def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
         from shardex.backends.webdataset.lists import WIDS_FILE
 
-        if not config.split(split).shards:
+        # wids parses its argument as a URL: "#" or "?" in a path cuts it short
+        if not config.split(split).shards or "#" in location or "?" in location:
             return None
         index = f"{location}/{config.split_prefix(split)}{WIDS_FILE}"
         return f"wids.ShardListDataset({index!r})"

@@ -119,6 +119,7 @@ class ResizeStage(Stage):
     """
 
     name: ClassVar[str] = "resize"
+    changes_in_place: ClassVar[bool] = True
     needs = ("pixels",)
 
     def __init__(
@@ -170,6 +171,7 @@ class CenterCropStage(Stage):
     """
 
     name: ClassVar[str] = "center_crop"
+    changes_in_place: ClassVar[bool] = True
     needs = ("pixels",)
 
     def __init__(self, size: int | Sequence[int]) -> None:
