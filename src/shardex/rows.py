@@ -9,6 +9,7 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -180,6 +181,9 @@ class SpillSlice:
     batches: tuple[int, ...]
     offset: int
     count: int
+    #: The stores serving member URLs (a source on object storage), as registered where
+    #: the slice was made: a worker has none of its own.
+    stores: tuple[tuple[str, Storage], ...] = ()
 
     def read(self) -> tuple[pa.Table, Members]:
         """The candidates' rows (no members) and their members: only these batches are
@@ -188,7 +192,10 @@ class SpillSlice:
             reader = pa.ipc.open_file(f)
             batches = [reader.get_batch(i) for i in self.batches]
         table = pa.Table.from_batches(batches).slice(self.offset, self.count)
-        return table.drop_columns([MEMBERS]), Members.of(table.column(MEMBERS))
+        members = Members.of(table.column(MEMBERS))
+        if members.stores != self.stores and any("://" in p for p in members.path_names):
+            members = dataclasses.replace(members, stores=self.stores)
+        return table.drop_columns([MEMBERS]), members
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +223,9 @@ class SpilledRows:
         last = int(np.searchsorted(self.starts, max(start, stop - 1), side="right")) - 1
         last = max(first, min(last, len(self.starts) - 2))
         offset = start - int(self.starts[first])
-        return SpillSlice(self.path, tuple(range(first, last + 1)), offset, stop - start)
+        return SpillSlice(
+            self.path, tuple(range(first, last + 1)), offset, stop - start, registered()
+        )
 
 
 @dataclass(frozen=True, slots=True)
