@@ -27,7 +27,7 @@ import shardex
 import shardex.engine.run as run_module
 from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
-from shardex.errors import BadSampleError, DuplicateKeyError
+from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
 from shardex.sources.base import (
     LeftOut,
@@ -274,3 +274,65 @@ def test_scratch_space_goes_after_an_export_an_error_and_a_kill(tmp_path: Path) 
     assert any(n.startswith(mine) for n in _scratch())
     shardex.export(_Batches(tmp_path / "s1", _KEYS), tmp_path / "after", on_error="skip")
     assert not any(n.startswith(mine) for n in _scratch())
+
+
+class _Columns(Source):
+    """Batches of two samples; each batch's labels and splits given or left out (None)."""
+
+    kind: ClassVar[str] = "columns"
+
+    def __init__(self, root: Path, batches: list[tuple[list[int] | None, list[str] | None]]):
+        self.uri, self._root, self._spec = str(root), root, batches
+
+    def stream(self) -> SampleStream:
+        return SampleStream(self._batches(), ("cat", "dog"))
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        for b, (labels, splits) in enumerate(self._spec):
+            keys, members = [f"{b}/{i}" for i in range(2)], []
+            for i in range(2):
+                path = self._root / f"{b}-{i}.jpg"
+                path.write_bytes(make_image(2 * b + i))
+                members.append([file_member(str(path), path.stat().st_size, "jpg")])
+            table = build_table(keys, keys, members, labels=labels)
+            if splits is not None:
+                table = table.append_column("split", pa.array(splits, pa.string()))
+            yield ScanBatch(table, ())
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        [(None, None), ([0, 1], None)],  # labels only from the second batch on
+        [([0, None], None), (None, None), ([None, 1], None)],
+        [([0, 1], ["train", "val"]), ([1, 0], None)],  # a batch without splits
+    ],
+    ids=["labels-late", "labels-missing", "splits-missing"],
+)
+def test_batches_lacking_labels_or_splits_export_as_the_whole_table(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batches: list[tuple[list[int] | None, list[str] | None]],
+) -> None:
+    out = {}
+    for streamed in (True, False):
+        with monkeypatch.context() as m:
+            if not streamed:
+                m.setattr(run_module, "streamable", lambda *a: False)
+            target = tmp_path / f"out{streamed}"
+            src = _Columns(tmp_path / "s1", batches)
+            shardex.export(src, target, samples_per_shard=2, on_error="skip")
+            out[streamed] = _files(target)
+    assert out[True] == out[False]
+    ds = shardex.open_dataset(
+        tmp_path / "outTrue", split=next(iter(shardex.read_config(tmp_path / "outTrue").splits))
+    )
+    assert len(ds) > 0
+
+
+def test_a_split_column_from_a_later_batch_on_is_refused_in_one_line(tmp_path: Path) -> None:
+    src = _Columns(tmp_path / "s1", [([0, 1], None), ([0, 1], ["train", "val"])])
+    with pytest.raises(SourceError, match=r"split of sample '1/0' \(number 2\)") as info:
+        shardex.export(src, tmp_path / "out")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out" / "config.yaml").exists()

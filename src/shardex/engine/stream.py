@@ -97,15 +97,18 @@ class _Pass:
     def add(self, table: pa.Table) -> None:
         first = self.rows
         self.rows += table.num_rows
-        if self.with_label is None:
-            self.with_label = self.opts.labels and "label" in table.column_names
-            self.source_split = "split" in table.column_names
+        # a batch may lack a column another has: labels seen in any batch are kept (the
+        # batches without one have null labels, as in the whole table)
+        self.with_label = bool(self.with_label) or (
+            self.opts.labels and "label" in table.column_names
+        )
+        table = self._split_column(table, first)
         self._list_stats(table)
         reasons: list[str | None] = [None] * table.num_rows
         if INVALID in table.column_names:  # problems the source found while scanning
             reasons = [r or None for r in table.column(INVALID).to_pylist()]
             table = table.drop_columns([INVALID])
-        if "label" in table.column_names and not self.with_label:
+        if "label" in table.column_names and not self.opts.labels:
             table = table.drop_columns(["label"])
         self._schema(table.schema)
         keys = table.column("key").to_pylist()
@@ -121,6 +124,25 @@ class _Pass:
         if not self.source_split:
             table, _ = assign_splits(table, self.opts)
         self._spill(table.append_column(ROW, pa.array(rows, pa.int64())))
+
+    def _split_column(self, table: pa.Table, first: int) -> pa.Table:
+        """The batch with a split column when the first batch had one (null where this
+        one lacks it: those samples have no split, as in the whole table). A split column
+        that appears only after the first batch is refused: the samples before it were
+        already given splits."""
+        has = "split" in table.column_names
+        if self.source_split is None:
+            self.source_split = has
+        elif self.source_split and not has:
+            table = table.append_column("split", pa.nulls(table.num_rows, pa.string()))
+        elif has and not self.source_split:
+            key = table.column("key")[0].as_py() if table.num_rows else ""
+            raise SourceError(
+                f"the source names the split of sample {quoted(key)} (number {first}) and "
+                "later ones but not of those before it; give every sample a split, or none "
+                "(then the export assigns them)"
+            )
+        return table
 
     def _drop_bad(
         self, table: pa.Table, keys: list[str], reasons: list[str | None], first: int
