@@ -336,3 +336,23 @@ def test_a_split_column_from_a_later_batch_on_is_refused_in_one_line(tmp_path: P
         shardex.export(src, tmp_path / "out")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+class _Breaks(_Columns):
+    """Two good batches, then the source fails (a damaged file found mid-scan)."""
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        batches = super()._batches()
+        yield next(batches)
+        yield next(batches)
+        raise SourceError("the source broke after two batches")
+
+
+def test_a_source_failing_mid_scan_leaves_no_file_open(tmp_path: Path) -> None:
+    import gc
+
+    src = _Breaks(tmp_path / "s1", [([0, 1], None), ([1, 0], None)])
+    with pytest.raises(SourceError, match="broke after two batches"):
+        shardex.export(src, tmp_path / "out")
+    gc.collect()  # an unclosed scratch file warns here (an error: filterwarnings)
+    assert not (tmp_path / "out" / "config.yaml").exists()

@@ -198,6 +198,12 @@ class _Pass:
                 self.spills[name] = Spill(self.folder, f"split{len(self.spills):04d}")
             self.spills[name].append(table.filter(pc.equal(splits, name)))
 
+    def discard(self) -> None:
+        """Close and remove what was spilled (the scan failed)."""
+        self.keys.remove()
+        for spill in self.spills.values():
+            spill.remove()
+
     def repeated(self) -> tuple[np.ndarray, list[tuple[int, dict[str, str]]]]:
         """Rows whose key repeats an earlier one (exactly or by case), with their records:
         only rows whose hashes repeat are read back from the spills and compared."""
@@ -243,6 +249,14 @@ def scan_stream(
     whole-table path does: what the source left out first, then the first bad sample (in
     source order; the others counted), then an export with nothing left."""
     work = _Pass(opts, folder, taken)
+    try:
+        return _scan(stream, opts, uri, work)
+    except BaseException:
+        work.discard()  # its files are open for appending: closed now, not by the GC
+        raise
+
+
+def _scan(stream: SampleStream, opts: ExportOptions, uri: str, work: _Pass) -> Scanned:
     batches = 0
     for batch in stream.batches:
         batches += 1
