@@ -356,3 +356,32 @@ def test_a_source_failing_mid_scan_leaves_no_file_open(tmp_path: Path) -> None:
         shardex.export(src, tmp_path / "out")
     gc.collect()  # an unclosed scratch file warns here (an error: filterwarnings)
     assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/bin/mount").exists(), reason="mounts a small tmpfs"
+)
+def test_a_full_temporary_folder_is_a_one_line_error(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        (full / "filler").write_bytes(b"\0" * (60 << 10))
+        root = tmp_path / "images"
+        for i in range(40):
+            (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            (root / f"c{i % 2}" / f"{i}.jpg").write_bytes(make_image(i))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(full)}
+        cli = [sys.executable, "-m", "shardex.cli", "export-dataset", str(root)]
+        proc = subprocess.run(
+            [*cli, "-o", str(tmp_path / "out")], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 1, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1, proc.stderr
+        assert "No space left on device; set TMPDIR" in lines[0]
+        assert "Traceback" not in proc.stderr
+        assert os.listdir(full) == ["filler"]  # its scratch folder went
+        assert not (tmp_path / "out" / "config.yaml").exists()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
