@@ -388,3 +388,27 @@ def test_a_bad_image_on_s3_is_skipped_as_on_disk(s3: S3Location, tmp_path: Path)
     assert set(_object_gets(s3, "/bad-image/")) == {
         f"{s3.url.split('/', 3)[3]}/bad-image/{rel}" for rel in RELS
     }
+
+
+def test_a_later_source_in_the_same_bucket_is_read_with_its_own_options(
+    s3: S3Location, tmp_path: Path
+) -> None:
+    """The stores of an earlier export's source (here through the counting proxy) never
+    serve a later export's objects, even below the earlier one's longer prefix."""
+    rels = [f"imgs/{i:02d}.jpg" for i in range(6)]
+    files = make_tree(tmp_path / "src", rels)
+    _upload(ObjectStorage(s3.child("data"), s3.direct), files)
+    shardex.export(
+        s3.child("data/imgs"), tmp_path / "first", source_storage_options=s3.counted, workers=1
+    )
+    urls = [f"{s3.child('data')}/{rel}" for rel in rels]
+    pq.write_table(pa.table({"image_path": urls}), tmp_path / "urls.parquet")
+    s3.proxy.reset()
+    shardex.export(
+        str(tmp_path / "urls.parquet"),
+        tmp_path / "second",
+        source_storage_options=s3.direct,
+        workers=1,
+    )
+    assert not _object_gets(s3, "/data/imgs/")  # read from its own endpoint, not the proxy
+    assert len(shardex.open_dataset(tmp_path / "second", split="train")) == 6
