@@ -53,9 +53,14 @@ class Members:
     stores: tuple[tuple[str, Storage], ...] = ()
 
     @classmethod
-    def of(cls, column: pa.ChunkedArray | pa.Array) -> Members:
+    def of(
+        cls,
+        column: pa.ChunkedArray | pa.Array,
+        stores: tuple[tuple[str, Storage], ...] | None = None,
+    ) -> Members:
         """Read a ``_members`` column (one pass over its references; no bytes copied
-        when the column is one chunk)."""
+        when the column is one chunk). ``stores``: those that serve its URLs (default:
+        the ones registered in this process)."""
         if isinstance(column, pa.ChunkedArray):
             column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         if len(column) == 0:
@@ -78,7 +83,7 @@ class Members:
             size=flat.field("size").to_numpy(zero_copy_only=False).astype(np.int64),
             inline=pc.is_valid(data).to_numpy(zero_copy_only=False),
             data=data,
-            stores=registered() if remote else (),
+            stores=(registered() if stores is None else stores) if remote else (),
         )
 
     @classmethod
@@ -180,6 +185,10 @@ class SpillSlice:
     batches: tuple[int, ...]
     offset: int
     count: int
+    #: The stores of a source on object storage, registered where the job was made: a
+    #: worker (forked from shardex's fork server, not from the exporting process) has
+    #: none of its own.
+    stores: tuple[tuple[str, Storage], ...] = ()
 
     def read(self) -> tuple[pa.Table, Members]:
         """The candidates' rows (no members) and their members: only these batches are
@@ -188,7 +197,8 @@ class SpillSlice:
             reader = pa.ipc.open_file(f)
             batches = [reader.get_batch(i) for i in self.batches]
         table = pa.Table.from_batches(batches).slice(self.offset, self.count)
-        return table.drop_columns([MEMBERS]), Members.of(table.column(MEMBERS))
+        members = Members.of(table.column(MEMBERS), self.stores)
+        return table.drop_columns([MEMBERS]), members
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +226,8 @@ class SpilledRows:
         last = int(np.searchsorted(self.starts, max(start, stop - 1), side="right")) - 1
         last = max(first, min(last, len(self.starts) - 2))
         offset = start - int(self.starts[first])
-        return SpillSlice(self.path, tuple(range(first, last + 1)), offset, stop - start)
+        batches = tuple(range(first, last + 1))
+        return SpillSlice(self.path, batches, offset, stop - start, registered())
 
 
 @dataclass(frozen=True, slots=True)
