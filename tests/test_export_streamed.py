@@ -385,3 +385,42 @@ def test_a_full_temporary_folder_is_a_one_line_error(tmp_path: Path) -> None:
         assert not (tmp_path / "out" / "config.yaml").exists()
     finally:
         subprocess.run(["umount", str(full)], check=True)
+
+
+def test_a_live_export_keeps_its_scratch_whatever_its_process_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staleness is the scratch folder's lock, not its process ID: a live export in
+    another PID namespace (its ID unknown here) keeps its folder; a killed export's folder
+    goes even when its ID now belongs to a live process."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = tmp_path / "tmp"  # a temporary folder of its own: no other process looks here
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    elsewhere = root / f"{PREFIX}{dead.pid}-run-elsewhere"  # a live export, other namespace
+    reused = root / f"{PREFIX}{os.getppid()}-run-reused"  # killed; its ID is live now
+    for folder in (elsewhere, reused):
+        folder.mkdir()
+        (folder / ".lock").touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, os; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+            str(elsewhere / ".lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"locked\n"
+        shardex.export(_Batches(tmp_path / "s1", _KEYS), tmp_path / "a", on_error="skip")
+        assert elsewhere.is_dir()
+        assert not reused.exists()
+    finally:
+        holder.communicate(b"")
+    shardex.export(_Batches(tmp_path / "s2", _KEYS), tmp_path / "b", on_error="skip")
+    assert not elsewhere.exists()  # its export is gone: the lock is free
