@@ -424,3 +424,26 @@ def test_a_live_export_keeps_its_scratch_whatever_its_process_id(
         holder.communicate(b"")
     shardex.export(_Batches(tmp_path / "s2", _KEYS), tmp_path / "b", on_error="skip")
     assert not elsewhere.exists()  # its export is gone: the lock is free
+
+
+class _Typed(_Columns):
+    """Two batches whose column ``m`` holds text, then numbers."""
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        for b, batch in enumerate(super()._batches()):
+            values = ["a", "b"] if b == 0 else [1, 2]
+            yield ScanBatch(batch.table.append_column("m", pa.array(values)), ())
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_column_of_other_types_in_other_batches_is_a_source_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool
+) -> None:
+    if not streamed:
+        monkeypatch.setattr(run_module, "streamable", lambda *a: False)
+    src = _Typed(tmp_path / "s1", [(None, None), (None, None)])
+    with pytest.raises(SourceError, match="different types in different batches") as info:
+        shardex.export(src, tmp_path / "out")
+    assert "string vs int64" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out" / "config.yaml").exists()

@@ -34,7 +34,7 @@ from shardex.errors import EmptySourceError, SourceError
 from shardex.options import ExportOptions
 from shardex.planning import assign_splits
 from shardex.quoting import quoted
-from shardex.sources.base import INVALID, MEMBERS, LeftOut, SampleStream
+from shardex.sources.base import INVALID, MEMBERS, LeftOut, SampleStream, batch_types_error
 
 #: The source row number of each spilled row (the order of samples).
 ROW: Final = "_row"
@@ -279,7 +279,7 @@ def _scan(stream: SampleStream, opts: ExportOptions, uri: str, work: _Pass) -> S
     method = "source" if work.source_split else "fractions" if opts.split_fractions else "single"
     return Scanned(
         spills=work.spills,
-        schema=pa.unify_schemas(work.schemas, promote_options="permissive"),
+        schema=_joined(work.schemas, uri),
         lists=work.lists,
         dropped=np.sort(np.array([g for g, _ in bad], np.int64)),
         repeated=repeated,
@@ -290,6 +290,14 @@ def _scan(stream: SampleStream, opts: ExportOptions, uri: str, work: _Pass) -> S
         counts=counts,
         exts=tuple(work.exts),
     )
+
+
+def _joined(schemas: list[pa.Schema], uri: str) -> pa.Schema:
+    """The batches' columns with the types joined (as concatenating them would)."""
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise batch_types_error(uri, exc) from exc
 
 
 def _counts(work: _Pass, repeated: np.ndarray) -> dict[str, int]:
