@@ -85,7 +85,7 @@ def _locked_folder(kind: str) -> tuple[Path, int]:
 
 #: Failures of a scratch folder's file system, not of the export's input or output (the
 #: storages map theirs to StorageError, a ShardexError, before they get here).
-_SCRATCH_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
+_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def _scratch_error(exc: OSError, where: str) -> StorageError:
@@ -97,11 +97,15 @@ def _scratch_error(exc: OSError, where: str) -> StorageError:
     )
 
 
-def _is_scratch_failure(exc: BaseException) -> bool:
+def _is_scratch_failure(exc: BaseException, path: Path) -> bool:
+    """Whether ``exc`` is a failure to write ``path`` (a source's unreadable file is not:
+    it names another file)."""
     if not isinstance(exc, OSError) or isinstance(exc, ShardexError):
         return False
-    # pyarrow's errors carry no errno, only the system's message
-    return exc.errno in _SCRATCH_ERRNOS or "No space left on device" in str(exc)
+    if exc.filename is not None:
+        return str(exc.filename).startswith(str(path))
+    # a failed flush names no file; pyarrow's errors carry no errno, only the message
+    return exc.errno in _FULL or "No space left on device" in str(exc)
 
 
 @contextlib.contextmanager
@@ -121,7 +125,7 @@ def scratch(kind: str = "run") -> Iterator[Path]:
     try:
         yield path
     except BaseException as exc:
-        if _is_scratch_failure(exc):
+        if _is_scratch_failure(exc, path):
             raise _scratch_error(exc, root) from exc  # type: ignore[arg-type]
         raise
     finally:
