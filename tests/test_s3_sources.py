@@ -15,6 +15,7 @@ import socket
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,8 +29,9 @@ import shardex
 from conftest import S3Location
 from helpers import files_of, image_bytes, make_tree
 from shardex.cli import main
-from shardex.errors import StorageError
+from shardex.errors import BadSampleError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
+from shardex.sources.base import SampleStream, ScanBatch
 from shardex.storage import ObjectStorage
 
 RELS = [
@@ -437,3 +439,48 @@ def test_an_object_name_with_a_control_character_is_a_one_line_error(
     assert "odd/cat/a\\nb.jpg" in error[0]
     assert "rename or delete that object" in error[0]
     assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+class _ChangedAfterListing(ObjectFolderSource):
+    """An image folder on S3 whose objects change once the listing is read (between
+    pass 1 and the writing of the shards): one grows, one goes."""
+
+    def stream(self) -> SampleStream:
+        listed = super().stream()
+        store = ObjectStorage(self.uri, self.storage_options)
+
+        def batches() -> Iterator[ScanBatch]:
+            yield from listed.batches
+            store.put("cat/img1.jpg", image_bytes(1) + b"\0" * 100)
+            store.delete("dog/img2.jpg")
+
+        return SampleStream(batches(), listed.label_names)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_objects_changed_after_listing_are_bad_samples(
+    s3: S3Location, tmp_path: Path, workers: int
+) -> None:
+    rels = [f"{cls}/img{i}.jpg" for cls in ("cat", "dog") for i in range(4)]
+    files = make_tree(tmp_path / "src", rels)
+    opts = {"samples_per_shard": 3, "workers": workers}
+    for mode in ("skip", "error"):
+        _upload(ObjectStorage(s3.child(mode), s3.direct), files)
+        src = _ChangedAfterListing(s3.child(mode), s3.direct)
+        out = tmp_path / mode
+        if mode == "error":
+            with pytest.raises(BadSampleError, match=r"'cat/img1\.jpg': changed during export"):
+                shardex.export(src, out, **opts)  # type: ignore[arg-type]
+            assert not (out / "config.yaml").exists()
+            continue
+        config = shardex.export(src, out, on_error="skip", **opts)  # type: ignore[arg-type]
+        errors = pq.read_table(out / "errors.parquet").to_pylist()
+        assert {(e["key"], e["reason"].split(": ")[0]) for e in errors} == {
+            ("cat/img1", "changed during export"),
+            ("dog/img2", f"cannot read '{s3.child(mode)}/dog/img2.jpg'"),
+        }
+        assert config.splits["train"].num_samples == 6
+        ds = shardex.open_dataset(out, split="train")
+        assert sorted(s["__key__"] for s in ds) == sorted(
+            r[: -len(".jpg")] for r in rels if r not in ("cat/img1.jpg", "dog/img2.jpg")
+        )
