@@ -29,7 +29,7 @@ import shardex
 from conftest import S3Location
 from helpers import files_of, image_bytes, make_tree
 from shardex.cli import main
-from shardex.errors import BadSampleError, StorageError
+from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
 from shardex.sources.base import SampleStream, ScanBatch
 from shardex.storage import ObjectStorage
@@ -484,3 +484,27 @@ def test_objects_changed_after_listing_are_bad_samples(
         assert sorted(s["__key__"] for s in ds) == sorted(
             r[: -len(".jpg")] for r in rels if r not in ("cat/img1.jpg", "dog/img2.jpg")
         )
+
+
+@pytest.mark.parametrize("where", ["source", "output"])
+def test_credentials_in_a_url_are_refused_and_never_shown(tmp_path: Path, where: str) -> None:
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "cat" / "a.jpg").write_bytes(image_bytes(0))
+    url = "s3://AKIAEXAMPLE:hunter2secret@bucket/data/"
+    source, output = (
+        (url, str(tmp_path / "out"))
+        if where == "source"
+        else (
+            str(tmp_path / "src"),
+            url,
+        )
+    )
+    result = CliRunner().invoke(main, ["export-dataset", source, "-o", output])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: the URL s3://***@bucket/... holds credentials")
+    assert "hunter2secret" not in result.output
+    assert "AKIAEXAMPLE" not in result.output
+    with pytest.raises(ConfigError, match="never in the URL") as info:
+        shardex.export(source, output)
+    assert "hunter2secret" not in str(info.value)
+    assert not (tmp_path / "out").exists()
