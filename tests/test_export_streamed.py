@@ -27,7 +27,7 @@ import shardex
 import shardex.engine.run as run_module
 from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
-from shardex.errors import BadSampleError, DuplicateKeyError
+from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
 from shardex.sources.base import (
     LeftOut,
@@ -274,3 +274,211 @@ def test_scratch_space_goes_after_an_export_an_error_and_a_kill(tmp_path: Path) 
     assert any(n.startswith(mine) for n in _scratch())
     shardex.export(_Batches(tmp_path / "s1", _KEYS), tmp_path / "after", on_error="skip")
     assert not any(n.startswith(mine) for n in _scratch())
+
+
+class _Columns(Source):
+    """Batches of two samples; each batch's labels and splits given or left out (None)."""
+
+    kind: ClassVar[str] = "columns"
+
+    def __init__(self, root: Path, batches: list[tuple[list[int] | None, list[str] | None]]):
+        self.uri, self._root, self._spec = str(root), root, batches
+
+    def stream(self) -> SampleStream:
+        return SampleStream(self._batches(), ("cat", "dog"))
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        for b, (labels, splits) in enumerate(self._spec):
+            keys, members = [f"{b}/{i}" for i in range(2)], []
+            for i in range(2):
+                path = self._root / f"{b}-{i}.jpg"
+                path.write_bytes(make_image(2 * b + i))
+                members.append([file_member(str(path), path.stat().st_size, "jpg")])
+            table = build_table(keys, keys, members, labels=labels)
+            if splits is not None:
+                table = table.append_column("split", pa.array(splits, pa.string()))
+            yield ScanBatch(table, ())
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        [(None, None), ([0, 1], None)],  # labels only from the second batch on
+        [([0, None], None), (None, None), ([None, 1], None)],
+        [([0, 1], ["train", "val"]), ([1, 0], None)],  # a batch without splits
+    ],
+    ids=["labels-late", "labels-missing", "splits-missing"],
+)
+def test_batches_lacking_labels_or_splits_export_as_the_whole_table(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batches: list[tuple[list[int] | None, list[str] | None]],
+) -> None:
+    out = {}
+    for streamed in (True, False):
+        with monkeypatch.context() as m:
+            if not streamed:
+                m.setattr(run_module, "streamable", lambda *a: False)
+            target = tmp_path / f"out{streamed}"
+            src = _Columns(tmp_path / "s1", batches)
+            shardex.export(src, target, samples_per_shard=2, on_error="skip")
+            out[streamed] = _files(target)
+    assert out[True] == out[False]
+    ds = shardex.open_dataset(
+        tmp_path / "outTrue", split=next(iter(shardex.read_config(tmp_path / "outTrue").splits))
+    )
+    assert len(ds) > 0
+
+
+def test_a_split_column_from_a_later_batch_on_is_refused_in_one_line(tmp_path: Path) -> None:
+    src = _Columns(tmp_path / "s1", [([0, 1], None), ([0, 1], ["train", "val"])])
+    with pytest.raises(SourceError, match=r"split of sample '1/0' \(number 2\)") as info:
+        shardex.export(src, tmp_path / "out")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+class _Breaks(_Columns):
+    """Two good batches, then the source fails (a damaged file found mid-scan)."""
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        batches = super()._batches()
+        yield next(batches)
+        yield next(batches)
+        raise SourceError("the source broke after two batches")
+
+
+def test_a_source_failing_mid_scan_leaves_no_file_open(tmp_path: Path) -> None:
+    import gc
+
+    src = _Breaks(tmp_path / "s1", [([0, 1], None), ([1, 0], None)])
+    with pytest.raises(SourceError, match="broke after two batches"):
+        shardex.export(src, tmp_path / "out")
+    gc.collect()  # an unclosed scratch file warns here (an error: filterwarnings)
+    assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/bin/mount").exists(), reason="mounts a small tmpfs"
+)
+def test_a_full_temporary_folder_is_a_one_line_error(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        (full / "filler").write_bytes(b"\0" * (60 << 10))
+        root = tmp_path / "images"
+        for i in range(40):
+            (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            (root / f"c{i % 2}" / f"{i}.jpg").write_bytes(make_image(i))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(full)}
+        cli = [sys.executable, "-m", "shardex.cli", "export-dataset", str(root)]
+        proc = subprocess.run(
+            [*cli, "-o", str(tmp_path / "out")], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 1, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1, proc.stderr
+        assert "No space left on device; set TMPDIR" in lines[0]
+        assert "Traceback" not in proc.stderr
+        assert os.listdir(full) == ["filler"]  # its scratch folder went
+        assert not (tmp_path / "out" / "config.yaml").exists()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
+def test_a_live_export_keeps_its_scratch_whatever_its_process_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staleness is the scratch folder's lock, not its process ID: a live export in
+    another PID namespace (its ID unknown here) keeps its folder; a killed export's folder
+    goes even when its ID now belongs to a live process."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = tmp_path / "tmp"  # a temporary folder of its own: no other process looks here
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    elsewhere = root / f"{PREFIX}{dead.pid}-run-elsewhere"  # a live export, other namespace
+    reused = root / f"{PREFIX}{os.getppid()}-run-reused"  # killed; its ID is live now
+    for folder in (elsewhere, reused):
+        folder.mkdir()
+        (folder / ".lock").touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, os; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+            str(elsewhere / ".lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"locked\n"
+        shardex.export(_Batches(tmp_path / "s1", _KEYS), tmp_path / "a", on_error="skip")
+        assert elsewhere.is_dir()
+        assert not reused.exists()
+    finally:
+        holder.communicate(b"")
+    shardex.export(_Batches(tmp_path / "s2", _KEYS), tmp_path / "b", on_error="skip")
+    assert not elsewhere.exists()  # its export is gone: the lock is free
+
+
+class _Typed(_Columns):
+    """Two batches whose column ``m`` holds text, then numbers."""
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        for b, batch in enumerate(super()._batches()):
+            values = ["a", "b"] if b == 0 else [1, 2]
+            yield ScanBatch(batch.table.append_column("m", pa.array(values)), ())
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_column_of_other_types_in_other_batches_is_a_source_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool
+) -> None:
+    if not streamed:
+        monkeypatch.setattr(run_module, "streamable", lambda *a: False)
+    src = _Typed(tmp_path / "s1", [(None, None), (None, None)])
+    with pytest.raises(SourceError, match="different types in different batches") as info:
+        shardex.export(src, tmp_path / "out")
+    assert "string vs int64" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+def _peak_rss_kb(tar: Path, out: Path, whole: bool) -> int:
+    """Peak resident memory (VmHWM) of a fresh process that exports ``tar``."""
+    code = (
+        "import sys, shardex, shardex.engine.run as r\n"
+        "if sys.argv[3] == 'whole': r.streamable = lambda *a: False\n"
+        "shardex.export(sys.argv[1], sys.argv[2], workers=1)\n"
+        "print([ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1])"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [sys.executable, "-c", code, str(tar), str(out), "whole" if whole else "streamed"]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    return int(proc.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc VmHWM")
+def test_peak_rss_of_a_tar_export_does_not_grow_with_its_samples(tmp_path: Path) -> None:
+    """Peak RSS (not traced Python memory) of exports of 20k and 100k tiny tar samples:
+    the streamed export's stays within 12 MB (measured: 174 MB at 20k, 172 MB at 120k;
+    the whole-table export's grows about 0.45 KB a sample: 149 MB, then 194 MB)."""
+    import tarfile
+
+    image = make_image(1)
+    peaks = {}
+    for n in (20_000, 100_000):
+        tar = tmp_path / f"{n}.tar"
+        with tarfile.open(tar, "w") as tf:
+            for i in range(n):
+                for ext, data in (("jpg", image), ("cls", str(i % 5).encode())):
+                    info = tarfile.TarInfo(f"s{i:06d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        peaks[n] = _peak_rss_kb(tar, tmp_path / f"out{n}", whole=False)
+    assert peaks[100_000] - peaks[20_000] < 12_000, peaks

@@ -15,6 +15,7 @@ import socket
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,8 +29,9 @@ import shardex
 from conftest import S3Location
 from helpers import files_of, image_bytes, make_tree
 from shardex.cli import main
-from shardex.errors import StorageError
+from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
+from shardex.sources.base import SampleStream, ScanBatch
 from shardex.storage import ObjectStorage
 
 RELS = [
@@ -388,3 +390,121 @@ def test_a_bad_image_on_s3_is_skipped_as_on_disk(s3: S3Location, tmp_path: Path)
     assert set(_object_gets(s3, "/bad-image/")) == {
         f"{s3.url.split('/', 3)[3]}/bad-image/{rel}" for rel in RELS
     }
+
+
+def test_a_later_source_in_the_same_bucket_is_read_with_its_own_options(
+    s3: S3Location, tmp_path: Path
+) -> None:
+    """The stores of an earlier export's source (here through the counting proxy) never
+    serve a later export's objects, even below the earlier one's longer prefix."""
+    rels = [f"imgs/{i:02d}.jpg" for i in range(6)]
+    files = make_tree(tmp_path / "src", rels)
+    _upload(ObjectStorage(s3.child("data"), s3.direct), files)
+    shardex.export(
+        s3.child("data/imgs"), tmp_path / "first", source_storage_options=s3.counted, workers=1
+    )
+    urls = [f"{s3.child('data')}/{rel}" for rel in rels]
+    pq.write_table(pa.table({"image_path": urls}), tmp_path / "urls.parquet")
+    s3.proxy.reset()
+    shardex.export(
+        str(tmp_path / "urls.parquet"),
+        tmp_path / "second",
+        source_storage_options=s3.direct,
+        workers=1,
+    )
+    assert not _object_gets(s3, "/data/imgs/")  # read from its own endpoint, not the proxy
+    assert len(shardex.open_dataset(tmp_path / "second", split="train")) == 6
+
+
+def test_an_object_name_with_a_control_character_is_a_one_line_error(
+    s3: S3Location, tmp_path: Path
+) -> None:
+    """obstore cannot list past a key holding a newline (written by another S3 client;
+    here through the server's filer API): the error names that object, in one line."""
+    import urllib.parse
+    import urllib.request
+
+    ObjectStorage(s3.child("odd"), s3.direct).put("cat/ok.jpg", image_bytes(0))
+    prefix = s3.url.split("/", 3)[3]
+    name = urllib.parse.quote(f"{prefix}/odd/cat/a\nb.jpg")
+    url = f"http://127.0.0.1:{s3.server.ports['filer']}/buckets/{s3.server.bucket}/{name}"
+    body = b"--x\r\nContent-Disposition: form-data; name=file; filename=f.jpg\r\n\r\n"
+    body += image_bytes(1) + b"\r\n--x--\r\n"
+    headers = {"Content-Type": "multipart/form-data; boundary=x"}
+    urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST")).close()
+    code, output = _cli(s3, s3.child("odd"), "-o", str(tmp_path / "out"), "--on-error", "skip")
+    assert code == 1
+    error = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, output
+    assert "odd/cat/a\\nb.jpg" in error[0]
+    assert "rename or delete that object" in error[0]
+    assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+class _ChangedAfterListing(ObjectFolderSource):
+    """An image folder on S3 whose objects change once the listing is read (between
+    pass 1 and the writing of the shards): one grows, one goes."""
+
+    def stream(self) -> SampleStream:
+        listed = super().stream()
+        store = ObjectStorage(self.uri, self.storage_options)
+
+        def batches() -> Iterator[ScanBatch]:
+            yield from listed.batches
+            store.put("cat/img1.jpg", image_bytes(1) + b"\0" * 100)
+            store.delete("dog/img2.jpg")
+
+        return SampleStream(batches(), listed.label_names)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_objects_changed_after_listing_are_bad_samples(
+    s3: S3Location, tmp_path: Path, workers: int
+) -> None:
+    rels = [f"{cls}/img{i}.jpg" for cls in ("cat", "dog") for i in range(4)]
+    files = make_tree(tmp_path / "src", rels)
+    opts = {"samples_per_shard": 3, "workers": workers}
+    for mode in ("skip", "error"):
+        _upload(ObjectStorage(s3.child(mode), s3.direct), files)
+        src = _ChangedAfterListing(s3.child(mode), s3.direct)
+        out = tmp_path / mode
+        if mode == "error":
+            with pytest.raises(BadSampleError, match=r"'cat/img1\.jpg': changed during export"):
+                shardex.export(src, out, **opts)  # type: ignore[arg-type]
+            assert not (out / "config.yaml").exists()
+            continue
+        config = shardex.export(src, out, on_error="skip", **opts)  # type: ignore[arg-type]
+        errors = pq.read_table(out / "errors.parquet").to_pylist()
+        assert {(e["key"], e["reason"].split(": ")[0]) for e in errors} == {
+            ("cat/img1", "changed during export"),
+            ("dog/img2", f"cannot read '{s3.child(mode)}/dog/img2.jpg'"),
+        }
+        assert config.splits["train"].num_samples == 6
+        ds = shardex.open_dataset(out, split="train")
+        assert sorted(s["__key__"] for s in ds) == sorted(
+            r[: -len(".jpg")] for r in rels if r not in ("cat/img1.jpg", "dog/img2.jpg")
+        )
+
+
+@pytest.mark.parametrize("where", ["source", "output"])
+def test_credentials_in_a_url_are_refused_and_never_shown(tmp_path: Path, where: str) -> None:
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "cat" / "a.jpg").write_bytes(image_bytes(0))
+    url = "s3://AKIAEXAMPLE:hunter2secret@bucket/data/"
+    source, output = (
+        (url, str(tmp_path / "out"))
+        if where == "source"
+        else (
+            str(tmp_path / "src"),
+            url,
+        )
+    )
+    result = CliRunner().invoke(main, ["export-dataset", source, "-o", output])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: the URL s3://***@bucket/... holds credentials")
+    assert "hunter2secret" not in result.output
+    assert "AKIAEXAMPLE" not in result.output
+    with pytest.raises(ConfigError, match="never in the URL") as info:
+        shardex.export(source, output)
+    assert "hunter2secret" not in str(info.value)
+    assert not (tmp_path / "out").exists()

@@ -9,7 +9,6 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -54,9 +53,14 @@ class Members:
     stores: tuple[tuple[str, Storage], ...] = ()
 
     @classmethod
-    def of(cls, column: pa.ChunkedArray | pa.Array) -> Members:
+    def of(
+        cls,
+        column: pa.ChunkedArray | pa.Array,
+        stores: tuple[tuple[str, Storage], ...] | None = None,
+    ) -> Members:
         """Read a ``_members`` column (one pass over its references; no bytes copied
-        when the column is one chunk)."""
+        when the column is one chunk). ``stores``: those that serve its URLs (default:
+        the ones registered in this process)."""
         if isinstance(column, pa.ChunkedArray):
             column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         if len(column) == 0:
@@ -79,7 +83,7 @@ class Members:
             size=flat.field("size").to_numpy(zero_copy_only=False).astype(np.int64),
             inline=pc.is_valid(data).to_numpy(zero_copy_only=False),
             data=data,
-            stores=registered() if remote else (),
+            stores=(registered() if stores is None else stores) if remote else (),
         )
 
     @classmethod
@@ -181,8 +185,9 @@ class SpillSlice:
     batches: tuple[int, ...]
     offset: int
     count: int
-    #: The stores serving member URLs (a source on object storage), as registered where
-    #: the slice was made: a worker has none of its own.
+    #: The stores of a source on object storage, registered where the job was made: a
+    #: worker (forked from shardex's fork server, not from the exporting process) has
+    #: none of its own.
     stores: tuple[tuple[str, Storage], ...] = ()
 
     def read(self) -> tuple[pa.Table, Members]:
@@ -192,9 +197,7 @@ class SpillSlice:
             reader = pa.ipc.open_file(f)
             batches = [reader.get_batch(i) for i in self.batches]
         table = pa.Table.from_batches(batches).slice(self.offset, self.count)
-        members = Members.of(table.column(MEMBERS))
-        if members.stores != self.stores and any("://" in p for p in members.path_names):
-            members = dataclasses.replace(members, stores=self.stores)
+        members = Members.of(table.column(MEMBERS), self.stores)
         return table.drop_columns([MEMBERS]), members
 
 
@@ -223,9 +226,8 @@ class SpilledRows:
         last = int(np.searchsorted(self.starts, max(start, stop - 1), side="right")) - 1
         last = max(first, min(last, len(self.starts) - 2))
         offset = start - int(self.starts[first])
-        return SpillSlice(
-            self.path, tuple(range(first, last + 1)), offset, stop - start, registered()
-        )
+        batches = tuple(range(first, last + 1))
+        return SpillSlice(self.path, batches, offset, stop - start, registered())
 
 
 @dataclass(frozen=True, slots=True)

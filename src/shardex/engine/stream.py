@@ -34,7 +34,7 @@ from shardex.errors import EmptySourceError, SourceError
 from shardex.options import ExportOptions
 from shardex.planning import assign_splits
 from shardex.quoting import quoted
-from shardex.sources.base import INVALID, MEMBERS, LeftOut, SampleStream
+from shardex.sources.base import INVALID, MEMBERS, LeftOut, SampleStream, batch_types_error
 
 #: The source row number of each spilled row (the order of samples).
 ROW: Final = "_row"
@@ -97,15 +97,18 @@ class _Pass:
     def add(self, table: pa.Table) -> None:
         first = self.rows
         self.rows += table.num_rows
-        if self.with_label is None:
-            self.with_label = self.opts.labels and "label" in table.column_names
-            self.source_split = "split" in table.column_names
+        # a batch may lack a column another has: labels seen in any batch are kept (the
+        # batches without one have null labels, as in the whole table)
+        self.with_label = bool(self.with_label) or (
+            self.opts.labels and "label" in table.column_names
+        )
+        table = self._split_column(table, first)
         self._list_stats(table)
         reasons: list[str | None] = [None] * table.num_rows
         if INVALID in table.column_names:  # problems the source found while scanning
             reasons = [r or None for r in table.column(INVALID).to_pylist()]
             table = table.drop_columns([INVALID])
-        if "label" in table.column_names and not self.with_label:
+        if "label" in table.column_names and not self.opts.labels:
             table = table.drop_columns(["label"])
         self._schema(table.schema)
         keys = table.column("key").to_pylist()
@@ -121,6 +124,25 @@ class _Pass:
         if not self.source_split:
             table, _ = assign_splits(table, self.opts)
         self._spill(table.append_column(ROW, pa.array(rows, pa.int64())))
+
+    def _split_column(self, table: pa.Table, first: int) -> pa.Table:
+        """The batch with a split column when the first batch had one (null where this
+        one lacks it: those samples have no split, as in the whole table). A split column
+        that appears only after the first batch is refused: the samples before it were
+        already given splits."""
+        has = "split" in table.column_names
+        if self.source_split is None:
+            self.source_split = has
+        elif self.source_split and not has:
+            table = table.append_column("split", pa.nulls(table.num_rows, pa.string()))
+        elif has and not self.source_split:
+            key = table.column("key")[0].as_py() if table.num_rows else ""
+            raise SourceError(
+                f"the source names the split of sample {quoted(key)} (number {first}) and "
+                "later ones but not of those before it; give every sample a split, or none "
+                "(then the export assigns them)"
+            )
+        return table
 
     def _drop_bad(
         self, table: pa.Table, keys: list[str], reasons: list[str | None], first: int
@@ -176,6 +198,12 @@ class _Pass:
                 self.spills[name] = Spill(self.folder, f"split{len(self.spills):04d}")
             self.spills[name].append(table.filter(pc.equal(splits, name)))
 
+    def discard(self) -> None:
+        """Close and remove what was spilled (the scan failed)."""
+        self.keys.remove()
+        for spill in self.spills.values():
+            spill.remove()
+
     def repeated(self) -> tuple[np.ndarray, list[tuple[int, dict[str, str]]]]:
         """Rows whose key repeats an earlier one (exactly or by case), with their records:
         only rows whose hashes repeat are read back from the spills and compared."""
@@ -221,6 +249,14 @@ def scan_stream(
     whole-table path does: what the source left out first, then the first bad sample (in
     source order; the others counted), then an export with nothing left."""
     work = _Pass(opts, folder, taken)
+    try:
+        return _scan(stream, opts, uri, work)
+    except BaseException:
+        work.discard()  # its files are open for appending: closed now, not by the GC
+        raise
+
+
+def _scan(stream: SampleStream, opts: ExportOptions, uri: str, work: _Pass) -> Scanned:
     batches = 0
     for batch in stream.batches:
         batches += 1
@@ -243,7 +279,7 @@ def scan_stream(
     method = "source" if work.source_split else "fractions" if opts.split_fractions else "single"
     return Scanned(
         spills=work.spills,
-        schema=pa.unify_schemas(work.schemas, promote_options="permissive"),
+        schema=_joined(work.schemas, uri),
         lists=work.lists,
         dropped=np.sort(np.array([g for g, _ in bad], np.int64)),
         repeated=repeated,
@@ -254,6 +290,14 @@ def scan_stream(
         counts=counts,
         exts=tuple(work.exts),
     )
+
+
+def _joined(schemas: list[pa.Schema], uri: str) -> pa.Schema:
+    """The batches' columns with the types joined (as concatenating them would)."""
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise batch_types_error(uri, exc) from exc
 
 
 def _counts(work: _Pass, repeated: np.ndarray) -> dict[str, int]:

@@ -20,6 +20,7 @@ from shardex.sources.remote import is_url
 from shardex.sources.table import TableSource
 from shardex.sources.tars import TarSource
 from shardex.storage import open_storage
+from shardex.storage.options import refuse_credentials_in_url
 
 __all__ = [
     "ArraySource",
@@ -105,6 +106,7 @@ def open_source(
             raise SourceError(f"bad demo source {text!r}: use 'demo' or 'demo:N' (N images)")
         return DemoSource(int(count) if count else DEFAULT_COUNT)
     if is_url(text):
+        refuse_credentials_in_url(text)  # before the URL is shown (progress, messages)
         return _object_source(text, storage_options)
     if any(c in text for c in "*?["):
         return TarSource(text)

@@ -155,6 +155,16 @@ class SampleStream:
     label_names: tuple[str, ...] | None = None
 
 
+def batch_types_error(uri: str, exc: Exception) -> SourceError:
+    """The error for batches of a source whose columns' types cannot be joined (a column
+    of text in one batch and of numbers in another)."""
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return SourceError(
+        f"source {quoted(uri)} gives a column different types in different batches "
+        f"({quoted(why)}); give each column one type (or types that widen: int to float)"
+    )
+
+
 class Source(ABC):
     """A dataset to export. Subclasses implement :meth:`stream` (the samples batch by
     batch, with memory that does not grow with the dataset) or :meth:`scan` (the whole
@@ -190,7 +200,10 @@ class Source(ABC):
             left_out += batch.left_out
         if not tables:
             raise SourceError(f"source {quoted(self.uri)} yielded no batch of samples")
-        table = pa.concat_tables(tables, promote_options="permissive")
+        try:
+            table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise batch_types_error(self.uri, exc) from exc
         if INVALID in table.column_names:  # first found in a later batch: back to its place
             names = [c for c in table.column_names if c != INVALID]
             names.insert(names.index(MEMBERS) + 1, INVALID)

@@ -57,10 +57,18 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def register(storage: Storage) -> None:
-    """Make ``storage`` the one that serves member URLs below its root (the source's
-    options, credentials included, stay in memory and travel only pickled to workers)."""
+    """Make ``storage`` the one that serves member URLs of its bucket (the source's
+    options, credentials included, stay in memory and travel only pickled to workers).
+
+    A store an earlier source registered in the same bucket goes: its root may be longer
+    than this one's (``s3://b/imgs`` then ``s3://b``) and would otherwise keep serving
+    this source's URLs below it, with the earlier source's endpoint and credentials."""
+    root = storage.uri.rstrip("/")
+    bucket = split_url(root)[0]
     with _lock:
-        _stores[storage.uri.rstrip("/")] = storage
+        for other in [r for r in _stores if split_url(r)[0] == bucket]:
+            del _stores[other]
+        _stores[root] = storage
 
 
 def registered() -> tuple[tuple[str, Storage], ...]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardex.errors import ConfigError
 from shardex.storage.base import ObjectWriter, RangeReader, Storage
 from shardex.storage.local import LocalStorage
-from shardex.storage.options import SCHEMES
+from shardex.storage.options import SCHEMES, refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from shardex.storage.object import ObjectStorage
@@ -47,6 +47,8 @@ def open_storage(
         return LocalStorage(text[len("file://") :])
     if text.startswith(SCHEMES):
         from shardex.storage.object import ObjectStorage
+
+        refuse_credentials_in_url(text)
 
         return ObjectStorage(text, storage_options)
     if "://" in text:

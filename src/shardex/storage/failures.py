@@ -17,6 +17,7 @@ import re
 from typing import Any, Final
 
 from shardex.errors import BucketNotFoundError, ObjectNotFoundError, StorageError
+from shardex.quoting import quoted
 
 _REQUEST: Final = re.compile(
     r"Error performing (?:\w+ )?(?:request: Error performing \w+ )?(\w+://[^/\s?]+)"
@@ -24,6 +25,9 @@ _REQUEST: Final = re.compile(
 _ELAPSED: Final = re.compile(r"in ([\d.]+)(µs|ms|s)(?:, after (\d+) retries)?")
 _S3_CODE: Final = re.compile(r"<Code>([A-Za-z]+)</Code>")
 _OS_MESSAGE: Final = re.compile(r'message: "([^"]+)"')
+#: obstore refuses to list a key it cannot parse as a path (control characters, empty,
+#: '.' or '..' parts): the whole listing fails on that one object.
+_BAD_KEY: Final = re.compile(r'invalid path: Error parsing Path "(.*?)": (.*?) whilst', re.S)
 _DNS: Final = re.compile(r'"dns error",\s*Custom \{[^}]*error: "([^"]+)"', re.S)
 #: Where obstore looks for credentials when none are given (AWS EC2 / ECS metadata).
 _METADATA: Final = ("169.254.169.254", "169.254.170.2", "/latest/api/token")
@@ -59,6 +63,13 @@ def storage_error(exc: BaseException, what: str, options: dict[str, Any]) -> Sto
     status = re.search(r"status code: (\d{3})", text)
     if status is not None and _not_s3(text):
         return _not_s3_error(what, server, int(status.group(1)))
+    bad_key = _BAD_KEY.search(text)
+    if bad_key is not None:
+        return StorageError(
+            f"{what}: the store holds an object whose name cannot be read as a path, "
+            f"{quoted(bad_key.group(1))} ({quoted(bad_key.group(2).lower())}), so it cannot "
+            "be listed; rename or delete that object, or use a prefix without it"
+        )
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return StorageError(f"{what}: {first}")
 

@@ -15,6 +15,27 @@ from typing import Any, Final
 from shardex.errors import ConfigError
 
 SCHEMES: Final = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "http://", "https://")
+
+
+def refuse_credentials_in_url(url: str) -> None:
+    """Refuse an object-store URL that holds credentials (``scheme://user:secret@...``):
+    a URL is shown in messages and progress and recorded in config.yaml, credentials
+    never are. The message leaves them out.
+
+    Raises:
+        ConfigError: the URL names a user (and perhaps a password) before its host.
+    """
+    scheme, _, rest = url.partition("://")
+    authority = rest.partition("/")[0]
+    if "@" in authority:
+        host = authority.rpartition("@")[2]
+        raise ConfigError(
+            f"the URL {scheme}://***@{host}/... holds credentials before its host; give them "
+            "as storage options (access_key_id and secret_access_key, --s3-profile) or "
+            "through the AWS_* variables, never in the URL (it is shown and recorded)"
+        )
+
+
 #: How long a request is retried (connection refused or dropped, timeouts, 5xx, throttling)
 #: before it fails; storage option ``retry_timeout``. 403 and 404 are never retried.
 DEFAULT_RETRY_TIMEOUT: Final = timedelta(minutes=2)
