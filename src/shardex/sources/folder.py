@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Final
@@ -265,10 +265,17 @@ class FolderSource(Source):
         return ScanResult(scan.table, scan.label_names, left_out)
 
     def _batches(self, real_root: str, top: _Folder, layout: _Layout) -> Iterator[ScanBatch]:
+        return self._in_batches(_walk(real_root, top), layout)
+
+    def _in_batches(
+        self, entries: Iterable[_File | LeftOut], layout: _Layout
+    ) -> Iterator[ScanBatch]:
+        """The image files found (and what is left out) in batches of ``batch_size``
+        files; a source in which nothing was found is an error."""
         files: list[_File] = []
         left_out: list[LeftOut] = []
         found_any = False
-        for found in _walk(real_root, top):
+        for found in entries:
             found_any = True
             if isinstance(found, LeftOut):
                 left_out.append(found)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
-from shardex.errors import EmptySourceError, SourceError
+from shardex.errors import SourceError
 from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, SampleStream, ScanBatch
 from shardex.sources.folder import SPLIT_DIRS, FolderSource, _extension, _File, _Layout, _left_out
 from shardex.sources.remote import register
@@ -126,9 +126,10 @@ class ObjectFolderSource(FolderSource):
         return _Layout(True, tuple(sorted(set().union(*top.values()))))
 
     def _listed(self, storage: Storage, layout: _Layout) -> Iterator[ScanBatch]:
-        files: list[_File] = []
-        left_out: list[LeftOut] = []
-        found_any = False
+        return self._in_batches(self._objects(storage), layout)
+
+    def _objects(self, storage: Storage) -> Iterator[_File | LeftOut]:
+        """The prefix's image files and left-out objects, page by page, in key order."""
         last = ""
         for page in storage.list_pages(""):
             for rel, size in page:
@@ -139,17 +140,5 @@ class ObjectFolderSource(FolderSource):
                     )
                 last = rel
                 found = _found(rel, size)
-                if found is None:
-                    continue
-                found_any = True
-                if isinstance(found, LeftOut):
-                    left_out.append(found)
-                    continue
-                files.append(found)
-                if len(files) >= self.batch_size:
-                    yield self._batch(files, left_out, layout)
-                    files, left_out = [], []
-        if not found_any:
-            raise EmptySourceError(f"source folder {self.uri} holds no image files")
-        if files or left_out:
-            yield self._batch(files, left_out, layout)
+                if found is not None:
+                    yield found
