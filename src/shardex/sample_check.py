@@ -1,5 +1,6 @@
-"""How the shard writer checks each image it reads: :class:`SampleCheck` (a leaf module,
-so backends name it without importing the export's checks and options)."""
+"""How the shard writer checks each image it reads (:class:`SampleCheck`,
+:func:`image_problem`) and words a refusal (:func:`refusal`): a leaf module, so backends
+use them without importing the export's checks and options."""
 
 from __future__ import annotations
 
