@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
-from shardex.sources.remote import ObjectReads, registered
+from shardex.sources.remote import ObjectReads, registered, sized
 from shardex.storage import Storage
 
 #: Files a reader keeps open at most (a tar source reads many members of few files).
@@ -283,13 +283,7 @@ class _Files:
                 path=path,
                 reason=f"cannot read {quoted(path)}: {exc.strerror or exc}",
             ) from exc
-        if len(data) != size:
-            raise BadSampleError(
-                f"{quoted(path)} changed while exporting: it was {size} bytes, now {len(data)}",
-                path=path,
-                reason="changed during export",
-            )
-        return data
+        return sized(data, size, path)
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -77,6 +77,18 @@ def registered() -> tuple[tuple[str, Storage], ...]:
         return tuple(_stores.items())
 
 
+def sized(data: bytes, size: int, name: str) -> bytes:
+    """``data``, read from ``name`` (a file or object) listed as ``size`` bytes, or a bad
+    sample if it changed since it was listed."""
+    if len(data) != size:
+        raise BadSampleError(
+            f"{quoted(name)} changed while exporting: it was {size} bytes, now {len(data)}",
+            path=name,
+            reason="changed during export",
+        )
+    return data
+
+
 class ObjectReads:
     """Member bytes of objects, fetched concurrently ahead of the reader.
 
@@ -153,13 +165,7 @@ class ObjectReads:
                 path=url,
                 reason=f"cannot read {quoted(url)}: it does not exist",
             ) from exc
-        if len(data) != size:
-            raise BadSampleError(
-                f"{quoted(url)} changed while exporting: it was {size} bytes, now {len(data)}",
-                path=url,
-                reason="changed during export",
-            )
-        return data
+        return sized(data, size, url)
 
     def _storage(self, url: str) -> tuple[Storage, str]:
         for root, storage in self._roots:
