@@ -276,6 +276,46 @@ def test_scratch_space_goes_after_an_export_an_error_and_a_kill(tmp_path: Path) 
     assert not any(n.startswith(mine) for n in _scratch())
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".shardex-lock"
+    }
+
+
+def test_a_streamed_export_killed_while_writing_resumes_to_the_same_bytes(tmp_path: Path) -> None:
+    """SIGKILL once shards are being written (a tar source: the streamed path), then
+    ``mode="resume"``: the output equals an uninterrupted export's, file for file."""
+    import tarfile
+
+    root = tmp_path / "tars"
+    root.mkdir()
+    with tarfile.open(root / "a.tar", "w") as tf:
+        for i in range(3000):
+            data = make_image(i % 50)
+            info = tarfile.TarInfo(f"k{i:05d}.jpg")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    shardex.export(str(root), clean, samples_per_shard=10, workers=2)
+    code = (
+        "import sys, shardex; "
+        "shardex.export(sys.argv[1], sys.argv[2], samples_per_shard=10, workers=2)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(root), str(killed)], env=env)
+    deadline = time.monotonic() + 120
+    while not list(killed.glob("*/images-*.tar")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(killed.glob("*/images-*.tar")), "the export never reached its shards"
+    assert not (killed / "config.yaml").exists(), "killed after its commit: nothing to test"
+    shardex.export(str(root), killed, samples_per_shard=10, workers=2, mode="resume")
+    assert _files(killed) == _files(clean)
+
+
 class _Columns(Source):
     """Batches of two samples; each batch's labels and splits given or left out (None)."""
 
