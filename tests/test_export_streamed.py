@@ -245,6 +245,20 @@ def _scratch() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*")}
 
 
+def _image_tar(root: Path, count: int) -> Path:
+    """A folder holding one tar of ``count`` small JPEGs (a source that streams)."""
+    import tarfile
+
+    root.mkdir()
+    with tarfile.open(root / "a.tar", "w") as tf:
+        for i in range(count):
+            data = make_image(i % 50)
+            info = tarfile.TarInfo(f"k{i:05d}.jpg")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return root
+
+
 def test_scratch_space_goes_after_an_export_an_error_and_a_kill(tmp_path: Path) -> None:
     ours = f"{PREFIX}{os.getpid()}-"
     shardex.export(_Batches(tmp_path / "s1", _KEYS), tmp_path / "ok", on_error="skip")
@@ -252,16 +266,7 @@ def test_scratch_space_goes_after_an_export_an_error_and_a_kill(tmp_path: Path) 
         shardex.export(_Batches(tmp_path / "s2", _KEYS), tmp_path / "refused")
     assert not any(n.startswith(ours) for n in _scratch())
     # a killed export leaves its scratch folder: the next export removes it
-    root = tmp_path / "tars"
-    root.mkdir()
-    import tarfile
-
-    with tarfile.open(root / "a.tar", "w") as tf:
-        for i in range(3000):
-            data = make_image(i % 50)
-            info = tarfile.TarInfo(f"k{i:05d}.jpg")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
+    root = _image_tar(tmp_path / "tars", 3000)
     code = "import sys, shardex; shardex.export(sys.argv[1], sys.argv[2], samples_per_shard=10)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path / "k")], env=env)
@@ -287,16 +292,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_a_streamed_export_killed_while_writing_resumes_to_the_same_bytes(tmp_path: Path) -> None:
     """SIGKILL once shards are being written (a tar source: the streamed path), then
     ``mode="resume"``: the output equals an uninterrupted export's, file for file."""
-    import tarfile
-
-    root = tmp_path / "tars"
-    root.mkdir()
-    with tarfile.open(root / "a.tar", "w") as tf:
-        for i in range(3000):
-            data = make_image(i % 50)
-            info = tarfile.TarInfo(f"k{i:05d}.jpg")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
+    root = _image_tar(tmp_path / "tars", 3000)
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     shardex.export(str(root), clean, samples_per_shard=10, workers=2)
     code = (
