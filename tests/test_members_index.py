@@ -315,6 +315,28 @@ def test_an_append_refuses_a_members_file_claiming_a_huge_shape(export: Path) ->
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("damage", ["out of range", "repeated", "short"])
+def test_an_append_refuses_a_damaged_key_table_in_one_line(export: Path, damage: str) -> None:
+    # the append carries the committed key table into the new one: sample numbers past
+    # the end, or one sample twice, must stop it before anything is written
+    path = export / "train" / "index-keys.npy"
+    table = np.load(path)
+    if damage == "out of range":
+        table[1, 2] = 10**6
+    elif damage == "repeated":
+        table[1, 2] = table[1, 3]
+    else:
+        table = table[:, :-1]
+    np.save(path, table)
+    config = (export / "config.yaml").read_bytes()
+    more = {"key": ["x1"], "txt": [b"1"], "seg.bin": [b"s"], "label": [0]}
+    with pytest.raises(FormatError, match=r"index-keys\.npy: ") as e:
+        shardex.export(more, export, workers=1, samples_per_shard=4, mode="append")
+    assert "\n" not in str(e.value)
+    assert "overwrite" in str(e.value)
+    assert (export / "config.yaml").read_bytes() == config
+
+
 def test_samples_with_extensions_of_their_own_get_no_members_file(tmp_path: Path) -> None:
     # every sample brings an extension: rows of one column per extension would make the
     # file (and the writer's memory) grow with samples x extensions

@@ -308,9 +308,33 @@ def _members_of(
 def _old_index(
     storage: Storage, index: IndexInfo
 ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
-    """The committed records of a split, and its key hashes in sample order."""
-    samples = np.load(io.BytesIO(storage.get(index.samples)), allow_pickle=False)
-    table = np.load(io.BytesIO(storage.get(index.keys)), allow_pickle=False)
-    hashes = np.empty(table.shape[1], dtype=np.uint64)
-    hashes[table[1]] = table[0]
+    """The committed records of a split, and its key hashes in sample order. Files that
+    do not hold one record and one key per sample are refused: the append would carry
+    them into the new index (a hostile header must not become a huge allocation)."""
+    where = storage.join(index.keys)
+    try:
+        samples = np.load(io.BytesIO(storage.get(index.samples)), allow_pickle=False)
+        table = np.load(io.BytesIO(storage.get(index.keys)), allow_pickle=False)
+    except (ValueError, OSError, EOFError, TypeError, MemoryError) as exc:  # a hostile header
+        raise FormatError(f"{where} or its samples file: not a valid index file ({exc})") from exc
+    repair = "`shardex verify` reports it, an export with mode='overwrite' repairs it"
+    if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
+        raise FormatError(
+            f"{storage.join(index.samples)}: expected a 1-d array of {SAMPLE_DTYPE}, found "
+            f"{samples.dtype} with shape {samples.shape}; {repair}"
+        )
+    n = len(samples)
+    if table.dtype != np.uint64 or table.shape != (2, n):
+        raise FormatError(
+            f"{where}: expected uint64 of shape (2, {n}), found {table.dtype} {table.shape}; "
+            f"{repair}"
+        )
+    rows = table[1]
+    if n and (rows.max() >= n or np.bincount(rows.astype(np.int64), minlength=n).max() != 1):
+        raise FormatError(
+            f"{where}: its sample numbers are not each sample once: the file is damaged, and "
+            f"appending would carry the damage into the new index; {repair}"
+        )
+    hashes = np.empty(n, dtype=np.uint64)
+    hashes[rows] = table[0]
     return samples, hashes
