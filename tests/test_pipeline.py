@@ -202,6 +202,14 @@ def test_spec_is_validated(tmp_path: Path) -> None:
         Spec.load(path).build_stages()
 
 
+def test_a_spec_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("source: demo:5\nstages: [\n  {stage: resize\n")
+    with pytest.raises(SchemaError, match=r"bad\.yaml: not valid YAML \(.*line \d+") as e:
+        Spec.load(path)
+    assert "\n" not in str(e.value)
+
+
 def test_cli_preprocess_until_key_and_plain_spec_export(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     runner = CliRunner()

@@ -17,6 +17,7 @@ import click
 import yaml
 
 from shardex.errors import ConfigError
+from shardex.quoting import collapsed
 
 #: Options whose flag takes ``NAME=VALUE`` text; the file may give them as a mapping.
 _PAIRS_AS_TEXT: dict[str, str] = {"split_fractions": ",", "backend_options": ""}
@@ -53,7 +54,9 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config {str(path)!r}: cannot read it as YAML ({exc})") from exc
+        raise ConfigError(
+            f"--config {str(path)!r}: cannot read it as YAML ({collapsed(exc)})"
+        ) from exc
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 from shardex import config_validator, yaml_subset
 from shardex.errors import ConfigError, SchemaError
 from shardex.names import stored_split_name_problem
+from shardex.quoting import collapsed
 
 #: 2: per-sample checksums are seeded with the sample number (see format/index.py);
 #: version 1 exports still open and read.
@@ -310,9 +311,7 @@ def _parse_yaml(text: str | bytes, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as exc:
-        # PyYAML's messages span lines (the problem, then "in <string>, line L, column C")
-        problem = " ".join(str(exc).split())
-        raise SchemaError(f"{where}: not valid YAML ({problem})") from exc
+        raise SchemaError(f"{where}: not valid YAML ({collapsed(exc)})") from exc
 
 
 @cache

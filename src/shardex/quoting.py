@@ -40,3 +40,9 @@ def one_line(text: str) -> str:
     return "".join(
         ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
     )
+
+
+def collapsed(text: object) -> str:
+    """``str(text)`` on one line, each run of whitespace one space: for third-party
+    messages that span lines (PyYAML's: the problem, then "in <string>, line L ...")."""
+    return " ".join(str(text).split())

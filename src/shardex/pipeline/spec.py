@@ -41,6 +41,7 @@ from shardex.pipeline.pipeline import Pipeline
 from shardex.pipeline.readers import ReaderStage
 from shardex.pipeline.stage import Stage
 from shardex.pipeline.writer import ImageWriterStage
+from shardex.quoting import collapsed
 
 #: Spec keys that say where and how to run, not what to produce (not fingerprinted).
 _NOT_FINGERPRINTED = ("output", "executor", "name")
@@ -66,7 +67,7 @@ class Spec:
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise SchemaError(f"{path}: not valid YAML ({exc})") from exc
+            raise SchemaError(f"{path}: not valid YAML ({collapsed(exc)})") from exc
         return cls.parse(raw, where=str(path))
 
     @classmethod
