@@ -454,10 +454,10 @@ def export_dataset(
     check_options(opts)  # what the backend cannot store: before the source is looked at
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
     source_options = _storage_options(source_s3_endpoint_url, source_s3_region, source_s3_profile)
-    if source_options and (executor == "ray" or source.endswith((".yaml", ".yml"))):
+    if source_options and source.endswith((".yaml", ".yml")):
         raise click.UsageError(
-            "--source-s3-* flags work with a SOURCE exported by the local executor; with "
-            "--executor ray or a spec file, give the source's store through AWS_* variables"
+            "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
+            "file, give the source's store through AWS_* variables"
         )
     if source.endswith((".yaml", ".yml")):
         config = _export_spec(
@@ -474,7 +474,9 @@ def export_dataset(
     elif preprocess or until_keys:
         raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
     elif executor == "ray":
-        config = _export_on_ray(source, output, opts, ray_address, not quiet, storage_options)
+        config = _export_on_ray(
+            source, output, opts, ray_address, not quiet, storage_options, source_options
+        )
     else:
         config = export(
             source,
@@ -934,26 +936,23 @@ def _export_on_ray(
     address: str | None,
     progress: bool,
     storage_options: dict[str, Any] | None,
+    source_options: dict[str, Any] | None,
 ) -> Any:
-    """A plain export whose work runs on Ray: a reader and a writer, no stages."""
-    import dataclasses
+    """A plain export whose shards are written by Ray tasks: this process reads only
+    references (pass 1), plans, and writes the index files, metadata.parquet and
+    config.yaml; the tasks read the images from the source and write the shards."""
+    from shardex.engine.run import run_export
+    from shardex.pipeline import RayExecutor
 
-    from shardex.pipeline import ImageWriterStage, Pipeline, RayExecutor, ReaderStage
-
-    fields = dataclasses.asdict(opts)
-    for name in ("backend", "samples_per_shard", "deterministic_name", "overwrite", "workers"):
-        fields.pop(name)
-    writer = ImageWriterStage(
+    return run_export(
+        source,
         output,
-        images_per_tar=opts.samples_per_shard,
-        verbose=progress,
-        deterministic_name=opts.deterministic_name,
-        backend=opts.backend,
+        opts,
+        progress=progress,
         storage_options=storage_options,
-        **fields,
+        source_storage_options=source_options,
+        runner=RayExecutor(address).runner(),
     )
-    pipeline = Pipeline("export", [ReaderStage(source), writer])
-    return pipeline.run(RayExecutor(address))
 
 
 def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:
