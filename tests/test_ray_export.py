@@ -57,8 +57,10 @@ def test_a_folder_exports_the_same_bytes_on_ray_as_locally(cluster: int, tmp_pat
     _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *FLAGS)
     _cli(src, "-o", str(tmp_path / "two"), "--workers", "2", *FLAGS)
     _cli(src, "-o", str(tmp_path / "one"), "--workers", "1", *FLAGS)
-    ray, two, one = (files_of(tmp_path / n) for n in ("ray", "two", "one"))
-    assert ray == two == one  # every file, config.yaml included
+    # the same from Python
+    shardex.export(src, tmp_path / "api", samples_per_shard=4, seed=3, executor="ray")
+    ray, two, one, api = (files_of(tmp_path / n) for n in ("ray", "two", "one", "api"))
+    assert ray == two == one == api  # every file, config.yaml included
     assert sum(name.endswith(".tar") for name in ray) == 14  # 27 + 27 samples, 4 a shard
     ds = shardex.open_dataset(tmp_path / "ray", split="val")
     assert len(ds) == 27

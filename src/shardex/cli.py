@@ -473,11 +473,8 @@ def export_dataset(
         )
     elif preprocess or until_keys:
         raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
-    elif executor == "ray":
-        config = _export_on_ray(
-            source, output, opts, ray_address, not quiet, storage_options, source_options
-        )
     else:
+        # on Ray, tasks write the shards; this process reads references, writes metadata
         config = export(
             source,
             output,
@@ -485,6 +482,8 @@ def export_dataset(
             progress=not quiet,
             storage_options=storage_options,
             source_storage_options=source_options,
+            executor="ray" if executor == "ray" else "local",
+            ray_address=ray_address,
         )
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
@@ -927,32 +926,6 @@ def _given_options(opts: Any, storage_options: dict[str, Any] | None) -> dict[st
     if storage_options:
         given["storage_options"] = storage_options
     return given
-
-
-def _export_on_ray(
-    source: str,
-    output: str,
-    opts: Any,
-    address: str | None,
-    progress: bool,
-    storage_options: dict[str, Any] | None,
-    source_options: dict[str, Any] | None,
-) -> Any:
-    """A plain export whose shards are written by Ray tasks: this process reads only
-    references (pass 1), plans, and writes the index files, metadata.parquet and
-    config.yaml; the tasks read the images from the source and write the shards."""
-    from shardex.engine.run import run_export
-    from shardex.pipeline import RayExecutor
-
-    return run_export(
-        source,
-        output,
-        opts,
-        progress=progress,
-        storage_options=storage_options,
-        source_storage_options=source_options,
-        runner=RayExecutor(address).runner(),
-    )
 
 
 def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:
