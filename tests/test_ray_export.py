@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import shardex
 from conftest import S3Location
-from helpers import files_of, make_tree
+from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.engine.spill import FinalSpill
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
@@ -64,6 +64,27 @@ def test_a_folder_exports_the_same_bytes_on_ray_as_locally(cluster: int, tmp_pat
     assert sum(name.endswith(".tar") for name in ray) == 14  # 27 + 27 samples, 4 a shard
     ds = shardex.open_dataset(tmp_path / "ray", split="val")
     assert len(ds) == 27
+
+
+def _io_bytes() -> int:
+    """Bytes this process has read and written through files and pipes (/proc/self/io)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"]) + int(fields["wchar"])
+
+
+def test_the_driver_reads_and_writes_no_image_bytes(cluster: int, tmp_path: Path) -> None:
+    rels = [f"train/c{i % 3}/big{i:02d}.png" for i in range(24)]
+    for i, rel in enumerate(rels):  # noise PNGs: about 100 KB each, 2.4 MB in all
+        write_image(tmp_path / "src" / rel, 100 + i, size=(190, 180))
+    data = sum(p.stat().st_size for p in (tmp_path / "src").rglob("*.png"))
+    src = str(tmp_path / "src")
+    _cli(src, "-o", str(tmp_path / "warm"), "--executor", "ray", *FLAGS)  # imports done
+    before = _io_bytes()
+    _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *FLAGS)
+    moved = _io_bytes() - before
+    # the tasks read every image and wrote every shard: 2x the data on their side
+    assert sum(p.stat().st_size for p in (tmp_path / "ray").rglob("*.tar")) > data
+    assert moved < 0.05 * data, f"the driver moved {moved} bytes of a {data}-byte dataset"
 
 
 def test_s3_to_s3_and_to_a_folder_on_ray_equal_the_local_executor(
