@@ -87,7 +87,7 @@ def test_the_driver_reads_and_writes_no_image_bytes(cluster: int, tmp_path: Path
     assert moved < 0.05 * data, f"the driver moved {moved} bytes of a {data}-byte dataset"
 
 
-def test_s3_to_s3_and_to_a_folder_on_ray_equal_the_local_executor(
+def test_s3_and_folder_sources_to_s3_and_to_a_folder_on_ray_equal_the_local_executor(
     cluster: int, s3: S3Location, tmp_path: Path
 ) -> None:
     files = make_tree(tmp_path / "src", RELS)
@@ -108,6 +108,11 @@ def test_s3_to_s3_and_to_a_folder_on_ray_equal_the_local_executor(
     assert on_ray == _object_files(local_out, s3.direct)
     assert files_of(tmp_path / "ray") == files_of(tmp_path / "one") == on_ray
     assert shardex.read_config(ray_out, s3.direct).num_samples == len(RELS)
+    # a local folder to S3
+    folder, folder_out = str(tmp_path / "src"), s3.child(f"folder-{cluster}")
+    _cli(folder, "-o", folder_out, "--executor", "ray", *s3_flags, *FLAGS, env=env)
+    _cli(folder, "-o", str(tmp_path / "folder"), "--workers", "2", *FLAGS)
+    assert _object_files(folder_out, s3.direct) == files_of(tmp_path / "folder")
 
 
 def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> None:
