@@ -20,6 +20,7 @@ from conftest import S3Location
 from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.engine.spill import FinalSpill
+from shardex.errors import ConfigError
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
 from shardex.storage import ObjectStorage
 from tests.support.raycluster import ray_nodes
@@ -138,3 +139,9 @@ def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> 
     assert len(carried.rows_ipc) < 40 * 1500  # references, a few bytes each once packed
     with pytest.raises(FileNotFoundError):
         part.read()
+
+
+def test_an_unknown_executor_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^executor must be 'local' or 'ray', got 'spark'$"):
+        shardex.export("demo:4", tmp_path / "out", executor="spark")  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
