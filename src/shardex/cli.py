@@ -454,10 +454,10 @@ def export_dataset(
     check_options(opts)  # what the backend cannot store: before the source is looked at
     storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
     source_options = _storage_options(source_s3_endpoint_url, source_s3_region, source_s3_profile)
-    if source_options and (executor == "ray" or source.endswith((".yaml", ".yml"))):
+    if source_options and source.endswith((".yaml", ".yml")):
         raise click.UsageError(
-            "--source-s3-* flags work with a SOURCE exported by the local executor; with "
-            "--executor ray or a spec file, give the source's store through AWS_* variables"
+            "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
+            "file, give the source's store through AWS_* variables"
         )
     if source.endswith((".yaml", ".yml")):
         config = _export_spec(
@@ -473,9 +473,8 @@ def export_dataset(
         )
     elif preprocess or until_keys:
         raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
-    elif executor == "ray":
-        config = _export_on_ray(source, output, opts, ray_address, not quiet, storage_options)
     else:
+        # on Ray, tasks write the shards; this process reads references, writes metadata
         config = export(
             source,
             output,
@@ -483,6 +482,8 @@ def export_dataset(
             progress=not quiet,
             storage_options=storage_options,
             source_storage_options=source_options,
+            executor="ray" if executor == "ray" else "local",
+            ray_address=ray_address,
         )
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
@@ -925,35 +926,6 @@ def _given_options(opts: Any, storage_options: dict[str, Any] | None) -> dict[st
     if storage_options:
         given["storage_options"] = storage_options
     return given
-
-
-def _export_on_ray(
-    source: str,
-    output: str,
-    opts: Any,
-    address: str | None,
-    progress: bool,
-    storage_options: dict[str, Any] | None,
-) -> Any:
-    """A plain export whose work runs on Ray: a reader and a writer, no stages."""
-    import dataclasses
-
-    from shardex.pipeline import ImageWriterStage, Pipeline, RayExecutor, ReaderStage
-
-    fields = dataclasses.asdict(opts)
-    for name in ("backend", "samples_per_shard", "deterministic_name", "overwrite", "workers"):
-        fields.pop(name)
-    writer = ImageWriterStage(
-        output,
-        images_per_tar=opts.samples_per_shard,
-        verbose=progress,
-        deterministic_name=opts.deterministic_name,
-        backend=opts.backend,
-        storage_options=storage_options,
-        **fields,
-    )
-    pipeline = Pipeline("export", [ReaderStage(source), writer])
-    return pipeline.run(RayExecutor(address))
 
 
 def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:

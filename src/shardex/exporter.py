@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from shardex.contract import ExportConfig
 from shardex.engine.commit import export_files
 from shardex.engine.output import INTENT_FILE
 from shardex.engine.run import export_options, run_export
+from shardex.errors import ConfigError
 from shardex.options import ExportOptions, parse_split_fractions
 from shardex.sample_check import OnError
 from shardex.sources import Source
@@ -34,6 +35,8 @@ def export(
     progress: bool = False,
     storage_options: dict[str, Any] | None = None,
     source_storage_options: dict[str, Any] | None = None,
+    executor: Literal["local", "ray"] = "local",
+    ray_address: str | None = None,
     **kwargs: Any,
 ) -> ExportConfig:
     """Export a dataset; returns the committed contract.
@@ -51,6 +54,12 @@ def export(
         source_storage_options: options of a source on object storage (``s3://...``),
             when they differ from the output's: its own endpoint, region, profile or
             credentials (default: ``storage_options``).
+        executor: where the shards are written: ``"local"`` processes (``workers``), or
+            ``"ray"``: Ray tasks on the cluster at ``ray_address`` (default: start or join
+            a local one). On Ray this process reads only the source's references and
+            writes the index files, metadata.parquet and config.yaml; the tasks read
+            the samples and write the shards straight to the output. The output is
+            byte-identical either way.
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -59,6 +68,13 @@ def export(
         SourceError: the source is missing, empty or malformed.
     """
     opts = export_options(options, kwargs)
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
+    runner = None
+    if executor == "ray":
+        from shardex.pipeline.ray_executor import RayExecutor  # imports Ray when connecting
+
+        runner = RayExecutor(ray_address).runner()
     return run_export(
         source,
         output,
@@ -66,4 +82,5 @@ def export(
         progress=progress,
         storage_options=storage_options,
         source_storage_options=source_storage_options,
+        runner=runner,
     )

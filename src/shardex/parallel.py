@@ -172,6 +172,10 @@ class Runner:
     ``__main__``) runs inline instead, after a :class:`ParallelismWarning`.
     """
 
+    #: Whether work may run on another machine, which sees neither this process's memory
+    #: nor its local scratch (then jobs carry what they read; see RayRunner).
+    remote: bool = False
+
     def __init__(
         self,
         workers: int | None = None,

@@ -9,6 +9,7 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ from shardex.storage import Storage
 
 #: Files a reader keeps open at most (a tar source reads many members of few files).
 _OPEN_FILES: Final = 64
+#: A carried slice's rows are mostly repeated paths: lz4 makes them several times smaller.
+_CARRIED: Final = pa.ipc.IpcWriteOptions(
+    compression="lz4" if pa.Codec.is_available("lz4") else None
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,16 +194,36 @@ class SpillSlice:
     #: worker (forked from shardex's fork server, not from the exporting process) has
     #: none of its own.
     stores: tuple[tuple[str, Storage], ...] = ()
+    #: The slice's rows themselves (an Arrow IPC stream: keys, metadata and member
+    #: references, never sample bytes), for a worker on another machine, which cannot
+    #: see this one's scratch (see :meth:`carried`); None: read from ``path``.
+    rows_ipc: bytes | None = None
+
+    def _table(self) -> pa.Table:
+        if self.rows_ipc is not None:
+            return pa.ipc.open_stream(pa.py_buffer(self.rows_ipc)).read_all()
+        with pa.OSFile(self.path) as f:
+            reader = pa.ipc.open_file(f)
+            batches = [reader.get_batch(i) for i in self.batches]
+        return pa.Table.from_batches(batches).slice(self.offset, self.count)
 
     def read(self) -> tuple[pa.Table, Members]:
         """The candidates' rows (no members) and their members: only these batches are
         read (no memory map of the whole file)."""
-        with pa.OSFile(self.path) as f:
-            reader = pa.ipc.open_file(f)
-            batches = [reader.get_batch(i) for i in self.batches]
-        table = pa.Table.from_batches(batches).slice(self.offset, self.count)
+        table = self._table()
         members = Members.of(table.column(MEMBERS), self.stores)
         return table.drop_columns([MEMBERS]), members
+
+    def carried(self) -> SpillSlice:
+        """This slice with its rows read into the job (lz4 Arrow IPC), so that the worker
+        needs nothing from this machine's disk."""
+        if self.rows_ipc is not None:
+            return self
+        table = self._table()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=_CARRIED) as writer:
+            writer.write_table(table)
+        return dataclasses.replace(self, rows_ipc=sink.getvalue().to_pybytes())
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,3 +61,47 @@ def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
                 ray.shutdown()
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+
+
+@contextmanager
+def ray_nodes(nodes: int = 2, cpus_per_node: int = 1) -> Iterator[Any]:
+    """A real Ray cluster of ``nodes`` nodes (a raylet and object store each, as
+    ``ray.cluster_utils.Cluster`` starts them) on 127.0.0.1, this process its driver;
+    yields the cluster, shuts it down. Tasks run on every node, the head's included.
+    """
+    import ray
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    python_path = os.pathsep.join([_REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    common: dict[str, Any] = {
+        "node_ip_address": "127.0.0.1",
+        "object_store_memory": 80 * 1024**2,
+        "include_dashboard": False,
+    }
+    try:
+        with _environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args={**common, "num_cpus": cpus_per_node},
+            )
+            try:
+                for _ in range(nodes - 1):
+                    cluster.add_node(**{**common, "num_cpus": cpus_per_node})
+                cluster.wait_for_nodes()
+                ray.init(address=cluster.address, log_to_driver=False)
+                try:
+                    alive = [n for n in ray.nodes() if n["Alive"]]  # type: ignore[no-untyped-call]
+                    if {n["NodeManagerAddress"] for n in alive} != {"127.0.0.1"}:
+                        raise RuntimeError("Ray listens on more than loopback")
+                    if len(alive) != nodes:
+                        raise RuntimeError(f"{len(alive)} Ray nodes alive, not {nodes}")
+                    yield cluster
+                finally:
+                    ray.shutdown()
+            finally:
+                cluster.shutdown()  # type: ignore[no-untyped-call]
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag

@@ -198,10 +198,9 @@ def _prepare_first(
     the whole table, or it appends. None: the images are checked first, in the workers."""
     if not job.backend.writes_shards:
         return None
-    # a pipeline's runner (Ray tasks may run on other machines, which do not see this
-    # one's scratch) hands over a table it has gathered anyway: the whole-table path
-    whole = job.runner is not None or job.previous is not None
-    if whole or not streamable(job.opts, job.backend):
+    # a remote runner (Ray) streams too: its shard jobs carry their spill slices' rows,
+    # since its tasks may run on machines that do not see this one's scratch
+    if job.previous is not None or not streamable(job.opts, job.backend):
         return prepare(job.src, job.opts, None, bars, job.previous, taken)
     stream = job.src.stream()
     batches = iter(stream.batches)

@@ -11,11 +11,14 @@ deleted; correct always, and costs only when bad samples exist.
 
 Samples whose bytes are in this process's memory (an in-memory source) are written here,
 inline: pickling them to a worker costs more than writing them. Workers get only
-references (paths, offsets, sizes) and read the bytes themselves.
+references (paths, offsets, sizes) and read the bytes themselves. A worker that may run
+on another machine (a remote runner: Ray) gets its job's reference rows in the job, read
+from this machine's spill file (a few hundred bytes a sample, never sample bytes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Final
 
@@ -81,6 +84,13 @@ def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> 
     }
 
 
+def _carried(job: ShardJob) -> ShardJob:
+    """A job for a worker on another machine: its spill slice's rows read into it."""
+    if job.spill is None:
+        return job
+    return dataclasses.replace(job, spill=job.spill.carried())
+
+
 def write_shards(
     split: SplitRows | SpilledRows,
     make_job: MakeJob,
@@ -117,7 +127,8 @@ def write_shards(
                 yield make_job(at + a, min(n, at + b + extra), first, k + q)
                 first += b - a
 
-        results = map(write_shard, jobs()) if inline else runner.imap(write_shard, jobs())
+        todo = map(_carried, jobs()) if runner.remote and not inline else jobs()
+        results = map(write_shard, todo) if inline else runner.imap(write_shard, todo)
         more = False
         for q, done in enumerate(results):
             if stop[0]:

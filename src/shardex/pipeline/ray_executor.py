@@ -54,7 +54,10 @@ def _call(fn: Callable[[T], R], item: T) -> R:
 
 class RayRunner(Runner):
     """The exporter's ordered parallel map as Ray tasks (at most 2 per cluster CPU in
-    flight, which bounds memory)."""
+    flight, which bounds memory). Tasks may run on any node: jobs carry what they read
+    (reference rows, never sample bytes), and write straight to the output storage."""
+
+    remote = True
 
     def __init__(self, executor: RayExecutor) -> None:
         super().__init__(1)

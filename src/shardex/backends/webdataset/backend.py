@@ -134,7 +134,8 @@ class WebDatasetBackend(Backend):
         before = plan.previous
         first = len(before.shards) if before is not None else 0
         other_hash = second_hash(plan.name_hash)
-        inline = split.inline() or runner.workers == 1
+        # one local worker: this process writes; a remote runner's tasks always do
+        inline = split.inline() or (runner.workers == 1 and not runner.remote)
         pick = inline_candidates if inline else candidates
         base = before.num_samples if before is not None else 0  # appended samples go on
 

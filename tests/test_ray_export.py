@@ -1,0 +1,147 @@
+"""``export-dataset --executor ray`` on a real local Ray cluster of one and two nodes
+(raylets on 127.0.0.1): shards written by Ray tasks, pass 1 streamed by the driver,
+output byte-identical to the local executor's and to one worker's, from a folder and
+from SeaweedFS, to a folder and to SeaweedFS."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+import shardex
+from conftest import S3Location
+from helpers import files_of, make_tree, write_image
+from shardex.cli import main
+from shardex.engine.spill import FinalSpill
+from shardex.errors import ConfigError
+from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.storage import ObjectStorage
+from tests.support.raycluster import ray_nodes
+
+pytest.importorskip("ray")
+
+RELS = [
+    f"{split}/{cls}/img{i:02d}.jpg"
+    for split in ("train", "val")
+    for cls in ("cat", "dog", "owl")
+    for i in range(9)
+]
+FLAGS = ["-q", "--samples-per-shard", "4", "--seed", "3"]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-node", "2-nodes"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[int]:
+    with ray_nodes(nodes=request.param, cpus_per_node=1):
+        yield request.param
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> None:
+    result = CliRunner().invoke(main, ["export-dataset", *args], env=env)
+    assert result.exit_code == 0, result.output
+
+
+def _object_files(url: str, options: dict[str, Any]) -> dict[str, bytes]:
+    storage = ObjectStorage(url, options)
+    return {name: storage.get(name) for name in sorted(storage.list())}
+
+
+def test_a_folder_exports_the_same_bytes_on_ray_as_locally(cluster: int, tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", RELS)
+    src = str(tmp_path / "src")
+    _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *FLAGS)
+    _cli(src, "-o", str(tmp_path / "two"), "--workers", "2", *FLAGS)
+    _cli(src, "-o", str(tmp_path / "one"), "--workers", "1", *FLAGS)
+    # the same from Python
+    shardex.export(src, tmp_path / "api", samples_per_shard=4, seed=3, executor="ray")
+    ray, two, one, api = (files_of(tmp_path / n) for n in ("ray", "two", "one", "api"))
+    assert ray == two == one == api  # every file, config.yaml included
+    assert sum(name.endswith(".tar") for name in ray) == 14  # 27 + 27 samples, 4 a shard
+    ds = shardex.open_dataset(tmp_path / "ray", split="val")
+    assert len(ds) == 27
+
+
+def _io_bytes() -> int:
+    """Bytes this process has read and written through files and pipes (/proc/self/io)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"]) + int(fields["wchar"])
+
+
+def test_the_driver_reads_and_writes_no_image_bytes(cluster: int, tmp_path: Path) -> None:
+    rels = [f"train/c{i % 3}/big{i:02d}.png" for i in range(24)]
+    for i, rel in enumerate(rels):  # noise PNGs: about 100 KB each, 2.4 MB in all
+        write_image(tmp_path / "src" / rel, 100 + i, size=(190, 180))
+    data = sum(p.stat().st_size for p in (tmp_path / "src").rglob("*.png"))
+    src = str(tmp_path / "src")
+    _cli(src, "-o", str(tmp_path / "warm"), "--executor", "ray", *FLAGS)  # imports done
+    before = _io_bytes()
+    _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *FLAGS)
+    moved = _io_bytes() - before
+    # the tasks read every image and wrote every shard: 2x the data on their side
+    assert sum(p.stat().st_size for p in (tmp_path / "ray").rglob("*.tar")) > data
+    assert moved < 0.05 * data, f"the driver moved {moved} bytes of a {data}-byte dataset"
+
+
+def test_s3_and_folder_sources_to_s3_and_to_a_folder_on_ray_equal_the_local_executor(
+    cluster: int, s3: S3Location, tmp_path: Path
+) -> None:
+    files = make_tree(tmp_path / "src", RELS)
+    storage = ObjectStorage(s3.child("src"), s3.direct)
+    for name, data in files.items():
+        storage.put(name, data)
+    env = {"AWS_ACCESS_KEY_ID": s3.server.access_key, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key}
+    s3_flags = ["--s3-endpoint-url", s3.server.endpoint, "--s3-region", s3.server.region]
+    source_flags = [f"--source-{flag[2:]}" if flag.startswith("--") else flag for flag in s3_flags]
+    src = s3.child("src/")
+    ray_out, local_out = s3.child(f"ray-{cluster}"), s3.child(f"local-{cluster}")
+    _cli(src, "-o", ray_out, "--executor", "ray", *s3_flags, *FLAGS, env=env)
+    _cli(src, "-o", local_out, "--workers", "2", *s3_flags, *FLAGS, env=env)
+    # the source's own flags (its store differs from the output's)
+    _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *source_flags, *FLAGS, env=env)
+    _cli(src, "-o", str(tmp_path / "one"), "--workers", "1", *source_flags, *FLAGS, env=env)
+    on_ray = _object_files(ray_out, s3.direct)
+    assert on_ray == _object_files(local_out, s3.direct)
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "one") == on_ray
+    assert shardex.read_config(ray_out, s3.direct).num_samples == len(RELS)
+    # a local folder to S3
+    folder, folder_out = str(tmp_path / "src"), s3.child(f"folder-{cluster}")
+    _cli(folder, "-o", folder_out, "--executor", "ray", *s3_flags, *FLAGS, env=env)
+    _cli(folder, "-o", str(tmp_path / "folder"), "--workers", "2", *FLAGS)
+    assert _object_files(folder_out, s3.direct) == files_of(tmp_path / "folder")
+
+
+def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> None:
+    """What a remote task gets: its reference rows in the job (no sample bytes), so the
+    spill file on the driver's scratch is not read."""
+    n = 3000
+    keys = [f"k{i:04d}" for i in range(n)]
+    members = pa.array(
+        [[{"ext": "jpg", "path": f"/data/{k}.jpg", "offset": -1, "size": 7}] for k in keys],
+        pa.list_(MEMBER_TYPE),
+    )
+    table = pa.table({"key": keys, MEMBERS: members})
+    spill = FinalSpill(tmp_path, "train", table.schema)
+    spill.append(table, np.full(n, 1536, np.int64))
+    part = spill.close().slice(1000, 2500)  # spans two record batches
+    expected_rows, _ = part.read()
+    carried = part.carried()
+    os.remove(part.path)  # a task on another machine does not see this scratch
+    rows, got = carried.read()
+    assert rows.column("key").to_pylist() == keys[1000:2500] == expected_rows["key"].to_pylist()
+    assert [got.path(j) for j in range(1500)] == [f"/data/{k}.jpg" for k in keys[1000:2500]]
+    assert carried.rows_ipc is not None
+    assert len(carried.rows_ipc) < 40 * 1500  # references, a few bytes each once packed
+    with pytest.raises(FileNotFoundError):
+        part.read()
+
+
+def test_an_unknown_executor_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^executor must be 'local' or 'ray', got 'spark'$"):
+        shardex.export("demo:4", tmp_path / "out", executor="spark")  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
