@@ -5,13 +5,16 @@ the driver, or in the test process for a direct export of the same samples."""
 from __future__ import annotations
 
 import io
-from typing import ClassVar
+import os
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 from PIL import Image
 
 from shardex.sources.base import ScanResult, Source, build_table
+from shardex.storage.object import ObjectStorage
 
 LABELS = ("cat", "dog", "fox")
 
@@ -80,4 +83,35 @@ def first_half_slow(batch: dict[str, np.ndarray], half: int) -> dict[str, np.nda
     return batch
 
 
-__all__ = ["LABELS", "RowsSource", "first_half_slow", "image_rows", "jpeg", "local_rows"]
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a raylet started it)."""
+    try:
+        return Path(f"/proc/{os.getppid()}/comm").read_text().strip() == "raylet"
+    except OSError:
+        return False
+
+
+class ByProcess(ObjectStorage):
+    """An S3 storage whose requests go to the server directly in Ray's workers and
+    through the counting proxy everywhere else (the driver, and any process it starts
+    itself, such as a local worker pool): the proxy sees exactly the driver's share.
+    It decides again wherever it is unpickled."""
+
+    def __init__(self, url: str, counted: dict[str, Any], direct: dict[str, Any]) -> None:
+        super().__init__(url, direct if in_ray_worker() else counted)
+        self._choices = (counted, direct)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ByProcess, (self.uri, *self._choices))
+
+
+__all__ = [
+    "LABELS",
+    "ByProcess",
+    "RowsSource",
+    "first_half_slow",
+    "image_rows",
+    "in_ray_worker",
+    "jpeg",
+    "local_rows",
+]
