@@ -18,9 +18,17 @@ import yaml
 
 import shardex
 from helpers import files_of, image_bytes
-from shardex.errors import SourceError
+from shardex.errors import (
+    BadSampleError,
+    ConfigError,
+    OutputExistsError,
+    OutputLockedError,
+    SourceError,
+)
 from shardex.sources.base import ScanResult, Source, build_table
+from shardex.storage.local import LocalStorage
 from tests.support.raycluster import local_ray_cluster
+from tests.support.rayrows import RowsSource, local_rows
 
 ray = pytest.importorskip("ray")
 ray_data = pytest.importorskip("shardex.ray")
@@ -166,10 +174,12 @@ def test_read_then_write_reproduces_the_export(demo: Path, tmp_path: Path) -> No
     before, after = (shardex.open_dataset(p, split="train") for p in (demo, out))
     assert list(after) == list(before)
     assert after.metadata.drop_columns(["split"]).equals(before.metadata.drop_columns(["split"]))
+    written = files_of(out)
+    assert sorted(written) == sorted(files_of(demo))  # no staging left in the output
     for name, data in files_of(demo).items():  # shards, sidecars, index, metadata.parquet
         if name != "config.yaml":
-            assert (out / name).read_bytes() == data, name
-    assert [p.name for p in tmp_path.iterdir()] == ["again"]  # staging folder removed
+            assert written[name] == data, name
+    assert [p.name for p in tmp_path.iterdir()] == ["again"]  # nothing written beside it
 
 
 class _Rows(Source):
@@ -243,6 +253,18 @@ def test_write_is_byte_identical_to_a_direct_export(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("ray_cluster")
+def test_an_array_backend_is_written_by_ray_tasks_as_a_direct_export_writes_it(
+    tmp_path: Path,
+) -> None:
+    rows = local_rows(20)
+    options = {"samples_per_shard": 8, "backend": "numpy_mmap"}
+    shardex.export(RowsSource(rows), tmp_path / "direct", **options)
+    dataset = ray.data.from_arrow([rows.slice(0, 9), rows.slice(9)])
+    ray_data.write_shardex(dataset, tmp_path / "ray", label_names=LABELS, **options)
+    _same_export(tmp_path / "direct", tmp_path / "ray")
+
+
+@pytest.mark.usefixtures("ray_cluster")
 def test_rows_without_a_key_fail_clearly_and_commit_nothing(tmp_path: Path) -> None:
     _, rows = _direct_source(6)
     out = tmp_path / "out"
@@ -255,7 +277,45 @@ def test_rows_without_a_key_fail_clearly_and_commit_nothing(tmp_path: Path) -> N
     with pytest.raises(SourceError, match="row 3 of a block has no sample key"):
         ray_data.write_shardex(null_key, out)
     assert not (out / "config.yaml").exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name != "out"] == []  # no staging left
+    assert not out.exists() or files_of(out) == {}  # no staging, nothing half-visible
+    assert [p.name for p in tmp_path.iterdir() if p.name != "out"] == []
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_bad_image_fails_the_shard_tasks_and_leaves_the_output_as_it_was(
+    tmp_path: Path,
+) -> None:
+    _, rows = _direct_source(12)
+    images = rows.column("image").to_pylist()
+    images[7] = b"\xff\xd8\xff not a whole jpeg"
+    bad = ray.data.from_arrow(rows.set_column(2, "image", pa.array(images, pa.binary())))
+    out = tmp_path / "out"
+    with pytest.raises(BadSampleError, match=r"'in/7.png'"):
+        ray_data.write_shardex(bad, out, label_names=LABELS, samples_per_shard=4)
+    assert not out.exists() or files_of(out) == {}  # no shard, no staging, no config.yaml
+    config = ray_data.write_shardex(  # skipped and recorded instead, then committed
+        bad, out, label_names=LABELS, samples_per_shard=4, on_error="skip"
+    )
+    assert config.num_samples == 11
+    assert config.num_skipped == 1
+    assert not (out / ".shardex-staging").exists()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_output_taken_or_refused_fails_before_any_task_stages(tmp_path: Path) -> None:
+    _, rows = _direct_source(6)
+    dataset = ray.data.from_arrow(rows)
+    out = tmp_path / "out"
+    shardex.export(_direct_source(6)[0], out, samples_per_shard=4)
+    before = files_of(out)
+    with pytest.raises(OutputExistsError, match="holds an export"):
+        ray_data.write_shardex(dataset, out, label_names=LABELS)
+    assert files_of(out) == before  # nothing staged, nothing replaced
+    with LocalStorage(out).lock("another export"), pytest.raises(OutputLockedError):
+        ray_data.write_shardex(dataset, out, label_names=LABELS, overwrite=True)
+    assert files_of(out) == before
+    with pytest.raises(ConfigError, match="temp_dir= is gone"):
+        ray_data.ShardexDatasink(out, temp_dir=tmp_path)
 
 
 @pytest.mark.usefixtures("ray_cluster")

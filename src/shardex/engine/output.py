@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from typing import Any, Final
 
 import xxhash
@@ -46,6 +47,15 @@ INTENT_FILE: Final = ".shardex-intent.json"
 #: Files of a writer at work, never part of an export.
 CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})
 
+#: Where a writer stages its input inside the output before it exports it (the Ray
+#: datasink, :mod:`shardex.ray.write`, which removes it): never part of an export, and
+#: neither refused, counted nor deleted by an export.
+STAGING: Final = ".shardex-staging/"
+
+
+def _not_staged(paths: Iterable[str]) -> list[str]:
+    return [p for p in paths if not p.startswith(STAGING)]
+
 
 def check_root(storage: Storage) -> None:
     root = storage.local_path("")
@@ -55,7 +65,7 @@ def check_root(storage: Storage) -> None:
 
 def check_output(storage: Storage, mode: Mode) -> list[str]:
     """Refuse what the mode does not allow; return the old files to replace or resume."""
-    existing = [p for p in storage.list() if p != LOCK_FILE]
+    existing = _not_staged(p for p in storage.list() if p != LOCK_FILE)
     foreign = foreign_files(storage, existing)
     if foreign:
         raise OutputExistsError(
@@ -72,13 +82,15 @@ def check_output(storage: Storage, mode: Mode) -> list[str]:
             f"output {storage.uri} holds a complete export: nothing to resume "
             "(use mode 'overwrite' to write it again)"
         )
-    if (existing or storage.leftovers()) and mode == "error":
+    leftovers = _not_staged(storage.leftovers())
+    if (existing or leftovers) and mode == "error":
         what = "holds an export" if committed else "holds the files of an unfinished export"
         hint = "--overwrite to replace it" + (
             "" if committed else ", or --mode resume to finish it"
         )
         raise OutputExistsError(f"output {storage.uri} {what}; pass {hint}")
-    storage.remove_leftovers()  # temporary files of a killed export
+    for path in leftovers:  # temporary files of a killed export
+        storage.delete(path)
     return existing
 
 
@@ -138,7 +150,7 @@ def undo(
     """Leave the output as this run found it: a sample refused while writing (one pass
     over the bytes finds bad images only then) deletes the files this run wrote."""
     before = set(old_files) | committed | CONTROL
-    for path in list(storage.list()):
+    for path in _not_staged(storage.list()):
         if path not in before:
             storage.delete(path)
     storage.remove_leftovers()

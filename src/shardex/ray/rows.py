@@ -19,14 +19,15 @@ The row conventions of :class:`shardex.ray.ShardexDatasink`:
   (Ray's ``ArrowTensorType``, e.g. an embedding from ``map_batches``) becomes a
   fixed-size list of its dtype.
 
-Member bytes are appended to a data file and referenced by offset, so the scan table the
-driver assembles holds no image bytes: the exporter reads them when it writes the shards.
+Member bytes are appended to a staged data object (in the output's storage) and referenced
+by offset, so the scan table the driver assembles holds no sample bytes: the tasks that
+write the shards read them by range.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,7 @@ import pyarrow.compute as pc
 from shardex.errors import SourceError
 from shardex.rows import LABEL_FIELD
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.storage.base import ObjectWriter
 
 KEY_COLUMNS: Final = ("key", "__key__")
 #: Columns of an export's metadata that shardex fills itself: recomputed when writing.
@@ -106,9 +108,9 @@ def layout(schema: pa.Schema, where: str) -> Layout:
     )
 
 
-def scan_rows(table: pa.Table, data: BinaryIO, data_path: str, where: str) -> pa.Table:
-    """Scan-table rows of ``table``: member bytes appended to ``data`` (the file at
-    ``data_path``) and referenced by offset.
+def scan_rows(table: pa.Table, data: ObjectWriter, data_path: str, where: str) -> pa.Table:
+    """Scan-table rows of ``table``: member bytes appended to ``data`` (the object that
+    ``data_path`` names: a local path or a URL) and referenced by offset.
 
     Columns: ``key``, ``original_path``, ``_members``, then ``label``, ``split`` and the
     metadata in the rows' column order (the order metadata.parquet will have).
@@ -150,7 +152,7 @@ def _labels(column: pa.ChunkedArray, where: str) -> pa.Array:
     return pa.array(out, pa.int64())
 
 
-def _members(table: pa.Table, lay: Layout, data: BinaryIO, data_path: str) -> pa.Array:
+def _members(table: pa.Table, lay: Layout, data: ObjectWriter, data_path: str) -> pa.Array:
     """One member list per row, members in column order; each column's bytes are written
     in one piece (no per-sample copies)."""
     n = table.num_rows
@@ -186,7 +188,7 @@ def _members(table: pa.Table, lay: Layout, data: BinaryIO, data_path: str) -> pa
 
 
 def _append(
-    array: pa.LargeBinaryArray, data: BinaryIO
+    array: pa.LargeBinaryArray, data: ObjectWriter
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
     """Write a binary array's values to ``data``; their offsets in the file, sizes and
     validity."""
@@ -194,10 +196,11 @@ def _append(
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + n + 1]
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
-    start = data.tell()
+    start = data.tell
     values = array.buffers()[2]
     if values is not None and bounds[-1] > bounds[0]:
-        data.write(memoryview(values)[bounds[0] : bounds[-1]])
+        # Arrow's buffers are signed chars to memoryview; object stores take unsigned bytes
+        data.write(memoryview(values).cast("B")[bounds[0] : bounds[-1]])
     valid = np.ones(n, dtype=bool) if array.null_count == 0 else ~np.asarray(array.is_null())
     return start + bounds[:-1] - bounds[0], np.diff(bounds), valid
 

@@ -1,27 +1,39 @@
 """Write a Ray Dataset as a shardex export: :class:`ShardexDatasink`, :func:`write_shardex`.
 
-Each write task turns its blocks into scan-table rows (see :mod:`shardex.ray.rows`) and
-stages them as two files: a Parquet file of keys, labels, metadata and member references,
-and a data file holding the member bytes. When every task is done, the driver reads the
-Parquet files in task order and calls :func:`shardex.export` once, which reads the bytes by
-offset while it writes the shards, plans shards across all tasks (only the last shard of a
-split may be short) and commits ``config.yaml`` last. The staging folder is removed
-afterwards, whether the export succeeded or not.
+No sample byte passes through the driver, and no file system needs to be shared when the
+output is on object storage:
 
-The driver must be able to read what the tasks staged: a local cluster, or a staging
-folder on a file system every node shares (``temp_dir=``).
+1. ``on_write_start`` (driver): takes the output's lock, refuses an output the mode does
+   not allow, and removes what killed runs staged (``OUT/.shardex-staging/``).
+2. ``write`` (each write task): turns its blocks into scan-table rows (see
+   :mod:`shardex.ray.rows`) and stages them in the output's own storage, under
+   ``OUT/.shardex-staging/RUN/``: ``task-NNNNNN-ATTEMPT.bin`` (the member bytes) and
+   ``task-NNNNNN-ATTEMPT.parquet`` (keys, labels, metadata and references to byte ranges
+   of that ``.bin``: a path, or an ``s3://`` URL). A retried task writes new names, so an
+   attempt that died never mixes with the one that finished.
+3. ``on_write_complete`` (driver, after every task): gives the lock back and runs the
+   export engine (:func:`shardex.engine.run.run_export`, which takes it again) on a
+   source made of the staged rows, in task order, with a :class:`RayRunner`: the shards
+   are written by Ray tasks that read the staged bytes by range; the driver handles only
+   references and metadata (shard plans, counts, checksums, metadata.parquet, the index)
+   and commits ``config.yaml`` last. The run's staging is removed, whether the export
+   succeeded or not.
+
+The global order is task order, then row order within a task: Ray numbers write tasks in
+the order their input arrives, which is the dataset's order when ``preserve_order`` is set
+(:func:`write_shardex` sets it). The engine plans shards over all rows at once, so the
+export does not depend on how rows were spread over blocks or tasks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,36 +43,82 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource.datasink import WriteResult
 
 from shardex.contract import ExportConfig
-from shardex.errors import EmptySourceError, ExportError
+from shardex.engine.output import STAGING, check_output, check_root
+from shardex.errors import ConfigError, EmptySourceError, ExportError, ObjectNotFoundError
 from shardex.options import ExportOptions
+from shardex.quoting import quoted
 from shardex.ray.rows import scan_rows
-from shardex.sources.base import ScanResult, Source
+from shardex.sources.base import SampleStream, ScanBatch, Source, batch_types_error
+from shardex.sources.remote import register
 from shardex.storage import Storage, open_storage
+from shardex.storage.lock import OutputLock, holder_text
 
 if TYPE_CHECKING:
     from ray.data._internal.execution.interfaces import TaskContext
 
+#: The source's name in config.yaml (``source_datasets``) and in messages.
+SOURCE_URI: Final = "ray.data.Dataset"
+
 
 @dataclass(frozen=True, slots=True)
 class StagedPart:
-    """What one write task staged: its task number, its Parquet file and row count."""
+    """What one write task staged: its task number, its rows' Parquet object (relative
+    to the output), their number and schema."""
 
     task: int
     rows: str
     num_rows: int
+    schema: pa.Schema
 
 
 class _StagedRows(Source):
-    """The rows the write tasks staged, in task order, as a source for the exporter."""
+    """The rows the write tasks staged, in task order, as a source for the export engine:
+    one part at a time (references and metadata only; the bytes stay where they were
+    staged), every part given the schema of all of them."""
 
     kind: ClassVar[str] = "ray"
 
-    def __init__(self, table: pa.Table, label_names: tuple[str, ...] | None) -> None:
-        self.table, self.label_names = table, label_names
-        self.uri = "ray.data.Dataset"
+    def __init__(
+        self, storage: Storage, parts: Sequence[StagedPart], label_names: tuple[str, ...] | None
+    ) -> None:
+        self.uri = SOURCE_URI
+        self._storage, self._parts, self._label_names = storage, tuple(parts), label_names
+        try:  # a column all null in one block and typed in another, ints widened to floats
+            self._schema = pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise batch_types_error(self.uri, exc) from exc
 
-    def scan(self) -> ScanResult:
-        return ScanResult(self.table, self.label_names)
+    def stream(self) -> SampleStream:
+        return SampleStream(self._batches(), self._label_names)
+
+    def _batches(self) -> Iterator[ScanBatch]:
+        for part in self._parts:
+            table = _conform(self._read(part), self._schema)
+            for start in range(0, table.num_rows, self.batch_size):
+                yield ScanBatch(table.slice(start, self.batch_size))
+
+    def _read(self, part: StagedPart) -> pa.Table:
+        try:
+            data = self._storage.get(part.rows)
+        except ObjectNotFoundError as exc:
+            raise ExportError(
+                f"ShardexDatasink: the rows write task {part.task} staged "
+                f"({quoted(self._storage.join(part.rows))}) are not there; a local output on "
+                "a cluster of several machines must be on a file system that every node "
+                "mounts at the same path (or use object storage: s3://...)"
+            ) from exc
+        return pq.read_table(pa.BufferReader(data))
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in its order (null where it lacks one)."""
+    columns = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.table(columns, schema=schema)
 
 
 class ShardexDatasink(Datasink[StagedPart | None]):
@@ -70,17 +128,20 @@ class ShardexDatasink(Datasink[StagedPart | None]):
     encoded bytes in binary columns named like WebDataset fields (``jpg``, ``x.npy``) or in
     ``image`` + ``image_ext``, and typed metadata, ``label`` and ``split`` columns. The
     export equals what :func:`shardex.export` writes from the same rows in the same order
-    (shards, index and Parquet files byte for byte). Use :func:`write_shardex`, which keeps
-    the dataset's order; with ``write_datasink`` directly, set
-    ``ds.context.execution_options.preserve_order = True`` for a deterministic export.
+    (shards, index and Parquet files byte for byte), whatever the blocks and write tasks.
+    Use :func:`write_shardex`, which keeps the dataset's order; with ``write_datasink``
+    directly, set ``ds.context.execution_options.preserve_order = True`` for a
+    deterministic export.
+
+    Write tasks stage rows and bytes in the output's storage (``OUT/.shardex-staging/``);
+    Ray tasks write the shards from there. A local output on a cluster of several machines
+    must therefore be on a file system every node mounts at the same path; object storage
+    needs nothing shared.
 
     Args:
         output: the export's folder or URL (or a Storage).
         label_names: class names of the ``label`` numbers, recorded in config.yaml.
         storage_options: options for object storage (see docs/storage.md).
-        temp_dir: where write tasks stage their rows and bytes; it must be readable by the
-            driver (a shared file system on a multi-node cluster). Default: beside a local
-            output (same file system), else the system's temporary folder.
         progress: show the export's progress bars on the driver.
         **export_options: fields of :class:`shardex.ExportOptions` (``samples_per_shard``
             or NeMo's ``images_per_tar``, ``backend``, ``split_fractions``, ``mode`` ...).
@@ -92,84 +153,114 @@ class ShardexDatasink(Datasink[StagedPart | None]):
         *,
         label_names: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
-        temp_dir: str | os.PathLike[str] | None = None,
         progress: bool = False,
         **export_options: Any,
     ) -> None:
+        if "temp_dir" in export_options:
+            raise ConfigError(
+                "ShardexDatasink: temp_dir= is gone: write tasks stage in the output itself "
+                "(OUT/.shardex-staging/), so no staging folder needs to be shared; drop it"
+            )
         if "images_per_tar" in export_options:
             export_options["samples_per_shard"] = export_options.pop("images_per_tar")
         self.options = ExportOptions(**export_options)  # bad options fail before any task
-        self.output = output
+        self.storage = open_storage(output, storage_options)
         self.label_names = tuple(label_names) if label_names is not None else None
-        self.storage_options = storage_options
         self.progress = progress
-        self.staging = _staging_dir(output, storage_options, temp_dir)
+        #: This run's staging prefix in the output.
+        self.staging = f"{STAGING}{secrets.token_hex(6)}/"
         #: The committed contract, once the write is complete.
         self.result: ExportConfig | None = None
+        self._lock: OutputLock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What write tasks get: not the driver's lock (a thread, or a file descriptor)."""
+        state = dict(self.__dict__)
+        state["_lock"] = None
+        return state
 
     def get_name(self) -> str:
         return "Shardex"
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        """Create the staging folder (on the driver, before any write task runs)."""
+        """On the driver, before any write task: take the output's lock (kept while the
+        tasks stage), refuse an output the mode does not allow, remove what killed runs
+        staged (a run that is alive holds the lock)."""
         del schema  # the schema before a fused map step: not the rows the tasks will see
-        Path(self.staging).mkdir(parents=True, exist_ok=True)
+        check_root(self.storage)
+        self._lock = self.storage.lock(holder_text("write_shardex"))
+        try:
+            if self.options.mode in ("error", "overwrite"):  # before any byte is staged
+                check_output(self.storage, self.options.mode)
+            _remove(self.storage, STAGING)
+        except BaseException:
+            self._release()
+            raise
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> StagedPart | None:
-        """Stage this task's rows: ``task-NNNNNN.parquet`` and its ``.bin`` data file."""
-        folder = Path(self.staging)
-        if not folder.is_dir():  # removed after a failure, or not shared with this node
-            raise ExportError(
-                f"ShardexDatasink: the staging folder {folder} does not exist on this node; "
-                "the driver must read what the tasks stage: pass temp_dir= on a file "
-                "system every node mounts"
-            )
-        name = f"task-{ctx.task_idx:06d}"
-        data_path, rows_path = folder / f"{name}.bin", folder / f"{name}.parquet"
-        # a retried task rewrites its files: write under temporary names, then rename
-        data_tmp, rows_tmp = data_path.with_suffix(".bin.tmp"), rows_path.with_suffix(".tmp")
+        """Stage this task's rows and bytes in the output's storage."""
+        storage = self.storage
+        name = f"{self.staging}task-{ctx.task_idx:06d}-{secrets.token_hex(4)}"
+        data_name, rows_name = f"{name}.bin", f"{name}.parquet"
         where = f"ShardexDatasink (write task {ctx.task_idx})"
+        location = _location(storage, data_name)
         tables = []
-        with open(data_tmp, "wb") as data:
+        with storage.open_writer(data_name) as data:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
                 if table.num_rows:
-                    tables.append(scan_rows(table, data, str(data_path), where))
+                    tables.append(scan_rows(table, data, location, where))
         if not tables:
-            data_tmp.unlink()
+            storage.delete(data_name)
             return None
-        rows = pa.concat_tables(tables, promote_options="default")
-        pq.write_table(rows, rows_tmp)
-        os.replace(data_tmp, data_path)
-        os.replace(rows_tmp, rows_path)
-        return StagedPart(ctx.task_idx, str(rows_path), rows.num_rows)
+        try:
+            rows = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise batch_types_error(SOURCE_URI, exc) from exc
+        out = pa.BufferOutputStream()
+        pq.write_table(rows, out)
+        storage.put(rows_name, out.getvalue())  # after the bytes it names
+        return StagedPart(ctx.task_idx, rows_name, rows.num_rows, rows.schema)
 
     def on_write_complete(self, write_result: WriteResult[StagedPart | None]) -> None:
-        """Export the staged rows in task order (config.yaml commits last), then remove
-        the staging folder."""
-        from shardex.exporter import export
+        """Export the staged rows in task order with Ray tasks (config.yaml commits last),
+        then remove this run's staging."""
+        from shardex.engine.run import run_export
+        from shardex.pipeline.ray_executor import RayExecutor
 
         try:
             parts = sorted((p for p in write_result.write_returns if p), key=lambda p: p.task)
             if not parts:
                 raise EmptySourceError("the Ray Dataset has no rows; nothing to export")
-            table = pa.concat_tables(
-                [pq.read_table(p.rows) for p in parts], promote_options="default"
-            )
-            self.result = export(
-                _StagedRows(table, self.label_names),
-                self.output,
+            if self._lock is not None:
+                self._lock.check()  # a lease lost while the tasks staged: export nothing
+            self._release()  # run_export takes it again
+            if self.storage.local_path("") is None:
+                register(self.storage)  # the tasks read the staged bytes with its options
+            self.result = run_export(
+                _StagedRows(self.storage, parts, self.label_names),
+                self.storage,
                 self.options,
-                storage_options=self.storage_options,
                 progress=self.progress,
+                runner=RayExecutor().runner(),
             )
         finally:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            self.close()
 
     def on_write_failed(self, error: Exception) -> None:
-        """Remove the staging folder (no config.yaml was written)."""
+        """Remove this run's staging (no config.yaml was written)."""
         del error
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.close()
+
+    def close(self) -> None:
+        """Give the lock back if held and remove this run's staging (idempotent)."""
+        self._release()
+        _remove(self.storage, self.staging)
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
 
 def write_shardex(
@@ -193,6 +284,7 @@ def write_shardex(
         SourceError: rows without a key or without encoded data (raised by the write task,
             wrapped by Ray as a ``RayTaskError`` that is also a SourceError).
         OutputExistsError: the output holds an export and ``mode`` does not replace it.
+        OutputLockedError: another export is writing the output.
     """
     sink = ShardexDatasink(output, **options)
     execution = dataset.context.execution_options
@@ -203,22 +295,26 @@ def write_shardex(
         dataset.write_datasink(sink)
     finally:
         execution.preserve_order = saved
+        sink.close()  # also when Ray called neither hook (an interrupt)
     assert sink.result is not None  # on_write_complete ran, or write_datasink raised
     return sink.result
 
 
-def _staging_dir(
-    output: str | os.PathLike[str] | Storage,
-    storage_options: dict[str, Any] | None,
-    temp_dir: str | os.PathLike[str] | None,
-) -> str:
-    """An absolute, new folder name. Not inside the output: the exporter refuses files it
-    did not write there, and deletes its own temporary files before it starts."""
-    token = secrets.token_hex(6)
-    if temp_dir is not None:
-        return str(Path(temp_dir).expanduser().absolute() / f"shardex-ray-{token}")
-    root = open_storage(output, storage_options).local_path("")
-    if root is not None:
-        root = root.absolute()
-        return str(root.parent / f".{root.name}.shardex-ray-{token}")
-    return str(Path(tempfile.gettempdir()) / f"shardex-ray-{token}")
+def _location(storage: Storage, name: str) -> str:
+    """How a staged member names its data object: an absolute local path, or a URL."""
+    path = storage.local_path(name)
+    return str(path.absolute()) if path is not None else storage.join(name)
+
+
+def _remove(storage: Storage, prefix: str) -> None:
+    """Delete everything under ``prefix`` (a folder of the output), temporary files of
+    killed writers included."""
+    folder = storage.local_path(prefix.rstrip("/"))
+    if folder is None:
+        for path in list(storage.list(prefix)):
+            storage.delete(path)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    if prefix != STAGING:
+        with contextlib.suppress(OSError):  # gone, or another run's staging is still there
+            folder.parent.rmdir()
