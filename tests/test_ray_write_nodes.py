@@ -24,6 +24,7 @@ import yaml
 import shardex
 from helpers import files_of
 from shardex.storage import open_storage
+from tests.support.raycluster import ray_nodes
 from tests.support.rayrows import (
     LABELS,
     ByProcess,
@@ -46,48 +47,9 @@ pytestmark = [
 ]
 
 
-@contextmanager
-def _two_nodes() -> Iterator[Any]:
-    """A head and a worker node (1 CPU each, a raylet and object store each) on
-    127.0.0.1, this process their driver."""
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
-
-    saved_env = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "PYTHONPATH")}
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [_REPO_ROOT, *filter(None, [saved_env["PYTHONPATH"]])]
-    )
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False  # else Ray swaps 127.0.0.1 for the host's address
-    node = {"node_ip_address": "127.0.0.1", "object_store_memory": 100 * 1024**2, "num_cpus": 1}
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-        try:
-            cluster.add_node(**node)
-            cluster.wait_for_nodes()
-            ray.init(address=cluster.address, log_to_driver=False)
-            try:
-                alive = [n for n in ray.nodes() if n["Alive"]]
-                assert len(alive) == 2
-                assert {n["NodeManagerAddress"] for n in alive} == {"127.0.0.1"}
-                yield cluster
-            finally:
-                ray.shutdown()
-        finally:
-            cluster.shutdown()
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    with _two_nodes() as c:
+    with ray_nodes(2, cpus_per_node=1) as c:
         yield c
 
 
