@@ -191,7 +191,8 @@ def write_derived(storage: Storage, files: dict[str, bytes]) -> None:
 
 
 def commit(storage: Storage, config: ExportConfig) -> None:
-    """Make every file durable, then write config.yaml: the commit point (one atomic put;
+    """Remove the temporary files of killed attempts, check every file is there (see
+    :func:`check_written`), make them durable, then write config.yaml: the commit point (one atomic put;
     every file it names was written before and is never written again, derived files
     aside).
 
@@ -200,6 +201,9 @@ def commit(storage: Storage, config: ExportConfig) -> None:
     replaced just after it: until the commit they describe the committed export, and the
     replaced export's files are deleted only after them (:func:`remove_stale`)."""
     derived = derived_files(config)
+    # every shard job is done: a temporary file left now is an attempt killed mid-write
+    # (a worker that died; Ray ran its task again), never a write still under way
+    storage.remove_leftovers()
     check_written(storage, config, derived)
     later = {p: data for p, data in derived.items() if storage.exists(p)}
     write_derived(storage, {p: data for p, data in derived.items() if p not in later})
