@@ -1,8 +1,10 @@
-"""Fault tolerance of exports on a real local Ray cluster, and the commit's last check.
+"""Fault tolerance of exports on a real local Ray cluster (one node, and two), and the
+commit's last check.
 
-- A Ray worker SIGKILLed while it runs one of the export's tasks: Ray runs the task again
-  (its default retries on worker death), and the committed export is byte-identical to one
-  nobody interrupted: no shard missing, none twice, no leftover.
+- A Ray worker SIGKILLed while it runs one of the export's tasks (a shard half-written),
+  or a whole node of a 2-node cluster lost: Ray runs the tasks again (its default retries
+  on worker death), and the committed export is byte-identical to one nobody interrupted:
+  no shard missing, none twice, no leftover.
 - The driver (the ``shardex`` command) SIGKILLed mid-export, then ``--mode resume``:
   finished shards are kept untouched (same inode and mtime on disk; no upload of them on
   S3), the rest are written, and the output is byte-identical to the uninterrupted one.
@@ -176,6 +178,52 @@ def test_a_ray_worker_killed_mid_task_is_retried_to_the_same_bytes(
     # the killed writer left its half shard (nobody renamed it), and Ray's retry wrote the
     # shard again: every shard once, no hole, no leftover, the uninterrupted bytes
     assert killed_mid_write
+    assert files_of(out) == uninterrupted
+    assert shardex.verify(out).ok
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[Any]:
+    """A real 2-node Ray cluster on 127.0.0.1 (``ray.cluster_utils.Cluster``: two raylets,
+    one CPU each); yields the cluster, its second node at ``cluster.second``."""
+    pytest.importorskip("ray")
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False  # loopback only (see local_ray_cluster)
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        cluster.second = cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def test_a_ray_node_lost_mid_export_is_retried_on_the_other_to_the_same_bytes(
+    source: Path, uninterrupted: dict[str, bytes], two_nodes: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    raylet = psutil.Process(two_nodes.second.all_processes["raylet"][0].process.pid)
+    child = subprocess.Popen([*CLI, *_args(source, str(out), two_nodes.address)], env=_env())
+
+    def second_node_writing() -> list[psutil.Process]:
+        if len(list(out.glob("*/*.parquet"))) < 2:
+            return []
+        ours = {p.pid for p in raylet.children(recursive=True)}
+        return [w for w in _task_workers() if w.pid in ours]
+
+    try:
+        _wait_for("a task on the second node", second_node_writing, child)
+        two_nodes.remove_node(two_nodes.second, allow_graceful=False)  # SIGKILLs the node
+        assert child.wait(timeout=LIMIT) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert not raylet.is_running()
     assert files_of(out) == uninterrupted
     assert shardex.verify(out).ok
 
