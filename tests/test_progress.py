@@ -152,8 +152,7 @@ def test_a_log_gets_plain_lines_with_rates_and_eta_as_shards_complete() -> None:
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
     ray = pytest.importorskip("ray")
-    # a cluster of its own, even while another test run's is up on this machine
-    with local_ray_cluster(num_cpus=2, address="local"):
+    with local_ray_cluster(num_cpus=2):
         yield ray.get_runtime_context().gcs_address
 
 

@@ -68,8 +68,7 @@ def small_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
     ray = pytest.importorskip("ray")
-    # a cluster of its own, even while another test run's is up on this machine
-    with local_ray_cluster(num_cpus=2, address="local"):
+    with local_ray_cluster(num_cpus=2):
         yield ray.get_runtime_context().gcs_address
 
 
