@@ -13,7 +13,9 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     │   └── BadSampleError(SourceError)                  one sample is corrupt / not an image
     ├── ExportError(ShardexError, RuntimeError)          an export cannot be written
     │   ├── OutputExistsError(ExportError, FileExistsError)
-    │   └── OutputLockedError(ExportError)              another export is writing the output
+    │   ├── OutputLockedError(ExportError)              another export is writing the output
+    │   └── UnverifiedOutputError(ExportError)          a written file is missing or resized at
+    │                                                    the commit (nothing is committed)
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
     ├── ExportReplacedError(ShardexError, RuntimeError)  the export changed since it was opened
     ├── StorageError(ShardexError, OSError)              a storage operation failed
@@ -81,6 +83,11 @@ class OutputExistsError(ExportError, FileExistsError):
 
 class OutputLockedError(ExportError):
     """Another export holds the output's lock (it is writing there now)."""
+
+
+class UnverifiedOutputError(ExportError):
+    """Just before the commit, a file the export wrote is missing, or is not the size its
+    writer reported: config.yaml is not written (``--mode resume`` writes it again)."""
 
 
 class NotAnExportError(ShardexError, FileNotFoundError):

@@ -1,9 +1,27 @@
-"""Progress reporting: rich bars for people, nothing for library calls that did not ask."""
+"""Progress reporting: rich bars for people, nothing for library calls that did not ask.
+
+An export's "writing shards" bar also shows samples, bytes and shards per second (averages
+since the bar started, so that their ratios are the export's true sample and shard sizes)
+and the estimated time left. On a terminal the bars redraw in place; elsewhere (a CI log,
+a file) rich prints them once at the end, and an export's bar adds one plain line at most
+every :data:`PLAIN_EVERY` seconds, so that a long export shows it is alive without
+flooding the log.
+"""
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Final, Protocol, Self
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+#: The width of the bars' lines when they do not go to a terminal.
+_LOG_WIDTH: Final = 150
+
+#: Seconds between the plain progress lines of an export's bar when not on a terminal.
+PLAIN_EVERY: Final = 60.0
 
 
 class Task(Protocol):
@@ -14,19 +32,77 @@ class Task(Protocol):
     def done(self) -> None: ...
 
 
+class ExportTask(Task, Protocol):
+    """A bar of samples that also counts the bytes and shards written."""
+
+    def shard(self, num_samples: int, num_bytes: int) -> None:
+        """One shard written: ``num_samples`` samples in ``num_bytes`` bytes."""
+
+
 class _NoTask:
     def advance(self, n: int = 1) -> None:
+        pass
+
+    def shard(self, num_samples: int, num_bytes: int) -> None:
         pass
 
     def done(self) -> None:
         pass
 
 
-class Progress:
-    """A set of progress bars; silent unless ``enabled``."""
+def rate(value: float) -> str:
+    """A rate with about three significant digits (``1234``, ``56.7``, ``8.90``)."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
-    def __init__(self, enabled: bool = False) -> None:
+
+def rates(completed: float, num_bytes: int, shards: int, elapsed: float | None) -> str:
+    """``samples/s, bytes/s, shards/s`` averaged over ``elapsed`` seconds."""
+    from rich.filesize import decimal
+
+    if not elapsed:
+        return "- samples/s, - B/s, - shards/s"
+    return (
+        f"{rate(completed / elapsed)} samples/s, "
+        f"{decimal(int(num_bytes / elapsed), precision=2)}/s, "
+        f"{rate(shards / elapsed)} shards/s"
+    )
+
+
+def _rates_column() -> Any:
+    from rich.progress import ProgressColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    class Rates(ProgressColumn):
+        """Samples, bytes and shards per second of an export's bar (blank on others)."""
+
+        def render(self, task: Any) -> Text:
+            if "bytes" not in task.fields:
+                return Text("")
+            line = rates(task.completed, task.fields["bytes"], task.fields["shards"], task.elapsed)
+            return Text(line, style="progress.data.speed")
+
+    return Rates(table_column=Column(no_wrap=True))  # on one line, even in 80 columns
+
+
+class Progress:
+    """A set of progress bars; silent unless ``enabled``.
+
+    ``console``: where they go (default: rich's, on standard output); ``plain_every``:
+    seconds between an export bar's plain lines when that is not a terminal.
+    """
+
+    def __init__(
+        self,
+        enabled: bool = False,
+        *,
+        console: Console | None = None,
+        plain_every: float = PLAIN_EVERY,
+    ) -> None:
         self._bars: Any = None
+        self._plain_every = plain_every
         if enabled:
             from rich.progress import (
                 BarColumn,
@@ -37,12 +113,21 @@ class Progress:
             )
             from rich.progress import Progress as Bars
 
+            if console is None:
+                from rich.console import Console
+
+                console = Console()
+                if not console.is_terminal:  # a log: a long line beats a wrapped one
+                    console.width = max(console.width, _LOG_WIDTH)
             self._bars = Bars(
                 TextColumn("[progress.description]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=30),
                 MofNCompleteColumn(),
+                _rates_column(),
                 TimeElapsedColumn(),
+                TextColumn("eta"),
                 TimeRemainingColumn(),
+                console=console,
                 transient=False,
             )
 
@@ -71,15 +156,53 @@ class Progress:
         """Start a bar of ``total`` steps."""
         if self._bars is None:
             return _NoTask()
-        bars = self._bars
-        task_id = bars.add_task(description, total=total)
+        return _Bar(self._bars, self._bars.add_task(description, total=total), None)
 
-        class _Bar:
-            def advance(self, n: int = 1) -> None:
-                bars.advance(task_id, n)
+    def export_task(self, description: str, total: int | None) -> ExportTask:
+        """Start a bar of ``total`` samples that also shows bytes and shards per second."""
+        if self._bars is None:
+            return _NoTask()
+        task_id = self._bars.add_task(description, total=total, bytes=0, shards=0)
+        plain = None if self._bars.console.is_terminal else self._plain_every
+        return _Bar(self._bars, task_id, plain)
 
-            def done(self) -> None:
-                task = bars.tasks[task_id]
-                bars.update(task_id, total=task.completed or 1, completed=task.completed or 1)
 
-        return _Bar()
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class _Bar:
+    """One rich bar; ``plain``: seconds between plain lines (None: none, on a terminal)."""
+
+    def __init__(self, bars: Any, task_id: Any, plain: float | None) -> None:
+        self._bars, self._id, self._plain = bars, task_id, plain
+        self._last = time.monotonic()
+
+    def advance(self, n: int = 1) -> None:
+        self._bars.advance(self._id, n)
+
+    def shard(self, num_samples: int, num_bytes: int) -> None:
+        task = self._bars.tasks[self._id]
+        fields = task.fields
+        self._bars.update(
+            self._id,
+            advance=num_samples,
+            bytes=fields["bytes"] + num_bytes,
+            shards=fields["shards"] + 1,
+        )
+        if self._plain is not None and time.monotonic() - self._last >= self._plain:
+            self._last = time.monotonic()
+            self._bars.console.print(self._line(task), highlight=False)
+
+    def _line(self, task: Any) -> str:
+        """The bar as one plain line (for logs)."""
+        total = f"/{task.total:,}" if task.total is not None else ""
+        left = task.time_remaining
+        eta = "" if left is None else f", eta {_clock(left)}"
+        speeds = rates(task.completed, task.fields["bytes"], task.fields["shards"], task.elapsed)
+        return f"{task.description}: {task.completed:,}{total} samples, {speeds}{eta}"
+
+    def done(self) -> None:
+        task = self._bars.tasks[self._id]
+        self._bars.update(self._id, total=task.completed or 1, completed=task.completed or 1)

@@ -42,6 +42,9 @@ def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
     python_path = os.pathsep.join([_REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
     saved_flag = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
+    # a cluster of its own: ray.init() without an address joins one that `ray start` left
+    # running on this machine (another test run's, a benchmark's), which then refuses num_cpus
+    init_options.setdefault("address", "local")
     try:
         with _environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
             ray.init(

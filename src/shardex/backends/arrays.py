@@ -225,7 +225,7 @@ class ArrayBackend(Backend):
                 files += written.files
             if columns is not None:
                 parts.append(columns)
-            on_shard(meta)
+            on_shard(meta, written.num_bytes if written is not None else 0)
         if self.per_split:
             written = self.write_run(storage, base, concat_columns(parts), plan.fields)
             shards = [_shard_info(plan.rows.num_rows, written)]

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -120,8 +120,11 @@ def unused_name(path: str, taken: frozenset[str]) -> str:
     return f"{folder}/{other}" if folder else other
 
 
-#: Called with each shard's Parquet rows as it completes (metadata.parquet, progress).
-OnShard = Callable[["pa.Table"], None]
+class OnShard(Protocol):
+    """Called with each shard's Parquet rows as it completes (metadata.parquet), and the
+    bytes it holds (progress: bytes per second; 0 where a backend does not count them)."""
+
+    def __call__(self, table: pa.Table, num_bytes: int = 0, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

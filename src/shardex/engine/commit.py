@@ -22,11 +22,13 @@ from shardex.contract import (
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
+from shardex.errors import UnverifiedOutputError
 from shardex.format.tables import parquet_file, read_checked_table
 from shardex.options import ExportOptions
 from shardex.planning import (
     key_specs,
 )
+from shardex.quoting import quoted
 from shardex.rows import JSON_COLUMN
 from shardex.sources import Source
 from shardex.storage import Storage
@@ -189,7 +191,8 @@ def write_derived(storage: Storage, files: dict[str, bytes]) -> None:
 
 
 def commit(storage: Storage, config: ExportConfig) -> None:
-    """Make every file durable, then write config.yaml: the commit point (one atomic put;
+    """Remove the temporary files of killed attempts, check every file is there (see
+    :func:`check_written`), make them durable, then write config.yaml: the commit point (one atomic put;
     every file it names was written before and is never written again, derived files
     aside).
 
@@ -198,12 +201,48 @@ def commit(storage: Storage, config: ExportConfig) -> None:
     replaced just after it: until the commit they describe the committed export, and the
     replaced export's files are deleted only after them (:func:`remove_stale`)."""
     derived = derived_files(config)
+    # every shard job is done: a temporary file left now is an attempt killed mid-write
+    # (a worker that died; Ray ran its task again), never a write still under way
+    storage.remove_leftovers()
+    check_written(storage, config, derived)
     later = {p: data for p, data in derived.items() if storage.exists(p)}
     write_derived(storage, {p: data for p, data in derived.items() if p not in later})
     storage.sync(export_files(config))
     storage.put(CONFIG_FILE, config.to_yaml().encode())
     storage.sync([CONFIG_FILE])
     write_derived(storage, later)
+
+
+def check_written(storage: Storage, config: ExportConfig, derived: dict[str, bytes]) -> None:
+    """Refuse to commit unless every file config.yaml will name is in the output, each
+    shard file the size its writer (a worker, a Ray task) reported.
+
+    Checked from one listing of the output (a LIST page per 1,000 objects on object
+    storage; no byte is read): a shard lost or cut short between its write and the commit
+    (a task's retry racing a dead one, a store that dropped it, a hand in the folder) would
+    otherwise be committed. The bytes themselves are checked by their writers as they are
+    written, and by ``shardex verify``. Derived files are written by the commit itself.
+    """
+    sizes = {name: size for page in storage.list_pages() for name, size in page}
+    folders = {name[:i] for name in sizes for i, c in enumerate(name) if c == "/"}
+    shards = {s.path: s.num_bytes for info in config.splits.values() for s in info.shards}
+    problems: list[str] = []
+    for path in export_files(config):
+        if path in derived:
+            continue
+        if path not in sizes and path not in folders:  # a shard may be a folder (numpy)
+            problems.append(f"{quoted(path)} is missing")
+        elif path in sizes and path in shards and sizes[path] != shards[path]:
+            problems.append(
+                f"{quoted(path)} is {sizes[path]} bytes, its writer reported {shards[path]}"
+            )
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UnverifiedOutputError(
+            f"{storage.uri}: {problems[0]}{more} after the shards were written; nothing was "
+            "committed. Something changed the output meanwhile (another process, or the "
+            "store lost it): run the export again with --mode resume"
+        )
 
 
 def old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:

@@ -59,17 +59,17 @@ def write_splits(
         *(previous.splits if previous else ()),
         *(s for s in prep.splits if not previous or s not in previous.splits),
     ]
-    bar = bars.task("writing shards", prep.num_rows)
+    bar = bars.export_task("writing shards", prep.num_rows)
     metadata_file = unused_name(METADATA_FILE, committed)
     sink = MetadataSink(storage, metadata_file)
     skipped = list(prep.skipped)
 
-    def on_shard(shard_table: pa.Table) -> None:
+    def on_shard(shard_table: pa.Table, num_bytes: int = 0, /) -> None:
         try:
             sink(shard_table)
         except ValueError as exc:  # pyarrow: the schema differs from the rows before
             raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
-        bar.advance(shard_table.num_rows)
+        bar.shard(shard_table.num_rows, num_bytes)
 
     def on_skip(records: list[dict[str, str]]) -> None:
         skipped.extend(records)

@@ -183,7 +183,7 @@ class WebDatasetBackend(Backend):
                     members = None  # more extensions than rows have columns for
                 elif members is not None and done.members is not None:
                     index_out.add_members(done.members, done.checksums)
-                on_shard(done.table)
+                on_shard(done.table, done.num_bytes)
             _remove_discarded(storage, discarded, shards, plan.existing)
             if not index_out.num_samples and before is None:
                 # every sample skipped: the split is not exported
