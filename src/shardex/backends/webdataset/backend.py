@@ -18,8 +18,6 @@ import io
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import numpy.typing as npt
 import xxhash
 
 from shardex.backends.base import (
@@ -35,24 +33,22 @@ from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
 from shardex.errors import FormatError
-from shardex.format.index import (
+from shardex.format.mapped import (
     KEYS_FILE,
     MAX_MEMBER_COLUMNS,
     MEMBERS_FILE,
     MEMBERS_VERSION,
-    SAMPLE_DTYPE,
     SAMPLES_FILE,
-    MemberSpans,
-    build_samples,
-    check_member_rows,
     checksum_seeds,
-    first_damaged_row,
-    spans_of_rows,
 )
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
+    import numpy as np
+    import numpy.typing as npt
+
     from shardex.backends.webdataset.writer import ShardJob, ShardWritten
+    from shardex.format.index import MemberSpans
     from shardex.parallel import Runner
 
 
@@ -125,8 +121,11 @@ class WebDatasetBackend(Backend):
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
+        import numpy as np
+
         from shardex.engine.shards import candidates, inline_candidates, write_shards
         from shardex.engine.split_index import IndexSink
+        from shardex.format.index import build_samples
 
         split = plan.candidates
         if split is None:
@@ -274,6 +273,15 @@ def _members_of(
     shard's: the committed split's, or none yet; None where the split gets no
     ``index-members.npy`` (format versions before 3, and an append to a split written
     without one)."""
+    import numpy as np
+
+    from shardex.format.index import (
+        SAMPLE_DTYPE,
+        check_member_rows,
+        first_damaged_row,
+        spans_of_rows,
+    )
+
     if plan.format_version < MEMBERS_VERSION:
         return None
     before = plan.previous
@@ -309,6 +317,8 @@ def _old_index(
     storage: Storage, index: IndexInfo
 ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
     """The committed records of a split, and its key hashes in sample order."""
+    import numpy as np
+
     samples = np.load(io.BytesIO(storage.get(index.samples)), allow_pickle=False)
     table = np.load(io.BytesIO(storage.get(index.keys)), allow_pickle=False)
     hashes = np.empty(table.shape[1], dtype=np.uint64)

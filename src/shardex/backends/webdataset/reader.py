@@ -6,10 +6,9 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
+from itertools import accumulate
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
-import numpy.typing as npt
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.fields import decode_fields
@@ -24,7 +23,7 @@ from shardex.errors import (
     ShardexError,
     StorageError,
 )
-from shardex.format.index import (
+from shardex.format.mapped import (
     ABSENT,
     RECORD,
     MemberIndex,
@@ -36,7 +35,9 @@ from shardex.format.tar import iter_members, parse_sample, split_name
 from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
 
-if TYPE_CHECKING:  # pyarrow loads on first use of metadata: opening needs none of it
+if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening and reads need neither
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
 _pread = os.pread
@@ -89,7 +90,7 @@ class ShardDataset(SampleRanges):
         self.skipped: list[tuple[int, str]] = []
         self._paths = [s.path for s in info.shards]
         self._sizes = [s.num_bytes for s in info.shards]
-        self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
+        self._first = list(accumulate((s.num_samples for s in info.shards), initial=0))
         if info.index is None:
             raise FormatError(f"split {split!r} of {storage.uri} has no index")
         # Cached copies of remote index files are keyed by the shards' checksums, so a
@@ -447,8 +448,11 @@ class ShardDataset(SampleRanges):
             # ds[i] per sample: each read verified and cut while its bytes are in the CPU
             # cache; gathering the records with numpy first measured ~15 % slower
             getitem = self.__getitem__
-            wanted = indices.tolist() if isinstance(indices, np.ndarray) else indices
+            tolist = getattr(indices, "tolist", None)  # a numpy array: its numbers as ints
+            wanted = tolist() if tolist is not None else indices
             return [getitem(int(i)) for i in wanted]
+        import numpy as np  # here: a batch from object storage sorts its reads with it
+
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
             return []
@@ -540,18 +544,10 @@ class ShardDataset(SampleRanges):
         """
         if self._pending:
             self._load_members()
-        samples = self.index.samples
+        records = self.index.records
         for shard, path in enumerate(self._paths):
-            lo, hi = int(self._first[shard]), int(self._first[shard + 1])
-            rec = samples[lo:hi]
-            ranges = list(
-                zip(
-                    rec["offset"].tolist(),
-                    rec["length"].tolist(),
-                    rec["checksum"].tolist(),
-                    strict=True,
-                )
-            )
+            lo, hi = self._first[shard], self._first[shard + 1]
+            ranges = [(off, length, checksum) for off, checksum, _, length in records(lo, hi)]
             if self._local[shard] is None:
                 yield from self._remote_shard(shard, path, ranges, lo)
                 continue
