@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -119,6 +120,10 @@ class ShardDataset(SampleRanges):
         self._unpack, self._raw = RECORD.unpack_from, self.index.raw
         self._local = [storage.local_path(p) for p in self._paths]
         self._fds: list[int | None] = [None] * len(self._paths)
+        #: Each open local shard mapped (format 3 reads slice their fields out of it: no
+        #: system call and one copy per field), or None (see _map).
+        self._maps: list[mmap.mmap | None] = [None] * len(self._paths)
+        self._views: list[memoryview | None] = [None] * len(self._paths)
         self._count = len(self._paths)
         self._all_local = all(p is not None for p in self._local)
         self._pid = _PROCESS[0]
@@ -151,6 +156,7 @@ class ShardDataset(SampleRanges):
         """The descriptor of a local shard (opened once per process); None if remote."""
         if self._pid != _PROCESS[0]:  # forked: descriptors are per process
             self._fds, self._pid = [None] * len(self._paths), _PROCESS[0]
+            self._maps, self._views = [None] * len(self._paths), [None] * len(self._paths)
         local = self._local[shard]
         if local is None:
             return None
@@ -168,7 +174,26 @@ class ShardDataset(SampleRanges):
                 raise StorageError(
                     f"cannot open shard {self.storage.join(self._paths[shard])}: {exc.strerror}"
                 ) from exc
+            self._map(shard, fd)
         return fd
+
+    def _map(self, shard: int, fd: int) -> None:
+        """Map an opened shard for the reads that slice fields (format 3), when it holds
+        at least the bytes config.yaml lists: a shorter one is read with ``pread``, which
+        raises the error that names it. shardex never changes a written file in place
+        (writes go to a temporary name, then rename), so a mapping stays valid after an
+        overwrite; a shard truncated in place by something else while mapped ends the
+        process with SIGBUS, as a mapped index file always could."""
+        size = self._sizes[shard]
+        if (not self._pending and self._munpack is None) or size == 0:
+            return  # no index-members.npy: samples are parsed from a pread's bytes
+        try:
+            if os.fstat(fd).st_size < size:
+                return
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # out of mappings, or an odd file: pread serves
+            return
+        self._maps[shard], self._views[shard] = mapped, memoryview(mapped)
 
     def _check_replaced(self, exc: ShardexError) -> None:
         """Raise ExportReplacedError (from ``exc``) when config.yaml changed since the
@@ -252,16 +277,21 @@ class ShardDataset(SampleRanges):
             (split_name(m.name)[1], m.data_offset, m.size) for m in iter_members(data, where=where)
         )
 
-    def _cut(self, buf: bytes, start: int, number: int, checksum: int) -> Sample | None:
-        """Sample ``number`` sliced out of ``buf`` from ``start`` (its bytes, already
+    def _cut(
+        self, buf: bytes | mmap.mmap, start: int, number: int, checksum: int, stop: int
+    ) -> Sample | None:
+        """Sample ``number`` sliced out of ``buf[start:stop]`` (its bytes, already
         checked against ``checksum``, its record's) by its row of ``index-members.npy``;
-        None when the row fails its check or says to parse (the caller goes the checked
-        way). Slices stay inside ``buf`` whatever the row says; with ``verify`` the row is
-        checked first: its check is seeded with the sample's checksum, so only the row
-        written for these very bytes passes."""
+        None when the row fails its check, says to parse, or (unverified) points outside
+        the sample: the caller goes the checked way. With ``verify`` the row is checked
+        first: its check is seeded with the sample's checksum, so only the row written for
+        these very bytes passes."""
         at = number * self._msize
         row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
-        if self.verify and _xxh3(self._mraw[at + 8 : at + self._msize], checksum) != row[0]:
+        if self.verify:
+            if _xxh3(self._mraw[at + 8 : at + self._msize], checksum) != row[0]:
+                return None
+        elif not self._inside(row, stop - start):
             return None
         key_len = row[2]
         if key_len == ABSENT:
@@ -278,6 +308,13 @@ class ShardDataset(SampleRanges):
         sample["__key__"] = buf[key_at : key_at + key_len].decode("utf-8", "replace")
         return sample
 
+    def _inside(self, row: tuple[int, ...], length: int) -> bool:
+        """Whether an unchecked row's key and fields lie inside a sample of ``length``
+        bytes (verify=False: a damaged row must not slice the shard's other bytes)."""
+        if row[2] != ABSENT and row[1] + row[2] > length:
+            return False
+        return all(row[j + 1] == ABSENT or row[j] + row[j + 1] <= length for _, j in self._columns)
+
     def _fields(
         self, buf: bytes, start: int, stop: int, shard: int, number: int, checksum: int
     ) -> Sample:
@@ -289,7 +326,7 @@ class ShardDataset(SampleRanges):
             FormatError: the row is damaged, or the tar headers are.
         """
         if self.members is not None:
-            sample = self._cut(buf, start, number, checksum)
+            sample = self._cut(buf, start, number, checksum, stop)
             if sample is not None:
                 return sample
             self._check_row(number, checksum)
@@ -352,7 +389,7 @@ class ShardDataset(SampleRanges):
         if len(buf) != length or (self.verify and _xxh3(buf, number * self._seed) != checksum):
             return None
         if self._munpack is not None:
-            return self._cut(buf, 0, number, checksum)
+            return self._cut(buf, 0, number, checksum, length)
         try:
             key, fields = parse_sample(buf, where=self._paths[shard])
         except FormatError:
@@ -370,21 +407,27 @@ class ShardDataset(SampleRanges):
         if self._pending:
             self._load_members()
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)
-        # _fast inlined for format 3: a call costs ~3 % of a read
+        # Format 3, a mapped shard: the sample checked in place and its fields sliced out
+        # of the mapping (no system call, one copy per field: ~2 us less than a pread)
         if self._munpack is None:
             sample = self._fast(index, offset, checksum, shard, length)
             if sample is not None:
                 return sample
         elif self._pid == _PROCESS[0] and shard < self._count:
-            fd = self._fds[shard]
-            if fd is not None and offset + length <= self._sizes[shard]:
-                buf = _pread(fd, length, offset)
-                if len(buf) == length and (
-                    not self.verify or _xxh3(buf, index * self._seed) == checksum
-                ):
-                    sample = self._cut(buf, 0, index, checksum)
+            view = self._views[shard]
+            stop = offset + length
+            if view is not None and stop <= self._sizes[shard]:
+                if not self.verify or _xxh3(view[offset:stop], index * self._seed) == checksum:
+                    sample = self._cut(self._maps[shard], offset, index, checksum, stop)  # type: ignore[arg-type]
                     if sample is not None:
                         return sample
+            elif self._fds[shard] is None and self._local[shard] is not None:
+                try:
+                    self._open(shard)  # first read of this shard: map it, then read
+                except ShardexError:
+                    pass  # the checked way below raises it
+                else:
+                    return self[index]
         try:
             return self._sample(self._read(shard, offset, length), checksum, shard, offset, index)
         except (FormatError, ObjectNotFoundError) as exc:
@@ -566,6 +609,9 @@ class ShardDataset(SampleRanges):
         parsed in place: one system call and no copy per sample. A sample that fails
         any check is read again the checked way, which raises (or skips) with the
         error of ``ds[i]``."""
+        if self._views[shard] is not None and self.members is not None:
+            yield from self._mapped_shard(shard, ranges, first)
+            return
         fd, size, where = self._fds[shard], self._sizes[shard], self._paths[shard]
         seed, verify, decode = self._seed, self.verify, self.decode
         cut = self._cut if self.members is not None else None
@@ -581,7 +627,7 @@ class ShardDataset(SampleRanges):
                 start = off - base
                 if not verify or _xxh3(view[start : start + length], number * seed) == checksum:
                     if cut is not None:
-                        sample = cut(buf, start, number, checksum)
+                        sample = cut(buf, start, number, checksum, start + length)
                     else:
                         try:
                             key, fields = parse_sample(
@@ -592,6 +638,30 @@ class ShardDataset(SampleRanges):
                         else:
                             sample = decode_fields(fields) if decode else cast(Sample, fields)
                             sample["__key__"] = key
+            if sample is None:
+                try:
+                    sample = self._sample(
+                        self._read(shard, off, length), checksum, shard, off, number
+                    )
+                except FormatError as exc:
+                    self._skip(number, exc)
+                    continue
+            yield sample
+
+    def _mapped_shard(
+        self, shard: int, ranges: list[tuple[int, int, int]], first: int
+    ) -> Iterator[Sample]:
+        """Samples of a mapped local shard (format 3), each checked in place and sliced
+        out of the mapping: what ``ds[i]`` does, without its per-call work."""
+        mapped, view, size = self._maps[shard], self._views[shard], self._sizes[shard]
+        assert mapped is not None  # called for mapped shards only
+        assert view is not None
+        seed, verify, cut = self._seed, self.verify, self._cut
+        for number, (off, length, checksum) in enumerate(ranges, first):
+            stop = off + length
+            sample: Sample | None = None
+            if stop <= size and (not verify or _xxh3(view[off:stop], number * seed) == checksum):
+                sample = cut(mapped, off, number, checksum, stop)
             if sample is None:
                 try:
                     sample = self._sample(
@@ -672,7 +742,7 @@ class ShardDataset(SampleRanges):
             if cut is not None and (
                 not verify or _xxh3(data_view[start : start + length], number * seed) == checksum
             ):
-                sample = cut(data, start, number, checksum)
+                sample = cut(data, start, number, checksum, start + length)
             if sample is None:
                 try:
                     sample = self._sample_in(data, start, length, checksum, shard, off, number)
