@@ -418,7 +418,7 @@ class ShardDataset(SampleRanges):
             stop = offset + length
             if view is not None and stop <= self._sizes[shard]:
                 if not self.verify or _xxh3(view[offset:stop], index * self._seed) == checksum:
-                    sample = self._cut(self._maps[shard], offset, index, checksum, stop)  # type: ignore[arg-type]
+                    sample = self._cut(self._maps[shard], offset, index, checksum, stop)
                     if sample is not None:
                         return sample
             elif self._fds[shard] is None and self._local[shard] is not None:
