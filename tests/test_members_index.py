@@ -364,6 +364,9 @@ def test_mapped_reads_give_bytes_and_catch_damage_made_after_the_first_read(
     first = ds[5]
     assert {type(v) for k, v in first.items() if k != "__key__"} == {bytes}
     assert all(type(v) is bytes for s in ds for k, v in s.items() if k != "__key__")
+    assert ds.get_many([-1, 5, 0]) == [ds[len(ds) - 1], first, ds[0]]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.get_many([0, len(ds)])
     offset, _, shard, _ = ds.index.record(5)  # type: ignore[attr-defined]
     at = offset + int(np.load(_members_file(export))[5]["members"]["seg.bin"][0]) + 10
     with open(export / ds._paths[shard], "r+b") as f:  # type: ignore[attr-defined]
