@@ -313,7 +313,11 @@ class ShardDataset(SampleRanges):
         bytes (verify=False: a damaged row must not slice the shard's other bytes)."""
         if row[2] != ABSENT and row[1] + row[2] > length:
             return False
-        return all(row[j + 1] == ABSENT or row[j] + row[j + 1] <= length for _, j in self._columns)
+        for _, j in self._columns:  # a loop: all() over a generator cost ~0.4 us a sample
+            size = row[j + 1]
+            if size != ABSENT and row[j] + size > length:
+                return False
+        return True
 
     def _fields(
         self, buf: bytes, start: int, stop: int, shard: int, number: int, checksum: int
