@@ -117,7 +117,9 @@ def _load(path: Path, what: str) -> npt.NDArray[np.generic]:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError as exc:
         raise ObjectNotFoundError(f"{path}: the {what} index file is missing") from exc
-    except (ValueError, OSError, EOFError, TypeError) as exc:
+    except Exception as exc:
+        # numpy's header parser raises what it meets on a hostile header: ValueError,
+        # SyntaxError, tokenize.TokenError (an unclosed bracket), OSError, EOFError ...
         raise FormatError(f"{path}: not a valid {what} index file ({exc})") from exc
     return arr  # type: ignore[no-any-return]
 
