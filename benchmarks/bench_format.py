@@ -580,20 +580,21 @@ import os, sys, time
 if sys.argv[1] == "numpy":
     t0, c0 = time.perf_counter(), time.process_time()
     import numpy
-    print(1000 * (time.perf_counter() - t0), 0.0, 1000 * (time.process_time() - c0), 0.0)
+    print(1000 * (time.perf_counter() - t0), 0.0, 1000 * (time.process_time() - c0), 0.0, 1)
 elif sys.argv[1] == "pread":
     t0 = time.perf_counter()
     fd = os.open(sys.argv[2], os.O_RDONLY)
     os.pread(fd, 4096, 0)
     os.close(fd)
-    print(0.0, 1000 * (time.perf_counter() - t0), 0.0, 0.0)
+    print(0.0, 1000 * (time.perf_counter() - t0), 0.0, 0.0, 0)
 else:
     t0, c0 = time.perf_counter(), time.process_time()
     import shardex
     t1, c1 = time.perf_counter(), time.process_time()
     shardex.open_dataset(sys.argv[2], split="train")[0]
     t2, c2 = time.perf_counter(), time.process_time()
-    print(1000 * (t1 - t0), 1000 * (t2 - t1), 1000 * (c1 - c0), 1000 * (c2 - c1))
+    numpy = int("numpy" in sys.modules)
+    print(1000 * (t1 - t0), 1000 * (t2 - t1), 1000 * (c1 - c0), 1000 * (c2 - c1), numpy)
 """
 
 
@@ -613,7 +614,8 @@ def _fresh(kind: str, path: Path, env: dict[str, str]) -> list[float]:
         check=True,
         env=env,
     ).stdout.split()
-    return [float(x) for x in out]  # wall import, wall open, CPU import, CPU open (ms)
+    # wall import, wall open, CPU import, CPU open (ms), whether numpy got imported
+    return [float(x) for x in out]
 
 
 def bench_fresh_open(out: Path, concat: Concat) -> list[Row]:
@@ -631,8 +633,9 @@ def bench_fresh_open(out: Path, concat: Concat) -> list[Row]:
         statistics.median(r[k] for r in shardex_runs) for k in range(4)
     )
     pread = statistics.median(pread_runs)
-    # the floor under import shardex, which needs numpy to open an export: read beside
-    # it, it tells a busy machine from a slow import
+    # import numpy alone, read beside import shardex (which no longer needs it to open an
+    # export and read a sample): it tells a busy machine from a slow import
+    numpy_loaded = "yes" if any(r[4] for r in shardex_runs) else "no"
     numpy_wall, numpy_cpu = (statistics.median(r[k] for r in numpy_runs) for k in (0, 2))
     note = f"fresh process, median of {FRESH_PROCESSES}; baseline: bare os.open + os.pread"
     return [
@@ -655,7 +658,7 @@ def bench_fresh_open(out: Path, concat: Concat) -> list[Row]:
             5,
             "value",
             False,
-            f"{note}; {opened_cpu:.1f} ms of CPU",
+            f"{note}; {opened_cpu:.1f} ms of CPU; numpy imported: {numpy_loaded}",
         ),
     ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -9,14 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardex.errors import FormatError
+from shardex.errors import FormatError, ShardexError
 from shardex.format.index import (
     SAMPLE_DTYPE,
+    MemberIndex,
     SplitIndex,
     build_keys,
     build_keys_from_hashes,
     build_samples,
     key_hash,
+    members_dtype,
     to_npy_bytes,
 )
 
@@ -71,7 +75,9 @@ def test_opening_is_lazy_and_checks_shape(tmp_path: Path) -> None:
     samples = build_samples(*(np.zeros(3, np.uint64) for _ in range(4)))
     s, k = _write(tmp_path, samples, build_keys(["a", "b", "c"]))
     idx = SplitIndex(s, k, num_samples=3)
-    assert isinstance(idx.samples, np.memmap)
+    assert isinstance(idx.raw.obj, mmap.mmap)  # mapped, not read
+    assert idx.samples.tolist() == samples.tolist()
+    assert not idx.samples.flags.writeable
     with pytest.raises(FormatError, match=r"config\.yaml says 4"):
         SplitIndex(s, k, num_samples=4)
     (tmp_path / "bad.npy").write_bytes(b"not numpy at all")
@@ -80,3 +86,92 @@ def test_opening_is_lazy_and_checks_shape(tmp_path: Path) -> None:
     wrong = SplitIndex(s, s, num_samples=3)  # keys file of the wrong kind
     with pytest.raises(FormatError, match="expected uint64"):
         list(wrong.candidates("a"))
+
+
+def _npy_with_header(path: Path, header: str, data: bytes) -> Path:
+    """A .npy file of version 1.0 with this header text (padded as numpy pads it)."""
+    text = header + " " * (-(len(header) + 11) % 64) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode() + data)
+    return path
+
+
+def test_index_files_numpy_writes_otherwise_read_the_same(tmp_path: Path) -> None:
+    # The short way maps only headers of the form shardex writes; a version 2.0 header
+    # and a Fortran-ordered key table go through numpy.load and read the same.
+    n = 5
+    samples = build_samples(np.arange(n), np.arange(n) * 7, np.arange(n) + 1, np.arange(n) + 9)
+    keys = build_keys([f"k{i}" for i in range(n)])
+    ours = SplitIndex(*_write(tmp_path, samples, keys), num_samples=n)
+    v2, fortran = tmp_path / "v2.npy", tmp_path / "f.npy"
+    with open(v2, "wb") as f:
+        np.lib.format.write_array(f, samples, version=(2, 0))
+    np.save(fortran, np.asfortranarray(keys))
+    other = SplitIndex(v2, fortran, num_samples=n)
+    assert isinstance(ours.raw.obj, mmap.mmap)
+    assert not isinstance(other.raw.obj, mmap.mmap)  # numpy's way
+    assert [other.record(i) for i in range(n)] == [ours.record(i) for i in range(n)]
+    for i in range(n):
+        assert list(other.candidates(f"k{i}")) == list(ours.candidates(f"k{i}")) == [i]
+
+
+def test_member_index_headers_of_other_forms(tmp_path: Path) -> None:
+    rows = np.zeros(2, members_dtype(["it's", "jpg"]))
+    path = tmp_path / "m.npy"
+    path.write_bytes(to_npy_bytes(rows))
+    assert MemberIndex(path, num_samples=2).names == ("it's", "jpg")  # numpy's way
+    ours = tmp_path / "ours.npy"
+    ours.write_bytes(to_npy_bytes(np.zeros(2, members_dtype(["jpg", "cls"]))))
+    m = MemberIndex(ours, num_samples=2)
+    assert m.names == ("jpg", "cls")
+    assert isinstance(m.raw.obj, mmap.mmap)
+    assert m.rows.dtype == members_dtype(["jpg", "cls"])
+    # a repeated column name, a truncated file: refused as numpy refuses them
+    cols = "('jpg', '<u4', (2,)), ('jpg', '<u4', (2,))"
+    twice = _npy_with_header(
+        tmp_path / "twice.npy",
+        "{'descr': [('check', '<u8'), ('key', '<u4', (2,)), ('members', ["
+        + cols
+        + "])], 'fortran_order': False, 'shape': (1,), }",
+        bytes(32),
+    )
+    with pytest.raises(FormatError, match="not a valid member index file"):
+        MemberIndex(twice, num_samples=1)
+    short = tmp_path / "short.npy"
+    short.write_bytes(ours.read_bytes()[:-1])
+    with pytest.raises(FormatError, match="not a valid member index file"):
+        MemberIndex(short, num_samples=2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(at=st.integers(0, 127), value=st.integers(0, 255))
+def test_a_changed_header_byte_gives_a_shardex_error_or_the_same_records(
+    tmp_path_factory: pytest.TempPathFactory, at: int, value: int
+) -> None:
+    # The short way parses headers itself: one changed byte anywhere in a header of the
+    # form it takes must be refused as numpy refuses it, or read as numpy reads it.
+    tmp = tmp_path_factory.mktemp("hdr")
+    samples = build_samples(np.arange(3), np.arange(3) * 7, np.arange(3) + 1, np.arange(3) + 9)
+    rows = np.zeros(3, members_dtype(["jpg", "cls"]))
+    rows["key"] = [[1, 2], [3, 4], [5, 6]]
+    for kind, good in (("samples", to_npy_bytes(samples)), ("members", to_npy_bytes(rows))):
+        data = bytearray(good)
+        data[at] = value
+        path = tmp / f"{kind}.npy"
+        path.write_bytes(bytes(data))
+        try:
+            if kind == "samples":
+                got = [SplitIndex(path, path, num_samples=3).record(i) for i in range(3)]
+                want = [tuple(int(x) for x in r) for r in samples.tolist()]
+                want = [(o, c, s, n) for o, c, s, n in want]
+            else:
+                m = MemberIndex(path, num_samples=3)
+                got = [m.unpack(m.raw, i * m.row_size)[1:3] for i in range(3)]
+                want = [(1, 2), (3, 4), (5, 6)]
+        except ShardexError:
+            continue
+        try:
+            expected = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+        except Exception:
+            pytest.fail(f"{kind}: a header numpy refuses was read: {bytes(data[:128])!r}")
+        if expected.dtype == (SAMPLE_DTYPE if kind == "samples" else rows.dtype):
+            assert got == want

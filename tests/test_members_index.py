@@ -377,3 +377,53 @@ def test_a_members_file_of_other_samples_fails_its_checks(export: Path, tmp_path
     with pytest.raises(FormatError, match=r"index-members\.npy fails its check"):
         ds.get_many(range(len(ds)))
     assert not verify(export).ok
+
+
+def test_mapped_reads_give_bytes_and_catch_damage_made_after_the_first_read(
+    export: Path,
+) -> None:
+    ds = shardex.open_dataset(export)
+    first = ds[5]
+    assert {type(v) for k, v in first.items() if k != "__key__"} == {bytes}
+    assert all(type(v) is bytes for s in ds for k, v in s.items() if k != "__key__")
+    assert ds.get_many([-1, 5, 0]) == [ds[len(ds) - 1], first, ds[0]]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.get_many([0, len(ds)])
+    offset, _, shard, _ = ds.index.record(5)  # type: ignore[attr-defined]
+    at = offset + int(np.load(_members_file(export))[5]["members"]["seg.bin"][0]) + 10
+    with open(export / ds._paths[shard], "r+b") as f:  # type: ignore[attr-defined]
+        f.seek(at)  # in place: the shard stays mapped by ds
+        f.write(bytes([first["seg.bin"][10] ^ 0x01]))
+    with pytest.raises(ChecksumError, match="sample 5 "):
+        ds[5]
+    with pytest.raises(ChecksumError, match="sample 5 "):
+        list(ds)
+    unchecked = shardex.open_dataset(export, verify=False)[5]
+    assert unchecked["seg.bin"] != first["seg.bin"]  # the damage itself, not a stale copy
+
+
+def test_a_shard_shorter_than_listed_is_an_error_not_a_crash(export: Path) -> None:
+    before = list(shardex.open_dataset(export))
+    ds = shardex.open_dataset(export)
+    offset, _, shard, _ = ds.index.record(5)  # type: ignore[attr-defined]
+    with open(export / ds._paths[shard], "r+b") as f:  # type: ignore[attr-defined]
+        f.truncate(offset + 100)  # inside sample 5, the second of its shard
+    with pytest.raises(FormatError, match="shorter than its index says"):
+        ds[5]
+    assert ds[4] == before[4]
+    skipping = shardex.open_dataset(export, on_error="skip")
+    assert list(skipping) == before[:5]
+    assert [n for n, _ in skipping.skipped] == [5]
+
+
+def test_an_unchecked_row_pointing_outside_its_sample_is_refused(export: Path) -> None:
+    before = shardex.open_dataset(export)[3]
+    _flip_row(export, 3, 8 + 8 + 3)  # the high byte of row 3's first member offset
+    for verify_reads in (True, False):
+        ds = shardex.open_dataset(export, verify=verify_reads)
+        with pytest.raises(FormatError, match="row 3 "):
+            ds[3]
+        with pytest.raises(FormatError, match="row 3 "):
+            list(ds)
+    assert shardex.open_dataset(export, verify=False)[2]["__key__"] == KEYS[2]
+    assert before["__key__"] == KEYS[3]

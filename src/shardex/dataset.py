@@ -7,13 +7,12 @@ from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-import numpy.typing as npt
-
 from shardex.contract import ExportConfig
 from shardex.storage.base import Storage
 
-if TYPE_CHECKING:  # pyarrow loads on first use of metadata: opening needs none of it
+if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening needs neither
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
 Sample = dict[str, Any]

@@ -10,15 +10,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import numpy as np
-import numpy.typing as npt
-
 from shardex.contract import CONFIG_FILE, FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
 from shardex.errors import BackendError
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports neither
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
     from shardex.parallel import Runner

@@ -6,8 +6,6 @@ import io
 import json
 from typing import Any
 
-import numpy as np
-
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 
 
@@ -25,6 +23,8 @@ def decode_fields(fields: dict[str, bytes]) -> dict[str, Any]:
         elif last in ("txt", "text"):
             out[ext] = data.decode("utf-8")
         elif last == "npy":
+            import numpy as np  # here: raw reads need no numpy
+
             out[ext] = np.load(io.BytesIO(data), allow_pickle=False)
         else:
             out[ext] = data

@@ -18,10 +18,11 @@ import io
 import struct
 from collections.abc import Callable
 from types import ModuleType
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy loads with the first decode: reading raw bytes needs none
+    import numpy as np
+    import numpy.typing as npt
 
 Validate = Literal["none", "header", "decode"]
 VALIDATE_CHOICES: Final = ("none", "header", "decode")
@@ -266,6 +267,8 @@ def decode(
             img = img.convert("RGB")
         elif img.mode == "1":
             img = img.convert("L")
+        import numpy as np
+
         return np.asarray(img)
 
 

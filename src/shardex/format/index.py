@@ -25,51 +25,72 @@ Two memory-mappable ``.npy`` files per split:
   "parse this sample's headers" (a key split over ustar's prefix and name fields, an
   empty or repeated extension). The tar shards are unchanged.
 
-Opening is ``np.load(mmap_mode="r")``: O(1) time and memory whatever the size.
+Opening maps the files (:mod:`shardex.format.mapped`, the read side, which needs no
+numpy): O(1) time and memory whatever the size.
 """
 
 from __future__ import annotations
 
 import io
-import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shardex.errors import FormatError, ObjectNotFoundError
+from shardex.errors import FormatError
+from shardex.format.mapped import (
+    ABSENT,
+    KEYS_FILE,
+    MAX_MEMBER_COLUMNS,
+    MEMBERS_FILE,
+    MEMBERS_VERSION,
+    RECORD,
+    SAMPLES_FILE,
+    SEEDED_VERSION,
+    MemberIndex,
+    SplitIndex,
+    checksum_seeds,
+)
+from shardex.format.mapped import (
+    key_hash as key_hash,
+)
 from shardex.format.tar import BLOCK, fits_ustar, split_name
+
+__all__ = [
+    "ABSENT",
+    "KEYS_FILE",
+    "MAX_MEMBER_COLUMNS",
+    "MEMBERS_FILE",
+    "MEMBERS_VERSION",
+    "RECORD",
+    "SAMPLES_FILE",
+    "SAMPLE_DTYPE",
+    "SEEDED_VERSION",
+    "MemberIndex",
+    "MemberSpans",
+    "SplitIndex",
+    "build_keys",
+    "build_keys_from_hashes",
+    "build_members",
+    "build_samples",
+    "check_member_rows",
+    "checksum",
+    "checksum_seeds",
+    "first_damaged_row",
+    "member_columns",
+    "member_row",
+    "members_dtype",
+    "seal_members",
+    "spans_of_rows",
+    "to_npy_bytes",
+]
 
 SAMPLE_DTYPE: Final = np.dtype(
     [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
 )
-RECORD: Final = struct.Struct("<QQII")
-SAMPLES_FILE: Final = "index-samples.npy"
-KEYS_FILE: Final = "index-keys.npy"
-MEMBERS_FILE: Final = "index-members.npy"
-#: The first format version with ``index-members.npy``.
-MEMBERS_VERSION: Final = 3
-#: The size of a member a sample lacks; as a key length: the sample must be parsed.
-ABSENT: Final = 0xFFFFFFFF
-#: The most member extensions a split's ``index-members.npy`` has columns for. Every row
-#: has a column per extension of the split, so samples that each bring extensions of
-#: their own (a hostile source, keys cut at an unexpected dot) would grow the file, and
-#: the writer's memory, with samples x extensions; such a split gets no index-members.npy
-#: and its reads parse the tar headers, as in format 2.
-MAX_MEMBER_COLUMNS: Final = 64
-
-
-def key_hash(key: str) -> int:
-    """The 64-bit hash under which a key is filed in the key table."""
-    return int(xxhash.xxh3_64_intdigest(key.encode("utf-8")))
-
-
-#: The first format version whose per-sample checksums are seeded with the sample number.
-SEEDED_VERSION: Final = 2
 
 
 def checksum(data: bytes | bytearray | memoryview, seed: int = 0) -> int:
@@ -78,11 +99,6 @@ def checksum(data: bytes | bytearray | memoryview, seed: int = 0) -> int:
     swapped records (or a record copied over another) fail the checksum of the read,
     at no cost, as seeded xxh3 is as fast as unseeded."""
     return int(xxhash.xxh3_64_intdigest(data, seed))
-
-
-def checksum_seeds(format_version: int) -> bool:
-    """Whether an export of this format version seeds its sample checksums."""
-    return format_version >= SEEDED_VERSION
 
 
 def build_samples(
@@ -118,90 +134,6 @@ def to_npy_bytes(array: npt.NDArray[np.generic]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
-
-
-def _load(path: Path, what: str) -> npt.NDArray[np.generic]:
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError as exc:
-        raise ObjectNotFoundError(f"{path}: the {what} index file is missing") from exc
-    except (ValueError, OSError, EOFError, TypeError) as exc:
-        raise FormatError(f"{path}: not a valid {what} index file ({exc})") from exc
-    return arr  # type: ignore[no-any-return]
-
-
-class SplitIndex:
-    """Memory-mapped index of one split (see the module docstring for the layout)."""
-
-    def __init__(
-        self, samples_path: Path, keys_path: Path | Callable[[], Path], *, num_samples: int
-    ) -> None:
-        samples = _load(samples_path, "sample")
-        if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
-            raise FormatError(
-                f"{samples_path}: expected a 1-d array of {SAMPLE_DTYPE}, found "
-                f"{samples.dtype} with shape {samples.shape}"
-            )
-        if len(samples) != num_samples:
-            raise FormatError(
-                f"{samples_path}: holds {len(samples)} samples, config.yaml says {num_samples}"
-            )
-        self._samples = samples
-        # struct over the raw mapping is ~5x faster per lookup than numpy scalar access.
-        raw: Any = samples.view(np.uint8)
-        self._raw = memoryview(raw) if num_samples else memoryview(b"")
-        self._keys_path = keys_path
-        self._keys: npt.NDArray[np.uint64] | None = None
-        self._sorted: bool | None = None
-        self.num_samples = num_samples
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    @property
-    def raw(self) -> memoryview:
-        """The record array's bytes: record ``i`` is :data:`RECORD` at ``24 * i``."""
-        return self._raw
-
-    def record(self, i: int) -> tuple[int, int, int, int]:
-        """``(offset, checksum, shard, length)`` of sample ``i`` (0 <= i < len)."""
-        return RECORD.unpack_from(self._raw, i * 24)
-
-    @property
-    def samples(self) -> npt.NDArray[np.void]:
-        """The whole record array (memory-mapped)."""
-        return self._samples  # type: ignore[return-value]
-
-    def _key_table(self) -> npt.NDArray[np.uint64]:
-        if self._keys is None:
-            path = self._keys_path if isinstance(self._keys_path, Path) else self._keys_path()
-            keys = _load(path, "key")
-            if keys.dtype != np.uint64 or keys.shape != (2, self.num_samples):
-                raise FormatError(
-                    f"{path}: expected uint64 of shape (2, {self.num_samples}), "
-                    f"found {keys.dtype} {keys.shape}"
-                )
-            self._keys = keys  # type: ignore[assignment]
-        assert self._keys is not None
-        return self._keys
-
-    def keys_sorted(self) -> bool:
-        """Whether the key table's hashes are sorted (one pass over them, done once): a
-        damaged table can make a binary search miss a key that is there."""
-        if self._sorted is None:
-            hashes = self._key_table()[0]
-            self._sorted = not bool(np.any(hashes[1:] < hashes[:-1]))
-        return self._sorted
-
-    def candidates(self, key: str) -> Iterator[int]:
-        """Sample numbers whose key hash equals ``key``'s (usually exactly one)."""
-        table = self._key_table()
-        hashes = table[0]
-        h = np.uint64(key_hash(key))
-        pos = int(np.searchsorted(hashes, h, side="left"))
-        while pos < len(hashes) and hashes[pos] == h:
-            yield int(table[1, pos])
-            pos += 1
 
 
 def members_dtype(exts: Sequence[str]) -> np.dtype[np.void]:
@@ -361,22 +293,3 @@ def spans_of_rows(rows: npt.NDArray[np.void]) -> MemberSpans:
     for col, ext in enumerate(exts):
         spans[:, 2 + 2 * col : 4 + 2 * col] = rows["members"][ext]
     return MemberSpans(exts, spans)
-
-
-class MemberIndex:
-    """Memory-mapped ``index-members.npy`` of a split (see the module docstring)."""
-
-    def __init__(self, path: Path, *, num_samples: int) -> None:
-        rows: Any = _load(path, "member")
-        names = check_member_rows(rows, str(path), num_samples)
-        self.path = path
-        self.rows = rows
-        #: The member extensions, in column order.
-        self.names: tuple[str, ...] = tuple(names)
-        self.row_size = rows.dtype.itemsize
-        #: Unpacks a row: check, key offset, key length, then offset and size per member.
-        self.unpack: Callable[[memoryview, int], tuple[int, ...]] = struct.Struct(
-            "<Q" + "I" * (2 + 2 * len(names))
-        ).unpack_from
-        raw: Any = rows.view(np.uint8)
-        self.raw = memoryview(raw) if num_samples else memoryview(b"")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Final
 
 from shardex.errors import FormatError
+
+if TYPE_CHECKING:  # numpy: the writer's encode_members only, reading needs none
+    import numpy as np
+    import numpy.typing as npt
 
 BLOCK: Final = 512
 END_OF_ARCHIVE: Final = bytes(2 * BLOCK)
@@ -121,6 +122,8 @@ def encode_members(
     starts (member ``j``'s header is ``[starts[j], starts[j + 1])``). The same bytes as
     :func:`encode_member` for each, built with numpy: one Python call per header costs
     more than writing its member."""
+    import numpy as np
+
     count = len(names)
     if count and int(sizes.max()) > MAX_MEMBER_SIZE:
         big = int(np.argmax(sizes))

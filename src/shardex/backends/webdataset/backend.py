@@ -18,8 +18,6 @@ import io
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import numpy.typing as npt
 import xxhash
 
 from shardex.backends.base import (
@@ -35,24 +33,22 @@ from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
 from shardex.errors import FormatError
-from shardex.format.index import (
+from shardex.format.mapped import (
     KEYS_FILE,
     MAX_MEMBER_COLUMNS,
     MEMBERS_FILE,
     MEMBERS_VERSION,
-    SAMPLE_DTYPE,
     SAMPLES_FILE,
-    MemberSpans,
-    build_samples,
-    check_member_rows,
     checksum_seeds,
-    first_damaged_row,
-    spans_of_rows,
 )
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
+    import numpy as np
+    import numpy.typing as npt
+
     from shardex.backends.webdataset.writer import ShardJob, ShardWritten
+    from shardex.format.index import MemberSpans
     from shardex.parallel import Runner
 
 
@@ -125,8 +121,11 @@ class WebDatasetBackend(Backend):
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
+        import numpy as np
+
         from shardex.engine.shards import candidates, inline_candidates, write_shards
         from shardex.engine.split_index import IndexSink
+        from shardex.format.index import build_samples
 
         split = plan.candidates
         if split is None:
@@ -275,6 +274,14 @@ def _members_of(
     shard's: the committed split's, or none yet; None where the split gets no
     ``index-members.npy`` (format versions before 3, and an append to a split written
     without one)."""
+
+    from shardex.format.index import (
+        SAMPLE_DTYPE,
+        check_member_rows,
+        first_damaged_row,
+        spans_of_rows,
+    )
+
     if plan.format_version < MEMBERS_VERSION:
         return None
     before = plan.previous
@@ -283,11 +290,8 @@ def _members_of(
     if before.index.members is None:
         return None
     where = storage.join(before.index.members)
-    try:
-        rows = np.load(io.BytesIO(storage.get(before.index.members)), allow_pickle=False)
-        records = np.load(io.BytesIO(storage.get(before.index.samples)), allow_pickle=False)
-    except (ValueError, OSError, EOFError, TypeError, MemoryError) as exc:  # a hostile header
-        raise FormatError(f"{where}: not a valid member index file ({exc})") from exc
+    rows = _load_npy(storage, before.index.members, "member index")
+    records = _load_npy(storage, before.index.samples, "sample index")
     check_member_rows(rows, where, before.num_samples)
     if records.dtype != SAMPLE_DTYPE or records.shape != (before.num_samples,):
         raise FormatError(
@@ -306,18 +310,30 @@ def _members_of(
     return [(spans_of_rows(rows), records["checksum"])]
 
 
+def _load_npy(storage: Storage, path: str, what: str) -> npt.NDArray[Any]:
+    """A committed ``.npy`` file read whole; a hostile header is a one-line FormatError."""
+    import numpy as np
+
+    data = storage.get(path)  # its storage errors stay storage errors
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
+    except Exception as exc:  # numpy raises what it meets: ValueError, TokenError, ...
+        raise FormatError(f"{storage.join(path)}: not a valid {what} file ({exc})") from exc
+
+
 def _old_index(
     storage: Storage, index: IndexInfo
 ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
     """The committed records of a split, and its key hashes in sample order. Files that
     do not hold one record and one key per sample are refused: the append would carry
     them into the new index (a hostile header must not become a huge allocation)."""
+    import numpy as np
+
+    from shardex.format.index import SAMPLE_DTYPE
+
     where = storage.join(index.keys)
-    try:
-        samples = np.load(io.BytesIO(storage.get(index.samples)), allow_pickle=False)
-        table = np.load(io.BytesIO(storage.get(index.keys)), allow_pickle=False)
-    except (ValueError, OSError, EOFError, TypeError, MemoryError) as exc:  # a hostile header
-        raise FormatError(f"{where} or its samples file: not a valid index file ({exc})") from exc
+    samples = _load_npy(storage, index.samples, "sample index")
+    table = _load_npy(storage, index.keys, "key index")
     repair = "`shardex verify` reports it, an export with mode='overwrite' repairs it"
     if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
         raise FormatError(
