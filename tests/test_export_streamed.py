@@ -423,6 +423,48 @@ def test_a_full_temporary_folder_is_a_one_line_error(tmp_path: Path) -> None:
         subprocess.run(["umount", str(full)], check=True)
 
 
+def test_exports_starting_together_never_take_each_others_scratch_for_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every export first removes stale scratch folders: one that is being made must never
+    look stale to it (its lock file free for a moment), or the new export fails with
+    'cannot write the export's scratch files ... No such file or directory'."""
+    import threading
+
+    from shardex.engine import scratch as scratch_module
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def export_like() -> None:
+        for _ in range(500):
+            try:
+                with scratch_module.scratch("t") as folder:
+                    (folder / "part").write_bytes(b"x")
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    def cleaner() -> None:
+        while not done.is_set():
+            scratch_module.remove_stale()
+
+    threads = [threading.Thread(target=export_like) for _ in range(3)]
+    sweeping = threading.Thread(target=cleaner)
+    sweeping.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    sweeping.join()
+    assert errors == []
+    assert list(root.iterdir()) == []
+
+
 def test_a_live_export_keeps_its_scratch_whatever_its_process_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,10 +71,14 @@ def _locked_folder(kind: str) -> tuple[Path, int]:
     """A new scratch folder and the descriptor of its locked ``.lock``: made under a name
     other exports ignore, locked, then renamed (never seen without its lock)."""
     draft = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{os.getpid()}-{kind}-"))
-    fd = os.open(draft / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    # The lock file gets its name only once locked: another export that finds ``.lock``
+    # free between its creation and the flock would take the folder for stale
+    new = draft / f"{LOCK_FILE}.new"
+    fd = os.open(new, os.O_RDWR | os.O_CREAT, 0o600)
     path = draft.with_name(draft.name[1:])
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        new.rename(draft / LOCK_FILE)
         draft.rename(path)
     except OSError:
         os.close(fd)
