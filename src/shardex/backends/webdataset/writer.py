@@ -518,8 +518,9 @@ def write_shard(job: ShardJob) -> ShardWritten:
     # members on object storage are fetched ahead, but only those of the candidates the
     # shard holds when every one is good: the rest are the next shard's to fetch
     planned = plan_bounds(job.sizes, job.samples_per_shard, job.max_shard_bytes)
-    ahead = layout.payloads[: layout.firsts[planned[0][1]]] if planned else []
-    source.expect(p for p in ahead if isinstance(p, int))
+    if planned and any("://" in name for name in job.members.path_names):  # objects
+        ahead = layout.payloads[: layout.firsts[planned[0][1]]]
+        source.expect(p for p in ahead if isinstance(p, int))
     try:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)
