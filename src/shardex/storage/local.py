@@ -245,7 +245,8 @@ _SYNC_THREADS: Final = 16
 
 
 def _fsync_all(paths: builtins.list[Path]) -> None:
-    """fsync each path; the first error is raised once all have been tried."""
+    """fsync each path (up to 1,024 at once); an error is raised once those beside it
+    have ended."""
     if len(paths) <= 1:
         for path in paths:
             _fsync(path)
@@ -253,8 +254,9 @@ def _fsync_all(paths: builtins.list[Path]) -> None:
     from concurrent.futures import ThreadPoolExecutor  # writers only: not on import
 
     with ThreadPoolExecutor(min(_SYNC_THREADS, len(paths))) as pool:
-        for _ in pool.map(_fsync, paths):
-            pass
+        for at in range(0, len(paths), 1024):  # a bounded number of futures at a time
+            for _ in pool.map(_fsync, paths[at : at + 1024]):
+                pass
 
 
 def _fsync(path: Path) -> None:
