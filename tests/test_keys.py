@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardex.checks import _check_keys, unsafe_key
+from shardex.checks import _all_safe, _check_keys, unsafe_key
 
 
 def _reference(keys: list[str], taken: frozenset[str]) -> list[str | None]:
@@ -59,3 +59,11 @@ def test_a_duplicate_names_the_first_sample_with_its_key() -> None:
     assert reasons[:2] == [None, None]
     assert reasons[2] == "duplicate key 'Cat/1': differs only by case from 'cat/1'"
     assert reasons[3] == "duplicate key 'cat/1' (also used by 'a.jpg')"
+
+
+@settings(max_examples=300, deadline=2000)
+@given(st.lists(st.text(alphabet="a/.\n\r\x00\x0b\x1f\x7f\\", max_size=5), max_size=8))
+def test_one_search_over_all_keys_finds_what_each_key_alone_gives(keys: list[str]) -> None:
+    # the export checks all keys with one regex pass (newlines join them); it must call
+    # them all safe exactly when each one alone is
+    assert _all_safe(keys, frozenset()) == all(unsafe_key(k) is None for k in keys)

@@ -28,3 +28,15 @@ def test_no_temporary_files_after_abort(tmp_path: Path) -> None:
     writer.write(b"abc")
     writer.abort()
     assert [p.name for p in (tmp_path / "x").iterdir()] == []
+
+
+def test_sync_reaches_every_file_and_reports_one_that_is_gone(tmp_path: Path) -> None:
+    # the fsyncs of an export's files run on threads: each file is still opened and
+    # synced (a missing one fails the sync, as it did one by one)
+    storage = LocalStorage(tmp_path)
+    names = [f"s{i % 3}/f{i}.bin" for i in range(40)]
+    for name in names:
+        storage.put(name, name.encode())
+    storage.sync(names)
+    with pytest.raises(FileNotFoundError):
+        storage.sync([*names[:20], "s1/gone.bin", *names[20:]])

@@ -48,6 +48,10 @@ CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
 # or an empty, "." or ".." path part.
 _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
+#: :data:`_UNSAFE_KEY` over keys joined by newlines (see :func:`_all_safe`).
+_UNSAFE_KEYS: Final = re.compile(
+    r"[\x00-\x09\x0b-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)", re.MULTILINE
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +197,21 @@ def unsafe_key(key: str) -> str | None:
     return f"unsafe key {key!r} (control character)"
 
 
+def _all_safe(keys: list[str], taken: frozenset[str]) -> bool:
+    """Whether no key has a :func:`key_problem`, found with one regex pass over all of
+    them: joined by newlines and searched line by line (``^``/``$`` at each key's ends),
+    newline left out of the control characters. A key holding a newline itself is not
+    decided here (False)."""
+    if not keys:
+        return True
+    if not taken.isdisjoint(keys):
+        return False
+    joined = "\n".join(keys)
+    if joined.count("\n") != len(keys) - 1:
+        return False
+    return _UNSAFE_KEYS.search(joined) is None
+
+
 def key_problem(key: str, taken: frozenset[str] = frozenset()) -> str | None:
     """Why a key alone cannot be exported (unsafe, or already in the export), or None."""
     reason = unsafe_key(key)
@@ -222,9 +241,10 @@ def _check_keys(
     repeats = np.zeros(len(keys), bool)
     same = hashes[order[1:]] == hashes[order[:-1]]
     repeats[order[1:][same]] = repeats[order[:-1][same]] = True
-    for i, key in enumerate(keys):
-        if reasons[i] is None and not repeats[i]:
-            reasons[i] = key_problem(key, taken)
+    if not _all_safe(keys, taken):
+        for i, key in enumerate(keys):
+            if reasons[i] is None and not repeats[i]:
+                reasons[i] = key_problem(key, taken)
     check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
 
 

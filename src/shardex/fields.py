@@ -179,11 +179,13 @@ class FieldMerger:
         return tuple(specs)
 
 
-def field_specs(rows: pa.Table, with_label: bool) -> tuple[FieldSpec, ...]:
-    """The specs of every field of ``rows``, in first-seen member order (see
-    :class:`FieldMerger`)."""
+def field_specs(
+    rows: pa.Table, with_label: bool, members: Members | None = None
+) -> tuple[FieldSpec, ...]:
+    """The specs of every field of ``rows`` (``members``: its ``_members`` column read
+    already), in first-seen member order (see :class:`FieldMerger`)."""
     merger = FieldMerger()
-    merger.add(rows)
+    merger.add(rows, members)
     return merger.specs(with_label)
 
 

@@ -94,6 +94,9 @@ def sniff(head: bytes) -> str | None:
 
 
 ReadAt = Callable[[int, int], bytes]
+#: A JPEG marker's 9 bytes: 0xFF, its kind, its length; in a frame header, then the
+#: sample precision (skipped), height and width.
+_MARKER: Final = struct.Struct(">BBHxHH")
 _JPEG_FRAMES: Final = frozenset(
     {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 )
@@ -104,20 +107,22 @@ def jpeg_size(
 ) -> tuple[int, int] | None:
     """Walk the JPEG markers to the frame header; reads past ``head`` go to ``read_at``."""
     pos = 2
+    held = len(head)
     for _ in range(512):  # a real file reaches its frame header in a few markers
         if pos + 9 > size:
             return None
-        block = (
-            head[pos : pos + 9]
-            if pos + 9 <= len(head)
-            else (read_at(pos, 9) if read_at is not None else b"")
-        )
-        if len(block) < 9 or block[0] != 0xFF:
+        if pos + 9 <= held:  # the common case: unpacked in place, no slice
+            mark, kind, length, height, width = _MARKER.unpack_from(head, pos)
+        else:
+            block = read_at(pos, 9) if read_at is not None else b""
+            if len(block) < 9:
+                return None
+            mark, kind, length, height, width = _MARKER.unpack_from(block)
+        if mark != 0xFF:
             return None
-        if block[1] in _JPEG_FRAMES:
-            height, width = struct.unpack_from(">HH", block, 5)
+        if kind in _JPEG_FRAMES:
             return width, height
-        pos += 2 + struct.unpack_from(">H", block, 2)[0]
+        pos += 2 + length
     return None
 
 

@@ -140,7 +140,9 @@ def prepare(
         table = cast_members(table, opts.dtype)
     write_label = with_label and "label" in (*x_keys, *y_keys)
     label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
-    fields = field_specs(table, write_label)
+    # the members read once (a source's batches are joined here: one copy of their bytes)
+    held = Members.of(table.column(MEMBERS))
+    fields = field_specs(table, write_label, held)
     return Prepared(
         table=table,
         schema=table.schema,
@@ -159,7 +161,7 @@ def prepare(
         with_label=with_label,
         write_label=write_label,
         label_names=label_names,
-        members=Members.of(table.column(MEMBERS)) if runner is None else None,
+        members=held if runner is None else None,
     )
 
 

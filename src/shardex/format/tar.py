@@ -128,7 +128,7 @@ def encode_members(
     if count and int(sizes.max()) > MAX_MEMBER_SIZE:
         big = int(np.argmax(sizes))
         _header(names[big], int(sizes[big]))  # raises the one-line error
-    fixed = np.fromiter((len(n) <= 100 for n in names), bool, count)
+    fixed = np.fromiter(map(len, names), np.int64, count) <= 100
     blocks = np.empty((count, BLOCK), np.uint8)
     blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
     if count:

@@ -8,7 +8,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
@@ -228,14 +228,35 @@ class LocalStorage(Storage):
         return self.root if path == "" else self._path(path)
 
     def sync(self, paths: Iterable[str]) -> None:
-        """fsync the files and then their folders, so that they survive a power loss."""
-        folders = {self.root}
+        """fsync the files and then their folders, so that they survive a power loss.
+
+        The fsyncs run on a few threads at once: each one waits for a journal commit
+        (~5 ms on a VM disk), and concurrent ones share it (ext4, xfs: group commit), so
+        an export of many shard files syncs in the time of a few fsyncs instead of one
+        per file. Every file is still synced before any folder, and all before this
+        returns."""
+        files = [self._path(path) for path in paths]
+        _fsync_all(files)
+        _fsync_all([self.root, *dict.fromkeys(full.parent for full in files)])
+
+
+#: Threads that fsync at once: enough to share each journal commit between many files.
+_SYNC_THREADS: Final = 16
+
+
+def _fsync_all(paths: builtins.list[Path]) -> None:
+    """fsync each path (up to 1,024 at once); an error is raised once those beside it
+    have ended."""
+    if len(paths) <= 1:
         for path in paths:
-            full = self._path(path)
-            folders.add(full.parent)
-            _fsync(full)
-        for folder in folders:
-            _fsync(folder)
+            _fsync(path)
+        return
+    from concurrent.futures import ThreadPoolExecutor  # writers only: not on import
+
+    with ThreadPoolExecutor(min(_SYNC_THREADS, len(paths))) as pool:
+        for at in range(0, len(paths), 1024):  # a bounded number of futures at a time
+            for _ in pool.map(_fsync, paths[at : at + 1024]):
+                pass
 
 
 def _fsync(path: Path) -> None:

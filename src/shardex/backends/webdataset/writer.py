@@ -23,8 +23,8 @@ import xxhash
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import BadSampleError, ShardexError
-from shardex.format.dali_index import Component, DaliIndex
-from shardex.format.index import MemberSpans, member_row
+from shardex.format.dali_index import Component, dali_index_bytes
+from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
 from shardex.planning import plan_bounds
@@ -39,8 +39,6 @@ from shardex.rows import (
 from shardex.sample_check import SampleCheck, image_problem, refusal
 from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
-
-_ZEROS: Final = bytes(BLOCK)
 
 
 def tar_sizes(
@@ -184,55 +182,95 @@ class ShardWritten:
 
 class _Layout:
     """The tar members of a job's candidates: names, headers and payloads, built for all
-    candidates at once (vectorised headers; no Python object per byte range)."""
+    candidates at once (numpy over the members; one Python object per member only where
+    the write loop takes it: no Python loop per member here)."""
 
     def __init__(self, job: ShardJob) -> None:
         n = job.rows.num_rows
         members = job.members
         self.keys: list[str] = job.rows.column("key").to_pylist()
-        labels = job.rows.column("label").to_pylist() if job.with_label else [None] * n
-        jsons: list[bytes | None] = (
-            job.rows.column(JSON_COLUMN).to_pylist()
-            if JSON_COLUMN in job.rows.column_names
-            else [None] * n
-        )
+        rows = np.asarray(job.member_rows, np.int64)
+        counts = members.starts[rows + 1] - members.starts[rows]
+        # the members the writer adds after a sample's own: KEY.cls, then KEY.json
+        extras = [(field, _inline(values)) for field, values in _extra_values(job, n)]
+        has = [np.fromiter((v is not None for v in vs), bool, n) for _, vs in extras]
+        per = counts + sum((h.astype(np.int64) for h in has), np.zeros(n, np.int64))
+        firsts = np.zeros(n + 1, np.int64)
+        np.cumsum(per, out=firsts[1:])
+        total = int(firsts[-1])
+        owner = np.repeat(np.arange(n, dtype=np.int64), per)
+        # source members: candidate i's k-th member is members.starts[rows[i]] + k
+        within = np.arange(total, dtype=np.int64) - firsts[owner]
+        own = within < counts[owner]
+        source = np.where(own, members.starts[rows][owner] + within, -1)
+        ext_codes = np.empty(total, np.int64)
+        sizes = np.empty(total, np.int64)
+        ext_codes[own] = members.ext_codes[source[own]]
+        sizes[own] = members.size[source[own]]
+        ext_names = [*members.ext_names, *(field for field, _ in extras)]
+        payloads: list[int | bytes] = source.tolist()
+        at = counts.copy()
+        for k, ((_, values), present) in enumerate(zip(extras, has, strict=True)):
+            which = np.flatnonzero(present)
+            where = firsts[which] + at[which]
+            ext_codes[where] = len(members.ext_names) + k
+            datas = [b for b in (values[i] for i in which.tolist()) if b is not None]
+            sizes[where] = np.fromiter(map(len, datas), np.int64, len(datas))
+            for t, data in zip(where.tolist(), datas, strict=True):
+                payloads[t] = data
+            at += present
+        names_of = np.array(ext_names, object)
         #: Per member: its extension, and a member of ``members`` or the bytes themselves.
-        self.exts: list[str] = []
-        self.payloads: list[int | bytes] = []
-        self.sizes: list[int] = []
-        sizes = self.sizes
-        self.firsts = [0] * (n + 1)
-        starts, size = members.starts, members.size
-        codes, ext = members.ext_codes, members.ext_names
-        for i in range(n):
-            row = int(job.member_rows[i])
-            for j in range(int(starts[row]), int(starts[row + 1])):
-                self.exts.append(ext[codes[j]])
-                self.payloads.append(j)
-                sizes.append(int(size[j]))
-            for field, value in ((LABEL_FIELD, labels[i]), ("json", jsons[i])):
-                if value is not None:
-                    data = value if isinstance(value, bytes) else str(value).encode()
-                    self.exts.append(field)
-                    self.payloads.append(data)
-                    sizes.append(len(data))
-            self.firsts[i + 1] = len(self.exts)
-        firsts = self.firsts
-        self.names = [
-            f"{self.keys[i]}.{self.exts[t]}"
-            for i in range(n)
-            for t in range(firsts[i], firsts[i + 1])
-        ]
-        self.headers, starts_ = encode_members(
-            [m.encode() for m in self.names], np.array(sizes, np.int64)
-        )
+        self.exts: list[str] = names_of[ext_codes].tolist()
+        self.payloads = payloads
+        self.sizes: list[int] = sizes.tolist()
+        self.firsts: list[int] = firsts.tolist()
+        keys_of = np.array(self.keys, object)[owner].tolist() if total else []
+        self.names = [f"{k}.{e}" for k, e in zip(keys_of, self.exts, strict=True)]
+        raw = [m.encode() for m in self.names]
+        self.headers, starts_ = encode_members(raw, sizes)
         self.header_starts: list[int] = starts_.tolist()
-        image: dict[str, bool] = {}
-        self.is_image = [
-            isinstance(p, int)
-            and image.setdefault(e, e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS)
-            for e, p in zip(self.exts, self.payloads, strict=True)
-        ]
+        view = self.headers
+        hs = self.header_starts
+        #: Per member: its header bytes and the zeros after its data.
+        self.heads = [view[hs[t] : hs[t + 1]] for t in range(total)]
+        self.pads = [_PADS[p] for p in (-sizes % BLOCK).tolist()]
+        image = np.array(
+            [e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in ext_names], bool
+        )
+        self.is_image: list[bool] = (image[ext_codes] & own).tolist() if total else []
+        # arrays for the index files of the samples taken (see _Taken)
+        self.owner = owner
+        self.np_firsts = firsts
+        self.np_sizes = sizes
+        self.ext_codes = ext_codes
+        self.ext_names = ext_names
+        hlen = np.diff(starts_)
+        length = hlen + sizes + (-sizes % BLOCK)
+        before = np.zeros(total + 1, np.int64)
+        np.cumsum(length, out=before[1:])
+        #: Per member: where its data starts, counted from its sample's first byte.
+        self.data_at = before[:-1] - before[firsts[:-1]][owner] + hlen
+        self.name_len = np.fromiter(map(len, raw), np.int64, total)
+
+
+def _extra_values(job: ShardJob, n: int) -> list[tuple[str, list[Any]]]:
+    """The values of the members the writer adds, per candidate (None: no member)."""
+    out: list[tuple[str, list[Any]]] = []
+    if job.with_label:
+        out.append((LABEL_FIELD, job.rows.column("label").to_pylist()))
+    if JSON_COLUMN in job.rows.column_names:
+        out.append(("json", job.rows.column(JSON_COLUMN).to_pylist()))
+    return out
+
+
+def _inline(values: list[Any]) -> list[bytes | None]:
+    """A member's bytes from its value: bytes as they are, anything else as ASCII text."""
+    return [v if v is None or isinstance(v, bytes) else str(v).encode() for v in values]
+
+
+#: The zeros after a member's data, by their count.
+_PADS: Final = tuple(bytes(p) for p in range(BLOCK))
 
 
 class _TarOut:
@@ -275,67 +313,64 @@ class _Mismatch(Exception):
     """A shard left by an interrupted export differs from what this one writes."""
 
 
-def _read_sample(
-    layout: _Layout, source: ByteSource, first: int, stop: int, check: SampleCheck
-) -> tuple[list[bytes | memoryview], str | None]:
-    """A candidate's member bytes (each read once), or why it is bad."""
-    datas: list[bytes | memoryview] = []
-    payloads, is_image = layout.payloads, layout.is_image
-    try:
-        for t in range(first, stop):
-            p = payloads[t]
-            data = p if isinstance(p, bytes) else source.read(p)
-            if is_image[t]:
-                reason = image_problem(data, check)
-                if reason:
-                    return datas, reason
-            datas.append(data)
-    except BadSampleError as exc:
-        return datas, exc.reason or str(exc)
-    return datas, None
-
-
 def _fill(
     job: ShardJob, layout: _Layout, source: ByteSource, out: _TarOut, old: _Existing | None
 ) -> _Picked:
-    """Take good candidates in order until the shard is full; append each to ``out``."""
+    """Take good candidates in order until the shard is full; append each to ``out``.
+    Each member's bytes are read once: checked (images), appended and hashed. This loop
+    runs once per sample: it holds only what must be done per sample."""
     got = _Picked()
-    headers = memoryview(layout.headers)
-    hstarts, firsts = layout.header_starts, layout.firsts
-    cap, limit, sizes = job.max_shard_bytes, job.samples_per_shard, job.sizes
+    heads, pads, payloads, is_image = layout.heads, layout.pads, layout.payloads, layout.is_image
+    firsts, sizes = layout.firsts, job.sizes.tolist()
+    cap, limit, check = job.max_shard_bytes, job.samples_per_shard, job.check
+    taken, offsets, lengths, sums = got.taken, got.offsets, got.lengths, got.sums
+    read, digest_of = source.read, xxhash.xxh3_64_intdigest
     used, pos, seed = len(END_OF_ARCHIVE), 0, job.first_sample if job.seeded else None
+    buf = out.buf
     for i in range(job.rows.num_rows):
-        count = len(got.taken)
-        if count >= limit or (cap is not None and count and used + int(sizes[i]) > cap):
+        count = len(taken)
+        if count >= limit or (cap is not None and count and used + sizes[i] > cap):
             got.full = True
             break
         got.consumed = i + 1
-        first, stop = firsts[i], firsts[i + 1]
-        datas, reason = _read_sample(layout, source, first, stop, job.check)
+        start = len(buf)
+        reason = None
+        for t in range(firsts[i], firsts[i + 1]):
+            p = payloads[t]
+            data: bytes | memoryview
+            if isinstance(p, int):  # a source member: read, and checked if an image
+                try:
+                    data = read(p)
+                except BadSampleError as exc:
+                    reason = exc.reason or str(exc)
+                    break
+                if is_image[t]:
+                    reason = image_problem(data, check)
+                    if reason:
+                        break
+            else:
+                data = p
+            buf += heads[t]
+            buf += data
+            buf += pads[t]
         if reason:
+            del buf[start:]
             _bad(job, layout, i, reason, got)
             continue
-        buf = out.buf
-        start = len(buf)
-        for t, data in zip(range(first, stop), datas, strict=True):
-            buf += headers[hstarts[t] : hstarts[t + 1]]
-            buf += data
-            pad = -len(data) % BLOCK
-            if pad:
-                buf += _ZEROS[:pad]
-        with memoryview(buf) as view, view[start:] as sample:
-            digest = xxhash.xxh3_64_intdigest(sample, 0 if seed is None else seed + count)
         length = len(buf) - start
-        got.taken.append(i)
-        got.offsets.append(pos)
-        got.lengths.append(length)
-        got.sums.append(digest)
+        with memoryview(buf) as view, view[start:] as sample:
+            digest = digest_of(sample, 0 if seed is None else seed + count)
+        taken.append(i)
+        offsets.append(pos)
+        lengths.append(length)
+        sums.append(digest)
         pos += length
-        used += int(sizes[i])
+        used += sizes[i]
         if old is not None and not _same_prefix(old, count, pos, digest):
             raise _Mismatch
         if len(buf) >= _FLUSH:
             out.flush()
+            buf = out.buf
     got.size = pos + len(END_OF_ARCHIVE)
     return got
 
@@ -365,20 +400,102 @@ def _components(layout: _Layout, got: _Picked) -> list[list[Component]]:
     return out
 
 
-def _dali_index(got: _Picked, components: list[list[Component]]) -> DaliIndex:
-    """The DALI index of the taken samples."""
-    dali = DaliIndex()
-    for start, parts in zip(got.offsets, components, strict=True):
-        dali.add(start, parts)
-    return dali
+def _taken_members(
+    layout: _Layout, got: _Picked
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The members of the taken samples: how many each has, and their numbers (layout
+    order), sample after sample."""
+    taken = np.array(got.taken, np.int64)
+    firsts = layout.np_firsts
+    counts = firsts[taken + 1] - firsts[taken]
+    ends = np.cumsum(counts)
+    flat = (
+        np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        - np.repeat(ends - counts, counts)
+        + np.repeat(firsts[taken], counts)
+    )
+    return counts, flat
 
 
-def _member_spans(components: list[list[Component]]) -> MemberSpans | None:
+def _dali_index(
+    layout: _Layout, got: _Picked, counts: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
+) -> bytes | None:
+    """The DALI index file of the taken samples (None: it cannot describe them)."""
+    starts = np.repeat(np.array(got.offsets, np.int64), counts)
+    members = flat.tolist()
+    return dali_index_bytes(
+        counts.tolist(),
+        [layout.exts[t] for t in members],
+        (starts + layout.data_at[flat]).tolist(),
+        layout.np_sizes[flat].tolist(),
+        [layout.names[t] for t in members],
+    )
+
+
+def _member_spans(
+    layout: _Layout, got: _Picked, counts: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
+) -> MemberSpans | None:
     """Where each taken sample's key and members lie (the split's index-members rows);
     None when they hold too many extensions for one (see MAX_MEMBER_COLUMNS)."""
+    if _plain_names(layout, got, flat):
+        return _plain_spans(layout, got, counts, flat)
     return MemberSpans.of(
-        [member_row([(name, at, size) for _, at, size, name in parts]) for parts in components]
+        [
+            member_row([(name, at, size) for _, at, size, name in parts])
+            for parts in _components(layout, got)
+        ]
     )
+
+
+def _plain_names(layout: _Layout, got: _Picked, flat: npt.NDArray[np.int64]) -> bool:
+    """Whether every taken member's name is ``KEY.EXT`` as a reader splits it (see
+    :func:`~shardex.format.index.member_row`): within ustar's 100-byte name field, the
+    key's last path part without a dot, the extension not empty and without a slash.
+    Then a sample's key lies at 0 in its first member's name, and each member's
+    extension is its own (what member_row finds, without a Python loop per member)."""
+    if len(flat) and int(layout.name_len[flat].max()) > 100:
+        return False
+    codes = np.unique(layout.ext_codes[flat]).tolist()
+    if any(not layout.ext_names[c] or "/" in layout.ext_names[c] for c in codes):
+        return False
+    keys = layout.keys
+    return not any("." in keys[i].rpartition("/")[2] for i in got.taken)
+
+
+def _plain_spans(
+    layout: _Layout, got: _Picked, counts: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
+) -> MemberSpans | None:
+    """:meth:`MemberSpans.of` for samples of :func:`_plain_names`, with numpy."""
+    n = len(got.taken)
+    # one column per extension, in order of first appearance (equal names share one)
+    ext_ids = {e: k for k, e in enumerate(dict.fromkeys(layout.ext_names))}
+    ids = np.array([ext_ids[e] for e in layout.ext_names], np.int64)[layout.ext_codes[flat]]
+    seen, first = np.unique(ids, return_index=True)
+    order = seen[np.argsort(first)]
+    if len(order) > MAX_MEMBER_COLUMNS:
+        return None
+    column = np.zeros(len(ext_ids), np.int64)
+    column[order] = np.arange(len(order))
+    col = column[ids]
+    sample = np.repeat(np.arange(n, dtype=np.int64), counts)
+    spans = np.full((n, 2 + 2 * len(order)), ABSENT, np.uint32)
+    spans[:, 0] = 0
+    key_len = np.fromiter((len(layout.keys[i].encode()) for i in got.taken), np.int64, n)
+    spans[:, 1] = np.where(counts > 0, key_len, ABSENT)
+    spans[sample, 2 + 2 * col] = layout.data_at[flat]
+    spans[sample, 3 + 2 * col] = layout.np_sizes[flat]
+    cells = sample * max(len(order), 1) + col
+    if len(np.unique(cells)) != len(cells):  # a repeated extension: readers parse those
+        dup = np.ones(len(cells), bool)
+        dup[np.unique(cells, return_index=True)[1]] = False
+        spans[sample[dup], 1] = ABSENT
+        # the last of equal extensions holds the cell, as in MemberSpans.of
+        last = np.unique(cells[::-1], return_index=True)[1]
+        keep = len(cells) - 1 - last
+        spans[sample[keep], 2 + 2 * col[keep]] = layout.data_at[flat][keep]
+        spans[sample[keep], 3 + 2 * col[keep]] = layout.np_sizes[flat][keep]
+    names = list(ext_ids)
+    return MemberSpans(tuple(names[e] for e in order.tolist()), spans)
 
 
 #: Bytes gathered before one write (few large writes instead of one per member).
@@ -401,8 +518,9 @@ def write_shard(job: ShardJob) -> ShardWritten:
     # members on object storage are fetched ahead, but only those of the candidates the
     # shard holds when every one is good: the rest are the next shard's to fetch
     planned = plan_bounds(job.sizes, job.samples_per_shard, job.max_shard_bytes)
-    ahead = layout.payloads[: layout.firsts[planned[0][1]]] if planned else []
-    source.expect(p for p in ahead if isinstance(p, int))
+    if planned and any("://" in name for name in job.members.path_names):  # objects
+        ahead = layout.payloads[: layout.firsts[planned[0][1]]]
+        source.expect(p for p in ahead if isinstance(p, int))
     try:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)
@@ -417,10 +535,12 @@ def write_shard(job: ShardJob) -> ShardWritten:
     done = _written(job, layout, got, shard_checksum(out.whole))
     if not got.taken:
         return done
-    components = _components(layout, got)
-    index = _dali_index(got, components).to_bytes() if job.dali_index_path else None
+    counts, flat = _taken_members(layout, got)
+    index = _dali_index(layout, got, counts, flat) if job.dali_index_path else None
     index_path = job.dali_index_path if index is not None else None
-    done = dataclasses.replace(done, dali_index=index_path, members=_member_spans(components))
+    done = dataclasses.replace(
+        done, dali_index=index_path, members=_member_spans(layout, got, counts, flat)
+    )
     if old is not None:
         # the tar itself is hashed too: its sidecar may be whole while its bytes are not
         if old.size == got.size and old.table.equals(done.table) and _tar_holds(job, done.checksum):
