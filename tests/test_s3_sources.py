@@ -30,9 +30,10 @@ from conftest import S3Location
 from helpers import files_of, image_bytes, make_tree
 from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, StorageError
-from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
+from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
 from shardex.sources.base import SampleStream, ScanBatch
 from shardex.storage import ObjectStorage
+from tests.support.proxy import RequestRecord
 
 RELS = [
     f"{split}/{cls}/img{i}.jpg"
@@ -144,7 +145,22 @@ def _tar(samples: list[tuple[str, bytes, int]]) -> bytes:
     return out.getvalue()
 
 
-def test_webdataset_tars_stream_with_one_get_each(s3: S3Location, tmp_path: Path) -> None:
+def _ranges(records: list[RequestRecord]) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` that ranged GETs asked for."""
+    out = []
+    for r in records:
+        assert r.range is not None, r
+        assert r.range.startswith("bytes="), r
+        first, _, last = r.range[len("bytes=") :].partition("-")
+        out.append((int(first), int(last) + 1))
+    return out
+
+
+@pytest.mark.parametrize("scan", ["ranged", "stream"])
+def test_webdataset_tars_export_as_their_local_twins(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scan: str
+) -> None:
+    monkeypatch.setattr(objecttars, "SCAN", scan)
     tars = {
         f"shards/part-{t}.tar": _tar(
             [(f"s{t}_{i}", image_bytes(10 * t + i), i % 3) for i in range(8)]
@@ -166,12 +182,80 @@ def test_webdataset_tars_stream_with_one_get_each(s3: S3Location, tmp_path: Path
         assert isinstance(open_source(source, s3.counted), TarSource)
         shardex.export(source, out, source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
         _same_export(tmp_path / "local", out, source)
-        gets = _object_gets(s3, "/wds/")
-        assert sorted(gets) == sorted(
-            f"{s3.url.split('/', 3)[3]}/wds/{n}" for n in tars if n.endswith(".tar")
+        read = {r.key for r in s3.proxy.gets() if r.status in (200, 206)}
+        assert read == {f"{s3.url.split('/', 3)[3]}/wds/{n}" for n in tars if n.endswith(".tar")}
+        got = sum(r.body_bytes for r in s3.proxy.gets())
+        # tiny members: the scan reads each tar through (the windows grow), the shards
+        # fetch the images again, by ranges; never more than twice the tars' bytes
+        assert got <= 2 * sum(len(d) for n, d in tars.items() if n.endswith(".tar"))
+        assert s3.proxy.count("PUT") == 0
+
+
+def _noise_jpeg(seed: int, side: int = 280) -> bytes:
+    """A JPEG of about 100 KB (noise does not compress)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def test_tar_members_on_s3_are_fetched_once_by_coalesced_ranged_gets(
+    s3: S3Location, tmp_path: Path
+) -> None:
+    """Tars of ~100 KB images: the scan hops from header to header (one small GET a
+    sample, the images' bytes skipped); each shard fetches its images from each tar with
+    one ranged GET; no image byte is fetched twice but a few KB after each header."""
+    per_tar, sps = 12, 5
+    tars = {
+        f"part-{t}.tar": _tar(
+            [(f"s{t}_{i:02d}", _noise_jpeg(t * 100 + i), i % 2) for i in range(per_tar)]
         )
-        assert set(gets.values()) == {1}  # one streamed GET per tar, members never again
-        assert all(r.range is None for r in s3.proxy.gets())
+        for t in range(2)
+    }
+    total = sum(len(d) for d in tars.values())
+    assert total > 2 * per_tar * 80_000
+    (tmp_path / "src").mkdir()
+    for name, data in tars.items():
+        (tmp_path / "src" / name).write_bytes(data)
+    _upload(ObjectStorage(s3.child("big"), s3.direct), tars)
+    opts = {"samples_per_shard": sps, "workers": 2}
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **opts)  # type: ignore[arg-type]
+    # the scan alone: about one GET of a few KB per sample
+    s3.proxy.reset()
+    source = TarSource(s3.child("big/"), s3.counted)
+    scanned = sum(batch.table.num_rows for batch in source.stream().batches)
+    assert scanned == 2 * per_tar
+    scan = s3.proxy.gets()
+    assert len(scan) <= scanned + 2 * len(tars)
+    assert sum(r.body_bytes for r in scan) < 0.1 * total
+    # the export: the scan, then the shards' ranged GETs
+    s3.proxy.reset()
+    shardex.export(s3.child("big/"), tmp_path / "remote", source_storage_options=s3.counted, **opts)  # type: ignore[arg-type]
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("big/"))
+    gets = s3.proxy.gets()
+    assert all(r.status == 206 for r in gets)  # no tar is read whole
+    assert sum(r.body_bytes for r in gets) < 1.15 * total
+    # one GET per (shard, tar) run of samples: shard k holds samples [k*sps, (k+1)*sps)
+    runs = {(n // sps, n // per_tar) for n in range(2 * per_tar)}
+    writes = [r for r in gets if r.body_bytes > 64 << 10]
+    assert len(writes) == len(runs)
+    # every image's bytes lie inside exactly one of the shards' GETs
+    spans = _ranges(writes)
+    for name, data in tars.items():
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            for info in tf.getmembers():
+                if info.name.endswith(".jpg"):
+                    inside = [
+                        (a, b)
+                        for (a, b), r in zip(spans, writes, strict=True)
+                        if r.key.endswith(name)
+                        and a <= info.offset_data
+                        and info.offset_data + info.size <= b
+                    ]
+                    assert len(inside) == 1, (name, info.name)
 
 
 def test_tables_on_s3_and_tables_of_s3_urls(s3: S3Location, tmp_path: Path) -> None:
