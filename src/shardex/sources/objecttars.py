@@ -6,7 +6,7 @@ a local tar, see :mod:`shardex.sources.tars`) through :class:`RangedTar`: ranged
 that hop from header to header, each of a small window (:data:`MIN_WINDOW`) that holds
 the header and the small members after it (``.cls``, ``.json``: read while scanning), so
 a large member's bytes are skipped. Where headers follow each other closely (a tar of
-tiny members) the window doubles at each hop, up to :data:`MAX_WINDOW`: such a tar is read
+tiny members) the window doubles at each read, up to :data:`MAX_WINDOW` (2 MiB): such a tar is read
 through in few requests, as a stream would read it. Members are kept as references
 (object URL, offset, size): their bytes are fetched when the shards are written, by the
 workers writing them (see :mod:`shardex.sources.remote`), never held by the scan.
@@ -25,7 +25,10 @@ _GLOB: Final = "*?["
 #: tar, the small members that follow it (``.cls``, ``.json``: 1.5 KiB with headers).
 MIN_WINDOW: Final = 4 << 10
 #: The largest read: where headers follow closely, each read doubles up to this.
-MAX_WINDOW: Final = 1 << 20
+MAX_WINDOW: Final = 2 << 20
+#: A member smaller than this is read through rather than hopped over (one more request
+#: costs more time than these bytes; see docs/storage.md for what each costs).
+READ_THROUGH: Final = 64 << 10
 #: Bytes of a tar kept behind the parser by a stream: tarfile and the header reader step
 #: back at most a block or two (to where the previous member's data ended).
 _LOOKBACK: Final = 1 << 16
@@ -61,15 +64,20 @@ class RangedTar:
         if n == 0:
             return b""
         end = self._start + len(self._buf)
-        if not self._start <= self._pos < end:
-            # a hop: near the bytes held, the headers are close (tiny members): grow
-            near = self._buf and end <= self._pos < end + self._window
-            self._window = min(2 * self._window, MAX_WINDOW) if near else MIN_WINDOW
-            self._buf, self._start = self._get(self._pos, max(n, self._window)), self._pos
-        elif self._pos + n > end:  # runs on past the bytes held: fetch only what follows
+        held = self._start <= self._pos and self._pos + n <= end
+        follows = bool(self._buf) and self._start <= self._pos <= end + READ_THROUGH
+        if held:
+            pass
+        elif follows:
+            # what follows the bytes held, or a little past them: read on (the skipped
+            # bytes cost less than a request), each read twice the last, up to MAX_WINDOW
             self._window = min(2 * self._window, MAX_WINDOW)
             more = self._get(end, max(self._pos + n - end, self._window))
-            self._buf, self._start = self._buf[self._pos - self._start :] + more, self._pos
+            keep = self._buf[self._pos - self._start :] if self._pos < end else b""
+            self._buf, self._start = keep + more[max(self._pos - end, 0) :], self._pos
+        else:  # a hop past a large member (or back): a small window from there
+            self._window = MIN_WINDOW
+            self._buf, self._start = self._get(self._pos, max(n, self._window)), self._pos
         lo = self._pos - self._start
         data = self._buf[lo : lo + n]
         self._pos += len(data)

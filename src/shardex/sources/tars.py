@@ -449,7 +449,7 @@ class TarSource(Source):
 
 
 #: Tars on object storage scanned at once (by threads: the scan waits on requests).
-SCAN_THREADS: Final = 8
+SCAN_THREADS: Final = 16
 #: Samples a scanning thread hands over at a time (and holds at most twice, waiting).
 _HANDOVER: Final = 1024
 
