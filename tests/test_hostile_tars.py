@@ -31,7 +31,7 @@ from shardex.cli import main
 from shardex.errors import BadSampleError, ShardexError, SourceError
 from shardex.sources import objecttars
 from shardex.sources.jsonmeta import MAX_JSON_DEPTH
-from shardex.sources.tars import TarFile, tar_samples
+from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import open_storage
 from shardex.testing.data import read_with_webdataset
 
@@ -713,7 +713,7 @@ def test_tars_with_flipped_header_bytes_fail_in_one_line_or_export(
             assert all(v in written for k, v in sample.items() if k in ("jpg", "json")), key
 
 
-def _scanned(tar: TarFile) -> list[tuple[Any, ...]] | str:
+def _scanned(tar: TarRef) -> list[tuple[Any, ...]] | str:
     """What a scan of one tar finds (its samples, or its one-line error)."""
     try:
         return [
@@ -754,7 +754,7 @@ def test_a_tar_read_by_ranged_requests_scans_as_the_file_does(
         before = objecttars.READ_THROUGH
         objecttars.READ_THROUGH = read_through  # type: ignore[misc]
         try:
-            ranged = _scanned(TarFile("a.tar", "a.tar", len(data), store))
+            ranged = _scanned(TarRef("a.tar", "a.tar", len(data), store))
         finally:
             objecttars.READ_THROUGH = before  # type: ignore[misc]
-        assert ranged == _scanned(TarFile(str(path), "a.tar", len(data)))
+        assert ranged == _scanned(TarRef(str(path), "a.tar", len(data)))

@@ -2,7 +2,10 @@
 
 Members are grouped into samples by key (the name up to the first dot of its last path
 component), in tar order. ``.cls`` members become the ``label`` column and ``.json``
-members become metadata columns; every other member is kept byte for byte.
+members become metadata columns; every other member is kept byte for byte, as a
+reference (its tar, offset and size: read when its shard is written). Tars on object
+storage are scanned by ranged GETs (see :mod:`shardex.sources.objecttars`), many at a
+time; :meth:`TarSource.stream_on` scans each tar in a task of a runner.
 
 Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
 invalid (``_invalid``), so the export refuses it, or skips it and records it in
@@ -90,8 +93,8 @@ class _Sample:
     """The sample being read: consecutive members with one key."""
 
     key: str
-    #: its members: (extension, data offset, size, bytes) in the tar being read (bytes
-    #: None when they stay in the tar, to be read when the shard is written)
+    #: its members: (extension, data offset, size, bytes) in its tar (bytes None: they
+    #: stay in the tar, read when the shard is written; a scan never holds them)
     members: list[tuple[str, int, int, bytes | None]] = field(default_factory=list)
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
@@ -188,7 +191,7 @@ class _Batcher:
 
 
 @dataclass(frozen=True, slots=True)
-class TarFile:
+class TarRef:
     """One tar of a source: a local file (``storage`` None, ``path`` absolute) or an
     object (``path`` below the ``storage``'s root), ``size`` bytes, named ``rel`` in
     its samples' ``original_path``. Pickles (with its storage's options) to the process
@@ -205,7 +208,7 @@ class TarFile:
         return self.path if self.storage is None else self.storage.join(self.path)
 
 
-def tar_samples(tar: TarFile) -> Iterator[_Sample]:
+def tar_samples(tar: TarRef) -> Iterator[_Sample]:
     """The samples of one tar, in order, as references to its members' bytes (only
     ``.cls`` and ``.json`` members are read); a damaged tar's last sample is marked.
 
@@ -235,7 +238,7 @@ def tar_samples(tar: TarFile) -> Iterator[_Sample]:
         raw.close()
 
 
-def tar_sample_list(tar: TarFile) -> tuple[TarFile, list[_Sample]]:
+def tar_sample_list(tar: TarRef) -> tuple[TarRef, list[_Sample]]:
     """Every sample of one tar (what a runner's task hands back: references only)."""
     return tar, list(tar_samples(tar))
 
@@ -246,10 +249,8 @@ def scan_members(
     *,
     rel: str,
     size: int,
-    inline: bool = False,
 ) -> Iterator[_Sample]:
-    """The samples of an open tar of ``size`` bytes (see :func:`tar_samples`);
-    ``inline``: members keep their bytes, else only their byte ranges."""
+    """The samples of an open tar of ``size`` bytes (see :func:`tar_samples`)."""
     headers = tarheaders.Headers(tf, raw, fast=tarheaders.FAST)
     with tf:
         sample: _Sample | None = None
@@ -278,7 +279,7 @@ def scan_members(
                     f"({info.offset_data + info.size} > {size} bytes)"
                 )
                 break
-            _read_member(raw, info, name, ext, sample, inline)
+            _read_member(raw, info, name, ext, sample)
         if damage is not None:
             if sample is None:
                 raise SourceError(
@@ -333,9 +334,7 @@ def _utf8(name: str) -> str:
     return name
 
 
-def _read_member(
-    raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample, inline: bool
-) -> None:
+def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample) -> None:
     """Add one member to its sample, or say why the sample cannot be used."""
     problem = _member_problem(info, name, ext, s.seen)
     s.seen.add(ext)
@@ -348,7 +347,7 @@ def _read_member(
         if problem is not None:
             s.refuse(problem)
     else:
-        s.members.append((ext, info.offset_data, info.size, _read(raw, info) if inline else None))
+        s.members.append((ext, info.offset_data, info.size, None))
 
 
 def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
@@ -407,34 +406,30 @@ class TarSource(Source):
         Without one, tars on object storage are scanned by threads, a few ahead."""
         tars = self._tars()
         if runner is not None:
-            scanned: Iterator[tuple[TarFile, Iterable[_Sample]]] = runner.imap(
-                tar_sample_list, tars
-            )
+            scanned: Iterator[tuple[TarRef, Iterable[_Sample]]] = runner.imap(tar_sample_list, tars)
         elif tars[0].storage is not None:
             scanned = _scanned_ahead(tars, SCAN_THREADS)
         else:
             scanned = ((tar, tar_samples(tar)) for tar in tars)
         return SampleStream(self._batches(scanned))
 
-    def _tars(self) -> list[TarFile]:
+    def _tars(self) -> list[TarRef]:
         """The source's tars, in order (a store on object storage registered to serve
         their members' bytes, see :mod:`shardex.sources.remote`)."""
         if not is_url(self.uri):
             paths = _tar_paths(self.uri)
             root = os.path.commonpath([str(p.parent) for p in paths])
-            return [
-                TarFile(str(p), os.path.relpath(p, root).replace(os.sep, "/"), 0) for p in paths
-            ]
+            return [TarRef(str(p), os.path.relpath(p, root).replace(os.sep, "/"), 0) for p in paths]
         storage, found = object_tars(self.uri, self.storage_options)
         register(storage)
         parents = [posixpath.dirname(p) for p, _ in found]
         base = posixpath.commonpath(parents) if all(parents) else ""
         return [
-            TarFile(path, posixpath.relpath(path, base) if base else path, size, storage)
+            TarRef(path, posixpath.relpath(path, base) if base else path, size, storage)
             for path, size in found
         ]
 
-    def _batches(self, scanned: Iterable[tuple[TarFile, Iterable[_Sample]]]) -> Iterator[ScanBatch]:
+    def _batches(self, scanned: Iterable[tuple[TarRef, Iterable[_Sample]]]) -> Iterator[ScanBatch]:
         out = _Batcher(repr(self.uri), self.batch_size)
         for tar, samples in scanned:
             where = tar.where
@@ -454,14 +449,12 @@ SCAN_THREADS: Final = 16
 _HANDOVER: Final = 1024
 
 
-def _scanned_ahead(
-    tars: list[TarFile], threads: int
-) -> Iterator[tuple[TarFile, Iterator[_Sample]]]:
+def _scanned_ahead(tars: list[TarRef], threads: int) -> Iterator[tuple[TarRef, Iterator[_Sample]]]:
     """Each tar and its samples, in order, while the next ``threads - 1`` tars are
     scanned by threads (each holding at most a few handovers of samples: memory does
     not grow with the tars). The caller reads each tar's samples before the next tar's."""
     stop = threading.Event()
-    started: deque[tuple[TarFile, queue.Queue[tuple[str, Any]]]] = deque()
+    started: deque[tuple[TarRef, queue.Queue[tuple[str, Any]]]] = deque()
     rest = iter(tars)
 
     def start_next() -> None:
@@ -484,7 +477,7 @@ def _scanned_ahead(
         stop.set()  # threads still scanning stop at their next handover
 
 
-def _scan_into(tar: TarFile, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
+def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
     """Scan one tar in a thread, handing its samples over in lists, then its end (or
     what it raised)."""
 
