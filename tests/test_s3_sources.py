@@ -38,7 +38,7 @@ from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
 from shardex.sources.base import SampleStream, ScanBatch
 from shardex.storage import ObjectStorage
-from tests.support.proxy import RequestRecord
+from tests.support.proxy import RequestHead, RequestRecord
 
 RELS = [
     f"{split}/{cls}/img{i}.jpg"
@@ -753,3 +753,28 @@ def test_an_export_of_tars_on_s3_killed_while_writing_resumes_to_the_same_bytes(
     assert {n: d for n, d in files_of(killed).items() if n != lock} == {
         n: d for n, d in files_of(clean).items() if n != lock
     }
+
+
+def _range_length(head: RequestHead) -> int:
+    first, _, last = (head.range or "bytes=0-0")[len("bytes=") :].partition("-")
+    return int(last) - int(first) + 1 if last else 0
+
+
+def test_transient_errors_on_tar_range_gets_are_retried(s3: S3Location, tmp_path: Path) -> None:
+    """503s on the scan's ranged GETs and on the shards' coalesced GETs: retried, the
+    export as the local one."""
+    data = _tar([(f"k{i}", _noise_jpeg(i), i % 2) for i in range(6)])
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.tar").write_bytes(data)
+    ObjectStorage(s3.child("flaky"), s3.direct).put("part.tar", data)
+    opts = {"samples_per_shard": 3, "workers": 2}
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **opts)  # type: ignore[arg-type]
+    s3.proxy.reset()
+    tar_get = lambda h: h.method == "GET" and h.path.endswith(".tar")  # noqa: E731
+    s3.proxy.fail_next(2, 503, when=lambda h: tar_get(h) and _range_length(h) <= 64 << 10)
+    s3.proxy.fail_next(2, 503, when=lambda h: tar_get(h) and _range_length(h) > 64 << 10)
+    shardex.export(
+        s3.child("flaky/"), tmp_path / "remote", source_storage_options=s3.counted, **opts
+    )  # type: ignore[arg-type]
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("flaky/"))
+    assert len([r for r in s3.proxy.requests if r.fault == "fail"]) == 4
