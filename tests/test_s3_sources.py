@@ -37,7 +37,8 @@ from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
 from shardex.sources.base import SampleStream, ScanBatch
-from shardex.storage import ObjectStorage
+from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
+from shardex.storage import LocalStorage, ObjectStorage
 from tests.support.proxy import RequestHead, RequestRecord
 
 RELS = [
@@ -780,3 +781,34 @@ def test_transient_errors_on_tar_range_gets_are_retried(s3: S3Location, tmp_path
     )  # type: ignore[arg-type]
     _same_export(tmp_path / "local", tmp_path / "remote", s3.child("flaky/"))
     assert len([r for r in s3.proxy.requests if r.fault == "fail"]) == 4
+
+
+class _SlowStore(LocalStorage):
+    """A local store whose ranged reads of some files take a while (a slow server)."""
+
+    slow: frozenset[str] = frozenset()
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        if path in self.slow:
+            time.sleep(0.5)
+        return super().get_range(path, start, length)
+
+
+def test_a_member_whose_fetch_has_not_started_is_waited_for(tmp_path: Path) -> None:
+    """Every fetching thread busy with GETs the reader dropped (samples found bad): a
+    member whose GET is still queued is waited for, never cancelled under the reader."""
+    names = [f"o{i:02d}" for i in range(40)]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(bytes([i]) * 100)
+    store = _SlowStore(tmp_path)
+    store.slow = frozenset(names[1 : MAX_IN_FLIGHT + 1])
+    reads = ObjectReads([(store.uri, store)])
+    members = [(i, f"{store.uri}/{name}", 0, 100) for i, name in enumerate(names)]
+    try:
+        reads.expect(members)
+        assert reads.read(*members[0]) == bytes([0]) * 100
+        # 1..16 dropped while their threads sleep; 18 on is queued behind them
+        for i in (MAX_IN_FLIGHT + 1, MAX_IN_FLIGHT + 2, MAX_IN_FLIGHT + 3):
+            assert reads.read(*members[i]) == bytes([i]) * 100
+    finally:
+        reads.close()

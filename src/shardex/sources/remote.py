@@ -152,8 +152,10 @@ class ObjectReads:
             self._queued.discard(number)  # read now: never fetched ahead after this
             data = self._fetch(url, offset, size)
         else:
-            self._done_with(run)
-            whole = run.future.result()
+            try:
+                whole = run.future.result()
+            finally:  # only then: the last member read cancels what is not running yet
+                self._done_with(run)
             data = whole if offset < 0 else whole[offset - run.start : offset - run.start + size]
             data = sized(data, size, url)
         # members are read in order: those fetched ahead of this one and never read (the
