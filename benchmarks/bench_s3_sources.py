@@ -12,13 +12,23 @@ median of ``--repeats`` runs of each:
 * raw GETs of every source image (32 concurrent, from this process), the ceiling of what
   the server serves: an export from S3 cannot fetch its images faster.
 
+With ``--tars``, the images are first packed into WebDataset tars (``--per-tar`` samples
+each, an image and a ``.cls``), and the source is the tars (local, or uploaded).
+
 The outputs are checked equal (the S3-source exports hold the same shards as the local
 one). The machine is shared and noisy: compare the ratios, measured in one run.
+
+``--scan-costs`` measures instead what a tar source on S3 fetches, through a counting
+proxy, for tiny samples (16x16 JPEG + ``.cls``) and ~100 KB images, for both ways of
+scanning headers (:data:`shardex.sources.objecttars.SCAN`: ranged GETs that hop from
+header to header, or one streamed GET per tar): requests and bytes per sample of the scan
+alone and of the whole export.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_s3_sources.py [--images 5000] [--size-kb 16]
-        [--repeats 3] [--workers 2] [--workdir DIR] [--json PATH]
+        [--repeats 3] [--workers 2] [--tars] [--per-tar 1000] [--workdir DIR] [--json PATH]
+    .venv/bin/python benchmarks/bench_s3_sources.py --scan-costs
 """
 
 from __future__ import annotations
@@ -59,6 +69,113 @@ def shards_of(out: Path | str, options: dict[str, str] | None) -> dict[str, int]
     return {p: storage.size(p) for p in storage.list() if p.endswith((".tar", ".parquet"))}
 
 
+def pack_tars(folder: Path, out: Path, per_tar: int) -> Path:
+    """The images of ``folder`` as WebDataset tars under ``out`` (key: class and name,
+    members ``.jpg`` and ``.cls``), ``per_tar`` samples each."""
+    import io
+    import tarfile
+
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file()]
+    classes = sorted({p.parent.name for p in files})
+    out.mkdir(parents=True)
+    for t in range(0, len(files), per_tar):
+        with tarfile.open(out / f"part-{t // per_tar:05d}.tar", "w") as tf:
+            for p in files[t : t + per_tar]:
+                key = f"{p.parent.name}_{p.stem}"
+                label = str(classes.index(p.parent.name)).encode()
+                for ext, data in (("jpg", p.read_bytes()), ("cls", label)):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return out
+
+
+def _jpeg(seed: int, side: int, noise: bool) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    if noise:  # noise does not compress: 280x280 is about 100 KB
+        pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+    else:
+        pixels = np.full((side, side, 3), rng.integers(0, 256, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def scan_costs(workers: int) -> list[Row]:
+    """Requests and bytes per sample of tar sources on S3, both ways of scanning."""
+    import io
+    import tarfile
+
+    from shardex.sources import TarSource, objecttars
+    from shardex.storage import ObjectStorage
+    from tests.support.proxy import CountingProxy
+    from tests.support.seaweedfs import SeaweedFS
+
+    cases = {"tiny (16x16 JPEG + .cls)": (4000, 16, False), "~100 KB JPEG + .cls": (400, 280, True)}
+    rows: list[Row] = []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-tar-scan-"))
+    try:
+        with SeaweedFS(bucket="shardex-bench") as server, CountingProxy(server.endpoint) as proxy:
+            base = {
+                "region": server.region,
+                "access_key_id": server.access_key,
+                "secret_access_key": server.secret_key,
+            }
+            direct = {**base, "endpoint_url": server.endpoint}
+            counted = {**base, "endpoint_url": proxy.endpoint}
+            for case, (count, side, noise) in cases.items():
+                images = [_jpeg(i, side, noise) for i in range(min(count, 64))]
+                tars = {}
+                for t in range(4):
+                    buf = io.BytesIO()
+                    with tarfile.open(fileobj=buf, mode="w") as tf:
+                        for i in range(t * count // 4, (t + 1) * count // 4):
+                            for ext, data in (
+                                ("jpg", images[i % 64]),
+                                ("cls", str(i % 7).encode()),
+                            ):
+                                info = tarfile.TarInfo(f"s{i:06d}.{ext}")
+                                info.size = len(data)
+                                tf.addfile(info, io.BytesIO(data))
+                    tars[f"part-{t}.tar"] = buf.getvalue()
+                prefix = server.url(f"scan-{side}")
+                store = ObjectStorage(prefix, direct)
+                for name, data in tars.items():
+                    store.put(name, data)
+                total = sum(len(d) for d in tars.values())
+                for way in ("ranged", "stream"):
+                    objecttars.SCAN = way  # type: ignore[assignment]
+                    proxy.reset()
+                    list(TarSource(prefix + "/", counted).stream().batches)
+                    scan = proxy.gets()
+                    proxy.reset()
+                    out = scratch / f"{side}-{way}"
+                    shardex.export(
+                        prefix + "/", out, workers=workers, source_storage_options=counted
+                    )
+                    every = proxy.gets()
+                    for what, got in (("scan", scan), ("export", every)):
+                        fetched = sum(r.body_bytes for r in got)
+                        rows.append(
+                            Row(
+                                f"{case}, {way} scan: {what}",
+                                "requests/sample",
+                                len(got) / count,
+                                note=f"{fetched / count:,.0f} B/sample fetched, "
+                                f"{fetched / total:.2f}x the tars' bytes",
+                            )
+                        )
+            objecttars.SCAN = "ranged"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -67,6 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tars", action="store_true", help="the images packed in tars")
+    parser.add_argument("--per-tar", type=int, default=1000)
+    parser.add_argument("--scan-costs", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -75,8 +195,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     loopback_only_environment()
+    if args.scan_costs:
+        costs = scan_costs(args.workers)
+        print(render(costs))
+        if args.json:
+            write_json(args.json, costs)
+        return 0
     folder = build_folder(args.workdir, args.images, args.size_kb)
     scratch = Path(tempfile.mkdtemp(prefix="bench-s3-sources-"))
+    if args.tars:
+        folder = pack_tars(folder, scratch / "tars", args.per_tar)
     try:
         with SeaweedFS(bucket="shardex-bench") as server:
             options = {
@@ -88,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             source = server.url("source")
             t0 = time.perf_counter()
             count = upload(folder, source, options)
-            print(f"uploaded {count} images in {time.perf_counter() - t0:.1f} s")
+            print(f"uploaded {count} files in {time.perf_counter() - t0:.1f} s")
+            if args.tars:
+                source += "/"  # a prefix of tars
+                count = args.images
             runs = [0]
             outs: dict[str, Path | str] = {}
 
@@ -149,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             "images/s",
             count / took["raw"],
             baseline=base,
-            note="32 concurrent ranged GETs from one process: the server's ceiling",
+            note="32 concurrent GETs from one process: the server's ceiling"
+            + (" (whole tars)" if args.tars else ""),
         )
     )
     print(render(rows))

@@ -29,7 +29,10 @@ import shardex
 from helpers import image_bytes
 from shardex.cli import main
 from shardex.errors import BadSampleError, ShardexError, SourceError
+from shardex.sources import objecttars
 from shardex.sources.jsonmeta import MAX_JSON_DEPTH
+from shardex.sources.tars import TarRef, tar_samples
+from shardex.storage import open_storage
 from shardex.testing.data import read_with_webdataset
 
 OnError = Literal["error", "skip"]
@@ -708,3 +711,50 @@ def test_tars_with_flipped_header_bytes_fail_in_one_line_or_export(
         written = {*images.values(), b'{"n":null}', *(b'{"n":%d}' % i for i in range(4))}
         for key, sample in _exported(out).items():
             assert all(v in written for k, v in sample.items() if k in ("jpg", "json")), key
+
+
+def _scanned(tar: TarRef) -> list[tuple[Any, ...]] | str:
+    """What a scan of one tar finds (its samples, or its one-line error)."""
+    try:
+        return [
+            (s.key, s.members, s.label, s.meta, s.problem and s.problem.split("; ")[0])
+            for s in tar_samples(tar)
+        ]
+    except ShardexError as exc:
+        return f"{type(exc).__name__}: {str(exc).replace(tar.where, '<tar>')}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    planned=_samples(),
+    fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+    cut=st.none() | st.integers(0, 999),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=2),
+    read_through=st.sampled_from([0, 1024, objecttars.READ_THROUGH]),
+)
+def test_a_tar_read_by_ranged_requests_scans_as_the_file_does(
+    planned: list[_Planned],
+    fmt: int,
+    cut: int | None,
+    flips: list[tuple[int, int]],
+    read_through: int,
+) -> None:
+    """The scan of a tar on a store (ranged GETs hopping from header to header, or
+    reading through) finds what the scan of the local file finds, damaged or not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "a.tar"
+        _write(path, planned, fmt)
+        data = bytearray(path.read_bytes())
+        for where, xor in flips:
+            data[where % len(data)] ^= xor
+        if cut is not None:
+            data = data[: len(data) * cut // 1000]
+        path.write_bytes(bytes(data))
+        store = open_storage(tmp)
+        before = objecttars.READ_THROUGH
+        objecttars.READ_THROUGH = read_through  # type: ignore[misc]
+        try:
+            ranged = _scanned(TarRef("a.tar", "a.tar", len(data), store))
+        finally:
+            objecttars.READ_THROUGH = before  # type: ignore[misc]
+        assert ranged == _scanned(TarRef(str(path), "a.tar", len(data)))

@@ -25,10 +25,10 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,7 @@ __all__ = [
     "INVALID",
     "MEMBERS",
     "LeftOut",
+    "MapRunner",
     "SampleStream",
     "ScanBatch",
     "ScanResult",
@@ -165,6 +166,18 @@ def batch_types_error(uri: str, exc: Exception) -> SourceError:
     )
 
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class MapRunner(Protocol):
+    """Where a source may run its scan's work: ``imap(fn, items)`` is ``map(fn, items)``
+    in order, each call perhaps in another process or machine (``fn`` and the items
+    pickle). :class:`shardex.parallel.Runner` and the Ray executor's runner are ones."""
+
+    def imap(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]: ...
+
+
 class Source(ABC):
     """A dataset to export. Subclasses implement :meth:`stream` (the samples batch by
     batch, with memory that does not grow with the dataset) or :meth:`scan` (the whole
@@ -189,6 +202,13 @@ class Source(ABC):
         """The samples in batches, in source order (no image bytes are read)."""
         scan = self.scan()
         return SampleStream(iter([ScanBatch(scan.table, scan.left_out)]), scan.label_names)
+
+    def stream_on(self, runner: MapRunner | None) -> SampleStream:
+        """:meth:`stream`, its scan's work perhaps done by ``runner``'s tasks (a source
+        that scans many files: tars); the batches are the same, in the same order,
+        whatever the runner. The default ignores the runner. The caller keeps the runner
+        open until the stream is read."""
+        return self.stream()
 
     def scan(self) -> ScanResult:
         """Every sample in one table (no image bytes are read)."""

@@ -6,11 +6,14 @@ credentials, which may differ from the output's) is registered here when the sou
 streamed, in the process that scans it; :class:`shardex.rows.Members` takes the stores its
 URLs need from here and carries them, pickled, to the workers that write the shards.
 
-:class:`ObjectReads` fetches members: one GET per member (whole object, or one range of
-a tar), at most :data:`MAX_IN_FLIGHT` at a time, ahead of the writer in the order it will
-read them, never past what it was told to expect (so a member is fetched once, by the
-shard that writes it). Transient failures (dropped connections, timeouts, 5xx,
-throttling) are retried by the storage layer (storage option ``retry_timeout``).
+:class:`ObjectReads` fetches members: whole objects with one GET each, ranges of one
+object (members of a tar) that follow each other in the order they will be read with one
+ranged GET for the run (at most :data:`MAX_GAP` bytes skipped between two, at most
+:data:`MAX_RUN` bytes in all), at most :data:`MAX_IN_FLIGHT` requests at a time, ahead of
+the writer in the order it will read them, never past what it was told to expect (so a
+member is fetched once, by the shard that writes it). Transient failures (dropped
+connections, timeouts, 5xx, throttling) are retried by the storage layer (storage option
+``retry_timeout``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Final
 
 from shardex.errors import BadSampleError, ObjectNotFoundError
@@ -27,7 +31,9 @@ from shardex.storage import Storage, open_storage
 from shardex.storage.options import SCHEMES
 
 __all__ = [
+    "MAX_GAP",
     "MAX_IN_FLIGHT",
+    "MAX_RUN",
     "ObjectReads",
     "is_url",
     "register",
@@ -38,6 +44,11 @@ __all__ = [
 #: Requests in flight at once (per shard writer), and the bytes fetched ahead at most.
 MAX_IN_FLIGHT: Final = 16
 MAX_AHEAD_BYTES: Final = 64 << 20
+#: Bytes between two members of one object that one GET reads through (tar headers, the
+#: ``.cls`` and ``.json`` members already read by the scan) rather than asking twice.
+MAX_GAP: Final = 16 << 10
+#: The most bytes one coalesced GET reads (a run of members is cut there).
+MAX_RUN: Final = 8 << 20
 
 _stores: dict[str, Storage] = {}
 _lock = threading.Lock()
@@ -89,6 +100,17 @@ def sized(data: bytes, size: int, name: str) -> bytes:
     return data
 
 
+@dataclass(eq=False, slots=True)
+class _Run:
+    """One GET in flight or done: bytes ``[start, start + size)`` of an object, holding
+    ``left`` members not read yet."""
+
+    future: Future[bytes]
+    start: int
+    size: int
+    left: int
+
+
 class ObjectReads:
     """Member bytes of objects, fetched concurrently ahead of the reader.
 
@@ -102,15 +124,17 @@ class ObjectReads:
         self._roots = sorted(dict(stores).items(), key=lambda kv: -len(kv[0]))
         self._buckets: dict[str, Storage] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._ahead: dict[int, Future[bytes]] = {}
+        self._ahead: dict[int, _Run] = {}  # member number -> the GET that reads it
+        self._runs: set[_Run] = set()  # GETs whose members are not all read
         self._ahead_bytes = 0
-        self._sizes: dict[int, int] = {}
         self._queue: deque[tuple[int, str, int, int]] = deque()
         self._queued: set[int] = set()  # numbers in the queue not read yet
+        #: GETs sent (ahead, or for a member read at once).
+        self.requests = 0
 
     def expect(self, members: Iterable[tuple[int, str, int, int]]) -> None:
         """Members (number, URL, offset, size) that will be read, in the order they will
-        be: they are fetched ahead, a few at a time."""
+        be: they are fetched ahead, a few GETs at a time."""
         for member in members:
             self._queue.append(member)
             self._queued.add(member[0])
@@ -123,49 +147,83 @@ class ObjectReads:
             BadSampleError: the object is gone, or its size changed since the scan.
             StorageError: the store cannot be read (unreachable, access denied).
         """
-        pending = self._ahead.pop(number, None)
-        if pending is None:
+        run = self._ahead.pop(number, None)
+        if run is None:
             self._queued.discard(number)  # read now: never fetched ahead after this
             data = self._fetch(url, offset, size)
         else:
-            self._ahead_bytes -= self._sizes.pop(number)
-            data = pending.result()
+            try:
+                whole = run.future.result()
+            finally:  # only then: the last member read cancels what is not running yet
+                self._done_with(run)
+            data = whole if offset < 0 else whole[offset - run.start : offset - run.start + size]
+            data = sized(data, size, url)
         # members are read in order: those fetched ahead of this one and never read (the
         # rest of a sample found bad) are dropped, to free their places
         for stale in [n for n in self._ahead if n < number]:
-            self._ahead.pop(stale).cancel()
-            self._ahead_bytes -= self._sizes.pop(stale)
+            self._done_with(self._ahead.pop(stale))
         self._top_up()
         return data
+
+    def _done_with(self, run: _Run) -> None:
+        run.left -= 1
+        if run.left == 0:
+            self._runs.discard(run)
+            self._ahead_bytes -= run.size
+            run.future.cancel()  # a no-op once it has started
 
     def _top_up(self) -> None:
         while (
             self._queue
-            and len(self._ahead) < MAX_IN_FLIGHT
-            and (not self._ahead or self._ahead_bytes < MAX_AHEAD_BYTES)
+            and len(self._runs) < MAX_IN_FLIGHT
+            and (not self._runs or self._ahead_bytes < MAX_AHEAD_BYTES)
         ):
-            number, url, offset, size = self._queue.popleft()
-            if number not in self._queued or number in self._ahead:
+            first = self._queue.popleft()
+            if first[0] not in self._queued or first[0] in self._ahead:
                 continue
-            self._queued.discard(number)
+            self._queued.discard(first[0])
+            numbers, url, start, end = [first[0]], first[1], first[2], first[2] + first[3]
+            while start >= 0 and self._queue and self._follows(self._queue[0], url, start, end):
+                number, _, offset, size = self._queue.popleft()
+                self._queued.discard(number)
+                numbers.append(number)
+                end = offset + size
+            size = end - start if start >= 0 else first[3]
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-read")
-            self._ahead[number] = self._pool.submit(self._fetch, url, offset, size)
-            self._sizes[number] = size
+            self.requests += 1
+            run = _Run(self._pool.submit(self._get, url, start, size), start, size, len(numbers))
+            self._runs.add(run)
             self._ahead_bytes += size
+            for number in numbers:
+                self._ahead[number] = run
 
-    def _fetch(self, url: str, offset: int, size: int) -> bytes:
+    def _follows(self, member: tuple[int, str, int, int], url: str, start: int, end: int) -> bool:
+        """Whether ``member`` is read by the same GET as bytes ``[start, end)`` of ``url``."""
+        number, other, offset, size = member
+        return (
+            other == url
+            and number in self._queued
+            and end <= offset <= end + MAX_GAP
+            and offset + size - start <= MAX_RUN
+        )
+
+    def _get(self, url: str, offset: int, size: int) -> bytes:
+        """Bytes of an object as they are (a run: checked member by member)."""
         storage, path = self._storage(url)
         try:
-            # a whole object is read whole: a short or long answer shows it changed
-            data = storage.get(path) if offset < 0 else storage.get_range(path, offset, size)
+            return storage.get(path) if offset < 0 else storage.get_range(path, offset, size)
         except ObjectNotFoundError as exc:
             raise BadSampleError(
                 f"cannot read {quoted(url)}: it does not exist (any more)",
                 path=url,
                 reason=f"cannot read {quoted(url)}: it does not exist",
             ) from exc
-        return sized(data, size, url)
+
+    def _fetch(self, url: str, offset: int, size: int) -> bytes:
+        # a whole object is read whole: a short or long answer shows it changed
+        self.requests += 1
+        return sized(self._get(url, offset, size), size, url)
 
     def _storage(self, url: str) -> tuple[Storage, str]:
         for root, storage in self._roots:
@@ -180,10 +238,10 @@ class ObjectReads:
         """Stop fetching ahead (requests in flight end on their own)."""
         self._queue.clear()
         self._queued.clear()
-        for pending in self._ahead.values():
-            pending.cancel()
+        for run in self._runs:
+            run.future.cancel()
+        self._runs.clear()
         self._ahead.clear()
-        self._sizes.clear()
         self._ahead_bytes = 0
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

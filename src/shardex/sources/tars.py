@@ -2,7 +2,10 @@
 
 Members are grouped into samples by key (the name up to the first dot of its last path
 component), in tar order. ``.cls`` members become the ``label`` column and ``.json``
-members become metadata columns; every other member is kept byte for byte.
+members become metadata columns; every other member is kept byte for byte, as a
+reference (its tar, offset and size: read when its shard is written). Tars on object
+storage are scanned by ranged GETs (see :mod:`shardex.sources.objecttars`), many at a
+time; :meth:`TarSource.stream_on` scans each tar in a task of a runner.
 
 Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
 invalid (``_invalid``), so the export refuses it, or skips it and records it in
@@ -26,8 +29,11 @@ from __future__ import annotations
 import glob
 import os
 import posixpath
+import queue
 import tarfile
-from collections.abc import Iterator
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar, Final, cast
@@ -39,6 +45,7 @@ from shardex.format.tar import BLOCK, split_name
 from shardex.sources import tarheaders
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
+    MapRunner,
     SampleStream,
     ScanBatch,
     Source,
@@ -49,8 +56,8 @@ from shardex.sources.base import (
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
-from shardex.sources.objecttars import object_tars, open_tar_stream
-from shardex.sources.remote import is_url
+from shardex.sources.objecttars import object_tars, open_object_tar
+from shardex.sources.remote import is_url, register
 from shardex.storage import Storage
 
 _ZERO_BLOCK: Final = bytes(BLOCK)
@@ -86,8 +93,8 @@ class _Sample:
     """The sample being read: consecutive members with one key."""
 
     key: str
-    #: its members: (extension, data offset, size, bytes) in the tar being read (bytes
-    #: None when they stay in the tar, to be read when the shard is written)
+    #: its members: (extension, data offset, size, bytes) in its tar (bytes None: they
+    #: stay in the tar, read when the shard is written; a scan never holds them)
     members: list[tuple[str, int, int, bytes | None]] = field(default_factory=list)
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
@@ -97,6 +104,11 @@ class _Sample:
     def refuse(self, reason: str) -> None:
         """Mark the sample unusable (the first reason wins)."""
         self.problem = self.problem or reason
+
+    def done(self) -> _Sample:
+        """The sample read whole (what it no longer needs dropped: it may be pickled)."""
+        self.seen = set()
+        return self
 
 
 class _Batcher:
@@ -178,45 +190,67 @@ class _Batcher:
         return table
 
 
-def scan_tar(path: Path, out: _Batcher, *, root: Path, key_prefix: str = "") -> Iterator[pa.Table]:
-    """Add the samples of one tar to ``out``, yielding each batch that fills.
+@dataclass(frozen=True, slots=True)
+class TarRef:
+    """One tar of a source: a local file (``storage`` None, ``path`` absolute) or an
+    object (``path`` below the ``storage``'s root), ``size`` bytes, named ``rel`` in
+    its samples' ``original_path``. Pickles (with its storage's options) to the process
+    that scans it."""
+
+    path: str
+    rel: str
+    size: int
+    storage: Storage | None = None
+
+    @property
+    def where(self) -> str:
+        """The local path or object URL: what its members name."""
+        return self.path if self.storage is None else self.storage.join(self.path)
+
+
+def tar_samples(tar: TarRef) -> Iterator[_Sample]:
+    """The samples of one tar, in order, as references to its members' bytes (only
+    ``.cls`` and ``.json`` members are read); a damaged tar's last sample is marked.
 
     Raises:
         SourceError: the tar cannot be opened, or is damaged before its first sample.
     """
-    rel = os.path.relpath(path, root).replace(os.sep, "/")
-    try:
-        raw = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-    except OSError as exc:
-        raise SourceError(f"cannot read tar {str(path)!r}: {exc.strerror}") from exc
-    with raw:
-        # tarfile seeks to each header itself, so the member reads below may share the file
+    where = tar.where
+    raw: IO[bytes]
+    if tar.storage is None:
         try:
-            tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in _scan_members)
+            raw = open(where, "rb")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            raise SourceError(f"cannot read tar {where!r}: {exc.strerror}") from exc
+    else:
+        raw = cast("IO[bytes]", open_object_tar(tar.storage, tar.path, tar.size))
+    try:
+        # tarfile seeks to each header itself, so the member reads may share the file
+        try:
+            tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in scan_members)
         except (tarfile.TarError, OSError) as exc:
             raise SourceError(
-                f"cannot read tar {str(path)!r} at byte 0: {printable(str(exc))}"
+                f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
             ) from exc
-        size = os.fstat(raw.fileno()).st_size
-        yield from scan_members(
-            tf, raw, out, rel=rel, path=str(path), size=size, key_prefix=key_prefix
-        )
+        size = os.fstat(raw.fileno()).st_size if tar.storage is None else tar.size
+        yield from scan_members(tf, raw, rel=tar.rel, size=size)
+    finally:
+        raw.close()
+
+
+def tar_sample_list(tar: TarRef) -> tuple[TarRef, list[_Sample]]:
+    """Every sample of one tar (what a runner's task hands back: references only)."""
+    return tar, list(tar_samples(tar))
 
 
 def scan_members(
     tf: tarfile.TarFile,
     raw: IO[bytes],
-    out: _Batcher,
     *,
     rel: str,
-    path: str,
     size: int,
-    key_prefix: str = "",
-    inline: bool = False,
-) -> Iterator[pa.Table]:
-    """The samples of an open tar of ``size`` bytes into ``out`` (see :func:`scan_tar`);
-    ``inline``: members keep their bytes (a tar read as a stream), else their byte
-    ranges of ``path``."""
+) -> Iterator[_Sample]:
+    """The samples of an open tar of ``size`` bytes (see :func:`tar_samples`)."""
     headers = tarheaders.Headers(tf, raw, fast=tarheaders.FAST)
     with tf:
         sample: _Sample | None = None
@@ -237,9 +271,7 @@ def scan_members(
             key, ext = split_name(name)
             if sample is None or key != sample.key:
                 if sample is not None:
-                    out.add(sample, path, f"{rel}:{sample.key}", key_prefix)
-                    if out.full():
-                        yield out.flush()
+                    yield sample.done()
                 sample = _Sample(key)
             if info.isreg() and info.offset_data + info.size > size:
                 damage = (
@@ -247,7 +279,7 @@ def scan_members(
                     f"({info.offset_data + info.size} > {size} bytes)"
                 )
                 break
-            _read_member(raw, info, name, ext, sample, inline)
+            _read_member(raw, info, name, ext, sample)
         if damage is not None:
             if sample is None:
                 raise SourceError(
@@ -258,9 +290,7 @@ def scan_members(
                 "later samples of the tar are lost"
             )
         if sample is not None:
-            out.add(sample, path, f"{rel}:{sample.key}", key_prefix)
-            if out.full():
-                yield out.flush()
+            yield sample.done()
 
 
 def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
@@ -304,9 +334,7 @@ def _utf8(name: str) -> str:
     return name
 
 
-def _read_member(
-    raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample, inline: bool
-) -> None:
+def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: _Sample) -> None:
     """Add one member to its sample, or say why the sample cannot be used."""
     problem = _member_problem(info, name, ext, s.seen)
     s.seen.add(ext)
@@ -319,7 +347,7 @@ def _read_member(
         if problem is not None:
             s.refuse(problem)
     else:
-        s.members.append((ext, info.offset_data, info.size, _read(raw, info) if inline else None))
+        s.members.append((ext, info.offset_data, info.size, None))
 
 
 def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
@@ -369,47 +397,118 @@ class TarSource(Source):
         self.batch_size = check_batch_size(batch_size)
 
     def stream(self) -> SampleStream:
-        if is_url(self.uri):
-            storage, tars = object_tars(self.uri, self.storage_options)
-            return SampleStream(self._object_batches(storage, tars))
-        paths = _tar_paths(self.uri)
-        return SampleStream(self._batches(paths))
+        return self.stream_on(None)
 
-    def _batches(self, paths: list[Path]) -> Iterator[ScanBatch]:
-        root = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    def stream_on(self, runner: MapRunner | None) -> SampleStream:
+        """The samples in batches (see :meth:`Source.stream`); with a ``runner``, each
+        tar is scanned by one of its tasks (``runner.imap``, in order), which hands back
+        the tar's sample references; the batches are the same whatever the runner.
+        Without one, tars on object storage are scanned by threads, a few ahead."""
+        tars = self._tars()
+        if runner is not None:
+            scanned: Iterator[tuple[TarRef, Iterable[_Sample]]] = runner.imap(tar_sample_list, tars)
+        elif tars[0].storage is not None:
+            scanned = _scanned_ahead(tars, SCAN_THREADS)
+        else:
+            scanned = ((tar, tar_samples(tar)) for tar in tars)
+        return SampleStream(self._batches(scanned))
+
+    def _tars(self) -> list[TarRef]:
+        """The source's tars, in order (a store on object storage registered to serve
+        their members' bytes, see :mod:`shardex.sources.remote`)."""
+        if not is_url(self.uri):
+            paths = _tar_paths(self.uri)
+            root = os.path.commonpath([str(p.parent) for p in paths])
+            return [TarRef(str(p), os.path.relpath(p, root).replace(os.sep, "/"), 0) for p in paths]
+        storage, found = object_tars(self.uri, self.storage_options)
+        register(storage)
+        parents = [posixpath.dirname(p) for p, _ in found]
+        base = posixpath.commonpath(parents) if all(parents) else ""
+        return [
+            TarRef(path, posixpath.relpath(path, base) if base else path, size, storage)
+            for path, size in found
+        ]
+
+    def _batches(self, scanned: Iterable[tuple[TarRef, Iterable[_Sample]]]) -> Iterator[ScanBatch]:
         out = _Batcher(repr(self.uri), self.batch_size)
-        for path in paths:
-            for table in scan_tar(path, out, root=root):
-                yield ScanBatch(table)
+        for tar, samples in scanned:
+            where = tar.where
+            for sample in samples:
+                out.add(sample, where, f"{tar.rel}:{sample.key}", "")
+                if out.full():
+                    yield ScanBatch(out.flush())
         if not out.samples:
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
         if out.keys:
             yield ScanBatch(out.flush())
 
-    def _object_batches(self, storage: Storage, tars: list[tuple[str, int]]) -> Iterator[ScanBatch]:
-        """The samples of tars on object storage, each read as one streamed GET."""
-        parents = [posixpath.dirname(p) for p, _ in tars]
-        root = posixpath.commonpath(parents) if all(parents) else ""
-        out = _Batcher(repr(self.uri), self.batch_size)
-        for path, size in tars:
-            rel = posixpath.relpath(path, root) if root else path
-            where = storage.join(path)
-            stream = open_tar_stream(storage, path, size)
-            raw = cast("IO[bytes]", stream)  # what tarfile and the header reader use of it
+
+#: Tars on object storage scanned at once (by threads: the scan waits on requests).
+SCAN_THREADS: Final = 16
+#: Samples a scanning thread hands over at a time (and holds at most twice, waiting).
+_HANDOVER: Final = 1024
+
+
+def _scanned_ahead(tars: list[TarRef], threads: int) -> Iterator[tuple[TarRef, Iterator[_Sample]]]:
+    """Each tar and its samples, in order, while the next ``threads - 1`` tars are
+    scanned by threads (each holding at most a few handovers of samples: memory does
+    not grow with the tars). The caller reads each tar's samples before the next tar's."""
+    stop = threading.Event()
+    started: deque[tuple[TarRef, queue.Queue[tuple[str, Any]]]] = deque()
+    rest = iter(tars)
+
+    def start_next() -> None:
+        tar = next(rest, None)
+        if tar is not None:
+            handed: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=2)
+            threading.Thread(
+                target=_scan_into, args=(tar, handed, stop), name="shardex-tar-scan", daemon=True
+            ).start()
+            started.append((tar, handed))
+
+    try:
+        for _ in range(threads):
+            start_next()
+        while started:
+            tar, handed = started.popleft()
+            yield tar, _handed_over(handed)
+            start_next()
+    finally:
+        stop.set()  # threads still scanning stop at their next handover
+
+
+def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
+    """Scan one tar in a thread, handing its samples over in lists, then its end (or
+    what it raised)."""
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
             try:
-                try:
-                    tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115
-                except (tarfile.TarError, OSError) as exc:
-                    raise SourceError(
-                        f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
-                    ) from exc
-                for table in scan_members(
-                    tf, raw, out, rel=rel, path=where, size=size, inline=True
-                ):
-                    yield ScanBatch(table)
-            finally:
-                stream.close()
-        if not out.samples:
-            raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
-        if out.keys:
-            yield ScanBatch(out.flush())
+                handed.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        chunk: list[_Sample] = []
+        for sample in tar_samples(tar):
+            chunk.append(sample)
+            if len(chunk) >= _HANDOVER:
+                if not put(("samples", chunk)):
+                    return
+                chunk = []
+        if put(("samples", chunk)):
+            put(("end", None))
+    except BaseException as exc:  # raised again in the consumer
+        put(("error", exc))
+
+
+def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[_Sample]:
+    while True:
+        kind, value = handed.get()
+        if kind == "error":
+            raise value
+        if kind == "end":
+            return
+        yield from value
