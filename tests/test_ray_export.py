@@ -116,6 +116,47 @@ def test_s3_and_folder_sources_to_s3_and_to_a_folder_on_ray_equal_the_local_exec
     assert _object_files(folder_out, s3.direct) == files_of(tmp_path / "folder")
 
 
+def test_tars_on_s3_are_scanned_by_the_tasks_not_the_driver(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scanning a tar on object storage reads its headers (and its small members): on Ray
+    the tasks scan, or every tar would pass through the driver. The scan is counted in
+    this process only (the tasks' processes import the module afresh)."""
+    import io
+    import tarfile
+
+    from shardex.sources import tars as tars_module
+
+    files = make_tree(tmp_path / "imgs", RELS)
+    storage = ObjectStorage(s3.child("tars"), s3.direct)
+    for split in ("train", "val"):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for rel, data in files.items():
+                if rel.startswith(split):
+                    info = tarfile.TarInfo(rel.replace("/", "_"))
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        storage.put(f"{split}.tar", buf.getvalue())
+    scanned_here: list[object] = []
+    real = tars_module.tar_samples
+
+    def counted(tar: Any) -> Any:
+        scanned_here.append(tar)
+        return real(tar)
+
+    monkeypatch.setattr(tars_module, "tar_samples", counted)
+    env = {"AWS_ACCESS_KEY_ID": s3.server.access_key, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key}
+    flags = ["--source-s3-endpoint-url", s3.server.endpoint, "--source-s3-region", s3.server.region]
+    src = s3.child("tars/")
+    _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *flags, *FLAGS, env=env)
+    assert scanned_here == []  # every tar scanned by a task
+    _cli(src, "-o", str(tmp_path / "one"), "--workers", "1", *flags, *FLAGS, env=env)
+    assert len(scanned_here) == 2  # the local executor scans here (threads)
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "one")
+    assert shardex.read_config(tmp_path / "ray").num_samples == len(RELS)
+
+
 def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> None:
     """What a remote task gets: its reference rows in the job (no sample bytes), so the
     spill file on the driver's scratch is not read."""

@@ -10,6 +10,7 @@ is the commit point, so a reader never takes a half-written folder for an export
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -202,15 +203,21 @@ def _prepare_first(
     # since its tasks may run on machines that do not see this one's scratch
     if job.previous is not None or not streamable(job.opts, job.backend):
         return prepare(job.src, job.opts, None, bars, job.previous, taken)
-    stream = job.src.stream()
-    batches = iter(stream.batches)
-    first = next(batches, None)
-    replay = SampleStream(
-        itertools.chain([first] if first is not None else [], batches), stream.label_names
-    )
-    if first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline():
-        return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
-    return prepare_streamed(replay, job.src.uri, job.opts, job.backend, folder, bars, taken)
+    # a remote runner's tasks also scan the source's files (a tar source's headers: on
+    # object storage, else every tar's bytes would pass through this process)
+    remote = job.runner if job.runner is not None and job.runner.remote else None
+    with contextlib.ExitStack() as stack:
+        if remote is not None:
+            stack.enter_context(remote)  # entered again for pass 2: connecting is idempotent
+        stream = job.src.stream_on(remote)
+        batches = iter(stream.batches)
+        first = next(batches, None)
+        replay = SampleStream(
+            itertools.chain([first] if first is not None else [], batches), stream.label_names
+        )
+        if first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline():
+            return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
+        return prepare_streamed(replay, job.src.uri, job.opts, job.backend, folder, bars, taken)
 
 
 class _Replay(Source):
