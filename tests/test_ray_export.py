@@ -162,3 +162,27 @@ def test_a_refused_sample_leaves_no_shard_written_by_tasks_still_running(
         shardex.export(src, out, samples_per_shard=30, executor="ray")
     time.sleep(5)  # were tasks still writing, their shards would appear by now
     assert not [p for p in out.rglob("*") if p.is_file() and p.name != ".shardex-lock"]
+
+
+def test_a_refused_sample_on_ray_is_one_error_line(cluster: int, tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", [f"img{i}.jpg" for i in range(6)])
+    whole = write_image(tmp_path / "src" / "broken.jpg", 1, size=(64, 64))
+    (tmp_path / "src" / "broken.jpg").write_bytes(whole[: len(whole) // 2])
+    result = CliRunner().invoke(
+        main,
+        [
+            "export-dataset",
+            str(tmp_path / "src"),
+            "-o",
+            str(tmp_path / "out"),
+            "-q",
+            "--executor",
+            "ray",
+            "--samples-per-shard",
+            "2",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "broken.jpg" in lines[0], lines[0]
