@@ -185,4 +185,5 @@ def test_a_refused_sample_on_ray_is_one_error_line(cluster: int, tmp_path: Path)
     assert result.exit_code == 1, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and "broken.jpg" in lines[0], lines[0]
+    assert lines[0].startswith("error: "), lines[0]
+    assert "broken.jpg" in lines[0], lines[0]
