@@ -369,3 +369,26 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 def test_import_shardex_does_not_import_ray() -> None:
     code = "import sys, shardex; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_users_own_staging_named_folder_is_refused_not_deleted(tmp_path: Path) -> None:
+    from shardex.ray.write import ShardexDatasink
+
+    out = tmp_path / "out"
+    killed = out / ".shardex-staging" / "0123456789ab"  # what a killed run staged
+    killed.mkdir(parents=True)
+    (killed / "task-000000-deadbeef.bin").write_bytes(b"bytes")
+    (killed / ".task-000001-cafef00d.parquet.tmp-01234567").write_bytes(b"half")
+    ShardexDatasink(out).close()  # a sink that never started: nothing removed
+    sink = ShardexDatasink(out)
+    sink.on_write_start()
+    sink.close()
+    assert not [p for p in out.rglob("*") if p.is_file() and p.name != ".shardex-lock"]
+    mine = out / ".shardex-staging" / "notes.txt"
+    mine.parent.mkdir()
+    mine.write_text("my notes\n")
+    sink = ShardexDatasink(out, mode="overwrite")
+    with pytest.raises(OutputExistsError, match=r"notes\.txt"):
+        sink.on_write_start()
+    sink.close()
+    assert mine.read_text() == "my notes\n"

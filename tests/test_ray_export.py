@@ -6,6 +6,7 @@ from SeaweedFS, to a folder and to SeaweedFS."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from conftest import S3Location
 from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.engine.spill import FinalSpill
-from shardex.errors import ConfigError
+from shardex.errors import BadSampleError, ConfigError
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
 from shardex.storage import ObjectStorage
 from tests.support.raycluster import ray_nodes
@@ -186,3 +187,44 @@ def test_an_unknown_executor_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^executor must be 'local' or 'ray', got 'spark'$"):
         shardex.export("demo:4", tmp_path / "out", executor="spark")  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_sample_leaves_no_shard_written_by_tasks_still_running(
+    cluster: int, tmp_path: Path
+) -> None:
+    # the first sample is bad: its shard fails at once while later shards are in flight
+    src = tmp_path / "src"
+    whole = write_image(src / "a_broken.jpg", 1, size=(64, 64))
+    (src / "a_broken.jpg").write_bytes(whole[: len(whole) // 2])
+    for i in range(240):  # noise PNGs: each shard takes a while to check and write
+        write_image(src / f"b{i:03d}.png", 10 + i, size=(120, 120))
+    out = tmp_path / "out"
+    with pytest.raises(BadSampleError):
+        shardex.export(src, out, samples_per_shard=30, executor="ray")
+    time.sleep(5)  # were tasks still writing, their shards would appear by now
+    assert not [p for p in out.rglob("*") if p.is_file() and p.name != ".shardex-lock"]
+
+
+def test_a_refused_sample_on_ray_is_one_error_line(cluster: int, tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", [f"img{i}.jpg" for i in range(6)])
+    whole = write_image(tmp_path / "src" / "broken.jpg", 1, size=(64, 64))
+    (tmp_path / "src" / "broken.jpg").write_bytes(whole[: len(whole) // 2])
+    result = CliRunner().invoke(
+        main,
+        [
+            "export-dataset",
+            str(tmp_path / "src"),
+            "-o",
+            str(tmp_path / "out"),
+            "-q",
+            "--executor",
+            "ray",
+            "--samples-per-shard",
+            "2",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert "broken.jpg" in lines[0], lines[0]

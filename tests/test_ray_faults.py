@@ -268,6 +268,9 @@ def test_a_killed_ray_driver_resumes_keeping_its_finished_shards(
                 stamps[stem + ext] = (st.st_ino, st.st_mtime_ns)
     else:
         s3.proxy.reset()
+        # the killed driver's lease (SHARDEX_LOCK_LEASE=2) may still run for 2 s: a resume
+        # started sooner is refused (OutputLockedError), as it must be
+        time.sleep(2.5)
 
     _run([*args, "--mode", "resume"], _env(s3))
 

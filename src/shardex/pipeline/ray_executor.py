@@ -9,6 +9,7 @@ commits config.yaml. Output is byte-identical to :class:`LocalExecutor`'s.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -62,6 +63,7 @@ class RayRunner(Runner):
     def __init__(self, executor: RayExecutor) -> None:
         super().__init__(1)
         self._executor = executor
+        self._pending: deque[Any] = deque()
 
     def __enter__(self) -> Self:
         self._executor.connect()
@@ -74,12 +76,25 @@ class RayRunner(Runner):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        return None
+        self._settle()
+
+    def _settle(self) -> None:
+        """Cancel the tasks not started and wait for the rest: when a shard fails, the
+        export undoes this run's files and gives the output's lock back only after this,
+        so no task still in flight writes a shard into the output afterwards."""
+        pending, self._pending = list(self._pending), deque()
+        if not pending:
+            return
+        ray = _ray()
+        for ref in pending:
+            with contextlib.suppress(Exception):  # already finished, or already failed
+                ray.cancel(ref)
+        ray.wait(pending, num_returns=len(pending), fetch_local=False)
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = _ray()
         task = ray.remote(num_cpus=1)(_call)
-        pending: deque[Any] = deque()
+        pending = self._pending = deque()
         for item in items:
             pending.append(task.remote(fn, item))
             if len(pending) >= 2 * self.workers:

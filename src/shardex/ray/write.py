@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,7 +45,13 @@ from ray.data.datasource.datasink import WriteResult
 
 from shardex.contract import ExportConfig
 from shardex.engine.output import STAGING, check_output, check_root
-from shardex.errors import ConfigError, EmptySourceError, ExportError, ObjectNotFoundError
+from shardex.errors import (
+    ConfigError,
+    EmptySourceError,
+    ExportError,
+    ObjectNotFoundError,
+    OutputExistsError,
+)
 from shardex.options import ExportOptions
 from shardex.quoting import quoted
 from shardex.ray.rows import scan_rows
@@ -192,7 +199,7 @@ class ShardexDatasink(Datasink[StagedPart | None]):
         try:
             if self.options.mode in ("error", "overwrite"):  # before any byte is staged
                 check_output(self.storage, self.options.mode)
-            _remove(self.storage, STAGING)
+            _remove_killed_runs(self.storage)
         except BaseException:
             self._release()
             raise
@@ -304,6 +311,30 @@ def _location(storage: Storage, name: str) -> str:
     """How a staged member names its data object: an absolute local path, or a URL."""
     path = storage.local_path(name)
     return str(path.absolute()) if path is not None else storage.join(name)
+
+
+#: What a write task stages (``write``), or its temporary file while it writes it.
+_STAGED: Final = re.compile(
+    re.escape(STAGING)
+    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
+)
+
+
+def _remove_killed_runs(storage: Storage) -> None:
+    """Delete what killed runs staged (a run that is alive holds the lock), refusing,
+    before anything is deleted, a ``.shardex-staging/`` that holds files no run staged
+    (someone's own folder of that name)."""
+    found = [p for p in (*storage.list(STAGING), *storage.leftovers()) if p.startswith(STAGING)]
+    foreign = [p for p in found if not _STAGED.fullmatch(p)]
+    if foreign:
+        raise OutputExistsError(
+            f"output {storage.uri} holds {quoted(foreign[0])}"
+            + (f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else "")
+            + f", which write_shardex did not stage; {STAGING} is where write tasks stage "
+            "their rows: move those files out of it, or write to another output"
+        )
+    for path in found:
+        storage.delete(path)
 
 
 def _remove(storage: Storage, prefix: str) -> None:
