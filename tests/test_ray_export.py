@@ -5,6 +5,7 @@ from SeaweedFS, to a folder and to SeaweedFS."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from shardex.engine.spill import FinalSpill
 from shardex.errors import BadSampleError, ConfigError
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
 from shardex.storage import ObjectStorage
-from tests.support.raycluster import ray_nodes
+from tests.support.raycluster import ray_nodes, record_span
 
 pytest.importorskip("ray")
 
@@ -156,6 +157,22 @@ def test_tars_on_s3_are_scanned_by_the_tasks_not_the_driver(
     assert len(scanned_here) == 2  # the local executor scans here (threads)
     assert files_of(tmp_path / "ray") == files_of(tmp_path / "one")
     assert shardex.read_config(tmp_path / "ray").num_samples == len(RELS)
+
+
+def test_workers_caps_the_ray_tasks_running_at_once(cluster: int, tmp_path: Path) -> None:
+    from shardex.pipeline.ray_executor import RayExecutor, RayRunner
+
+    with RayRunner(RayExecutor(), limit=1) as runner:
+        assert list(runner.imap(record_span, [(str(tmp_path), i) for i in range(4)])) == [
+            0,
+            1,
+            2,
+            3,
+        ]
+    spans = sorted(tuple(map(float, p.read_text().split())) for p in tmp_path.iterdir())
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # one at a time
+    with RayRunner(RayExecutor()) as runner:
+        assert runner.workers == cluster  # one per cluster CPU (1 a node here)
 
 
 def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> None:

@@ -271,7 +271,8 @@ def main() -> None:
     "--workers",
     type=click.IntRange(min=1),
     default=None,
-    help="Processes (default: one per core, at most 8). Output is identical for any number.",
+    help="Processes (default: one per core, at most 8); with --executor ray, the most Ray "
+    "tasks at once (default: one per cluster CPU). Output is identical for any number.",
 )
 @click.option(
     "--mode",

@@ -56,7 +56,8 @@ def export(
             credentials (default: ``storage_options``).
         executor: where the shards are written: ``"local"`` processes (``workers``), or
             ``"ray"``: Ray tasks on the cluster at ``ray_address`` (default: start or join
-            a local one). On Ray this process reads only the source's references and
+            a local one; ``workers``, when given, caps the tasks running at once, else
+            one per cluster CPU; Ray stays initialised in this process afterwards). On Ray this process reads only the source's references and
             writes the index files, metadata.parquet and config.yaml; the tasks read
             the samples and write the shards straight to the output. The output is
             byte-identical either way.
@@ -72,9 +73,10 @@ def export(
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     runner = None
     if executor == "ray":
-        from shardex.pipeline.ray_executor import RayExecutor  # imports Ray when connecting
+        # imports Ray when connecting
+        from shardex.pipeline.ray_executor import RayExecutor, RayRunner
 
-        runner = RayExecutor(ray_address).runner()
+        runner = RayRunner(RayExecutor(ray_address), limit=opts.workers)
     return run_export(
         source,
         output,

@@ -108,3 +108,15 @@ def ray_nodes(nodes: int = 2, cpus_per_node: int = 1) -> Iterator[Any]:
                 cluster.shutdown()  # type: ignore[no-untyped-call]
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+
+
+def record_span(arg: tuple[str, int]) -> int:
+    """A task that sleeps a little and records when it ran, as ``FOLDER/I``: ``start end``
+    (monotonic clock, the same on every node of a cluster on one machine)."""
+    import time
+
+    folder, i = arg
+    start = time.monotonic()
+    time.sleep(0.3)
+    Path(folder, f"{i}").write_text(f"{start} {time.monotonic()}")
+    return i

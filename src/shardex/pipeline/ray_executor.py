@@ -55,19 +55,29 @@ def _call(fn: Callable[[T], R], item: T) -> R:
 
 class RayRunner(Runner):
     """The exporter's ordered parallel map as Ray tasks (at most 2 per cluster CPU in
-    flight, which bounds memory). Tasks may run on any node: jobs carry what they read
+    flight, which bounds memory; ``limit`` tasks at most, when given). Tasks may run on any node: jobs carry what they read
     (reference rows, never sample bytes), and write straight to the output storage."""
 
     remote = True
 
-    def __init__(self, executor: RayExecutor) -> None:
+    def __init__(self, executor: RayExecutor, limit: int | None = None) -> None:
         super().__init__(1)
         self._executor = executor
+        self._limit = limit
+        self._ahead = 2
         self._pending: deque[Any] = deque()
 
     def __enter__(self) -> Self:
         self._executor.connect()
-        self.workers = max(1, int(_ray().cluster_resources().get("CPU", 1)))
+        cpus = max(1, int(_ray().cluster_resources().get("CPU", 1)))
+        # ``limit``: the export's ``workers``, at most that many tasks at once (Ray runs
+        # every task it is given that a CPU is free for: fewer are given); else two per
+        # CPU in flight, so a CPU never waits for the next task
+        limit = self._limit
+        if limit is not None and limit < cpus:
+            self.workers = self._ahead = max(1, limit)
+        else:
+            self.workers, self._ahead = cpus, 2 * cpus
         return self
 
     def __exit__(
@@ -97,7 +107,7 @@ class RayRunner(Runner):
         pending = self._pending = deque()
         for item in items:
             pending.append(task.remote(fn, item))
-            if len(pending) >= 2 * self.workers:
+            if len(pending) >= self._ahead:
                 yield ray.get(pending.popleft())
         while pending:
             yield ray.get(pending.popleft())
