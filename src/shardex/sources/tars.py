@@ -40,7 +40,7 @@ from typing import IO, Any, ClassVar, Final, cast
 
 import pyarrow as pa
 
-from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
+from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError, StorageError
 from shardex.format.tar import BLOCK, split_name
 from shardex.sources import tarheaders
 from shardex.sources.base import (
@@ -228,6 +228,8 @@ def tar_samples(tar: TarRef) -> Iterator[_Sample]:
         # tarfile seeks to each header itself, so the member reads may share the file
         try:
             tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in scan_members)
+        except StorageError:
+            raise
         except (tarfile.TarError, OSError) as exc:
             raise SourceError(
                 f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
@@ -258,6 +260,8 @@ def scan_members(
         while True:
             try:
                 info = headers.next()
+            except StorageError:
+                raise  # the store failed (a tar on object storage), not the tar: no damage
             except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
                 # or a GNU sparse map that is not numbers (tarfile lets int() raise)
                 damage = f"bad tar header at byte {tf.offset} ({printable(str(exc))})"
