@@ -567,3 +567,23 @@ def test_iteration_in_chunks_reads_what_ds_i_reads_and_catches_damage(
     assert list(damaged) == before[:9] + before[10:]
     assert [n for n, _ in damaged.skipped] == [9]
     assert "checksum mismatch for sample 9" in damaged.skipped[0][1]
+
+
+def test_datasets_opened_in_a_loop_keep_no_shard_descriptors(clean: Path) -> None:
+    """A dataset dropped closes the shards it opened (each read opens them): a loop
+    that opens an export, reads it and drops it does not run out of descriptors."""
+    import gc
+
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    shards = len(list((clean / "train").glob("*.tar")))
+    assert shards >= 3
+    before = open_files()
+    for _ in range(40):
+        ds = shardex.open_dataset(clean)
+        assert len(list(ds)) == len(ds)
+        assert ds[len(ds) - 1]["__key__"]
+        del ds
+    gc.collect()
+    assert open_files() - before <= 2  # not 40 x the shards

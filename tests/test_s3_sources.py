@@ -38,6 +38,7 @@ from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
 from shardex.sources.base import SampleStream, ScanBatch
 from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
+from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage
 from tests.support.proxy import RequestHead, RequestRecord
 
@@ -813,3 +814,36 @@ def test_a_member_whose_fetch_has_not_started_is_waited_for(tmp_path: Path) -> N
             assert reads.read(*members[i]) == bytes([i]) * 100
     finally:
         reads.close()
+
+
+class _FailingStore(LocalStorage):
+    """A local store whose ranged reads fail after the first few (a server that starts
+    refusing mid-scan: access revoked, or retries exhausted)."""
+
+    ok_reads = 2
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        if self.ok_reads <= 0:
+            raise StorageError(f"cannot read {self.join(path)}: access denied")
+        self.ok_reads -= 1
+        return super().get_range(path, start, length)
+
+
+@pytest.mark.parametrize("on_error", ["error", "skip"])
+def test_a_storage_failure_mid_scan_fails_the_export_not_marks_the_tar_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str
+) -> None:
+    """A ranged GET of the scan that fails (after the storage layer's retries) is the
+    storage's error: the export stops with it, and never records the tar's samples as
+    damaged and skipped (under --on-error skip they would be silently left out)."""
+    data = _tar([(f"k{i}", _noise_jpeg(i), i % 2) for i in range(6)])
+    (tmp_path / "part.tar").write_bytes(data)
+    store = _FailingStore(tmp_path)
+    tar = TarRef("part.tar", "part.tar", len(data), store)
+    with pytest.raises(StorageError, match="access denied"):
+        list(tar_samples(tar))
+    store.ok_reads = 2
+    monkeypatch.setattr(TarSource, "_tars", lambda self: [tar])
+    with pytest.raises(StorageError, match="access denied"):
+        shardex.export(TarSource(str(tmp_path)), tmp_path / "out", on_error=on_error)
+    assert not (tmp_path / "out" / "config.yaml").exists()

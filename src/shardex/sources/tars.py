@@ -40,7 +40,13 @@ from typing import IO, Any, ClassVar, Final, cast
 
 import pyarrow as pa
 
-from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
+from shardex.errors import (
+    EmptySourceError,
+    ObjectNotFoundError,
+    SourceError,
+    SourceNotFoundError,
+    StorageError,
+)
 from shardex.format.tar import BLOCK, split_name
 from shardex.sources import tarheaders
 from shardex.sources.base import (
@@ -229,6 +235,8 @@ def tar_samples(tar: TarRef) -> Iterator[_Sample]:
         try:
             tf = tarfile.open(fileobj=raw, mode="r:")  # noqa: SIM115 (closed in scan_members)
         except (tarfile.TarError, OSError) as exc:
+            if _store_failed(exc):
+                raise
             raise SourceError(
                 f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
             ) from exc
@@ -260,6 +268,8 @@ def scan_members(
                 info = headers.next()
             except (tarfile.TarError, OSError, ValueError) as exc:  # e.g. a long name alone,
                 # or a GNU sparse map that is not numbers (tarfile lets int() raise)
+                if _store_failed(exc):
+                    raise
                 damage = f"bad tar header at byte {tf.offset} ({printable(str(exc))})"
                 break
             if info is None:
@@ -291,6 +301,13 @@ def scan_members(
             )
         if sample is not None:
             yield sample.done()
+
+
+def _store_failed(exc: BaseException) -> bool:
+    """Whether a tar on object storage could not be read because its store failed
+    (after the storage layer's retries: down, access denied): that stops the export. A
+    tar gone since it was listed reads as damaged, as any object gone before it is read."""
+    return isinstance(exc, StorageError) and not isinstance(exc, ObjectNotFoundError)
 
 
 def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:

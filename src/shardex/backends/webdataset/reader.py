@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
@@ -133,6 +134,17 @@ class ShardDataset(SampleRanges):
 
     def __len__(self) -> int:
         return self._n
+
+    def __del__(self) -> None:
+        # The shard descriptors are plain ints: nothing else closes them, so every
+        # dataset dropped kept one per shard it had read (a loop opening datasets ran
+        # out of descriptors). A pickled copy reopens its own (ReopenedDataset).
+        if getattr(self, "_pid", None) != _PROCESS[0]:
+            return  # forked: the parent's descriptors are the parent's to close
+        for fd in self._fds:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _load_members(self) -> None:
         """Map index-members.npy (on object storage: fetch it once, into the cache)."""
