@@ -7,7 +7,7 @@ import io
 import os
 import pty
 import re
-import select
+import selectors
 import subprocess
 import sys
 import time
@@ -50,10 +50,11 @@ def _on_terminal(args: list[str], limit: float = 300) -> tuple[int, str]:
     os.close(follower)
     out = bytearray()
     deadline = time.monotonic() + limit
+    waiting = selectors.DefaultSelector()  # not select(): descriptors past 1024 are fine
+    waiting.register(leader, selectors.EVENT_READ)
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([leader], [], [], 1.0)
-            if not ready:
+            if not waiting.select(1.0):
                 continue
             try:
                 chunk = os.read(leader, 1 << 16)
@@ -63,8 +64,9 @@ def _on_terminal(args: list[str], limit: float = 300) -> tuple[int, str]:
                 break
             out += chunk
     finally:
+        waiting.close()
         os.close(leader)
-        if child.poll() is None and time.monotonic() >= deadline:
+        if child.poll() is None and (time.monotonic() >= deadline or sys.exc_info()[0]):
             child.kill()
     return child.wait(), ANSI.sub("", out.decode(errors="replace"))
 

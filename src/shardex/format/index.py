@@ -40,7 +40,6 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shardex.errors import FormatError
 from shardex.format.mapped import (
     ABSENT,
     KEYS_FILE,
@@ -52,7 +51,10 @@ from shardex.format.mapped import (
     SEEDED_VERSION,
     MemberIndex,
     SplitIndex,
+    check_member_rows,
     checksum_seeds,
+    members_dtype,
+    sample_dtype,
 )
 from shardex.format.mapped import (
     key_hash as key_hash,
@@ -88,9 +90,7 @@ __all__ = [
     "to_npy_bytes",
 ]
 
-SAMPLE_DTYPE: Final = np.dtype(
-    [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
-)
+SAMPLE_DTYPE: Final = sample_dtype()
 
 
 def checksum(data: bytes | bytearray | memoryview, seed: int = 0) -> int:
@@ -134,13 +134,6 @@ def to_npy_bytes(array: npt.NDArray[np.generic]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
-
-
-def members_dtype(exts: Sequence[str]) -> np.dtype[np.void]:
-    """The row type of ``index-members.npy`` for these member extensions."""
-    return np.dtype(
-        [("check", "<u8"), ("key", "<u4", (2,)), ("members", [(e, "<u4", (2,)) for e in exts])]
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,26 +249,6 @@ def _checks(
         np.uint64,
         len(rows),
     )
-
-
-def check_member_rows(rows: Any, where: str, num_samples: int) -> tuple[str, ...]:
-    """The member extensions of ``rows`` (an ``index-members.npy`` of a split of
-    ``num_samples`` samples, found at ``where``).
-
-    Raises:
-        FormatError: it is not a 1-d array of index-members rows, or not one per sample.
-    """
-    names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
-    if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
-        raise FormatError(
-            f"{where}: expected a 1-d array of index-members rows, found {rows.dtype} "
-            f"with shape {rows.shape}"
-        )
-    if len(rows) != num_samples:
-        raise FormatError(
-            f"{where}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
-        )
-    return tuple(names)
 
 
 def first_damaged_row(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> int | None:

@@ -15,7 +15,7 @@ import os
 import re
 import struct
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 RECORD: Final = struct.Struct("<QQII")
+#: The record's fields, as :data:`shardex.format.index.SAMPLE_DTYPE` (numpy) has them.
+SAMPLE_FIELDS: Final = [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
+
+
+def sample_dtype() -> np.dtype[np.void]:
+    """The numpy dtype of a record (numpy imported here, on first use)."""
+    import numpy as np
+
+    return np.dtype(SAMPLE_FIELDS)
+
+
 SAMPLES_FILE: Final = "index-samples.npy"
 KEYS_FILE: Final = "index-keys.npy"
 MEMBERS_FILE: Final = "index-members.npy"
@@ -151,12 +162,12 @@ class SplitIndex:
     def _checked(self, samples_path: Path, num_samples: int) -> memoryview:
         """The records through numpy.load, which refuses (or accepts) what the short way
         did not take."""
-        from shardex.format.index import SAMPLE_DTYPE
+        dtype = sample_dtype()
 
         samples = _load(samples_path, "sample")
-        if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
+        if samples.dtype != dtype or samples.ndim != 1:
             raise FormatError(
-                f"{samples_path}: expected a 1-d array of {SAMPLE_DTYPE}, found "
+                f"{samples_path}: expected a 1-d array of {dtype}, found "
                 f"{samples.dtype} with shape {samples.shape}"
             )
         if len(samples) != num_samples:
@@ -188,9 +199,7 @@ class SplitIndex:
         if self._samples is None:
             import numpy as np
 
-            from shardex.format.index import SAMPLE_DTYPE
-
-            self._samples = np.frombuffer(self._raw, SAMPLE_DTYPE)
+            self._samples = np.frombuffer(self._raw, sample_dtype())
         return self._samples  # type: ignore[no-any-return]
 
     def _key_table(self) -> memoryview:
@@ -264,8 +273,6 @@ class MemberIndex:
         if npy is not None and npy.shape == (num_samples,):
             self.raw = npy.data
         else:
-            from shardex.format.index import check_member_rows
-
             rows: Any = _load(path, "member")
             names = list(check_member_rows(rows, str(path), num_samples))
             self._rows = rows
@@ -284,7 +291,34 @@ class MemberIndex:
         if self._rows is None:
             import numpy as np
 
-            from shardex.format.index import members_dtype
-
             self._rows = np.frombuffer(self.raw, members_dtype(self.names))
         return self._rows  # type: ignore[no-any-return]
+
+
+def members_dtype(exts: Sequence[str]) -> np.dtype[np.void]:
+    """The row type of ``index-members.npy`` for these member extensions."""
+    import numpy as np
+
+    return np.dtype(
+        [("check", "<u8"), ("key", "<u4", (2,)), ("members", [(e, "<u4", (2,)) for e in exts])]
+    )
+
+
+def check_member_rows(rows: Any, where: str, num_samples: int) -> tuple[str, ...]:
+    """The member extensions of ``rows`` (an ``index-members.npy`` of a split of
+    ``num_samples`` samples, found at ``where``).
+
+    Raises:
+        FormatError: it is not a 1-d array of index-members rows, or not one per sample.
+    """
+    names = rows.dtype.names == ("check", "key", "members") and rows.dtype["members"].names
+    if rows.ndim != 1 or names is False or names is None or rows.dtype != members_dtype(names):
+        raise FormatError(
+            f"{where}: expected a 1-d array of index-members rows, found {rows.dtype} "
+            f"with shape {rows.shape}"
+        )
+    if len(rows) != num_samples:
+        raise FormatError(
+            f"{where}: holds {len(rows)} rows, config.yaml says {num_samples} samples"
+        )
+    return tuple(names)
