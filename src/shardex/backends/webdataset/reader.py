@@ -684,12 +684,8 @@ class ShardDataset(SampleRanges):
                             sample = decode_fields(fields) if decode else cast(Sample, fields)
                             sample["__key__"] = key
             if sample is None:
-                try:
-                    sample = self._sample(
-                        self._read(shard, off, length), checksum, shard, off, number
-                    )
-                except FormatError as exc:
-                    self._skip(number, exc)
+                sample = self._read_checked(shard, off, length, checksum, number)
+                if sample is None:
                     continue
             yield sample
 
@@ -708,14 +704,21 @@ class ShardDataset(SampleRanges):
             if stop <= size and (not verify or _xxh3(view[off:stop], number * seed) == checksum):
                 sample = cut(mapped, off, number, checksum, stop)
             if sample is None:
-                try:
-                    sample = self._sample(
-                        self._read(shard, off, length), checksum, shard, off, number
-                    )
-                except FormatError as exc:
-                    self._skip(number, exc)
+                sample = self._read_checked(shard, off, length, checksum, number)
+                if sample is None:
                     continue
             yield sample
+
+    def _read_checked(
+        self, shard: int, off: int, length: int, checksum: int, number: int
+    ) -> Sample | None:
+        """A sample the fast way could not take, read and checked the checked way; None:
+        it was damaged and is skipped (on_error="skip")."""
+        try:
+            return self._sample(self._read(shard, off, length), checksum, shard, off, number)
+        except FormatError as exc:
+            self._skip(number, exc)
+            return None
 
     def _skip(self, number: int, exc: FormatError | ObjectNotFoundError) -> None:
         """Raise, or (on_error="skip") record and log a damaged sample; a replaced export
