@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +68,17 @@ def small_export(root: Path, count: int, samples_per_shard: int) -> Path:
     folder = make_sample_folder(root / "src", count)
     shardex.export(str(folder.table), root / "out", samples_per_shard=samples_per_shard, workers=1)
     return root / "out"
+
+
+def kill_once_shards_appear(code: str, args: list[str], out: Path, limit: float = 120) -> None:
+    """Run ``python -c code *args`` (an export into ``out``), SIGKILL it as soon as ``out``
+    holds a shard, and check the kill landed before its commit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env)
+    deadline = time.monotonic() + limit
+    while not list(out.glob("*/images-*.tar")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(out.glob("*/images-*.tar")), "the export never reached its shards"
+    assert not (out / "config.yaml").exists(), "killed after its commit: nothing to test"

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import shardex
 import shardex.engine.run as run_module
+from helpers import kill_once_shards_appear
 from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
@@ -299,15 +300,7 @@ def test_a_streamed_export_killed_while_writing_resumes_to_the_same_bytes(tmp_pa
         "import sys, shardex; "
         "shardex.export(sys.argv[1], sys.argv[2], samples_per_shard=10, workers=2)"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(root), str(killed)], env=env)
-    deadline = time.monotonic() + 120
-    while not list(killed.glob("*/images-*.tar")) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert list(killed.glob("*/images-*.tar")), "the export never reached its shards"
-    assert not (killed / "config.yaml").exists(), "killed after its commit: nothing to test"
+    kill_once_shards_appear(code, [str(root), str(killed)], killed)
     shardex.export(str(root), killed, samples_per_shard=10, workers=2, mode="resume")
     assert _files(killed) == _files(clean)
 

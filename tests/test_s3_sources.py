@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from click.testing import CliRunner
 
 import shardex
 from conftest import S3Location
-from helpers import files_of, image_bytes, make_tree
+from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree
 from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
@@ -743,16 +742,7 @@ def test_an_export_of_tars_on_s3_killed_while_writing_resumes_to_the_same_bytes(
         "shardex.export(sys.argv[1], sys.argv[2], samples_per_shard=10, workers=2,\n"
         "               source_storage_options=json.loads(sys.argv[3]))"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [sys.executable, "-c", code, source, str(killed), json.dumps(s3.direct)]
-    proc = subprocess.Popen(args, env=env)
-    deadline = time.monotonic() + 120
-    while not list(killed.glob("*/images-*.tar")) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert list(killed.glob("*/images-*.tar")), "the export never reached its shards"
-    assert not (killed / "config.yaml").exists(), "killed after its commit: nothing to test"
+    kill_once_shards_appear(code, [source, str(killed), json.dumps(s3.direct)], killed)
     shardex.export(source, killed, source_storage_options=s3.direct, mode="resume", **opts)
     lock = ".shardex-lock"
     assert {n: d for n, d in files_of(killed).items() if n != lock} == {
