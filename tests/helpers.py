@@ -82,3 +82,20 @@ def kill_once_shards_appear(code: str, args: list[str], out: Path, limit: float 
     proc.wait()
     assert list(out.glob("*/images-*.tar")), "the export never reached its shards"
     assert not (out / "config.yaml").exists(), "killed after its commit: nothing to test"
+
+
+def peak_rss_kb(code: str, args: list[str]) -> int:
+    """Peak resident memory (VmHWM, KiB) of a fresh process running ``python -c code
+    *args`` (not ru_maxrss: a child started by fork and exec keeps its parent's peak)."""
+    report = (
+        "\nprint([ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1])"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code + report, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(proc.stdout.split()[-1])

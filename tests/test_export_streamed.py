@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import shardex
 import shardex.engine.run as run_module
-from helpers import kill_once_shards_appear
+from helpers import kill_once_shards_appear, peak_rss_kb
 from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
@@ -525,13 +525,9 @@ def _peak_rss_kb(tar: Path, out: Path, whole: bool) -> int:
     code = (
         "import sys, shardex, shardex.engine.run as r\n"
         "if sys.argv[3] == 'whole': r.streamable = lambda *a: False\n"
-        "shardex.export(sys.argv[1], sys.argv[2], workers=1)\n"
-        "print([ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1])"
+        "shardex.export(sys.argv[1], sys.argv[2], workers=1)"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [sys.executable, "-c", code, str(tar), str(out), "whole" if whole else "streamed"]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
-    return int(proc.stdout.split()[-1])
+    return peak_rss_kb(code, [str(tar), str(out), "whole" if whole else "streamed"])
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc VmHWM")

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shlex
 import socket
-import subprocess
-import sys
 import tarfile
 import time
 from collections import Counter
@@ -31,7 +28,7 @@ from click.testing import CliRunner
 
 import shardex
 from conftest import S3Location
-from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree
+from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree, peak_rss_kb
 from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
@@ -683,18 +680,13 @@ def test_a_member_declaring_a_huge_size_on_s3_is_refused_or_skipped_as_a_local_o
 
 
 def _peak_rss_kb(source: str, options: dict[str, Any], out: Path) -> int:
-    """Peak resident memory (VmHWM) of a fresh process exporting ``source`` (not
-    ru_maxrss: a child started by fork and exec keeps its parent's, pytest's, peak)."""
+    """Peak resident memory (VmHWM) of a fresh process exporting ``source``."""
     code = (
         "import json, sys, shardex\n"
         "shardex.export(sys.argv[1], sys.argv[2], workers=1, samples_per_shard=50,\n"
-        "               source_storage_options=json.loads(sys.argv[3]))\n"
-        "print([ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1])"
+        "               source_storage_options=json.loads(sys.argv[3]))"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [sys.executable, "-c", code, source, str(out), json.dumps(options)]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
-    return int(proc.stdout.split()[-1])
+    return peak_rss_kb(code, [source, str(out), json.dumps(options)])
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc VmHWM")
