@@ -122,6 +122,15 @@ class FullDisk(LocalStorage):
                     )
                 super().write(data)
 
+            def write_parts(self, parts: Any) -> None:  # the shard writer's writev
+                disk.budget -= sum(map(len, parts))
+                if disk.budget < 0:
+                    self.abort()
+                    raise StorageError(
+                        f"cannot write {path}: {OSError(errno.ENOSPC, 'No space left on device').strerror}"
+                    )
+                super().write_parts(parts)
+
         return Writer(self._path(path))
 
 

@@ -9,6 +9,7 @@ per member (a 20k-sample export spent seconds building and reading such dicts).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator
@@ -53,7 +54,9 @@ class Members:
     offset: npt.NDArray[np.int64]
     size: npt.NDArray[np.int64]
     inline: npt.NDArray[np.bool_]
-    data: pa.LargeBinaryArray
+    #: Inline bytes, one row per member (null: none): chunked as the source's batches
+    #: came, so that joining them copies no image bytes (see :class:`ByteSource`).
+    data: pa.ChunkedArray
     #: Storages by root URL for members named by URL (empty when none is).
     stores: tuple[tuple[str, Storage], ...] = ()
 
@@ -63,20 +66,24 @@ class Members:
         column: pa.ChunkedArray | pa.Array,
         stores: tuple[tuple[str, Storage], ...] | None = None,
     ) -> Members:
-        """Read a ``_members`` column (one pass over its references; no bytes copied
-        when the column is one chunk). ``stores``: those that serve its URLs (default:
-        the ones registered in this process)."""
-        if isinstance(column, pa.ChunkedArray):
-            column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        """Read a ``_members`` column (one pass over its references; no bytes copied:
+        a column of several chunks keeps its bytes in them). ``stores``: those that serve
+        its URLs (default: the ones registered in this process)."""
+        if isinstance(column, pa.Array):
+            column = pa.chunked_array([column], column.type)
         if len(column) == 0:
-            column = pa.array([], pa.list_(MEMBER_TYPE))
+            column = pa.chunked_array([pa.array([], pa.list_(MEMBER_TYPE))])
         lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
         starts = np.zeros(len(column) + 1, np.int64)
         np.cumsum(lengths, out=starts[1:])
         flat = pc.list_flatten(column)
-        data = flat.field("data").cast(pa.large_binary())
-        ext_codes, ext_names = _codes(flat.field("ext"))
-        path_codes, path_names = _codes(flat.field("path"))
+
+        def field(name: str) -> pa.Array:  # the small fields, joined: no image bytes
+            return _joined(pc.struct_field(flat, name))
+
+        data = pc.struct_field(flat, "data").cast(pa.large_binary())  # values not copied
+        ext_codes, ext_names = _codes(field("ext"))
+        path_codes, path_names = _codes(field("path"))
         remote = any("://" in name for name in path_names)
         return cls(
             starts=starts,
@@ -84,8 +91,8 @@ class Members:
             ext_names=ext_names,
             path_codes=path_codes,
             path_names=path_names,
-            offset=flat.field("offset").to_numpy(zero_copy_only=False).astype(np.int64),
-            size=flat.field("size").to_numpy(zero_copy_only=False).astype(np.int64),
+            offset=field("offset").to_numpy(zero_copy_only=False).astype(np.int64),
+            size=field("size").to_numpy(zero_copy_only=False).astype(np.int64),
             inline=pc.is_valid(data).to_numpy(zero_copy_only=False),
             data=data,
             stores=(registered() if stores is None else stores) if remote else (),
@@ -142,6 +149,13 @@ class Members:
             data=self.data.take(pa.array(picks, pa.int64())),
             stores=self.stores,
         )
+
+
+def _joined(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """One array of a (small) chunked column."""
+    if isinstance(values, pa.ChunkedArray):
+        return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    return values
 
 
 def _codes(values: pa.Array) -> tuple[npt.NDArray[np.int32], tuple[str, ...]]:
@@ -323,14 +337,19 @@ class ByteSource:
 
     def __init__(self, members: Members) -> None:
         self._m = members
-        data = members.data
-        buffers = data.buffers()
-        self._offsets = np.frombuffer(buffers[1], np.int64)[
-            data.offset : data.offset + len(data) + 1
-        ]
-        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
-        values = buffers[2] if buffers[2] is not None else b""
-        self._values = memoryview(values).cast("B")
+        #: Per chunk of ``members.data``: its value offsets and its bytes (a view).
+        self._offsets: list[npt.NDArray[np.int64]] = []
+        self._values: list[memoryview] = []
+        ends = [0]
+        for chunk in members.data.chunks:
+            buffers = chunk.buffers()
+            at = chunk.offset
+            self._offsets.append(np.frombuffer(buffers[1], np.int64)[at : at + len(chunk) + 1])
+            # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
+            self._values.append(memoryview(buffers[2] if buffers[2] is not None else b"").cast("B"))
+            ends.append(ends[-1] + len(chunk))
+        #: Member numbers where each chunk starts (a chunk per source batch: few).
+        self._chunk_starts = ends
         self._files = _Files()
         self._objects = ObjectReads(members.stores)
         self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
@@ -358,7 +377,11 @@ class ByteSource:
         """Member ``j``'s bytes (a view for inline members: no copy)."""
         m = self._m
         if m.inline[j]:
-            return self._values[self._offsets[j] : self._offsets[j + 1]]
+            starts = self._chunk_starts
+            c = 0 if len(starts) == 2 else bisect.bisect_right(starts, j) - 1
+            k = j - starts[c]
+            offsets = self._offsets[c]
+            return self._values[c][offsets[k] : offsets[k + 1]]
         path = m.path(j)
         if path is None:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")

@@ -59,6 +59,11 @@ class ObjectWriter(ABC):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes to the object."""
 
+    def write_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Append the parts, in order, as :meth:`write` of their concatenation would
+        (a local file writes them with one ``writev``, without joining them first)."""
+        self.write(b"".join(parts))
+
     @abstractmethod
     def commit(self) -> None:
         """Make the object visible under its final name, atomically."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -52,6 +53,17 @@ class LocalObjectWriter(ObjectWriter):
             ) from exc
         self._pos += len(data)
 
+    def write_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """``writev`` of the parts straight from their buffers (no copy into one)."""
+        try:
+            self._file.flush()  # what write() buffered goes first
+            self._pos += _writev(self._file.fileno(), parts)
+        except OSError as exc:
+            self.abort()
+            raise StorageError(
+                f"cannot write {self._final}: {exc.strerror or exc}; the file was not created"
+            ) from exc
+
     @property
     def tell(self) -> int:
         return self._pos
@@ -76,6 +88,34 @@ class LocalObjectWriter(ObjectWriter):
         with contextlib.suppress(OSError):  # a full disk may fail the flush in close()
             self._file.close()
         self._tmp.unlink(missing_ok=True)
+
+
+#: Buffers one ``writev`` takes at most.
+_IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def _writev(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
+    """Write every part (bytes, or a view of single bytes) to ``fd`` in order
+    (``writev``, resumed after a short write); the bytes written."""
+    total = 0
+    pending = list(parts)
+    while pending:
+        batch = pending[:_IOV_MAX]
+        done, want = os.writev(fd, batch), sum(map(len, batch))
+        total += done
+        if done == want:
+            del pending[: len(batch)]
+            continue
+        if done == 0:  # no progress (never seen for a file): as a full disk would say
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        # a short write: drop the parts written whole; the next keeps its rest
+        k = 0
+        while done >= len(batch[k]):
+            done -= len(batch[k])
+            k += 1
+        del pending[:k]
+        pending[0] = memoryview(pending[0])[done:]
+    return total
 
 
 def check_output_folder(root: Path) -> None:

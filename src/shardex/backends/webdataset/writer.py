@@ -239,6 +239,7 @@ class _Layout:
             [e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in ext_names], bool
         )
         self.is_image: list[bool] = (image[ext_codes] & own).tolist() if total else []
+        self.pieces = self._pieces()
         # arrays for the index files of the samples taken (see _Taken)
         self.owner = owner
         self.np_firsts = firsts
@@ -251,7 +252,36 @@ class _Layout:
         np.cumsum(length, out=before[1:])
         #: Per member: where its data starts, counted from its sample's first byte.
         self.data_at = before[:-1] - before[firsts[:-1]][owner] + hlen
+        #: Per candidate: its bytes in the tar (headers, data, padding).
+        self.sample_bytes: list[int] = (before[firsts[1:]] - before[firsts[:-1]]).tolist()
         self.name_len = np.fromiter(map(len, raw), np.int64, total)
+
+    def _pieces(self) -> list[list[bytes | int]]:
+        """Per candidate, its tar bytes as the writer puts them out: the bytes known
+        before reading (headers, padding, the members the writer adds) joined between
+        the source members, which stand as their numbers (``~j`` for an image, which is
+        checked as it is read). A JPEG with its label is three parts: header, image,
+        padding + the label's header, bytes and padding."""
+        heads, pads, payloads, is_image = self.heads, self.pads, self.payloads, self.is_image
+        firsts = self.firsts
+        out: list[list[bytes | int]] = []
+        for i in range(len(firsts) - 1):
+            pieces: list[bytes | int] = []
+            known: list[bytes | memoryview] = []
+            for t in range(firsts[i], firsts[i + 1]):
+                known.append(heads[t])
+                p = payloads[t]
+                if isinstance(p, int):
+                    pieces.append(b"".join(known))
+                    pieces.append(~p if is_image[t] else p)
+                    known = []
+                else:
+                    known.append(p)
+                known.append(pads[t])
+            if known:
+                pieces.append(b"".join(known))
+            out.append(pieces)
+        return out
 
 
 def _extra_values(job: ShardJob, n: int) -> list[tuple[str, list[Any]]]:
@@ -274,25 +304,32 @@ _PADS: Final = tuple(bytes(p) for p in range(BLOCK))
 
 
 class _TarOut:
-    """The shard's bytes on their way out: gathered into large writes, hashed whole;
-    the object is opened with the first write (a shard of no good sample is no object).
-    ``writing=False`` only hashes (a shard left by an interrupted export is checked)."""
+    """The shard's bytes on their way out: the parts (headers, the members' own buffers,
+    padding) gathered into large writes without being copied into one buffer (a local
+    file takes them with one ``writev``), hashed whole; the object is opened with the
+    first write (a shard of no good sample is no object). ``writing=False`` only hashes
+    (a shard left by an interrupted export is checked)."""
 
     def __init__(self, job: ShardJob, stack: contextlib.ExitStack, writing: bool) -> None:
         self._job, self._stack, self.writing = job, stack, writing
         self._out: Any = None
         self.whole = xxhash.xxh3_64()
-        self.buf = bytearray()
+        #: The parts not written yet, and their bytes.
+        self.parts: list[bytes | bytearray | memoryview] = []
+        self.pending = 0
 
     def flush(self) -> None:
-        self.whole.update(self.buf)
+        update = self.whole.update
+        for part in self.parts:
+            update(part)
         if self.writing:
             if self._out is None:
                 self._out = self._stack.enter_context(
                     self._job.storage.open_writer(self._job.tar_path)
                 )
-            self._out.write(self.buf)
-        self.buf = bytearray()
+            self._out.write_parts(self.parts)
+        self.parts = []
+        self.pending = 0
 
 
 @dataclass(slots=True)
@@ -320,57 +357,56 @@ def _fill(
     Each member's bytes are read once: checked (images), appended and hashed. This loop
     runs once per sample: it holds only what must be done per sample."""
     got = _Picked()
-    heads, pads, payloads, is_image = layout.heads, layout.pads, layout.payloads, layout.is_image
-    firsts, sizes = layout.firsts, job.sizes.tolist()
+    pieces_of, sizes, lengths_of = layout.pieces, job.sizes.tolist(), layout.sample_bytes
     cap, limit, check = job.max_shard_bytes, job.samples_per_shard, job.check
     taken, offsets, lengths, sums = got.taken, got.offsets, got.lengths, got.sums
-    read, digest_of = source.read, xxhash.xxh3_64_intdigest
+    read, hasher = source.read, xxhash.xxh3_64
     used, pos, seed = len(END_OF_ARCHIVE), 0, job.first_sample if job.seeded else None
-    buf = out.buf
+    parts = out.parts
     for i in range(job.rows.num_rows):
         count = len(taken)
         if count >= limit or (cap is not None and count and used + sizes[i] > cap):
             got.full = True
             break
         got.consumed = i + 1
-        start = len(buf)
         reason = None
-        for t in range(firsts[i], firsts[i + 1]):
-            p = payloads[t]
-            data: bytes | memoryview
-            if isinstance(p, int):  # a source member: read, and checked if an image
+        start = len(parts)
+        for p in pieces_of[i]:
+            if type(p) is int:  # a source member: read (its own buffer), checked if an image
                 try:
-                    data = read(p)
+                    data = read(p if p >= 0 else ~p)
                 except BadSampleError as exc:
                     reason = exc.reason or str(exc)
                     break
-                if is_image[t]:
+                if p < 0:
                     reason = image_problem(data, check)
                     if reason:
                         break
+                parts.append(data)
             else:
-                data = p
-            buf += heads[t]
-            buf += data
-            buf += pads[t]
+                parts.append(p)  # type: ignore[arg-type]  # bytes: not an int
         if reason:
-            del buf[start:]
+            del parts[start:]
             _bad(job, layout, i, reason, got)
             continue
-        length = len(buf) - start
-        with memoryview(buf) as view, view[start:] as sample:
-            digest = digest_of(sample, 0 if seed is None else seed + count)
+        # the sample's checksum over its parts as they lie back to back in the tar
+        h = hasher(seed=0 if seed is None else seed + count)
+        for k in range(start, len(parts)):
+            h.update(parts[k])
+        digest = h.intdigest()
+        length = lengths_of[i]
         taken.append(i)
         offsets.append(pos)
         lengths.append(length)
         sums.append(digest)
         pos += length
         used += sizes[i]
+        out.pending += length
         if old is not None and not _same_prefix(old, count, pos, digest):
             raise _Mismatch
-        if len(buf) >= _FLUSH:
+        if out.pending >= _FLUSH or len(parts) >= _FLUSH_PARTS:
             out.flush()
-            buf = out.buf
+            parts = out.parts
     got.size = pos + len(END_OF_ARCHIVE)
     return got
 
@@ -500,6 +536,8 @@ def _plain_spans(
 
 #: Bytes gathered before one write (few large writes instead of one per member).
 _FLUSH: Final = 4 << 20
+#: Parts gathered before one write: a few ``writev`` calls' worth (IOV_MAX is 1024).
+_FLUSH_PARTS: Final = 4096
 
 
 def write_shard(job: ShardJob) -> ShardWritten:
@@ -525,7 +563,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)
             got = _fill(job, layout, source, out, old)
-            out.buf += END_OF_ARCHIVE
+            out.parts.append(END_OF_ARCHIVE)
             if got.taken or not out.writing:
                 out.flush()
     except _Mismatch:
