@@ -100,11 +100,14 @@ def write_shards(
     *,
     inline: bool,
     on_discard: Callable[[ShardWritten], None],
+    write: Callable[[ShardJob], ShardWritten] | None = None,
 ) -> Iterator[ShardWritten]:
     """The split's shards in order, each holding ``samples_per_shard`` good samples (or
     up to the byte cap); only the last may be short, or even empty (no files written,
     only its skipped samples to record). ``on_discard`` gets each shard
-    written speculatively and then replaced (its files may need deleting)."""
+    written speculatively and then replaced (its files may need deleting). ``write``
+    writes a job (default :func:`write_shard`)."""
+    write = write or write_shard
     n = split.num_samples
     pos = sample = number = 0
     slack = _SLACK
@@ -128,7 +131,7 @@ def write_shards(
                 first += b - a
 
         todo = map(_carried, jobs()) if runner.remote and not inline else jobs()
-        results = map(write_shard, todo) if inline else runner.imap(write_shard, todo)
+        results = map(write, todo) if inline else runner.imap(write, todo)
         more = False
         for q, done in enumerate(results):
             if stop[0]:
