@@ -84,11 +84,13 @@ def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> 
     }
 
 
-def _carried(job: ShardJob) -> ShardJob:
-    """A job for a worker on another machine: its spill slice's rows read into it."""
-    if job.spill is None:
-        return job
-    return dataclasses.replace(job, spill=job.spill.carried())
+def _carried(jobs: Iterator[ShardJob]) -> Iterator[ShardJob]:
+    """Jobs for workers on other machines: each spill slice's rows read into its job,
+    each record batch of the spill read once (a job's slice mostly begins in the batch
+    where the one before ended)."""
+    read: dict[int, pa.RecordBatch] = {}
+    for job in jobs:
+        yield job if job.spill is None else dataclasses.replace(job, spill=job.spill.carried(read))
 
 
 def write_shards(
@@ -130,7 +132,7 @@ def write_shards(
                 yield make_job(at + a, min(n, at + b + extra), first, k + q)
                 first += b - a
 
-        todo = map(_carried, jobs()) if runner.remote and not inline else jobs()
+        todo = _carried(jobs()) if runner.remote and not inline else jobs()
         results = map(write, todo) if inline else runner.imap(write, todo)
         more = False
         for q, done in enumerate(results):
