@@ -17,6 +17,7 @@ import contextlib
 import io
 import re
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +36,8 @@ STAGED_PART: Final = re.compile(
     re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
 )
 _TABLE: Final = "table"
+#: Parts deleted at once when a run's staging goes.
+_DELETES: Final = 16
 #: Parts are read once or twice, by tasks: lz4 keeps them small for little CPU.
 _IPC: Final = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None)
 
@@ -142,8 +145,9 @@ def _staged(storage: Storage) -> list[str]:
 
 
 def _delete(storage: Storage, paths: list[str]) -> None:
-    for path in paths:
-        storage.delete(path)
+    # one request each on object storage: a 10,000-shard export's parts at 16 at once
+    with ThreadPoolExecutor(min(_DELETES, max(1, len(paths)))) as pool:
+        list(pool.map(storage.delete, paths))
     # a local output: the run folders left empty, and the staging folder if it is too
     root = storage.local_path(STAGING.rstrip("/"))
     if root is None or not root.is_dir():
