@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from shardex.backends.webdataset.writer import ShardJob, ShardWritten, write_shard
 from shardex.contract import IndexInfo, SplitInfo
-from shardex.engine.parts import put_part, read_part
+from shardex.engine.parts import put_part, read_parts
 from shardex.engine.split_index import IndexSink
 from shardex.errors import FormatError
 from shardex.format.index import (
@@ -162,9 +162,10 @@ class IndexJob:
 def merge_index(job: IndexJob) -> tuple[int, bool]:
     """Write the job's index files (a part in memory at a time); the samples they index,
     and whether ``index-members.npy`` was written."""
+    parts = read_parts(job.storage, (name for _, name in job.parts), table=False)
     with IndexOut(job.storage, job.before, job.format_version) as out:
-        for shard, name in job.parts:
-            a = read_part(job.storage, name, table=False).arrays
+        for (shard, _), part in zip(job.parts, parts, strict=True):
+            a = part.arrays
             spans = None
             if "spans" in a:
                 spans = MemberSpans(tuple(a["exts"].tolist()), a["spans"])
