@@ -64,6 +64,7 @@ def test_a_folder_exports_the_same_bytes_on_ray_as_locally(cluster: int, tmp_pat
     shardex.export(src, tmp_path / "api", samples_per_shard=4, seed=3, executor="ray")
     ray, two, one, api = (files_of(tmp_path / n) for n in ("ray", "two", "one", "api"))
     assert ray == two == one == api  # every file, config.yaml included
+    assert not (tmp_path / "ray" / ".shardex-staging").exists()  # the parts' folder too
     assert sum(name.endswith(".tar") for name in ray) == 14  # 27 + 27 samples, 4 a shard
     ds = shardex.open_dataset(tmp_path / "ray", split="val")
     assert len(ds) == 27
