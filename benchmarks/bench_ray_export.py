@@ -29,7 +29,7 @@ The dataset's bytes are the source objects' sizes. The outputs are compared file
 Usage::
 
     .venv/bin/python benchmarks/bench_ray_export.py [--samples 100000] [--size-kb 8]
-        [--nodes 2] [--workers 2] [--json PATH]
+        [--nodes 2] [--workers 2] [--json PATH] [--before BASE/src]
 """
 
 from __future__ import annotations
@@ -264,11 +264,16 @@ def run_driver(
     mode: str, source: str, output: str, options: dict[str, str], relay: Relay, args: Any
 ) -> dict[str, Any]:
     relay.reset()
+    env = dict(os.environ)
+    if mode == "ray-before":  # the same export with the code of --before (its src folder)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(args.before), *filter(None, [env.get("PYTHONPATH")])]
+        )
     command = [
         sys.executable,
         __file__,
         "--child",
-        mode,
+        mode.removesuffix("-before"),
         "--source",
         source,
         "--output",
@@ -280,7 +285,7 @@ def run_driver(
         "--workers",
         str(args.workers),
     ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     relay.driver_pid = proc.pid
     out, _ = proc.communicate()
     if proc.returncode:
@@ -334,7 +339,7 @@ def rows_of(results: dict[str, dict[str, Any]], samples: int, data: int, same: b
                 f"driver bytes / dataset bytes, {name}",
                 "%",
                 100 * total / data,
-                target=100 * TARGET_DRIVER_BYTES if name == "ray" else None,
+                target=100 * TARGET_DRIVER_BYTES if name.startswith("ray") else None,
                 target_on="value",
                 higher=False,
                 note=(
@@ -350,7 +355,7 @@ def rows_of(results: dict[str, dict[str, Any]], samples: int, data: int, same: b
                 f"driver peak RSS, {name}",
                 "MB",
                 r["rss_mb"],
-                target=TARGET_RSS_MB if name == "ray" else None,
+                target=TARGET_RSS_MB if name.startswith("ray") else None,
                 target_on="value",
                 higher=False,
                 note="VmHWM of the driver process (Ray's start-up included)",
@@ -363,7 +368,7 @@ def rows_of(results: dict[str, dict[str, Any]], samples: int, data: int, same: b
             float(same),
             target=1.0,
             target_on="value",
-            note="Ray's export against the local executor's, config.yaml included",
+            note="every Ray export against the local executor's, config.yaml included",
         )
     )
     return out
@@ -376,6 +381,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="local processes / Ray CPUs")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="a src folder of other code (e.g. `git archive BASE src`): its Ray export runs "
+        "too, in the same session, for a before/after",
+    )
     parser.add_argument("--child", choices=["local", "ray"], help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -405,21 +417,19 @@ def main(argv: list[str] | None = None) -> int:
             f"uploaded {args.samples} images, {data:,} bytes, in {time.perf_counter() - t0:.0f} s"
         )
         results = {}
-        for mode in ("local", "ray"):
+        for mode in ("local", "ray", *(["ray-before"] if args.before else [])):
             load = os.getloadavg()[0]
             results[mode] = run_driver(
                 mode, server.url("src") + "/", server.url(f"out-{mode}"), options, relay, args
             )
             results[mode]["load"] = load
             print(mode, json.dumps(results[mode]), flush=True)
-        same = checksums(server.url("out-local"), options) == checksums(
-            server.url("out-ray"), options
-        )
+        local = checksums(server.url("out-local"), options)
+        same = all(local == checksums(server.url(f"out-{m}"), options) for m in results)
     rows = rows_of(results, args.samples, data, same)
     print(render(rows))
-    print(
-        f"load average at the starts: local {results['local']['load']:.1f}, ray {results['ray']['load']:.1f}"
-    )
+    loads = ", ".join(f"{m} {r['load']:.1f}" for m, r in results.items())
+    print(f"load average at the starts: {loads}")
     if args.json:
         write_json(args.json, rows, samples=args.samples, size_kb=args.size_kb, results=results)
     return 0

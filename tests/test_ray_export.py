@@ -64,6 +64,7 @@ def test_a_folder_exports_the_same_bytes_on_ray_as_locally(cluster: int, tmp_pat
     shardex.export(src, tmp_path / "api", samples_per_shard=4, seed=3, executor="ray")
     ray, two, one, api = (files_of(tmp_path / n) for n in ("ray", "two", "one", "api"))
     assert ray == two == one == api  # every file, config.yaml included
+    assert not (tmp_path / "ray" / ".shardex-staging").exists()  # the parts' folder too
     assert sum(name.endswith(".tar") for name in ray) == 14  # 27 + 27 samples, 4 a shard
     ds = shardex.open_dataset(tmp_path / "ray", split="val")
     assert len(ds) == 27
@@ -116,6 +117,51 @@ def test_s3_and_folder_sources_to_s3_and_to_a_folder_on_ray_equal_the_local_exec
     _cli(folder, "-o", folder_out, "--executor", "ray", *s3_flags, *FLAGS, env=env)
     _cli(folder, "-o", str(tmp_path / "folder"), "--workers", "2", *FLAGS)
     assert _object_files(folder_out, s3.direct) == files_of(tmp_path / "folder")
+
+
+def test_the_driver_neither_reads_the_staged_parts_nor_writes_the_index(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shard tasks stage each shard's metadata rows and index arrays in the output, and
+    tasks merge them into the index files and metadata.parquet: the driver (this process;
+    Ray's tasks run in others) reads no part and writes none of those files. A part a
+    killed run left is removed; the run's own parts are gone once it commits."""
+    import shardex.engine.run as run
+
+    make_tree(tmp_path / "src", RELS)
+    src = str(tmp_path / "src")
+    out = s3.child(f"out-{cluster}")
+    storage = ObjectStorage(out, s3.direct)
+    killed = ".shardex-staging/0123456789ab/part-0123456789abcdef.npz"
+    storage.put(killed, b"a part of a killed run")
+    calls: list[tuple[str, str]] = []
+    for method in ("get", "get_range", "get_ranges", "iter_chunks", "put", "open_writer"):
+        real = getattr(ObjectStorage, method)
+
+        def spy(self: ObjectStorage, path: str, *a: Any, _m: str = method, _r: Any = real) -> Any:
+            calls.append((_m, path))
+            return _r(self, path, *a)
+
+        monkeypatch.setattr(ObjectStorage, method, spy)
+    staged: list[str] = []
+    real_remove = run.remove_staging
+
+    def remove_staging(storage: Any, staging: str) -> None:
+        staged.extend(storage.list(staging))  # what the tasks staged, before it goes
+        real_remove(storage, staging)
+
+    monkeypatch.setattr(run, "remove_staging", remove_staging)
+    shardex.export(src, out, samples_per_shard=4, seed=3, executor="ray", storage_options=s3.direct)
+    monkeypatch.undo()
+    shards = [n for n in _object_files(out, s3.direct) if n.endswith(".tar")]
+    assert len(staged) == len(shards) == 14  # one part a shard, staged by its task
+    read = [p for m, p in calls if m.startswith(("get", "iter")) and ".shardex-staging/" in p]
+    assert read == []
+    wrote = [p for m, p in calls if m in ("put", "open_writer")]
+    assert [p for p in wrote if "index-" in p or "metadata" in p or "staging" in p] == []
+    assert [n for n in storage.list() if n.startswith(".shardex-staging/")] == []
+    shardex.export(src, tmp_path / "local", samples_per_shard=4, seed=3, workers=2)
+    assert _object_files(out, s3.direct) == files_of(tmp_path / "local")
 
 
 def test_tars_on_s3_are_scanned_by_the_tasks_not_the_driver(

@@ -273,6 +273,9 @@ def test_a_killed_ray_driver_resumes_keeping_its_finished_shards(
         shardex.read_config(out, storage_options=s3.direct if s3 else None)
     finished = _finished_shards(out, s3)
     assert 4 <= len(finished) < COUNT // PER_SHARD
+    # the killed run's tasks had staged their shards' index parts in the output
+    staged = [n for n in _objects(out, s3) if n.startswith(".shardex-staging/")]
+    assert staged, "the killed run staged no part: the test saw no staging"
     stamps = {}
     if s3 is None:
         for stem in finished:
@@ -287,7 +290,8 @@ def test_a_killed_ray_driver_resumes_keeping_its_finished_shards(
 
     _run([*args, "--mode", "resume"], _env(s3))
 
-    assert _objects(out, s3) == uninterrupted  # the same bytes, file for file
+    # the same bytes, file for file: the killed run's staged parts gone too
+    assert _objects(out, s3) == uninterrupted
     if s3 is None:
         for name, (ino, mtime) in stamps.items():
             st = os.stat(Path(out) / name)

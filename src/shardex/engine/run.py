@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from shardex.engine.output import (
     resumed,
     undo,
 )
+from shardex.engine.parts import new_staging, remove_killed_parts, remove_staging
 from shardex.engine.prepare import (
     Prepared,
     appending_options,
@@ -150,7 +151,13 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     bad images only then) undoes this run's files once the workers are done."""
     storage, opts = job.storage, job.opts
     taken = exported_keys(storage, job.previous)
-    with scratch() as folder:
+    # a remote runner's tasks hand their shards' rows and index arrays over through the
+    # output (see shardex.engine.parts): this run's parts, gone when it ends however it
+    # ends; a killed run's are removed here (this run holds the lock)
+    staging = new_staging() if job.runner is not None and job.runner.remote else None
+    if staging is not None:
+        remove_killed_parts(storage)
+    with scratch() as folder, _staged(storage, staging):
         prep = _prepare_first(job, bars, taken, folder)
         # bytes in this process (an in-memory source) are written here: pickling costs more
         workers = 1 if prep is not None and prep.in_memory() else opts.workers
@@ -166,7 +173,15 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 record_intent(storage, opts.mode, job.command, flat)  # before the first write
                 writing = True
                 written = write_splits(
-                    storage, job.backend, prep, opts, pool, bars, job.previous, job.committed
+                    storage,
+                    job.backend,
+                    prep,
+                    opts,
+                    pool,
+                    bars,
+                    job.previous,
+                    job.committed,
+                    staging,
                 )
             if sum(i.num_samples for i in written.splits.values()) == 0:
                 raise EmptySourceError(
@@ -177,6 +192,16 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 undo(storage, job.old_files, job.committed, intent_before)
             raise
     return prep, written
+
+
+@contextlib.contextmanager
+def _staged(storage: Storage, staging: str | None) -> Iterator[None]:
+    """Remove the run's parts at the end (after the runner's tasks have all settled)."""
+    try:
+        yield
+    finally:
+        if staging is not None:
+            remove_staging(storage, staging)
 
 
 def _check_one_split(job: _Job, prep: Prepared) -> None:

@@ -84,11 +84,13 @@ def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> 
     }
 
 
-def _carried(job: ShardJob) -> ShardJob:
-    """A job for a worker on another machine: its spill slice's rows read into it."""
-    if job.spill is None:
-        return job
-    return dataclasses.replace(job, spill=job.spill.carried())
+def _carried(jobs: Iterator[ShardJob]) -> Iterator[ShardJob]:
+    """Jobs for workers on other machines: each spill slice's rows read into its job,
+    each record batch of the spill read once (a job's slice mostly begins in the batch
+    where the one before ended)."""
+    read: dict[int, pa.RecordBatch] = {}
+    for job in jobs:
+        yield job if job.spill is None else dataclasses.replace(job, spill=job.spill.carried(read))
 
 
 def write_shards(
@@ -100,11 +102,14 @@ def write_shards(
     *,
     inline: bool,
     on_discard: Callable[[ShardWritten], None],
+    write: Callable[[ShardJob], ShardWritten] | None = None,
 ) -> Iterator[ShardWritten]:
     """The split's shards in order, each holding ``samples_per_shard`` good samples (or
     up to the byte cap); only the last may be short, or even empty (no files written,
     only its skipped samples to record). ``on_discard`` gets each shard
-    written speculatively and then replaced (its files may need deleting)."""
+    written speculatively and then replaced (its files may need deleting). ``write``
+    writes a job (default :func:`write_shard`)."""
+    write = write or write_shard
     n = split.num_samples
     pos = sample = number = 0
     slack = _SLACK
@@ -127,8 +132,8 @@ def write_shards(
                 yield make_job(at + a, min(n, at + b + extra), first, k + q)
                 first += b - a
 
-        todo = map(_carried, jobs()) if runner.remote and not inline else jobs()
-        results = map(write_shard, todo) if inline else runner.imap(write_shard, todo)
+        todo = _carried(jobs()) if runner.remote and not inline else jobs()
+        results = map(write, todo) if inline else runner.imap(write, todo)
         more = False
         for q, done in enumerate(results):
             if stop[0]:

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.backends.base import Backend, unused_name
+from shardex.backends.base import Backend, StagedRows, unused_name
 from shardex.contract import (
     METADATA_FILE,
     ExportConfig,
     SplitInfo,
 )
 from shardex.engine.commit import MetadataSink, old_metadata
+from shardex.engine.parts import MetadataJob, put_part, write_metadata
 from shardex.engine.plan import plan_split, split_rows
 from shardex.engine.prepare import Prepared
 from shardex.errors import (
@@ -39,6 +40,65 @@ class Written:
     skipped: list[dict[str, str]]
 
 
+class _Metadata:
+    """metadata.parquet, streamed here as shards complete."""
+
+    def __init__(self, storage: Storage, name: str, previous: ExportConfig | None) -> None:
+        self._old = old_metadata(storage, previous)
+        self._sink = MetadataSink(storage, name)
+        self.checksum: str | None = None
+
+    def old(self, split: str) -> None:
+        """The committed rows of ``split`` (when appending)."""
+        if self._old is not None:
+            self._sink(self._old.filter(pc.equal(self._old.column("split"), split)))
+
+    def __call__(self, rows: pa.Table | StagedRows) -> None:
+        assert isinstance(rows, pa.Table)  # a backend stages only when told where
+        try:
+            self._sink(rows)
+        except ValueError as exc:  # pyarrow: the schema differs from the rows before
+            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
+
+    def commit(self, runner: Runner) -> None:
+        del runner
+        self._sink.commit()
+        self.checksum = self._sink.checksum
+
+    def abort(self) -> None:
+        self._sink.abort()
+
+
+class _StagedMetadata(_Metadata):
+    """metadata.parquet written by a task from the parts staged under ``staging`` (shard
+    tasks on other machines stage their rows: this process never holds them)."""
+
+    def __init__(
+        self, storage: Storage, name: str, previous: ExportConfig | None, staging: str
+    ) -> None:
+        self._storage, self._name, self._previous = storage, name, previous
+        self._staging = staging
+        self._steps: list[tuple[str, str]] = []
+        self.checksum = None
+
+    def old(self, split: str) -> None:
+        if self._previous is not None and self._previous.metadata_file:
+            self._steps.append(("old", split))
+
+    def __call__(self, rows: pa.Table | StagedRows) -> None:
+        if isinstance(rows, pa.Table):  # a backend that does not stage: staged here
+            part = put_part(self._storage, self._staging, rows, {})
+            rows = StagedRows(part, rows.num_rows)
+        self._steps.append(("part", rows.part))
+
+    def commit(self, runner: Runner) -> None:
+        job = MetadataJob(self._storage, self._name, tuple(self._steps), self._previous)
+        self.checksum = next(iter(runner.imap(write_metadata, [job])))
+
+    def abort(self) -> None:
+        pass  # nothing written yet: the parts go with the run's staging
+
+
 def write_splits(
     storage: Storage,
     backend: Backend,
@@ -48,12 +108,15 @@ def write_splits(
     bars: Progress,
     previous: ExportConfig | None,
     committed: frozenset[str] = frozenset(),
+    staging: str | None = None,
 ) -> Written:
     """Write every selected split through the backend, streaming metadata.parquet.
 
     When appending, the export's splits come first in their order, each followed by its
     new samples; its metadata rows are copied into the new metadata file. ``committed``:
-    the files of the committed export, which no new file may replace.
+    the files of the committed export, which no new file may replace. ``staging``: where
+    a remote runner's tasks stage per-shard rows and index arrays in the output (see
+    :mod:`shardex.engine.parts`); tasks then write metadata.parquet and the index files.
     """
     names = [
         *(previous.splits if previous else ()),
@@ -61,39 +124,39 @@ def write_splits(
     ]
     bar = bars.export_task("writing shards", prep.num_rows)
     metadata_file = unused_name(METADATA_FILE, committed)
-    sink = MetadataSink(storage, metadata_file)
+    sink = (
+        _Metadata(storage, metadata_file, previous)
+        if staging is None
+        else _StagedMetadata(storage, metadata_file, previous, staging)
+    )
     skipped = list(prep.skipped)
 
-    def on_shard(shard_table: pa.Table, num_bytes: int = 0, /) -> None:
-        try:
-            sink(shard_table)
-        except ValueError as exc:  # pyarrow: the schema differs from the rows before
-            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
+    def on_shard(shard_table: pa.Table | StagedRows, num_bytes: int = 0, /) -> None:
+        sink(shard_table)
         bar.shard(shard_table.num_rows, num_bytes)
 
     def on_skip(records: list[dict[str, str]]) -> None:
         skipped.extend(records)
         bar.advance(len(records))
 
-    old_meta = old_metadata(storage, previous)
     written: dict[str, SplitInfo] = {}
     digests: list[str] = []
     try:
         for split, rows in zip(names, split_rows(prep, names, backend), strict=True):
             before = previous.splits.get(split) if previous else None
-            if old_meta is not None and before is not None:
-                sink(old_meta.filter(pc.equal(old_meta.column("split"), split)))
+            if before is not None:
+                sink.old(split)
             count = rows.num_rows if isinstance(rows, pa.Table) else rows.num_samples
             if count == 0 and before is not None:
                 written[split] = before
                 continue
             plan, digest = plan_split(rows, split, backend, prep, opts, before, committed, previous)
             digests.append(digest)
-            plan = dataclasses.replace(plan, on_skip=on_skip)
+            plan = dataclasses.replace(plan, on_skip=on_skip, staging=staging)
             info = backend.write_split(storage, plan, runner, on_shard)
             if info.num_samples or before is not None:
                 written[split] = info
-        sink.commit()
+        sink.commit(runner)
     except BaseException:
         sink.abort()
         raise

@@ -45,6 +45,7 @@ from ray.data.datasource.datasink import WriteResult
 
 from shardex.contract import ExportConfig
 from shardex.engine.output import STAGING, check_output, check_root
+from shardex.engine.parts import STAGED_PART
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
@@ -325,7 +326,7 @@ def _remove_killed_runs(storage: Storage) -> None:
     before anything is deleted, a ``.shardex-staging/`` that holds files no run staged
     (someone's own folder of that name)."""
     found = [p for p in (*storage.list(STAGING), *storage.leftovers()) if p.startswith(STAGING)]
-    foreign = [p for p in found if not _STAGED.fullmatch(p)]
+    foreign = [p for p in found if not (_STAGED.fullmatch(p) or STAGED_PART.fullmatch(p))]
     if foreign:
         raise OutputExistsError(
             f"output {storage.uri} holds {quoted(foreign[0])}"

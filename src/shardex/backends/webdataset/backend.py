@@ -14,7 +14,7 @@ the top level, without ``S/``)::
 
 from __future__ import annotations
 
-import io
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,29 +26,24 @@ from shardex.backends.base import (
     Check,
     OnShard,
     SplitPlan,
+    StagedRows,
     StoredSample,
     unused_name,
 )
 from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
-from shardex.errors import FormatError
+from shardex.errors import ExportError
 from shardex.format.mapped import (
     KEYS_FILE,
-    MAX_MEMBER_COLUMNS,
     MEMBERS_FILE,
-    MEMBERS_VERSION,
     SAMPLES_FILE,
     checksum_seeds,
 )
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
-    import numpy as np
-    import numpy.typing as npt
-
     from shardex.backends.webdataset.writer import ShardJob, ShardWritten
-    from shardex.format.index import MemberSpans
     from shardex.parallel import Runner
 
 
@@ -121,11 +116,15 @@ class WebDatasetBackend(Backend):
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
-        import numpy as np
-
+        from shardex.backends.webdataset.indexing import (
+            IndexJob,
+            IndexOut,
+            StagedShard,
+            StageShard,
+            merge_index,
+            with_members,
+        )
         from shardex.engine.shards import candidates, inline_candidates, write_shards
-        from shardex.engine.split_index import IndexSink
-        from shardex.format.index import build_samples
 
         split = plan.candidates
         if split is None:
@@ -137,6 +136,9 @@ class WebDatasetBackend(Backend):
         inline = split.inline() or (runner.workers == 1 and not runner.remote)
         pick = inline_candidates if inline else candidates
         base = before.num_samples if before is not None else 0  # appended samples go on
+        # tasks on other machines stage their rows and index arrays in the output, and
+        # tasks merge them: none of those bytes pass through this process
+        staged = plan.staging is not None and runner.remote and not inline
 
         def make_job(start: int, stop: int, first_sample: int, k: int) -> ShardJob:
             fields = pick(split, start, stop)
@@ -144,13 +146,11 @@ class WebDatasetBackend(Backend):
 
         shards = list(before.shards) if before is not None else []
         discarded: list[ShardWritten] = []
-        members = _members_of(storage, plan)
-        with IndexSink() as index_out:
-            if before is not None and before.index is not None:
-                index_out.add(*_old_index(storage, before.index))
-            if members is not None:
-                for part, checksums in members:
-                    index_out.add_members(part, checksums)
+        parts: list[tuple[int, str]] = []
+        index_out = None if staged else IndexOut(storage, before, plan.format_version)
+        with contextlib.ExitStack() as stack:
+            if index_out is not None:
+                stack.enter_context(index_out)
             for done in write_shards(
                 split,
                 make_job,
@@ -159,6 +159,7 @@ class WebDatasetBackend(Backend):
                 plan.max_shard_bytes,
                 inline=inline,
                 on_discard=discarded.append,
+                write=StageShard(plan.staging) if staged and plan.staging else None,
             ):
                 if done.skipped and plan.on_skip is not None:
                     plan.on_skip(list(done.skipped))
@@ -175,36 +176,46 @@ class WebDatasetBackend(Backend):
                         done.metadata_checksum,
                     )
                 )
-                number = np.full(done.num_samples, len(shards) - 1, np.uint32)
-                records = build_samples(number, done.offsets, done.lengths, done.checksums)
-                index_out.add(records, done.key_hashes)
-                if members is not None and done.members is None:
-                    members = None  # more extensions than rows have columns for
-                elif members is not None and done.members is not None:
-                    index_out.add_members(done.members, done.checksums)
+                if isinstance(done, StagedShard):
+                    assert done.part is not None  # a complete shard of samples is staged
+                    parts.append((len(shards) - 1, done.part))
+                    on_shard(StagedRows(done.part, done.num_samples), done.num_bytes)
+                    continue
+                assert index_out is not None
+                index_out.add(
+                    len(shards) - 1,
+                    done.offsets,
+                    done.lengths,
+                    done.checksums,
+                    done.key_hashes,
+                    done.members,
+                )
                 on_shard(done.table, done.num_bytes)
             _remove_discarded(storage, discarded, shards, plan.existing)
-            if not index_out.num_samples and before is None:
+            num_samples = sum(s.num_samples for s in shards)
+            if not num_samples:
                 # every sample skipped: the split is not exported
                 return SplitInfo(num_samples=0, num_bytes=0, shards=(), index=None)
-            if members is not None and len(index_out.member_columns()) > MAX_MEMBER_COLUMNS:
-                members = None  # reads parse the headers (see MAX_MEMBER_COLUMNS)
             index = IndexInfo(
                 unused_name(f"{plan.prefix}{SAMPLES_FILE}", plan.existing),
                 unused_name(f"{plan.prefix}{KEYS_FILE}", plan.existing),
-                None
-                if members is None
-                else unused_name(f"{plan.prefix}{MEMBERS_FILE}", plan.existing),
+                unused_name(f"{plan.prefix}{MEMBERS_FILE}", plan.existing),
             )
-            index_out.put(storage, index.samples, index.keys)
-            if index.members is not None:
-                index_out.put_members(storage, index.members)
-            num_samples = index_out.num_samples
+            if index_out is not None:
+                members = index_out.put(storage, index)
+            else:
+                job = IndexJob(storage, before, plan.format_version, tuple(parts), index)
+                indexed, members = next(iter(runner.imap(merge_index, [job])))
+                if indexed != num_samples:
+                    raise ExportError(
+                        f"the index of split {plan.split!r} holds {indexed} samples, its "
+                        f"shards {num_samples}: staged parts are missing; export again"
+                    )
         return SplitInfo(
             num_samples=num_samples,
             num_bytes=sum(s.num_bytes for s in shards),
             shards=tuple(shards),
-            index=index,
+            index=with_members(index, members),
         )
 
 
@@ -265,93 +276,3 @@ def _job(
         seeded=checksum_seeds(plan.format_version),
         **fields,
     )
-
-
-def _members_of(
-    storage: Storage, plan: SplitPlan
-) -> list[tuple[MemberSpans, npt.NDArray[np.uint64]]] | None:
-    """The member spans (with their samples' checksums) to extend with each written
-    shard's: the committed split's, or none yet; None where the split gets no
-    ``index-members.npy`` (format versions before 3, and an append to a split written
-    without one)."""
-
-    from shardex.format.index import (
-        SAMPLE_DTYPE,
-        check_member_rows,
-        first_damaged_row,
-        spans_of_rows,
-    )
-
-    if plan.format_version < MEMBERS_VERSION:
-        return None
-    before = plan.previous
-    if before is None or before.index is None:
-        return []
-    if before.index.members is None:
-        return None
-    where = storage.join(before.index.members)
-    rows = _load_npy(storage, before.index.members, "member index")
-    records = _load_npy(storage, before.index.samples, "sample index")
-    check_member_rows(rows, where, before.num_samples)
-    if records.dtype != SAMPLE_DTYPE or records.shape != (before.num_samples,):
-        raise FormatError(
-            f"{storage.join(before.index.samples)}: expected {before.num_samples} records of "
-            f"{SAMPLE_DTYPE}, found {records.dtype} {records.shape}"
-        )
-    # The new file seals every row again: a damaged row carried over would pass its new
-    # check, and reads would slice wrong fields out of good bytes without an error.
-    bad = first_damaged_row(rows, records["checksum"])
-    if bad is not None:
-        raise FormatError(
-            f"row {bad} of {where} fails its check: the file is damaged, and appending "
-            "would carry the damage into the new index unnoticed; `shardex verify` reports "
-            "it, an export with mode='overwrite' repairs it"
-        )
-    return [(spans_of_rows(rows), records["checksum"])]
-
-
-def _load_npy(storage: Storage, path: str, what: str) -> npt.NDArray[Any]:
-    """A committed ``.npy`` file read whole; a hostile header is a one-line FormatError."""
-    import numpy as np
-
-    data = storage.get(path)  # its storage errors stay storage errors
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
-    except Exception as exc:  # numpy raises what it meets: ValueError, TokenError, ...
-        raise FormatError(f"{storage.join(path)}: not a valid {what} file ({exc})") from exc
-
-
-def _old_index(
-    storage: Storage, index: IndexInfo
-) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
-    """The committed records of a split, and its key hashes in sample order. Files that
-    do not hold one record and one key per sample are refused: the append would carry
-    them into the new index (a hostile header must not become a huge allocation)."""
-    import numpy as np
-
-    from shardex.format.index import SAMPLE_DTYPE
-
-    where = storage.join(index.keys)
-    samples = _load_npy(storage, index.samples, "sample index")
-    table = _load_npy(storage, index.keys, "key index")
-    repair = "`shardex verify` reports it, an export with mode='overwrite' repairs it"
-    if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
-        raise FormatError(
-            f"{storage.join(index.samples)}: expected a 1-d array of {SAMPLE_DTYPE}, found "
-            f"{samples.dtype} with shape {samples.shape}; {repair}"
-        )
-    n = len(samples)
-    if table.dtype != np.uint64 or table.shape != (2, n):
-        raise FormatError(
-            f"{where}: expected uint64 of shape (2, {n}), found {table.dtype} {table.shape}; "
-            f"{repair}"
-        )
-    rows = table[1]
-    if n and (rows.max() >= n or np.bincount(rows.astype(np.int64), minlength=n).max() != 1):
-        raise FormatError(
-            f"{where}: its sample numbers are not each sample once: the file is damaged, and "
-            f"appending would carry the damage into the new index; {repair}"
-        )
-    hashes = np.empty(n, dtype=np.uint64)
-    hashes[rows] = table[0]
-    return samples, hashes
