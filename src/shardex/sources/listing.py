@@ -28,7 +28,15 @@ import pyarrow as pa
 from shardex.sources.base import MapRunner
 from shardex.storage import Storage
 
-__all__ = ["LIST_THREADS", "Part", "folder_table", "listed", "parts_in_order", "table_entries"]
+__all__ = [
+    "LIST_THREADS",
+    "Part",
+    "encode_table",
+    "folder_table",
+    "listed",
+    "parts_in_order",
+    "table_entries",
+]
 
 #: An object listed: its path below the storage root, and its size.
 Entry = tuple[str, int]
@@ -41,11 +49,13 @@ _HELD_PAGES: Final = 2
 @dataclass(frozen=True, slots=True)
 class Part:
     """A contiguous range of a listing: every object below ``folder`` (listed when its
-    turn comes), or ``objects`` already listed (the objects directly in a folder, found
-    beside its subfolders)."""
+    turn comes, unless ``table`` holds its listing already: a :func:`folder_table`), or
+    ``objects`` already listed (the objects directly in a folder, found beside its
+    subfolders)."""
 
     folder: str | None = None
     objects: tuple[Entry, ...] = ()
+    table: bytes | None = None
 
 
 def parts_in_order(
@@ -77,14 +87,14 @@ def folder_table(job: tuple[Storage, str]) -> bytes:
     """Every object below a folder as a compressed Arrow stream of (name below the
     folder, size), in listing order: what a task hands back (see the module docstring)."""
     storage, folder = job
+    return encode_table(folder, [e for page in storage.list_pages(folder) for e in page])
+
+
+def encode_table(folder: str, entries: Sequence[Entry]) -> bytes:
+    """Objects below ``folder`` as a :func:`folder_table`."""
     cut = len(folder) + 1
-    names: list[str] = []
-    sizes: list[int] = []
-    for page in storage.list_pages(folder):
-        for path, size in page:
-            names.append(path[cut:])
-            sizes.append(size)
-    table = pa.table({"name": pa.array(names, pa.string()), "size": pa.array(sizes, pa.int64())})
+    names = pa.array([path[cut:] for path, _ in entries], pa.string())
+    table = pa.table({"name": names, "size": pa.array([n for _, n in entries], pa.int64())})
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression="zstd")
     with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
@@ -107,14 +117,13 @@ def listed(storage: Storage, parts: Sequence[Part], runner: MapRunner | None) ->
     """Every object of the parts, part after part, each part's in listing order: folders
     listed by ``runner``'s tasks, or without one by :data:`LIST_THREADS` threads."""
     if runner is not None:
-        tables = runner.imap(
-            folder_table, [(storage, p.folder) for p in parts if p.folder is not None]
-        )
+        jobs = [(storage, p.folder) for p in parts if p.folder is not None and p.table is None]
+        tables = runner.imap(folder_table, jobs)
         for part in parts:
             if part.folder is None:
                 yield from part.objects
             else:
-                yield from table_entries(part.folder, next(tables))
+                yield from table_entries(part.folder, part.table or next(tables))
         return
     for pages in _pages_ahead(storage, parts, LIST_THREADS):
         for page in pages:
@@ -134,7 +143,7 @@ def _pages_ahead(
     def start_next() -> None:
         """Start listing the next folder (the parts of objects before it queued as they are)."""
         for part in rest:
-            if part.folder is None:
+            if part.folder is None or part.table is not None:
                 started.append(part)
                 continue
             handed: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_HELD_PAGES)
@@ -149,12 +158,19 @@ def _pages_ahead(
         while started:
             head = started.popleft()
             if isinstance(head, Part):
-                yield iter([list(head.objects)])
+                held = head.objects if head.table is None else _entries_of(head)
+                yield iter([list(held)])
             else:
                 yield _handed_over(head)
                 start_next()
     finally:
         stop.set()  # threads still listing stop at their next handover
+
+
+def _entries_of(part: Part) -> list[Entry]:
+    assert part.folder is not None
+    assert part.table is not None
+    return table_entries(part.folder, part.table)
 
 
 def _list_into(

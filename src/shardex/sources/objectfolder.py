@@ -28,18 +28,29 @@ the reason.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import SourceError
 from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, MapRunner, SampleStream
 from shardex.sources.folder import SPLIT_DIRS, FolderSource, _extension, _File, _Layout, _left_out
-from shardex.sources.listing import LIST_THREADS, Entry, Part, listed, parts_in_order
+from shardex.sources.listing import (
+    LIST_THREADS,
+    Entry,
+    Part,
+    encode_table,
+    listed,
+    parts_in_order,
+)
 from shardex.sources.remote import register
 from shardex.storage import Storage, open_storage
+
+#: The most keys a LIST page holds (S3's limit, which every store listed here keeps).
+_PAGE: Final = 1000
 
 
 def _image(name: str) -> bool:
@@ -53,12 +64,15 @@ def _image_path(parts: list[str]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Probe:
-    """What the first pages below a folder say: whether an image lies below it, and
-    whether its first page holds an image directly in the folder (it cannot be cut into
-    subfolders: its own images may be many)."""
+    """What the first pages below a folder say: whether an image lies below it, whether
+    its first page holds an image directly in the folder (it cannot be cut into
+    subfolders: its own images may be many), and the folder's listing when that first
+    page was all of it (a :func:`~shardex.sources.listing.folder_table`: not listed
+    again)."""
 
     holds_image: bool
     flat: bool
+    table: bytes | None = None
 
 
 def _probe(job: tuple[Storage, str]) -> _Probe:
@@ -66,16 +80,23 @@ def _probe(job: tuple[Storage, str]) -> _Probe:
     a task of a runner, or a thread."""
     storage, folder = job
     depth = folder.count("/") + 1 if folder else 0
-    flat = holds = False
-    for number, page in enumerate(storage.list_pages(folder)):
-        for rel, _ in page:
-            parts = rel.split("/")
-            if _image_path(parts):
-                holds = True
-                flat = flat or (number == 0 and len(parts) == depth + 1)
-        if holds:
-            break
-    return _Probe(holds, flat)
+    pages: Iterator[list[Entry]] = iter(storage.list_pages(folder))
+    first = next(pages, [])
+    images = [parts for rel, _ in first if _image_path(parts := rel.split("/"))]
+    flat = any(len(parts) == depth + 1 for parts in images)
+    table = None
+    if folder and len(first) < _PAGE:
+        # a short page is the last one: asking for the next costs no request (the store
+        # said there is none), and the folder need not be listed again
+        second = next(pages, None)
+        if second is None:
+            table = encode_table(folder, first)
+        else:
+            pages = itertools.chain([second], pages)
+    holds = bool(images) or (
+        table is None and any(_image_path(r.split("/")) for page in pages for r, _ in page)
+    )
+    return _Probe(holds, flat, table)
 
 
 def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) -> list[_Probe]:
@@ -87,6 +108,11 @@ def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) 
         return [_probe(job) for job in jobs]
     with ThreadPoolExecutor(min(LIST_THREADS, len(jobs)), "shardex-probe") as pool:
         return list(pool.map(_probe, jobs))
+
+
+def _part(folder: str, probe: _Probe) -> Part:
+    """A folder's part of the listing (listed already if its probe saw all of it)."""
+    return Part(folder, table=probe.table)
 
 
 def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
@@ -217,7 +243,7 @@ class ObjectFolderSource(FolderSource):
         self._check_splits(set(holding), top_files)
         split_dirs = sorted(holding & SPLIT_DIRS)
         if not split_dirs:
-            parts = parts_in_order([(f, [Part(f)]) for f in folders], objects)
+            parts = parts_in_order([(f, [_part(f, probes[f])]) for f in folders], objects)
             return _Layout(False, tuple(sorted(holding))), parts
         classes: set[str] = set()
         inside: dict[str, list[Part]] = {}
@@ -232,8 +258,12 @@ class ObjectFolderSource(FolderSource):
                 for f, p in zip(subfolders, found, strict=True)
                 if p.holds_image
             }
-            inside[split] = parts_in_order([(f, [Part(f)]) for f in subfolders], own)
-        parts = parts_in_order([(f, inside.get(f, [Part(f)])) for f in folders], objects)
+            inside[split] = parts_in_order(
+                [(f, [_part(f, p)]) for f, p in zip(subfolders, found, strict=True)], own
+            )
+        parts = parts_in_order(
+            [(f, inside.get(f, [_part(f, probes[f])])) for f in folders], objects
+        )
         return _Layout(True, tuple(sorted(classes))), parts
 
     def _check_splits(self, top: set[str], top_files: bool) -> None:
