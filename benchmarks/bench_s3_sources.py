@@ -114,7 +114,9 @@ def _jpeg(seed: int, side: int, noise: bool) -> bytes:
 
 
 def scan_costs(workers: int) -> list[Row]:
-    """Requests and bytes per sample of tar sources on S3, both ways of scanning."""
+    """Requests and bytes per sample of tar sources on S3, both ways of scanning, and
+    the ranged scan with members of ``READ_THROUGH`` bytes and more hopped over (64 KiB,
+    the default before, down to 4 KiB): fewer bytes fetched twice, more requests."""
     import io
     import tarfile
 
@@ -123,7 +125,13 @@ def scan_costs(workers: int) -> list[Row]:
     from tests.support.proxy import CountingProxy
     from tests.support.seaweedfs import SeaweedFS
 
-    cases = {"tiny (16x16 JPEG + .cls)": (4000, 16, False), "~100 KB JPEG + .cls": (400, 280, True)}
+    cases = {
+        "tiny (16x16 JPEG + .cls)": (4000, 16, False),
+        "~25 KB JPEG + .cls": (1000, 140, True),
+        "~100 KB JPEG + .cls": (400, 280, True),
+    }
+    ways = [("ranged", 64 << 10), ("ranged", 16 << 10), ("ranged", 4 << 10), ("stream", 0)]
+    default = objecttars.READ_THROUGH
     rows: list[Row] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-tar-scan-"))
     try:
@@ -155,29 +163,36 @@ def scan_costs(workers: int) -> list[Row]:
                 for name, data in tars.items():
                     store.put(name, data)
                 total = sum(len(d) for d in tars.values())
-                for way in ("ranged", "stream"):
+                mean = sum(len(i) for i in images) / len(images)
+                for way, through in ways:
                     objecttars.SCAN = way  # type: ignore[assignment]
+                    objecttars.READ_THROUGH = through  # type: ignore[misc]
                     proxy.reset()
+                    t0 = time.perf_counter()
                     list(TarSource(prefix + "/", counted).stream().batches)
+                    took = time.perf_counter() - t0
                     scan = proxy.gets()
                     proxy.reset()
-                    out = scratch / f"{side}-{way}"
+                    out = scratch / f"{side}-{way}-{through}"
                     shardex.export(
                         prefix + "/", out, workers=workers, source_storage_options=counted
                     )
                     every = proxy.gets()
+                    name = f"{way} scan" + (f", hop >= {through >> 10} KiB" if through else "")
                     for what, got in (("scan", scan), ("export", every)):
                         fetched = sum(r.body_bytes for r in got)
                         rows.append(
                             Row(
-                                f"{case}, {way} scan: {what}",
+                                f"{case} (mean {mean / 1024:.1f} KiB), {name}: {what}",
                                 "requests/sample",
                                 len(got) / count,
                                 note=f"{fetched / count:,.0f} B/sample fetched, "
-                                f"{fetched / total:.2f}x the tars' bytes",
+                                f"{fetched / total:.2f}x the tars' bytes"
+                                + (f"; scan {took:.2f} s" if what == "scan" else ""),
                             )
                         )
             objecttars.SCAN = "ranged"
+            objecttars.READ_THROUGH = default  # type: ignore[misc]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows
