@@ -228,8 +228,6 @@ def test_a_listing_cut_at_folders_exports_as_the_local_folder(
 def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
     """Each LIST of objects answered after 0.5 s: eight class folders are probed, and
     listed, in about the time of one (one after the other they take 4 s and more)."""
-    from shardex.sources.listing import Part, listed
-
     names = [f"c{c}/{i}.jpg" for c in range(8) for i in range(3)]
     _upload(ObjectStorage(s3.child("slow"), s3.direct), dict.fromkeys(names, image_bytes(0)))
     source = ObjectFolderSource(s3.child("slow"), s3.counted)
@@ -244,6 +242,8 @@ def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
     assert keys == [name[:-4] for name in names]
     # the prefix's first page, then the eight probes at once (each saw all its folder)
     assert probed < 2.5, probed
+    from shardex.sources.listing import Part, listed
+
     storage = ObjectStorage(s3.child("slow"), s3.counted)
     started = time.monotonic()
     entries = list(listed(storage, [Part(f"c{c}") for c in range(8)], None))
