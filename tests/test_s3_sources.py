@@ -226,8 +226,9 @@ def test_a_listing_cut_at_folders_exports_as_the_local_folder(
 
 
 def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
-    """Each LIST of objects answered after 0.5 s: eight class folders are probed, and
-    listed, in about the time of one (one after the other they take 4 s and more)."""
+    """Each LIST of objects answered after 1 s: eight class folders are probed, and
+    listed, in about the time of one (one after the other they take 8 s and more; the
+    bounds leave room for a loaded machine)."""
     names = [f"c{c}/{i}.jpg" for c in range(8) for i in range(3)]
     _upload(ObjectStorage(s3.child("slow"), s3.direct), dict.fromkeys(names, image_bytes(0)))
     source = ObjectFolderSource(s3.child("slow"), s3.counted)
@@ -235,13 +236,13 @@ def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
     def delayed(head: RequestHead) -> bool:
         return "list-type" in head.target and "delimiter" not in head.target
 
-    s3.proxy.delay_next(100, 0.5, when=delayed)
+    s3.proxy.delay_next(100, 1.0, when=delayed)
     started = time.monotonic()
     keys = [k for batch in source.stream().batches for k in batch.table.column("key").to_pylist()]
     probed = time.monotonic() - started
     assert keys == [name[:-4] for name in names]
     # the prefix's first page, then the eight probes at once (each saw all its folder)
-    assert probed < 2.5, probed
+    assert probed < 5.0, probed
     from shardex.sources.listing import Part, listed
 
     storage = ObjectStorage(s3.child("slow"), s3.counted)
@@ -250,7 +251,7 @@ def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
     took = time.monotonic() - started
     s3.proxy.clear_faults()
     assert [rel for rel, _ in entries] == names
-    assert took < 2.0, took
+    assert took < 4.0, took
 
 
 def test_a_flat_prefix_and_a_flat_split_export_as_the_local_folder(
