@@ -29,17 +29,24 @@ Usage::
     .venv/bin/python benchmarks/bench_s3_sources.py [--images 5000] [--size-kb 16]
         [--repeats 3] [--workers 2] [--tars] [--per-tar 1000] [--workdir DIR] [--json PATH]
     .venv/bin/python benchmarks/bench_s3_sources.py --scan-costs
+    .venv/bin/python benchmarks/bench_s3_sources.py --listing 20000 [--classes 50]
+
+``--listing N`` measures the listing of an image-folder prefix of N keys (see
+:func:`listing_costs`): before (one process, page after page), folders listed at once by
+threads, and by a runner's tasks.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import shardex
 from _report import Row, median_times, render, write_json
@@ -107,7 +114,9 @@ def _jpeg(seed: int, side: int, noise: bool) -> bytes:
 
 
 def scan_costs(workers: int) -> list[Row]:
-    """Requests and bytes per sample of tar sources on S3, both ways of scanning."""
+    """Requests and bytes per sample of tar sources on S3, both ways of scanning, and
+    the ranged scan with members of ``READ_THROUGH`` bytes and more hopped over (64 KiB,
+    the default before, down to 4 KiB): fewer bytes fetched twice, more requests."""
     import io
     import tarfile
 
@@ -116,7 +125,13 @@ def scan_costs(workers: int) -> list[Row]:
     from tests.support.proxy import CountingProxy
     from tests.support.seaweedfs import SeaweedFS
 
-    cases = {"tiny (16x16 JPEG + .cls)": (4000, 16, False), "~100 KB JPEG + .cls": (400, 280, True)}
+    cases = {
+        "tiny (16x16 JPEG + .cls)": (4000, 16, False),
+        "~25 KB JPEG + .cls": (1000, 140, True),
+        "~100 KB JPEG + .cls": (400, 280, True),
+    }
+    ways = [("ranged", 64 << 10), ("ranged", 16 << 10), ("ranged", 4 << 10), ("stream", 0)]
+    default = objecttars.READ_THROUGH
     rows: list[Row] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-tar-scan-"))
     try:
@@ -148,31 +163,128 @@ def scan_costs(workers: int) -> list[Row]:
                 for name, data in tars.items():
                     store.put(name, data)
                 total = sum(len(d) for d in tars.values())
-                for way in ("ranged", "stream"):
+                mean = sum(len(i) for i in images) / len(images)
+                for way, through in ways:
                     objecttars.SCAN = way  # type: ignore[assignment]
+                    objecttars.READ_THROUGH = through  # type: ignore[misc]
                     proxy.reset()
+                    t0 = time.perf_counter()
                     list(TarSource(prefix + "/", counted).stream().batches)
+                    took = time.perf_counter() - t0
                     scan = proxy.gets()
                     proxy.reset()
-                    out = scratch / f"{side}-{way}"
+                    out = scratch / f"{side}-{way}-{through}"
                     shardex.export(
                         prefix + "/", out, workers=workers, source_storage_options=counted
                     )
                     every = proxy.gets()
+                    name = f"{way} scan" + (f", hop >= {through >> 10} KiB" if through else "")
                     for what, got in (("scan", scan), ("export", every)):
                         fetched = sum(r.body_bytes for r in got)
                         rows.append(
                             Row(
-                                f"{case}, {way} scan: {what}",
+                                f"{case} (mean {mean / 1024:.1f} KiB), {name}: {what}",
                                 "requests/sample",
                                 len(got) / count,
                                 note=f"{fetched / count:,.0f} B/sample fetched, "
-                                f"{fetched / total:.2f}x the tars' bytes",
+                                f"{fetched / total:.2f}x the tars' bytes"
+                                + (f"; scan {took:.2f} s" if what == "scan" else ""),
                             )
                         )
             objecttars.SCAN = "ranged"
+            objecttars.READ_THROUGH = default  # type: ignore[misc]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+def listing_costs(objects: int, classes: int, repeats: int, workers: int) -> list[Row]:
+    """Listing an image-folder prefix of ``objects`` keys (``{train,val}/cNNN/``): the
+    whole prefix listed by this process as before (the layout by jumps, then page after
+    page), the folders listed at once by threads, and by the tasks of a runner (worker
+    processes: what reaches this process is the folders' LISTs and the key tables the
+    tasks hand back). Wall time (median of ``repeats``, interleaved), LIST requests and
+    bytes per sample, and the bytes that reach this process per sample."""
+    import pickle
+
+    from shardex.parallel import Runner
+    from shardex.sources import ObjectFolderSource
+    from shardex.storage import ObjectStorage
+    from tests.support.proxy import CountingProxy
+    from tests.support.seaweedfs import SeaweedFS
+
+    per_class = objects // (2 * classes)
+    names = [
+        f"{split}/c{c:03d}/img{i:06d}.jpg"
+        for split in ("train", "val")
+        for c in range(classes)
+        for i in range(per_class)
+    ]
+    handed = [0]
+
+    class Counted(Runner):
+        def imap(self, fn: Any, items: Any) -> Any:
+            for result in super().imap(fn, items):
+                handed[0] += len(pickle.dumps(result))
+                yield result
+
+    with SeaweedFS(bucket="shardex-bench") as server, CountingProxy(server.endpoint) as proxy:
+        base = {
+            "region": server.region,
+            "access_key_id": server.access_key,
+            "secret_access_key": server.secret_key,
+        }
+        prefix = server.url("listing")
+        store = ObjectStorage(prefix, {**base, "endpoint_url": server.endpoint})
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(lambda n: store.put(n, b"x"), names))
+        print(f"put {len(names)} objects in {time.perf_counter() - t0:.0f} s", flush=True)
+        counted = {**base, "endpoint_url": proxy.endpoint}
+
+        class Before(ObjectFolderSource):
+            def _plan(self, storage: Any, runner: Any) -> None:
+                return None  # the layout by jumps, then the prefix listed page by page
+
+        runner = Counted(workers)
+        runner.__enter__()
+        ways: dict[str, Any] = {
+            "one process (before)": lambda: Before(prefix, counted).stream(),
+            "threads": lambda: ObjectFolderSource(prefix, counted).stream(),
+            f"runner tasks ({workers} processes)": lambda: ObjectFolderSource(
+                prefix, counted
+            ).stream_on(runner),
+        }
+        seen: dict[str, list[str]] = {}
+
+        def read(way: str) -> None:
+            seen[way] = [k for b in ways[way]().batches for k in b.table.column("key").to_pylist()]
+
+        times = median_times([lambda w=w: read(w) for w in ways], repeats)  # type: ignore[misc]
+        rows: list[Row] = []
+        base_time = times[0]
+        for (way, _), took in zip(ways.items(), times, strict=True):
+            assert seen[way] == seen["one process (before)"], way  # the same keys, in order
+            proxy.reset()
+            handed[0] = 0
+            read(way)
+            lists = proxy.lists()
+            xml = sum(r.body_bytes for r in lists)
+            tasks = "runner" in way
+            mine = sum(r.body_bytes for r in lists if r.params.get("delimiter")) if tasks else xml
+            rows.append(
+                Row(
+                    f"list {len(names):,} keys, {way}",
+                    "s",
+                    took,
+                    baseline=base_time,
+                    higher=False,
+                    note=f"{len(lists)} LISTs, {xml / len(names):.0f} B/key of XML; "
+                    f"reaching this process {(mine + handed[0]) / len(names):.1f} B/key"
+                    + (f" (LISTs {mine:,} B, key tables {handed[0]:,} B)" if tasks else ""),
+                )
+            )
+        runner.__exit__(None, None, None)
     return rows
 
 
@@ -187,6 +299,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tars", action="store_true", help="the images packed in tars")
     parser.add_argument("--per-tar", type=int, default=1000)
     parser.add_argument("--scan-costs", action="store_true")
+    parser.add_argument("--listing", type=int, default=0, metavar="N", help="list N keys")
+    parser.add_argument("--classes", type=int, default=50, help="per split, with --listing")
     return parser.parse_args(argv)
 
 
@@ -195,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     loopback_only_environment()
+    if args.listing:
+        rows = listing_costs(args.listing, args.classes, args.repeats, args.workers)
+        print(render(rows))
+        print(f"load average: {os.getloadavg()}")
+        if args.json:
+            write_json(args.json, rows)
+        return 0
     if args.scan_costs:
         costs = scan_costs(args.workers)
         print(render(costs))

@@ -205,6 +205,36 @@ def test_tars_on_s3_are_scanned_by_the_tasks_not_the_driver(
     assert shardex.read_config(tmp_path / "ray").num_samples == len(RELS)
 
 
+def test_an_image_folder_on_s3_is_listed_by_the_tasks_not_the_driver(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folders of an image-folder prefix are probed and listed by tasks (the driver
+    makes only the LISTs of folders, and gets compact key tables back); the output is
+    the local executor's. Listings of objects are counted in this process only."""
+    files = make_tree(tmp_path / "src", RELS)
+    storage = ObjectStorage(s3.child("imgs"), s3.direct)
+    for name, data in files.items():
+        storage.put(name, data)
+    listed_here: list[str] = []
+    real = ObjectStorage.list_pages
+
+    def counted(self: ObjectStorage, *args: Any) -> Any:
+        listed_here.append(self.uri)
+        return real(self, *args)
+
+    monkeypatch.setattr(ObjectStorage, "list_pages", counted)
+    env = {"AWS_ACCESS_KEY_ID": s3.server.access_key, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key}
+    flags = ["--source-s3-endpoint-url", s3.server.endpoint, "--source-s3-region", s3.server.region]
+    src = s3.child("imgs/")
+    _cli(src, "-o", str(tmp_path / "ray"), "--executor", "ray", *flags, *FLAGS, env=env)
+    # one page read here, by open_source, to tell tars from images; every folder probed
+    # and listed by a task
+    assert len(listed_here) == 1
+    _cli(src, "-o", str(tmp_path / "one"), "--workers", "1", *flags, *FLAGS, env=env)
+    assert len(listed_here) > 1 + 2 + 6  # the local executor probes the folders here
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "one")
+
+
 def test_workers_caps_the_ray_tasks_running_at_once(cluster: int, tmp_path: Path) -> None:
     from shardex.pipeline.ray_executor import RayExecutor, RayRunner
 

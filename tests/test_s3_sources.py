@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pickle
 import re
 import shlex
 import socket
@@ -103,9 +105,9 @@ def test_image_folder_prefix_exports_like_the_local_folder(s3: S3Location, tmp_p
 
 
 def test_listing_is_paginated_and_streamed(s3: S3Location) -> None:
-    """More objects than one LIST page: batches come as pages arrive, every page is
-    asked for once, the samples come in key order, and the layout costs a LIST per
-    class folder, not a listing of every object."""
+    """More objects than one LIST page: every page is asked for once, the samples come
+    in key order, and the layout costs one LIST with a delimiter and a probe of each
+    folder's first page, not a listing of every object."""
     count = 1100  # S3 lists at most 1,000 keys per page
     data = image_bytes(0)
     names = [f"{cls}/n{i:05d}.jpg" for i in range(count) for cls in ["a" if i < 1050 else "b"]]
@@ -115,25 +117,159 @@ def test_listing_is_paginated_and_streamed(s3: S3Location) -> None:
     s3.proxy.reset()
     stream = source.stream()
     assert stream.label_names == ("a", "b")
-    # the layout: the first key, then a jump past a/, then past b/ (which finds nothing)
+    # the layout: the prefix's first page, its folders (one LIST with a delimiter), and
+    # each folder's first page
     layout = s3.proxy.lists()
-    after = [r.params.get("start-after", [""])[0].rpartition("/")[2] for r in layout]
-    assert after == ["", "a0", "b0"]
-    first = next(stream.batches)
-    assert first.table.num_rows == 300
-    # the second page is asked for only when the first is used up
-    assert len(s3.proxy.lists()) == len(layout) + 1
-    keys = first.table.column("key").to_pylist()
-    labels = first.table.column("label").to_pylist()
+    below = [r.params.get("prefix", [""])[0].rpartition("many")[2] for r in layout]
+    assert below[:2] == ["/", "/"]
+    assert sorted(below[2:]) == ["/a/", "/b/"]  # the probes are made at once
+    assert [bool(r.params.get("delimiter")) for r in layout] == [False, True, False, False]
+    keys: list[str] = []
+    labels: list[int] = []
     for batch in stream.batches:
+        assert batch.table.num_rows <= 300
         keys += batch.table.column("key").to_pylist()
         labels += batch.table.column("label").to_pylist()
     assert keys == [name[:-4] for name in names]
     assert labels == [0] * 1050 + [1] * 50
+    # b's probe saw all of b (50 keys): only a is listed again, in two pages
     pages = s3.proxy.lists()[len(layout) :]
-    assert len(pages) == 2
+    assert [r.params["prefix"][0].rpartition("many")[2] for r in pages] == ["/a/"] * 2
     assert pages[1].params.get("continuation-token") is not None
     assert time.monotonic() - started < 20  # it is a few seconds on a laptop
+
+
+#: An image folder with what a listing cut at its folders must keep in order: a class
+#: of more than one LIST page, keys beside folders (a README, images directly in a split,
+#: a format left out), folders holding no image, names that sort around a folder's "/"
+#: (" ", "-", "." sort before it) and names with characters URLs escape.
+HOSTILE = [
+    *(f"train/cat/{i:04d}.jpg" for i in range(1010)),
+    "train/cat/sub/deep.jpg",
+    "train/dog/a b.jpg",
+    "train/dog/a-b.jpg",
+    "train/dog/a.jpg",
+    "train/dog.jpg",
+    "train/dog/ü%2F+#&?=.jpg",
+    "train/do g/x.jpg",
+    "train/zz top.jpg",
+    "val/bird/b.jpg",
+    "val/cat/v.jpg",
+]
+OTHER_FILES = {
+    "README.txt": b"hello",
+    "train/notes/readme.txt": b"no image here",
+    "train/dog/raw.heic": b"not exported",
+    "val-extra/x.heic": b"left out",
+    "val/y.heic": b"left out",
+}
+
+
+def _hostile_tree(root: Path) -> dict[str, bytes]:
+    files = make_tree(root, HOSTILE)
+    for rel, data in OTHER_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return {**files, **OTHER_FILES}
+
+
+def test_a_listing_cut_at_folders_exports_as_the_local_folder(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Folders listed at once (threads; a runner's worker processes) give the export of
+    the local folder, byte for byte, and with a runner this process makes no LIST of
+    objects (only LISTs of folders) and gets back a few bytes a key, not the XML."""
+    from shardex.parallel import Runner
+    from shardex.storage.object import ObjectStorage as Store
+
+    files = _hostile_tree(tmp_path / "src")
+    _upload(ObjectStorage(s3.child("h"), s3.direct), files)
+    opts: dict[str, Any] = {"samples_per_shard": 100, "workers": 2, "on_error": "skip"}
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **opts)
+    s3.proxy.reset()
+    config = shardex.export(
+        s3.child("h"), tmp_path / "remote", source_storage_options=s3.counted, **opts
+    )
+    assert config.label_names == ("bird", "cat", "do g", "dog")
+    _same_export(tmp_path / "local", tmp_path / "remote", s3.child("h"))
+    assert len(pq.read_table(tmp_path / "remote" / "errors.parquet")) == 3
+    lists = s3.proxy.lists()
+    xml = sum(r.body_bytes for r in lists if not r.params.get("delimiter"))
+    keys = len(files)
+
+    source = ObjectFolderSource(s3.child("h"), s3.direct, batch_size=128)
+    alone = [b.table for b in source.stream().batches]
+    object_lists: list[int] = []
+    plain = Store.list_pages
+
+    def counted(self: Store, *args: Any) -> Any:
+        object_lists.append(os.getpid())  # only in this process: workers have their own list
+        return plain(self, *args)
+
+    monkeypatch.setattr(Store, "list_pages", counted)
+    handed: list[int] = []
+    with Runner(2) as runner:
+        imap = runner.imap
+
+        def sized_imap(fn: Any, items: Any) -> Iterator[Any]:
+            for result in imap(fn, items):
+                handed.append(len(pickle.dumps(result)))
+                yield result
+
+        monkeypatch.setattr(runner, "imap", sized_imap)
+        on_runner = [b.table for b in source.stream_on(runner).batches]
+    assert sum(t.num_rows for t in alone) == len(HOSTILE)
+    assert len(on_runner) == len(alone) == -(-len(HOSTILE) // 128)
+    assert all(a.equals(b) for a, b in zip(alone, on_runner, strict=True))
+    assert object_lists == []  # every LIST of objects was made by a worker
+    assert sum(handed) < keys * 20 < xml / 5  # the XML is ~200 B a key here
+
+
+def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
+    """Each LIST of objects answered after 1 s: eight class folders are probed, and
+    listed, in about the time of one (one after the other they take 8 s and more; the
+    bounds leave room for a loaded machine)."""
+    names = [f"c{c}/{i}.jpg" for c in range(8) for i in range(3)]
+    _upload(ObjectStorage(s3.child("slow"), s3.direct), dict.fromkeys(names, image_bytes(0)))
+    source = ObjectFolderSource(s3.child("slow"), s3.counted)
+
+    def delayed(head: RequestHead) -> bool:
+        return "list-type" in head.target and "delimiter" not in head.target
+
+    s3.proxy.delay_next(100, 1.0, when=delayed)
+    started = time.monotonic()
+    keys = [k for batch in source.stream().batches for k in batch.table.column("key").to_pylist()]
+    probed = time.monotonic() - started
+    assert keys == [name[:-4] for name in names]
+    # the prefix's first page, then the eight probes at once (each saw all its folder)
+    assert probed < 5.0, probed
+    from shardex.sources.listing import Part, listed
+
+    storage = ObjectStorage(s3.child("slow"), s3.counted)
+    started = time.monotonic()
+    entries = list(listed(storage, [Part(f"c{c}") for c in range(8)], None))
+    took = time.monotonic() - started
+    s3.proxy.clear_faults()
+    assert [rel for rel, _ in entries] == names
+    assert took < 4.0, took
+
+
+def test_a_flat_prefix_and_a_flat_split_export_as_the_local_folder(
+    s3: S3Location, tmp_path: Path
+) -> None:
+    """Images directly in the prefix beside class folders, or directly in a split beside
+    its class folders: listed as one part, the same export as the local folder's."""
+    for name, rels in {
+        "flat": ["a.jpg", "b/x.jpg", "c.jpg", "d/y.jpg", "d/z.jpg"],
+        "split": ["train/a.jpg", "train/b/x.jpg", "train/c.jpg", "val/d/y.jpg", "val/e.jpg"],
+    }.items():
+        files = make_tree(tmp_path / name, rels)
+        _upload(ObjectStorage(s3.child(name), s3.direct), files)
+        shardex.export(str(tmp_path / name), tmp_path / f"{name}-local", **OPTS)  # type: ignore[arg-type]
+        shardex.export(
+            s3.child(name), tmp_path / f"{name}-remote", source_storage_options=s3.direct, **OPTS
+        )  # type: ignore[arg-type]
+        _same_export(tmp_path / f"{name}-local", tmp_path / f"{name}-remote", s3.child(name))
 
 
 def _tar(samples: list[tuple[str, bytes, int]]) -> bytes:

@@ -1,15 +1,25 @@
 """An image folder on object storage: ``s3://bucket/prefix/[split/][class/]name.ext``.
 
 The same layout, keys, labels and order as :class:`~shardex.sources.folder.FolderSource`
-on a local copy: object stores list keys in sorted order, which is the order of the local
-walk. The split and class folders are found before any sample is yielded, by listings
-that jump past a folder once it is known to hold an image (one LIST request per class
-folder; images directly in the prefix or in a split folder are listed through). Then the
-prefix is listed page by page (one LIST request per 1,000 objects), each batch yielded as
-its pages arrive: memory holds one batch of references and the folder names, never a
-listing. No object is read while scanning:
-sizes come from the listing, bytes are fetched when the shards are written (one GET
-each, see :mod:`shardex.sources.remote`).
+on a local copy: keys in sorted order (a folder sorting as its name and a ``/``), which
+is the order of the local walk. No object is read while scanning: sizes come from the
+listing, bytes are fetched when the shards are written (one GET each, see
+:mod:`shardex.sources.remote`).
+
+The listing is cut at the split and class folders and the folders are listed at once
+(see :mod:`shardex.sources.listing`): LISTs with a delimiter find the folders below the
+prefix and below each split folder (one request per 1,000 folders), a probe of each
+folder's first page finds whether it holds an image (a class) or images directly in it,
+then every folder is listed page by page (one LIST request per 1,000 objects) by
+threads, or by the tasks of a runner (Ray), which hand back compact key tables instead of
+the LIST answers' XML. Samples come in batches as the listing is read, in key order
+whatever lists them; memory holds a few pages per folder being listed, never a listing.
+
+A prefix holding images directly (a flat folder, or images beside class folders) cannot
+be cut by folders: its layout is found by listings that jump past a folder once it is
+known to hold an image (one LIST request per class folder; the images in the prefix are
+listed through), then it is listed from one process, page by page. A split folder
+holding images directly is listed likewise, as one part.
 
 Objects whose names are not images' are not samples; an image format shardex does not
 export (``.heic`` ...) and a name with an empty, ``.`` or ``..`` part are left out with
@@ -18,20 +28,114 @@ the reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import SourceError
-from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, SampleStream, ScanBatch
+from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, MapRunner, SampleStream
 from shardex.sources.folder import SPLIT_DIRS, FolderSource, _extension, _File, _Layout, _left_out
+from shardex.sources.listing import (
+    LIST_THREADS,
+    Entry,
+    Part,
+    encode_table,
+    listed,
+    parts_in_order,
+)
 from shardex.sources.remote import register
 from shardex.storage import Storage, open_storage
+
+#: The most keys a LIST page holds (S3's limit, which every store listed here keeps).
+_PAGE: Final = 1000
 
 
 def _image(name: str) -> bool:
     return _extension(name.rpartition("/")[2]) in IMAGE_EXTENSIONS
+
+
+def _image_path(parts: list[str]) -> bool:
+    """Whether a path (split at its ``/``) is an image a sample can be made of."""
+    return _image(parts[-1]) and "" not in parts and "." not in parts and ".." not in parts
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What the first pages below a folder say: whether an image lies below it, whether
+    its first page holds an image directly in the folder (it cannot be cut into
+    subfolders: its own images may be many), and the folder's listing when that first
+    page was all of it (a :func:`~shardex.sources.listing.folder_table`: not listed
+    again)."""
+
+    holds_image: bool
+    flat: bool
+    table: bytes | None = None
+
+
+def _probe(job: tuple[Storage, str]) -> _Probe:
+    """Read the listing below a folder up to its first image (and its first page whole);
+    a task of a runner, or a thread."""
+    storage, folder = job
+    depth = folder.count("/") + 1 if folder else 0
+    pages: Iterator[list[Entry]] = iter(storage.list_pages(folder))
+    first = next(pages, [])
+    images = [parts for rel, _ in first if _image_path(parts := rel.split("/"))]
+    flat = any(len(parts) == depth + 1 for parts in images)
+    table = None
+    if folder and len(first) < _PAGE:
+        # a short page is the last one: asking for the next costs no request (the store
+        # said there is none), and the folder need not be listed again
+        second = next(pages, None)
+        if second is None:
+            table = encode_table(folder, first)
+        else:
+            pages = itertools.chain([second], pages)
+    holds = bool(images) or (
+        table is None and any(_image_path(r.split("/")) for page in pages for r, _ in page)
+    )
+    return _Probe(holds, flat, table)
+
+
+def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) -> list[_Probe]:
+    """The probes of some folders, made at once (by ``runner``'s tasks, or threads)."""
+    jobs = [(storage, folder) for folder in folders]
+    if runner is not None:
+        return list(runner.imap(_probe, jobs))
+    if len(jobs) < 2:
+        return [_probe(job) for job in jobs]
+    with ThreadPoolExecutor(min(LIST_THREADS, len(jobs)), "shardex-probe") as pool:
+        return list(pool.map(_probe, jobs))
+
+
+def _part(folder: str, probe: _Probe) -> Part:
+    """A folder's part of the listing (listed already if its probe saw all of it)."""
+    return Part(folder, table=probe.table)
+
+
+def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
+    """The subfolders of ``folder`` that hold images, found by listings that jump past
+    one once it is known to hold an image (the images directly in ``folder`` are listed
+    through)."""
+    classes: set[str] = set()
+    depth = folder.count("/") + 1
+    after: str | None = None
+    while True:
+        jump = None
+        for page in storage.list_pages(folder, after):
+            for rel, _ in page:
+                parts = rel.split("/")
+                if len(parts) > depth + 1 and _image_path(parts):
+                    classes.add(parts[depth])
+                    jump = f"{folder}/{parts[depth]}0"  # '0' follows '/': past the folder
+                    break
+            if jump is not None:
+                break
+        if jump is None:
+            return classes
+        after = jump
 
 
 def _found(rel: str, size: int) -> _File | LeftOut | None:
@@ -102,10 +206,75 @@ class ObjectFolderSource(FolderSource):
         return self.uri
 
     def stream(self) -> SampleStream:
+        """The samples in batches (see :meth:`Source.stream`), the folders listed by
+        threads."""
+        return self._stream(None)
+
+    def stream_on(self, runner: MapRunner | None) -> SampleStream:
+        """:meth:`stream`, with a ``runner`` the folders probed and listed by its tasks
+        (the LIST answers never reach this process; the batches are the same)."""
+        return self.stream() if runner is None else self._stream(runner)
+
+    def _stream(self, runner: MapRunner | None) -> SampleStream:
         storage = open_storage(self.uri, self.storage_options)
         register(storage)
-        layout = self._object_layout(storage)
-        return SampleStream(self._listed(storage, layout), layout.classes or None)
+        plan = self._plan(storage, runner)
+        if plan is None:
+            layout = self._object_layout(storage)
+            entries: Iterable[Entry] = (e for page in storage.list_pages("") for e in page)
+        else:
+            layout, parts = plan
+            entries = listed(storage, parts, runner)
+        batches = self._in_batches(self._objects(entries), layout)
+        return SampleStream(batches, layout.classes or None)
+
+    def _plan(
+        self, storage: Storage, runner: MapRunner | None
+    ) -> tuple[_Layout, list[Part]] | None:
+        """The layout and the parts of the listing (see the module docstring); None for
+        a prefix holding images directly (or none at all), listed as one."""
+        (root,) = _probes(storage, [""], runner)
+        if root.flat or not root.holds_image:
+            return None
+        folders, objects = storage.list_folder("")
+        probes = dict(zip(folders, _probes(storage, folders, runner), strict=True))
+        holding = {folder for folder in folders if probes[folder].holds_image}
+        top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
+        self._check_splits(set(holding), top_files)
+        split_dirs = sorted(holding & SPLIT_DIRS)
+        if not split_dirs:
+            parts = parts_in_order([(f, [_part(f, probes[f])]) for f in folders], objects)
+            return _Layout(False, tuple(sorted(holding))), parts
+        classes: set[str] = set()
+        inside: dict[str, list[Part]] = {}
+        for split in split_dirs:
+            if probes[split].flat:
+                classes |= _classes_by_jumps(storage, split)
+                continue
+            subfolders, own = storage.list_folder(split)
+            found = _probes(storage, subfolders, runner)
+            classes |= {
+                f.rpartition("/")[2]
+                for f, p in zip(subfolders, found, strict=True)
+                if p.holds_image
+            }
+            inside[split] = parts_in_order(
+                [(f, [_part(f, p)]) for f, p in zip(subfolders, found, strict=True)], own
+            )
+        parts = parts_in_order(
+            [(f, inside.get(f, [_part(f, probes[f])])) for f in folders], objects
+        )
+        return _Layout(True, tuple(sorted(classes))), parts
+
+    def _check_splits(self, top: set[str], top_files: bool) -> None:
+        """Refuse split folders beside other folders or images (as the local source)."""
+        split_dirs = top & SPLIT_DIRS
+        if split_dirs and (top - SPLIT_DIRS or top_files):
+            others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
+            raise SourceError(
+                f"source folder {self.uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
+                f"with other entries ({', '.join(others)}); put every image under a split"
+            )
 
     def _object_layout(self, storage: Storage) -> _Layout:
         """Split folders and class names, as the local folder source finds them."""
@@ -113,32 +282,23 @@ class ObjectFolderSource(FolderSource):
         after = _next_folder(storage, None, found)
         while after is not None:
             after = _next_folder(storage, after, found)
-        top, top_files = found.folders, found.top_files
+        top = found.folders
+        self._check_splits(set(top), found.top_files)
         split_dirs = set(top) & SPLIT_DIRS
-        if split_dirs and (set(top) - SPLIT_DIRS or top_files):
-            others = sorted(set(top) - SPLIT_DIRS) or ["(files at the top level)"]
-            raise SourceError(
-                f"source folder {self.uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
-                f"with other entries ({', '.join(others)}); put every image under a split"
-            )
         if not split_dirs:
             return _Layout(False, tuple(sorted(top)))
         return _Layout(True, tuple(sorted(set().union(*top.values()))))
 
-    def _listed(self, storage: Storage, layout: _Layout) -> Iterator[ScanBatch]:
-        return self._in_batches(self._objects(storage), layout)
-
-    def _objects(self, storage: Storage) -> Iterator[_File | LeftOut]:
-        """The prefix's image files and left-out objects, page by page, in key order."""
+    def _objects(self, entries: Iterable[Entry]) -> Iterator[_File | LeftOut]:
+        """The image files and left-out objects of a listing, in key order."""
         last = ""
-        for page in storage.list_pages(""):
-            for rel, size in page:
-                if rel < last:  # the order of keys is the order of the samples
-                    raise SourceError(
-                        f"{self.uri}: the store listed {rel!r} after {last!r}; a store "
-                        "that does not list keys in sorted order cannot be a source"
-                    )
-                last = rel
-                found = _found(rel, size)
-                if found is not None:
-                    yield found
+        for rel, size in entries:
+            if rel < last:  # the order of keys is the order of the samples
+                raise SourceError(
+                    f"{self.uri}: the store listed {rel!r} after {last!r}; a store "
+                    "that does not list keys in sorted order cannot be a source"
+                )
+            last = rel
+            found = _found(rel, size)
+            if found is not None:
+                yield found

@@ -153,6 +153,25 @@ class Storage(ABC):
         names = builtins.list(self.list(f"{folder}/" if folder else ""))
         yield [(name, self.size(name)) for name in names if after is None or name > after]
 
+    def list_folder(
+        self, folder: str = ""
+    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
+        """What lies directly in ``folder`` ("" for the root): the paths of its subfolders
+        and its own objects with their sizes, each in path order (object stores: a LIST
+        with a delimiter, one request per 1,000 entries, all made before it returns; a
+        subfolder costs one entry however many objects it holds)."""
+        folders: dict[str, None] = {}
+        objects: builtins.list[tuple[str, int]] = []
+        cut = len(folder) + 1 if folder else 0
+        for page in self.list_pages(folder):
+            for path, size in page:
+                head, sep, _ = path[cut:].partition("/")
+                if sep:
+                    folders[f"{folder}/{head}" if folder else head] = None
+                else:
+                    objects.append((path, size))
+        return sorted(folders), objects
+
     @abstractmethod
     def delete(self, path: str) -> None:
         """Remove the object; a missing object is not an error."""

@@ -261,6 +261,15 @@ class DirectObjectStorage(Storage):
                 exc, f"{self.uri}/{folder}/" if folder else f"{self.uri}/", self._options
             ) from exc
 
+    def list_folder(
+        self, folder: str = ""
+    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
+        """One LIST with a delimiter per 1,000 entries (see :meth:`Storage.list_folder`)."""
+        where = f"{self.uri}/{folder}/" if folder else f"{self.uri}/"
+        found = self._call(where, _obstore().list_with_delimiter, folder or None)
+        objects = [(str(meta["path"]), int(meta["size"])) for meta in found["objects"]]
+        return sorted(map(str, found["common_prefixes"])), sorted(objects)
+
     def delete(self, path: str) -> None:
         checked_path(path, self.uri)
         self._call(self.join(path), _obstore().delete, path)

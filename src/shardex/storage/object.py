@@ -133,6 +133,11 @@ class ObjectStorage(Storage):
     ) -> Iterator[builtins.list[tuple[str, int]]]:
         return self._io.list_pages(folder, after)
 
+    def list_folder(
+        self, folder: str = ""
+    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
+        return self._io.list_folder(folder)
+
     def delete(self, path: str) -> None:
         self._io.delete(path)
 

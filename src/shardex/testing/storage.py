@@ -73,6 +73,14 @@ class StorageTests:
         assert after == [("b/1", 3), ("b/x/2", 2), ("c", 0)]
         assert [e for page in storage.list_pages("nothing") for e in page] == []
 
+    def test_list_folder(self, storage: Storage) -> None:
+        for name, data in (("b/x/2", b"22"), ("a b", b"1"), ("b/1", b"333"), ("b/y/z/3", b"")):
+            storage.put(name, data)
+        assert storage.list_folder() == (["b"], [("a b", 1)])
+        assert storage.list_folder("b") == (["b/x", "b/y"], [("b/1", 3)])
+        assert storage.list_folder("b/y") == (["b/y/z"], [])
+        assert storage.list_folder("nothing") == ([], [])
+
     def test_delete_is_idempotent(self, storage: Storage) -> None:
         storage.put("d.bin", b"x")
         storage.delete("d.bin")

@@ -1,0 +1,207 @@
+"""An object-store listing cut into parts listed at once, read back in key order.
+
+A LIST request returns at most 1,000 keys, and asks for the next page with a token from
+this one: one listing of ten million objects is ten thousand requests one after the
+other. A folder's keys are a contiguous range of the listing, so a listing cut at its
+folders (:class:`Part`: every object below one folder, or objects listed already) can
+list the parts at once and still be read in key order, part after part.
+
+Parts are listed by threads (:func:`listed`, a few parts ahead of the reader, each
+holding a few pages, so memory does not grow with the listing) or, given a runner (Ray),
+by its tasks: each task lists one folder and hands back a compact key table (names below
+the folder and sizes, an Arrow stream compressed with zstd: a few bytes a key, where the
+LIST answers' XML is ~250), so the listing's XML never reaches the process that reads
+the parts.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+
+from shardex.sources.base import MapRunner
+from shardex.storage import Storage
+
+__all__ = [
+    "LIST_THREADS",
+    "Part",
+    "encode_table",
+    "folder_table",
+    "listed",
+    "parts_in_order",
+    "table_entries",
+]
+
+#: An object listed: its path below the storage root, and its size.
+Entry = tuple[str, int]
+#: Folders listed at once by threads (each LIST waits on the store, not on this process).
+LIST_THREADS: Final = 16
+#: Pages a listing thread holds for the reader (and waits once it holds them).
+_HELD_PAGES: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A contiguous range of a listing: every object below ``folder`` (listed when its
+    turn comes, unless ``table`` holds its listing already: a :func:`folder_table`), or
+    ``objects`` already listed (the objects directly in a folder, found beside its
+    subfolders)."""
+
+    folder: str | None = None
+    objects: tuple[Entry, ...] = ()
+    table: bytes | None = None
+
+
+def parts_in_order(
+    folders: Iterable[tuple[str, Sequence[Part]]], objects: Iterable[Entry]
+) -> list[Part]:
+    """The parts of one folder's listing in key order: each subfolder (its path and its
+    parts) sorts as its path and a ``/``, as the keys below it do; runs of objects
+    between subfolders become one part each."""
+    items: list[tuple[str, Part | Entry]] = [(path, (path, size)) for path, size in objects]
+    for path, parts in folders:
+        items += [(f"{path}/", part) for part in parts]
+    items.sort(key=lambda item: item[0])
+    out: list[Part] = []
+    run: list[Entry] = []
+    for _, item in items:
+        if isinstance(item, Part):
+            if run:
+                out.append(Part(objects=tuple(run)))
+                run = []
+            out.append(item)
+        else:
+            run.append(item)
+    if run:
+        out.append(Part(objects=tuple(run)))
+    return out
+
+
+def folder_table(job: tuple[Storage, str]) -> bytes:
+    """Every object below a folder as a compressed Arrow stream of (name below the
+    folder, size), in listing order: what a task hands back (see the module docstring)."""
+    storage, folder = job
+    return encode_table(folder, [e for page in storage.list_pages(folder) for e in page])
+
+
+def encode_table(folder: str, entries: Sequence[Entry]) -> bytes:
+    """Objects below ``folder`` as a :func:`folder_table`."""
+    cut = len(folder) + 1
+    names = pa.array([path[cut:] for path, _ in entries], pa.string())
+    table = pa.table({"name": names, "size": pa.array([n for _, n in entries], pa.int64())})
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def table_entries(folder: str, data: bytes) -> list[Entry]:
+    """The objects of a :func:`folder_table`, with their paths below the storage root."""
+    table = pa.ipc.open_stream(data).read_all()
+    prefix = f"{folder}/"
+    sizes = table.column("size").to_pylist()
+    return [
+        (prefix + name, size)
+        for name, size in zip(table.column("name").to_pylist(), sizes, strict=True)
+    ]
+
+
+def listed(storage: Storage, parts: Sequence[Part], runner: MapRunner | None) -> Iterator[Entry]:
+    """Every object of the parts, part after part, each part's in listing order: folders
+    listed by ``runner``'s tasks, or without one by :data:`LIST_THREADS` threads."""
+    if runner is not None:
+        jobs = [(storage, p.folder) for p in parts if p.folder is not None and p.table is None]
+        tables = runner.imap(folder_table, jobs)
+        for part in parts:
+            if part.folder is None:
+                yield from part.objects
+            else:
+                yield from table_entries(part.folder, part.table or next(tables))
+        return
+    for pages in _pages_ahead(storage, parts, LIST_THREADS):
+        for page in pages:
+            yield from page
+
+
+def _pages_ahead(
+    storage: Storage, parts: Sequence[Part], threads: int
+) -> Iterator[Iterator[list[Entry]]]:
+    """Each part's pages, in order, while the folders of the next parts (``threads`` at
+    most) are listed by threads, each holding a few pages. The caller reads each part's
+    pages before the next part's."""
+    stop = threading.Event()
+    started: deque[Part | queue.Queue[tuple[str, Any]]] = deque()
+    rest = iter(parts)
+
+    def start_next() -> None:
+        """Start listing the next folder (the parts of objects before it queued as they are)."""
+        for part in rest:
+            if part.folder is None or part.table is not None:
+                started.append(part)
+                continue
+            handed: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_HELD_PAGES)
+            work = (storage, part.folder, handed, stop)
+            threading.Thread(target=_list_into, args=work, name="shardex-list", daemon=True).start()
+            started.append(handed)
+            return
+
+    try:
+        for _ in range(threads):
+            start_next()
+        while started:
+            head = started.popleft()
+            if isinstance(head, Part):
+                held = head.objects if head.table is None else _entries_of(head)
+                yield iter([list(held)])
+            else:
+                yield _handed_over(head)
+                start_next()
+    finally:
+        stop.set()  # threads still listing stop at their next handover
+
+
+def _entries_of(part: Part) -> list[Entry]:
+    assert part.folder is not None
+    assert part.table is not None
+    return table_entries(part.folder, part.table)
+
+
+def _list_into(
+    storage: Storage, folder: str, handed: queue.Queue[tuple[str, Any]], stop: threading.Event
+) -> None:
+    """List one folder in a thread, handing its pages over, then its end (or what it
+    raised)."""
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                handed.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for page in storage.list_pages(folder):
+            if not put(("page", page)):
+                return
+        put(("end", None))
+    except BaseException as exc:  # raised again in the reader
+        put(("error", exc))
+
+
+def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[list[Entry]]:
+    while True:
+        kind, value = handed.get()
+        if kind == "error":
+            raise value
+        if kind == "end":
+            return
+        yield value
