@@ -448,6 +448,10 @@ def stream_chunks(storage: Any, paths: Sequence[str]) -> int:
     return sum(len(chunk) for p in paths for chunk in storage.iter_chunks(p))
 
 
+def stream_views(storage: Any, paths: Sequence[str]) -> int:
+    return sum(len(view) for p in paths for view in storage.iter_views(p))
+
+
 def bench_iterate(datasets: dict[str, Any], store: Any, repeats: int) -> list[Row]:
     """Each pass is short (~0.1 s): ``repeats`` should be larger than the other rows'."""
     any_ds = next(iter(datasets.values()))
@@ -464,7 +468,16 @@ def bench_iterate(datasets: dict[str, Any], store: Any, repeats: int) -> list[Ro
         f"baseline: obstore get of each whole shard ({len(paths)} shards)",
         TARGET,
     )
-    return [chunks_row] + [
+    views_row = rate_row(
+        "stream each shard (storage.iter_views, what iteration reads), main process",
+        count,
+        lambda: stream_views(any_ds.storage, paths),
+        lambda: get_shards(store, paths),
+        repeats,
+        f"baseline: obstore get of each whole shard ({len(paths)} shards)",
+        TARGET,
+    )
+    return [chunks_row, views_row] + [
         rate_row(
             f"iterate (for s in ds), {mode}",
             count,

@@ -145,7 +145,7 @@ def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
             s3.url, split="train", storage_options=s3.direct, on_error=on_error
         )
         reader.stream_chunk_size = 4096  # type: ignore[attr-defined]  # < every sample
-        chunks_of = reader.storage.iter_chunks
+        chunks_of = reader.storage.iter_views  # what iteration streams a shard with
 
         def recorded(path: str, size: int, chunks_of: object = chunks_of) -> object:
             ends[path], at = [], 0
@@ -154,7 +154,7 @@ def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
                 ends[path].append(at)
                 yield chunk
 
-        monkeypatch.setattr(reader.storage, "iter_chunks", recorded)
+        monkeypatch.setattr(reader.storage, "iter_views", recorded)
         if on_error == "raise":
             with pytest.raises(ChecksumError, match=f"checksum mismatch for sample {damaged[0]} "):
                 list(reader)
@@ -164,6 +164,18 @@ def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
         assert [number for number, _ in reader.skipped] == damaged  # type: ignore[attr-defined]
         assert any(cut_in_two(i) for i in damaged)
         assert any(cut_in_two(i) for i in range(len(want)) if i not in damaged)
+
+
+def test_a_stream_of_views_is_the_object_in_one_get(s3: S3Location) -> None:
+    data = os.urandom(300_000)
+    ObjectStorage(s3.url, s3.direct).put("blob", data)
+    storage = ObjectStorage(s3.url, s3.counted)
+    s3.proxy.reset()
+    views = list(storage.iter_views("blob", 64 << 10))
+    assert all(isinstance(v, memoryview) and v.readonly for v in views)
+    assert b"".join(views) == data == b"".join(storage.iter_chunks("blob", 64 << 10))
+    s3.proxy.wait_idle()
+    assert [(r.method, r.range) for r in s3.proxy.requests] == [("GET", None)] * 2
 
 
 def test_get_many_runs_bounded_ranged_gets(s3: S3Location) -> None:

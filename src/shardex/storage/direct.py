@@ -231,15 +231,30 @@ class DirectObjectStorage(Storage):
         it handed over waited for the GIL held by the caller's parsing.
         """
         checked_path(path, self.uri)
+        return self._copies(self._chunks(path, chunk_size))
+
+    @staticmethod
+    def _copies(views: Iterator[memoryview]) -> Iterator[bytes]:
+        try:
+            for view in views:
+                yield bytes(view)
+        finally:  # stopped early: drop the response now
+            views.close()  # type: ignore[attr-defined]  # a generator
+
+    def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
+        """The stream of :meth:`iter_chunks` as views of obstore's own buffers: no copy
+        (iteration copies each sample out of them, ~1.5 us a sample less than copying
+        each 4 MiB chunk into ``bytes`` first)."""
+        checked_path(path, self.uri)
         return self._chunks(path, chunk_size)
 
-    def _chunks(self, path: str, chunk_size: int) -> Iterator[bytes]:
+    def _chunks(self, path: str, chunk_size: int) -> Iterator[memoryview]:
         try:
             # obstore itself resumes a body broken mid-way (a ranged GET of the rest),
             # under the same retry settings as every request
             result = _obstore().get(self._client(), path)
             for chunk in result.stream(min_chunk_size=chunk_size):
-                yield bytes(chunk)
+                yield memoryview(chunk)
         except StorageError:
             raise
         except Exception as exc:

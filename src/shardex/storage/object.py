@@ -122,6 +122,9 @@ class ObjectStorage(Storage):
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         return self._io.iter_chunks(path, chunk_size)
 
+    def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
+        return self._io.iter_views(path, chunk_size)
+
     def size(self, path: str) -> int:
         return self._io.size(path)
 
