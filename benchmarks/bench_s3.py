@@ -232,15 +232,16 @@ Blocks = Sequence[Callable[[], object]]
 def paired_times(fn: Blocks, base: Blocks, repeats: int) -> tuple[float, float, float, float]:
     """Medians over ``repeats`` runs of the wall and CPU seconds of all of ``fn``'s blocks
     and of all of ``base``'s: block k of each runs back to back, the order alternating
-    from block to block, so that the load of each moment hits both alike (on a loaded
-    machine, whole runs one after the other swing by ±20 %). CPU is this process's
-    (obstore's threads included): what a reader costs beside the same requests."""
+    from block to block and from run to run, so that the load of each moment hits both
+    alike (on a loaded machine, whole runs one after the other swing by ±20 %). CPU is
+    this process's (obstore's threads included): what a reader costs beside the same
+    requests."""
     runs: list[tuple[float, float, float, float]] = []
-    for _ in range(repeats):
+    for rep in range(repeats):
         gc.collect()
         wall, cpu = [0.0, 0.0], [0.0, 0.0]
         for k, pair in enumerate(zip(fn, base, strict=True)):
-            for side in (0, 1) if k % 2 == 0 else (1, 0):
+            for side in (0, 1) if (k + rep) % 2 == 0 else (1, 0):
                 w, c = time.perf_counter(), time.process_time()
                 pair[side]()
                 wall[side] += time.perf_counter() - w
