@@ -13,14 +13,19 @@ about ``--size-kb`` KB, generated once by its generator) and measures, in one ru
 * the requests that ``ds[i]``, ``get_many`` and iteration make, counted by a proxy.
 
 The machine is shared and noisy: every rate is the median of a few repeats, each measure
-runs interleaved with its baseline, and the ratio (value / baseline) is what to compare.
+runs interleaved with its baseline (``ds[i]`` on 1 thread and ``get_many`` block by block:
+25 samples or one batch, then the baseline's same requests, the order alternating), and
+the ratio (value / baseline) is what to compare. Main-process rows also give the CPU time
+per sample of this process against the baseline's: where the load makes wall time noise,
+what shardex adds to the same requests. The load average is printed at start and end.
 Every request goes to 127.0.0.1; explicit credentials are passed to every client, and the
 cloud metadata endpoint is pointed at a closed loopback port.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_s3.py [--images 5000] [--size-kb 16] [--reads 800]
-        [--repeats 5] [--export-repeats 3] [--workdir DIR] [--json PATH] [--profile]
+        [--repeats 5] [--export-repeats 3] [--iter-repeats 15] [--workdir DIR] [--json PATH]
+        [--profile]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import multiprocessing
 import os
 import pstats
@@ -52,6 +58,7 @@ BATCH = 64
 SPLIT = "train"
 PROCESSES = 4
 THREADS = (1, 4, 16)
+BLOCK = 25  # samples of a block of the 1-thread ds[i] row, read by both back to back
 TARGET = 0.9  # main-process reads / raw obstore doing the same requests (issue 19)
 
 Range = tuple[str, int, int]  # (path under the export's prefix, start, length)
@@ -219,23 +226,57 @@ class ReaderProcesses:
 # ---------------------------------------------------------------- the benchmark
 
 
+Blocks = Sequence[Callable[[], object]]
+
+
+def paired_times(fn: Blocks, base: Blocks, repeats: int) -> tuple[float, float, float, float]:
+    """Medians over ``repeats`` runs of the wall and CPU seconds of all of ``fn``'s blocks
+    and of all of ``base``'s: block k of each runs back to back, the order alternating
+    from block to block and from run to run, so that the load of each moment hits both
+    alike (on a loaded machine, whole runs one after the other swing by ±20 %). CPU is
+    this process's (obstore's threads included): what a reader costs beside the same
+    requests."""
+    runs: list[tuple[float, float, float, float]] = []
+    for rep in range(repeats):
+        gc.collect()
+        wall, cpu = [0.0, 0.0], [0.0, 0.0]
+        for k, pair in enumerate(zip(fn, base, strict=True)):
+            for side in (0, 1) if (k + rep) % 2 == 0 else (1, 0):
+                w, c = time.perf_counter(), time.process_time()
+                pair[side]()
+                wall[side] += time.perf_counter() - w
+                cpu[side] += time.process_time() - c
+        runs.append((wall[0], wall[1], cpu[0], cpu[1]))
+    return tuple(statistics.median(r[k] for r in runs) for k in range(4))  # type: ignore[return-value]
+
+
 def rate_row(
     name: str,
     count: int,
-    fn: Callable[[], object],
-    base: Callable[[], object],
+    fn: Callable[[], object] | Blocks,
+    base: Callable[[], object] | Blocks,
     repeats: int,
     note: str,
     target: float | None = None,
     unit: str = "samples/s",
+    cpu: bool = True,
 ) -> Row:
-    """``count`` items per run of ``fn`` and of ``base``: one warm-up each, then medians."""
-    fn()
-    base()
-    took, base_took = median_times([fn, base], repeats)
+    """``count`` items per run of ``fn`` and of ``base`` (each a callable, or a list of
+    blocks run pairwise, see :func:`paired_times`): one warm-up each, then medians; with
+    ``cpu``, the CPU time per item of both (this process's) goes in the note."""
+    fns = [fn] if callable(fn) else list(fn)
+    bases = [base] if callable(base) else list(base)
+    for f in (*fns, *bases):
+        f()
+    took, base_took, used, base_used = paired_times(fns, bases, repeats)
     print(f"  {name}: {count / took:,.0f} vs {count / base_took:,.0f} {unit}", flush=True)
     extra = 1e6 * (took - base_took) / count
     note = f"{note}; {extra:+.0f} µs/sample of wall time"
+    if cpu:
+        note += (
+            f"; CPU {1e6 * used / count:.0f} vs {1e6 * base_used / count:.0f} µs/sample "
+            f"(×{used / base_used:.2f})"
+        )
     return Row(name, unit, count / took, count / base_took, target, note=note)
 
 
@@ -330,18 +371,27 @@ def bench_threads(
     ranges = sample_ranges(ds, order)
     for n in threads:
         ids, rngs = split_parts(order, n), split_parts(ranges, n)
+        fn: Blocks = [lambda ids=ids: in_threads(lambda p: read_items(ds, p), ids)]
+        base: Blocks = [lambda rngs=rngs: in_threads(lambda p: read_raw(store, p), rngs)]
+        if n == 1:  # blocks of samples, each read by both back to back
+            fn = [lambda b=b: read_items(ds, b) for b in chunked(order, BLOCK)]
+            base = [lambda b=b: read_raw(store, b) for b in chunked(ranges, BLOCK)]
         rows.append(
             rate_row(
                 f"ds[i] random, {mode}, {n} thread{'s' if n > 1 else ''}",
                 len(order),
-                lambda ids=ids: in_threads(lambda p: read_items(ds, p), ids),
-                lambda rngs=rngs: in_threads(lambda p: read_raw(store, p), rngs),
+                fn,
+                base,
                 repeats,
                 f"baseline: {n} thread(s) of obstore get_range, same ranges",
                 TARGET,
             )
         )
     return rows
+
+
+def chunked(items: Sequence[Any], n: int) -> list[Sequence[Any]]:
+    return [items[k : k + n] for k in range(0, len(items), n)]
 
 
 def bench_processes(
@@ -362,6 +412,7 @@ def bench_processes(
             repeats,
             f"baseline: {PROCESSES} processes of obstore get_range, same ranges",
             TARGET,
+            cpu=False,  # the reading is done in the children
         )
     finally:
         procs.close()
@@ -378,17 +429,12 @@ def bench_get_many(
     rows = []
     try:
         for mode, ds in datasets.items():
-
-            def run(ds: Any = ds) -> None:
-                for b in batches:
-                    ds.get_many(b)
-
             rows.append(
                 rate_row(
                     f"get_many({BATCH}) random, {mode}",
                     count,
-                    run,
-                    lambda: base.batches(range_batches),
+                    [lambda ds=ds, b=b: ds.get_many(b) for b in batches],
+                    [lambda r=r: base.batches([r]) for r in range_batches],
                     repeats,
                     f"baseline: asyncio.gather of {BATCH} get_range_async, same ranges",
                     TARGET,
@@ -403,7 +449,12 @@ def stream_chunks(storage: Any, paths: Sequence[str]) -> int:
     return sum(len(chunk) for p in paths for chunk in storage.iter_chunks(p))
 
 
+def stream_views(storage: Any, paths: Sequence[str]) -> int:
+    return sum(len(view) for p in paths for view in storage.iter_views(p))
+
+
 def bench_iterate(datasets: dict[str, Any], store: Any, repeats: int) -> list[Row]:
+    """Each pass is short (~0.1 s): ``repeats`` should be larger than the other rows'."""
     any_ds = next(iter(datasets.values()))
     paths = [s.path for s in any_ds.config.splits[SPLIT].shards]
     count = len(any_ds)
@@ -418,7 +469,16 @@ def bench_iterate(datasets: dict[str, Any], store: Any, repeats: int) -> list[Ro
         f"baseline: obstore get of each whole shard ({len(paths)} shards)",
         TARGET,
     )
-    return [chunks_row] + [
+    views_row = rate_row(
+        "stream each shard (storage.iter_views, what iteration reads), main process",
+        count,
+        lambda: stream_views(any_ds.storage, paths),
+        lambda: get_shards(store, paths),
+        repeats,
+        f"baseline: obstore get of each whole shard ({len(paths)} shards)",
+        TARGET,
+    )
+    return [chunks_row, views_row] + [
         rate_row(
             f"iterate (for s in ds), {mode}",
             count,
@@ -522,6 +582,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reads", type=int, default=800, help="random samples per read run")
     p.add_argument("--repeats", type=int, default=5, help="repeats per read measure")
     p.add_argument("--export-repeats", type=int, default=3, help="repeats per export measure")
+    p.add_argument(
+        "--iter-repeats", type=int, default=15, help="repeats per iteration measure (short)"
+    )
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="image folder cache")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--profile", action="store_true", help="print cProfile of ds[i] and raw")
@@ -532,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     loopback_only()
     args = parse_args(argv)
     started = time.perf_counter()
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     from tests.support.seaweedfs import SeaweedFS
 
     count = args.images
@@ -568,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"get_many({BATCH}):")
             rows += bench_get_many({**both, **exact}, store, order, args.repeats)
             print("iteration:")
-            rows += bench_iterate(both, store, args.repeats)
+            rows += bench_iterate(both, store, args.iter_repeats)
             print("requests (counting proxy):")
             rows += count_requests(server, url, options, count)
             if args.profile:
@@ -578,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render(rows))
     took = time.perf_counter() - started
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\nload average at start: {load_start}; at end: {load}")
     print(
         f"\n{count} images; medians of {args.export_repeats} (export) and {args.repeats} "
         f"(read) runs; {args.reads} random samples a read run"

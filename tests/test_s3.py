@@ -20,7 +20,7 @@ import pytest
 
 import shardex
 from conftest import S3Location
-from shardex.errors import ConfigError, NotAnExportError, StorageError
+from shardex.errors import ChecksumError, ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
 from shardex.testing import StorageTests
@@ -112,6 +112,70 @@ def test_iteration_streams_each_shard_with_one_get(s3: S3Location, tmp_path: Pat
     assert [r.method for r in s3.proxy.requests] == ["GET"] * len(shards)
     assert all(r.range is None for r in s3.proxy.requests)
     assert samples == [ds[i] for i in range(len(ds))]
+
+
+def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
+    s3: S3Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iteration over S3 gives exactly the samples in order, each checked against its
+    checksum, also where a chunk of the shard's stream ends inside a sample."""
+    _export_s3(s3)
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
+    want = [ds[i] for i in range(len(ds))]
+    records = [ds.index.record(i) for i in range(len(ds))]  # type: ignore[attr-defined]
+    paths = [s.path for s in ds.config.splits["train"].shards]
+    damaged = list(range(1, len(ds), 3))
+    storage = ObjectStorage(s3.url, s3.direct)
+    for shard, path in enumerate(paths):  # one byte flipped inside each damaged sample
+        data = bytearray(storage.get(path))
+        for i in damaged:
+            offset, _checksum, in_shard, length = records[i]
+            if in_shard == shard:
+                data[offset + length // 2] ^= 0x20
+        storage.put(path, bytes(data))
+
+    ends: dict[str, list[int]] = {}  # where each chunk of each shard's stream ended
+
+    def cut_in_two(i: int) -> bool:
+        offset, _checksum, shard, length = records[i]
+        return any(offset < end < offset + length for end in ends[paths[shard]])
+
+    for on_error in ("raise", "skip"):
+        reader = shardex.open_dataset(
+            s3.url, split="train", storage_options=s3.direct, on_error=on_error
+        )
+        reader.stream_chunk_size = 4096  # type: ignore[attr-defined]  # < every sample
+        chunks_of = reader.storage.iter_views  # what iteration streams a shard with
+
+        def recorded(path: str, size: int, chunks_of: object = chunks_of) -> object:
+            ends[path], at = [], 0
+            for chunk in chunks_of(path, size):  # type: ignore[operator]
+                at += len(chunk)
+                ends[path].append(at)
+                yield chunk
+
+        monkeypatch.setattr(reader.storage, "iter_views", recorded)
+        if on_error == "raise":
+            with pytest.raises(ChecksumError, match=f"checksum mismatch for sample {damaged[0]} "):
+                list(reader)
+            continue
+        got = list(reader)
+        assert got == [want[i] for i in range(len(want)) if i not in damaged]
+        assert [number for number, _ in reader.skipped] == damaged  # type: ignore[attr-defined]
+        assert any(cut_in_two(i) for i in damaged)
+        assert any(cut_in_two(i) for i in range(len(want)) if i not in damaged)
+
+
+def test_a_stream_of_views_is_the_object_in_one_get(s3: S3Location) -> None:
+    data = os.urandom(300_000)
+    ObjectStorage(s3.url, s3.direct).put("blob", data)
+    storage = ObjectStorage(s3.url, s3.counted)
+    s3.proxy.reset()
+    views = list(storage.iter_views("blob", 64 << 10))
+    assert all(isinstance(v, memoryview) and v.readonly for v in views)
+    assert b"".join(views) == data == b"".join(storage.iter_chunks("blob", 64 << 10))
+    s3.proxy.wait_idle()
+    assert [(r.method, r.range) for r in s3.proxy.requests] == [("GET", None)] * 2
 
 
 def test_get_many_runs_bounded_ranged_gets(s3: S3Location) -> None:

@@ -124,6 +124,19 @@ class Storage(ABC):
         for start in range(0, size, chunk_size):
             yield self.get_range(path, start, min(chunk_size, size - start))
 
+    def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
+        """:meth:`iter_chunks` as read-only views: object stores hand over their own
+        buffers, without the copy into ``bytes`` (for readers that copy out what they
+        keep). Closing the iterator ends the request."""
+        chunks = self.iter_chunks(path, chunk_size)
+        try:
+            for chunk in chunks:
+                yield memoryview(chunk)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
     def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Return ``(path, start, length)`` ranges of any objects, in the order asked.
 

@@ -108,7 +108,10 @@ class ObjectStorage(Storage):
         return self._io.get(path)
 
     def get_range(self, path: str, start: int, length: int) -> bytes:
-        return self._io.get_range(path, start, length)
+        impl = self._impl  # ds[i]'s path: the property only when a fork may have happened
+        if impl is None or self._impl_pid != os.getpid():
+            impl = self._io
+        return impl.get_range(path, start, length)
 
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         return self._io.get_ranges(path, starts, lengths)
@@ -118,6 +121,9 @@ class ObjectStorage(Storage):
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         return self._io.iter_chunks(path, chunk_size)
+
+    def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
+        return self._io.iter_views(path, chunk_size)
 
     def size(self, path: str) -> int:
         return self._io.size(path)

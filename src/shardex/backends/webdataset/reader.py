@@ -736,7 +736,7 @@ class ShardDataset(SampleRanges):
         self, shard: int, path: str, ranges: list[tuple[int, int, int]], first: int
     ) -> Iterator[Sample]:
         """Samples of a remote shard from one streamed GET, holding about one chunk."""
-        chunks = self.storage.iter_chunks(path, self.stream_chunk_size)
+        chunks = self.storage.iter_views(path, self.stream_chunk_size)
         try:
             yield from self._samples_of_stream(shard, path, chunks, ranges, first)
         finally:  # stopped early: end the request now, not when collected
@@ -748,21 +748,24 @@ class ShardDataset(SampleRanges):
         self,
         shard: int,
         path: str,
-        chunks: Iterator[bytes],
+        chunks: Iterator[memoryview],
         ranges: list[tuple[int, int, int]],
         first: int,
     ) -> Iterator[Sample]:
-        window, base = b"", 0  # window holds the shard's bytes from offset `base`
-        view = memoryview(window)
+        """Each sample checked in the stream's own buffer (``chunks``: views, not copies),
+        then copied out once and cut: copying each 4 MiB chunk into ``bytes`` first cost
+        ~1.5 us a sample more (one more pass over memory, the sample cold by its turn)."""
+        window, base, top = memoryview(b""), 0, 0  # window: the shard's bytes [base, top)
         seed, verify = self._seed, self.verify
         cut = self._cut if self.members is not None else None
         for number, (off, length, checksum) in enumerate(ranges, first):
-            if off + length <= base + len(window):
-                data, data_view, start = window, view, off - base
+            stop = off + length
+            data: bytes | None = None
+            if stop <= top:
+                piece = window[off - base : stop - base]
             else:
                 # The sample runs into the next chunk(s): only its own bytes are joined;
-                # the last chunk becomes the window uncopied (joining whole chunks to
-                # the window's rest copied ~2 us of bytes per sample).
+                # the last chunk becomes the window.
                 parts = [window[off - base :]]
                 have = len(parts[0])
                 while have < length:
@@ -782,18 +785,18 @@ class ShardDataset(SampleRanges):
                     parts.append(chunk)
                     have += len(chunk)
                 window, base = parts[-1], off + have - len(parts[-1])
-                view = memoryview(window)
-                data = b"".join(parts[:-1]) + window[: off + length - base]
-                data_view, start = memoryview(data), 0
+                top = base + len(window)
+                parts[-1] = window[: stop - base]
+                data = b"".join(parts)
+                piece = memoryview(data)
             sample: Sample | None = None
-            # the short way (as _local_shard): checksum and cut in place, no copy
-            if cut is not None and (
-                not verify or _xxh3(data_view[start : start + length], number * seed) == checksum
-            ):
-                sample = cut(data, start, number, checksum, start + length)
+            # the short way (as _local_shard): checked in place, copied out once, cut
+            if cut is not None and (not verify or _xxh3(piece, number * seed) == checksum):
+                sample = cut(piece.tobytes() if data is None else data, 0, number, checksum, length)
             if sample is None:
                 try:
-                    sample = self._sample_in(data, start, length, checksum, shard, off, number)
+                    buf = piece.tobytes() if data is None else data
+                    sample = self._sample_in(buf, 0, length, checksum, shard, off, number)
                 except FormatError as exc:
                     self._skip(number, exc)
                     continue
