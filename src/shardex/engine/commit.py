@@ -22,7 +22,7 @@ from shardex.contract import (
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
-from shardex.errors import UnverifiedOutputError
+from shardex.errors import UnverifiedOutputError, mode_hint
 from shardex.format.tables import parquet_file, read_checked_table
 from shardex.options import ExportOptions
 from shardex.planning import (
@@ -241,7 +241,7 @@ def check_written(storage: Storage, config: ExportConfig, derived: dict[str, byt
         raise UnverifiedOutputError(
             f"{storage.uri}: {problems[0]}{more} after the shards were written; nothing was "
             "committed. Something changed the output meanwhile (another process, or the "
-            "store lost it): run the export again with --mode resume"
+            f"store lost it): run the export again with {mode_hint('resume')}"
         )
 
 

@@ -34,6 +34,7 @@ from shardex.errors import (
     ObjectNotFoundError,
     OutputExistsError,
     ShardexError,
+    mode_hint,
 )
 from shardex.options import ExportOptions, Mode
 from shardex.sources import Source
@@ -85,8 +86,8 @@ def check_output(storage: Storage, mode: Mode) -> list[str]:
     leftovers = _not_staged(storage.leftovers())
     if (existing or leftovers) and mode == "error":
         what = "holds an export" if committed else "holds the files of an unfinished export"
-        hint = "--overwrite to replace it" + (
-            "" if committed else ", or --mode resume to finish it"
+        hint = f"{mode_hint('overwrite')} to replace it" + (
+            "" if committed else f", or {mode_hint('resume')} to finish it"
         )
         raise OutputExistsError(f"output {storage.uri} {what}; pass {hint}")
     for path in leftovers:  # temporary files of a killed export
