@@ -114,9 +114,7 @@ def test_an_unreachable_address_is_one_error_line_from_the_command(
 
 
 @pytest.mark.parametrize("address", ["host:port", "ray://", "http://host:6379/x"])
-def test_an_address_that_is_not_one_is_refused(
-    images: Path, tmp_path: Path, address: str
-) -> None:
+def test_an_address_that_is_not_one_is_refused(images: Path, tmp_path: Path, address: str) -> None:
     with pytest.raises(ConfigError, match="is not host:port"):
         shardex.export(images, tmp_path / "out", executor="ray", ray_address=address)
 
