@@ -24,7 +24,7 @@ from typing import Any, Final
 import xxhash
 
 from shardex.api import read_config
-from shardex.backends.ownership import foreign_files, shardex_files
+from shardex.backends.ownership import foreign_files, shardex_files, writers
 from shardex.contract import (
     CONFIG_FILE,
     ExportConfig,
@@ -128,11 +128,17 @@ def config_digest(storage: Storage) -> str | None:
         return None
 
 
-def record_intent(storage: Storage, mode: Mode, command: str, top_level: bool = False) -> None:
+def record_intent(
+    storage: Storage, mode: Mode, command: str, top_level: bool = False, backend: str = ""
+) -> None:
     """Before anything is written: which command writes, over which committed export;
     ``top_level``: it writes or replaces a flat export, so files at the output's top level
-    are shardex's (see :mod:`shardex.backends.ownership`)."""
+    are shardex's; ``backends``: ``backend`` (the one it writes with) and the backends
+    whose files the output may already hold (see :mod:`shardex.backends.ownership`)."""
     record: dict[str, Any] = {"mode": mode, "command": command, "base": config_digest(storage)}
+    before = writers(storage)
+    if backend and (before is not None or read_intent(storage) is None):  # else: unsaid
+        record["backends"] = list(dict.fromkeys([*(before or []), backend]))
     if top_level:
         record["top_level"] = True
     storage.put(INTENT_FILE, json.dumps(record).encode())

@@ -170,7 +170,8 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 _check_one_split(job, prep)
                 # a run that writes or replaces a flat export owns the top level's shards
                 flat = opts.layout == "flat" or committed_is_flat(storage)
-                record_intent(storage, opts.mode, job.command, flat)  # before the first write
+                # before the first write
+                record_intent(storage, opts.mode, job.command, flat, job.backend.name)
                 writing = True
                 written = write_splits(
                     storage, job.backend, prep, opts, pool, bars, job.previous, job.committed
