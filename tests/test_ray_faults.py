@@ -400,3 +400,35 @@ def test_python_users_are_told_the_python_way_to_resume(
     assert "overwrite=True in Python" in str(unfinished.value)
     config = shardex.export(small_source, out, samples_per_shard=8, workers=1, mode="resume")
     assert config.num_samples == 40
+
+
+def test_the_commit_removes_only_its_own_exports_temporary_files(
+    small_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed attempt's temporary shard goes at the commit; a write in progress of
+    another export, made into a folder inside this output, is left to finish."""
+    from shardex.storage.local import LocalObjectWriter
+
+    out = tmp_path / "out"
+    writers: list[LocalObjectWriter] = []
+    names: list[str] = []
+
+    def meanwhile(storage: Any, config: Any) -> None:
+        del storage
+        shard = next(iter(config.splits.values())).shards[0].path
+        killed = LocalObjectWriter(out / shard)  # an attempt that died mid-write
+        killed.write(b"half a shard")
+        killed._file.close()  # (its process is gone: never renamed, never removed)
+        names.append(Path(shard).name)
+        nested = LocalObjectWriter(out / "nested" / "train" / names[0])
+        nested.write(b"another export's shard, still being written")
+        writers.append(nested)
+
+    with monkeypatch.context() as patched:
+        _commit_after(meanwhile, patched)
+        shardex.export(small_source, out, samples_per_shard=8, workers=1)
+    assert not [p for p in out.rglob(".*.tmp-*") if "nested" not in p.parts]
+    writers[0].commit()  # the nested export's write completes
+    nested = out / "nested" / "train" / names[0]
+    assert nested.read_bytes() == b"another export's shard, still being written"
+    assert [p.name for p in nested.parent.iterdir()] == [names[0]]

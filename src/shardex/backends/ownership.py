@@ -65,6 +65,19 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
     return _owned(storage, rest, owners)
 
 
+def export_owns(config: ExportConfig, path: str) -> bool:
+    """Whether ``path`` is a name the export that ``config`` describes writes: its own
+    files, or its backend's (at the output's top level only when the export is flat)."""
+    if _EXPORT_FILES.fullmatch(path) is not None:
+        return True
+    if "/" not in path and not config.flat:
+        return False
+    try:
+        return REGISTRY.backend_class(config.backend).owns(path)
+    except ShardexError:  # not installed here: its files cannot be told
+        return False
+
+
 def _top_level_ours(storage: Storage, paths: list[str]) -> bool:
     """Whether files at the top level may be a backend's: a flat export is committed there,
     or a run that writes or replaces one recorded its intent."""

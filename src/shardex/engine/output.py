@@ -29,7 +29,13 @@ from shardex.contract import (
     CONFIG_FILE,
     ExportConfig,
 )
-from shardex.engine.commit import commit, derived_files, export_files, write_derived
+from shardex.engine.commit import (
+    commit,
+    derived_files,
+    export_files,
+    remove_leftovers,
+    write_derived,
+)
 from shardex.errors import (
     ObjectNotFoundError,
     OutputExistsError,
@@ -191,7 +197,7 @@ def finish_committed(
         if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
             return None  # another command: it replaces or extends what is there
     config = read_config(storage)
-    storage.remove_leftovers()
+    remove_leftovers(storage, config)
     write_derived(storage, derived_files(config))  # killed before it replaced them
     ours = shardex_files(storage, storage.list())
     remove_stale(storage, ours, config)
