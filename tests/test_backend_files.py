@@ -218,3 +218,40 @@ def test_a_broken_plugin_does_not_turn_a_foreign_folder_into_a_traceback(
     assert "refused:" in done.stdout
     assert "holiday.jpg" in done.stdout
     assert (out / "holiday.jpg").read_bytes() == b"someone else's photo"
+
+
+ARRAY_BACKENDS = [b for b in BACKENDS if b != "webdataset"]
+
+
+@pytest.mark.parametrize("backend", ARRAY_BACKENDS)
+def test_files_another_backend_would_write_are_foreign_in_an_export_of_this_one(
+    backend: str, tmp_path: Path
+) -> None:
+    """Ownership follows the backend that wrote the export: a ``train/shards.txt`` (a
+    webdataset file name) in an array export is the user's, refused, never deleted."""
+    out = tmp_path / "o"
+    shardex.export(_data(), out, backend=backend, workers=1)
+    mine = out / "train" / "shards.txt"
+    mine.write_text("my list of shards\n")
+    with pytest.raises(OutputExistsError, match=r"shards\.txt"):
+        shardex.export(_data(5, 1), out, backend=backend, overwrite=True)
+    assert mine.read_text() == "my list of shards\n"
+    assert shardex.verify(out).ok
+
+
+def test_switching_backends_by_overwrite_removes_the_old_ones_files_even_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    """The old backend's files stay shardex's while a run of another backend replaces
+    them, also when that run was killed and another takes over."""
+    out = tmp_path / "o"
+    shardex.export(_data(), out, backend="webdataset", workers=1)
+    storage = open_storage(out)
+    from shardex.engine.output import record_intent
+
+    record_intent(storage, "overwrite", "killed run", backend="numpy_mmap")  # then killed
+    (out / "train" / "arrays-0123456789ab-000000.x.npy").write_bytes(b"half")
+    shardex.export(_data(), out, backend="numpy", overwrite=True)
+    left = _files(out)
+    assert not [p for p in left if p.endswith((".tar", "shards.txt", ".x.npy"))], left
+    assert shardex.verify(out).ok

@@ -310,3 +310,84 @@ def test_write_run_records_every_file_and_native_byte_order(tmp_path: Path) -> N
     assert td["x"].tolist() == [0, 1, 2]
     assert td["y", "data"].dtype == torch.float16
     assert td["z", "data"].shape == (0,)
+
+
+_KILLED_EXPORT = """
+import json, sys
+import numpy as np
+import shardex
+out, options = sys.argv[1], json.loads(sys.argv[2])
+data = {
+    "key": [f"k{i:04d}" for i in range(64)],
+    "x.npy": [np.full((512, 512), i, np.float32) for i in range(64)],  # 1 MiB a sample
+}
+shardex.export(data, out, backend="tensordict_memmap", workers=1, samples_per_shard=64,
+               storage_options=options or None)
+"""
+
+
+def _staged(tmp: Path) -> list[Path]:
+    """Files tensordict stages for an upload, under the temporary folder ``tmp``."""
+    return [  # (os.walk: folders the export removes meanwhile are skipped)
+        Path(d) / name
+        for d, _, names in os.walk(tmp)
+        for name in names
+        if "tensordict" in os.path.relpath(Path(d) / name, tmp)
+    ]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_killed_export_leaves_no_staging_behind_once_another_export_runs(
+    tmp_path: Path, request: pytest.FixtureRequest, where: str
+) -> None:
+    """SIGKILL while tensordict writes a run: its staging (``$TMPDIR`` for object storage,
+    a ``.tmp-`` folder beside the run for a local output) is gone after the next export,
+    and the resumed export holds only its own files."""
+    import subprocess
+    import sys
+    import time
+
+    s3 = request.getfixturevalue("s3") if where == "s3" else None
+    out = s3.child("out") if s3 is not None else str(tmp_path / "out")
+    options = s3.direct if s3 is not None else {}
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "SHARDEX_LOCK_LEASE": "2"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_EXPORT, out, json.dumps(options)], env=env
+    )
+    local = tmp_path / "out"
+
+    def writing() -> bool:
+        if s3 is not None:
+            return bool(_staged(tmp))
+        return any(".tmp-" in p.name for p in local.glob("train/*"))
+
+    deadline = time.monotonic() + 120
+    while not writing():
+        assert child.poll() is None, "the export ended before it was killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    time.sleep(2.5)  # the killed export's lease on object storage expires
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_EXPORT.replace("workers=1", "workers=1, mode='resume'"),
+            out,
+            json.dumps(options),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _staged(tmp) == []
+    listed = list(shardex.storage.open_storage(out, options or None).list())
+    assert [p for p in listed if ".tmp-" in p] == []
+    if s3 is None:
+        assert not [p for p in local.rglob("*") if ".tmp-" in p.name]
+    assert shardex.verify(out, storage_options=options or None).ok

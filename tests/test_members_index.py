@@ -429,6 +429,31 @@ def test_an_unchecked_row_pointing_outside_its_sample_is_refused(export: Path) -
     assert before["__key__"] == KEYS[3]
 
 
+def test_an_unchecked_row_pointing_inside_its_sample_slices_only_that_sample(
+    export: Path,
+) -> None:
+    """The documented limit of verify=False: a damaged row that still points inside its
+    sample is not checked (checking it costs more than the rest of a read), so its fields
+    are wrong bytes of that same sample, never another's; verify=True and `shardex
+    verify` refuse it."""
+    before = shardex.open_dataset(export)
+    whole = before[3]
+    offset, _, shard, length = before.index.record(3)  # type: ignore[attr-defined]
+    raw = (export / before._paths[shard]).read_bytes()[offset : offset + length]  # type: ignore[attr-defined]
+    _flip_row(export, 3, 8 + 8 + 0)  # the low byte of row 3's first member offset
+    with pytest.raises(FormatError, match="row 3 "):
+        shardex.open_dataset(export)[3]
+    unchecked = shardex.open_dataset(export, verify=False)
+    damaged = unchecked[3]
+    assert damaged != whole  # wrong fields: the limit this test documents
+    for name, value in damaged.items():
+        if name != "__key__":
+            assert value in raw, name  # bytes of sample 3 only
+    assert unchecked[2] == before[2]
+    assert unchecked[4] == before[4]
+    assert not verify(export).ok
+
+
 _KEY_PART = st.text(st.sampled_from("ab.Z ü"), min_size=1, max_size=6).filter(
     lambda p: p not in (".", "..")
 )

@@ -7,6 +7,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -392,3 +394,60 @@ def test_a_users_own_staging_named_folder_is_refused_not_deleted(tmp_path: Path)
         sink.on_write_start()
     sink.close()
     assert mine.read_text() == "my notes\n"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_second_writer_is_refused_until_the_first_has_committed(tmp_path: Path) -> None:
+    """A second ``write_shardex`` that starts at any moment of the first (its driver
+    hook, run in a tight loop) is refused while the first holds the output, also between
+    the staging and the export of the staged rows; the first then commits."""
+
+    from shardex.ray.write import ShardexDatasink
+
+    _, rows = _direct_source(24)
+    out = tmp_path / "out"
+    done = threading.Event()
+    taken: list[str] = []
+    refused = [0]
+
+    def _second_writer(target: Path) -> None:
+        while not (target / ".shardex-staging").exists():  # the first holds the output
+            if done.wait(0.001):
+                return
+        while not done.is_set():
+            sink = ShardexDatasink(target, label_names=LABELS)
+            try:
+                sink.on_write_start()  # what write_shardex runs first on its driver
+            except OutputLockedError:
+                refused[0] += 1
+                continue
+            except OutputExistsError:  # the first has committed: nothing left to race
+                return
+            taken.append("took the output while the first was writing it")
+            time.sleep(0.2)  # as long as its tasks would stage
+            sink.close()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often: the race shows if it is there
+    try:
+        for attempt in range(4):
+            target = out / f"run{attempt}"
+            racer = threading.Thread(target=_second_writer, args=(target,))
+            racer.start()
+            try:
+                config = ray_data.write_shardex(
+                    ray.data.from_arrow([rows.slice(i, 4) for i in range(0, 24, 4)]),
+                    target,
+                    label_names=LABELS,
+                    samples_per_shard=4,
+                )
+            finally:
+                done.set()
+                racer.join()
+                done.clear()
+            assert taken == []
+            assert config.num_samples == 24
+            assert not (target / ".shardex-staging").exists()
+    finally:
+        sys.setswitchinterval(interval)
+    assert refused[0] > 0  # the second writer did run while the first held the output

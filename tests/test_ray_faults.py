@@ -34,7 +34,7 @@ import shardex
 from conftest import S3Location
 from helpers import files_of, write_image
 from shardex.cli import main
-from shardex.errors import NotAnExportError
+from shardex.errors import NotAnExportError, OutputExistsError, UnverifiedOutputError
 from shardex.storage import open_storage
 from shardex.storage.local import is_temporary
 from tests.support.raycluster import local_ray_cluster
@@ -384,3 +384,55 @@ def test_a_shard_lost_before_the_commit_stops_it_with_one_line(
     again = CliRunner().invoke(main, [*args, "--mode", "resume"], env=env)
     assert again.exit_code == 0, again.output
     assert shardex.verify(out, storage_options=options).ok
+
+
+def test_python_users_are_told_the_python_way_to_resume(
+    small_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusals that say how to resume or replace name the keyword a Python caller
+    passes, beside the command-line flag."""
+    out = tmp_path / "out"
+    with monkeypatch.context() as patched:
+        _commit_after(_damage("vanished"), patched)
+        with pytest.raises(UnverifiedOutputError) as lost:
+            shardex.export(small_source, out, samples_per_shard=8, workers=1)
+    assert "mode='resume' in Python" in str(lost.value), lost.value
+    assert "--mode resume" in str(lost.value)
+    with pytest.raises(OutputExistsError) as unfinished:  # the files of an unfinished export
+        shardex.export(small_source, out, samples_per_shard=8, workers=1)
+    assert "mode='resume' in Python" in str(unfinished.value), unfinished.value
+    assert "overwrite=True in Python" in str(unfinished.value)
+    config = shardex.export(small_source, out, samples_per_shard=8, workers=1, mode="resume")
+    assert config.num_samples == 40
+
+
+def test_the_commit_removes_only_its_own_exports_temporary_files(
+    small_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed attempt's temporary shard goes at the commit; a write in progress of
+    another export, made into a folder inside this output, is left to finish."""
+    from shardex.storage.local import LocalObjectWriter
+
+    out = tmp_path / "out"
+    writers: list[LocalObjectWriter] = []
+    names: list[str] = []
+
+    def meanwhile(storage: Any, config: Any) -> None:
+        del storage
+        shard = next(iter(config.splits.values())).shards[0].path
+        killed = LocalObjectWriter(out / shard)  # an attempt that died mid-write
+        killed.write(b"half a shard")
+        killed._file.close()  # (its process is gone: never renamed, never removed)
+        names.append(Path(shard).name)
+        nested = LocalObjectWriter(out / "nested" / "train" / names[0])
+        nested.write(b"another export's shard, still being written")
+        writers.append(nested)
+
+    with monkeypatch.context() as patched:
+        _commit_after(meanwhile, patched)
+        shardex.export(small_source, out, samples_per_shard=8, workers=1)
+    assert not [p for p in out.rglob(".*.tmp-*") if "nested" not in p.parts]
+    writers[0].commit()  # the nested export's write completes
+    nested = out / "nested" / "train" / names[0]
+    assert nested.read_bytes() == b"another export's shard, still being written"
+    assert [p.name for p in nested.parent.iterdir()] == [names[0]]

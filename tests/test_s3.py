@@ -452,7 +452,9 @@ def test_tensordict_on_object_storage_is_downloaded_once_and_checked(
     storage = ObjectStorage(url, s3.direct)
     uploaded = sorted(storage.list(f"{shard.path}/"))
     assert f"{shard.path}/meta.json" in uploaded
-    assert not list(Path(tempfile.gettempdir()).glob("shardex-tensordict-*"))  # staging gone
+    assert not list(
+        Path(tempfile.gettempdir()).glob("shardex-export-*-tensordict-*")
+    )  # staging gone
     copies = cache_dir / "tensordict"
     before = set(copies.iterdir()) if copies.is_dir() else set()
     first = list(shardex.open_dataset(url, storage_options=s3.counted))

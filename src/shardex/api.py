@@ -61,7 +61,9 @@ def open_dataset(
         split: which split; may be left out when the export has only one.
         decode: decode images to numpy arrays, ``cls`` to int, ``json`` to objects;
             with False (default) every field is the exact stored bytes.
-        verify: check each sample's checksum as it is read.
+        verify: check each sample's checksum (and its index-members row) as it is read;
+            False trusts them: a row is then only kept from pointing outside its sample
+            (see docs/format.md, "Reading").
         on_error: ``"skip"`` makes iteration pass over damaged samples (checksum or tar
             errors), recording ``(index, message)`` in ``dataset.skipped``; random access
             always raises.

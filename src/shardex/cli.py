@@ -368,7 +368,11 @@ def main() -> None:
 @click.option(
     "--ray-address",
     default=None,
-    help="Ray cluster to join with --executor ray (default: start or join a local one).",
+    help=(
+        "Ray cluster to join with --executor ray: HOST:PORT, ray://HOST:PORT or auto "
+        "(default: start or join a local one). Refused in one line when nothing answers "
+        "within SHARDEX_RAY_CONNECT_TIMEOUT seconds (default 10)."
+    ),
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_storage_flags

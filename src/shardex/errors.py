@@ -18,6 +18,8 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
     │                                                    the commit (nothing is committed)
     ├── NotAnExportError(ShardexError, FileNotFoundError) no committed config.yaml
     ├── ExportReplacedError(ShardexError, RuntimeError)  the export changed since it was opened
+    ├── ClusterUnreachableError(ShardexError, ConnectionError)  no Ray cluster answers at
+    │                                                    the address given
     ├── StorageError(ShardexError, OSError)              a storage operation failed
     │   ├── ObjectNotFoundError(StorageError, FileNotFoundError)
     │   └── BucketNotFoundError(StorageError, FileNotFoundError)  the bucket itself is missing
@@ -34,6 +36,13 @@ Warnings::
 """
 
 from __future__ import annotations
+
+
+def mode_hint(mode: str) -> str:
+    """How to ask for an export mode in a message that command-line and Python users
+    both read: ``--mode resume (mode='resume' in Python)``."""
+    flag = "--overwrite" if mode == "overwrite" else f"--mode {mode}"
+    return f"{flag} ({'overwrite=True' if mode == 'overwrite' else f'mode={mode!r}'} in Python)"
 
 
 class ShardexError(Exception):
@@ -97,6 +106,10 @@ class NotAnExportError(ShardexError, FileNotFoundError):
 class ExportReplacedError(ShardexError, RuntimeError):
     """A read of an open dataset failed because the export was overwritten or appended to
     since it was opened (its config.yaml changed): reopen it."""
+
+
+class ClusterUnreachableError(ShardexError, ConnectionError):
+    """No Ray cluster answers at the address given (``--ray-address``, ``ray_address=``)."""
 
 
 class StorageError(ShardexError, OSError):

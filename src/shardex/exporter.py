@@ -57,10 +57,14 @@ def export(
         executor: where the shards are written: ``"local"`` processes (``workers``), or
             ``"ray"``: Ray tasks on the cluster at ``ray_address`` (default: start or join
             a local one; ``workers``, when given, caps the tasks running at once, else
-            one per cluster CPU; Ray stays initialised in this process afterwards). On Ray this process reads only the source's references and
-            writes the index files, metadata.parquet and config.yaml; the tasks read
-            the samples and write the shards straight to the output. The output is
-            byte-identical either way.
+            one per cluster CPU). A Ray that this call initialised is shut down when it
+            returns or raises; one initialised before it stays. On Ray this process
+            reads only the source's references and writes the index files,
+            metadata.parquet and config.yaml; the tasks read the samples and write the
+            shards straight to the output. The output is byte-identical either way.
+        ray_address: the Ray cluster (``host:port``, ``ray://host:port``, ``auto``); an
+            address where nothing answers within ``SHARDEX_RAY_CONNECT_TIMEOUT`` seconds
+            (default 10) raises ClusterUnreachableError.
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -71,18 +75,23 @@ def export(
     opts = export_options(options, kwargs)
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
-    runner = None
+    runner = cluster = None
     if executor == "ray":
         # imports Ray when connecting
         from shardex.pipeline.ray_executor import RayExecutor, RayRunner
 
-        runner = RayRunner(RayExecutor(ray_address), limit=opts.workers)
-    return run_export(
-        source,
-        output,
-        opts,
-        progress=progress,
-        storage_options=storage_options,
-        source_storage_options=source_storage_options,
-        runner=runner,
-    )
+        cluster = RayExecutor(ray_address)
+        runner = RayRunner(cluster, limit=opts.workers)
+    try:
+        return run_export(
+            source,
+            output,
+            opts,
+            progress=progress,
+            storage_options=storage_options,
+            source_storage_options=source_storage_options,
+            runner=runner,
+        )
+    finally:
+        if cluster is not None:
+            cluster.close()  # a Ray this call started

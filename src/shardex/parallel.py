@@ -39,7 +39,7 @@ from multiprocessing import context, forkserver, popen_forkserver, reduction, sp
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from shardex.errors import ExportError, ParallelismWarning
+from shardex.errors import ExportError, ParallelismWarning, mode_hint
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -294,6 +294,6 @@ def _worker_died() -> ExportError:
     traceback."""
     return ExportError(
         "a worker process died (killed by a signal, or out of memory), so the run stopped "
-        "and committed nothing; run it again (an export: with --mode resume, which keeps "
-        "the shards already written), with fewer workers if memory ran short"
+        f"and committed nothing; run it again (an export: with {mode_hint('resume')}, which "
+        "keeps the shards already written), with fewer workers if memory ran short"
     )

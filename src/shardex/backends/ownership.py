@@ -12,6 +12,12 @@ only where a flat export is or was at work: the committed config.yaml says
 named like a flat export's shards) is someone else's, and is neither overwritten nor
 deleted, also beside a split-folder export.
 
+Which backends may own files follows the backends that wrote the output: the one the
+committed config.yaml names, and those the intent file of a run at work records
+(``backends``: the backend it writes with and those whose files it found), so an array
+export does not own a ``train/shards.txt`` because the webdataset backend writes one. An
+output that tells neither (shardex versions before this record) is claimed by any backend.
+
 Backends are asked lazily, cheapest first: the one config.yaml names, then those already
 imported (the one being exported with), then the others, so a folder holding one
 backend's export does not import every backend's dependencies (torch, zarr) to be checked.
@@ -52,10 +58,24 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
     rest = [p for p in paths if _EXPORT_FILES.fullmatch(p) is None]
     if not rest:
         return rest
+    owners = writers(storage)
     if not _top_level_ours(storage, paths):  # no flat export here: nothing at the top is ours
         top = [p for p in rest if "/" not in p]
-        return top + _owned(storage, [p for p in rest if "/" in p])
-    return _owned(storage, rest)
+        return top + _owned(storage, [p for p in rest if "/" in p], owners)
+    return _owned(storage, rest, owners)
+
+
+def export_owns(config: ExportConfig, path: str) -> bool:
+    """Whether ``path`` is a name the export that ``config`` describes writes: its own
+    files, or its backend's (at the output's top level only when the export is flat)."""
+    if _EXPORT_FILES.fullmatch(path) is not None:
+        return True
+    if "/" not in path and not config.flat:
+        return False
+    try:
+        return REGISTRY.backend_class(config.backend).owns(path)
+    except ShardexError:  # not installed here: its files cannot be told
+        return False
 
 
 def _top_level_ours(storage: Storage, paths: list[str]) -> bool:
@@ -77,17 +97,17 @@ def committed_is_flat(storage: Storage) -> bool:
     return config is not None and config.flat
 
 
-def _owned(storage: Storage, rest: list[str]) -> list[str]:
-    """The ``rest`` no registered backend writes."""
+def _owned(storage: Storage, rest: list[str], owners: list[str] | None) -> list[str]:
+    """The ``rest`` that none of ``owners`` (None: no registered backend) writes."""
     if not rest:
         return rest
     committed = _committed_backend(storage)
     unknown: ShardexError | None = None
-    for name in _order(committed):
+    for name in _order(committed) if owners is None else owners:
         try:
             backend = REGISTRY.backend_class(name)
         except ShardexError as exc:  # not installed here, or a plugin that fails to import
-            unknown = exc if name == committed else unknown
+            unknown = exc if name == committed or owners is not None else unknown
             continue
         rest = [p for p in rest if not backend.owns(p)]
         if not rest:
@@ -116,6 +136,24 @@ def _order(committed: str | None) -> list[str]:
     dear = [e.name for e in entries if e.requires and e.available]
     first = [committed] if committed is not None else []
     return list(dict.fromkeys([*first, *imported, *cheap, *dear]))
+
+
+def writers(storage: Storage) -> list[str] | None:
+    """The backends whose files the output may hold: the committed export's, and those the
+    intent file of a run at work names; None when the output tells neither (any backend's)."""
+    committed = _committed_backend(storage)
+    try:
+        record = json.loads(storage.get(INTENT_FILE))
+    except (ShardexError, OSError, ValueError):  # none, or unreadable
+        record = None
+    named = record.get("backends") if isinstance(record, dict) else None
+    if record is not None and not (
+        isinstance(named, list) and all(isinstance(n, str) for n in named)
+    ):
+        return None  # a run of an earlier version at work: it did not say
+    if committed is None and named is None:
+        return None
+    return list(dict.fromkeys([*([committed] if committed else []), *(named or [])]))
 
 
 def _committed_backend(storage: Storage) -> str | None:

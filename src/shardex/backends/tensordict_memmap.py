@@ -37,9 +37,10 @@ against the memory commit limit and fails for a column larger than RAM plus swap
 out read-only numpy views.
 
 **Object storage.** tensordict maps local files, so an export to ``s3://...`` is staged: the
-split's folder is written in the temporary folder (``$TMPDIR``: room for one split's
-arrays), checksummed, then each file is uploaded (each object whole or absent) and the
-staging folder removed. Reading downloads the split's folder once into shardex's cache
+split's folder is written in an export scratch folder under ``$TMPDIR`` (room for one
+split's arrays), checksummed, then each file is uploaded (each object whole or absent) and
+the staging folder removed; a killed export's staging is removed by the next export
+(:mod:`shardex.engine.scratch`). Reading downloads the split's folder once into shardex's cache
 (``$SHARDEX_CACHE_DIR/tensordict/``, named by the run's checksum, so a replaced export never
 meets a stale copy), checks its bytes against config.yaml, and maps the copy.
 """
@@ -66,6 +67,7 @@ from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
+from shardex.engine.scratch import scratch
 from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
@@ -316,14 +318,13 @@ class TensorDictBackend(ArrayBackend):
         tree = _tree(columns, bfloat16_columns(layout))
         root = storage.local_path(stem)
         if root is None:  # object storage: staged locally, then uploaded
-            staged = Path(tempfile.mkdtemp(prefix="shardex-tensordict-"))
-            try:
-                TensorDict(tree, batch_size=[]).memmap(staged / "run")
-                names = [p.relative_to(staged / "run").as_posix() for p in _files_under(staged)]
-                written = _written(staged / "run", stem, names)
-                _upload(storage, staged / "run", stem, names)
-            finally:
-                shutil.rmtree(staged, ignore_errors=True)
+            # in a scratch folder: a killed export's staging goes with the next export
+            with scratch("tensordict") as staged:
+                run = staged / "run"  # (beside the scratch folder's .lock)
+                TensorDict(tree, batch_size=[]).memmap(run)
+                names = [p.relative_to(run).as_posix() for p in _files_under(run)]
+                written = _written(run, stem, names)
+                _upload(storage, run, stem, names)
             return written
         tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
         try:

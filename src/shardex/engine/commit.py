@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex.backends.base import Backend, unused_name
+from shardex.backends.ownership import export_owns
 from shardex.backends.registry import REGISTRY
 from shardex.contract import (
     CONFIG_FILE,
@@ -22,7 +23,7 @@ from shardex.contract import (
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
-from shardex.errors import UnverifiedOutputError
+from shardex.errors import UnverifiedOutputError, mode_hint
 from shardex.format.tables import parquet_file, read_checked_table
 from shardex.options import ExportOptions
 from shardex.planning import (
@@ -32,6 +33,7 @@ from shardex.quoting import quoted
 from shardex.rows import JSON_COLUMN
 from shardex.sources import Source
 from shardex.storage import Storage
+from shardex.storage.local import temporary_target
 from shardex.version import __version__
 
 
@@ -203,7 +205,7 @@ def commit(storage: Storage, config: ExportConfig) -> None:
     derived = derived_files(config)
     # every shard job is done: a temporary file left now is an attempt killed mid-write
     # (a worker that died; Ray ran its task again), never a write still under way
-    storage.remove_leftovers()
+    remove_leftovers(storage, config)
     check_written(storage, config, derived)
     later = {p: data for p, data in derived.items() if storage.exists(p)}
     write_derived(storage, {p: data for p, data in derived.items() if p not in later})
@@ -241,8 +243,18 @@ def check_written(storage: Storage, config: ExportConfig, derived: dict[str, byt
         raise UnverifiedOutputError(
             f"{storage.uri}: {problems[0]}{more} after the shards were written; nothing was "
             "committed. Something changed the output meanwhile (another process, or the "
-            "store lost it): run the export again with --mode resume"
+            f"store lost it): run the export again with {mode_hint('resume')}"
         )
+
+
+def remove_leftovers(storage: Storage, config: ExportConfig) -> None:
+    """Delete the temporary files that killed attempts left at this export's names (its
+    split folders' shards, index and lists, its metadata); others, such as those of an
+    export written into a folder inside this output, are not this export's to remove."""
+    for path in storage.leftovers():
+        target = temporary_target(path)
+        if target is not None and export_owns(config, target):
+            storage.delete(path)
 
 
 def old_metadata(storage: Storage, previous: ExportConfig | None) -> pa.Table | None:

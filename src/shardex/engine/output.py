@@ -24,16 +24,23 @@ from typing import Any, Final
 import xxhash
 
 from shardex.api import read_config
-from shardex.backends.ownership import foreign_files, shardex_files
+from shardex.backends.ownership import foreign_files, shardex_files, writers
 from shardex.contract import (
     CONFIG_FILE,
     ExportConfig,
 )
-from shardex.engine.commit import commit, derived_files, export_files, write_derived
+from shardex.engine.commit import (
+    commit,
+    derived_files,
+    export_files,
+    remove_leftovers,
+    write_derived,
+)
 from shardex.errors import (
     ObjectNotFoundError,
     OutputExistsError,
     ShardexError,
+    mode_hint,
 )
 from shardex.options import ExportOptions, Mode
 from shardex.sources import Source
@@ -85,8 +92,8 @@ def check_output(storage: Storage, mode: Mode) -> list[str]:
     leftovers = _not_staged(storage.leftovers())
     if (existing or leftovers) and mode == "error":
         what = "holds an export" if committed else "holds the files of an unfinished export"
-        hint = "--overwrite to replace it" + (
-            "" if committed else ", or --mode resume to finish it"
+        hint = f"{mode_hint('overwrite')} to replace it" + (
+            "" if committed else f", or {mode_hint('resume')} to finish it"
         )
         raise OutputExistsError(f"output {storage.uri} {what}; pass {hint}")
     for path in leftovers:  # temporary files of a killed export
@@ -127,11 +134,17 @@ def config_digest(storage: Storage) -> str | None:
         return None
 
 
-def record_intent(storage: Storage, mode: Mode, command: str, top_level: bool = False) -> None:
+def record_intent(
+    storage: Storage, mode: Mode, command: str, top_level: bool = False, backend: str = ""
+) -> None:
     """Before anything is written: which command writes, over which committed export;
     ``top_level``: it writes or replaces a flat export, so files at the output's top level
-    are shardex's (see :mod:`shardex.backends.ownership`)."""
+    are shardex's; ``backends``: ``backend`` (the one it writes with) and the backends
+    whose files the output may already hold (see :mod:`shardex.backends.ownership`)."""
     record: dict[str, Any] = {"mode": mode, "command": command, "base": config_digest(storage)}
+    before = writers(storage)
+    if backend and (before is not None or read_intent(storage) is None):  # else: unsaid
+        record["backends"] = list(dict.fromkeys([*(before or []), backend]))
     if top_level:
         record["top_level"] = True
     storage.put(INTENT_FILE, json.dumps(record).encode())
@@ -184,7 +197,7 @@ def finish_committed(
         if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
             return None  # another command: it replaces or extends what is there
     config = read_config(storage)
-    storage.remove_leftovers()
+    remove_leftovers(storage, config)
     write_derived(storage, derived_files(config))  # killed before it replaced them
     ours = shardex_files(storage, storage.list())
     remove_stale(storage, ours, config)

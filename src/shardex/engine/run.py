@@ -57,7 +57,7 @@ from shardex.rows import Members
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS, SampleStream
 from shardex.storage import Storage, open_storage
-from shardex.storage.lock import holder_text
+from shardex.storage.lock import OutputLock, holder_text
 
 
 def export_options(options: ExportOptions | None, kwargs: dict[str, Any]) -> ExportOptions:
@@ -81,6 +81,7 @@ def run_export(
     runner: Runner | None = None,
     pipeline: tuple[dict[str, Any], ...] = (),
     spec_fingerprint: str | None = None,
+    lock: OutputLock | None = None,
 ) -> ExportConfig:
     """Export a dataset and return the committed contract (see :func:`shardex.export`).
 
@@ -88,7 +89,8 @@ def run_export(
     local processes); ``pipeline``: the stages applied before export and
     ``spec_fingerprint``: the hash of the spec file followed (both recorded).
     ``source_storage_options``: those of a source on object storage (default: the
-    output's ``storage_options``).
+    output's ``storage_options``). ``lock``: the output's lock, which the caller already
+    holds and gives back itself (``write_shardex`` holds it from staging to commit).
     """
     check_options(opts)  # what the backend cannot store: before the source is looked at
     given = source_storage_options if source_storage_options is not None else storage_options
@@ -107,7 +109,12 @@ def run_export(
     storage = open_storage(output, storage_options)
     check_root(storage)
     command = command_digest(src, opts, pipeline, spec_fingerprint)
-    with storage.lock(holder_text(f"export --mode {opts.mode}")) as lock:
+    held: contextlib.AbstractContextManager[OutputLock] = (
+        contextlib.nullcontext(lock)
+        if lock is not None
+        else storage.lock(holder_text(f"export --mode {opts.mode}"))
+    )
+    with held as lock:
         repaired = promote_legacy(storage) if opts.mode != "error" else None
         done = finish_committed(storage, opts.mode, command, repaired is not None)
         if done is not None:
@@ -170,7 +177,8 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 _check_one_split(job, prep)
                 # a run that writes or replaces a flat export owns the top level's shards
                 flat = opts.layout == "flat" or committed_is_flat(storage)
-                record_intent(storage, opts.mode, job.command, flat)  # before the first write
+                # before the first write
+                record_intent(storage, opts.mode, job.command, flat, job.backend.name)
                 writing = True
                 written = write_splits(
                     storage,

@@ -62,6 +62,9 @@ class Executor(ABC):
     def describe(self) -> dict[str, Any]:
         return {"executor": self.kind}
 
+    def close(self) -> None:  # noqa: B027 (most executors hold nothing between runs)
+        """Release what the runs set up (Ray that the executor itself started)."""
+
 
 class LocalExecutor(Executor):
     """Local worker processes (``forkserver``); ``workers=1`` runs inline.

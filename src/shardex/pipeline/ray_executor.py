@@ -135,12 +135,21 @@ class RayExecutor(Executor):
         self.address = address
         self.actors = actors
         self.init_options = dict(init_options or {})
+        self._started = False
 
     def connect(self) -> None:
-        """Join (or start) the cluster unless this process already has."""
-        ray = _ray()
-        if not ray.is_initialized():
-            ray.init(address=self.address, **self.init_options)
+        """Join (or start) the cluster unless this process already has (an address where
+        no cluster answers: ClusterUnreachableError within seconds, see ray_connect)."""
+        from shardex.pipeline import ray_connect
+
+        self._started = ray_connect.init(_ray(), self.address, self.init_options) or self._started
+
+    def close(self) -> None:
+        """Shut Ray down if :meth:`connect` started it; a Ray the caller had initialised
+        stays."""
+        started, self._started = self._started, False
+        if started:
+            _ray().shutdown()
 
     def map_batches(self, stages: list[Stage], jobs: Iterable[BatchJob]) -> Iterator[Batch]:
         ray = _ray()

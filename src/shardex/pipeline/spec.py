@@ -205,7 +205,11 @@ def run_spec(
     pipeline = spec.pipeline(output, fingerprint, **overrides)
     if not preprocess:
         pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
-    return pipeline.run(executor or spec.executor(), until_keys=until)
+    executor = executor or spec.executor()
+    try:
+        return pipeline.run(executor, until_keys=until)
+    finally:
+        executor.close()  # a Ray it started
 
 
 def materialize(

@@ -11,9 +11,10 @@ output is on object storage:
    ``task-NNNNNN-ATTEMPT.parquet`` (keys, labels, metadata and references to byte ranges
    of that ``.bin``: a path, or an ``s3://`` URL). A retried task writes new names, so an
    attempt that died never mixes with the one that finished.
-3. ``on_write_complete`` (driver, after every task): gives the lock back and runs the
-   export engine (:func:`shardex.engine.run.run_export`, which takes it again) on a
-   source made of the staged rows, in task order, with a :class:`RayRunner`: the shards
+3. ``on_write_complete`` (driver, after every task): runs the export engine
+   (:func:`shardex.engine.run.run_export`, under the lock taken in step 1: another writer
+   that starts meanwhile is refused, and never takes this run's staging for a killed
+   run's) on a source made of the staged rows, in task order, with a :class:`RayRunner`: the shards
    are written by Ray tasks that read the staged bytes by range; the driver handles only
    references and metadata (shard plans, counts, checksums, metadata.parquet, the index)
    and commits ``config.yaml`` last. The run's staging is removed, whether the export
@@ -242,7 +243,6 @@ class ShardexDatasink(Datasink[StagedPart | None]):
                 raise EmptySourceError("the Ray Dataset has no rows; nothing to export")
             if self._lock is not None:
                 self._lock.check()  # a lease lost while the tasks staged: export nothing
-            self._release()  # run_export takes it again
             if self.storage.local_path("") is None:
                 register(self.storage)  # the tasks read the staged bytes with its options
             self.result = run_export(
@@ -251,6 +251,7 @@ class ShardexDatasink(Datasink[StagedPart | None]):
                 self.options,
                 progress=self.progress,
                 runner=RayExecutor().runner(),
+                lock=self._lock,  # held until the commit: no gap for another writer
             )
         finally:
             self.close()
@@ -261,9 +262,11 @@ class ShardexDatasink(Datasink[StagedPart | None]):
         self.close()
 
     def close(self) -> None:
-        """Give the lock back if held and remove this run's staging (idempotent)."""
-        self._release()
-        _remove(self.storage, self.staging)
+        """Remove this run's staging, then give the lock back if held (idempotent)."""
+        try:
+            _remove(self.storage, self.staging)
+        finally:
+            self._release()
 
     def _release(self) -> None:
         lock, self._lock = self._lock, None

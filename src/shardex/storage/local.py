@@ -26,6 +26,16 @@ def is_temporary(name: str) -> bool:
     return _TMP_MARK in name and name.startswith(".")
 
 
+def temporary_target(path: str) -> str | None:
+    """The file an in-progress write ``[DIR/].NAME.tmp-RANDOM`` becomes (``[DIR/]NAME``);
+    None for any other name."""
+    folder, _, name = path.rpartition("/")
+    if not is_temporary(name):
+        return None
+    target = name[1 : name.rindex(_TMP_MARK)]
+    return f"{folder}/{target}" if folder else target
+
+
 class LocalObjectWriter(ObjectWriter):
     """Writes ``.NAME.tmp-RANDOM`` beside the target, then fsyncs and renames it."""
 

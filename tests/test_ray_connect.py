@@ -1,0 +1,172 @@
+"""Joining a Ray cluster for an export: an address where no cluster answers is refused in
+one line within a bounded time (CLI and API), and a Ray the export started is shut down
+when it ends, while a Ray the caller had initialised stays."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import shardex
+from helpers import write_image
+from shardex.errors import ClusterUnreachableError, ConfigError
+
+pytest.importorskip("ray")
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ray-connect")
+    for i in range(12):
+        write_image(root / f"c{i % 2}" / f"img{i:03d}.jpg", i)
+    return root
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that never answers: a listener whose accept queue is full, so the
+    kernel drops new connection requests (as a firewall that drops packets does)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = int(listener.getsockname()[1])
+    queued = []
+    for _ in range(4):  # fill the queue; later attempts time out
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        queued.append(s)
+    time.sleep(0.2)
+    try:
+        yield port
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+
+
+def test_an_unreachable_address_is_refused_in_one_line_from_python(
+    images: Path, tmp_path: Path
+) -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    with pytest.raises(ClusterUnreachableError) as refused:
+        shardex.export(images, tmp_path / "out", executor="ray", ray_address=address)
+    assert time.monotonic() - start < 10
+    message = str(refused.value)
+    assert "\n" not in message
+    assert repr(address) in message, message
+    assert "refused" in message, message
+    assert "SHARDEX_RAY_CONNECT_TIMEOUT" in message
+    assert isinstance(refused.value, ConnectionError)
+    assert not (tmp_path / "out").exists()  # nothing written, no lock left
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_an_address_that_never_answers_is_refused_within_the_timeout(
+    images: Path, tmp_path: Path, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARDEX_RAY_CONNECT_TIMEOUT", "1.5")
+    address = f"ray://127.0.0.1:{silent_port}"
+    start = time.monotonic()
+    with pytest.raises(ClusterUnreachableError, match=r"no answer within 1\.5 s"):
+        shardex.export(images, tmp_path / "out", executor="ray", ray_address=address)
+    assert 1.4 < time.monotonic() - start < 8
+
+
+def test_an_unreachable_address_is_one_error_line_from_the_command(
+    images: Path, tmp_path: Path
+) -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    command = [
+        *(sys.executable, "-m", "shardex.cli"),
+        *("export-dataset", str(images), "-o", str(tmp_path / "out")),
+        *("--executor", "ray", "--ray-address", address, "--quiet"),
+    ]
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 60  # Ray's own retries took minutes
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: cannot reach the Ray cluster at"), lines[0]
+    assert repr(address) in lines[0]
+
+
+@pytest.mark.parametrize("address", ["host:port", "ray://", "http://host:6379/x"])
+def test_an_address_that_is_not_one_is_refused(images: Path, tmp_path: Path, address: str) -> None:
+    with pytest.raises(ConfigError, match="is not host:port"):
+        shardex.export(images, tmp_path / "out", executor="ray", ray_address=address)
+
+
+_RUN = """
+import sys
+import ray
+import shardex
+from shardex.errors import BadSampleError
+from tests.support.raycluster import local_ray_cluster
+
+images, out, mine = sys.argv[1], sys.argv[2], sys.argv[3] == "mine"
+def export(name, **options):
+    return shardex.export(images, f"{out}/{name}", executor="ray", ray_address="local",
+                          samples_per_shard=4, **options)
+if mine:
+    with local_ray_cluster(num_cpus=2):
+        address = ray.get_runtime_context().gcs_address
+        export("a")
+        assert ray.is_initialized(), "the caller's Ray was shut down"
+        assert ray.get_runtime_context().gcs_address == address
+        print("kept")
+else:
+    export("a")
+    print("after success:", ray.is_initialized())
+    open(f"{images}/c0/img000.jpg", "r+b").write(b"not a jpeg")  # one bad sample
+    try:
+        export("b")
+    except BadSampleError:
+        print("after failure:", ray.is_initialized())
+"""
+
+
+@pytest.mark.parametrize("whose", ["shardex", "mine"])
+def test_ray_started_by_the_export_is_shut_down_and_a_callers_is_kept(
+    images: Path, tmp_path: Path, whose: str
+) -> None:
+    source = tmp_path / "images"
+    subprocess.run(["cp", "-r", str(images), str(source)], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ["PYTHONPATH"]])}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_RUN), str(source), str(tmp_path), whose],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    if whose == "mine":
+        assert "kept" in done.stdout
+    else:
+        assert "after success: False" in done.stdout, done.stdout
+        assert "after failure: False" in done.stdout, done.stdout
