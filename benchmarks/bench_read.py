@@ -82,8 +82,16 @@ def as_format_2(export: Path, out_root: Path) -> Path:
     return out
 
 
-def timings(fns: Sequence[Callable[[], object]], repeats: int) -> list[tuple[float, float]]:
-    """(median wall seconds, best CPU seconds) of each function, run interleaved."""
+def keep_batches(ds: object, batches: Sequence[Sequence[int]]) -> None:
+    """Each batch read with ``ds[i]`` into a list, as ``get_many`` returns it."""
+    for batch in batches:
+        [ds[i] for i in batch]  # type: ignore[index]
+
+
+def runs(
+    fns: Sequence[Callable[[], object]], repeats: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Wall and CPU seconds of each function's runs, run interleaved."""
     walls: list[list[float]] = [[] for _ in fns]
     cpus: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
@@ -92,6 +100,12 @@ def timings(fns: Sequence[Callable[[], object]], repeats: int) -> list[tuple[flo
             fn()
             cpus[k].append(time.process_time() - c)
             walls[k].append(time.perf_counter() - w)
+    return walls, cpus
+
+
+def timings(fns: Sequence[Callable[[], object]], repeats: int) -> list[tuple[float, float]]:
+    """(median wall seconds, best CPU seconds) of each function, run interleaved."""
+    walls, cpus = runs(fns, repeats)
     return [(statistics.median(w), min(c)) for w, c in zip(walls, cpus, strict=True)]
 
 
@@ -117,9 +131,13 @@ class Reads:
         self, name: str, fn: Callable[[], object], sequential: bool, target: float | None
     ) -> list[Row]:
         order = list(range(self.count)) if sequential else self.order
-        (wall, cpu), (base_wall, base_cpu) = timings(
-            [fn, lambda: pread_in_order(self.concat, order)], self.repeats
+        walls, cpus = runs([fn, lambda: pread_in_order(self.concat, order)], self.repeats)
+        (wall, cpu), (base_wall, base_cpu) = (
+            (statistics.median(w), min(c)) for w, c in zip(walls, cpus, strict=True)
         )
+        # Each run beside the baseline run next to it, under the same load: on a shared
+        # machine the best CPU times of the two can come from different moments.
+        paired = statistics.median(b / c for c, b in zip(*cpus, strict=True))
         kind = "in file order" if sequential else "same random order"
         note = f"baseline: pread of the image bytes, {kind}, one file"
         n = self.count
@@ -128,6 +146,9 @@ class Reads:
                 note=f"{note}; median of {self.repeats}"),
             Row(f"{name}, {self.label}, CPU", "samples/s", n / cpu, n / base_cpu, target,
                 note=f"{note}; best CPU time of {self.repeats}"),
+            Row(f"{name}, {self.label}, CPU paired", "x", paired, target=target,
+                target_on="value", note=f"median of {self.repeats} CPU-time ratios, each "
+                "run to the baseline run beside it"),
         ]  # fmt: skip
 
     def rows(self) -> list[Row]:
@@ -147,6 +168,17 @@ class Reads:
         rows.append(
             Row(f"get_many({BATCH}) / ds[i] per sample, {self.label}", "x", one / many,
                 target=1.0, target_on="value", note="wall medians, verify=True")
+        )  # fmt: skip
+        # The same batches built with ds[i] (the samples of a batch alive together, as
+        # get_many returns them): ds[i] above drops each sample before the next read and
+        # so reuses one buffer hot in the CPU cache, which a batch cannot.
+        (kept, kept_cpu), (many, many_cpu) = timings(
+            [lambda: keep_batches(ds, batches), lambda: read_batches(ds, batches)], self.repeats
+        )
+        rows.append(
+            Row(f"get_many({BATCH}) / [ds[i] for i in batch], {self.label}", "x",
+                kept_cpu / many_cpu, target=1.0, target_on="value",
+                note=f"best CPU of {self.repeats}, verify=True; wall {kept / many:.3f}")
         )  # fmt: skip
         (item, _), (raw, _) = timings(
             [lambda: read_random(self.items, order), lambda: read_random(ds, order)], self.repeats
@@ -203,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {os.getloadavg()}")
     new_reads = Reads(export, concat, count, args.repeats, f"format {FORMAT_VERSION}")
     rows = new_reads.rows()
-    wall, cpu = (r.value for r in rows if r.name.startswith("iterate (for s in ds), verify=True"))
+    wall, cpu = (
+        r.value
+        for r in rows
+        if r.name.startswith("iterate (for s in ds), verify=True") and r.unit == "samples/s"
+    )
     rows += Reads(old, concat, count, args.repeats, "format 2").rows()
     rows += new_reads.peer_rows(wall, cpu)
     print(f"load average after: {os.getloadavg()}")

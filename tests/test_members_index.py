@@ -94,9 +94,13 @@ def test_reads_equal_parsing_the_tar(clean: Path) -> None:
         assert ds.get_many(list(range(n))[::-1]) == want[::-1]
         assert ds.get_many([5, 0, 3], coalesce_gap=1 << 20) == [want[5], want[0], want[3]]
         assert ds.get(KEYS[3]) == want[3]
-    decoded = shardex.open_dataset(clean, decode=True)[0]
+    decoding = shardex.open_dataset(clean, decode=True)
+    decoded = decoding[0]
     assert decoded["txt"] == "text 0"
     assert decoded["__key__"] == "a"
+    every = [decoding[i] for i in range(len(decoding))]
+    assert list(decoding) == every == decoding.get_many(range(len(decoding)))
+    assert [s["cls"] for s in every] == list(range(len(KEYS)))
 
 
 def _members_file(root: Path) -> Path:

@@ -280,10 +280,15 @@ class MemberIndex:
         #: The member extensions, in column order.
         self.names: tuple[str, ...] = tuple(names)
         self.row_size = 16 + 8 * len(names)
-        #: Unpacks a row: check, key offset, key length, then offset and size per member.
-        self.unpack: Callable[[memoryview, int], tuple[int, ...]] = struct.Struct(
-            "<Q" + "I" * (2 + 2 * len(names))
-        ).unpack_from
+        #: A row: check, key offset, key length, then offset and size per member.
+        self.row = struct.Struct("<Q" + "I" * (2 + 2 * len(names)))
+        #: Unpacks the row at a byte offset of :attr:`raw`.
+        self.unpack: Callable[[memoryview, int], tuple[int, ...]] = self.row.unpack_from
+
+    def unpacked(self, lo: int, hi: int) -> Iterator[tuple[int, ...]]:
+        """The rows of samples ``lo`` to ``hi`` (excluded), unpacked as :attr:`unpack`
+        does, in one pass (iteration reads them in order)."""
+        return self.row.iter_unpack(self.raw[lo * self.row_size : hi * self.row_size])
 
     @property
     def rows(self) -> npt.NDArray[np.void]:
