@@ -19,7 +19,8 @@ all of it:
 * S3: every connection to the server goes through a TCP relay in the benchmark's own
   process, which attributes each connection to the process that holds its socket (found
   by its port in ``/proc/net/tcp`` and the driver's ``/proc/PID/fd``) and counts its bytes
-  both ways;
+  both ways, as they move (a connection kept alive across a ``reset`` is charged only what
+  it moves after it);
 * Ray: the pickled size of every job the driver sends to a task and of every result it
   gets back (the reference rows carried by jobs, the offsets and checksums returned).
 
@@ -156,9 +157,16 @@ class Relay:
             self.driver = {"up": 0, "down": 0, "connections": 0}
             self.everyone = {"up": 0, "down": 0, "connections": 0}
 
+    def close(self) -> None:
+        """Stop accepting connections (those open go on until they close)."""
+        self._server.close()
+
     def _accept(self) -> None:
         while True:
-            client, (_, port) = self._server.accept()
+            try:
+                client, (_, port) = self._server.accept()
+            except OSError:  # closed
+                return
             inode = _socket_inode(port, self.port)
             mine = inode is not None and _held_by(self.driver_pid, inode)
             upstream = socket.create_connection(self._upstream)
@@ -171,21 +179,25 @@ class Relay:
                 self._threads.append(t)
 
     def _pipe(self, a: socket.socket, b: socket.socket, way: str, mine: bool) -> None:
-        moved = 0
+        # Each piece is counted as it moves, into the counters of that moment: counted at
+        # the connection's close instead, a keep-alive connection of the upload (the
+        # benchmark's own obstore pool, closed seconds later) charged the whole dataset's
+        # upload to the first export after ``reset``. Counted before it is passed on, so
+        # that a piece the other end has seen is counted.
         try:
             while data := a.recv(1 << 16):
+                with self._lock:
+                    self.everyone[way] += len(data)
+                    if mine:
+                        self.driver[way] += len(data)
                 b.sendall(data)
-                moved += len(data)
         except OSError:
             pass
         finally:
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-            with self._lock:
-                self.everyone[way] += moved
-                if mine:
-                    self.driver[way] += moved
+            a.close()  # the other direction's pipe closes ``b``
 
     def settle(self, timeout: float = 30.0) -> None:
         """Wait for the connections of the finished driver to be counted."""
@@ -350,6 +362,19 @@ def rows_of(results: dict[str, dict[str, Any]], samples: int, data: int, same: b
                 ),
             )
         )
+        everyone = r["s3_everyone"]
+        out.append(
+            Row(
+                f"S3 up, all processes / dataset bytes, {name}",
+                "%",
+                100 * everyone["up"] / data,
+                note=(
+                    f"{everyone['up']:,} B up, {everyone['down']:,} B down "
+                    f"({everyone['connections']} conns): the output (tar headers and "
+                    "index files on top of the images) and every request's head"
+                ),
+            )
+        )
         out.append(
             Row(
                 f"driver peak RSS, {name}",
@@ -426,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             print(mode, json.dumps(results[mode]), flush=True)
         local = checksums(server.url("out-local"), options)
         same = all(local == checksums(server.url(f"out-{m}"), options) for m in results)
+        relay.close()
     rows = rows_of(results, args.samples, data, same)
     print(render(rows))
     loads = ", ".join(f"{m} {r['load']:.1f}" for m, r in results.items())
