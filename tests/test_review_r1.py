@@ -75,3 +75,40 @@ def test_append_flat_and_skip_on_ray_equal_local(cluster: None, tmp_path: Path) 
         shardex.export(tmp_path / "src" / "train", out, samples_per_shard=4, layout="flat", **kw)
         flat[name] = files_of(out)
     assert flat["ray"] == flat["local"]
+
+
+def test_an_undone_export_leaves_an_export_inside_its_output_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample refused while writing undoes the run's files, and only the run's: an
+    export made meanwhile into a folder inside the output keeps its file being written
+    and the files it completed (as the commit leaves them, see test_ray_faults)."""
+    import shardex.engine.run as run
+    from shardex.errors import BadSampleError
+    from shardex.storage.local import LocalObjectWriter
+
+    make_tree(tmp_path / "src", RELS)
+    (tmp_path / "src" / "train" / "b" / "zz.jpg").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    name = "images-0123456789abcdef-000000.tar"
+    writers: list[LocalObjectWriter] = []
+    plain = run.write_splits
+
+    def meanwhile(*args: object, **kwargs: object) -> object:
+        done = out / "nested" / "train" / name.replace("0000.tar", "0001.tar")
+        done.parent.mkdir(parents=True)
+        done.write_bytes(b"another export's shard, complete")
+        nested = LocalObjectWriter(out / "nested" / "train" / name)
+        nested.write(b"another export's shard, still being written")
+        writers.append(nested)
+        return plain(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "write_splits", meanwhile)
+    with pytest.raises(BadSampleError):
+        shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1)
+    writers[0].commit()  # the nested export's write completes
+    nested = out / "nested" / "train"
+    assert sorted(p.name for p in nested.iterdir()) == [
+        name,
+        name.replace("0000.tar", "0001.tar"),
+    ]

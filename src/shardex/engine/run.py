@@ -198,7 +198,14 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 )
         except SourceError:
             if writing:
-                undo(storage, job.old_files, job.committed, intent_before)
+                undo(
+                    storage,
+                    job.old_files,
+                    job.committed,
+                    intent_before,
+                    job.backend.name,
+                    flat,  # set before writing began
+                )
             raise
     return prep, written
 
