@@ -112,3 +112,15 @@ def test_an_undone_export_leaves_an_export_inside_its_output_alone(
         name,
         name.replace("0000.tar", "0001.tar"),
     ]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numpy_mmap", "tensor_shards"])
+def test_other_backends_on_ray_equal_local(cluster: None, tmp_path: Path, backend: str) -> None:
+    make_tree(tmp_path / "src", RELS)
+    outs = {}
+    for name, kw in (("ray", {"executor": "ray"}), ("local", {"workers": 1})):
+        out = tmp_path / name
+        shardex.export(tmp_path / "src", out, backend=backend, samples_per_shard=4, **kw)
+        outs[name] = files_of(out)
+    assert outs["ray"] == outs["local"]
+    assert not (tmp_path / "ray" / ".shardex-staging").exists()
