@@ -159,6 +159,9 @@ def remove_killed_parts(storage: Storage) -> None:
 
 
 def _staged(storage: Storage) -> list[str]:
+    root = storage.local_path(STAGING.rstrip("/"))
+    if root is not None and not root.is_dir():  # every export asks: no walk of the output
+        return []
     return [p for p in (*storage.list(STAGING), *storage.leftovers()) if p.startswith(STAGING)]
 
 
