@@ -124,3 +124,24 @@ def test_other_backends_on_ray_equal_local(cluster: None, tmp_path: Path, backen
         outs[name] = files_of(out)
     assert outs["ray"] == outs["local"]
     assert not (tmp_path / "ray" / ".shardex-staging").exists()
+
+
+def test_a_part_that_cannot_be_read_is_a_storage_error_not_a_foreign_file(
+    tmp_path: Path,
+) -> None:
+    """A staged part gone (or a store that fails) is said as such, not as a file another
+    process wrote; bytes that are no part are a one-line FormatError."""
+    import pyarrow as pa
+
+    from shardex.engine.parts import new_staging, put_part, read_part
+    from shardex.errors import FormatError, ObjectNotFoundError
+    from shardex.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path / "out")
+    name = put_part(storage, new_staging(), pa.table({"a": [1]}), {})
+    storage.delete(name)
+    with pytest.raises(ObjectNotFoundError):
+        read_part(storage, name)
+    storage.put(name, b"PK\x03\x04 not a zip file at all")
+    with pytest.raises(FormatError, match="not a staged part"):
+        read_part(storage, name)

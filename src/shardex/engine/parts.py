@@ -17,6 +17,7 @@ import contextlib
 import io
 import re
 import secrets
+import zipfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,10 +78,11 @@ class Part:
 
 def read_part(storage: Storage, name: str, *, table: bool = True) -> Part:
     """A part as :func:`put_part` staged it (``table=False``: its arrays only)."""
+    raw_part = storage.get(name)  # a part gone, a store failing: its storage error
     try:
-        with np.load(io.BytesIO(storage.get(name)), allow_pickle=False) as data:
+        with np.load(io.BytesIO(raw_part), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files if k != _TABLE or table}
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, zipfile.BadZipFile) as exc:
         raise FormatError(
             f"{storage.join(name)}: not a staged part this run wrote ({exc}); another "
             f"process wrote into {STAGING}: export again"
