@@ -145,3 +145,17 @@ def test_a_part_that_cannot_be_read_is_a_storage_error_not_a_foreign_file(
     storage.put(name, b"PK\x03\x04 not a zip file at all")
     with pytest.raises(FormatError, match="not a staged part"):
         read_part(storage, name)
+
+
+def test_a_killed_write_shardex_runs_staged_rows_go_with_a_local_export(tmp_path: Path) -> None:
+    """What write tasks of a killed write_shardex staged (the dataset's bytes) goes with
+    the next export, as its parts do, not only with the next write_shardex."""
+    make_tree(tmp_path / "src", RELS)
+    out = tmp_path / "out"
+    shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1)
+    run = out / ".shardex-staging" / "0123456789ab"
+    run.mkdir(parents=True)
+    for name in ("task-000000-0123abcd.bin", "task-000000-0123abcd.parquet"):
+        (run / name).write_bytes(b"rows a killed write_shardex staged")
+    shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1, mode="overwrite")
+    assert not (out / ".shardex-staging").exists()

@@ -38,6 +38,12 @@ from shardex.storage import Storage
 STAGED_PART: Final = re.compile(
     re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
 )
+#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
+#: temporary file while it writes it.
+STAGED_ROWS: Final = re.compile(
+    re.escape(STAGING)
+    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
+)
 _TABLE: Final = "table"
 #: Parts deleted at once when a run's staging goes.
 _DELETES: Final = 16
@@ -153,11 +159,17 @@ def remove_staging(storage: Storage, staging: str) -> None:
     _delete(storage, [p for p in _staged(storage) if p.startswith(staging)])
 
 
-def remove_killed_parts(storage: Storage) -> None:
+def remove_killed_parts(storage: Storage, *, rows: bool = True) -> None:
     """Delete the parts that killed runs left (the caller holds the output's lock, so no
-    run that is alive stages any). Other files under the staging folder are left alone
-    (the Ray datasink's rows, staged by a run that is alive)."""
-    _delete(storage, [p for p in _staged(storage) if STAGED_PART.fullmatch(p)])
+    run that is alive stages any) and, with ``rows``, what killed ``write_shardex`` runs
+    staged (not when a ``write_shardex`` run that is alive calls: its rows are staged
+    there). Other files under the staging folder are left alone."""
+    killed = [
+        p
+        for p in _staged(storage)
+        if STAGED_PART.fullmatch(p) or (rows and STAGED_ROWS.fullmatch(p))
+    ]
+    _delete(storage, killed)
 
 
 def _staged(storage: Storage) -> list[str]:
@@ -175,7 +187,7 @@ def _delete(storage: Storage, paths: list[str]) -> None:
     root = storage.local_path(STAGING.rstrip("/"))
     if root is None or not root.is_dir():
         return
-    for folder in {p.split("/")[1] for p in paths if STAGED_PART.fullmatch(p)}:
+    for folder in {p.split("/")[1] for p in paths if p.count("/") == 2}:
         with contextlib.suppress(OSError):  # not empty: another writer's files are there
             (root / folder).rmdir()
     with contextlib.suppress(OSError):

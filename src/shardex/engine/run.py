@@ -114,10 +114,12 @@ def run_export(
         if lock is not None
         else storage.lock(holder_text(f"export --mode {opts.mode}"))
     )
+    lock_given = lock is not None
     with held as lock:
-        # parts a killed Ray run staged go whatever runs now (this run holds the lock,
-        # so no live run stages any; a local run would otherwise leave them for good)
-        remove_killed_parts(storage)
+        # what killed Ray runs staged goes whatever runs now (this run holds the lock, so
+        # no live run stages any but the write_shardex that gave it; a local run would
+        # otherwise leave them for good)
+        remove_killed_parts(storage, rows=not lock_given)
         repaired = promote_legacy(storage) if opts.mode != "error" else None
         done = finish_committed(storage, opts.mode, command, repaired is not None)
         if done is not None:
