@@ -68,12 +68,18 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
 def export_owns(config: ExportConfig, path: str) -> bool:
     """Whether ``path`` is a name the export that ``config`` describes writes: its own
     files, or its backend's (at the output's top level only when the export is flat)."""
+    return run_owns(config.backend, config.flat, path)
+
+
+def run_owns(backend: str, flat: bool, path: str) -> bool:
+    """Whether ``path`` is a name an export with ``backend`` writes (``flat``: one that
+    writes or replaces a flat export, so the top level's shards are its too)."""
     if _EXPORT_FILES.fullmatch(path) is not None:
         return True
-    if "/" not in path and not config.flat:
+    if "/" not in path and not flat:
         return False
     try:
-        return REGISTRY.backend_class(config.backend).owns(path)
+        return REGISTRY.backend_class(backend).owns(path)
     except ShardexError:  # not installed here: its files cannot be told
         return False
 

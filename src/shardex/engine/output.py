@@ -24,7 +24,7 @@ from typing import Any, Final
 import xxhash
 
 from shardex.api import read_config
-from shardex.backends.ownership import foreign_files, shardex_files, writers
+from shardex.backends.ownership import foreign_files, run_owns, shardex_files, writers
 from shardex.contract import (
     CONFIG_FILE,
     ExportConfig,
@@ -45,7 +45,7 @@ from shardex.errors import (
 from shardex.options import ExportOptions, Mode
 from shardex.sources import Source
 from shardex.storage import Storage
-from shardex.storage.local import check_output_folder
+from shardex.storage.local import check_output_folder, temporary_target
 from shardex.storage.lock import LOCK_FILE
 
 #: What a writer records before it writes anything (see :func:`_intent`).
@@ -158,15 +158,25 @@ def read_intent_bytes(storage: Storage) -> bytes | None:
 
 
 def undo(
-    storage: Storage, old_files: list[str], committed: frozenset[str], intent: bytes | None
+    storage: Storage,
+    old_files: list[str],
+    committed: frozenset[str],
+    intent: bytes | None,
+    backend: str,
+    flat: bool,
 ) -> None:
     """Leave the output as this run found it: a sample refused while writing (one pass
-    over the bytes finds bad images only then) deletes the files this run wrote."""
+    over the bytes finds bad images only then) deletes the files this run wrote, and
+    only names it writes (``backend``'s; ``flat``: see :func:`record_intent`): an export
+    made meanwhile into a folder inside the output keeps its files."""
     before = set(old_files) | committed | CONTROL
     for path in _not_staged(storage.list()):
-        if path not in before:
+        if path not in before and run_owns(backend, flat, path):
             storage.delete(path)
-    storage.remove_leftovers()
+    for path in storage.leftovers():
+        target = temporary_target(path)
+        if target is not None and run_owns(backend, flat, target):
+            storage.delete(path)
     if intent is None:
         storage.delete(INTENT_FILE)
     else:

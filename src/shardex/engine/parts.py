@@ -17,6 +17,7 @@ import contextlib
 import io
 import re
 import secrets
+import zipfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,12 @@ from shardex.storage import Storage
 #: A staged part, or its temporary file while it is written (a local output's).
 STAGED_PART: Final = re.compile(
     re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
+)
+#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
+#: temporary file while it writes it.
+STAGED_ROWS: Final = re.compile(
+    re.escape(STAGING)
+    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
 )
 _TABLE: Final = "table"
 #: Parts deleted at once when a run's staging goes.
@@ -77,10 +84,11 @@ class Part:
 
 def read_part(storage: Storage, name: str, *, table: bool = True) -> Part:
     """A part as :func:`put_part` staged it (``table=False``: its arrays only)."""
+    raw_part = storage.get(name)  # a part gone, a store failing: its storage error
     try:
-        with np.load(io.BytesIO(storage.get(name)), allow_pickle=False) as data:
+        with np.load(io.BytesIO(raw_part), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files if k != _TABLE or table}
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, zipfile.BadZipFile) as exc:
         raise FormatError(
             f"{storage.join(name)}: not a staged part this run wrote ({exc}); another "
             f"process wrote into {STAGING}: export again"
@@ -151,14 +159,23 @@ def remove_staging(storage: Storage, staging: str) -> None:
     _delete(storage, [p for p in _staged(storage) if p.startswith(staging)])
 
 
-def remove_killed_parts(storage: Storage) -> None:
+def remove_killed_parts(storage: Storage, *, rows: bool = True) -> None:
     """Delete the parts that killed runs left (the caller holds the output's lock, so no
-    run that is alive stages any). Other files under the staging folder are left alone
-    (the Ray datasink's rows, staged by a run that is alive)."""
-    _delete(storage, [p for p in _staged(storage) if STAGED_PART.fullmatch(p)])
+    run that is alive stages any) and, with ``rows``, what killed ``write_shardex`` runs
+    staged (not when a ``write_shardex`` run that is alive calls: its rows are staged
+    there). Other files under the staging folder are left alone."""
+    killed = [
+        p
+        for p in _staged(storage)
+        if STAGED_PART.fullmatch(p) or (rows and STAGED_ROWS.fullmatch(p))
+    ]
+    _delete(storage, killed)
 
 
 def _staged(storage: Storage) -> list[str]:
+    root = storage.local_path(STAGING.rstrip("/"))
+    if root is not None and not root.is_dir():  # every export asks: no walk of the output
+        return []
     return [p for p in (*storage.list(STAGING), *storage.leftovers()) if p.startswith(STAGING)]
 
 
@@ -170,7 +187,7 @@ def _delete(storage: Storage, paths: list[str]) -> None:
     root = storage.local_path(STAGING.rstrip("/"))
     if root is None or not root.is_dir():
         return
-    for folder in {p.split("/")[1] for p in paths if STAGED_PART.fullmatch(p)}:
+    for folder in {p.split("/")[1] for p in paths if p.count("/") == 2}:
         with contextlib.suppress(OSError):  # not empty: another writer's files are there
             (root / folder).rmdir()
     with contextlib.suppress(OSError):

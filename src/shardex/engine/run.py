@@ -114,7 +114,12 @@ def run_export(
         if lock is not None
         else storage.lock(holder_text(f"export --mode {opts.mode}"))
     )
+    lock_given = lock is not None
     with held as lock:
+        # what killed Ray runs staged goes whatever runs now (this run holds the lock, so
+        # no live run stages any but the write_shardex that gave it; a local run would
+        # otherwise leave them for good)
+        remove_killed_parts(storage, rows=not lock_given)
         repaired = promote_legacy(storage) if opts.mode != "error" else None
         done = finish_committed(storage, opts.mode, command, repaired is not None)
         if done is not None:
@@ -160,10 +165,8 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     taken = exported_keys(storage, job.previous)
     # a remote runner's tasks hand their shards' rows and index arrays over through the
     # output (see shardex.engine.parts): this run's parts, gone when it ends however it
-    # ends; a killed run's are removed here (this run holds the lock)
+    # ends (a killed run's went when the lock was taken)
     staging = new_staging() if job.runner is not None and job.runner.remote else None
-    if staging is not None:
-        remove_killed_parts(storage)
     with scratch() as folder, _staged(storage, staging):
         prep = _prepare_first(job, bars, taken, folder)
         # bytes in this process (an in-memory source) are written here: pickling costs more
@@ -197,7 +200,14 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                 )
         except SourceError:
             if writing:
-                undo(storage, job.old_files, job.committed, intent_before)
+                undo(
+                    storage,
+                    job.old_files,
+                    job.committed,
+                    intent_before,
+                    job.backend.name,
+                    flat,  # set before writing began
+                )
             raise
     return prep, written
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,7 +45,7 @@ from ray.data.datasource.datasink import WriteResult
 
 from shardex.contract import ExportConfig
 from shardex.engine.output import STAGING, check_output, check_root
-from shardex.engine.parts import STAGED_PART
+from shardex.engine.parts import STAGED_PART, STAGED_ROWS
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
@@ -317,19 +316,12 @@ def _location(storage: Storage, name: str) -> str:
     return str(path.absolute()) if path is not None else storage.join(name)
 
 
-#: What a write task stages (``write``), or its temporary file while it writes it.
-_STAGED: Final = re.compile(
-    re.escape(STAGING)
-    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
-)
-
-
 def _remove_killed_runs(storage: Storage) -> None:
     """Delete what killed runs staged (a run that is alive holds the lock), refusing,
     before anything is deleted, a ``.shardex-staging/`` that holds files no run staged
     (someone's own folder of that name)."""
     found = [p for p in (*storage.list(STAGING), *storage.leftovers()) if p.startswith(STAGING)]
-    foreign = [p for p in found if not (_STAGED.fullmatch(p) or STAGED_PART.fullmatch(p))]
+    foreign = [p for p in found if not (STAGED_ROWS.fullmatch(p) or STAGED_PART.fullmatch(p))]
     if foreign:
         raise OutputExistsError(
             f"output {storage.uri} holds {quoted(foreign[0])}"
