@@ -170,3 +170,37 @@ def test_ray_started_by_the_export_is_shut_down_and_a_callers_is_kept(
     else:
         assert "after success: False" in done.stdout, done.stdout
         assert "after failure: False" in done.stdout, done.stdout
+
+
+_SPEC_RUN = """
+import sys
+import ray
+from shardex.pipeline.ray_executor import RayExecutor
+from shardex.pipeline.spec import run_spec
+
+spec, out = sys.argv[1], sys.argv[2]
+executor = RayExecutor(init_options={"num_cpus": 2})
+executor.connect()  # the caller's executor starts Ray: it is the caller's to close
+run_spec(spec, out, executor=executor)
+print("after run_spec:", ray.is_initialized())
+run_spec(spec, out + "2", executor=executor)
+executor.close()
+print("after close:", ray.is_initialized())
+"""
+
+
+def test_run_spec_leaves_a_callers_executor_and_its_ray_alone(images: Path, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"source: {images}\nstages: []\noptions: {{samples_per_shard: 4}}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ["PYTHONPATH"]])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_SPEC_RUN), str(spec), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "after run_spec: True" in done.stdout, done.stdout  # was shut down under the caller
+    assert "after close: False" in done.stdout, done.stdout

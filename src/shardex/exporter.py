@@ -59,9 +59,9 @@ def export(
             a local one; ``workers``, when given, caps the tasks running at once, else
             one per cluster CPU). A Ray that this call initialised is shut down when it
             returns or raises; one initialised before it stays. On Ray this process
-            reads only the source's references and writes the index files,
-            metadata.parquet and config.yaml; the tasks read the samples and write the
-            shards straight to the output. The output is byte-identical either way.
+            plans from the source's references and writes config.yaml; the tasks read
+            the samples, write the shards straight to the output, and merge the index
+            files and metadata.parquet. The output is byte-identical either way.
         ray_address: the Ray cluster (``host:port``, ``ray://host:port``, ``auto``); an
             address where nothing answers within ``SHARDEX_RAY_CONNECT_TIMEOUT`` seconds
             (default 10) raises ClusterUnreachableError.

@@ -49,7 +49,7 @@ from shardex.engine.prepare import (
 )
 from shardex.engine.scratch import scratch
 from shardex.engine.write import Written, write_splits
-from shardex.errors import ConfigError, EmptySourceError, SourceError
+from shardex.errors import ConfigError, EmptySourceError, SourceError, mode_hint
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
@@ -104,7 +104,7 @@ def run_export(
     if opts.mode == "append" and not backend.capabilities.append:
         raise ConfigError(
             f"the {backend.name} backend cannot append to an export; export the combined "
-            "source again with --overwrite (the webdataset backend can append)"
+            f"source again with {mode_hint('overwrite')} (the webdataset backend can append)"
         )
     storage = open_storage(output, storage_options)
     check_root(storage)

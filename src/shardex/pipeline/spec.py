@@ -205,11 +205,13 @@ def run_spec(
     pipeline = spec.pipeline(output, fingerprint, **overrides)
     if not preprocess:
         pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
+    made = executor is None  # a caller's executor (and a Ray it started) is the caller's
     executor = executor or spec.executor()
     try:
         return pipeline.run(executor, until_keys=until)
     finally:
-        executor.close()  # a Ray it started
+        if made:
+            executor.close()  # a Ray it started
 
 
 def materialize(
