@@ -32,6 +32,13 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of a child Python that imports this checkout's tests (an installed
+    shardex runs with no PYTHONPATH set: CI)."""
+    path = [str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def _closed_port() -> int:
     """A loopback port nothing listens on (connections to it are refused)."""
     with socket.socket() as s:
@@ -154,7 +161,7 @@ def test_ray_started_by_the_export_is_shut_down_and_a_callers_is_kept(
 ) -> None:
     source = tmp_path / "images"
     subprocess.run(["cp", "-r", str(images), str(source)], check=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ["PYTHONPATH"]])}
+    env = _child_env()
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_RUN), str(source), str(tmp_path), whose],
@@ -179,7 +186,7 @@ from shardex.pipeline.ray_executor import RayExecutor
 from shardex.pipeline.spec import run_spec
 
 spec, out = sys.argv[1], sys.argv[2]
-executor = RayExecutor(init_options={"num_cpus": 2})
+executor = RayExecutor("local", init_options={"num_cpus": 2})
 executor.connect()  # the caller's executor starts Ray: it is the caller's to close
 run_spec(spec, out, executor=executor)
 print("after run_spec:", ray.is_initialized())
@@ -192,7 +199,7 @@ print("after close:", ray.is_initialized())
 def test_run_spec_leaves_a_callers_executor_and_its_ray_alone(images: Path, tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"source: {images}\nstages: []\noptions: {{samples_per_shard: 4}}\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ["PYTHONPATH"]])}
+    env = _child_env()
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_SPEC_RUN), str(spec), str(tmp_path / "out")],
         capture_output=True,
