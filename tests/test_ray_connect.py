@@ -32,11 +32,16 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _child_env() -> dict[str, str]:
-    """The environment of a child Python that imports this checkout's tests (an installed
-    shardex runs with no PYTHONPATH set: CI)."""
+def _run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a child Python that imports this checkout's tests (an installed
+    shardex runs with no PYTHONPATH set: CI); it must succeed."""
     path = [str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    command = [sys.executable, "-c", textwrap.dedent(code), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def _closed_port() -> int:
@@ -161,17 +166,7 @@ def test_ray_started_by_the_export_is_shut_down_and_a_callers_is_kept(
 ) -> None:
     source = tmp_path / "images"
     subprocess.run(["cp", "-r", str(images), str(source)], check=True)
-    env = _child_env()
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_RUN), str(source), str(tmp_path), whose],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=_ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run_child(_RUN, str(source), str(tmp_path), whose)
     if whose == "mine":
         assert "kept" in done.stdout
     else:
@@ -199,15 +194,6 @@ print("after close:", ray.is_initialized())
 def test_run_spec_leaves_a_callers_executor_and_its_ray_alone(images: Path, tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"source: {images}\nstages: []\noptions: {{samples_per_shard: 4}}\n")
-    env = _child_env()
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_SPEC_RUN), str(spec), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=_ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run_child(_SPEC_RUN, str(spec), str(tmp_path / "out"))
     assert "after run_spec: True" in done.stdout, done.stdout  # was shut down under the caller
     assert "after close: False" in done.stdout, done.stdout

@@ -23,7 +23,9 @@ under ``on_error="skip"``.
 from __future__ import annotations
 
 import os
+import queue
 import re
+import threading
 from abc import ABC
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -402,3 +404,17 @@ def build_table(
         metadata=metadata,
         invalid=invalid,
     )
+
+
+def hand_over(
+    handed: queue.Queue[tuple[str, Any]], item: tuple[str, Any], stop: threading.Event
+) -> bool:
+    """Put a producer thread's ``item`` on ``handed``; False once ``stop`` is set (the
+    reader gave up), so the thread never blocks for good on a queue nobody reads."""
+    while not stop.is_set():
+        try:
+            handed.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False

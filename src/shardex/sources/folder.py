@@ -194,6 +194,18 @@ class _Layout:
     classes: tuple[str, ...]
 
 
+def check_splits(uri: str, top: set[str], top_files: bool) -> None:
+    """Refuse split folders beside other folders (``top``: the top-level folder names) or
+    beside images at the top level (``top_files``)."""
+    split_dirs = top & SPLIT_DIRS
+    if split_dirs and (top - SPLIT_DIRS or top_files):
+        others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
+        raise SourceError(
+            f"source folder {uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
+            f"with other entries ({', '.join(others)}); put every image under a split"
+        )
+
+
 def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
     """The folders in ``folder`` that hold images, and whether it holds an image file
     itself; only folders and the first image file are looked at."""
@@ -222,13 +234,8 @@ def _layout(uri: str, real_root: str, root: _Folder) -> _Layout:
     """
     top, top_files = _subfolders(real_root, root)
     names = {f.rel.rstrip("/") for f in top}
+    check_splits(uri, names, top_files)
     split_dirs = names & SPLIT_DIRS
-    if split_dirs and (names - SPLIT_DIRS or top_files):
-        others = sorted(names - SPLIT_DIRS) or ["(files at the top level)"]
-        raise SourceError(
-            f"source folder {uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
-            f"with other entries ({', '.join(others)}); put every image under a split"
-        )
     if not split_dirs:
         return _Layout(False, tuple(sorted(names)))
     classes = {sub.rel.split("/")[1] for split in top for sub in _subfolders(real_root, split)[0]}

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from shardex.sources.base import MapRunner
+from shardex.sources.base import MapRunner, hand_over
 from shardex.storage import Storage
 
 __all__ = [
@@ -179,22 +179,13 @@ def _list_into(
     """List one folder in a thread, handing its pages over, then its end (or what it
     raised)."""
 
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                handed.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     try:
         for page in storage.list_pages(folder):
-            if not put(("page", page)):
+            if not hand_over(handed, ("page", page), stop):
                 return
-        put(("end", None))
+        hand_over(handed, ("end", None), stop)
     except BaseException as exc:  # raised again in the reader
-        put(("error", exc))
+        hand_over(handed, ("error", exc), stop)
 
 
 def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[list[Entry]]:

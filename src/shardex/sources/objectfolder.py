@@ -37,7 +37,15 @@ from typing import Any, ClassVar, Final
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import SourceError
 from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, MapRunner, SampleStream
-from shardex.sources.folder import SPLIT_DIRS, FolderSource, _extension, _File, _Layout, _left_out
+from shardex.sources.folder import (
+    SPLIT_DIRS,
+    FolderSource,
+    _extension,
+    _File,
+    _Layout,
+    _left_out,
+    check_splits,
+)
 from shardex.sources.listing import (
     LIST_THREADS,
     Entry,
@@ -240,7 +248,7 @@ class ObjectFolderSource(FolderSource):
         probes = dict(zip(folders, _probes(storage, folders, runner), strict=True))
         holding = {folder for folder in folders if probes[folder].holds_image}
         top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
-        self._check_splits(set(holding), top_files)
+        check_splits(self.uri, set(holding), top_files)
         split_dirs = sorted(holding & SPLIT_DIRS)
         if not split_dirs:
             parts = parts_in_order([(f, [_part(f, probes[f])]) for f in folders], objects)
@@ -266,16 +274,6 @@ class ObjectFolderSource(FolderSource):
         )
         return _Layout(True, tuple(sorted(classes))), parts
 
-    def _check_splits(self, top: set[str], top_files: bool) -> None:
-        """Refuse split folders beside other folders or images (as the local source)."""
-        split_dirs = top & SPLIT_DIRS
-        if split_dirs and (top - SPLIT_DIRS or top_files):
-            others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
-            raise SourceError(
-                f"source folder {self.uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
-                f"with other entries ({', '.join(others)}); put every image under a split"
-            )
-
     def _object_layout(self, storage: Storage) -> _Layout:
         """Split folders and class names, as the local folder source finds them."""
         found = _Found()
@@ -283,7 +281,7 @@ class ObjectFolderSource(FolderSource):
         while after is not None:
             after = _next_folder(storage, after, found)
         top = found.folders
-        self._check_splits(set(top), found.top_files)
+        check_splits(self.uri, set(top), found.top_files)
         split_dirs = set(top) & SPLIT_DIRS
         if not split_dirs:
             return _Layout(False, tuple(sorted(top)))

@@ -58,6 +58,7 @@ from shardex.sources.base import (
     batch_table,
     check_batch_size,
     check_metadata_names,
+    hand_over,
     members_array,
     safe_key,
 )
@@ -498,27 +499,18 @@ def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threadin
     """Scan one tar in a thread, handing its samples over in lists, then its end (or
     what it raised)."""
 
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                handed.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     try:
         chunk: list[_Sample] = []
         for sample in tar_samples(tar):
             chunk.append(sample)
             if len(chunk) >= _HANDOVER:
-                if not put(("samples", chunk)):
+                if not hand_over(handed, ("samples", chunk), stop):
                     return
                 chunk = []
-        if put(("samples", chunk)):
-            put(("end", None))
+        if hand_over(handed, ("samples", chunk), stop):
+            hand_over(handed, ("end", None), stop)
     except BaseException as exc:  # raised again in the consumer
-        put(("error", exc))
+        hand_over(handed, ("error", exc), stop)
 
 
 def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[_Sample]:
