@@ -418,3 +418,15 @@ def hand_over(
         except queue.Full:
             continue
     return False
+
+
+def handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[Any]:
+    """What a producer thread hands over with :func:`hand_over`, until its end; what it
+    raised is raised here."""
+    while True:
+        kind, value = handed.get()
+        if kind == "error":
+            raise value
+        if kind == "end":
+            return
+        yield value

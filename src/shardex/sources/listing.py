@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from shardex.sources.base import MapRunner, hand_over
+from shardex.sources.base import MapRunner, hand_over, handed_over
 from shardex.storage import Storage
 
 __all__ = [
@@ -161,7 +161,7 @@ def _pages_ahead(
                 held = head.objects if head.table is None else _entries_of(head)
                 yield iter([list(held)])
             else:
-                yield _handed_over(head)
+                yield handed_over(head)
                 start_next()
     finally:
         stop.set()  # threads still listing stop at their next handover
@@ -189,10 +189,4 @@ def _list_into(
 
 
 def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[list[Entry]]:
-    while True:
-        kind, value = handed.get()
-        if kind == "error":
-            raise value
-        if kind == "end":
-            return
-        yield value
+    return handed_over(handed)

@@ -59,6 +59,7 @@ from shardex.sources.base import (
     check_batch_size,
     check_metadata_names,
     hand_over,
+    handed_over,
     members_array,
     safe_key,
 )
@@ -514,10 +515,5 @@ def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threadin
 
 
 def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[_Sample]:
-    while True:
-        kind, value = handed.get()
-        if kind == "error":
-            raise value
-        if kind == "end":
-            return
-        yield from value
+    for chunk in handed_over(handed):
+        yield from chunk
