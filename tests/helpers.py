@@ -5,9 +5,12 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +102,15 @@ def peak_rss_kb(code: str, args: list[str]) -> int:
         check=True,
     )
     return int(proc.stdout.split()[-1])
+
+
+def serving(server: socketserver.BaseServer) -> Iterator[str]:
+    """Serve on a thread until the generator closes (a fixture's ``yield from``); yields
+    the server's loopback ``http://`` URL."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,13 +8,14 @@ from __future__ import annotations
 import importlib
 import socket
 import socketserver
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from helpers import serving
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -30,13 +31,7 @@ def echo_server() -> Iterator[str]:
     """A TCP server on loopback that sends back what it receives, until the client closes."""
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield from serving(server)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 import shardex
 from conftest import S3Location
+from helpers import serving
 from shardex.errors import BucketNotFoundError, StorageError
 
 BUDGET = 1.0  # seconds: storage option retry_timeout in every case
@@ -66,14 +66,7 @@ class _NoSuchBucket(_Answer):
 
 
 def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield from serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler))
 
 
 @pytest.fixture
