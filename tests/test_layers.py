@@ -87,3 +87,19 @@ def test_the_wheel_ships_no_test_harness() -> None:
         if module.split(".")[0] in ("tests", "support", "webdataset")
     }
     assert not harness, sorted(harness)
+
+
+def test_pipeline_plumbing_stays_out_of_the_public_export() -> None:
+    """``runner``, ``pipeline``, ``spec_fingerprint`` and ``lock`` are the engine's
+    (:func:`shardex.engine.run.run_export`), neither parameters of ``shardex.export`` nor
+    options its keyword arguments could carry."""
+    import dataclasses
+    import inspect
+
+    from shardex.engine.run import run_export
+    from shardex.options import ExportOptions
+
+    plumbing = {"runner", "pipeline", "spec_fingerprint", "lock"}
+    assert not plumbing & set(inspect.signature(shardex.export).parameters)
+    assert not plumbing & {f.name for f in dataclasses.fields(ExportOptions)}
+    assert plumbing <= set(inspect.signature(run_export).parameters)
