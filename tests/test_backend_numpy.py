@@ -5,3 +5,4 @@ from shardex.testing import BackendTests
 
 class TestNumpyBackend(BackendTests):
     backend_name = "numpy"
+    files_inside_shard_folders = True

@@ -18,7 +18,7 @@ from shardex.errors import ConfigError, SchemaError
 from shardex.planning import plan_bounds
 from shardex.testing import SampleFolder, make_sample_folder
 from shardex.testing.backend import image_of
-from shardex.testing.data import read_with_webdataset
+from tests.support.interop import read_with_webdataset
 
 
 @pytest.fixture(scope="module")

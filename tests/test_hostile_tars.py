@@ -33,7 +33,7 @@ from shardex.sources import objecttars
 from shardex.sources.jsonmeta import MAX_JSON_DEPTH
 from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import open_storage
-from shardex.testing.data import read_with_webdataset
+from tests.support.interop import read_with_webdataset
 
 OnError = Literal["error", "skip"]
 

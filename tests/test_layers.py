@@ -51,12 +51,14 @@ def _name_comparisons(path: Path) -> Iterator[str]:
                     yield str(value.value)
 
 
-def test_no_module_outside_the_backends_branches_on_a_backend_name() -> None:
+def test_no_module_but_the_registry_branches_on_a_backend_name() -> None:
+    """Not the engine, the loaders, the other backends, nor the conformance suite that
+    plugin authors run."""
     assert {"webdataset", "numpy", "zarr"} <= BUILTIN_NAMES
     found = {
         (path.relative_to(SRC).as_posix(), name)
         for path in sorted(SRC.rglob("*.py"))
-        if path.relative_to(SRC).parts[0] not in ("backends", "testing")
+        if path.relative_to(SRC).as_posix() != "backends/registry.py"
         for name in _name_comparisons(path)
     }
     assert not found, sorted(found)
@@ -69,3 +71,35 @@ def test_no_import_cycle_among_shardex_modules() -> None:
     )
     assert out.returncode == 0, out.stdout
     assert " 0 import cycle group" in out.stdout
+
+
+def test_the_wheel_ships_no_test_harness() -> None:
+    """``shardex.testing`` holds what third parties use (the conformance suites, test data,
+    the docs' example model); the S3 server runner, the counting proxy, the Ray cluster, the
+    test stages and the interop readers live under ``tests/support`` and no shipped module
+    imports them."""
+    shipped = {p.stem for p in (SRC / "testing").glob("*.py")}
+    assert shipped == {"__init__", "backend", "data", "models", "storage"}
+    harness = {
+        f"{path.relative_to(SRC)}: {module}"
+        for path in sorted(SRC.rglob("*.py"))
+        for module in _imports(path)
+        if module.split(".")[0] in ("tests", "support", "webdataset")
+    }
+    assert not harness, sorted(harness)
+
+
+def test_pipeline_plumbing_stays_out_of_the_public_export() -> None:
+    """``runner``, ``pipeline``, ``spec_fingerprint`` and ``lock`` are the engine's
+    (:func:`shardex.engine.run.run_export`), neither parameters of ``shardex.export`` nor
+    options its keyword arguments could carry."""
+    import dataclasses
+    import inspect
+
+    from shardex.engine.run import run_export
+    from shardex.options import ExportOptions
+
+    plumbing = {"runner", "pipeline", "spec_fingerprint", "lock"}
+    assert not plumbing & set(inspect.signature(shardex.export).parameters)
+    assert not plumbing & {f.name for f in dataclasses.fields(ExportOptions)}
+    assert plumbing <= set(inspect.signature(run_export).parameters)

@@ -24,7 +24,7 @@ from shardex.errors import ChecksumError, ConfigError, NotAnExportError, Storage
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
 from shardex.testing import StorageTests
-from shardex.testing.data import read_with_webdataset
+from tests.support.interop import read_with_webdataset
 
 FRACTIONS = {"train": 0.8, "val": 0.2}
 

@@ -1,5 +1,6 @@
-"""A split's plan: its candidates over the shared members, their exact tar sizes, the
-first guess of its shard boundaries and its deterministic name hash.
+"""A split's plan: its candidates over the shared members, their exact sizes in a shard
+(the backend's :meth:`~shardex.backends.base.Backend.sample_sizes`), the first guess of
+its shard boundaries and its deterministic name hash.
 """
 
 from __future__ import annotations

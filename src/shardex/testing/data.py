@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -78,24 +77,3 @@ def make_sample_folder(root: Path, n: int = 23, *, classes: int = 3) -> SampleFo
     )
     pq.write_table(table, root / "table.parquet")
     return SampleFolder(root / "images", root / "table.parquet", images, labels, names)
-
-
-def read_with_webdataset(urls: list[str]) -> list[dict[str, Any]]:
-    """Every sample of some shards as the stock ``webdataset`` library returns them.
-
-    webdataset leaves the last shard's file to the garbage collector; it is collected here
-    with ResourceWarning silenced, so ``filterwarnings = error`` test runs stay clean.
-    """
-    import gc
-    import warnings
-
-    import webdataset as wds
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        samples = [
-            {k: v for k, v in s.items() if k == "__key__" or not k.startswith("__")}
-            for s in wds.WebDataset(urls, shardshuffle=False)
-        ]
-        gc.collect()
-    return samples
