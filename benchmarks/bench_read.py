@@ -12,15 +12,22 @@ iteration with ``os.pread`` of every image in file order. The machine is shared 
 so each row is given twice: wall clock (median of ``--repeats``) and CPU time of this
 process (best of ``--repeats``), which other processes' load barely moves.
 
+LitData (a peer, ``pip install 'shardex[bench]'``) reads a copy of the same images made
+once with ``litdata.optimize`` (``--workdir``/exports-.../litdata-VERSION): its iterator
+and its random ``ds[i]`` (on the first ``--litdata-random`` samples of the random order:
+a LitData random read costs ~1 ms) each beside a pread baseline of the same run.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_read.py [--images 20000] [--size-kb 16]
-        [--workdir DIR] [--repeats 9] [--json PATH]
+        [--workdir DIR] [--repeats 9] [--litdata-random 2000] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import os
 import shutil
 import statistics
@@ -42,6 +49,7 @@ from bench_format import (
     build_concat,
     build_folder,
     check_same_bytes,
+    image_relpath,
     pread_in_order,
     read_all,
     read_batches,
@@ -52,9 +60,7 @@ from bench_format import (
 )
 from shardex.contract import FORMAT_VERSION
 
-#: LitData's iterator in the issue's run (same 20,000 JPEGs): litdata is not installed
-#: here, as installing it would replace the environment's torch.
-LITDATA_ISSUE_RATE = 164_758
+LITDATA_MISSING = "litdata not installed (pip install 'shardex[bench]')"
 
 
 def fresh_export(folder: Path, out_root: Path) -> Path:
@@ -79,6 +85,38 @@ def as_format_2(export: Path, out_root: Path) -> Path:
         (out / info["index"].pop("members")).unlink()
     (out / "config.yaml").unlink()
     (out / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return out
+
+
+def litdata_item(job: tuple[str, int, int, int]) -> dict[str, object]:
+    """One sample for ``litdata.optimize``: the image's bytes and its class."""
+    path, offset, length, label = job
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return {"jpg": f.read(length), "cls": label}
+
+
+def litdata_copy(concat: Concat, count: int, out_root: Path) -> Path | None:
+    """The images of ``concat`` in sample order as LitData optimizes them (64 MB chunks,
+    no compression), made once per LitData version; None without litdata."""
+    if importlib.util.find_spec("litdata") is None:
+        return None
+    import litdata
+
+    out = out_root / f"litdata-{litdata.__version__}"
+    if (out / "index.json").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    rels = sorted(image_relpath(i) for i in range(count))
+    labels = [int(rel.split("/", 1)[0].removeprefix("class_")) for rel in rels]
+    jobs = [
+        (str(concat.path), off, n, label)
+        for off, n, label in zip(concat.offsets, concat.lengths, labels, strict=True)
+    ]
+    litdata.optimize(
+        fn=litdata_item, inputs=jobs, output_dir=str(out), chunk_bytes="64MB",
+        num_workers=1, reorder_files=False, mode="overwrite", verbose=False,
+    )  # fmt: skip
     return out
 
 
@@ -162,13 +200,16 @@ class Reads:
             *self._pair("iterate (for s in ds), verify=True", lambda: read_all(ds), True, 0.8),
             *self._pair("iterate (for s in ds), verify=False", lambda: read_all(fast), True, None),
         ]  # fmt: skip
-        (one, _), (many, _) = timings(
+        (one, one_cpu), (many, many_cpu) = timings(
             [lambda: read_random(ds, order), lambda: read_batches(ds, batches)], self.repeats
         )
-        rows.append(
+        rows += [
             Row(f"get_many({BATCH}) / ds[i] per sample, {self.label}", "x", one / many,
-                target=1.0, target_on="value", note="wall medians, verify=True")
-        )  # fmt: skip
+                target=1.0, target_on="value", note="wall medians, verify=True"),
+            Row(f"get_many({BATCH}) / ds[i] per sample, {self.label}, CPU", "x",
+                one_cpu / many_cpu, target=1.0, target_on="value",
+                note=f"best CPU of {self.repeats}, verify=True"),
+        ]  # fmt: skip
         # The same batches built with ds[i] (the samples of a batch alive together, as
         # get_many returns them): ds[i] above drops each sample before the next read and
         # so reuses one buffer hot in the CPU cache, which a batch cannot.
@@ -180,16 +221,21 @@ class Reads:
                 kept_cpu / many_cpu, target=1.0, target_on="value",
                 note=f"best CPU of {self.repeats}, verify=True; wall {kept / many:.3f}")
         )  # fmt: skip
-        (item, _), (raw, _) = timings(
+        (item, item_cpu), (raw, raw_cpu) = timings(
             [lambda: read_random(self.items, order), lambda: read_random(ds, order)], self.repeats
         )
-        rows.append(
+        rows += [
             Row(f"MapDataset(decode=False)[i] / ds[i], {self.label}", "x", raw / item,
-                target=0.9, target_on="value", note="num_workers=0, wall medians")
-        )  # fmt: skip
+                target=0.9, target_on="value", note="num_workers=0, wall medians"),
+            Row(f"MapDataset(decode=False)[i] / ds[i], {self.label}, CPU", "x",
+                raw_cpu / item_cpu, target=0.9, target_on="value",
+                note=f"num_workers=0, best CPU of {self.repeats}"),
+        ]  # fmt: skip
         return rows
 
-    def peer_rows(self, wall_rate: float, cpu_rate: float) -> list[Row]:
+    def peer_rows(self, litdata_dir: Path | None, random_count: int) -> list[Row]:
+        """The peers' rows: stock webdataset's iterator, and LitData's iterator and random
+        ``ds[i]`` each with the pread baseline and shardex's own reads of the same run."""
         (peer, _), (base, _) = timings(
             [
                 lambda: webdataset_count(self.urls),
@@ -198,17 +244,67 @@ class Reads:
             self.repeats,
         )
         n = self.count
-        note = (
-            f"LitData is not installed here (it would replace torch): its {LITDATA_ISSUE_RATE:,}"
-            "/s is the issue's run, not this one"
-        )
-        return [
+        rows = [
             Row("iterate webdataset.WebDataset (peer)", "samples/s", n / peer, n / base, None,
                 note="baseline: pread in file order; median wall"),
-            Row("iterate shardex (wall) / LitData (issue's figure)", "x",
-                wall_rate / LITDATA_ISSUE_RATE, target=1.0, target_on="value", note=note),
-            Row("iterate shardex (CPU) / LitData (issue's figure)", "x",
-                cpu_rate / LITDATA_ISSUE_RATE, target=1.0, target_on="value", note=note),
+        ]  # fmt: skip
+        if litdata_dir is None:
+            return [
+                *rows,
+                Row("iterate LitData StreamingDataset (peer)", "samples/s", math.nan,
+                    note=LITDATA_MISSING),
+                Row("iterate shardex / LitData, same run", "x", math.nan,
+                    note=f"target x ≥ 1: {LITDATA_MISSING}"),
+            ]  # fmt: skip
+        return rows + self._litdata_rows(litdata_dir, random_count)
+
+    def _litdata_rows(self, where: Path, random_count: int) -> list[Row]:
+        from litdata import StreamingDataset
+
+        check_same_bytes(StreamingDataset(str(where)), self.concat, [0, self.count - 1])
+        n, ds = self.count, self.ds
+        # A fresh StreamingDataset per run: its setup is part of what a user pays.
+        walls, cpus = runs(
+            [
+                lambda: read_all(StreamingDataset(str(where))),
+                lambda: pread_in_order(self.concat, range(n)),
+                lambda: read_all(ds),
+            ],
+            self.repeats,
+        )
+        (lit, lit_cpu), (base, base_cpu), (own, own_cpu) = (
+            (statistics.median(w), min(c)) for w, c in zip(walls, cpus, strict=True)
+        )
+        paired = statistics.median(b / c for c, b in zip(cpus[2], cpus[0], strict=True))
+        sub = self.order[:random_count]
+        lit_random = StreamingDataset(str(where))
+        read_random(lit_random, sub[:10])  # opens its chunks
+        m = len(sub)
+        (rnd, rnd_cpu), (rbase, rbase_cpu), (mine, mine_cpu) = timings(
+            [
+                lambda: read_random(lit_random, sub),
+                lambda: pread_in_order(self.concat, sub),
+                lambda: read_random(ds, sub),
+            ],
+            self.repeats,
+        )
+        note = "LitData: litdata.optimize copy of the same images (64 MB chunks, no compression)"
+        return [
+            Row("iterate LitData StreamingDataset (peer), wall", "samples/s", n / lit, n / base,
+                None, note=f"baseline: pread in file order; median of {self.repeats}; {note}"),
+            Row("iterate LitData StreamingDataset (peer), CPU", "samples/s", n / lit_cpu,
+                n / base_cpu, None, note=f"best CPU time of {self.repeats}"),
+            Row("iterate shardex / LitData, same run, wall", "x", lit / own, target=1.0,
+                target_on="value", note="verify=True; median wall of each"),
+            Row("iterate shardex / LitData, same run, CPU", "x", lit_cpu / own_cpu,
+                target=1.0, target_on="value",
+                note=f"verify=True; best CPU of each; paired {paired:.3f}"),
+            Row(f"LitData ds[i] random (peer, {m} samples), wall", "samples/s", m / rnd,
+                m / rbase, None, note=f"baseline: pread of the same {m} images, same order"),
+            Row(f"LitData ds[i] random (peer, {m} samples), CPU", "samples/s", m / rnd_cpu,
+                m / rbase_cpu, None, note=f"best CPU time of {self.repeats}"),
+            Row("ds[i] random shardex / LitData, same run, wall", "x", rnd / mine,
+                note=f"verify=True; CPU {rnd_cpu / mine_cpu:.1f}"),
         ]  # fmt: skip
 
 
@@ -218,6 +314,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size-kb", type=int, default=16, help="mean JPEG size in KB")
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="cache folder")
     p.add_argument("--repeats", type=int, default=9, help="repeats per measure")
+    p.add_argument(
+        "--litdata-random", type=int, default=2000, help="samples of LitData's random ds[i] run"
+    )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     return p.parse_args(argv)
 
@@ -232,16 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     concat = build_concat(folder, count, out_root / "concat.bin")
     export = fresh_export(folder, out_root)
     old = as_format_2(export, out_root)
+    litdata = litdata_copy(concat, count, out_root)
     print(f"load average before: {os.getloadavg()}")
     new_reads = Reads(export, concat, count, args.repeats, f"format {FORMAT_VERSION}")
     rows = new_reads.rows()
-    wall, cpu = (
-        r.value
-        for r in rows
-        if r.name.startswith("iterate (for s in ds), verify=True") and r.unit == "samples/s"
-    )
     rows += Reads(old, concat, count, args.repeats, "format 2").rows()
-    rows += new_reads.peer_rows(wall, cpu)
+    rows += new_reads.peer_rows(litdata, min(args.litdata_random, count))
     print(f"load average after: {os.getloadavg()}")
     print()
     print(render(rows))
