@@ -43,9 +43,9 @@ MAX_PARTS_IN_FLIGHT: Final = 4
 MAX_CONCURRENT_READS: Final = 32
 #: Objects per page of a listing: what one S3 LIST request returns at most.
 _PAGE: Final = 1000
-#: Bytes per chunk of a streamed GET, at most (the caller's chunk size if smaller): a
-#: chunk this small is copied or checked while it is still in the CPU cache of the
-#: thread that assembled it. Streaming shards of 18 MB from SeaweedFS in 256 KiB chunks
+#: Bytes a chunk of a streamed GET holds at least (the caller's chunk size if smaller),
+#: plus what else had arrived (under 1 MiB in all, on SeaweedFS): a chunk this small is
+#: copied or checked while it is still in the CPU cache. Streaming shards of 18 MB from SeaweedFS in 256 KiB chunks
 #: cost the same CPU as one ``get().bytes()`` of each, copies into ``bytes`` included;
 #: 4 MiB chunks cost ~3 us a sample of 19 KB more (bench_s3.py, RESULTS.md).
 STREAM_PIECE: Final = 256 << 10
@@ -227,9 +227,9 @@ class DirectObjectStorage(Storage):
             raise storage_error(exc, where, self._options) from exc
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
-        """The object as a stream: one GET, read as chunks arrive, each of at most about
-        ``min(chunk_size, STREAM_PIECE)`` bytes. Closing the iterator (or dropping it)
-        ends the request.
+        """The object as a stream: one GET, read as chunks arrive, each of at least
+        ``min(chunk_size, STREAM_PIECE)`` bytes (but the last) and what else had arrived.
+        Closing the iterator (or dropping it) ends the request.
 
         No thread reads ahead: while the caller works on a chunk, the kernel's socket
         buffer takes in what follows (Linux grows it to 32 MiB), which the next chunk
