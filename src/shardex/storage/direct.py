@@ -44,10 +44,10 @@ MAX_CONCURRENT_READS: Final = 32
 #: Objects per page of a listing: what one S3 LIST request returns at most.
 _PAGE: Final = 1000
 #: Bytes a chunk of a streamed GET holds at least (the caller's chunk size if smaller),
-#: plus what else had arrived (under 1 MiB in all, on SeaweedFS): a chunk this small is
-#: copied or checked while it is still in the CPU cache. Streaming shards of 18 MB from SeaweedFS in 256 KiB chunks
-#: cost the same CPU as one ``get().bytes()`` of each, copies into ``bytes`` included;
-#: 4 MiB chunks cost ~3 us a sample of 19 KB more (bench_s3.py, RESULTS.md).
+#: plus what else had arrived (up to ~0.8 MiB in all seen on SeaweedFS). Streaming 18 MB
+#: shards in such chunks and copying each into ``bytes`` costs the CPU of one
+#: ``get().bytes()`` per shard; with 4 MiB chunks it cost ~3 us more a sample of 19 KB
+#: (copying a chunk that has left the CPU cache; RESULTS.md, bench_s3.py).
 STREAM_PIECE: Final = 256 << 10
 #: Paths a storage remembers as checked (the shards of a few splits; more are checked
 #: on each read).
