@@ -670,8 +670,8 @@ class ShardDataset(SampleRanges):
 
         Local shards are read sample by sample (the kernel reads ahead); remote shards are
         streamed, one GET per shard, holding one chunk of the stream (256 KiB and what
-        else had arrived, under 1 MiB; 4 MiB through the helper process of a forked
-        worker) and the shard's records and members rows (~0.2 KB a sample).
+        else had arrived, ~1 MiB at most seen; 4 MiB through the helper process of a
+        forked worker) and the shard's records and members rows (~0.2 KB a sample).
         """
         if self._pending:
             self._load_members()
