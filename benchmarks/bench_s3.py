@@ -59,6 +59,7 @@ SPLIT = "train"
 PROCESSES = 4
 THREADS = (1, 4, 16)
 BLOCK = 25  # samples of a block of the 1-thread ds[i] row, read by both back to back
+THREAD_BLOCK = 200  # samples of a block of the n-thread rows, shared by the n threads
 TARGET = 0.9  # main-process reads / raw obstore doing the same requests (issue 19)
 
 Range = tuple[str, int, int]  # (path under the export's prefix, start, length)
@@ -370,12 +371,17 @@ def bench_threads(
     rows = []
     ranges = sample_ranges(ds, order)
     for n in threads:
-        ids, rngs = split_parts(order, n), split_parts(ranges, n)
-        fn: Blocks = [lambda ids=ids: in_threads(lambda p: read_items(ds, p), ids)]
-        base: Blocks = [lambda rngs=rngs: in_threads(lambda p: read_raw(store, p), rngs)]
-        if n == 1:  # blocks of samples, each read by both back to back
-            fn = [lambda b=b: read_items(ds, b) for b in chunked(order, BLOCK)]
-            base = [lambda b=b: read_raw(store, b) for b in chunked(ranges, BLOCK)]
+        # Blocks of samples, each read by both back to back (n threads sharing a block):
+        # whole runs one after the other swung the 16-thread ratio from 0.68 to 1.22
+        # between two runs of the same code; paired blocks read 1.09 at load 32.
+        if n == 1:  # one thread: this one
+            fn: Blocks = [lambda b=b: read_items(ds, b) for b in chunked(order, BLOCK)]
+            base: Blocks = [lambda b=b: read_raw(store, b) for b in chunked(ranges, BLOCK)]
+        else:
+            items = [split_parts(b, n) for b in chunked(order, THREAD_BLOCK)]
+            raws = [split_parts(b, n) for b in chunked(ranges, THREAD_BLOCK)]
+            fn = [lambda ps=ps: in_threads(lambda p: read_items(ds, p), ps) for ps in items]
+            base = [lambda ps=ps: in_threads(lambda p: read_raw(store, p), ps) for ps in raws]
         rows.append(
             rate_row(
                 f"ds[i] random, {mode}, {n} thread{'s' if n > 1 else ''}",

@@ -23,6 +23,7 @@ from conftest import S3Location
 from shardex.errors import ChecksumError, ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
+from shardex.storage.direct import STREAM_PIECE
 from shardex.testing import StorageTests
 from tests.support.interop import read_with_webdataset
 
@@ -174,6 +175,23 @@ def test_a_stream_of_views_is_the_object_in_one_get(s3: S3Location) -> None:
     views = list(storage.iter_views("blob", 64 << 10))
     assert all(isinstance(v, memoryview) and v.readonly for v in views)
     assert b"".join(views) == data == b"".join(storage.iter_chunks("blob", 64 << 10))
+    s3.proxy.wait_idle()
+    assert [(r.method, r.range) for r in s3.proxy.requests] == [("GET", None)] * 2
+
+
+def test_a_stream_holds_small_chunks_in_one_get(s3: S3Location) -> None:
+    """Streams (iteration, verify, tar sources) hold chunks of about STREAM_PIECE, not
+    the 4 MiB asked for: what a reader holds at once, and cheaper to copy."""
+    data = os.urandom(3 << 20)
+    ObjectStorage(s3.url, s3.direct).put("blob", data)
+    storage = ObjectStorage(s3.url, s3.counted)
+    s3.proxy.reset()
+    chunks = list(storage.iter_chunks("blob"))  # asks for 4 MiB chunks
+    views = list(storage.iter_views("blob"))
+    assert b"".join(chunks) == b"".join(views) == data
+    sizes = [len(c) for c in chunks[:-1]] + [len(v) for v in views[:-1]]
+    assert len(sizes) >= 2
+    assert all(STREAM_PIECE <= n < 2 << 20 for n in sizes)
     s3.proxy.wait_idle()
     assert [(r.method, r.range) for r in s3.proxy.requests] == [("GET", None)] * 2
 

@@ -43,6 +43,12 @@ MAX_PARTS_IN_FLIGHT: Final = 4
 MAX_CONCURRENT_READS: Final = 32
 #: Objects per page of a listing: what one S3 LIST request returns at most.
 _PAGE: Final = 1000
+#: Bytes a chunk of a streamed GET holds at least (the caller's chunk size if smaller),
+#: plus what else had arrived (up to ~0.8 MiB in all seen on SeaweedFS). Streaming 18 MB
+#: shards in such chunks and copying each into ``bytes`` costs the CPU of one
+#: ``get().bytes()`` per shard; with 4 MiB chunks it cost ~3 us more a sample of 19 KB
+#: (copying a chunk that has left the CPU cache; RESULTS.md, bench_s3.py).
+STREAM_PIECE: Final = 256 << 10
 #: Paths a storage remembers as checked (the shards of a few splits; more are checked
 #: on each read).
 _CHECKED_PATHS: Final = 4096
@@ -221,8 +227,9 @@ class DirectObjectStorage(Storage):
             raise storage_error(exc, where, self._options) from exc
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
-        """The object as a stream: one GET, read as chunks arrive. Closing the iterator
-        (or dropping it) ends the request.
+        """The object as a stream: one GET, read as chunks arrive, each of at least
+        ``min(chunk_size, STREAM_PIECE)`` bytes (but the last) and what else had arrived.
+        Closing the iterator (or dropping it) ends the request.
 
         No thread reads ahead: while the caller works on a chunk, the kernel's socket
         buffer takes in what follows (Linux grows it to 32 MiB), which the next chunk
@@ -230,6 +237,11 @@ class DirectObjectStorage(Storage):
         0.74-0.88 of whole-shard GETs against 0.87-1.07 without, same runs): each chunk
         it handed over waited for the GIL held by the caller's parsing.
         """
+        return self.stream_chunks(path, min(chunk_size, STREAM_PIECE))
+
+    def stream_chunks(self, path: str, chunk_size: int) -> Iterator[bytes]:
+        """:meth:`iter_chunks` in chunks of at least ``chunk_size`` bytes (but the last):
+        for the helper process, where each chunk is one round trip."""
         checked_path(path, self.uri)
         return self._copies(self._chunks(path, chunk_size))
 
@@ -243,10 +255,9 @@ class DirectObjectStorage(Storage):
 
     def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
         """The stream of :meth:`iter_chunks` as views of obstore's own buffers: no copy
-        (iteration copies each sample out of them, ~1.5 us a sample less than copying
-        each 4 MiB chunk into ``bytes`` first)."""
+        (iteration copies each sample's fields out of them)."""
         checked_path(path, self.uri)
-        return self._chunks(path, chunk_size)
+        return self._chunks(path, min(chunk_size, STREAM_PIECE))
 
     def _chunks(self, path: str, chunk_size: int) -> Iterator[memoryview]:
         try:

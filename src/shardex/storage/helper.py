@@ -159,7 +159,7 @@ class HelperObjectStorage(Storage):
         return self._run(_Direct.get_range_batch, list(requests))  # type: ignore[no-any-return]
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
-        stream = self._run(_Direct.iter_chunks, path, chunk_size, keep=True)
+        stream = self._run(_Direct.stream_chunks, path, chunk_size, keep=True)
         finished = False
         try:
             while (chunk := _helper().call((None, None, _next, (stream,), False))) is not None:

@@ -669,16 +669,16 @@ class ShardDataset(SampleRanges):
         """Samples in shard order.
 
         Local shards are read sample by sample (the kernel reads ahead); remote shards are
-        streamed, one GET per shard, holding about one 4 MiB chunk in memory.
+        streamed, one GET per shard, holding one chunk of the stream (256 KiB and what
+        else had arrived, ~1 MiB at most seen; 4 MiB through the helper process of a
+        forked worker) and the shard's records and members rows (~0.2 KB a sample).
         """
         if self._pending:
             self._load_members()
-        records = self.index.records
         for shard, path in enumerate(self._paths):
             lo, hi = self._first[shard], self._first[shard + 1]
             if self._local[shard] is None:
-                ranges = [(off, length, checksum) for off, checksum, _, length in records(lo, hi)]
-                yield from self._remote_shard(shard, path, ranges, lo)
+                yield from self._remote_shard(shard, path, lo, hi)
                 continue
             try:
                 self._open(shard)
@@ -800,37 +800,45 @@ class ShardDataset(SampleRanges):
         log = logging.getLogger(__name__)
         log.warning("skipped damaged sample %d of split %r: %s", number, self.split, exc)
 
-    def _remote_shard(
-        self, shard: int, path: str, ranges: list[tuple[int, int, int]], first: int
-    ) -> Iterator[Sample]:
-        """Samples of a remote shard from one streamed GET, holding about one chunk."""
+    def _remote_shard(self, shard: int, path: str, first: int, end: int) -> Iterator[Sample]:
+        """Samples ``first`` to ``end`` (excluded) of a remote shard, from one streamed
+        GET, holding about one chunk."""
         chunks = self.storage.iter_views(path, self.stream_chunk_size)
         try:
-            yield from self._samples_of_stream(shard, path, chunks, ranges, first)
+            yield from self._samples_of_stream(shard, path, chunks, first, end)
         finally:  # stopped early: end the request now, not when collected
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
 
     def _samples_of_stream(
-        self,
-        shard: int,
-        path: str,
-        chunks: Iterator[memoryview],
-        ranges: list[tuple[int, int, int]],
-        first: int,
+        self, shard: int, path: str, chunks: Iterator[memoryview], first: int, end: int
     ) -> Iterator[Sample]:
-        """Each sample checked in the stream's own buffer (``chunks``: views, not copies),
-        then copied out once and cut: copying each 4 MiB chunk into ``bytes`` first cost
-        ~1.5 us a sample more (one more pass over memory, the sample cold by its turn)."""
+        """Samples ``first`` to ``end`` (excluded) of a shard's stream (``chunks``: views
+        of the stream's own buffers), in one pass over their records and members rows as
+        :meth:`_mapped_shard` does: each sample checked in place, its row checked, its
+        fields copied straight out of the chunk (one copy a field; copying the sample out
+        first, then its fields out of that, cost ~1.5 us a sample more). A sample that
+        fails a check, or whose row says to parse, is copied out and goes the checked way.
+        """
         window, base, top = memoryview(b""), 0, 0  # window: the shard's bytes [base, top)
-        seed, verify = self._seed, self.verify
-        cut = self._cut if self.members is not None else None
-        for number, (off, length, checksum) in enumerate(ranges, first):
+        seed, verify, decode, inside = self._seed, self.verify, self.decode, self._inside
+        members = self.members
+        # Lists, not the iterators over the index mappings: a struct iterator left in a
+        # frame that an error's traceback keeps alive crashed the garbage collector.
+        records = list(self.index.records(first, end))
+        rows: list[tuple[int, ...] | None] = (
+            list(members.unpacked(first, end)) if members is not None else [None] * len(records)
+        )
+        mraw, msize, columns = self._mraw, self._msize, self._columns
+        at = first * msize + 8 - msize  # the checked part of the row: [at, at + msize - 8)
+        for number, (off, checksum, _, length), row in zip(
+            range(first, end), records, rows, strict=True
+        ):
+            at += msize
             stop = off + length
-            data: bytes | None = None
             if stop <= top:
-                piece = window[off - base : stop - base]
+                buf, start = window, off - base
             else:
                 # The sample runs into the next chunk(s): only its own bytes are joined;
                 # the last chunk becomes the window.
@@ -840,14 +848,14 @@ class ShardDataset(SampleRanges):
                     try:
                         chunk = next(chunks, None)
                     except ObjectNotFoundError as exc:  # a missing shard: all is lost
-                        for lost in range(number, first + len(ranges)):
+                        for lost in range(number, end):
                             self._skip(lost, exc)
                         return
                     if chunk is None:  # a short shard: this sample and the rest are lost
                         short = FormatError(
                             f"{self.storage.join(path)} is shorter than its index says"
                         )
-                        for lost in range(number, first + len(ranges)):
+                        for lost in range(number, end):
                             self._skip(lost, short)
                         return
                     parts.append(chunk)
@@ -855,16 +863,32 @@ class ShardDataset(SampleRanges):
                 window, base = parts[-1], off + have - len(parts[-1])
                 top = base + len(window)
                 parts[-1] = window[: stop - base]
-                data = b"".join(parts)
-                piece = memoryview(data)
+                buf, start = memoryview(b"".join(parts)), 0
             sample: Sample | None = None
-            # the short way (as _local_shard): checked in place, copied out once, cut
-            if cut is not None and (not verify or _xxh3(piece, number * seed) == checksum):
-                sample = cut(piece.tobytes() if data is None else data, 0, number, checksum, length)
-            if sample is None:
+            if (
+                row is not None
+                and row[2] != ABSENT
+                and (
+                    _xxh3(buf[start : start + length], number * seed) == checksum
+                    and _xxh3(mraw[at : at + msize - 8], checksum) == row[0]
+                    if verify
+                    else inside(row, length)
+                )
+            ):
+                sample = {}
+                for name, j in columns:
+                    n = row[j + 1]
+                    if n != ABSENT:
+                        begin = start + row[j]
+                        sample[name] = buf[begin : begin + n].tobytes()
+                if decode:
+                    sample = decode_fields(sample)
+                key_at = start + row[1]
+                sample["__key__"] = str(buf[key_at : key_at + row[2]], "utf-8", "replace")
+            else:
                 try:
-                    buf = piece.tobytes() if data is None else data
-                    sample = self._sample_in(buf, 0, length, checksum, shard, off, number)
+                    data = buf[start : start + length].tobytes()
+                    sample = self._sample_in(data, 0, length, checksum, shard, off, number)
                 except FormatError as exc:
                     self._skip(number, exc)
                     continue
