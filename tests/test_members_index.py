@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
+import sys
 import tarfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -499,3 +502,37 @@ def test_the_writers_rows_equal_the_rows_parsing_gives(
         cells = {e: tuple(want.spans[0, 2 + 2 * c : 4 + 2 * c]) for c, e in enumerate(want.exts)}
         for name in rows.dtype["members"].names:
             assert tuple(row["members"][name]) == cells.get(name, (ABSENT, ABSENT))
+
+
+def test_index_row_iterators_left_in_a_garbage_cycle_do_not_crash_the_process(
+    export: Path,
+) -> None:
+    """Iteration walks a shard's index records and members rows with ``struct.iter_unpack``.
+    Over a slice of the mapped index, such an iterator was the slice's only owner. When it
+    ended up in a reference cycle (a suspended iteration held by a traceback, a frame, a
+    user's container), CPython's collector cleared the slice while the iterator still held
+    its buffer, and the process died with SIGSEGV once the iterator was freed. The rows are
+    now iterated from a copy. A child process, so that the old crash fails only this test."""
+    code = textwrap.dedent(
+        """
+        import gc, sys
+        import shardex
+        ds = shardex.open_dataset(sys.argv[1])
+        n = len(ds)
+        ds[0]  # opens the members index
+        for _ in range(20):
+            for rows in (ds.index.records, ds.members.unpacked):
+                it = rows(0, n)
+                next(it)
+                cycle = [it]
+                cycle.append(cycle)
+                del it, cycle
+                gc.collect()
+        print("read", len(list(ds)), "samples")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(export)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == f"read {len(KEYS)} samples"

@@ -190,8 +190,13 @@ class SplitIndex:
         return RECORD.unpack_from(self._raw, i * 24)
 
     def records(self, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
-        """``(offset, checksum, shard, length)`` of samples ``lo`` to ``hi`` (excluded)."""
-        return RECORD.iter_unpack(self._raw[lo * 24 : hi * 24])
+        """``(offset, checksum, shard, length)`` of samples ``lo`` to ``hi`` (excluded).
+
+        From a copy of the records (24 bytes a sample): an ``iter_unpack`` over a slice of
+        the mapping is that slice's only owner, and CPython's collector, clearing the slice
+        while the iterator holds its buffer (both left in a reference cycle: a suspended
+        iteration kept by a traceback), makes the process crash with SIGSEGV later."""
+        return RECORD.iter_unpack(self._raw[lo * 24 : hi * 24].tobytes())
 
     @property
     def samples(self) -> npt.NDArray[np.void]:
@@ -287,8 +292,10 @@ class MemberIndex:
 
     def unpacked(self, lo: int, hi: int) -> Iterator[tuple[int, ...]]:
         """The rows of samples ``lo`` to ``hi`` (excluded), unpacked as :attr:`unpack`
-        does, in one pass (iteration reads them in order)."""
-        return self.row.iter_unpack(self.raw[lo * self.row_size : hi * self.row_size])
+        does, in one pass (iteration reads them in order). From a copy of the rows, for
+        the reason :meth:`SplitIndex.records` gives."""
+        size = self.row_size
+        return self.row.iter_unpack(self.raw[lo * size : hi * size].tobytes())
 
     @property
     def rows(self) -> npt.NDArray[np.void]:
