@@ -1071,7 +1071,7 @@ def test_tars_whose_copies_do_not_fit_are_fetched_again_after_one_warning(
     assert "set TMPDIR" in message
     assert files_of(tmp_path / "fetched") == files_of(tmp_path / "copied")
     total = sum(len(d) for d in tars.values())
-    assert sum(r.body_bytes for r in s3.proxy.gets()) > 1.99 * total
+    assert sum(r.body_bytes for r in s3.proxy.gets()) > 1.5 * total  # the images again
 
 
 @settings(max_examples=60, deadline=2000)
