@@ -1106,3 +1106,26 @@ def test_a_tar_copy_holds_exactly_the_bytes_put(
         with open(copy.path, "rb") as f:
             kept = f.read()
         assert all(kept[b] == tar[b] for b in held)
+
+
+def test_tars_scanned_by_a_runners_tasks_keep_no_copies(s3: S3Location, tmp_path: Path) -> None:
+    """Within an export's copies, a scan in this process names its copies for the
+    members it read; a scan by a runner's tasks (Ray's, on any node) names the objects
+    only: no task's local file is named where another machine would read it."""
+    from shardex.parallel import Runner
+    from shardex.rows import Members
+
+    _upload(ObjectStorage(s3.child("norunner"), s3.direct), _labelled_tars(2, 6))
+    source = TarSource(s3.child("norunner/"), s3.direct)
+
+    def paths(runner: Runner | None) -> set[str]:
+        with objecttars.copies_kept(tmp_path / f"copies-{runner is None}"):
+            stream = source.stream_on(runner)
+            tables = [batch.table for batch in stream.batches]
+        members = Members.of(pa.concat_tables(tables).column("_members"))
+        return {name.split("://")[0] for name in members.path_names}
+
+    here = paths(None)
+    assert all(p.startswith(str(tmp_path / "copies-True")) for p in here), here
+    with Runner(2) as runner:
+        assert paths(runner) == {"s3"}
