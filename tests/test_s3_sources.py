@@ -1077,7 +1077,7 @@ def test_tars_whose_copies_do_not_fit_are_fetched_again_after_one_warning(
 @settings(max_examples=60, deadline=2000)
 @given(
     puts=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 80)), max_size=12),
-    asks=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 60)), max_size=12),
+    asks=st.lists(st.tuples(st.integers(0, 400), st.integers(1, 60)), max_size=12),
     before=st.integers(0, 400),
 )
 def test_a_tar_copy_holds_exactly_the_bytes_put(
