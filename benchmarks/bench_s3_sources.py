@@ -19,10 +19,12 @@ The outputs are checked equal (the S3-source exports hold the same shards as the
 one). The machine is shared and noisy: compare the ratios, measured in one run.
 
 ``--scan-costs`` measures instead what a tar source on S3 fetches, through a counting
-proxy, for tiny samples (16x16 JPEG + ``.cls``) and ~100 KB images, for both ways of
-scanning headers (:data:`shardex.sources.objecttars.SCAN`: ranged GETs that hop from
-header to header, or one streamed GET per tar): requests and bytes per sample of the scan
-alone and of the whole export.
+proxy, for tiny samples (16x16 JPEG + ``.cls``), ~25 KB and ~100 KB images: the ranged
+scan (GETs that hop from header to header, reading small members through) with and
+without local copies of what it read (:data:`shardex.sources.objecttars.KEEP_COPIES`),
+with members of 16 KiB and more hopped over, and one streamed GET per tar
+(:data:`shardex.sources.objecttars.SCAN`): requests and bytes per sample of the scan
+alone and of the whole export, the scan's and the export's times.
 
 Usage::
 
@@ -97,6 +99,17 @@ def pack_tars(folder: Path, out: Path, per_tar: int) -> Path:
     return out
 
 
+def _digests(out: Path) -> dict[str, str]:
+    """The shard and Parquet files of a local export (name -> blake2b of the bytes)."""
+    import hashlib
+
+    return {
+        p.relative_to(out).as_posix(): hashlib.blake2b(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.suffix in (".tar", ".parquet")
+    }
+
+
 def _jpeg(seed: int, side: int, noise: bool) -> bytes:
     import io
 
@@ -113,10 +126,9 @@ def _jpeg(seed: int, side: int, noise: bool) -> bytes:
     return out.getvalue()
 
 
-def scan_costs(workers: int) -> list[Row]:
-    """Requests and bytes per sample of tar sources on S3, both ways of scanning, and
-    the ranged scan with members of ``READ_THROUGH`` bytes and more hopped over (64 KiB,
-    the default before, down to 4 KiB): fewer bytes fetched twice, more requests."""
+def scan_costs(workers: int, repeats: int = 1) -> list[Row]:
+    """Requests and bytes per sample of tar sources on S3 (see the module docstring);
+    times are the medians of ``repeats`` runs, the ways interleaved."""
     import io
     import tarfile
 
@@ -130,8 +142,13 @@ def scan_costs(workers: int) -> list[Row]:
         "~25 KB JPEG + .cls": (1000, 140, True),
         "~100 KB JPEG + .cls": (400, 280, True),
     }
-    ways = [("ranged", 64 << 10), ("ranged", 16 << 10), ("ranged", 4 << 10), ("stream", 0)]
-    default = objecttars.READ_THROUGH
+    ways = [
+        ("ranged", 64 << 10, False),
+        ("ranged", 64 << 10, True),
+        ("ranged", 16 << 10, True),
+        ("stream", 0, False),
+    ]
+    default, keep = objecttars.READ_THROUGH, objecttars.KEEP_COPIES
     rows: list[Row] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-tar-scan-"))
     try:
@@ -164,35 +181,52 @@ def scan_costs(workers: int) -> list[Row]:
                     store.put(name, data)
                 total = sum(len(d) for d in tars.values())
                 mean = sum(len(i) for i in images) / len(images)
-                for way, through in ways:
-                    objecttars.SCAN = way  # type: ignore[assignment]
-                    objecttars.READ_THROUGH = through  # type: ignore[misc]
-                    proxy.reset()
-                    t0 = time.perf_counter()
-                    list(TarSource(prefix + "/", counted).stream().batches)
-                    took = time.perf_counter() - t0
-                    scan = proxy.gets()
-                    proxy.reset()
-                    out = scratch / f"{side}-{way}-{through}"
-                    shardex.export(
-                        prefix + "/", out, workers=workers, source_storage_options=counted
-                    )
-                    every = proxy.gets()
+                times: dict[int, tuple[list[float], list[float]]] = {
+                    w: ([], []) for w in range(len(ways))
+                }
+                got_scan: dict[int, list[Any]] = {}
+                got_export: dict[int, list[Any]] = {}
+                shards: dict[int, dict[str, int]] = {}
+                for repeat in range(repeats):
+                    for w, (way, through, copies) in enumerate(ways):
+                        objecttars.SCAN = way  # type: ignore[assignment]
+                        objecttars.READ_THROUGH = through  # type: ignore[misc]
+                        objecttars.KEEP_COPIES = copies
+                        proxy.reset()
+                        t0 = time.perf_counter()
+                        list(TarSource(prefix + "/", counted).stream().batches)
+                        times[w][0].append(time.perf_counter() - t0)
+                        got_scan[w] = proxy.gets()
+                        proxy.reset()
+                        out = scratch / f"{side}-{w}-{repeat}"
+                        t0 = time.perf_counter()
+                        shardex.export(
+                            prefix + "/", out, workers=workers, source_storage_options=counted
+                        )
+                        times[w][1].append(time.perf_counter() - t0)
+                        got_export[w] = proxy.gets()
+                        shards[w] = _digests(out)
+                        shutil.rmtree(out)
+                assert all(s == shards[0] for s in shards.values()), "the exports differ"
+                for w, (way, through, copies) in enumerate(ways):
                     name = f"{way} scan" + (f", hop >= {through >> 10} KiB" if through else "")
-                    for what, got in (("scan", scan), ("export", every)):
+                    name += ", copies kept" if copies else ""
+                    scan_s, export_s = (sorted(t)[len(t) // 2] for t in times[w])
+                    for what, got in (("scan", got_scan[w]), ("export", got_export[w])):
                         fetched = sum(r.body_bytes for r in got)
+                        took = scan_s if what == "scan" else export_s
                         rows.append(
                             Row(
                                 f"{case} (mean {mean / 1024:.1f} KiB), {name}: {what}",
                                 "requests/sample",
                                 len(got) / count,
                                 note=f"{fetched / count:,.0f} B/sample fetched, "
-                                f"{fetched / total:.2f}x the tars' bytes"
-                                + (f"; scan {took:.2f} s" if what == "scan" else ""),
+                                f"{fetched / total:.2f}x the tars' bytes; {what} {took:.2f} s",
                             )
                         )
             objecttars.SCAN = "ranged"
             objecttars.READ_THROUGH = default  # type: ignore[misc]
+            objecttars.KEEP_COPIES = keep
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows
@@ -317,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             write_json(args.json, rows)
         return 0
     if args.scan_costs:
-        costs = scan_costs(args.workers)
+        costs = scan_costs(args.workers, args.repeats)
         print(render(costs))
+        print(f"load average: {os.getloadavg()}")
         if args.json:
             write_json(args.json, costs)
         return 0

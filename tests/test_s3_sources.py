@@ -8,6 +8,7 @@ source's URI). Requests are counted by the transparent proxy in front of the ser
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import pickle
@@ -15,8 +16,10 @@ import re
 import shlex
 import socket
 import tarfile
+import tempfile
 import time
-from collections import Counter
+import warnings
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,12 +30,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import shardex
 from conftest import S3Location
 from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree, peak_rss_kb
 from shardex.cli import main
-from shardex.errors import BadSampleError, ConfigError, StorageError
+from shardex.errors import BadSampleError, ConfigError, RefetchWarning, StorageError
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
 from shardex.sources.base import SampleStream, ScanBatch
 from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
@@ -856,10 +861,11 @@ def test_exporting_tars_on_s3_holds_memory_flat_whatever_their_size(
 
 
 def test_an_export_of_tars_on_s3_killed_while_writing_resumes_to_the_same_bytes(
-    s3: S3Location, tmp_path: Path
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGKILL once shards are being written, then ``mode="resume"``: the output equals
-    an uninterrupted export's, file for file."""
+    """SIGKILL once shards are being written (from the scan's copies of the tars), then
+    ``mode="resume"``: the output equals an uninterrupted export's, file for file, and
+    the killed run's copies are gone."""
     _upload(ObjectStorage(s3.child("kill"), s3.direct), _labelled_tars(4, 300))
     source = s3.child("kill/")
     clean, killed = tmp_path / "clean", tmp_path / "killed"
@@ -870,8 +876,17 @@ def test_an_export_of_tars_on_s3_killed_while_writing_resumes_to_the_same_bytes(
         "shardex.export(sys.argv[1], sys.argv[2], samples_per_shard=10, workers=2,\n"
         "               source_storage_options=json.loads(sys.argv[3]))"
     )
+    # the export's scratch (with the copies of what its scan read) where it can be seen
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     kill_once_shards_appear(code, [source, str(killed), json.dumps(s3.direct)], killed)
+    left = list(tmp.glob("shardex-export-*/tars/*.tar"))
+    assert left, "the killed export kept no copy of its tars"
     shardex.export(source, killed, source_storage_options=s3.direct, mode="resume", **opts)
+    # the killed run's scratch (copies and all) removed, the resume's too
+    assert not list(tmp.glob("*shardex-export-*"))
     lock = ".shardex-lock"
     assert {n: d for n, d in files_of(killed).items() if n != lock} == {
         n: d for n, d in files_of(clean).items() if n != lock
@@ -965,3 +980,152 @@ def test_a_storage_failure_mid_scan_fails_the_export_not_marks_the_tar_damaged(
     with pytest.raises(StorageError, match="access denied"):
         shardex.export(TarSource(str(tmp_path)), tmp_path / "out", on_error=on_error)
     assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+def _once_each(gets: list[RequestRecord], tars: dict[str, bytes]) -> None:
+    """Every byte of every tar was fetched by exactly one of ``gets`` (ranged GETs)."""
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for record, span in zip(gets, _ranges(gets), strict=True):
+        assert record.status == 206, record
+        spans[record.key.rsplit("/", 1)[-1]].append(span)
+    assert sorted(spans) == sorted(tars)
+    for name, data in tars.items():
+        got = sorted(spans[name])
+        assert got[0][0] == 0, (name, got[0])
+        assert got[-1][1] == len(data), (name, got[-1])
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(got)), name  # no gap, no overlap
+
+
+def _small_tars(kind: str) -> dict[str, bytes]:
+    """Three tars of 40 samples: ``tiny`` (a JPEG of ~0.7 KB), ``25 KB`` JPEGs, or
+    ``mixed`` (~100 KB JPEGs, hopped over by the scan, between tiny ones)."""
+
+    def image(i: int) -> bytes:
+        if kind == "tiny":
+            return image_bytes(i)
+        if kind == "25 KB":
+            return _noise_jpeg(i, side=140)
+        return _noise_jpeg(i) if i % 4 == 0 else image_bytes(i)
+
+    return {
+        f"part-{t}.tar": _tar([(f"s{t}_{i:03d}", image(t * 40 + i), i % 3) for i in range(40)])
+        for t in range(3)
+    }
+
+
+@pytest.mark.parametrize("kind", ["tiny", "25 KB", "mixed"])
+def test_small_members_of_tars_on_s3_are_fetched_once(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Tars of small samples, which the scan reads through: each byte of the tars is
+    fetched once (the shards are written from the scan's copies on local scratch), the
+    export equals the local tars' export and the export that fetched the members again
+    (2x the bytes). Members the scan hops over (``mixed``) are fetched by the shards."""
+    tars = _small_tars(kind)
+    total = sum(len(d) for d in tars.values())
+    (tmp_path / "src").mkdir()
+    for name, data in tars.items():
+        (tmp_path / "src" / name).write_bytes(data)
+    prefix = f"once-{kind.replace(' ', '')}"
+    _upload(ObjectStorage(s3.child(prefix), s3.direct), tars)
+    source = s3.child(f"{prefix}/")
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **OPTS)  # type: ignore[arg-type]
+    s3.proxy.reset()
+    shardex.export(source, tmp_path / "once", source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
+    _same_export(tmp_path / "local", tmp_path / "once", source)
+    gets = s3.proxy.gets()
+    once = sum(r.body_bytes for r in gets)
+    if kind == "mixed":  # what the scan read of a member it then hopped over (4 KiB after
+        # its header, or as far as its window had grown) is fetched again by the shard
+        assert total < once < 1.2 * total
+    else:
+        _once_each(gets, tars)
+    monkeypatch.setattr(objecttars, "KEEP_COPIES", False)  # the path before: no copies
+    s3.proxy.reset()
+    shardex.export(source, tmp_path / "twice", source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
+    assert files_of(tmp_path / "twice") == files_of(tmp_path / "once")
+    again = sum(r.body_bytes for r in s3.proxy.gets())
+    # the tiny samples (their images and the headers between them), fetched again: 8%
+    assert again > (once + 0.05 * total if kind == "mixed" else 1.5 * total)
+
+
+def test_tars_whose_copies_do_not_fit_are_fetched_again_after_one_warning(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scratch folder without room for the tars' copies: one warning line naming the
+    tar and the folder, then the members are fetched again; the same export."""
+    tars = _small_tars("tiny")
+    _upload(ObjectStorage(s3.child("nocopy"), s3.direct), tars)
+    source = s3.child("nocopy/")
+    shardex.export(source, tmp_path / "copied", source_storage_options=s3.direct, **OPTS)  # type: ignore[arg-type]
+    monkeypatch.setattr(objecttars, "COPY_RESERVE", 1 << 62)  # more than any disk holds
+    s3.proxy.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shardex.export(source, tmp_path / "fetched", source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
+    said = [w for w in caught if issubclass(w.category, RefetchWarning)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    message = str(said[0].message)
+    assert "\n" not in message
+    assert "no room for a copy of tar 's3://" in message
+    assert "set TMPDIR" in message
+    assert files_of(tmp_path / "fetched") == files_of(tmp_path / "copied")
+    total = sum(len(d) for d in tars.values())
+    assert sum(r.body_bytes for r in s3.proxy.gets()) > 1.5 * total  # the images again
+
+
+@settings(max_examples=60, deadline=2000)
+@given(
+    puts=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 80)), max_size=12),
+    asks=st.lists(st.tuples(st.integers(0, 400), st.integers(1, 60)), max_size=12),
+    before=st.integers(0, 400),
+)
+def test_a_tar_copy_holds_exactly_the_bytes_put(
+    puts: list[tuple[int, int]], asks: list[tuple[int, int]], before: int
+) -> None:
+    """A copy says it holds a range only when every byte of it was put, and then holds
+    those bytes; ranges forgotten are only those that end before the point given."""
+    with tempfile.TemporaryDirectory() as folder:
+        copies = objecttars.TarCopies(Path(folder))
+        copy = copies.start("s3://b/t.tar", 400)
+        assert copy is not None
+        tar = bytes(i % 251 for i in range(400))
+        held: set[int] = set()
+        for start, length in puts:
+            copy.put(start, tar[start : start + length])
+            held.update(range(start, min(start + length, 400)))
+        copy.used = True
+        copy.forget(before)
+        for offset, size in asks:
+            whole = all(b in held for b in range(offset, offset + size)) and offset + size <= 400
+            if offset >= before:
+                assert copy.holds(offset, size) == whole, (offset, size)
+            elif copy.holds(offset, size):
+                assert whole
+        copy.close()
+        with open(copy.path, "rb") as f:
+            kept = f.read()
+        assert all(kept[b] == tar[b] for b in held)
+
+
+def test_tars_scanned_by_a_runners_tasks_keep_no_copies(s3: S3Location, tmp_path: Path) -> None:
+    """Within an export's copies, a scan in this process names its copies for the
+    members it read; a scan by a runner's tasks (Ray's, on any node) names the objects
+    only: no task's local file is named where another machine would read it."""
+    from shardex.parallel import Runner
+    from shardex.rows import Members
+
+    _upload(ObjectStorage(s3.child("norunner"), s3.direct), _labelled_tars(2, 6))
+    source = TarSource(s3.child("norunner/"), s3.direct)
+
+    def paths(runner: Runner | None) -> set[str]:
+        with objecttars.copies_kept(tmp_path / f"copies-{runner is None}"):
+            stream = source.stream_on(runner)
+            tables = [batch.table for batch in stream.batches]
+        members = Members.of(pa.concat_tables(tables).column("_members"))
+        return {name.split("://")[0] for name in members.path_names}
+
+    here = paths(None)
+    assert all(p.startswith(str(tmp_path / "copies-True")) for p in here), here
+    with Runner(2) as runner:
+        assert paths(runner) == {"s3"}

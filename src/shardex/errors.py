@@ -32,7 +32,8 @@ can catch either. Third-party errors are mapped once, where they enter (``raise 
 Warnings::
 
     ShardexWarning(UserWarning)
-    └── ParallelismWarning(ShardexWarning)               work ran in one process, not workers
+    ├── ParallelismWarning(ShardexWarning)               work ran in one process, not workers
+    └── RefetchWarning(ShardexWarning)                   source bytes read once are fetched again
 """
 
 from __future__ import annotations
@@ -153,3 +154,8 @@ class ShardexWarning(UserWarning):
 
 class ParallelismWarning(ShardexWarning):
     """Work meant for worker processes ran in the calling process (the message says why)."""
+
+
+class RefetchWarning(ShardexWarning):
+    """Bytes of a source on object storage that the scan read are fetched again when
+    written (the export's scratch could not keep a copy of them; the message says where)."""

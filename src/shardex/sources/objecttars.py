@@ -10,14 +10,36 @@ tiny members) the window doubles at each read, up to :data:`MAX_WINDOW` (2 MiB):
 through in few requests, as a stream would read it. Members are kept as references
 (object URL, offset, size): their bytes are fetched when the shards are written, by the
 workers writing them (see :mod:`shardex.sources.remote`), never held by the scan.
+
+What the scan reads through (the members of a tar of small samples) would then be
+fetched twice. An export whose shards are written on this machine keeps instead a copy
+of every byte the scan fetched, at its place in a sparse file on the export's local
+scratch (:class:`TarCopies`, made by :func:`copies_kept`): a member whose bytes are all
+in the copy names the copy, and its shard reads it from there; one the scan hopped over
+names the object, fetched by its shard. A copy takes its tar's size from the scratch's
+free space before the scan starts it (leaving :data:`COPY_RESERVE` free); a tar that
+does not fit is not copied (its members are fetched again, after one
+:class:`~shardex.errors.RefetchWarning`). Copies go with the scratch folder when the
+export ends (or, killed, when the next export starts).
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import contextvars
 import fnmatch
+import itertools
+import os
+import shutil
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final, Literal
 
-from shardex.errors import EmptySourceError, SourceNotFoundError
+from shardex.errors import EmptySourceError, RefetchWarning, SourceNotFoundError
+from shardex.quoting import quoted
 from shardex.storage import Storage, open_storage
 
 _GLOB: Final = "*?["
@@ -33,6 +55,151 @@ READ_THROUGH: Final = 64 << 10
 #: back at most a block or two (to where the previous member's data ended).
 _LOOKBACK: Final = 1 << 16
 _TRIM: Final = 4 << 20
+#: Free space a scratch folder keeps that tar copies never take (the spills, the key
+#: and index runs of the export need some; other programs too).
+COPY_RESERVE: Final = 1 << 30
+#: Whether an export keeps copies of what the scan read (benchmarks compare both).
+KEEP_COPIES = True
+
+
+class TarCopies:
+    """Copies of what tar scans read, in a folder of an export's local scratch (see the
+    module docstring); shared by the threads that scan."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()
+        self._numbers = itertools.count()
+        self._pending = 0  # bytes claimed by copies being written
+        self._warned = False
+        #: Bytes the copies hold, and tars not copied for want of space.
+        self.kept = 0
+        self.refused = 0
+
+    def start(self, url: str, size: int) -> TarCopy | None:
+        """A new copy of the tar at ``url`` (``size`` bytes), or None when the scratch
+        cannot take it (said once per export)."""
+        with self._lock:
+            free = _free_space(self.folder) - self._pending
+            if free - size < COPY_RESERVE:
+                self.refused += 1
+                self._warn(url, size, free)
+                return None
+            self._pending += size
+            path = self.folder / f"{next(self._numbers):08d}.tar"
+        try:
+            return TarCopy(self, path, size)
+        except OSError as exc:
+            self.done(size, 0)
+            with self._lock:
+                self.refused += 1
+                self._warn(url, size, free, exc.strerror)
+            return None
+
+    def done(self, claimed: int, kept: int) -> None:
+        """A copy that claimed ``claimed`` bytes is complete, holding ``kept`` (or gone)."""
+        with self._lock:
+            self._pending -= claimed
+            self.kept += kept
+
+    def _warn(self, url: str, size: int, free: int, why: str | None = None) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        reason = why or f"{max(free, 0):,} bytes free, {COPY_RESERVE:,} kept free"
+        warnings.warn(
+            f"no room for a copy of tar {quoted(url)} ({size:,} bytes) in the export's "
+            f"scratch folder {quoted(str(self.folder))} ({reason}): the members this and "
+            "other such tars' scan read are fetched again when their shards are written; "
+            "set TMPDIR to a local folder with more free space to fetch them once",
+            RefetchWarning,
+            stacklevel=2,
+        )
+
+
+def _free_space(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
+
+class TarCopy:
+    """One tar's copy: a sparse file holding, at their places, the bytes fetched (the
+    ranges held are known: a member is read from the copy only if all its bytes are)."""
+
+    def __init__(self, copies: TarCopies, path: Path, size: int) -> None:
+        self._copies, self.path, self._size = copies, path, size
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._starts: list[int] = []  # the ranges held: [start, end), sorted, apart
+        self._ends: list[int] = []
+        self.used = False  # whether a member names the copy
+
+    def put(self, start: int, data: bytes) -> None:
+        """Keep ``data``, bytes ``start`` on of the tar (a failed write: not kept)."""
+        if self._fd is None or not data:
+            return
+        try:
+            os.pwrite(self._fd, data, start)
+        except OSError:
+            return  # a full disk: these bytes are fetched again by the shard
+        self._add(start, start + len(data))
+
+    def _add(self, start: int, end: int) -> None:
+        i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after
+        j = bisect.bisect_right(self._starts, end)  # past the last that starts at or before
+        if i < j:
+            start, end = min(start, self._starts[i]), max(end, self._ends[j - 1])
+        self._starts[i:j], self._ends[i:j] = [start], [end]
+
+    def holds(self, offset: int, size: int) -> bool:
+        """Whether bytes ``[offset, offset + size)`` of the tar are in the copy."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return i >= 0 and offset + size <= self._ends[i]
+
+    def forget(self, before: int) -> None:
+        """Ranges that end before ``before`` will not be asked about again: dropped."""
+        i = bisect.bisect_right(self._ends, before)
+        if i > 1:  # the last one kept: a member's bytes may start in it
+            del self._starts[: i - 1], self._ends[: i - 1]
+
+    def close(self) -> None:
+        """The copy complete (removed if no member names it)."""
+        if self._fd is None:
+            return
+        os.close(self._fd)
+        self._fd = None
+        kept = 0
+        if self.used:
+            kept = os.stat(self.path).st_blocks * 512  # what the sparse file takes
+        else:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        self._copies.done(self._size, kept)
+
+
+_COPIES: contextvars.ContextVar[TarCopies | None] = contextvars.ContextVar(
+    "shardex_tar_copies", default=None
+)
+
+
+@contextlib.contextmanager
+def copies_kept(folder: Path) -> Iterator[TarCopies]:
+    """Tar sources on object storage opened in this context (their tars listed) keep
+    copies of what their scans read under ``folder`` (see the module docstring): for an
+    export whose shards are written by processes that see this machine's disk."""
+    folder.mkdir(exist_ok=True)
+    copies = TarCopies(folder)
+    token = _COPIES.set(copies if KEEP_COPIES else None)
+    try:
+        yield copies
+    finally:
+        _COPIES.reset(token)
+
+
+def kept_copies() -> TarCopies | None:
+    """The copies of the :func:`copies_kept` this context is in, if any."""
+    return _COPIES.get()
 
 
 class RangedTar:
@@ -41,8 +208,9 @@ class RangedTar:
     bytes held are the last window, at most :data:`MAX_WINDOW` (or one member read
     whole: a ``.json``). ``requests`` and ``fetched`` count what it asked for."""
 
-    def __init__(self, storage: Storage, path: str, size: int) -> None:
+    def __init__(self, storage: Storage, path: str, size: int, copy: TarCopy | None = None) -> None:
         self._storage, self._path, self._size = storage, path, size
+        self.copy = copy
         self._buf = b""
         self._start = 0  # the tar offset of _buf[0]
         self._pos = 0
@@ -88,10 +256,14 @@ class RangedTar:
         self.requests += 1
         data = self._storage.get_range(self._path, start, length)
         self.fetched += len(data)
+        if self.copy is not None:
+            self.copy.put(start, data)
         return data
 
     def close(self) -> None:
         self._buf = b""
+        if self.copy is not None:
+            self.copy.close()
 
 
 class TarStream:
@@ -143,11 +315,15 @@ class TarStream:
 SCAN: Literal["ranged", "stream"] = "ranged"
 
 
-def open_object_tar(storage: Storage, path: str, size: int) -> RangedTar | TarStream:
-    """The tar at ``path`` as a file to scan (see :data:`SCAN`)."""
+def open_object_tar(
+    storage: Storage, path: str, size: int, copies: TarCopies | None = None
+) -> RangedTar | TarStream:
+    """The tar at ``path`` as a file to scan (see :data:`SCAN`), what it reads kept in a
+    new copy among ``copies`` if they have room."""
     if SCAN == "stream":
         return TarStream(storage, path, size)
-    return RangedTar(storage, path, size)
+    copy = copies.start(storage.join(path), size) if copies is not None else None
+    return RangedTar(storage, path, size, copy)
 
 
 def _matches(path: str, pattern: str) -> bool:

@@ -26,6 +26,7 @@ invalid (``_invalid``), so the export refuses it, or skips it and records it in
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import posixpath
@@ -64,7 +65,14 @@ from shardex.sources.base import (
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
-from shardex.sources.objecttars import object_tars, open_object_tar
+from shardex.sources.objecttars import (
+    RangedTar,
+    TarCopies,
+    TarCopy,
+    kept_copies,
+    object_tars,
+    open_object_tar,
+)
 from shardex.sources.remote import is_url, register
 from shardex.storage import Storage
 
@@ -101,9 +109,10 @@ class _Sample:
     """The sample being read: consecutive members with one key."""
 
     key: str
-    #: its members: (extension, data offset, size, bytes) in its tar (bytes None: they
-    #: stay in the tar, read when the shard is written; a scan never holds them)
-    members: list[tuple[str, int, int, bytes | None]] = field(default_factory=list)
+    #: its members: (extension, data offset, size, copy) in its tar: their bytes stay in
+    #: the tar, read when the shard is written (a scan never holds them), or in a local
+    #: copy of what the scan read of a tar on object storage (``copy``: its path)
+    members: list[tuple[str, int, int, str | None]] = field(default_factory=list)
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
@@ -139,7 +148,6 @@ class _Batcher:
         self.path: list[str | None] = []
         self.offset: list[int] = []
         self.size: list[int] = []
-        self.data: list[bytes | None] = []
         self.labels: list[int | None] = []
         self.meta: list[dict[str, Any]] = []
         self.invalid: list[str | None] = []
@@ -147,12 +155,11 @@ class _Batcher:
     def add(self, sample: _Sample, path: str, original: str, key_prefix: str) -> None:
         self.keys.append(safe_key(key_prefix + sample.key))
         self.originals.append(original)
-        for ext, offset, size, data in sample.members:
+        for ext, offset, size, copy in sample.members:
             self.ext.append(ext)
             self.offset.append(offset)
             self.size.append(size)
-            self.data.append(data)
-            self.path.append(path if data is None else None)
+            self.path.append(copy or path)
         self.offsets.append(len(self.ext))
         self.labels.append(sample.label)
         # an unusable sample's fields are not kept: they must not shape the schema
@@ -188,7 +195,7 @@ class _Batcher:
                 self.path,
                 self.offset,
                 self.size,
-                self.data if any(d is not None for d in self.data) else None,
+                None,
             ),
             labels=self.labels if self.with_label else None,
             metadata=meta,
@@ -203,12 +210,14 @@ class TarRef:
     """One tar of a source: a local file (``storage`` None, ``path`` absolute) or an
     object (``path`` below the ``storage``'s root), ``size`` bytes, named ``rel`` in
     its samples' ``original_path``. Pickles (with its storage's options) to the process
-    that scans it."""
+    that scans it; ``copies``: where a scan in this process keeps what it reads (see
+    :mod:`shardex.sources.objecttars`; never for a scan by a remote task)."""
 
     path: str
     rel: str
     size: int
     storage: Storage | None = None
+    copies: TarCopies | None = None
 
     @property
     def where(self) -> str:
@@ -231,7 +240,7 @@ def tar_samples(tar: TarRef) -> Iterator[_Sample]:
         except OSError as exc:
             raise SourceError(f"cannot read tar {where!r}: {exc.strerror}") from exc
     else:
-        raw = cast("IO[bytes]", open_object_tar(tar.storage, tar.path, tar.size))
+        raw = cast("IO[bytes]", open_object_tar(tar.storage, tar.path, tar.size, tar.copies))
     try:
         # tarfile seeks to each header itself, so the member reads may share the file
         try:
@@ -243,9 +252,24 @@ def tar_samples(tar: TarRef) -> Iterator[_Sample]:
                 f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
             ) from exc
         size = os.fstat(raw.fileno()).st_size if tar.storage is None else tar.size
-        yield from scan_members(tf, raw, rel=tar.rel, size=size)
+        copy = raw.copy if isinstance(raw, RangedTar) else None
+        for sample in scan_members(tf, raw, rel=tar.rel, size=size):
+            yield sample if copy is None else _in_copy(sample, copy)
     finally:
         raw.close()
+
+
+def _in_copy(sample: _Sample, copy: TarCopy) -> _Sample:
+    """The sample, its members whose bytes the scan read named in the tar's copy (the
+    scan is past them: it has read the next sample's header, or the tar's end)."""
+    members = sample.members
+    for i, (ext, offset, size, _) in enumerate(members):
+        if copy.holds(offset, size):
+            members[i] = (ext, offset, size, str(copy.path))
+            copy.used = True
+    if members:
+        copy.forget(members[-1][1] + members[-1][2])
+    return sample
 
 
 def tar_sample_list(tar: TarRef) -> tuple[TarRef, list[_Sample]]:
@@ -424,7 +448,8 @@ class TarSource(Source):
         the tar's sample references; the batches are the same whatever the runner.
         Without one, tars on object storage are scanned by threads, a few ahead."""
         tars = self._tars()
-        if runner is not None:
+        if runner is not None:  # its tasks may run on other machines: no local copies
+            tars = [dataclasses.replace(tar, copies=None) for tar in tars]
             scanned: Iterator[tuple[TarRef, Iterable[_Sample]]] = runner.imap(tar_sample_list, tars)
         elif tars[0].storage is not None:
             scanned = _scanned_ahead(tars, SCAN_THREADS)
@@ -443,8 +468,9 @@ class TarSource(Source):
         register(storage)
         parents = [posixpath.dirname(p) for p, _ in found]
         base = posixpath.commonpath(parents) if all(parents) else ""
+        copies = kept_copies()
         return [
-            TarRef(path, posixpath.relpath(path, base) if base else path, size, storage)
+            TarRef(path, posixpath.relpath(path, base) if base else path, size, storage, copies)
             for path, size in found
         ]
 
