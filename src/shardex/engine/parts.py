@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import secrets
 import zipfile
 from collections import deque
@@ -30,20 +29,10 @@ import pyarrow as pa
 
 from shardex.contract import ExportConfig
 from shardex.engine.commit import MetadataSink, old_metadata
-from shardex.engine.output import STAGING
+from shardex.engine.output import STAGED_PART, STAGED_ROWS, STAGING
 from shardex.errors import ExportError, FormatError
 from shardex.storage import Storage
 
-#: A staged part, or its temporary file while it is written (a local output's).
-STAGED_PART: Final = re.compile(
-    re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
-)
-#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
-#: temporary file while it writes it.
-STAGED_ROWS: Final = re.compile(
-    re.escape(STAGING)
-    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
-)
 _TABLE: Final = "table"
 #: Parts deleted at once when a run's staging goes.
 _DELETES: Final = 16
