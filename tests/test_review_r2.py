@@ -4,13 +4,17 @@ address where something other than Ray answers."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import shardex
 from helpers import files_of, make_tree
-from shardex.errors import OutputExistsError
+from shardex.engine.parts import MetadataJob, new_staging, put_part, write_metadata
+from shardex.errors import ExportError, OutputExistsError
+from shardex.storage import open_storage
 
 RELS = [
     f"{split}/{cls}/img{i:02d}.jpg" for split in ("train", "val") for cls in "ab" for i in range(3)
@@ -87,3 +91,22 @@ def test_a_users_staging_folder_beside_an_export_survives_an_overwrite(
     with pytest.raises(OutputExistsError, match="shardex-staging"):
         shardex.export(src, out, samples_per_shard=4, workers=1, mode="overwrite")
     assert mine.read_bytes() == b"mine"
+
+
+# -- 3. the threads of a failed merge ----------------------------------------------------
+
+
+def test_a_failed_merge_leaves_no_thread_behind_while_its_error_is_held(tmp_path: Path) -> None:
+    """A merge that fails part-way (the rows' columns differ) raises; the caller holds the
+    error (its traceback holds the merge's frame): no reading thread may stay alive."""
+    storage = open_storage(tmp_path / "out")
+    staging = new_staging()
+    names = [put_part(storage, staging, pa.table({"k": [i]}), {}) for i in range(9)]
+    names.insert(2, put_part(storage, staging, pa.table({"k": ["text"]}), {}))
+    before = set(threading.enumerate())
+    job = MetadataJob(storage, "metadata.parquet", tuple(("part", n) for n in names))
+    with pytest.raises(ExportError, match="columns differ") as failed:
+        write_metadata(job)
+    assert failed.value.__traceback__ is not None  # held, frames and all
+    assert [t.name for t in threading.enumerate() if t not in before] == []
+    assert not (tmp_path / "out" / "metadata.parquet").exists()
