@@ -4,8 +4,10 @@ address where something other than Ray answers."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -110,3 +112,14 @@ def test_a_failed_merge_leaves_no_thread_behind_while_its_error_is_held(tmp_path
     assert failed.value.__traceback__ is not None  # held, frames and all
     assert [t.name for t in threading.enumerate() if t not in before] == []
     assert not (tmp_path / "out" / "metadata.parquet").exists()
+
+
+def test_a_users_own_staging_folder_on_object_storage_is_foreign(tmp_path: Path, s3: Any) -> None:
+    make_tree(tmp_path / "src", RELS)
+    out = open_storage(s3.child("out"), s3.direct)
+    name = ".shardex-staging/0123456789ab/notes.txt"  # a run's folder, not a name it stages
+    out.put(name, b"mine")
+    with pytest.raises(OutputExistsError, match=re.escape(repr(name))):
+        shardex.export(tmp_path / "src", s3.child("out"), storage_options=s3.direct, workers=1)
+    assert list(out.list()) == [name]
+    assert out.get(name) == b"mine"

@@ -79,16 +79,6 @@ def is_staged(path: str) -> bool:
     return STAGED_PART.fullmatch(path) is not None or STAGED_ROWS.fullmatch(path) is not None
 
 
-def _not_our_staging(storage: Storage) -> list[str]:
-    """The files under :data:`STAGING` that our staging layout does not name: a user's
-    own folder of that name, foreign to an export (and never deleted by one)."""
-    root = storage.local_path(STAGING.rstrip("/"))
-    if root is not None and not root.is_dir():  # every export asks: no walk of the output
-        return []
-    staged = (*storage.list(STAGING), *storage.leftovers())
-    return [p for p in staged if p.startswith(STAGING) and not is_staged(p)]
-
-
 def check_root(storage: Storage) -> None:
     root = storage.local_path("")
     if root is not None:
@@ -105,15 +95,16 @@ def check_output(storage: Storage, mode: Mode) -> list[str]:
     a foreign file, never deleted. An export at work in a folder inside the output holds
     its own lock and intent files there, which are foreign here: the output is refused
     before any of its temporary files could be deleted."""
-    existing = [p for p in storage.list() if p != LOCK_FILE and not p.startswith(STAGING)]
-    leftovers = {
-        p: temporary_target(p) or p for p in storage.leftovers() if not p.startswith(STAGING)
-    }
+    listed = [p for p in storage.list() if p != LOCK_FILE]
+    temporary = storage.leftovers()
+    existing = [p for p in listed if not p.startswith(STAGING)]
+    leftovers = {p: temporary_target(p) or p for p in temporary if not p.startswith(STAGING)}
     foreign = set(foreign_files(storage, [*existing, *leftovers.values()]))
     found = [
         *(p for p in existing if p in foreign),
         *(p for p, target in leftovers.items() if target in foreign),
-        *_not_our_staging(storage),
+        # a user's own folder named like our staging: what no run stages there is theirs
+        *(p for p in (*listed, *temporary) if p.startswith(STAGING) and not is_staged(p)),
     ]
     if found:
         raise OutputExistsError(
