@@ -391,3 +391,102 @@ def test_a_killed_export_leaves_no_staging_behind_once_another_export_runs(
     if s3 is None:
         assert not [p for p in local.rglob("*") if ".tmp-" in p.name]
     assert shardex.verify(out, storage_options=options or None).ok
+
+
+_READ = """
+import json, sys
+import shardex
+ds = shardex.open_dataset(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+print(sorted(sample["__key__"] for sample in ds))
+"""
+
+
+_KEYS: Final = str([f"k{i}" for i in range(8)])
+
+
+def _reader(url: str, options: dict[str, Any], cache: Path) -> Any:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SHARDEX_CACHE_DIR": str(cache)}
+    command = [sys.executable, "-c", _READ, url, json.dumps(options)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def _downloads(cache: Path) -> list[str]:
+    """What the cache holds beside finished copies (16 hex digits)."""
+    found = (cache / "tensordict").iterdir() if (cache / "tensordict").is_dir() else []
+    return sorted(p.name for p in found if len(p.name) != 16 or p.name.startswith("."))
+
+
+def _held_runs(s3: Any, name: str) -> Any:
+    """Requests for the run files of export ``name`` (not its config nor keys)."""
+    prefix = f"/{s3.url.rpartition('/')[2]}/{name}/"
+    return lambda head: (
+        head.method == "GET"
+        and prefix in head.path
+        and "/tensordict-" in head.path
+        and not head.path.endswith("-keys.npy")
+    )
+
+
+def _wait_for(check: Any, child: Any, limit: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + limit
+    while not check():
+        assert child.poll() is None, "the reader ended before it was killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_reader_killed_mid_download_leaves_nothing_once_another_downloads(
+    tmp_path: Path, s3: Any
+) -> None:
+    """SIGKILL while a reader downloads a run from object storage: its download folder is
+    gone once the next reader downloads (here the same run, which it then reads)."""
+    data = {"key": [f"k{i}" for i in range(8)], "x.npy": [np.full((64, 64), i) for i in range(8)]}
+    shardex.export(data, s3.child("a"), backend="tensordict_memmap", storage_options=s3.direct)
+    cache = tmp_path / "cache"
+    s3.proxy.delay_next(1000, 30, when=_held_runs(s3, "a"))
+    try:
+        child = _reader(s3.child("a"), s3.counted, cache)
+        _wait_for(lambda: bool(_downloads(cache)), child)
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+    finally:
+        s3.proxy.clear_faults()
+    assert _downloads(cache)  # what the kill left
+    again = _reader(s3.child("a"), s3.direct, cache)
+    assert again.communicate(timeout=300)[0].strip() == _KEYS
+    assert again.returncode == 0
+    assert _downloads(cache) == []
+    assert len(list((cache / "tensordict").iterdir())) == 1  # the finished copy
+
+
+def test_a_download_under_way_is_left_to_its_reader(tmp_path: Path, s3: Any) -> None:
+    """A reader that downloads while another's download is under way (that reader
+    stopped, SIGSTOP, mid-download) removes nothing of it; both read their export."""
+    data = {"key": [f"k{i}" for i in range(8)], "x.npy": [np.full((64, 64), i) for i in range(8)]}
+    for name in "ab":
+        shardex.export(data, s3.child(name), backend="tensordict_memmap", storage_options=s3.direct)
+    cache = tmp_path / "cache"
+    s3.proxy.delay_next(1, 3, when=_held_runs(s3, "a"))
+    slow = _reader(s3.child("a"), s3.counted, cache)
+    try:
+        _wait_for(lambda: bool(_downloads(cache)), slow)
+        slow.send_signal(signal.SIGSTOP)
+        under_way = _downloads(cache)
+        other = _reader(s3.child("b"), s3.direct, cache)
+        assert other.communicate(timeout=300)[0].strip() == _KEYS
+        assert _downloads(cache) == under_way
+        slow.send_signal(signal.SIGCONT)
+        assert slow.communicate(timeout=300)[0].strip() == _KEYS
+        assert slow.returncode == 0
+    finally:
+        s3.proxy.clear_faults()
+        if slow.poll() is None:  # a failed check left it stopped
+            slow.kill()
+            slow.communicate()
+    assert _downloads(cache) == []
+    assert len(list((cache / "tensordict").iterdir())) == 2

@@ -4,8 +4,10 @@ when it ends, while a Ray the caller had initialised stays."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
+import socketserver
 import subprocess
 import sys
 import textwrap
@@ -16,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import shardex
-from helpers import write_image
+from helpers import serving, write_image
 from shardex.errors import ClusterUnreachableError, ConfigError
+from shardex.pipeline.ray_connect import check_reachable
 
 pytest.importorskip("ray")
 
@@ -197,3 +200,75 @@ def test_run_spec_leaves_a_callers_executor_and_its_ray_alone(images: Path, tmp_
     done = _run_child(_SPEC_RUN, str(spec), str(tmp_path / "out"))
     assert "after run_spec: True" in done.stdout, done.stdout  # was shut down under the caller
     assert "after close: False" in done.stdout, done.stdout
+
+
+class _Closes(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        """Accept, then close at once (the server closes the connection)."""
+
+
+class _Silent(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        """Accept, read, never answer (until the client gives up)."""
+        while self.request.recv(1 << 16):
+            pass
+
+
+class _Http(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the test's output is the client's."""
+
+
+_NOT_RAY = {
+    "closes": (_Closes, "closed this one without answering: not Ray"),
+    "silent": (_Silent, "no answer within 2 s"),
+    "http": (_Http, "not as Ray does"),
+}
+
+
+@pytest.fixture(params=sorted(_NOT_RAY))
+def not_ray(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """The ``host:port`` of a loopback listener that is not Ray, and why it is refused."""
+    handler, why = _NOT_RAY[request.param]
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    for url in serving(server):
+        yield url.removeprefix("http://"), why
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_a_listener_that_is_not_ray_is_refused_in_one_line_within_the_timeout(
+    images: Path, tmp_path: Path, not_ray: tuple[str, str], scheme: str
+) -> None:
+    """Something that accepts TCP at the address but is not Ray (a port that accepts and
+    closes, one that never answers, a web server) is one error line within
+    SHARDEX_RAY_CONNECT_TIMEOUT, not Ray's own minutes of retries."""
+    endpoint, why = not_ray
+    address = f"{scheme}{endpoint}"
+    command = [
+        *(sys.executable, "-m", "shardex.cli"),
+        *("export-dataset", str(images), "-o", str(tmp_path / "out")),
+        *("--executor", "ray", "--ray-address", address, "--quiet"),
+    ]
+    env = {**os.environ, "SHARDEX_RAY_CONNECT_TIMEOUT": "2"}
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - start < 60  # Ray's own retries take minutes
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: cannot reach the Ray cluster at {address!r}"), lines[0]
+    assert why in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_cluster_passes_the_check() -> None:
+    """The check refuses what is not Ray, and lets a real Ray GCS through."""
+    from tests.support.raycluster import ray_nodes
+
+    with ray_nodes(nodes=1, cpus_per_node=1) as cluster:
+        check_reachable(cluster.address)

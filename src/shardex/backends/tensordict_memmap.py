@@ -42,7 +42,10 @@ split's arrays), checksummed, then each file is uploaded (each object whole or a
 the staging folder removed; a killed export's staging is removed by the next export
 (:mod:`shardex.engine.scratch`). Reading downloads the split's folder once into shardex's cache
 (``$SHARDEX_CACHE_DIR/tensordict/``, named by the run's checksum, so a replaced export never
-meets a stale copy), checks its bytes against config.yaml, and maps the copy.
+meets a stale copy), checks its bytes against config.yaml, and maps the copy. A reader
+downloads into a folder of its own there, locked while it writes (see
+:func:`shardex.engine.scratch.locked_folder`); one killed mid-download leaves it, and the
+next reader to download removes it (its lock is free).
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ import inspect
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -67,7 +69,7 @@ from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.engine.scratch import scratch
+from shardex.engine.scratch import LOCK_FILE, locked_folder, remove_stale, scratch
 from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
@@ -200,6 +202,12 @@ def _upload(storage: Storage, staged: Path, stem: str, names: list[str]) -> None
                 out.write(chunk)
 
 
+#: The folders that readers download runs into (``{DOWNLOAD}{pid}-{digest}-...``, beside
+#: the finished copies): locked while a reader writes one, removed by the next reader to
+#: download once the process that made it is gone (killed mid-download).
+DOWNLOAD: Final = "download-"
+
+
 def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
     """A local copy of a run on object storage: downloaded once, checked against the run's
     checksum in config.yaml, then renamed into place (a reader never maps a partial copy)."""
@@ -208,7 +216,8 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    remove_stale(target.parent, DOWNLOAD)
+    tmp, lock = locked_folder(target.parent, DOWNLOAD, target.name)
     try:
         hasher = xxhash.xxh3_64()
         for path in sorted(paths):  # the order the checksum covers them
@@ -224,6 +233,8 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
                 f"{storage.join(shard.path)}: checksum {found} differs from {shard.checksum} "
                 "in config.yaml; the export is damaged (shardex verify)"
             )
+        # not part of the copy; the folder stays this process's (its ID is in the name)
+        (tmp / LOCK_FILE).unlink()
         try:
             os.replace(tmp, target)
         except OSError:
@@ -231,6 +242,7 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)
     return target
 
 

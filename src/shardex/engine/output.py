@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+import re
 from typing import Any, Final
 
 import xxhash
@@ -43,6 +43,7 @@ from shardex.errors import (
     mode_hint,
 )
 from shardex.options import ExportOptions, Mode
+from shardex.quoting import quoted
 from shardex.sources import Source
 from shardex.storage import Storage
 from shardex.storage.local import check_output_folder, temporary_target
@@ -55,13 +56,27 @@ INTENT_FILE: Final = ".shardex-intent.json"
 CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})
 
 #: Where a writer stages its input inside the output before it exports it (the Ray
-#: datasink, :mod:`shardex.ray.write`, which removes it): never part of an export, and
-#: neither refused, counted nor deleted by an export.
+#: datasink, :mod:`shardex.ray.write`, and a remote runner's shard tasks,
+#: :mod:`shardex.engine.parts`, which remove it): what they stage there is never part of
+#: an export, and neither counted nor deleted by an export's checks.
 STAGING: Final = ".shardex-staging/"
 
+#: A staged part, or its temporary file while it is written (a local output's).
+STAGED_PART: Final = re.compile(
+    re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
+)
+#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
+#: temporary file while it writes it.
+STAGED_ROWS: Final = re.compile(
+    re.escape(STAGING)
+    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
+)
 
-def _not_staged(paths: Iterable[str]) -> list[str]:
-    return [p for p in paths if not p.startswith(STAGING)]
+
+def is_staged(path: str) -> bool:
+    """Whether ``path`` is a file our staging layout names (a user's own folder called
+    ``.shardex-staging`` holds other names: those are foreign files)."""
+    return STAGED_PART.fullmatch(path) is not None or STAGED_ROWS.fullmatch(path) is not None
 
 
 def check_root(storage: Storage) -> None:
@@ -71,13 +86,31 @@ def check_root(storage: Storage) -> None:
 
 
 def check_output(storage: Storage, mode: Mode) -> list[str]:
-    """Refuse what the mode does not allow; return the old files to replace or resume."""
-    existing = _not_staged(p for p in storage.list() if p != LOCK_FILE)
-    foreign = foreign_files(storage, existing)
-    if foreign:
+    """Refuse what the mode does not allow; return the old files to replace or resume.
+
+    Temporary files (a local output's ``.NAME.tmp-RANDOM``, an unfinished write) count by
+    the file they were to become: those of shardex's names are a killed export's and are
+    deleted (the output's lock is held: no live export of this output writes them); any
+    other is someone else's (a program writing ``NAME`` the same way) and is refused like
+    a foreign file, never deleted. An export at work in a folder inside the output holds
+    its own lock and intent files there, which are foreign here: the output is refused
+    before any of its temporary files could be deleted."""
+    listed = [p for p in storage.list() if p != LOCK_FILE]
+    temporary = storage.leftovers()
+    existing = [p for p in listed if not p.startswith(STAGING)]
+    leftovers = {p: temporary_target(p) or p for p in temporary if not p.startswith(STAGING)}
+    foreign = set(foreign_files(storage, [*existing, *leftovers.values()]))
+    found = [
+        *(p for p in existing if p in foreign),
+        *(p for p, target in leftovers.items() if target in foreign),
+        # a user's own folder named like our staging: what no run stages there is theirs
+        *(p for p in (*listed, *temporary) if p.startswith(STAGING) and not is_staged(p)),
+    ]
+    if found:
         raise OutputExistsError(
-            f"output {storage.uri} holds files shardex did not write (e.g. {foreign[0]!r}); "
-            "export into an empty or new folder"
+            f"output {storage.uri} holds files shardex did not write (e.g. {quoted(found[0])}"
+            f"{f' and {len(found) - 1} more' if len(found) > 1 else ''}); export into an "
+            "empty or new folder, or move them out of it"
         )
     committed = CONFIG_FILE in existing
     if mode == "append" and not committed:
@@ -89,7 +122,6 @@ def check_output(storage: Storage, mode: Mode) -> list[str]:
             f"output {storage.uri} holds a complete export: nothing to resume "
             "(use mode 'overwrite' to write it again)"
         )
-    leftovers = _not_staged(storage.leftovers())
     if (existing or leftovers) and mode == "error":
         what = "holds an export" if committed else "holds the files of an unfinished export"
         hint = f"{mode_hint('overwrite')} to replace it" + (
@@ -170,8 +202,8 @@ def undo(
     only names it writes (``backend``'s; ``flat``: see :func:`record_intent`): an export
     made meanwhile into a folder inside the output keeps its files."""
     before = set(old_files) | committed | CONTROL
-    for path in _not_staged(storage.list()):
-        if path not in before and run_owns(backend, flat, path):
+    for path in storage.list():
+        if not path.startswith(STAGING) and path not in before and run_owns(backend, flat, path):
             storage.delete(path)
     for path in storage.leftovers():
         target = temporary_target(path)

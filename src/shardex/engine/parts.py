@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import secrets
 import zipfile
 from collections import deque
@@ -30,20 +29,10 @@ import pyarrow as pa
 
 from shardex.contract import ExportConfig
 from shardex.engine.commit import MetadataSink, old_metadata
-from shardex.engine.output import STAGING
+from shardex.engine.output import STAGED_PART, STAGED_ROWS, STAGING
 from shardex.errors import ExportError, FormatError
 from shardex.storage import Storage
 
-#: A staged part, or its temporary file while it is written (a local output's).
-STAGED_PART: Final = re.compile(
-    re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
-)
-#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
-#: temporary file while it writes it.
-STAGED_ROWS: Final = re.compile(
-    re.escape(STAGING)
-    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
-)
 _TABLE: Final = "table"
 #: Parts deleted at once when a run's staging goes.
 _DELETES: Final = 16
@@ -100,17 +89,33 @@ def read_part(storage: Storage, name: str, *, table: bool = True) -> Part:
     return Part(rows, arrays)
 
 
-def read_parts(storage: Storage, names: Iterable[str], *, table: bool = True) -> Iterator[Part]:
+@contextlib.contextmanager
+def read_parts(
+    storage: Storage, names: Iterable[str], *, table: bool = True
+) -> Iterator[Iterator[Part]]:
     """The parts in order, :data:`_AHEAD` fetched at once (one GET each: a 10,000-shard
-    split's merge would otherwise wait on 10,000 round trips one after the other)."""
-    with ThreadPoolExecutor(_AHEAD) as pool:
-        pending: deque[Future[Part]] = deque()
-        for name in names:
-            pending.append(pool.submit(read_part, storage, name, table=table))
-            if len(pending) >= _AHEAD:
-                yield pending.popleft().result()
-        while pending:
+    split's merge would otherwise wait on 10,000 round trips one after the other).
+
+    A context: its threads end when it does. (A generator that owned them kept them alive,
+    idle, while a caller held the error of a merge that failed part-way: the error's
+    traceback holds the frame that holds the generator.)"""
+    pool = ThreadPoolExecutor(_AHEAD)
+    try:
+        yield _ahead(pool, storage, names, table)
+    finally:  # reads in flight end (bounded by the storage's time limits); the rest never start
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ahead(
+    pool: ThreadPoolExecutor, storage: Storage, names: Iterable[str], table: bool
+) -> Iterator[Part]:
+    pending: deque[Future[Part]] = deque()
+    for name in names:
+        pending.append(pool.submit(read_part, storage, name, table=table))
+        if len(pending) >= _AHEAD:
             yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,32 +131,37 @@ class MetadataJob:
 
 def write_metadata(job: MetadataJob) -> str | None:
     """Write the job's metadata.parquet (a part at a time); its whole-file checksum."""
-    import pyarrow.compute as pc
-
     storage = job.storage
     old = (
         old_metadata(storage, job.previous) if any(kind == "old" for kind, _ in job.steps) else None
     )
-    parts = read_parts(storage, (what for kind, what in job.steps if kind == "part"))
+    names = (what for kind, what in job.steps if kind == "part")
     sink = MetadataSink(storage, job.name)
     try:
-        for kind, what in job.steps:
-            if kind == "old":
-                assert old is not None  # a step "old" only where the export has the file
-                rows = old.filter(pc.equal(old.column("split"), what))
-            else:
-                rows = next(parts).table
-            try:
-                sink(rows)
-            except ValueError as exc:  # pyarrow: the schema differs from the rows before
-                raise ExportError(
-                    f"the new samples' columns differ from the export's: {exc}"
-                ) from exc
+        with read_parts(storage, names) as parts:
+            _write_rows(job, old, parts, sink)
         sink.commit()
     except BaseException:
         sink.abort()
         raise
     return sink.checksum
+
+
+def _write_rows(
+    job: MetadataJob, old: pa.Table | None, parts: Iterator[Part], sink: MetadataSink
+) -> None:
+    import pyarrow.compute as pc
+
+    for kind, what in job.steps:
+        if kind == "old":
+            assert old is not None  # a step "old" only where the export has the file
+            rows = old.filter(pc.equal(old.column("split"), what))
+        else:
+            rows = next(parts).table
+        try:
+            sink(rows)
+        except ValueError as exc:  # pyarrow: the schema differs from the rows before
+            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
 
 
 def remove_staging(storage: Storage, staging: str) -> None:

@@ -40,14 +40,16 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _stale(entry: Path) -> bool:
-    """Whether no export holds the scratch folder ``entry`` (its lock is free; a folder
-    of an earlier shardex, without a lock file: its process is gone)."""
+def _stale(entry: Path, prefix: str) -> bool:
+    """Whether no process holds the folder ``entry`` (its lock is free; a folder without
+    a lock file, an earlier shardex's or one being renamed: its process is gone)."""
     try:
         fd = os.open(entry / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
-        pid = entry.name.lstrip(".")[len(PREFIX) :].partition("-")[0]
+        pid = entry.name.lstrip(".")[len(prefix) :].partition("-")[0]
         return pid.isdigit() and _gone(int(pid))
+    except OSError:  # not a folder: not one of ours
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -57,20 +59,23 @@ def _stale(entry: Path) -> bool:
     return True
 
 
-def remove_stale(root: Path | None = None) -> None:
-    """Remove the scratch folders of exports that no longer run (killed)."""
+def remove_stale(root: Path | None = None, prefix: str = PREFIX) -> None:
+    """Remove the folders under ``root`` named ``prefix...`` (by :func:`locked_folder`)
+    whose processes no longer run (killed): by default, the scratch folders of exports."""
     root = Path(root or tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for entry in root.iterdir():
-            # ".shardex-export-...": a folder being made (or left by a kill just then)
-            if entry.name.lstrip(".").startswith(PREFIX) and _stale(entry):
+            # ".PREFIX...": a folder being made (or left by a kill just then)
+            if entry.name.lstrip(".").startswith(prefix) and _stale(entry, prefix):
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def _locked_folder(kind: str) -> tuple[Path, int]:
-    """A new scratch folder and the descriptor of its locked ``.lock``: made under a name
-    other exports ignore, locked, then renamed (never seen without its lock)."""
-    draft = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{os.getpid()}-{kind}-"))
+def locked_folder(root: Path, prefix: str, kind: str) -> tuple[Path, int]:
+    """A new folder ``root/{prefix}{pid}-{kind}-...`` and the descriptor of its locked
+    ``.lock`` (close it to release the folder; :func:`remove_stale` removes the folder
+    once its process is gone): made under a name ``remove_stale`` judges by the process
+    ID, locked, then renamed (never seen without its lock)."""
+    draft = Path(tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-{kind}-", dir=root))
     # The lock file gets its name only once locked: another export that finds ``.lock``
     # free between its creation and the flock would take the folder for stale
     new = draft / f"{LOCK_FILE}.new"
@@ -123,7 +128,7 @@ def scratch(kind: str = "run") -> Iterator[Path]:
     remove_stale()
     root = tempfile.gettempdir()
     try:
-        path, lock = _locked_folder(kind)
+        path, lock = locked_folder(Path(root), PREFIX, kind)
     except OSError as exc:
         raise _scratch_error(exc, root) from exc
     try:

@@ -44,8 +44,7 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource.datasink import WriteResult
 
 from shardex.contract import ExportConfig
-from shardex.engine.output import STAGING, check_output, check_root
-from shardex.engine.parts import STAGED_PART, STAGED_ROWS
+from shardex.engine.output import STAGED_PART, STAGED_ROWS, STAGING, check_output, check_root
 from shardex.errors import (
     ConfigError,
     EmptySourceError,

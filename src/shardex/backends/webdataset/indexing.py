@@ -162,8 +162,10 @@ class IndexJob:
 def merge_index(job: IndexJob) -> tuple[int, bool]:
     """Write the job's index files (a part in memory at a time); the samples they index,
     and whether ``index-members.npy`` was written."""
-    parts = read_parts(job.storage, (name for _, name in job.parts), table=False)
-    with IndexOut(job.storage, job.before, job.format_version) as out:
+    with (
+        read_parts(job.storage, (name for _, name in job.parts), table=False) as parts,
+        IndexOut(job.storage, job.before, job.format_version) as out,
+    ):
         for (shard, _), part in zip(job.parts, parts, strict=True):
             a = part.arrays
             spans = None
