@@ -50,6 +50,7 @@ next reader to download removes it (its lock is free).
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import inspect
 import os
@@ -338,6 +339,11 @@ class TensorDictBackend(ArrayBackend):
                 written = _written(run, stem, names)
                 _upload(storage, run, stem, names)
             return written
+        # A killed attempt at this run may have left its folder, empty if the kill came
+        # before tensordict's first file (so no file names it for the next export to
+        # remove). This export holds the output's lock and only this job writes this run.
+        for stale in root.parent.glob(f"{glob.escape(root.name)}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
         try:
             TensorDict(tree, batch_size=[]).memmap(tmp)
