@@ -17,6 +17,7 @@ keys; default ``000000``, ``000001`` ...).
 from __future__ import annotations
 
 import io
+import mmap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -38,6 +39,8 @@ from shardex.sources.base import (
 
 #: Most inline bytes in one batch: Arrow's binary offsets are 32-bit.
 _BATCH_BYTES: Final = 1 << 30
+#: Most bytes of one ``binary`` array (32-bit offsets).
+_BINARY_MAX: Final = (1 << 31) - 1
 
 
 class ArraySource(Source):
@@ -156,6 +159,43 @@ def _members(exts: list[str], blobs: list[pa.Array], count: int) -> pa.Array:
     )
 
 
+def binary_array(values: Sequence[bytes], sizes: np.ndarray) -> pa.Array:
+    """A ``binary`` array of ``values`` (``sizes``: their lengths), their bytes copied into
+    one anonymous mapping that asks the kernel for huge pages.
+
+    ``pa.array`` copies them into fresh memory of Arrow's pool, and touching it costs a
+    page fault per 4 KiB: on the 2-core VM 2.3-2.5 CPU s for 324 MB of JPEGs in a fresh
+    process, against 0.1-0.5 s here (one fault per 2 MiB). The bytes are the same.
+    """
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+    if total > _BINARY_MAX:  # more than 32-bit offsets hold: Arrow cuts it into chunks
+        return pa.array(values, pa.binary())
+    memory = _anonymous(total)
+    view = memoryview(memory)
+    at = offsets.tolist()
+    for i, value in enumerate(values):
+        view[at[i] : at[i + 1]] = value
+    view.release()
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(values),
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(memory)],
+    )
+
+
+def _anonymous(size: int) -> mmap.mmap:
+    """Private anonymous memory of ``size`` bytes, in huge pages where the kernel has
+    them on request (Linux transparent huge pages in ``madvise`` mode)."""
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    memory = mmap.mmap(-1, max(size, 1), **({"flags": private} if private else {}))
+    hugepage = getattr(mmap, "MADV_HUGEPAGE", None)
+    if hugepage is not None and size >= 1 << 21:
+        memory.madvise(hugepage)
+    return memory
+
+
 def npy_bytes(array: Any) -> bytes:
     """``.npy`` bytes of an array, C order (what every backend writes back)."""
     buf = io.BytesIO()
@@ -194,7 +234,7 @@ def _encode(name: str, values: Any) -> _Field:
         if not all(type(v) is bytes for v in values):
             values = [bytes(v) for v in values]
         sizes = np.fromiter(map(len, values), np.int64, len(values))
-        return _Field(name, sizes, lambda a, b: pa.array(values[a:b], pa.binary()))
+        return _Field(name, sizes, lambda a, b: binary_array(values[a:b], sizes[a:b]))
     if isinstance(first, str):
         text = pa.array([v if type(v) is str else str(v) for v in values], pa.string())
         data = text.cast(pa.binary())  # UTF-8 already: no copy
