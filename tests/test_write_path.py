@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 import shardex
-from shardex.errors import StorageError
+from shardex.errors import BadSampleError, StorageError
 from shardex.rows import ByteSource, Members
 from shardex.sources.arrays import ArraySource
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBERS
+from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE as MEMBERS_TYPE, MEMBERS
 from shardex.storage.local import LocalObjectWriter
 
 
@@ -124,3 +124,50 @@ def test_write_parts_on_a_full_disk_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match=os.strerror(errno.ENOSPC)):
         writer.write_parts([b"abc", b"def"])
     assert list(tmp_path.iterdir()) == []  # the temporary file is gone
+
+
+def test_file_bytes_read_into_reused_memory_never_change_while_held(tmp_path: Path) -> None:
+    # ByteSource reads files into reused buffers: a view still held keeps its bytes, and
+    # memory comes back for reuse only once every view of it is gone
+    blobs = [bytes([i % 251]) * (300_000 + i * 4099 % 70_000) for i in range(120)]
+    paths = []
+    for i, blob in enumerate(blobs):
+        path = tmp_path / f"{i}.bin"
+        path.write_bytes(blob)
+        paths.append(str(path))
+    sizes = [len(b) for b in blobs]
+    members = Members.of(
+        pa.array(
+            [[{"ext": "bin", "path": p, "offset": -1, "size": n}] for p, n in zip(paths, sizes)],
+            pa.list_(MEMBERS_TYPE),
+        )
+    )
+    source = ByteSource(members)
+    held = [source.read(j) for j in range(60)]  # 60 views held (past several buffers)
+    for _ in range(3):  # read the rest again and again, dropping each view at once
+        for j in range(60, 120):
+            assert source.read(j) == blobs[j]
+    assert [bytes(v) for v in held] == blobs[:60]
+    del held
+    reads = [bytes(source.read(j)) for j in range(120)]
+    assert reads == blobs
+    buffers = source._files._arena._buffers  # type: ignore[union-attr]
+    assert len(buffers) <= 1 + sum(sizes[:60]) // (8 << 20) + 2
+    source.close()
+
+
+def test_a_file_that_grew_or_shrank_is_refused_with_reused_memory(tmp_path: Path) -> None:
+    path = tmp_path / "a.jpg"
+    path.write_bytes(b"x" * 1000)
+    for now in (999, 1001):
+        path.write_bytes(b"x" * now)
+        members = Members.of(
+            pa.array(
+                [[{"ext": "jpg", "path": str(path), "offset": -1, "size": 1000}]],
+                pa.list_(MEMBERS_TYPE),
+            )
+        )
+        source = ByteSource(members)
+        with pytest.raises(BadSampleError, match="changed while exporting"):
+            source.read(0)
+        source.close()
