@@ -17,7 +17,7 @@ import shardex
 from shardex.errors import BadSampleError, StorageError
 from shardex.rows import ByteSource, Members
 from shardex.sources.arrays import ArraySource
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE as MEMBERS_TYPE, MEMBERS
+from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE, MEMBERS
 from shardex.storage.local import LocalObjectWriter
 
 
@@ -138,8 +138,11 @@ def test_file_bytes_read_into_reused_memory_never_change_while_held(tmp_path: Pa
     sizes = [len(b) for b in blobs]
     members = Members.of(
         pa.array(
-            [[{"ext": "bin", "path": p, "offset": -1, "size": n}] for p, n in zip(paths, sizes)],
-            pa.list_(MEMBERS_TYPE),
+            [
+                [{"ext": "bin", "path": p, "offset": -1, "size": n}]
+                for p, n in zip(paths, sizes, strict=True)
+            ],
+            pa.list_(MEMBER_TYPE),
         )
     )
     source = ByteSource(members)
@@ -164,7 +167,7 @@ def test_a_file_that_grew_or_shrank_is_refused_with_reused_memory(tmp_path: Path
         members = Members.of(
             pa.array(
                 [[{"ext": "jpg", "path": str(path), "offset": -1, "size": 1000}]],
-                pa.list_(MEMBERS_TYPE),
+                pa.list_(MEMBER_TYPE),
             )
         )
         source = ByteSource(members)
