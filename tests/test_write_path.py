@@ -14,10 +14,11 @@ import pyarrow as pa
 import pytest
 
 import shardex
-from shardex.errors import StorageError
+from shardex.errors import BadSampleError, StorageError
 from shardex.rows import ByteSource, Members
+from shardex.sources import arrays
 from shardex.sources.arrays import ArraySource
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBERS
+from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE, MEMBERS
 from shardex.storage.local import LocalObjectWriter
 
 
@@ -124,3 +125,92 @@ def test_write_parts_on_a_full_disk_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match=os.strerror(errno.ENOSPC)):
         writer.write_parts([b"abc", b"def"])
     assert list(tmp_path.iterdir()) == []  # the temporary file is gone
+
+
+def test_file_bytes_read_into_reused_memory_never_change_while_held(tmp_path: Path) -> None:
+    # ByteSource reads files into reused buffers: a view still held keeps its bytes, and
+    # memory comes back for reuse only once every view of it is gone
+    blobs = [bytes([i % 251]) * (300_000 + i * 4099 % 70_000) for i in range(120)]
+    paths = []
+    for i, blob in enumerate(blobs):
+        path = tmp_path / f"{i}.bin"
+        path.write_bytes(blob)
+        paths.append(str(path))
+    sizes = [len(b) for b in blobs]
+    members = Members.of(
+        pa.array(
+            [
+                [{"ext": "bin", "path": p, "offset": -1, "size": n}]
+                for p, n in zip(paths, sizes, strict=True)
+            ],
+            pa.list_(MEMBER_TYPE),
+        )
+    )
+    source = ByteSource(members)
+    held = [source.read(j) for j in range(60)]  # 60 views held (past several buffers)
+    for _ in range(3):  # read the rest again and again, dropping each view at once
+        for j in range(60, 120):
+            assert source.read(j) == blobs[j]
+    assert [bytes(v) for v in held] == blobs[:60]
+    del held
+    reads = [bytes(source.read(j)) for j in range(120)]
+    assert reads == blobs
+    buffers = source._files._arena._buffers  # type: ignore[union-attr]
+    assert len(buffers) <= 1 + sum(sizes[:60]) // (8 << 20) + 2
+    source.close()
+
+
+def test_a_file_that_grew_or_shrank_is_refused_with_reused_memory(tmp_path: Path) -> None:
+    path = tmp_path / "a.jpg"
+    path.write_bytes(b"x" * 1000)
+    for now in (999, 1001):
+        path.write_bytes(b"x" * now)
+        members = Members.of(
+            pa.array(
+                [[{"ext": "jpg", "path": str(path), "offset": -1, "size": 1000}]],
+                pa.list_(MEMBER_TYPE),
+            )
+        )
+        source = ByteSource(members)
+        with pytest.raises(BadSampleError, match="changed while exporting"):
+            source.read(0)
+        source.close()
+
+
+def test_memory_of_freed_arrays_is_reused_without_touching_live_ones() -> None:
+    # the array source's copies: a mapping goes back for reuse only when no array uses
+    # it, and an array built in a reused mapping holds its own bytes
+    def blobs(seed: int) -> list[bytes]:
+        return [bytes([(seed + i) % 251]) * (40_000 + i * 977 % 9000) for i in range(80)]
+
+    def array(values: list[bytes]) -> pa.Array:
+        return arrays.binary_array(values, np.array([len(v) for v in values], np.int64))
+
+    arrays._SPARE.clear()
+    first, second = blobs(1), blobs(2)
+    a, b = array(first), array(second)
+    sliced = a.slice(10, 5)  # a slice keeps the whole mapping in use
+    del a
+    assert arrays._SPARE == []
+    del sliced
+    assert len(arrays._SPARE) == 1
+    third = blobs(3)
+    c = array(third)  # in the mapping ``a`` used
+    assert arrays._SPARE == []
+    assert b.to_pylist() == second
+    assert c.to_pylist() == third
+
+
+def test_in_memory_exports_in_one_process_give_the_same_files(tmp_path: Path) -> None:
+    blobs = _blobs(400)
+    first = {"jpg_like": [b"x" + b for b in blobs], "label": [i % 3 for i in range(400)]}
+    second = {"jpg_like": [b"y" + b for b in blobs], "label": [i % 3 for i in range(400)]}
+    shardex.export(first, tmp_path / "a1")
+    shardex.export(second, tmp_path / "b1")  # may reuse the memory of the first's copy
+    shardex.export(first, tmp_path / "a2")
+    assert _files(tmp_path / "a1") == _files(tmp_path / "a2")
+    assert _files(tmp_path / "a1") != _files(tmp_path / "b1")
+    ds = shardex.open_dataset(tmp_path / "b1", split="train")
+    assert [ds[i]["jpg_like"] for i in (0, 199, 399)] == [
+        second["jpg_like"][i] for i in (0, 199, 399)
+    ]

@@ -296,11 +296,56 @@ class SplitRows:
         return bool(self.members.inline_bytes() * 2 > int(sizes.sum()))
 
 
-class _Files:
-    """Byte ranges of local files, recently used files kept open."""
+class _Arena:
+    """Reused memory for the bytes read from files: slices of a few large buffers, each
+    reused once no view of it is left (the shard writer drops its views when it writes
+    them out). A fresh ``bytes`` per file costs the kernel's page faults on memory the
+    allocator took back: measured 22 µs a 16 KB file read into new bytes, 11-14 µs into
+    reused memory, 9-11 µs for the system calls alone (the 2-core VM, load 8)."""
 
     def __init__(self) -> None:
+        self._buffers: list[bytearray] = []
+        self._view: memoryview | None = None
+        self._at = 0
+
+    def take(self, size: int) -> memoryview | None:
+        """``size`` writable bytes no view returned before overlaps (None: too large)."""
+        if size > _ARENA_BYTES // 4:
+            return None
+        if self._view is None or self._at + size > len(self._view):
+            self._next()
+        assert self._view is not None
+        at, self._at = self._at, self._at + size
+        return self._view[at : at + size]
+
+    def _next(self) -> None:
+        """A buffer no view holds any more, or a new one."""
+        if self._view is not None:
+            self._view.release()  # its slices still hold the buffer while they live
+        for buffer in self._buffers:
+            try:  # a buffer with views cannot change size: the test that none is left
+                buffer.append(0)
+            except BufferError:
+                continue
+            del buffer[-1]
+            break
+        else:
+            buffer = bytearray(_ARENA_BYTES)
+            self._buffers.append(buffer)
+        self._view, self._at = memoryview(buffer), 0
+
+
+#: Bytes of one arena buffer (a shard writer holds about two while it gathers 4 MiB).
+_ARENA_BYTES: Final = 8 << 20
+
+
+class _Files:
+    """Byte ranges of local files, recently used files kept open. ``reuse``: the bytes
+    come back as views of reused memory (see :class:`_Arena`), else as ``bytes``."""
+
+    def __init__(self, reuse: bool = False) -> None:
         self._fds: dict[str, int] = {}
+        self._arena = _Arena() if reuse else None
 
     def read(self, path: str, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file).
@@ -308,11 +353,25 @@ class _Files:
         Raises:
             BadSampleError: the file cannot be read, or its size changed.
         """
+        data = self._get(path, offset, size, None)
+        assert isinstance(data, bytes)  # read into no buffer
+        return data
+
+    def read_reused(self, path: str, offset: int, size: int) -> bytes | memoryview:
+        """:meth:`read`, the bytes as a view of reused memory (see :class:`_Arena`)."""
+        into = None
+        if self._arena is not None:  # a whole file: one byte more shows if it grew
+            into = self._arena.take(size + 1 if offset < 0 else size)
+        return self._get(path, offset, size, into)
+
+    def _get(
+        self, path: str, offset: int, size: int, into: memoryview | None
+    ) -> bytes | memoryview:
         try:
             if offset < 0:  # a whole file: one read of one byte more shows if it grew
                 whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    data = os.read(whole, size + 1)
+                    data = _read(whole, size + 1, into)
                 finally:
                     os.close(whole)
             else:
@@ -321,19 +380,35 @@ class _Files:
                     if len(self._fds) > _OPEN_FILES:
                         self.close()
                     fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                data = os.pread(fd, size, offset)
+                data = _pread(fd, size, offset, into)
         except OSError as exc:
             raise BadSampleError(
                 f"cannot read {quoted(path)}: {exc.strerror}",
                 path=path,
                 reason=f"cannot read {quoted(path)}: {exc.strerror or exc}",
             ) from exc
-        return sized(data, size, path)
+        if len(data) != size:  # the file changed since it was listed: refused there
+            sized(bytes(data), size, path)
+        return data
 
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
+
+
+def _read(fd: int, size: int, into: memoryview | None) -> bytes | memoryview:
+    """Up to ``size`` bytes of ``fd`` (one read), into ``into`` when given."""
+    if into is None:
+        return os.read(fd, size)
+    return into[: os.readv(fd, [into])]
+
+
+def _pread(fd: int, size: int, offset: int, into: memoryview | None) -> bytes | memoryview:
+    """Up to ``size`` bytes of ``fd`` at ``offset`` (one read), into ``into`` when given."""
+    if into is None or not hasattr(os, "preadv"):
+        return os.pread(fd, size, offset)
+    return into[: os.preadv(fd, [into], offset)]
 
 
 class ByteSource:
@@ -356,7 +431,8 @@ class ByteSource:
             ends.append(ends[-1] + len(chunk))
         #: Member numbers where each chunk starts (a chunk per source batch: few).
         self._chunk_starts = ends
-        self._files = _Files()
+        # the writer drops its views as it writes them out: file bytes go to reused memory
+        self._files = _Files(reuse=True)
         self._objects = ObjectReads(members.stores)
         self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
 
@@ -393,7 +469,7 @@ class ByteSource:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
         if self._url(j):
             return self._objects.read(j, path, int(m.offset[j]), int(m.size[j]))
-        return self._files.read(path, int(m.offset[j]), int(m.size[j]))
+        return self._files.read_reused(path, int(m.offset[j]), int(m.size[j]))
 
     def close(self) -> None:
         self._files.close()

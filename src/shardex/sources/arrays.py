@@ -17,6 +17,9 @@ keys; default ``000000``, ``000001`` ...).
 from __future__ import annotations
 
 import io
+import mmap
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -38,6 +41,8 @@ from shardex.sources.base import (
 
 #: Most inline bytes in one batch: Arrow's binary offsets are 32-bit.
 _BATCH_BYTES: Final = 1 << 30
+#: Most bytes of one ``binary`` array (32-bit offsets).
+_BINARY_MAX: Final = (1 << 31) - 1
 
 
 class ArraySource(Source):
@@ -156,6 +161,73 @@ def _members(exts: list[str], blobs: list[pa.Array], count: int) -> pa.Array:
     )
 
 
+def binary_array(values: Sequence[bytes], sizes: np.ndarray) -> pa.Array:
+    """A ``binary`` array of ``values`` (``sizes``: their lengths), their bytes copied into
+    one anonymous mapping that asks the kernel for huge pages (see :func:`_mapping`).
+
+    ``pa.array`` copies them into Arrow's pool, whose fresh memory costs a page fault per
+    4 KiB: on the 2-core VM 2.0-2.5 CPU s for 324 MB of JPEGs in a fresh process, against
+    0.06-0.9 s here. The bytes are the same.
+    """
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+    if total > _BINARY_MAX:  # more than 32-bit offsets hold: Arrow cuts it into chunks
+        return pa.array(values, pa.binary())
+    memory = _mapping(total)
+    view = memoryview(memory)
+    at = offsets.tolist()
+    for i, value in enumerate(values):
+        view[at[i] : at[i + 1]] = value
+    # the mapping is free again once Arrow lets go of this view (the last array using it)
+    weakref.finalize(view, _spare, memory)
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(values),
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(view)],
+    )
+
+
+#: Mappings no array uses any more, kept for the next in-memory export of this process
+#: (their pages are already there: no faults), given back to the kernel lazily.
+_SPARE: list[mmap.mmap] = []
+#: Arrays may be freed on other threads: the list changes under this lock.
+_SPARE_LOCK: Final = threading.Lock()
+#: Most spare mappings, and most bytes they hold.
+_SPARE_COUNT: Final = 4
+_SPARE_BYTES: Final = 1 << 30
+#: Huge pages are asked for from this size on (one huge page).
+_HUGE_PAGE: Final = 1 << 21
+
+
+def _spare(memory: mmap.mmap) -> None:
+    """Keep a mapping no array uses for reuse; the kernel may take its pages back when it
+    needs memory (``MADV_FREE``), else they are reused as they are."""
+    free = getattr(mmap, "MADV_FREE", None)
+    if free is not None and len(memory) >= _HUGE_PAGE:
+        memory.madvise(free)
+    with _SPARE_LOCK:
+        _SPARE.append(memory)
+        while len(_SPARE) > _SPARE_COUNT or sum(map(len, _SPARE)) > _SPARE_BYTES:
+            _SPARE.pop(0).close()
+
+
+def _mapping(size: int) -> mmap.mmap:
+    """Private anonymous memory of at least ``size`` bytes: a spare mapping that fits
+    (at most twice as large), else a new one, in huge pages where the kernel gives them
+    on request (Linux transparent huge pages in ``madvise`` mode)."""
+    with _SPARE_LOCK:
+        for k, spare in enumerate(_SPARE):
+            if size <= len(spare) <= 2 * max(size, _HUGE_PAGE):
+                return _SPARE.pop(k)
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    memory = mmap.mmap(-1, max(size, 1), **({"flags": private} if private else {}))
+    hugepage = getattr(mmap, "MADV_HUGEPAGE", None)
+    if hugepage is not None and size >= _HUGE_PAGE:
+        memory.madvise(hugepage)
+    return memory
+
+
 def npy_bytes(array: Any) -> bytes:
     """``.npy`` bytes of an array, C order (what every backend writes back)."""
     buf = io.BytesIO()
@@ -194,7 +266,7 @@ def _encode(name: str, values: Any) -> _Field:
         if not all(type(v) is bytes for v in values):
             values = [bytes(v) for v in values]
         sizes = np.fromiter(map(len, values), np.int64, len(values))
-        return _Field(name, sizes, lambda a, b: pa.array(values[a:b], pa.binary()))
+        return _Field(name, sizes, lambda a, b: binary_array(values[a:b], sizes[a:b]))
     if isinstance(first, str):
         text = pa.array([v if type(v) is str else str(v) for v in values], pa.string())
         data = text.cast(pa.binary())  # UTF-8 already: no copy
