@@ -16,7 +16,6 @@ import pytest
 import shardex
 from shardex.errors import BadSampleError, StorageError
 from shardex.rows import ByteSource, Members
-from shardex.sources import arrays
 from shardex.sources.arrays import ArraySource
 from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE, MEMBERS
 from shardex.storage.local import LocalObjectWriter
@@ -175,30 +174,6 @@ def test_a_file_that_grew_or_shrank_is_refused_with_reused_memory(tmp_path: Path
         with pytest.raises(BadSampleError, match="changed while exporting"):
             source.read(0)
         source.close()
-
-
-def test_memory_of_freed_arrays_is_reused_without_touching_live_ones() -> None:
-    # the array source's copies: a mapping goes back for reuse only when no array uses
-    # it, and an array built in a reused mapping holds its own bytes
-    def blobs(seed: int) -> list[bytes]:
-        return [bytes([(seed + i) % 251]) * (40_000 + i * 977 % 9000) for i in range(80)]
-
-    def array(values: list[bytes]) -> pa.Array:
-        return arrays.binary_array(values, np.array([len(v) for v in values], np.int64))
-
-    arrays._SPARE.clear()
-    first, second = blobs(1), blobs(2)
-    a, b = array(first), array(second)
-    sliced = a.slice(10, 5)  # a slice keeps the whole mapping in use
-    del a
-    assert arrays._SPARE == []
-    del sliced
-    assert len(arrays._SPARE) == 1
-    third = blobs(3)
-    c = array(third)  # in the mapping ``a`` used
-    assert arrays._SPARE == []
-    assert b.to_pylist() == second
-    assert c.to_pylist() == third
 
 
 def test_in_memory_exports_in_one_process_give_the_same_files(tmp_path: Path) -> None:
