@@ -4,7 +4,13 @@ address where something other than Ray answers."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import re
+import subprocess
+import sys
+import tarfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 import shardex
-from helpers import files_of, make_tree
+from helpers import files_of, image_bytes, make_tree
 from shardex.engine.parts import MetadataJob, new_staging, put_part, write_metadata
 from shardex.errors import ExportError, OutputExistsError
 from shardex.storage import open_storage
@@ -123,3 +129,52 @@ def test_a_users_own_staging_folder_on_object_storage_is_foreign(tmp_path: Path,
         shardex.export(tmp_path / "src", s3.child("out"), storage_options=s3.direct, workers=1)
     assert list(out.list()) == [name]
     assert out.get(name) == b"mine"
+
+
+# -- 4. a tar copy's short write (a full disk, a file size limit) -------------------------
+
+
+def _tiny_tar(count: int) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(count):
+            for ext, data in (("jpg", image_bytes(i)), ("cls", str(i % 3).encode())):
+                info = tarfile.TarInfo(f"s{i:04d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_a_tar_copy_cut_short_by_its_disk_is_not_read_past_what_it_holds(
+    tmp_path: Path, s3: Any
+) -> None:
+    """A write of the scan's copy that the disk takes only in part (``write`` returns
+    fewer bytes: a disk filling up, here a file size limit) must not count the rest as
+    held: the shards read those members from the object, and the export is the same."""
+    tar = _tiny_tar(400)
+    limit = 200 << 10
+    assert len(tar) > 3 * limit  # a window of the scan crosses the limit
+    open_storage(s3.child("short"), s3.direct).put("part-0.tar", tar)
+    source = s3.child("short/")
+    opts = {"samples_per_shard": 25, "workers": 1}
+    shardex.export(source, tmp_path / "clean", source_storage_options=s3.direct, **opts)
+    assert max(len(d) for d in files_of(tmp_path / "clean").values()) < limit
+    code = (
+        "import json, resource, signal, sys\n"
+        "import shardex\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG past it, a short write across\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[4]), resource.RLIM_INFINITY))\n"
+        "shardex.export(sys.argv[1], sys.argv[2], samples_per_shard=25, workers=1,\n"
+        "               source_storage_options=json.loads(sys.argv[3]))\n"
+    )
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(tmp_path / "tmp")}
+    args = [source, str(tmp_path / "limited"), json.dumps(s3.direct), str(limit)]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lock = ".shardex-lock"
+    assert {n: d for n, d in files_of(tmp_path / "limited").items() if n != lock} == {
+        n: d for n, d in files_of(tmp_path / "clean").items() if n != lock
+    }

@@ -139,11 +139,12 @@ class TarCopy:
         """Keep ``data``, bytes ``start`` on of the tar (a failed write: not kept)."""
         if self._fd is None or not data:
             return
-        try:
-            os.pwrite(self._fd, data, start)
+        try:  # a disk filling up takes a write in part: only what it took is held
+            written = os.pwrite(self._fd, data, start)
         except OSError:
             return  # a full disk: these bytes are fetched again by the shard
-        self._add(start, start + len(data))
+        if written:
+            self._add(start, start + written)
 
     def _add(self, start: int, end: int) -> None:
         i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after
