@@ -134,12 +134,12 @@ def test_a_users_own_staging_folder_on_object_storage_is_foreign(tmp_path: Path,
 # -- 4. a tar copy's short write (a full disk, a file size limit) -------------------------
 
 
-def _tiny_tar(count: int) -> bytes:
+def _tiny_tar(count: int, prefix: str = "s") -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
         for i in range(count):
             for ext, data in (("jpg", image_bytes(i)), ("cls", str(i % 3).encode())):
-                info = tarfile.TarInfo(f"s{i:04d}.{ext}")
+                info = tarfile.TarInfo(f"{prefix}{i:04d}.{ext}")
                 info.size = len(data)
                 tf.addfile(info, io.BytesIO(data))
     return out.getvalue()
@@ -178,3 +178,56 @@ def test_a_tar_copy_cut_short_by_its_disk_is_not_read_past_what_it_holds(
     assert {n: d for n, d in files_of(tmp_path / "limited").items() if n != lock} == {
         n: d for n, d in files_of(tmp_path / "clean").items() if n != lock
     }
+
+
+# -- 5. tar copies and a local output on the same disk -----------------------------------
+
+_IN_TMPFS = """
+mount -t tmpfs -o size="$1" none "$2" && mkdir "$2/tmp" && cd "$2" && shift 2 &&
+TMPDIR="$PWD/tmp" exec "$@"
+"""
+
+
+def test_tar_copies_leave_room_for_a_local_output_on_their_disk(tmp_path: Path, s3: Any) -> None:
+    """The scan's copies of the tars and a local output on the same disk: the copies must
+    not take the room the shards need (a disk with room for the export, and for the
+    copies or the shards but not both, failed with "No space left on device"). The disk
+    is a small tmpfs, the reserve scaled down with it (1 GiB: the same with tars of more
+    than 1 GiB)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", _IN_TMPFS, "-",
+         "1m", str(mount), "true"],
+        capture_output=True,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {probe.stderr[-200:]!r}")
+    tars = {f"part-{t}.tar": _tiny_tar(400, f"t{t}_") for t in range(3)}
+    total = sum(map(len, tars.values()))
+    storage = open_storage(s3.child("room"), s3.direct)
+    for name, data in tars.items():
+        storage.put(name, data)
+    source = s3.child("room/")
+    shardex.export(source, tmp_path / "clean", source_storage_options=s3.direct, workers=1)
+    size = sum(map(len, files_of(tmp_path / "clean").values()))
+    assert size > 0.9 * total
+    code = (
+        "import json, sys\n"
+        "import shardex\n"
+        "from shardex.sources import objecttars\n"
+        "objecttars.COPY_RESERVE = 256 << 10\n"
+        "objecttars.KEEP_COPIES = sys.argv[3] == 'copies'\n"
+        "shardex.export(sys.argv[1], 'out', workers=1,\n"
+        "               source_storage_options=json.loads(sys.argv[2]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # room for the export and its scratch, not for a second copy of the tars
+    room = f"{(size + total // 2) >> 10}k"
+    for keep in ("none", "copies"):
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", _IN_TMPFS, "-",
+             room, str(mount), sys.executable, "-c", code, source, json.dumps(s3.direct), keep],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, (keep, done.stderr[-1500:])

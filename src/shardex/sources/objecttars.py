@@ -17,7 +17,8 @@ of every byte the scan fetched, at its place in a sparse file on the export's lo
 scratch (:class:`TarCopies`, made by :func:`copies_kept`): a member whose bytes are all
 in the copy names the copy, and its shard reads it from there; one the scan hopped over
 names the object, fetched by its shard. A copy takes its tar's size from the scratch's
-free space before the scan starts it (leaving :data:`COPY_RESERVE` free); a tar that
+free space before the scan starts it (leaving :data:`COPY_RESERVE` free, and on the disk
+of a local output, the room its shards will take: the size of every tar); a tar that
 does not fit is not copied (its members are fetched again, after one
 :class:`~shardex.errors.RefetchWarning`). Copies go with the scratch folder when the
 export ends (or, killed, when the next export starts).
@@ -66,11 +67,14 @@ class TarCopies:
     """Copies of what tar scans read, in a folder of an export's local scratch (see the
     module docstring); shared by the threads that scan."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, output: Path | None = None) -> None:
         self.folder = folder
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._pending = 0  # bytes claimed by copies being written
+        # a local output on the copies' disk: its shards will take what the tars hold
+        self._shared = output is not None and _same_disk(folder, output)
+        self._owed = 0  # bytes the output's shards will take (a shared disk only)
         self._warned = False
         #: Bytes the copies hold, and tars not copied for want of space.
         self.kept = 0
@@ -80,7 +84,7 @@ class TarCopies:
         """A new copy of the tar at ``url`` (``size`` bytes), or None when the scratch
         cannot take it (said once per export)."""
         with self._lock:
-            free = _free_space(self.folder) - self._pending
+            free = _free_space(self.folder) - self._pending - self._owed
             if free - size < COPY_RESERVE:
                 self.refused += 1
                 self._warn(url, size, free)
@@ -95,6 +99,12 @@ class TarCopies:
                 self.refused += 1
                 self._warn(url, size, free, exc.strerror)
             return None
+
+    def expect(self, total: int) -> None:
+        """The tars to scan hold ``total`` bytes: on a disk shared with the output, the
+        room their shards will take is not the copies' to take."""
+        with self._lock:
+            self._owed += total if self._shared else 0
 
     def done(self, claimed: int, kept: int) -> None:
         """A copy that claimed ``claimed`` bytes is complete, holding ``kept`` (or gone)."""
@@ -115,6 +125,14 @@ class TarCopies:
             RefetchWarning,
             stacklevel=2,
         )
+
+
+def _same_disk(folder: Path, output: Path) -> bool:
+    """Whether ``output`` (or its nearest folder that exists) is on ``folder``'s disk."""
+    for where in (output, *output.parents):
+        with contextlib.suppress(OSError):
+            return os.stat(where).st_dev == os.stat(folder).st_dev
+    return True  # unknown: taken as shared (copies are the part that may be refused)
 
 
 def _free_space(folder: Path) -> int:
@@ -185,12 +203,13 @@ _COPIES: contextvars.ContextVar[TarCopies | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def copies_kept(folder: Path) -> Iterator[TarCopies]:
+def copies_kept(folder: Path, output: Path | None = None) -> Iterator[TarCopies]:
     """Tar sources on object storage opened in this context (their tars listed) keep
     copies of what their scans read under ``folder`` (see the module docstring): for an
-    export whose shards are written by processes that see this machine's disk."""
+    export whose shards are written by processes that see this machine's disk (into
+    ``output``, a local output's folder: on the same disk, the copies leave its room)."""
     folder.mkdir(exist_ok=True)
-    copies = TarCopies(folder)
+    copies = TarCopies(folder, output)
     token = _COPIES.set(copies if KEEP_COPIES else None)
     try:
         yield copies
