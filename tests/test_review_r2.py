@@ -231,3 +231,6 @@ def test_tar_copies_leave_room_for_a_local_output_on_their_disk(tmp_path: Path, 
             env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, (keep, done.stderr[-1500:])
+    # the copies were refused, and the warning said why
+    assert "kept free and" in done.stderr, done.stderr[-1500:]
+    assert "for the output's shards" in done.stderr

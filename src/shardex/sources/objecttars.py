@@ -116,7 +116,10 @@ class TarCopies:
         if self._warned:
             return
         self._warned = True
-        reason = why or f"{max(free, 0):,} bytes free, {COPY_RESERVE:,} kept free"
+        reason = why or (
+            f"{max(free + self._owed, 0):,} bytes free, {COPY_RESERVE:,} kept free"
+            + (f" and {self._owed:,} for the output's shards" if self._owed else "")
+        )
         warnings.warn(
             f"no room for a copy of tar {quoted(url)} ({size:,} bytes) in the export's "
             f"scratch folder {quoted(str(self.folder))} ({reason}): the members this and "
