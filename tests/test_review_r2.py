@@ -180,20 +180,28 @@ def test_a_tar_copy_cut_short_by_its_disk_is_not_read_past_what_it_holds(
     }
 
 
-# -- 5. tar copies and a local output on the same disk -----------------------------------
+# -- 5. tar copies and the room others need on their disk -------------------------------
 
 _IN_TMPFS = """
 mount -t tmpfs -o size="$1" none "$2" && mkdir "$2/tmp" && cd "$2" && shift 2 &&
 TMPDIR="$PWD/tmp" exec "$@"
 """
+#: An export in a child process (the copies' reserve scaled down with the small disk:
+#: with the real 1 GiB the same happens for tars of more than 1 GiB).
+_EXPORT = (
+    "import json, sys\n"
+    "import shardex\n"
+    "from shardex.sources import objecttars\n"
+    "objecttars.COPY_RESERVE = int(sys.argv[5])\n"
+    "objecttars.KEEP_COPIES = sys.argv[3] == 'copies'\n"
+    "shardex.export(sys.argv[1], sys.argv[4], workers=1,\n"
+    "               source_storage_options=json.loads(sys.argv[2]))\n"
+)
 
 
-def test_tar_copies_leave_room_for_a_local_output_on_their_disk(tmp_path: Path, s3: Any) -> None:
-    """The scan's copies of the tars and a local output on the same disk: the copies must
-    not take the room the shards need (a disk with room for the export, and for the
-    copies or the shards but not both, failed with "No space left on device"). The disk
-    is a small tmpfs, the reserve scaled down with it (1 GiB: the same with tars of more
-    than 1 GiB)."""
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Path:
+    """A folder where a tmpfs can be mounted by a child in its own mount namespace."""
     mount = tmp_path / "disk"
     mount.mkdir()
     probe = subprocess.run(
@@ -203,34 +211,67 @@ def test_tar_copies_leave_room_for_a_local_output_on_their_disk(tmp_path: Path, 
     )  # fmt: skip
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {probe.stderr[-200:]!r}")
-    tars = {f"part-{t}.tar": _tiny_tar(400, f"t{t}_") for t in range(3)}
-    total = sum(map(len, tars.values()))
-    storage = open_storage(s3.child("room"), s3.direct)
+    return mount
+
+
+def _export_on_small_disk(
+    disk: Path, room: int, s3: Any, source: str, keep: str, out: str, reserve: int
+) -> subprocess.CompletedProcess[str]:
+    """``_EXPORT`` with ``$TMPDIR`` on a fresh tmpfs of ``room`` bytes at ``disk`` (also
+    its working folder: a relative ``out`` is on it too)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [source, json.dumps(s3.direct), keep, out, str(reserve)]
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", _IN_TMPFS, "-",
+         f"{room >> 10}k", str(disk), sys.executable, "-c", _EXPORT, *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _upload_tars(s3: Any, prefix: str, count: int, samples: int) -> tuple[str, int]:
+    tars = {f"part-{t}.tar": _tiny_tar(samples, f"t{t}_") for t in range(count)}
+    storage = open_storage(s3.child(prefix), s3.direct)
     for name, data in tars.items():
         storage.put(name, data)
-    source = s3.child("room/")
+    return s3.child(f"{prefix}/"), sum(map(len, tars.values()))
+
+
+def test_tar_copies_leave_room_for_a_local_output_on_their_disk(
+    tmp_path: Path, s3: Any, small_disk: Path
+) -> None:
+    """The scan's copies of the tars and a local output on the same disk: the copies must
+    not take the room the shards need (a disk with room for the export, and for the
+    copies or the shards but not both, failed with "No space left on device")."""
+    source, total = _upload_tars(s3, "room", 3, 400)
     shardex.export(source, tmp_path / "clean", source_storage_options=s3.direct, workers=1)
     size = sum(map(len, files_of(tmp_path / "clean").values()))
     assert size > 0.9 * total
-    code = (
-        "import json, sys\n"
-        "import shardex\n"
-        "from shardex.sources import objecttars\n"
-        "objecttars.COPY_RESERVE = 256 << 10\n"
-        "objecttars.KEEP_COPIES = sys.argv[3] == 'copies'\n"
-        "shardex.export(sys.argv[1], 'out', workers=1,\n"
-        "               source_storage_options=json.loads(sys.argv[2]))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     # room for the export and its scratch, not for a second copy of the tars
-    room = f"{(size + total // 2) >> 10}k"
     for keep in ("none", "copies"):
-        done = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", _IN_TMPFS, "-",
-             room, str(mount), sys.executable, "-c", code, source, json.dumps(s3.direct), keep],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        done = _export_on_small_disk(
+            small_disk, size + total // 2, s3, source, keep, "out", 256 << 10
+        )
         assert done.returncode == 0, (keep, done.stderr[-1500:])
     # the copies were refused, and the warning said why
     assert "kept free and" in done.stderr, done.stderr[-1500:]
-    assert "for the output's shards" in done.stderr
+    assert "for the export's files" in done.stderr
+
+
+def test_tar_copies_leave_room_for_the_exports_own_scratch_files(
+    tmp_path: Path, s3: Any, small_disk: Path
+) -> None:
+    """A scratch folder with room for the export's own files (pass 1's spill, the index
+    runs: ~0.6 MB for these 3,000 samples) and for a copy of one tar, not for both: the
+    copy must not take the spill's room (it failed "cannot write the export's scratch
+    files ... No space left on device"). The output is on another disk."""
+    source, total = _upload_tars(s3, "spill", 2, 1500)
+    shardex.export(source, tmp_path / "clean", source_storage_options=s3.direct, workers=1)
+    room = total // 2 + (250 << 10)  # one tar, and less than the spill beside it
+    for keep in ("none", "copies"):
+        out = str(tmp_path / keep)
+        done = _export_on_small_disk(small_disk, room, s3, source, keep, out, 64 << 10)
+        assert done.returncode == 0, (keep, done.stderr[-1500:])
+        got, want = files_of(Path(out)), files_of(tmp_path / "clean")
+        assert {n: d for n, d in got.items() if n != ".shardex-lock"} == {
+            n: d for n, d in want.items() if n != ".shardex-lock"
+        }
