@@ -57,7 +57,7 @@ from shardex.rows import Members
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS, SampleStream
 from shardex.sources.objecttars import copies_kept
-from shardex.storage import Storage, open_storage
+from shardex.storage import LocalStorage, Storage, open_storage
 from shardex.storage.lock import OutputLock, holder_text
 
 
@@ -254,7 +254,8 @@ def _prepare_first(
         if remote is not None:
             stack.enter_context(remote)  # entered again for pass 2: connecting is idempotent
         else:  # shards are written on this machine: what a tar scan reads is kept for them
-            stack.enter_context(copies_kept(folder / "tars"))
+            local = job.storage.root if isinstance(job.storage, LocalStorage) else None
+            stack.enter_context(copies_kept(folder / "tars", local))
         stream = job.src.stream_on(remote)
         batches = iter(stream.batches)
         first = next(batches, None)

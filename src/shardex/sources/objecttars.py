@@ -17,7 +17,9 @@ of every byte the scan fetched, at its place in a sparse file on the export's lo
 scratch (:class:`TarCopies`, made by :func:`copies_kept`): a member whose bytes are all
 in the copy names the copy, and its shard reads it from there; one the scan hopped over
 names the object, fetched by its shard. A copy takes its tar's size from the scratch's
-free space before the scan starts it (leaving :data:`COPY_RESERVE` free); a tar that
+free space before the scan starts it (leaving :data:`COPY_RESERVE` free, the room the
+export's own scratch files will take, :data:`SCRATCH_SHARE` of the tars' size, and on the
+disk of a local output, the room its shards will take: the size of every tar); a tar that
 does not fit is not copied (its members are fetched again, after one
 :class:`~shardex.errors.RefetchWarning`). Copies go with the scratch folder when the
 export ends (or, killed, when the next export starts).
@@ -58,6 +60,10 @@ _TRIM: Final = 4 << 20
 #: Free space a scratch folder keeps that tar copies never take (the spills, the key
 #: and index runs of the export need some; other programs too).
 COPY_RESERVE: Final = 1 << 30
+#: The export's own scratch files (pass 1's spill, the index runs) take up to about this
+#: share of the tars' bytes, when their members are tiny: 8 % measured for samples of two
+#: members in 2.5 KB of tar (~200 bytes a sample); a member takes at least 1 KiB of tar.
+SCRATCH_SHARE: Final = 0.25
 #: Whether an export keeps copies of what the scan read (benchmarks compare both).
 KEEP_COPIES = True
 
@@ -66,11 +72,14 @@ class TarCopies:
     """Copies of what tar scans read, in a folder of an export's local scratch (see the
     module docstring); shared by the threads that scan."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, output: Path | None = None) -> None:
         self.folder = folder
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._pending = 0  # bytes claimed by copies being written
+        # a local output on the copies' disk: its shards will take what the tars hold
+        self._shared = output is not None and _same_disk(folder, output)
+        self._owed = 0  # bytes the export's scratch files (and such an output) will take
         self._warned = False
         #: Bytes the copies hold, and tars not copied for want of space.
         self.kept = 0
@@ -80,7 +89,7 @@ class TarCopies:
         """A new copy of the tar at ``url`` (``size`` bytes), or None when the scratch
         cannot take it (said once per export)."""
         with self._lock:
-            free = _free_space(self.folder) - self._pending
+            free = _free_space(self.folder) - self._pending - self._owed
             if free - size < COPY_RESERVE:
                 self.refused += 1
                 self._warn(url, size, free)
@@ -96,6 +105,13 @@ class TarCopies:
                 self._warn(url, size, free, exc.strerror)
             return None
 
+    def expect(self, total: int) -> None:
+        """The tars to scan hold ``total`` bytes: the room the export's scratch files
+        will take for them (and on a disk shared with the output, the room their shards
+        will take) is not the copies' to take."""
+        with self._lock:
+            self._owed += int(total * SCRATCH_SHARE) + (total if self._shared else 0)
+
     def done(self, claimed: int, kept: int) -> None:
         """A copy that claimed ``claimed`` bytes is complete, holding ``kept`` (or gone)."""
         with self._lock:
@@ -106,7 +122,10 @@ class TarCopies:
         if self._warned:
             return
         self._warned = True
-        reason = why or f"{max(free, 0):,} bytes free, {COPY_RESERVE:,} kept free"
+        reason = why or (
+            f"{max(free + self._owed, 0):,} bytes free, {COPY_RESERVE:,} kept free"
+            + (f" and {self._owed:,} for the export's files" if self._owed else "")
+        )
         warnings.warn(
             f"no room for a copy of tar {quoted(url)} ({size:,} bytes) in the export's "
             f"scratch folder {quoted(str(self.folder))} ({reason}): the members this and "
@@ -115,6 +134,14 @@ class TarCopies:
             RefetchWarning,
             stacklevel=2,
         )
+
+
+def _same_disk(folder: Path, output: Path) -> bool:
+    """Whether ``output`` (or its nearest folder that exists) is on ``folder``'s disk."""
+    for where in (output, *output.parents):
+        with contextlib.suppress(OSError):
+            return os.stat(where).st_dev == os.stat(folder).st_dev
+    return True  # unknown: taken as shared (copies are the part that may be refused)
 
 
 def _free_space(folder: Path) -> int:
@@ -139,11 +166,12 @@ class TarCopy:
         """Keep ``data``, bytes ``start`` on of the tar (a failed write: not kept)."""
         if self._fd is None or not data:
             return
-        try:
-            os.pwrite(self._fd, data, start)
+        try:  # a disk filling up takes a write in part: only what it took is held
+            written = os.pwrite(self._fd, data, start)
         except OSError:
             return  # a full disk: these bytes are fetched again by the shard
-        self._add(start, start + len(data))
+        if written:
+            self._add(start, start + written)
 
     def _add(self, start: int, end: int) -> None:
         i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after
@@ -184,12 +212,13 @@ _COPIES: contextvars.ContextVar[TarCopies | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def copies_kept(folder: Path) -> Iterator[TarCopies]:
+def copies_kept(folder: Path, output: Path | None = None) -> Iterator[TarCopies]:
     """Tar sources on object storage opened in this context (their tars listed) keep
     copies of what their scans read under ``folder`` (see the module docstring): for an
-    export whose shards are written by processes that see this machine's disk."""
+    export whose shards are written by processes that see this machine's disk (into
+    ``output``, a local output's folder: on the same disk, the copies leave its room)."""
     folder.mkdir(exist_ok=True)
-    copies = TarCopies(folder)
+    copies = TarCopies(folder, output)
     token = _COPIES.set(copies if KEEP_COPIES else None)
     try:
         yield copies

@@ -469,6 +469,8 @@ class TarSource(Source):
         parents = [posixpath.dirname(p) for p, _ in found]
         base = posixpath.commonpath(parents) if all(parents) else ""
         copies = kept_copies()
+        if copies is not None:
+            copies.expect(sum(size for _, size in found))
         return [
             TarRef(path, posixpath.relpath(path, base) if base else path, size, storage, copies)
             for path, size in found
