@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -189,3 +192,26 @@ def test_in_memory_exports_in_one_process_give_the_same_files(tmp_path: Path) ->
     assert [ds[i]["jpg_like"] for i in (0, 199, 399)] == [
         second["jpg_like"][i] for i in (0, 199, 399)
     ]
+
+
+def test_tiny_batches_of_an_in_memory_source_take_no_page_each() -> None:
+    # each batch's bytes went to a mapping of its own, a 4 KiB page at least: 20,000
+    # one-sample batches of 100 bytes held 239 MB here, 83 MB of it in those pages (156 MB
+    # without them: the tables themselves). A child process, so that its peak memory is
+    # the source's alone.
+    code = textwrap.dedent(
+        """
+        import resource
+        from shardex.sources.arrays import ArraySource
+        n = 20_000
+        source = ArraySource({"bin": [bytes([i % 251]) * 100 for i in range(n)]}, batch_size=1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        batches = [batch.table for batch in source.stream().batches]
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert sum(t.num_rows for t in batches) == n
+        print(grown // 1024)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) < 200, f"{done.stdout.strip()} MB held for 2 MB of bytes"
