@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 
 from shardex.errors import FormatError
 
-if TYPE_CHECKING:  # numpy: the writer's encode_members only, reading needs none
+if TYPE_CHECKING:  # numpy: the writer's header_blocks only, reading needs none
     import numpy as np
     import numpy.typing as npt
 
@@ -115,62 +115,52 @@ def encode_member(name: bytes, size: int) -> bytes:
     )
 
 
-def encode_members(
-    names: list[bytes], sizes: npt.NDArray[np.int64]
-) -> tuple[bytes, npt.NDArray[np.int64]]:
-    """The headers of many members at once: their bytes back to back, and where each
-    starts (member ``j``'s header is ``[starts[j], starts[j + 1])``). The same bytes as
-    :func:`encode_member` for each, built with numpy: one Python call per header costs
-    more than writing its member."""
+def header_blocks(
+    values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.uint8], dict[int, bytes]]:
+    """The headers of many members at once, from their names back to back (member ``j``'s
+    name is ``values[offsets[j]:offsets[j + 1]]``): one 512-byte row each, built with
+    numpy (one Python call per header costs more than writing its member), and, by member
+    number, the whole header bytes of the few whose name is past ustar's 100 bytes (their
+    row is unused). The same bytes as :func:`encode_member` for each."""
     import numpy as np
 
-    count = len(names)
+    count = len(sizes)
     if count and int(sizes.max()) > MAX_MEMBER_SIZE:
         big = int(np.argmax(sizes))
-        _header(names[big], int(sizes[big]))  # raises the one-line error
-    fixed = np.fromiter(map(len, names), np.int64, count) <= 100
+        name = values[offsets[big] : offsets[big + 1]].tobytes()
+        _header(name, int(sizes[big]))  # raises the one-line error
+    lengths = np.diff(offsets)
     blocks = np.empty((count, BLOCK), np.uint8)
     blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
-    if count:
-        raw = np.array([n if ok else b"" for n, ok in zip(names, fixed, strict=True)], "S100")
-        name_bytes = (
-            raw.view(np.uint8).reshape(count, 100)
-            if raw.itemsize == 100
-            else (
-                np.pad(
-                    raw.view(np.uint8).reshape(count, raw.itemsize),
-                    ((0, 0), (0, 100 - raw.itemsize)),
-                )
-            )
-        )
-        blocks[:, :100] = name_bytes
-        shifts = 3 * np.arange(10, -1, -1, dtype=np.int64)
-        blocks[:, 124:135] = ((sizes[:, None] >> shifts) & 7) + ord("0")
-        blocks[:, 135] = 0
-        total = (
-            _TEMPLATE_SUM
-            + name_bytes.sum(axis=1, dtype=np.int64)
-            + blocks[:, 124:136].sum(axis=1, dtype=np.int64)
-            - sum(_TEMPLATE[124:136])
-        )
-        blocks[:, 148:154] = ((total[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
-        blocks[:, 154] = 0
-        blocks[:, 155] = ord(" ")
-    lengths = np.full(count, BLOCK, np.int64)
-    if fixed.all():
-        parts = blocks.tobytes()
-    else:
-        pieces = []
-        for j in range(count):
-            if fixed[j]:
-                pieces.append(blocks[j].tobytes())
-            else:
-                pieces.append(encode_member(names[j], int(sizes[j])))
-                lengths[j] = len(pieces[-1])
-        parts = b"".join(pieces)
-    starts = np.zeros(count + 1, np.int64)
-    np.cumsum(lengths, out=starts[1:])
-    return parts, starts
+    if not count:
+        return blocks, {}
+    fixed = lengths <= 100
+    # the name bytes of the fixed rows, scattered into their rows: a ragged arange
+    short = np.where(fixed, lengths, 0)
+    total = int(short.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(short) - short, short)
+    row = np.repeat(np.arange(count, dtype=np.int64), short)
+    name_bytes = np.zeros((count, 100), np.uint8)
+    name_bytes.reshape(-1)[row * 100 + within] = values[np.repeat(offsets[:-1], short) + within]
+    blocks[:, :100] = name_bytes
+    shifts = 3 * np.arange(10, -1, -1, dtype=np.int64)
+    blocks[:, 124:135] = ((sizes[:, None] >> shifts) & 7) + ord("0")
+    blocks[:, 135] = 0
+    checksum = (
+        _TEMPLATE_SUM
+        + name_bytes.sum(axis=1, dtype=np.int64)
+        + blocks[:, 124:136].sum(axis=1, dtype=np.int64)
+        - sum(_TEMPLATE[124:136])
+    )
+    blocks[:, 148:154] = ((checksum[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
+    blocks[:, 154] = 0
+    blocks[:, 155] = ord(" ")
+    long = {
+        j: encode_member(values[offsets[j] : offsets[j + 1]].tobytes(), int(sizes[j]))
+        for j in np.flatnonzero(~fixed).tolist()
+    }
+    return blocks, long
 
 
 def member_bytes(name: str, data: bytes) -> bytes:
