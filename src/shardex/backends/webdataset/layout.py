@@ -12,6 +12,7 @@ next sample's header), taken as views, never copied.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Final
 
 import numpy as np
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
-from shardex.format.tar import BLOCK, header_blocks
+from shardex.format.tar import BLOCK, header_blocks, long_headers
 from shardex.rows import JSON_COLUMN, LABEL_FIELD
 
 Ints = npt.NDArray[np.int64]
@@ -28,6 +29,33 @@ Bytes = npt.NDArray[np.uint8]
 
 #: The bytes C++ ``isspace()`` takes for separators (see shardex.format.dali_index).
 _WHITESPACE: Final = np.frombuffer(b" \t\n\v\f\r", np.uint8)
+
+
+#: Skeletons up to this size reuse one buffer per thread (no page faults on fresh memory).
+_REUSED_BYTES: Final = 16 << 20
+_scratch = threading.local()
+
+
+def zeroed(size: int) -> Bytes:
+    """``size`` zero bytes to write into: a thread's buffer, reused from one shard to the
+    next while no view of it is left (a bytearray that views hold cannot be resized:
+    that is the test), else fresh memory. On a busy machine the page faults of fresh
+    memory cost more than building the skeleton."""
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if size > _REUSED_BYTES:
+        return np.zeros(size, np.uint8)
+    if buf is not None:
+        try:
+            buf.append(0)
+            del buf[-1]
+        except BufferError:  # a view of the last skeleton is still held
+            buf = None
+    if buf is None or len(buf) < size:
+        buf = bytearray(max(size, 1 << 20))
+        _scratch.buf = buf
+    out = np.frombuffer(buf, np.uint8, size)
+    out[:] = 0
+    return out
 
 
 def spread(starts: Ints, lengths: Ints) -> Ints:
@@ -185,18 +213,23 @@ class ShardLayout:
 
     def _skeleton(self, placed: list[tuple[Ints, Bytes, Ints]]) -> None:
         sizes, own = self.sizes, self.own
-        rows, long = header_blocks(self.name_data, self.name_offsets, sizes)
+        heads = long_headers(self.name_data, self.name_offsets, sizes)
         hlen = np.full(self.total, BLOCK, np.int64)
-        for t, head in long.items():
+        for t, head in heads.items():
             hlen[t] = len(head)
         pad = -sizes % BLOCK
         blocks = hlen // BLOCK + np.where(own, pad > 0, (sizes + BLOCK - 1) // BLOCK)
         bstart = np.zeros(self.total + 1, np.int64)
         np.cumsum(blocks, out=bstart[1:])
-        skeleton = np.zeros(int(bstart[-1]) * BLOCK, np.uint8)
-        short = hlen == BLOCK
-        skeleton.reshape(-1, BLOCK)[bstart[:-1][short]] = rows[short]
-        for t, head in long.items():
+        skeleton = zeroed(int(bstart[-1]) * BLOCK)
+        header_blocks(
+            self.name_data,
+            self.name_offsets,
+            sizes,
+            skeleton.reshape(-1, BLOCK),
+            bstart[:-1],
+        )
+        for t, head in heads.items():
             begin = int(bstart[t]) * BLOCK
             skeleton[begin : begin + len(head)] = np.frombuffer(head, np.uint8)
         for where, data, start in placed:
