@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +69,7 @@ def _sample_by_sample(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_in_memory_export_equals_the_sample_by_sample_writer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, object]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
 ) -> None:
     n = 120
     # keys a reader splits oddly, with spaces (DALI v1.1) and past 100 bytes (long names)

@@ -585,7 +585,9 @@ def _dali_index(
     starts = np.repeat(np.array(got.offsets, np.int64), counts)
     ends = np.full(len(flat), ord(" "), np.uint8)
     ends[np.cumsum(counts) - 1] = ord("\n")
-    space = pa.scalar(" ", pa.large_string())
+    m = len(flat)
+    one = np.arange(m + 1, dtype=np.int64)  # offsets of one-byte strings
+    space = string_array(np.full(m, ord(" "), np.uint8), one)
     fields = [
         string_array(ext_data, ext_offsets),
         space,
@@ -599,8 +601,9 @@ def _dali_index(
         version = VERSION
         names = layout.names_of(flat).cast(pa.large_string())
         fields += [space, names]
-    fields.append(string_array(ends, np.arange(len(flat) + 1, dtype=np.int64)))
-    lines = pc.binary_join_element_wise(*fields, pa.scalar("", pa.large_string()))
+    fields.append(string_array(ends, one))
+    nothing = string_array(np.zeros(0, np.uint8), np.zeros(m + 1, np.int64))
+    lines = pc.binary_join_element_wise(*fields, nothing)  # no separator: the fields hold it
     data, offsets = binary_buffers(lines)
     head = f"{version} {len(counts)}\n".encode()
     return head + data[offsets[0] : offsets[-1]].tobytes()
