@@ -189,6 +189,7 @@ class ShardLayout:
         #: The source members in tar order, and where each candidate's begin among them.
         self.own_members = np.flatnonzero(own)
         self.own_from = np.searchsorted(self.own_members, firsts)
+        self._lists: tuple[list[int], ...] | None = None
 
     def _names(self, codes: Ints, owner: Ints) -> None:
         """Each member's name ``KEY.EXT``, as UTF-8 bytes back to back."""
@@ -256,18 +257,28 @@ class ShardLayout:
         """Candidate ``i``'s tar bytes as the writer puts them out: skeleton runs between
         its source members, which stand as their numbers in ``members`` (``~j`` for an
         image, which is checked as it is read)."""
-        a, b = int(self.firsts[i]), int(self.firsts[i + 1])
+        if self._lists is None:  # Python lists once: the sample-by-sample loop's lookups
+            self._lists = (
+                self.firsts.tolist(),
+                (self.block_start * BLOCK).tolist(),
+                self.own_members.tolist(),
+                self.own_from.tolist(),
+                self.header_end.tolist(),
+                self.pad_start.tolist(),
+                np.where(self.is_image, ~self.source, self.source).tolist(),
+            )
+        firsts, block_at, owns, own_from, header_end, pad_start, number = self._lists
+        a, b = firsts[i], firsts[i + 1]
         if a == b:
             return []
         view = self.view
         out: list[memoryview | int] = []
-        at = int(self.block_start[a]) * BLOCK
-        for t in self.own_members[self.own_from[i] : self.own_from[i + 1]].tolist():
-            out.append(view[at : int(self.header_end[t])])
-            j = int(self.source[t])
-            out.append(~j if self.is_image[t] else j)
-            at = int(self.pad_start[t])
-        out.append(view[at : int(self.block_start[b]) * BLOCK])
+        at = block_at[a]
+        for t in owns[own_from[i] : own_from[i + 1]]:
+            out.append(view[at : header_end[t]])
+            out.append(number[t])
+            at = pad_start[t]
+        out.append(view[at : block_at[b]])
         return out
 
     def key(self, i: int) -> str:
