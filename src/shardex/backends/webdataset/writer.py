@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex.backends.webdataset.layout import (
+    Ints,
     ShardLayout,
     binary_buffers,
     gathered,
@@ -562,12 +563,7 @@ def _taken_members(
     return counts, spread(firsts[taken], counts)
 
 
-def _dali_index(
-    layout: ShardLayout,
-    got: _Picked,
-    counts: npt.NDArray[np.int64],
-    flat: npt.NDArray[np.int64],
-) -> bytes | None:
+def _dali_index(layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints) -> bytes | None:
     """The DALI index file of the taken samples (None: it cannot describe them): the
     bytes of :func:`~shardex.format.dali_index.dali_index_bytes`, each line's text built
     by Arrow over all members at once."""
@@ -610,10 +606,7 @@ def _dali_index(
 
 
 def _member_spans(
-    layout: ShardLayout,
-    got: _Picked,
-    counts: npt.NDArray[np.int64],
-    flat: npt.NDArray[np.int64],
+    layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints
 ) -> MemberSpans | None:
     """Where each taken sample's key and members lie (the split's index-members rows);
     None when they hold too many extensions for one (see MAX_MEMBER_COLUMNS)."""
@@ -643,12 +636,7 @@ def _plain_names(layout: ShardLayout, got: _Picked, flat: npt.NDArray[np.int64])
     return not pc.any(pc.match_substring_regex(keys, r"\.[^/]*$")).as_py()
 
 
-def _plain_spans(
-    layout: ShardLayout,
-    got: _Picked,
-    counts: npt.NDArray[np.int64],
-    flat: npt.NDArray[np.int64],
-) -> MemberSpans | None:
+def _plain_spans(layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints) -> MemberSpans | None:
     """:meth:`MemberSpans.of` for samples of :func:`_plain_names`, with numpy."""
     n = len(got.taken)
     # one column per extension, in order of first appearance (equal names share one)
