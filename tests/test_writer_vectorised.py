@@ -21,7 +21,15 @@ from shardex.backends.webdataset import writer
 from shardex.backends.webdataset.layout import zeroed
 from shardex.backends.webdataset.writer import ShardJob, _jpegs_good, write_shard
 from shardex.codecs.images import MAX_PIXELS
-from shardex.format.tar import BLOCK, encode_member, header_blocks, long_headers
+from shardex.format.dali_index import DaliIndex
+from shardex.format.tar import (
+    BLOCK,
+    encode_member,
+    header_blocks,
+    iter_members,
+    long_headers,
+    split_name,
+)
 from shardex.rows import Members
 from shardex.sample_check import SampleCheck, image_problem
 from shardex.sources.base import MEMBER_TYPE
@@ -229,3 +237,35 @@ def test_reused_skeleton_is_never_one_a_view_still_holds() -> None:
     assert not np.shares_memory(first, second)
     assert (second == 0).all()
     assert held[0] == 9
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_dali_index_is_the_one_the_tar_gives(tmp_path: Path, odd: bool) -> None:
+    """Each .idx file the writer builds with Arrow is the one DaliIndex makes from the
+    tar's own members (v1.2 with names; v1.1 where a name holds a space)."""
+    n = 40
+    keys = [f"{i:03d}" if not (odd and i % 5 == 0) else f"d/k {i}" for i in range(n)]
+    source = {
+        "key": keys,
+        "jpg": [_jpeg(i) for i in range(n)],
+        "seg": [b"s" * (i * 53 % 900) for i in range(n)],
+        "label": [i % 3 for i in range(n)],
+    }
+    shardex.export(source, tmp_path / "out", workers=1, samples_per_shard=16)
+    idx_files = sorted((tmp_path / "out").rglob("*.idx"))
+    assert len(idx_files) == 3
+    for idx in idx_files:
+        data = idx.with_suffix(".tar").read_bytes()
+        want = DaliIndex()
+        sample: list[tuple[str, int, int, str]] = []
+        start = key = None
+        for m in iter_members(data):
+            k, ext = split_name(m.name)
+            if k != key:
+                if sample:
+                    want.add(start or 0, sample)
+                sample, start, key = [], m.header_offset, k
+            sample.append((ext, m.data_offset - (start or 0), m.size, m.name))
+        want.add(start or 0, sample)
+        assert idx.read_bytes() == want.to_bytes()
+        assert idx.read_bytes().startswith(b"v1.1" if odd else b"v1.2")
