@@ -30,7 +30,7 @@ VERSION_WITHOUT_NAMES: Final = "v1.1"
 
 # The bytes C++ isspace() treats as separators in the "C" locale; UTF-8 sequences of other
 # characters never contain them.
-_WHITESPACE: Final = re.compile(r"[ \t\n\v\f\r]")
+WHITESPACE: Final = re.compile(r"[ \t\n\v\f\r]")
 
 #: (extension, data offset, data size, member name) of one tar member.
 Component = tuple[str, int, int, str]
@@ -50,9 +50,9 @@ class DaliIndex:
         if not components:  # DALI refuses a sample line without members
             self._representable = False
         for ext, _, _, name in components:
-            if not ext or _WHITESPACE.search(ext):
+            if not ext or WHITESPACE.search(ext):
                 self._representable = False
-            elif self._names_ok and _WHITESPACE.search(name):
+            elif self._names_ok and WHITESPACE.search(name):
                 self._names_ok = False
         self._samples.append((start, components))
 
@@ -88,14 +88,14 @@ def dali_index_bytes(
     after sample: one string per member, no Python loop per sample line."""
     if not counts or min(counts) == 0:
         return None
-    if any(not e or _WHITESPACE.search(e) for e in set(exts)):
+    if any(not e or WHITESPACE.search(e) for e in set(exts)):
         return None
     ends = [" "] * len(exts)
     at = -1
     for count in counts:  # the last member of each sample ends its line
         at += count
         ends[at] = "\n"
-    if _WHITESPACE.search("".join(names)) is None:
+    if WHITESPACE.search("".join(names)) is None:
         body = map("{} {} {} {}{}".format, exts, offsets, sizes, names, ends)
         version = VERSION
     else:

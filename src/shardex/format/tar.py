@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 
 from shardex.errors import FormatError
 
-if TYPE_CHECKING:  # numpy: the writer's encode_members only, reading needs none
+if TYPE_CHECKING:  # numpy: the writer's header_blocks only, reading needs none
     import numpy as np
     import numpy.typing as npt
 
@@ -115,62 +115,58 @@ def encode_member(name: bytes, size: int) -> bytes:
     )
 
 
-def encode_members(
-    names: list[bytes], sizes: npt.NDArray[np.int64]
-) -> tuple[bytes, npt.NDArray[np.int64]]:
-    """The headers of many members at once: their bytes back to back, and where each
-    starts (member ``j``'s header is ``[starts[j], starts[j + 1])``). The same bytes as
-    :func:`encode_member` for each, built with numpy: one Python call per header costs
-    more than writing its member."""
+def long_headers(
+    values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> dict[int, bytes]:
+    """The whole header bytes (:func:`encode_member`), by member number, of the few
+    members whose name (``values[offsets[j]:offsets[j + 1]]``) is past ustar's 100
+    bytes; :func:`header_blocks` builds the others."""
     import numpy as np
 
-    count = len(names)
-    if count and int(sizes.max()) > MAX_MEMBER_SIZE:
+    long = np.flatnonzero(np.diff(offsets) > 100).tolist()
+    return {
+        j: encode_member(values[offsets[j] : offsets[j + 1]].tobytes(), int(sizes[j])) for j in long
+    }
+
+
+def header_blocks(
+    values: npt.NDArray[np.uint8],
+    offsets: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    into: npt.NDArray[np.uint8],
+    rows: npt.NDArray[np.int64],
+) -> None:
+    """The headers of many members at once, from their names back to back (member ``j``'s
+    name is ``values[offsets[j]:offsets[j + 1]]``), built with numpy (one Python call per
+    header costs more than writing its member) into the 512-byte rows ``into[rows[j]]``;
+    names past ustar's 100 bytes are left out (see :func:`long_headers`). The same bytes
+    as :func:`encode_member` for each."""
+    import numpy as np
+
+    if len(sizes) and int(sizes.max()) > MAX_MEMBER_SIZE:
         big = int(np.argmax(sizes))
-        _header(names[big], int(sizes[big]))  # raises the one-line error
-    fixed = np.fromiter(map(len, names), np.int64, count) <= 100
-    blocks = np.empty((count, BLOCK), np.uint8)
-    blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
-    if count:
-        raw = np.array([n if ok else b"" for n, ok in zip(names, fixed, strict=True)], "S100")
-        name_bytes = (
-            raw.view(np.uint8).reshape(count, 100)
-            if raw.itemsize == 100
-            else (
-                np.pad(
-                    raw.view(np.uint8).reshape(count, raw.itemsize),
-                    ((0, 0), (0, 100 - raw.itemsize)),
-                )
-            )
-        )
-        blocks[:, :100] = name_bytes
-        shifts = 3 * np.arange(10, -1, -1, dtype=np.int64)
-        blocks[:, 124:135] = ((sizes[:, None] >> shifts) & 7) + ord("0")
-        blocks[:, 135] = 0
-        total = (
-            _TEMPLATE_SUM
-            + name_bytes.sum(axis=1, dtype=np.int64)
-            + blocks[:, 124:136].sum(axis=1, dtype=np.int64)
-            - sum(_TEMPLATE[124:136])
-        )
-        blocks[:, 148:154] = ((total[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
-        blocks[:, 154] = 0
-        blocks[:, 155] = ord(" ")
-    lengths = np.full(count, BLOCK, np.int64)
-    if fixed.all():
-        parts = blocks.tobytes()
-    else:
-        pieces = []
-        for j in range(count):
-            if fixed[j]:
-                pieces.append(blocks[j].tobytes())
-            else:
-                pieces.append(encode_member(names[j], int(sizes[j])))
-                lengths[j] = len(pieces[-1])
-        parts = b"".join(pieces)
-    starts = np.zeros(count + 1, np.int64)
-    np.cumsum(lengths, out=starts[1:])
-    return parts, starts
+        name = values[offsets[big] : offsets[big + 1]].tobytes()
+        _header(name, int(sizes[big]))  # raises the one-line error
+    lengths = np.diff(offsets)
+    fixed = lengths <= 100
+    short = np.where(fixed, lengths, 0)
+    rows, sizes = rows[fixed], sizes[fixed]
+    # the name bytes, scattered into their rows (a ragged arange; the template's are 0)
+    within = np.arange(int(short.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(short) - short, short
+    )
+    name_bytes = values[np.repeat(offsets[:-1], short) + within]
+    into[rows] = np.frombuffer(_TEMPLATE, np.uint8)
+    into.reshape(-1)[np.repeat(rows * BLOCK, short[fixed]) + within] = name_bytes
+    digits = ((sizes[:, None] >> (3 * np.arange(10, -1, -1, dtype=np.int64))) & 7) + ord("0")
+    into[rows, 124:135] = digits
+    into[rows, 135] = 0
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), short[fixed])
+    names = np.bincount(owner, weights=name_bytes, minlength=len(rows)).astype(np.int64)
+    checksum = _TEMPLATE_SUM + names + digits.sum(axis=1) - sum(_TEMPLATE[124:135])
+    into[rows, 148:154] = ((checksum[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
+    into[rows, 154] = 0
+    into[rows, 155] = ord(" ")
 
 
 def member_bytes(name: str, data: bytes) -> bytes:

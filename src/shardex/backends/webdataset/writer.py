@@ -9,6 +9,7 @@ the members (see :mod:`shardex.format.dali_index`), computed from the same layou
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from dataclasses import dataclass
@@ -21,12 +22,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex.codecs.images import IMAGE_EXTENSIONS
+from shardex.backends.webdataset.layout import (
+    Ints,
+    ShardLayout,
+    binary_buffers,
+    gathered,
+    int_array,
+    spread,
+    string_array,
+)
 from shardex.errors import BadSampleError, ShardexError
-from shardex.format.dali_index import Component, dali_index_bytes
+from shardex.format.dali_index import VERSION, VERSION_WITHOUT_NAMES, Component
+from shardex.format.dali_index import WHITESPACE as DALI_WHITESPACE
 from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
-from shardex.format.tar import BLOCK, END_OF_ARCHIVE, encode_members, member_header
+from shardex.format.tar import BLOCK, END_OF_ARCHIVE, member_header
 from shardex.planning import plan_bounds
 from shardex.rows import (
     JSON_COLUMN,
@@ -180,127 +190,17 @@ class ShardWritten:
         return len(self.offsets)
 
 
-class _Layout:
-    """The tar members of a job's candidates: names, headers and payloads, built for all
-    candidates at once (numpy over the members; one Python object per member only where
-    the write loop takes it: no Python loop per member here)."""
-
-    def __init__(self, job: ShardJob) -> None:
-        n = job.rows.num_rows
-        members = job.members
-        self.keys: list[str] = job.rows.column("key").to_pylist()
-        rows = np.asarray(job.member_rows, np.int64)
-        counts = members.starts[rows + 1] - members.starts[rows]
-        # the members the writer adds after a sample's own: KEY.cls, then KEY.json
-        extras = [(field, _inline(values)) for field, values in _extra_values(job, n)]
-        has = [np.fromiter((v is not None for v in vs), bool, n) for _, vs in extras]
-        per = counts + sum((h.astype(np.int64) for h in has), np.zeros(n, np.int64))
-        firsts = np.zeros(n + 1, np.int64)
-        np.cumsum(per, out=firsts[1:])
-        total = int(firsts[-1])
-        owner = np.repeat(np.arange(n, dtype=np.int64), per)
-        # source members: candidate i's k-th member is members.starts[rows[i]] + k
-        within = np.arange(total, dtype=np.int64) - firsts[owner]
-        own = within < counts[owner]
-        source = np.where(own, members.starts[rows][owner] + within, -1)
-        ext_codes = np.empty(total, np.int64)
-        sizes = np.empty(total, np.int64)
-        ext_codes[own] = members.ext_codes[source[own]]
-        sizes[own] = members.size[source[own]]
-        ext_names = [*members.ext_names, *(field for field, _ in extras)]
-        payloads: list[int | bytes] = source.tolist()
-        at = counts.copy()
-        for k, ((_, values), present) in enumerate(zip(extras, has, strict=True)):
-            which = np.flatnonzero(present)
-            where = firsts[which] + at[which]
-            ext_codes[where] = len(members.ext_names) + k
-            datas = [b for b in (values[i] for i in which.tolist()) if b is not None]
-            sizes[where] = np.fromiter(map(len, datas), np.int64, len(datas))
-            for t, data in zip(where.tolist(), datas, strict=True):
-                payloads[t] = data
-            at += present
-        names_of = np.array(ext_names, object)
-        #: Per member: its extension, and a member of ``members`` or the bytes themselves.
-        self.exts: list[str] = names_of[ext_codes].tolist()
-        self.payloads = payloads
-        self.sizes: list[int] = sizes.tolist()
-        self.firsts: list[int] = firsts.tolist()
-        keys_of = np.array(self.keys, object)[owner].tolist() if total else []
-        self.names = [f"{k}.{e}" for k, e in zip(keys_of, self.exts, strict=True)]
-        raw = [m.encode() for m in self.names]
-        self.headers, starts_ = encode_members(raw, sizes)
-        self.header_starts: list[int] = starts_.tolist()
-        view = self.headers
-        hs = self.header_starts
-        #: Per member: its header bytes and the zeros after its data.
-        self.heads = [view[hs[t] : hs[t + 1]] for t in range(total)]
-        self.pads = [_PADS[p] for p in (-sizes % BLOCK).tolist()]
-        image = np.array(
-            [e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in ext_names], bool
-        )
-        self.is_image: list[bool] = (image[ext_codes] & own).tolist() if total else []
-        self.pieces = self._pieces()
-        # arrays for the index files of the samples taken (see _Taken)
-        self.owner = owner
-        self.np_firsts = firsts
-        self.np_sizes = sizes
-        self.ext_codes = ext_codes
-        self.ext_names = ext_names
-        hlen = np.diff(starts_)
-        length = hlen + sizes + (-sizes % BLOCK)
-        before = np.zeros(total + 1, np.int64)
-        np.cumsum(length, out=before[1:])
-        #: Per member: where its data starts, counted from its sample's first byte.
-        self.data_at = before[:-1] - before[firsts[:-1]][owner] + hlen
-        #: Per candidate: its bytes in the tar (headers, data, padding).
-        self.sample_bytes: list[int] = (before[firsts[1:]] - before[firsts[:-1]]).tolist()
-        self.name_len = np.fromiter(map(len, raw), np.int64, total)
-
-    def _pieces(self) -> list[list[bytes | int]]:
-        """Per candidate, its tar bytes as the writer puts them out: the bytes known
-        before reading (headers, padding, the members the writer adds) joined between
-        the source members, which stand as their numbers (``~j`` for an image, which is
-        checked as it is read). A JPEG with its label is three parts: header, image,
-        padding + the label's header, bytes and padding."""
-        heads, pads, payloads, is_image = self.heads, self.pads, self.payloads, self.is_image
-        firsts = self.firsts
-        out: list[list[bytes | int]] = []
-        for i in range(len(firsts) - 1):
-            pieces: list[bytes | int] = []
-            known: list[bytes | memoryview] = []
-            for t in range(firsts[i], firsts[i + 1]):
-                known.append(heads[t])
-                p = payloads[t]
-                if isinstance(p, int):
-                    pieces.append(b"".join(known))
-                    pieces.append(~p if is_image[t] else p)
-                    known = []
-                else:
-                    known.append(p)
-                known.append(pads[t])
-            if known:
-                pieces.append(b"".join(known))
-            out.append(pieces)
-        return out
-
-
-def _extra_values(job: ShardJob, n: int) -> list[tuple[str, list[Any]]]:
-    """The values of the members the writer adds, per candidate (None: no member)."""
-    out: list[tuple[str, list[Any]]] = []
-    if job.with_label:
-        out.append((LABEL_FIELD, job.rows.column("label").to_pylist()))
-    if JSON_COLUMN in job.rows.column_names:
-        out.append(("json", job.rows.column(JSON_COLUMN).to_pylist()))
-    return out
-
-
-def _inline(values: list[Any]) -> list[bytes | None]:
-    """A member's bytes from its value: bytes as they are, anything else as ASCII text."""
-    return [v if v is None or isinstance(v, bytes) else str(v).encode() for v in values]
-
-
-#: The zeros after a member's data, by their count.
-_PADS: Final = tuple(bytes(p) for p in range(BLOCK))
+def _layout(job: ShardJob) -> ShardLayout:
+    members = job.members
+    return ShardLayout(
+        job.rows,
+        members.starts,
+        members.ext_codes,
+        members.ext_names,
+        members.size,
+        job.member_rows,
+        job.with_label,
+    )
 
 
 class _TarOut:
@@ -319,9 +219,7 @@ class _TarOut:
         self.pending = 0
 
     def flush(self) -> None:
-        update = self.whole.update
-        for part in self.parts:
-            update(part)
+        collections.deque(map(self.whole.update, self.parts), 0)  # no Python frame a part
         if self.writing:
             if self._out is None:
                 self._out = self._stack.enter_context(
@@ -351,13 +249,13 @@ class _Mismatch(Exception):
 
 
 def _fill(
-    job: ShardJob, layout: _Layout, source: ByteSource, out: _TarOut, old: _Existing | None
+    job: ShardJob, layout: ShardLayout, source: ByteSource, out: _TarOut, old: _Existing | None
 ) -> _Picked:
     """Take good candidates in order until the shard is full; append each to ``out``.
     Each member's bytes are read once: checked (images), appended and hashed. This loop
     runs once per sample: it holds only what must be done per sample."""
     got = _Picked()
-    pieces_of, sizes, lengths_of = layout.pieces, job.sizes.tolist(), layout.sample_bytes
+    pieces_of, sizes, lengths_of = layout.pieces, job.sizes.tolist(), layout.sample_bytes.tolist()
     cap, limit, check = job.max_shard_bytes, job.samples_per_shard, job.check
     taken, offsets, lengths, sums = got.taken, got.offsets, got.lengths, got.sums
     read, hasher = source.read, xxhash.xxh3_64
@@ -371,7 +269,7 @@ def _fill(
         got.consumed = i + 1
         reason = None
         start = len(parts)
-        for p in pieces_of[i]:
+        for p in pieces_of(i):
             if type(p) is int:  # a source member: read (its own buffer), checked if an image
                 try:
                     data = read(p if p >= 0 else ~p)
@@ -411,65 +309,304 @@ def _fill(
     return got
 
 
-def _bad(job: ShardJob, layout: _Layout, i: int, reason: str, got: _Picked) -> None:
+def _bad(job: ShardJob, layout: ShardLayout, i: int, reason: str, got: _Picked) -> None:
     """A bad candidate: refuse the export, or record it and go on."""
     original = str(job.rows.column("original_path")[i].as_py())
     if job.check.on_error == "error":
         raise BadSampleError(refusal(original, reason), reason=reason)
-    got.skipped.append({"key": layout.keys[i], "original_path": original, "reason": reason})
+    got.skipped.append({"key": layout.key(i), "original_path": original, "reason": reason})
 
 
-def _components(layout: _Layout, got: _Picked) -> list[list[Component]]:
+def _planned_take(job: ShardJob) -> int:
+    """How many candidates the shard takes when every one is good (as :func:`_fill`
+    decides: up to ``samples_per_shard``, and within ``max_shard_bytes``)."""
+    n = job.rows.num_rows
+    take = int(min(n, job.samples_per_shard))
+    cap = job.max_shard_bytes
+    if cap is not None and take > 1:
+        used = len(END_OF_ARCHIVE) + np.cumsum(np.asarray(job.sizes[:take], np.int64))
+        over = np.flatnonzero(used[1:] > cap)
+        if len(over):
+            take = int(over[0]) + 1
+    return take
+
+
+def _fill_inline(job: ShardJob, layout: ShardLayout, out: _TarOut) -> _Picked | None:
+    """:func:`_fill` for a shard whose source members are all in this process's memory
+    (Arrow buffers), done over all its samples at once: the images' headers checked with
+    numpy, the pieces taken as views and each sample hashed without a Python frame per
+    sample. None (nothing written) when a taken candidate is bad, or cannot be taken
+    this way: :func:`_fill` then writes the shard, one sample at a time."""
+    check = job.check
+    if check.validate == "decode" or not job.rows.num_rows:
+        return None
+    k = _planned_take(job)
+    ts = layout.own_members[: layout.own_from[k]]
+    js = layout.source[ts]
+    members = job.members
+    if not members.inline[js].all():
+        return None
+    got = _member_views(members, js, layout.sizes[ts])
+    if got is None:
+        return None
+    views, spots = got
+    images = np.flatnonzero(layout.is_image[ts])
+    if len(images) and not _images_good(views, spots, images, check):
+        return None
+    # the tar: each sample's pieces (skeleton runs between its source members, which
+    # are views of their buffers), hashed and written as they are
+    columns = _sample_pieces(layout, k, views)
+    sums = _sample_sums(job, k, columns)
+    pieces: list[memoryview] = [layout.view] * (k * len(columns))
+    for c, column in enumerate(columns):
+        pieces[c :: len(columns)] = column
+    lengths = layout.sample_bytes[:k]
+    offsets = np.zeros(k, np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    size = int(offsets[-1] + lengths[-1])
+    _put(out, pieces, np.fromiter(map(len, pieces), np.int64, len(pieces)))
+    return _Picked(
+        taken=list(range(k)),
+        offsets=offsets.tolist(),
+        lengths=lengths.tolist(),
+        sums=sums,
+        consumed=k,
+        full=k < job.rows.num_rows,
+        size=size + len(END_OF_ARCHIVE),
+    )
+
+
+def _member_views(
+    members: Members, js: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> tuple[list[memoryview], list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]]] | None:
+    """Views of inline members' bytes in their Arrow chunks, and per member its chunk's
+    bytes (numpy) and start; None when a member's bytes are not its recorded size."""
+    chunks = members.data.chunks
+    bounds = np.zeros(len(chunks) + 1, np.int64)
+    np.cumsum([len(c) for c in chunks], out=bounds[1:])
+    which = np.searchsorted(bounds, js, side="right") - 1
+    views: list[memoryview] = [memoryview(b"")] * len(js)
+    spots = []
+    for c in np.unique(which).tolist():
+        chunk = chunks[c]
+        data, offsets = binary_buffers(chunk)
+        at = np.flatnonzero(which == c)
+        local = js[at] - bounds[c]
+        lo, hi = offsets[local], offsets[local + 1]
+        if not np.array_equal(hi - lo, sizes[at]):
+            return None
+        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
+        mv: memoryview = data.data
+        got = list(map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist())))
+        if len(at) == len(js):
+            views = got
+        else:
+            for t, v in zip(at.tolist(), got, strict=True):
+                views[t] = v
+        spots.append((data, at, lo, hi))
+    return views, spots  # type: ignore[return-value]
+
+
+def _images_good(
+    views: list[memoryview],
+    spots: list[Any],
+    images: npt.NDArray[np.int64],
+    check: SampleCheck,
+) -> bool:
+    """Whether every image among the members passes ``check`` (``header`` or ``none``):
+    JPEGs that end with their end-of-image marker are checked with numpy, all at once
+    (the marker walk of :func:`~shardex.codecs.images.jpeg_size`); the rest one by one."""
+    mask = np.zeros(len(views), bool)
+    mask[images] = True
+    for data, at, lo, hi in spots:
+        pick = mask[at]
+        lo_i, hi_i = lo[pick], hi[pick]
+        if check.validate == "none":
+            if (hi_i == lo_i).any():
+                return False
+            continue
+        ok = _jpegs_good(data, lo_i, hi_i, check.max_pixels)
+        for t in at[pick][~ok].tolist():
+            if image_problem(views[t], check) is not None:
+                return False
+    return True
+
+
+#: JPEG frame markers (start of frame), as :func:`~shardex.codecs.images.jpeg_size` knows.
+_FRAMES: Final = np.array(
+    [0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF], np.uint8
+)
+
+
+def _jpegs_good(
+    data: npt.NDArray[np.uint8], lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], limit: int
+) -> npt.NDArray[np.bool_]:
+    """Per image ``data[lo:hi]``: True where :func:`~shardex.sample_check.image_problem`'s
+    fast JPEG test passes (JPEG start, end-of-image marker, pixel size within ``limit``
+    or not found); False: to check one by one."""
+    size = hi - lo
+    ok = size > 4
+    safe_lo = np.where(ok, lo, 0)
+    safe_hi = np.where(ok, hi, 5)
+    ok &= (data[safe_lo] == 0xFF) & (data[safe_lo + 1] == 0xD8) & (data[safe_lo + 2] == 0xFF)
+    ok &= (data[safe_hi - 2] == 0xFF) & (data[safe_hi - 1] == 0xD9)
+    # the marker walk, for every image still open at once
+    live = np.flatnonzero(ok)
+    pos = np.full(len(live), 2, np.int64)
+    for _ in range(512):
+        if not len(live):
+            break
+        room = pos + 9 <= size[live]
+        live, pos = live[room], pos[room]  # no frame header before the end: size unknown
+        at = lo[live] + pos
+        marker = data[at] == 0xFF
+        live, pos, at = live[marker], pos[marker], at[marker]  # not a marker: unknown
+        frame = np.isin(data[at + 1], _FRAMES)
+        found, f_at = live[frame], at[frame]
+        height = data[f_at + 5].astype(np.int64) << 8 | data[f_at + 6]
+        width = data[f_at + 7].astype(np.int64) << 8 | data[f_at + 8]
+        ok[found] = width * height <= limit
+        rest = ~frame
+        live, pos, at = live[rest], pos[rest], at[rest]
+        pos = pos + 2 + (data[at + 2].astype(np.int64) << 8 | data[at + 3])
+    return ok
+
+
+def _sample_pieces(layout: ShardLayout, k: int, views: list[memoryview]) -> list[list[memoryview]]:
+    """The first ``k`` candidates' tar bytes as columns of pieces, one piece per
+    candidate in each: its first skeleton run, its first source member, the run after
+    it, ... (empty pieces where a candidate has fewer source members than another)."""
+    view = layout.view
+    first, own_from, ts = layout.firsts, layout.own_from, layout.own_members
+    counts = own_from[1 : k + 1] - own_from[:k]
+    finish = layout.block_start[first[1 : k + 1]] * BLOCK
+    most = int(counts.max())
+    empty = memoryview(b"")
+
+    def run(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> list[memoryview]:
+        return list(map(view.__getitem__, map(slice, a.tolist(), b.tolist())))
+
+    def member(q: int) -> npt.NDArray[np.int64]:  # each sample's q-th source member
+        return ts[np.minimum(own_from[:k] + q, max(len(ts) - 1, 0))] if len(ts) else own_from[:k]
+
+    begin = layout.block_start[first[:k]] * BLOCK
+    columns = [run(begin, np.where(counts > 0, layout.header_end[member(0)], finish))]
+    uniform = bool((counts == most).all())
+    for q in range(most):
+        has = counts > q
+        if uniform:
+            columns.append(views[q::most])
+        else:
+            at = own_from[:k] - own_from[0] + q
+            columns.append(
+                [views[a] if h else empty for a, h in zip(at.tolist(), has.tolist(), strict=True)]
+            )
+        start = np.where(has, layout.pad_start[member(q)], finish)
+        stop = np.where(counts > q + 1, layout.header_end[member(q + 1)], finish)
+        columns.append(run(start, stop))
+    return columns
+
+
+def _sample_sums(job: ShardJob, k: int, columns: list[list[memoryview]]) -> list[int]:
+    """Each of the first ``k`` candidates' checksum over its pieces (seeded with its
+    sample number as :func:`_fill` seeds it): one ``map`` a column, no Python frame a
+    sample."""
+    seed = job.first_sample if job.seeded else 0
+    seeds = range(seed, seed + k) if job.seeded else [0] * k
+    hashers = list(map(xxhash.xxh3_64, columns[0], seeds))
+    update = xxhash.xxh3_64.update
+    for column in columns[1:]:
+        collections.deque(map(update, hashers, column), 0)
+    return list(map(xxhash.xxh3_64.intdigest, hashers))
+
+
+def _put(out: _TarOut, pieces: list[memoryview], lengths: npt.NDArray[np.int64]) -> None:
+    """Hand the pieces to ``out`` in writes of about :data:`_FLUSH` bytes."""
+    ends = np.cumsum(lengths)
+    cuts = np.searchsorted(ends, np.arange(_FLUSH, int(ends[-1]), _FLUSH), side="right")
+    at = 0
+    for cut in [*np.unique(cuts).tolist(), len(pieces)]:
+        if cut > at:
+            out.parts.extend(pieces[at:cut])
+            out.flush()
+            at = cut
+
+
+def _components(layout: ShardLayout, got: _Picked) -> list[list[Component]]:
     """The members of each taken sample: extension, data offset from the sample's first
     byte (past the header lengths), size and name."""
-    hstarts, firsts, sizes = layout.header_starts, layout.firsts, layout.sizes
-    out: list[list[Component]] = []
-    for i in got.taken:
-        parts: list[Component] = []
-        at = 0
-        for t in range(firsts[i], firsts[i + 1]):
-            at += hstarts[t + 1] - hstarts[t]
-            size = sizes[t]
-            parts.append((layout.exts[t], at, size, layout.names[t]))
-            at += size + (-size % BLOCK)
-        out.append(parts)
-    return out
+    firsts, sizes, at = layout.firsts.tolist(), layout.sizes.tolist(), layout.data_at.tolist()
+    codes = layout.ext_codes.tolist()
+    data, offsets = layout.name_data, layout.name_offsets.tolist()
+    return [
+        [
+            (
+                layout.ext_names[codes[t]],
+                at[t],
+                sizes[t],
+                data[offsets[t] : offsets[t + 1]].tobytes().decode(),
+            )
+            for t in range(firsts[i], firsts[i + 1])
+        ]
+        for i in got.taken
+    ]
 
 
 def _taken_members(
-    layout: _Layout, got: _Picked
+    layout: ShardLayout, got: _Picked
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The members of the taken samples: how many each has, and their numbers (layout
     order), sample after sample."""
     taken = np.array(got.taken, np.int64)
-    firsts = layout.np_firsts
+    firsts = layout.firsts
     counts = firsts[taken + 1] - firsts[taken]
-    ends = np.cumsum(counts)
-    flat = (
-        np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
-        - np.repeat(ends - counts, counts)
-        + np.repeat(firsts[taken], counts)
+    return counts, spread(firsts[taken], counts)
+
+
+def _dali_index(layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints) -> bytes | None:
+    """The DALI index file of the taken samples (None: it cannot describe them): the
+    bytes of :func:`~shardex.format.dali_index.dali_index_bytes`, each line's text built
+    by Arrow over all members at once."""
+    if not len(counts) or int(counts.min()) == 0:
+        return None
+    exts = [layout.ext_names[c] for c in np.unique(layout.ext_codes[flat]).tolist()]
+    if any(not e or DALI_WHITESPACE.search(e) for e in exts):
+        return None
+    ext_raw = [e.encode() for e in layout.ext_names]
+    ext_at = np.zeros(len(ext_raw) + 1, np.int64)
+    np.cumsum([len(e) for e in ext_raw], out=ext_at[1:])
+    ext_data, ext_offsets = gathered(
+        np.frombuffer(b"".join(ext_raw), np.uint8), ext_at, layout.ext_codes[flat]
     )
-    return counts, flat
-
-
-def _dali_index(
-    layout: _Layout, got: _Picked, counts: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
-) -> bytes | None:
-    """The DALI index file of the taken samples (None: it cannot describe them)."""
     starts = np.repeat(np.array(got.offsets, np.int64), counts)
-    members = flat.tolist()
-    return dali_index_bytes(
-        counts.tolist(),
-        [layout.exts[t] for t in members],
-        (starts + layout.data_at[flat]).tolist(),
-        layout.np_sizes[flat].tolist(),
-        [layout.names[t] for t in members],
-    )
+    ends = np.full(len(flat), ord(" "), np.uint8)
+    ends[np.cumsum(counts) - 1] = ord("\n")
+    m = len(flat)
+    one = np.arange(m + 1, dtype=np.int64)  # offsets of one-byte strings
+    space = string_array(np.full(m, ord(" "), np.uint8), one)
+    fields = [
+        string_array(ext_data, ext_offsets),
+        space,
+        pc.cast(int_array(starts + layout.data_at[flat], pa.int64()), pa.large_string()),
+        space,
+        pc.cast(int_array(layout.sizes[flat], pa.int64()), pa.large_string()),
+    ]
+    if layout.names_have_whitespace(flat):
+        version = VERSION_WITHOUT_NAMES
+    else:
+        version = VERSION
+        names = layout.names_of(flat).cast(pa.large_string())
+        fields += [space, names]
+    fields.append(string_array(ends, one))
+    nothing = string_array(np.zeros(0, np.uint8), np.zeros(m + 1, np.int64))
+    lines = pc.binary_join_element_wise(*fields, nothing)  # no separator: the fields hold it
+    data, offsets = binary_buffers(lines)
+    head = f"{version} {len(counts)}\n".encode()
+    return head + data[offsets[0] : offsets[-1]].tobytes()
 
 
 def _member_spans(
-    layout: _Layout, got: _Picked, counts: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
+    layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints
 ) -> MemberSpans | None:
     """Where each taken sample's key and members lie (the split's index-members rows);
     None when they hold too many extensions for one (see MAX_MEMBER_COLUMNS)."""
@@ -483,7 +620,7 @@ def _member_spans(
     )
 
 
-def _plain_names(layout: _Layout, got: _Picked, flat: npt.NDArray[np.int64]) -> bool:
+def _plain_names(layout: ShardLayout, got: _Picked, flat: npt.NDArray[np.int64]) -> bool:
     """Whether every taken member's name is ``KEY.EXT`` as a reader splits it (see
     :func:`~shardex.format.index.member_row`): within ustar's 100-byte name field, the
     key's last path part without a dot, the extension not empty and without a slash.
@@ -494,13 +631,12 @@ def _plain_names(layout: _Layout, got: _Picked, flat: npt.NDArray[np.int64]) -> 
     codes = np.unique(layout.ext_codes[flat]).tolist()
     if any(not layout.ext_names[c] or "/" in layout.ext_names[c] for c in codes):
         return False
-    keys = layout.keys
-    return not any("." in keys[i].rpartition("/")[2] for i in got.taken)
+    data, offsets = gathered(layout.key_data, layout.key_offsets, np.array(got.taken, np.int64))
+    keys = string_array(data, offsets)
+    return not pc.any(pc.match_substring_regex(keys, r"\.[^/]*$")).as_py()
 
 
-def _plain_spans(
-    layout: _Layout, got: _Picked, counts: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
-) -> MemberSpans | None:
+def _plain_spans(layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints) -> MemberSpans | None:
     """:meth:`MemberSpans.of` for samples of :func:`_plain_names`, with numpy."""
     n = len(got.taken)
     # one column per extension, in order of first appearance (equal names share one)
@@ -516,10 +652,10 @@ def _plain_spans(
     sample = np.repeat(np.arange(n, dtype=np.int64), counts)
     spans = np.full((n, 2 + 2 * len(order)), ABSENT, np.uint32)
     spans[:, 0] = 0
-    key_len = np.fromiter((len(layout.keys[i].encode()) for i in got.taken), np.int64, n)
+    key_len = np.diff(layout.key_offsets)[np.array(got.taken, np.int64)]
     spans[:, 1] = np.where(counts > 0, key_len, ABSENT)
     spans[sample, 2 + 2 * col] = layout.data_at[flat]
-    spans[sample, 3 + 2 * col] = layout.np_sizes[flat]
+    spans[sample, 3 + 2 * col] = layout.sizes[flat]
     cells = sample * max(len(order), 1) + col
     if len(np.unique(cells)) != len(cells):  # a repeated extension: readers parse those
         dup = np.ones(len(cells), bool)
@@ -529,7 +665,7 @@ def _plain_spans(
         last = np.unique(cells[::-1], return_index=True)[1]
         keep = len(cells) - 1 - last
         spans[sample[keep], 2 + 2 * col[keep]] = layout.data_at[flat][keep]
-        spans[sample[keep], 3 + 2 * col[keep]] = layout.np_sizes[flat][keep]
+        spans[sample[keep], 3 + 2 * col[keep]] = layout.sizes[flat][keep]
     names = list(ext_ids)
     return MemberSpans(tuple(names[e] for e in order.tolist()), spans)
 
@@ -551,18 +687,19 @@ def write_shard(job: ShardJob) -> ShardWritten:
     old = _existing(job) if job.resume or job.alternate else None
     if old is None and job.alternate is not None:
         return write_shard(_elsewhere(job))
-    layout = _Layout(job)
+    layout = _layout(job)
     source = ByteSource(job.members)
     # members on object storage are fetched ahead, but only those of the candidates the
     # shard holds when every one is good: the rest are the next shard's to fetch
     planned = plan_bounds(job.sizes, job.samples_per_shard, job.max_shard_bytes)
     if planned and any("://" in name for name in job.members.path_names):  # objects
-        ahead = layout.payloads[: layout.firsts[planned[0][1]]]
-        source.expect(p for p in ahead if isinstance(p, int))
+        ahead = layout.source[: layout.firsts[planned[0][1]]]
+        source.expect(ahead[ahead >= 0].tolist())
     try:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)
-            got = _fill(job, layout, source, out, old)
+            fast = _fill_inline(job, layout, out) if old is None else None
+            got = fast if fast is not None else _fill(job, layout, source, out, old)
             out.parts.append(END_OF_ARCHIVE)
             if got.taken or not out.writing:
                 out.flush()
@@ -598,19 +735,19 @@ def write_shard(job: ShardJob) -> ShardWritten:
     return dataclasses.replace(done, metadata_checksum=sidecar.checksum)
 
 
-def _written(job: ShardJob, layout: _Layout, got: _Picked, checksum: str) -> ShardWritten:
+def _written(job: ShardJob, layout: ShardLayout, got: _Picked, checksum: str) -> ShardWritten:
     """The record of a shard (its sidecar rows, index arrays, what was skipped)."""
     offsets = np.array(got.offsets, np.uint64)
     lengths = np.array(got.lengths, np.uint32)
     sums = np.array(got.sums, np.uint64)
+    taken = np.array(got.taken, np.int64)
     firsts = layout.firsts
-    names = [layout.names[firsts[i]] if firsts[i + 1] > firsts[i] else "" for i in got.taken]
-    hashes = np.fromiter(
-        (xxhash.xxh3_64_intdigest(layout.keys[i].encode()) for i in got.taken),
-        np.uint64,
-        len(got.taken),
-    )
-    table = _sidecar(job, np.array(got.taken, np.int64), names, offsets, lengths, sums)
+    names = layout.names_of(np.where(firsts[taken + 1] > firsts[taken], firsts[taken], -1))
+    keys: memoryview = layout.key_data.data
+    at = layout.key_offsets
+    views = map(keys.__getitem__, map(slice, at[taken].tolist(), at[taken + 1].tolist()))
+    hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, views), np.uint64, len(taken))
+    table = _sidecar(job, taken, names, offsets, lengths, sums)
     return ShardWritten(
         got.size,
         checksum,
@@ -703,29 +840,38 @@ def _same_prefix(old: _Existing | None, i: int, end: int, checksum: int) -> bool
 def _sidecar(
     job: ShardJob,
     picked: npt.NDArray[np.int64],
-    member_names: list[str],
+    member_names: pa.Array,
     offsets: npt.NDArray[np.uint64],
     lengths: npt.NDArray[np.uint32],
     sums: npt.NDArray[np.uint64],
 ) -> pa.Table:
     """The Parquet rows of a shard: NeMo's columns, typed metadata, byte ranges."""
-    rows = job.rows.take(pa.array(picked, pa.int64()))
+    rows = job.rows.take(int_array(picked, pa.int64()))
     n = rows.num_rows
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path"}
     json_text = json_text_column(rows)
     front = {
         "key": rows.column("key"),
         "image_id": rows.column("key"),
-        "tar_file": pa.array([job.tar_path] * n, pa.string()),
-        "member_name": pa.array(member_names, pa.string()),
+        "tar_file": _repeated(job.tar_path, n),
+        "member_name": member_names,
         "original_path": rows.column("original_path"),
         "metadata": json_text,
     }
     rest = {c: rows.column(c) for c in rows.column_names if c not in internal}
     tail = {
-        "sample_index": pa.array(np.arange(job.first_sample, job.first_sample + n), pa.int64()),
-        "sample_offset": pa.array(offsets, pa.uint64()),
-        "sample_length": pa.array(lengths, pa.uint32()),
-        "sample_checksum": pa.array(sums, pa.uint64()),
+        "sample_index": int_array(
+            np.arange(job.first_sample, job.first_sample + n, dtype=np.int64), pa.int64()
+        ),
+        "sample_offset": int_array(offsets.astype(np.uint64), pa.uint64()),
+        "sample_length": int_array(lengths.astype(np.uint32), pa.uint32()),
+        "sample_checksum": int_array(sums.astype(np.uint64), pa.uint64()),
     }
     return pa.table({**front, **rest, **tail})
+
+
+def _repeated(text: str, n: int) -> pa.Array:
+    """A string array of ``n`` times ``text`` (one copy of its bytes each)."""
+    raw = np.frombuffer(text.encode(), np.uint8)
+    data = np.tile(raw, n)
+    return string_array(data, np.arange(n + 1, dtype=np.int64) * len(raw)).cast(pa.string())

@@ -1,0 +1,298 @@
+"""The tar layout of a shard's candidates, built for all of them at once with numpy.
+
+Every byte of the shard that is not a source member's own bytes (headers, padding, the
+members the writer adds: ``KEY.cls``, ``KEY.json``) is laid out in one zeroed buffer, the
+*skeleton*, in tar order, with one change: the padding after a source member ends a
+512-byte block of its own, so that every header starts on a block boundary there and
+the headers go in as rows of one ``(n, 512)`` array. The tar is then the skeleton's runs
+between source members, interleaved with the members' own buffers: a shard of JPEGs
+with labels is two pieces per sample (the image; its padding, its label member and the
+next sample's header), taken as views, never copied.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardex.codecs.images import IMAGE_EXTENSIONS
+from shardex.format.tar import BLOCK, header_blocks, long_headers
+from shardex.rows import JSON_COLUMN, LABEL_FIELD
+
+Ints = npt.NDArray[np.int64]
+Bytes = npt.NDArray[np.uint8]
+
+#: The bytes C++ ``isspace()`` takes for separators (see shardex.format.dali_index).
+_WHITESPACE: Final = np.frombuffer(b" \t\n\v\f\r", np.uint8)
+
+
+#: Skeletons up to this size reuse one buffer per thread (no page faults on fresh memory).
+_REUSED_BYTES: Final = 16 << 20
+_scratch = threading.local()
+
+
+def zeroed(size: int) -> Bytes:
+    """``size`` zero bytes to write into: a thread's buffer, reused from one shard to the
+    next while no view of it is left (a bytearray that views hold cannot be resized:
+    that is the test), else fresh memory. On a busy machine the page faults of fresh
+    memory cost more than building the skeleton."""
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if size > _REUSED_BYTES:
+        return np.zeros(size, np.uint8)
+    if buf is not None:
+        try:
+            buf.append(0)
+            del buf[-1]
+        except BufferError:  # a view of the last skeleton is still held
+            buf = None
+    if buf is None or len(buf) < size:
+        buf = bytearray(max(size, 1 << 20))
+        _scratch.buf = buf
+    out = np.frombuffer(buf, np.uint8, size)
+    out[:] = 0
+    return out
+
+
+def spread(starts: Ints, lengths: Ints) -> Ints:
+    """The positions ``starts[i] + 0 .. starts[i] + lengths[i] - 1`` of every ``i``, back
+    to back (a ragged arange: gathers and scatters of many short runs in one call)."""
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.arange(total, dtype=np.int64) - np.repeat(ends - lengths - starts, lengths)
+
+
+def binary_buffers(values: pa.Array) -> tuple[Bytes, Ints]:
+    """The bytes and the ``len + 1`` offsets of a large_binary or large_string array."""
+    n = len(values)
+    buffers = values.buffers()
+    if buffers[1] is None:
+        return np.zeros(0, np.uint8), np.zeros(n + 1, np.int64)
+    offsets = np.frombuffer(buffers[1], np.int64)[values.offset : values.offset + n + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return data, offsets
+
+
+def string_array(data: Bytes, offsets: Ints) -> pa.Array:
+    """A large_string array over UTF-8 bytes and offsets (no Python object per value)."""
+    n = len(offsets) - 1
+    return pa.Array.from_buffers(
+        pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+
+
+def gathered(data: Bytes, offsets: Ints, which: Ints) -> tuple[Bytes, Ints]:
+    """The values ``which`` of ``(data, offsets)``, back to back, with their offsets."""
+    lengths = offsets[which + 1] - offsets[which]
+    out = np.zeros(len(which) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return data[spread(offsets[which], lengths)], out
+
+
+def int_array(values: npt.NDArray[Any], kind: pa.DataType) -> pa.Array:
+    """A primitive Arrow array over a numpy array's memory (``values`` already of the
+    matching dtype): ``pa.array`` would import pandas to look for pandas objects."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+
+
+def member_bytes(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column's values as member bytes (large_binary; null: no member): bytes as they
+    are, text as UTF-8, integers as their ASCII digits, anything else as ``str()``
+    writes it (one Python call per value only there)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    kind = values.type
+    if pa.types.is_integer(kind):
+        values = pc.cast(values, pa.string())  # the digits str() writes
+    elif not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
+        texts = [v if v is None or isinstance(v, bytes) else str(v).encode() for v in values]
+        values = pa.array(np.array(texts, dtype=object), pa.binary())
+    return values.cast(pa.large_binary())
+
+
+def _extra_columns(rows: pa.Table, with_label: bool) -> list[tuple[str, pa.Array]]:
+    """The members the writer adds after a sample's own (``KEY.cls``, then
+    ``KEY.json``): their extension and bytes per candidate (null: no member)."""
+    out: list[tuple[str, pa.Array]] = []
+    if with_label:
+        out.append((LABEL_FIELD, member_bytes(rows.column("label"))))
+    if JSON_COLUMN in rows.column_names:
+        out.append(("json", member_bytes(rows.column(JSON_COLUMN))))
+    return out
+
+
+class ShardLayout:
+    """The tar members of a shard's candidates (``rows`` of a job; candidate ``i``'s
+    source members are those of sample ``member_rows[i]`` of ``members``): names,
+    headers, sizes and positions as arrays over every member, and the skeleton."""
+
+    def __init__(
+        self,
+        rows: pa.Table,
+        starts: Ints,
+        ext_codes: npt.NDArray[np.int32],
+        ext_names: tuple[str, ...],
+        member_sizes: Ints,
+        member_rows: Ints,
+        with_label: bool,
+    ) -> None:
+        n = rows.num_rows
+        key_column = rows.column("key")
+        self.key_array: pa.Array = member_bytes(key_column)
+        self.key_data, self.key_offsets = binary_buffers(self.key_array)
+        self.key_texts = key_column
+        member_rows = np.asarray(member_rows, np.int64)
+        counts = starts[member_rows + 1] - starts[member_rows]
+        extras = _extra_columns(rows, with_label)
+        present = [pc.is_valid(a).to_numpy(zero_copy_only=False) for _, a in extras]
+        per = counts + sum((h.astype(np.int64) for h in present), np.zeros(n, np.int64))
+        firsts = np.zeros(n + 1, np.int64)
+        np.cumsum(per, out=firsts[1:])
+        total = int(firsts[-1])
+        owner = np.repeat(np.arange(n, dtype=np.int64), per)
+        # source members: candidate i's k-th member is starts[member_rows[i]] + k
+        within = np.arange(total, dtype=np.int64) - firsts[owner]
+        own = within < counts[owner]
+        source = np.where(own, starts[member_rows][owner] + within, -1)
+        codes = np.empty(total, np.int64)
+        sizes = np.empty(total, np.int64)
+        codes[own] = ext_codes[source[own]]
+        sizes[own] = member_sizes[source[own]]
+        names = [*ext_names, *(field for field, _ in extras)]
+        placed: list[tuple[Ints, Bytes, Ints]] = []  # (members, bytes, where they start)
+        at = counts.copy()
+        for k, ((_, values), has) in enumerate(zip(extras, present, strict=True)):
+            which = np.flatnonzero(has)
+            where = firsts[which] + at[which]
+            codes[where] = len(ext_names) + k
+            data, offsets = binary_buffers(values)
+            sizes[where] = offsets[which + 1] - offsets[which]
+            placed.append((where, data, offsets[which]))
+            at += has
+        self.n, self.total, self.firsts, self.owner = n, total, firsts, owner
+        self.own, self.source, self.ext_codes, self.sizes = own, source, codes, sizes
+        self.ext_names = names
+        self._names(codes, owner)
+        self._skeleton(placed)
+        image = np.array([e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in names], bool)
+        self.is_image = image[codes] & own if total else np.zeros(0, bool)
+        #: The source members in tar order, and where each candidate's begin among them.
+        self.own_members = np.flatnonzero(own)
+        self.own_from = np.searchsorted(self.own_members, firsts)
+        self._lists: tuple[list[int], ...] | None = None
+
+    def _names(self, codes: Ints, owner: Ints) -> None:
+        """Each member's name ``KEY.EXT``, as UTF-8 bytes back to back."""
+        ext_raw = [e.encode() for e in self.ext_names]
+        ext_len = np.array([len(e) for e in ext_raw], np.int64)
+        ext_data = np.frombuffer(b"".join(ext_raw), np.uint8)
+        ext_at = np.zeros(len(ext_raw) + 1, np.int64)
+        np.cumsum(ext_len, out=ext_at[1:])
+        key_len = np.diff(self.key_offsets)[owner]
+        lengths = key_len + 1 + ext_len[codes]
+        offsets = np.zeros(self.total + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.empty(int(offsets[-1]), np.uint8)
+        data[spread(offsets[:-1], key_len)] = self.key_data[
+            spread(self.key_offsets[:-1][owner], key_len)
+        ]
+        data[offsets[:-1] + key_len] = ord(".")
+        data[spread(offsets[:-1] + key_len + 1, ext_len[codes])] = ext_data[
+            spread(ext_at[:-1][codes], ext_len[codes])
+        ]
+        self.name_data, self.name_offsets, self.name_len = data, offsets, lengths
+
+    def _skeleton(self, placed: list[tuple[Ints, Bytes, Ints]]) -> None:
+        sizes, own = self.sizes, self.own
+        heads = long_headers(self.name_data, self.name_offsets, sizes)
+        hlen = np.full(self.total, BLOCK, np.int64)
+        for t, head in heads.items():
+            hlen[t] = len(head)
+        pad = -sizes % BLOCK
+        blocks = hlen // BLOCK + np.where(own, pad > 0, (sizes + BLOCK - 1) // BLOCK)
+        bstart = np.zeros(self.total + 1, np.int64)
+        np.cumsum(blocks, out=bstart[1:])
+        skeleton = zeroed(int(bstart[-1]) * BLOCK)
+        header_blocks(
+            self.name_data,
+            self.name_offsets,
+            sizes,
+            skeleton.reshape(-1, BLOCK),
+            bstart[:-1],
+        )
+        for t, head in heads.items():
+            begin = int(bstart[t]) * BLOCK
+            skeleton[begin : begin + len(head)] = np.frombuffer(head, np.uint8)
+        for where, data, start in placed:
+            size = sizes[where]
+            skeleton[spread(bstart[where] * BLOCK + hlen[where], size)] = data[spread(start, size)]
+        self.skeleton = skeleton
+        self.view: memoryview = skeleton.data
+        #: Skeleton positions: the block where each member (and each candidate) starts,
+        #: its header's end, and where a source member's padding starts.
+        self.block_start = bstart
+        self.header_end = bstart[:-1] * BLOCK + hlen
+        self.pad_start = bstart[1:] * BLOCK - pad
+        #: Tar positions: each member's data from its sample's first byte, and each
+        #: candidate's bytes (headers, data, padding).
+        length = hlen + sizes + pad
+        before = np.zeros(self.total + 1, np.int64)
+        np.cumsum(length, out=before[1:])
+        firsts = self.firsts
+        self.header_len = hlen
+        self.data_at = before[:-1] - before[firsts[:-1]][self.owner] + hlen
+        self.sample_bytes = before[firsts[1:]] - before[firsts[:-1]]
+
+    def pieces(self, i: int) -> list[memoryview | int]:
+        """Candidate ``i``'s tar bytes as the writer puts them out: skeleton runs between
+        its source members, which stand as their numbers in ``members`` (``~j`` for an
+        image, which is checked as it is read)."""
+        if self._lists is None:  # Python lists once: the sample-by-sample loop's lookups
+            self._lists = (
+                self.firsts.tolist(),
+                (self.block_start * BLOCK).tolist(),
+                self.own_members.tolist(),
+                self.own_from.tolist(),
+                self.header_end.tolist(),
+                self.pad_start.tolist(),
+                np.where(self.is_image, ~self.source, self.source).tolist(),
+            )
+        firsts, block_at, owns, own_from, header_end, pad_start, number = self._lists
+        a, b = firsts[i], firsts[i + 1]
+        if a == b:
+            return []
+        view = self.view
+        out: list[memoryview | int] = []
+        at = block_at[a]
+        for t in owns[own_from[i] : own_from[i + 1]]:
+            out.append(view[at : header_end[t]])
+            out.append(number[t])
+            at = pad_start[t]
+        out.append(view[at : block_at[b]])
+        return out
+
+    def key(self, i: int) -> str:
+        return str(self.key_texts[i].as_py())
+
+    def names_of(self, members: Ints) -> pa.Array:
+        """The names of the given members (-1: an empty name) as a string array."""
+        which = np.maximum(members, 0)
+        lengths = np.where(members >= 0, self.name_len[which], 0)
+        offsets = np.zeros(len(members) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = self.name_data[spread(self.name_offsets[which], lengths)]
+        return string_array(data, offsets).cast(pa.string())
+
+    def names_have_whitespace(self, members: Ints) -> bool:
+        data, _ = gathered(self.name_data, self.name_offsets, members)
+        return bool(np.isin(data, _WHITESPACE).any())
