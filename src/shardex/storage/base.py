@@ -125,8 +125,7 @@ class Storage(ABC):
             yield self.get_range(path, start, min(chunk_size, size - start))
 
     def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
-        """:meth:`iter_chunks` as read-only views: object stores hand over their own
-        buffers, without the copy into ``bytes`` (for readers that copy out what they
+        """:meth:`iter_chunks` as read-only views (for readers that copy out what they
         keep). Closing the iterator ends the request."""
         chunks = self.iter_chunks(path, chunk_size)
         try:
