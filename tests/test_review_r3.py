@@ -253,3 +253,23 @@ def test_a_failed_export_of_tars_on_s3_stops_its_scans_and_leaves_no_copy(
     assert list(tmp.iterdir()) == []
     assert not (tmp_path / "out" / "config.yaml").exists()
     assert "part-0.tar" in str(failure.value)  # the error was held all along
+
+
+def test_tars_read_after_their_copies_closed_fail_instead_of_waiting(
+    s3: Any, tmp_path: Path
+) -> None:
+    """A tar source's samples read after the scan's copies were closed (the export's scan
+    over): one error, not a wait for ever on threads that stopped."""
+    from shardex.sources import TarSource, objecttars
+
+    storage = ObjectStorage(s3.child("late"), s3.direct)
+    for t in range(2):
+        storage.put(f"part-{t}.tar", _tiny_tar(f"t{t}", 10))
+    source = TarSource(s3.child("late/"), s3.direct)
+    with objecttars.copies_kept(tmp_path / "copies"):
+        batches = iter(source.stream().batches)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="after its scan was stopped"):
+        list(batches)
+    assert time.monotonic() - started < 30
+    assert list((tmp_path / "copies").iterdir()) == []

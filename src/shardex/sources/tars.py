@@ -61,7 +61,6 @@ from shardex.sources.base import (
     check_batch_size,
     check_metadata_names,
     hand_over,
-    handed_over,
     members_array,
     safe_key,
 )
@@ -522,7 +521,7 @@ def _scanned_ahead(tars: list[TarRef], threads: int) -> Iterator[tuple[TarRef, I
             start_next()
         while started:
             tar, handed = started.popleft()
-            yield tar, _handed_over(handed)
+            yield tar, _handed_over(handed, stop)
             start_next()
     finally:
         stop.set()  # threads still scanning stop at their next sample
@@ -551,6 +550,18 @@ def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threadin
         hand_over(handed, ("error", exc), stop)
 
 
-def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[_Sample]:
-    for chunk in handed_over(handed):
-        yield from chunk
+def _handed_over(handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> Iterator[_Sample]:
+    """A tar's samples as its thread hands them over; an error, not a wait for good, if
+    its scan was stopped (its copies closed: read after the export's scan ended)."""
+    while True:
+        try:
+            kind, value = handed.get(timeout=0.2)
+        except queue.Empty:
+            if stop.is_set() and handed.empty():
+                raise RuntimeError("a tar's samples were read after its scan was stopped") from None
+            continue
+        if kind == "error":
+            raise value
+        if kind == "end":
+            return
+        yield from value
