@@ -16,7 +16,9 @@ fetched twice. An export whose shards are written on this machine keeps instead 
 of every byte the scan fetched, at its place in a sparse file on the export's local
 scratch (:class:`TarCopies`, made by :func:`copies_kept`): a member whose bytes are all
 in the copy names the copy, and its shard reads it from there; one the scan hopped over
-names the object, fetched by its shard. A copy takes its tar's size from the scratch's
+names the object, fetched by its shard. Where the scan reads through small samples, a
+member it would hop over is read on into the copy instead, up to a window's size
+(:data:`READ_ON`): its first bytes, fetched already, are not fetched again. A copy takes its tar's size from the scratch's
 free space before the scan starts it (leaving :data:`COPY_RESERVE` free, the room the
 export's own scratch files will take, :data:`SCRATCH_SHARE` of the tars' size, and on the
 disk of a local output, the room its shards will take: the size of every tar); a tar that
