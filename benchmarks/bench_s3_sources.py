@@ -19,10 +19,12 @@ The outputs are checked equal (the S3-source exports hold the same shards as the
 one). The machine is shared and noisy: compare the ratios, measured in one run.
 
 ``--scan-costs`` measures instead what a tar source on S3 fetches, through a counting
-proxy, for tiny samples (16x16 JPEG + ``.cls``), ~25 KB and ~100 KB images: the ranged
-scan (GETs that hop from header to header, reading small members through) with and
-without local copies of what it read (:data:`shardex.sources.objecttars.KEEP_COPIES`),
-with members of 16 KiB and more hopped over, and one streamed GET per tar
+proxy, for tiny samples (16x16 JPEG + ``.cls``), ~25 KB and ~100 KB images, and tars that
+mix them (one ~100 KB image in four): the ranged scan (GETs that hop from header to
+header, reading small members through) with and without local copies of what it read
+(:data:`shardex.sources.objecttars.KEEP_COPIES`), with members of 16 KiB and more hopped
+over, with every member of 64 KiB and more hopped over even when a grown window fetched
+its start (``READ_ON`` 0, the scan before session 11), and one streamed GET per tar
 (:data:`shardex.sources.objecttars.SCAN`): requests and bytes per sample of the scan
 alone and of the whole export, the scan's and the export's times.
 
@@ -137,18 +139,22 @@ def scan_costs(workers: int, repeats: int = 1) -> list[Row]:
     from tests.support.proxy import CountingProxy
     from tests.support.seaweedfs import SeaweedFS
 
-    cases = {
-        "tiny (16x16 JPEG + .cls)": (4000, 16, False),
-        "~25 KB JPEG + .cls": (1000, 140, True),
-        "~100 KB JPEG + .cls": (400, 280, True),
+    cases = {  # samples, image side, noise (incompressible), one ~100 KB image in four,
+        # a .json member too
+        "tiny (16x16 JPEG + .cls)": (4000, 16, False, False, False),
+        "~25 KB JPEG + .cls": (1000, 140, True, False, False),
+        "~100 KB JPEG + .cls": (400, 280, True, False, False),
+        "mixed (1 in 4 ~100 KB, else tiny) + .cls": (1600, 16, False, True, False),
+        "mixed + .cls + .json": (1600, 16, False, True, True),
     }
-    ways = [
-        ("ranged", 64 << 10, False),
-        ("ranged", 64 << 10, True),
-        ("ranged", 16 << 10, True),
-        ("stream", 0, False),
+    ways = [  # scan, members read through below, copies kept, READ_ON
+        ("ranged", 64 << 10, False, objecttars.READ_ON),
+        ("ranged", 64 << 10, True, objecttars.READ_ON),
+        ("ranged", 64 << 10, True, 0),
+        ("ranged", 16 << 10, True, objecttars.READ_ON),
+        ("stream", 0, False, objecttars.READ_ON),
     ]
-    default, keep = objecttars.READ_THROUGH, objecttars.KEEP_COPIES
+    default, keep, read_on = objecttars.READ_THROUGH, objecttars.KEEP_COPIES, objecttars.READ_ON
     rows: list[Row] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-tar-scan-"))
     try:
@@ -160,22 +166,25 @@ def scan_costs(workers: int, repeats: int = 1) -> list[Row]:
             }
             direct = {**base, "endpoint_url": server.endpoint}
             counted = {**base, "endpoint_url": proxy.endpoint}
-            for case, (count, side, noise) in cases.items():
-                images = [_jpeg(i, side, noise) for i in range(min(count, 64))]
+            for case, (count, side, noise, mixed, meta) in cases.items():
+                images = [
+                    _jpeg(i, 280, True) if mixed and i % 4 == 0 else _jpeg(i, side, noise)
+                    for i in range(min(count, 64))
+                ]
                 tars = {}
                 for t in range(4):
                     buf = io.BytesIO()
                     with tarfile.open(fileobj=buf, mode="w") as tf:
                         for i in range(t * count // 4, (t + 1) * count // 4):
-                            for ext, data in (
-                                ("jpg", images[i % 64]),
-                                ("cls", str(i % 7).encode()),
-                            ):
+                            members = [("jpg", images[i % 64]), ("cls", str(i % 7).encode())]
+                            if meta:
+                                members.append(("json", b'{"score": %d}' % i))
+                            for ext, data in members:
                                 info = tarfile.TarInfo(f"s{i:06d}.{ext}")
                                 info.size = len(data)
                                 tf.addfile(info, io.BytesIO(data))
                     tars[f"part-{t}.tar"] = buf.getvalue()
-                prefix = server.url(f"scan-{side}")
+                prefix = server.url(f"scan-{side}-{mixed:d}{meta:d}")
                 store = ObjectStorage(prefix, direct)
                 for name, data in tars.items():
                     store.put(name, data)
@@ -188,10 +197,11 @@ def scan_costs(workers: int, repeats: int = 1) -> list[Row]:
                 got_export: dict[int, list[Any]] = {}
                 shards: dict[int, dict[str, int]] = {}
                 for repeat in range(repeats):
-                    for w, (way, through, copies) in enumerate(ways):
+                    for w, (way, through, copies, on) in enumerate(ways):
                         objecttars.SCAN = way  # type: ignore[assignment]
                         objecttars.READ_THROUGH = through  # type: ignore[misc]
                         objecttars.KEEP_COPIES = copies
+                        objecttars.READ_ON = on  # type: ignore[misc]
                         proxy.reset()
                         t0 = time.perf_counter()
                         list(TarSource(prefix + "/", counted).stream().batches)
@@ -208,9 +218,10 @@ def scan_costs(workers: int, repeats: int = 1) -> list[Row]:
                         shards[w] = _digests(out)
                         shutil.rmtree(out)
                 assert all(s == shards[0] for s in shards.values()), "the exports differ"
-                for w, (way, through, copies) in enumerate(ways):
+                for w, (way, through, copies, on) in enumerate(ways):
                     name = f"{way} scan" + (f", hop >= {through >> 10} KiB" if through else "")
                     name += ", copies kept" if copies else ""
+                    name += ", no reading on (before)" if way == "ranged" and not on else ""
                     scan_s, export_s = (sorted(t)[len(t) // 2] for t in times[w])
                     for what, got in (("scan", got_scan[w]), ("export", got_export[w])):
                         fetched = sum(r.body_bytes for r in got)
@@ -227,6 +238,7 @@ def scan_costs(workers: int, repeats: int = 1) -> list[Row]:
             objecttars.SCAN = "ranged"
             objecttars.READ_THROUGH = default  # type: ignore[misc]
             objecttars.KEEP_COPIES = keep
+            objecttars.READ_ON = read_on  # type: ignore[misc]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows

@@ -75,7 +75,7 @@ from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
-from shardex.storage.cache import cache_dir
+from shardex.storage.cache import cache_dir, remove_legacy_leftovers
 
 #: The suffixes of the columns that are nested keys ``(NAME, SUFFIX)``.
 SUFFIXES: Final = frozenset({"data", "offsets", "shapes", "present"})
@@ -218,6 +218,7 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target.parent, DOWNLOAD)
+    remove_legacy_leftovers()  # earlier readers' unlocked .{digest}.tmp-* folders
     tmp, lock = locked_folder(target.parent, DOWNLOAD, target.name)
     try:
         hasher = xxhash.xxh3_64()

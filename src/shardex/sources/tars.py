@@ -26,6 +26,7 @@ invalid (``_invalid``), so the export refuses it, or skips it and records it in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
@@ -34,7 +35,7 @@ import queue
 import tarfile
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar, Final, cast
@@ -60,7 +61,6 @@ from shardex.sources.base import (
     check_batch_size,
     check_metadata_names,
     hand_over,
-    handed_over,
     members_array,
     safe_key,
 )
@@ -225,7 +225,7 @@ class TarRef:
         return self.path if self.storage is None else self.storage.join(self.path)
 
 
-def tar_samples(tar: TarRef) -> Iterator[_Sample]:
+def tar_samples(tar: TarRef) -> Generator[_Sample, None, None]:
     """The samples of one tar, in order, as references to its members' bytes (only
     ``.cls`` and ``.json`` members are read); a damaged tar's last sample is marked.
 
@@ -501,6 +501,9 @@ def _scanned_ahead(tars: list[TarRef], threads: int) -> Iterator[tuple[TarRef, I
     scanned by threads (each holding at most a few handovers of samples: memory does
     not grow with the tars). The caller reads each tar's samples before the next tar's."""
     stop = threading.Event()
+    copies = tars[0].copies
+    if copies is not None:  # their end (the export's scan over, or failed) stops the threads
+        copies.watch(stop)
     started: deque[tuple[TarRef, queue.Queue[tuple[str, Any]]]] = deque()
     rest = iter(tars)
 
@@ -518,10 +521,12 @@ def _scanned_ahead(tars: list[TarRef], threads: int) -> Iterator[tuple[TarRef, I
             start_next()
         while started:
             tar, handed = started.popleft()
-            yield tar, _handed_over(handed)
+            yield tar, _handed_over(handed, stop)
             start_next()
     finally:
-        stop.set()  # threads still scanning stop at their next handover
+        stop.set()  # threads still scanning stop at their next sample
+        if copies is not None:
+            copies.unwatch(stop)
 
 
 def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
@@ -530,18 +535,33 @@ def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threadin
 
     try:
         chunk: list[_Sample] = []
-        for sample in tar_samples(tar):
-            chunk.append(sample)
-            if len(chunk) >= _HANDOVER:
-                if not hand_over(handed, ("samples", chunk), stop):
+        with contextlib.closing(tar_samples(tar)) as samples:  # closed: its copy too
+            for sample in samples:
+                if stop.is_set():  # the export is over (failed): no more requests
                     return
-                chunk = []
+                chunk.append(sample)
+                if len(chunk) >= _HANDOVER:
+                    if not hand_over(handed, ("samples", chunk), stop):
+                        return
+                    chunk = []
         if hand_over(handed, ("samples", chunk), stop):
             hand_over(handed, ("end", None), stop)
     except BaseException as exc:  # raised again in the consumer
         hand_over(handed, ("error", exc), stop)
 
 
-def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[_Sample]:
-    for chunk in handed_over(handed):
-        yield from chunk
+def _handed_over(handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> Iterator[_Sample]:
+    """A tar's samples as its thread hands them over; an error, not a wait for good, if
+    its scan was stopped (its copies closed: read after the export's scan ended)."""
+    while True:
+        try:
+            kind, value = handed.get(timeout=0.2)
+        except queue.Empty:
+            if stop.is_set() and handed.empty():
+                raise RuntimeError("a tar's samples were read after its scan was stopped") from None
+            continue
+        if kind == "error":
+            raise value
+        if kind == "end":
+            return
+        yield from value
