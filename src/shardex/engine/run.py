@@ -262,7 +262,8 @@ def _prepare_first(
         replay = SampleStream(
             itertools.chain([first] if first is not None else [], batches), stream.label_names
         )
-        if first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline():
+        inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
+        if inline and job.src.bytes_in_memory:
             return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
         return prepare_streamed(replay, job.src.uri, job.opts, job.backend, folder, bars, taken)
 

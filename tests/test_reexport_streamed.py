@@ -1,0 +1,120 @@
+"""A re-export (an export as the source of another) streams: memory does not grow with the
+source's samples, whatever its backend and wherever it is (local or on object storage),
+its samples come by reference where they are byte ranges of tars, and the output is the
+same bytes wherever the source export lies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import shardex
+from shardex.storage import ObjectStorage
+from shardex.testing.data import make_image
+from tests.conftest import S3Location
+from tests.helpers import peak_rss_kb
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc VmHWM")
+
+#: One noisy JPEG of about 62 KB: holding a split's samples would show in megabytes.
+_IMAGE = make_image(7, size=(370, 270))
+_SIZES = (500, 2000)
+
+
+def _source(n: int) -> dict[str, object]:
+    return {
+        "key": [f"s{i:05d}" for i in range(n)],
+        "jpg": [_IMAGE] * n,
+        "label": [i % 3 for i in range(n)],
+    }
+
+
+def _reexport_peak_kb(source: str, out: Path, options: dict[str, object] | None) -> int:
+    """Peak resident memory (VmHWM) of a fresh process that re-exports ``source`` in
+    batches of 50 samples (3 MB: the allocators settle after a few)."""
+    code = (
+        "import json, sys, shardex\n"
+        "from shardex.sources import ExportSource\n"
+        "source = ExportSource(sys.argv[1], json.loads(sys.argv[3]) or None, batch_size=50)\n"
+        "shardex.export(source, sys.argv[2], workers=1, samples_per_shard=50)"
+    )
+    return peak_rss_kb(code, [source, str(out), json.dumps(options)])
+
+
+def _same_files(a: Path, b: Path) -> None:
+    """The same files, byte for byte (config.yaml: but the source's address)."""
+    names = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    for name in names:
+        if str(name) != "config.yaml":
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    ca, cb = shardex.read_config(a), shardex.read_config(b)
+    assert ca.splits == cb.splits
+
+
+@pytest.mark.parametrize("backend", ["torch", "webdataset"])
+def test_reexport_memory_does_not_grow_with_the_source(tmp_path: Path, backend: str) -> None:
+    """A local export of 500 and of 2,000 62 KB images (31 and 124 MB) re-exported: the
+    peak RSS of the second is within 20 MB of the first's (a split held in memory grows
+    by the 93 MB of bytes the second adds: the torch backend's samples are made from its
+    arrays, batch by batch, and spilled to scratch)."""
+    peaks = {}
+    for n in _SIZES:
+        src = tmp_path / f"src{n}"
+        shardex.export(_source(n), src, backend=backend, samples_per_shard=64, workers=1)
+        peaks[n] = _reexport_peak_kb(str(src), tmp_path / f"out{n}", None)
+        assert shardex.verify(tmp_path / f"out{n}").ok
+        a = shardex.open_dataset(src, split="train")
+        b = shardex.open_dataset(tmp_path / f"out{n}", split="train")
+        assert len(b) == n
+        assert dict(b[n - 1]) == dict(a[n - 1])
+    assert peaks[_SIZES[1]] - peaks[_SIZES[0]] < 20_000, peaks
+
+
+def test_reexport_from_s3_streams_fetches_each_byte_once_and_matches_local(
+    s3: S3Location, tmp_path: Path
+) -> None:
+    """A webdataset export on SeaweedFS re-exported to local disk: peak RSS within 20 MB
+    from 500 to 2,000 62 KB samples; the shards' bytes are fetched once (the check and
+    the write share them); the output is byte for byte the re-export of the same export
+    from local disk."""
+    peaks = {}
+    for n in _SIZES:
+        url = s3.child(f"src{n}")
+        shardex.export(_source(n), url, samples_per_shard=64, workers=1, storage_options=s3.direct)
+        s3.proxy.reset()
+        peaks[n] = _reexport_peak_kb(url, tmp_path / f"out{n}", s3.counted)
+        config = shardex.read_config(ObjectStorage(url, s3.direct))
+        shard_bytes = sum(s.num_bytes for s in config.splits["train"].shards)
+        fetched = sum(r.body_bytes for r in s3.proxy.gets() if r.key.endswith(".tar"))
+        assert shard_bytes <= fetched < 1.05 * shard_bytes, (fetched, shard_bytes)
+    assert peaks[_SIZES[1]] - peaks[_SIZES[0]] < 20_000, peaks
+
+    local = tmp_path / "local-src"
+    shardex.export(_source(_SIZES[1]), local, samples_per_shard=64, workers=1)
+    shardex.export(local, tmp_path / "from-local", workers=1, samples_per_shard=50)
+    _same_files(tmp_path / f"out{_SIZES[1]}", tmp_path / "from-local")
+
+
+def test_reexport_from_s3_without_scratch_copies_names_the_objects(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without copies of what the check read (a Ray export: shards written elsewhere),
+    the members name the source shards by URL and the writers fetch them: same output."""
+    import shardex.sources.objecttars as objecttars
+
+    url = s3.child("src")
+    shardex.export(_source(40), url, samples_per_shard=16, workers=1, storage_options=s3.direct)
+    shardex.export(url, tmp_path / "copied", workers=2, source_storage_options=s3.direct)
+    monkeypatch.setattr(objecttars, "KEEP_COPIES", False)
+    s3.proxy.reset()
+    counted = dict(s3.counted)
+    shardex.export(url, tmp_path / "fetched", workers=2, source_storage_options=counted)
+    _same_files(tmp_path / "copied", tmp_path / "fetched")
+    # checked by this process, then fetched by the shard writers: each byte twice
+    config = shardex.read_config(ObjectStorage(url, s3.direct))
+    shard_bytes = sum(s.num_bytes for s in config.splits["train"].shards)
+    fetched = sum(r.body_bytes for r in s3.proxy.gets() if r.key.endswith(".tar"))
+    assert fetched >= 1.5 * shard_bytes
