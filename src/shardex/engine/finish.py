@@ -19,6 +19,7 @@ from shardex.checks import json_columns, json_texts
 from shardex.engine.spill import FinalSpill
 from shardex.engine.stream import ROW, Scanned
 from shardex.fields import FieldMerger
+from shardex.planning import drop_members
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
 from shardex.sources.base import MEMBERS
 
@@ -39,8 +40,15 @@ class _Final:
     """Makes spilled rows final, as the whole-table path has them (see the module
     docstring); ``start``: the export number of the first sample."""
 
-    def __init__(self, scanned: Scanned, start: int) -> None:
+    def __init__(
+        self,
+        scanned: Scanned,
+        start: int,
+        dropped: frozenset[str] = frozenset(),
+        labels: pa.Array | None = None,
+    ) -> None:
         self.s, self.start = scanned, start
+        self.dropped, self.labels = dropped, labels
         schema = scanned.schema
         self.casts: dict[str, pa.DataType] = {}
         for f in schema:
@@ -80,6 +88,11 @@ class _Final:
             base = base.append_column(JSON_COLUMN, json_texts(base.select(list(self.json))))
         if s.assigned:
             base = base.append_column("split", split)
+        if self.dropped:
+            base = drop_members(base, self.dropped)
+        if self.labels is not None and "label" in base.column_names:
+            at = base.column_names.index("label")
+            base = base.set_column(at, "label", pc.take(self.labels, base.column(at)))
         numbers = self.start + rows - np.searchsorted(s.dropped, rows)
         return base.append_column("export_index", pa.array(numbers, pa.int64()))
 
@@ -92,10 +105,15 @@ def finish(
     *,
     write_label: bool,
     start: int = 0,
+    dropped: frozenset[str] = frozenset(),
+    labels: pa.Array | None = None,
 ) -> Finished:
     """Read every split back once (see the module docstring); only ``selected`` splits
-    are spilled again and sized."""
-    final = _Final(scanned, start)
+    are spilled again and sized. ``start``: the export number of the first sample (an
+    append's); ``dropped``: member names not stored (x/y keys chose others); ``labels``:
+    the label number each source label number becomes (an append's, by the export's
+    label names)."""
+    final = _Final(scanned, start, dropped, labels)
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None

@@ -40,6 +40,7 @@ from shardex.planning import (
     ordered_splits,
     select_keys,
     split_names,
+    unselected_members,
 )
 from shardex.progress import Progress
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
@@ -172,16 +173,18 @@ def image_formats(table: pa.Table) -> tuple[str, ...] | None:
     return tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
 
 
-def streamable(opts: ExportOptions, backend: Backend) -> bool:
+def streamable(opts: ExportOptions, backend: Backend, columns: list[str] | None = None) -> bool:
     """Whether pass 1 can stream: a backend that writes shard by shard, and no option
-    that needs every sample's members at hand (keys chosen by name may drop members or
-    make metadata columns into members; ``dtype`` rewrites arrays)."""
+    that needs every sample's members at hand (``dtype`` rewrites arrays,
+    ``image_member`` renames members; x/y keys that name metadata ``columns``, those of
+    the source's first batch, make them into members). Keys that only choose members
+    stream: the others are dropped as the spilled rows are read back."""
+    keys = (*(opts.x_keys or ()), *(opts.y_keys or ()))
     return (
         backend.writes_shards
-        and opts.x_keys is None
-        and opts.y_keys is None
+        and not any(k in (columns or ()) and k != "label" for k in keys)
         and opts.dtype is None
-        and opts.image_member is None  # renames members with the whole table at hand
+        and opts.image_member is None
     )
 
 
@@ -193,36 +196,60 @@ def prepare_streamed(
     folder: Path,
     bars: Progress,
     taken: frozenset[str] = frozenset(),
+    previous: ExportConfig | None = None,
 ) -> Prepared:
     """Pass 1 over a streaming source (see :mod:`shardex.engine.stream`), then the
     planning pass (:mod:`shardex.engine.finish`); the selected splits' rows end in spill
-    files under ``folder`` (local scratch)."""
+    files under ``folder`` (local scratch). When appending, ``previous`` is the committed
+    export: its split rule, label names and export numbers go on (``taken``: its keys)."""
     scanning = bars.task(f"scanning {uri}", None)
     scanned = scan_stream(stream, opts, folder, uri, taken)
     scanning.done()
     splits = ordered_splits(set(scanned.counts), opts)
     with_label = scanned.with_label
-    done = finish(scanned, backend, folder, splits, write_label=with_label)
-    stored = member_keys_of(done.exts)
+    seen = member_keys_of(scanned.exts)
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
     available = [
-        *stored,
+        *seen,
         *(["label"] if with_label else []),
-        *[c for c in done.schema.names if c not in internal],
+        *[c for c in scanned.schema.names if c not in internal],
     ]
-    x_keys, y_keys = select_keys(opts, available, list(stored), with_label)
-    fields = done.merger.specs(with_label, order=scanned.exts)
+    x_keys, y_keys = select_keys(opts, available, list(seen), with_label)
+    as_fields = [k for k in (*x_keys, *y_keys) if k not in seen and k != "label"]
+    if as_fields:  # a metadata column only later batches have: the first did not tell
+        raise ConfigError(
+            f"key(s) {', '.join(map(repr, as_fields))} name metadata columns that the "
+            f"source's first batch of samples lacks; give every sample the column"
+        )
+    write_label = with_label and "label" in (*x_keys, *y_keys)
+    label_names = scanned.label_names
+    labels = None
+    if previous is not None and with_label:
+        label_names, labels = label_mapping(label_names, previous)
+    done = finish(
+        scanned,
+        backend,
+        folder,
+        splits,
+        write_label=write_label,
+        start=previous.num_samples if previous is not None else 0,
+        dropped=unselected_members(seen, x_keys, y_keys),
+        labels=labels,
+    )
+    stored = member_keys_of(done.exts)
+    fields = done.merger.specs(write_label, order=scanned.exts)
+    label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
     return Prepared(
         table=None,
-        fields=with_columns(fields, y_keys, LABEL_PREFIX),
+        fields=with_columns(fields, y_keys, label_prefix),
         skipped=scanned.skipped,
-        split_method=scanned.split_method,
+        split_method=previous.split_method if previous is not None else scanned.split_method,
         splits=splits,
         x_keys=x_keys,
         y_keys=y_keys,
         with_label=with_label,
-        write_label=with_label,
-        label_names=scanned.label_names,
+        write_label=write_label,
+        label_names=label_names,
         schema=done.schema,
         num_rows=scanned.num_rows,
         label_max=done.label_max,
@@ -245,12 +272,13 @@ def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOpti
     )
 
 
-def relabel(
-    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
-) -> tuple[pa.Table, tuple[str, ...] | None]:
-    """Label numbers of appended samples follow the export's label names."""
+def label_mapping(
+    names: tuple[str, ...] | None, previous: ExportConfig
+) -> tuple[tuple[str, ...] | None, pa.Array | None]:
+    """The label names of an append, and the export's label number of each of the new
+    samples' label numbers (None: they are the same)."""
     if not (names and previous.label_names) or names == previous.label_names:
-        return table, previous.label_names or names
+        return previous.label_names or names, None
     number = {name: i for i, name in enumerate(previous.label_names)}
     unknown = sorted(set(names) - set(number))
     if unknown:
@@ -258,10 +286,19 @@ def relabel(
             f"appended samples have labels the export does not know: {', '.join(unknown)} "
             f"(its labels: {', '.join(previous.label_names)})"
         )
-    mapping = [number[name] for name in names]
-    labels = [None if v is None else mapping[v] for v in table.column("label").to_pylist()]
+    return previous.label_names, pa.array([number[name] for name in names], pa.int64())
+
+
+def relabel(
+    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
+) -> tuple[pa.Table, tuple[str, ...] | None]:
+    """Label numbers of appended samples follow the export's label names."""
+    names, mapping = label_mapping(names, previous)
+    if mapping is None:
+        return table, names
     column = table.column_names.index("label")
-    return table.set_column(column, "label", pa.array(labels, pa.int64())), previous.label_names
+    labels = pc.take(mapping, table.column(column).cast(pa.int64()))
+    return table.set_column(column, "label", labels), names
 
 
 def exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
