@@ -19,6 +19,7 @@ from shardex.checks import json_columns, json_texts
 from shardex.engine.spill import FinalSpill
 from shardex.engine.stream import ROW, Scanned
 from shardex.fields import FieldMerger
+from shardex.image_member import IMAGE_FORMAT
 from shardex.planning import drop_members
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
 from shardex.sources.base import MEMBERS
@@ -34,6 +35,8 @@ class Finished:
     #: Member names of the exported samples.
     exts: frozenset[str]
     label_max: int | None
+    #: The images' real encodings in the order first seen (``image_member``; else None).
+    image_formats: tuple[str, ...] | None = None
 
 
 class _Final:
@@ -49,6 +52,8 @@ class _Final:
     ) -> None:
         self.s, self.start = scanned, start
         self.dropped, self.labels = dropped, labels
+        #: Each image format (``image_member``) and the first source row that has it.
+        self.formats: dict[str, int] | None = None
         schema = scanned.schema
         self.casts: dict[str, pa.DataType] = {}
         for f in schema:
@@ -93,8 +98,20 @@ class _Final:
         if self.labels is not None and "label" in base.column_names:
             at = base.column_names.index("label")
             base = base.set_column(at, "label", pc.take(self.labels, base.column(at)))
+        if IMAGE_FORMAT in base.column_names:
+            self._formats(base.column(IMAGE_FORMAT), rows)
         numbers = self.start + rows - np.searchsorted(s.dropped, rows)
         return base.append_column("export_index", pa.array(numbers, pa.int64()))
+
+    def _formats(self, column: pa.ChunkedArray, rows: np.ndarray) -> None:
+        """The formats of these rows, each with the first source row that has it (the
+        splits are read one after another: the order is the source's, as in a whole
+        table)."""
+        formats = self.formats = self.formats if self.formats is not None else {}
+        for name in pc.unique(column).to_pylist():
+            if name:
+                row = int(rows[pc.index(column, name).as_py()])
+                formats[name] = min(formats.get(name, row), row)
 
 
 def finish(
@@ -143,4 +160,6 @@ def finish(
         if out is not None:
             spilled[name] = out.close()
     assert schema is not None  # scan_stream refused an export of no sample
-    return Finished(spilled, schema, merger, frozenset(exts), top)
+    formats = final.formats
+    order = tuple(sorted(formats, key=formats.__getitem__)) if formats is not None else None
+    return Finished(spilled, schema, merger, frozenset(exts), top, order)

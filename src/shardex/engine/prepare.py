@@ -175,16 +175,15 @@ def image_formats(table: pa.Table) -> tuple[str, ...] | None:
 
 def streamable(opts: ExportOptions, backend: Backend, columns: list[str] | None = None) -> bool:
     """Whether pass 1 can stream: a backend that writes shard by shard, and no option
-    that needs every sample's members at hand (``dtype`` rewrites arrays,
-    ``image_member`` renames members; x/y keys that name metadata ``columns``, those of
-    the source's first batch, make them into members). Keys that only choose members
-    stream: the others are dropped as the spilled rows are read back."""
+    that needs every sample's members at hand (``dtype`` rewrites arrays; x/y keys that
+    name metadata ``columns``, those of the source's first batch, make them into
+    members). Keys that only choose members stream (the others are dropped as the
+    spilled rows are read back), as does ``image_member`` (renamed batch by batch)."""
     keys = (*(opts.x_keys or ()), *(opts.y_keys or ()))
     return (
         backend.writes_shards
         and not any(k in (columns or ()) and k != "label" for k in keys)
         and opts.dtype is None
-        and opts.image_member is None
     )
 
 
@@ -255,6 +254,7 @@ def prepare_streamed(
         label_max=done.label_max,
         stored=stored,
         spilled=done.spilled,
+        image_formats=done.image_formats if opts.image_member else None,
     )
 
 
