@@ -19,14 +19,15 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
 from shardex.names import relpath_problem
-from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, MemberReader, Members
+from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members
 from shardex.sources.arrays import npy_bytes as npy_bytes
-from shardex.sources.base import MEMBERS
+from shardex.sources.base import MEMBER_TYPE, MEMBERS
 
 
 def is_fixed(spec: FieldSpec) -> bool:
@@ -250,21 +251,54 @@ def add_members(rows: pa.Table, extra: Iterable[list[dict[str, Any]]]) -> pa.Tab
 def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
     """``--dtype``: floating-point ``.npy`` members cast to ``dtype`` (one of
     :data:`shardex.options.FLOAT_DTYPES`, checked by ExportOptions; integers, booleans and
-    images are never cast)."""
+    images are never cast). A cast member's bytes become inline; the others are kept as
+    they are (column by column: no member is turned into a Python object)."""
     target = np.dtype(dtype)
-    reader = MemberReader()
-    members = rows.column(MEMBERS).to_pylist()
-    keys = rows.column("key").to_pylist()
+    column = rows.column(MEMBERS)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    members = Members.of(column)
+    arrays = [c for c, name in enumerate(members.ext_names) if is_array_field(name)]
+    picked = np.flatnonzero(np.isin(members.ext_codes, arrays)).astype(np.int64)
+    if not len(picked):
+        return rows
+    owners = np.searchsorted(members.starts, picked, side="right") - 1
+    keys = rows.column("key")
+    cast: dict[int, bytes] = {}
+    source = ByteSource(members)
     try:
-        for key, ms in zip(keys, members, strict=True):
-            for m in ms:
-                if not is_array_field(m["ext"]):
-                    continue
-                array = load_npy(reader.read(m), f"sample {key!r} field {m['ext']!r}")
-                if array.dtype.kind == "f" and array.dtype != target:
-                    m["data"] = npy_bytes(array.astype(target))
-                    m["size"], m["path"], m["offset"] = len(m["data"]), None, -1
+        source.expect(picked.tolist())
+        for j, owner in zip(picked.tolist(), owners.tolist(), strict=True):
+            where = f"sample {keys[owner].as_py()!r} field {members.ext(j)!r}"
+            array = load_npy(bytes(source.read(j)), where)
+            if array.dtype.kind == "f" and array.dtype != target:
+                cast[j] = npy_bytes(array.astype(target))
     finally:
-        reader.close()
+        source.close()
+    if not cast:
+        return rows
     at = rows.column_names.index(MEMBERS)
-    return rows.set_column(at, MEMBERS, pa.array(members, rows.schema.field(MEMBERS).type))
+    return rows.set_column(at, MEMBERS, _replaced(column, cast))
+
+
+def _replaced(column: pa.ListArray, data: dict[int, bytes]) -> pa.ListArray:
+    """``column`` with the members numbered in ``data`` (flat numbers) made inline bytes."""
+    flat = pc.list_flatten(column)
+    fields = {f.name: pc.struct_field(flat, f.name) for f in MEMBER_TYPE}
+    mask = np.zeros(len(flat), bool)
+    at = sorted(data)
+    mask[at] = True
+    picks = pa.array(mask)
+    new = [data[j] for j in at]
+    replaced = {
+        "path": pa.nulls(len(at), fields["path"].type),
+        "offset": pa.array([-1] * len(at), fields["offset"].type),
+        "size": pa.array([len(d) for d in new], fields["size"].type),
+        "data": pa.array(new, fields["data"].type),
+    }
+    for name, values in replaced.items():
+        fields[name] = pc.replace_with_mask(fields[name], picks, values)
+    struct = pa.StructArray.from_arrays(list(fields.values()), fields=list(MEMBER_TYPE))
+    offsets = np.asarray(pc.list_value_length(column).fill_null(0), np.int64).cumsum()
+    starts = pa.array(np.concatenate([[0], offsets]).astype(np.int32))
+    return pa.ListArray.from_arrays(starts, struct, type=column.type)

@@ -18,7 +18,7 @@ from shardex.backends.base import Backend
 from shardex.checks import json_columns, json_texts
 from shardex.engine.spill import FinalSpill
 from shardex.engine.stream import ROW, Scanned
-from shardex.fields import FieldMerger
+from shardex.fields import FieldMerger, cast_members
 from shardex.image_member import IMAGE_FORMAT
 from shardex.planning import drop_members
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
@@ -49,9 +49,10 @@ class _Final:
         start: int,
         dropped: frozenset[str] = frozenset(),
         labels: pa.Array | None = None,
+        dtype: str | None = None,
     ) -> None:
         self.s, self.start = scanned, start
-        self.dropped, self.labels = dropped, labels
+        self.dropped, self.labels, self.dtype = dropped, labels, dtype
         #: Each image format (``image_member``) and the first source row that has it.
         self.formats: dict[str, int] | None = None
         schema = scanned.schema
@@ -95,6 +96,8 @@ class _Final:
             base = base.append_column("split", split)
         if self.dropped:
             base = drop_members(base, self.dropped)
+        if self.dtype is not None:  # the arrays' bytes read, cast ones kept inline
+            base = cast_members(base, self.dtype)
         if self.labels is not None and "label" in base.column_names:
             at = base.column_names.index("label")
             base = base.set_column(at, "label", pc.take(self.labels, base.column(at)))
@@ -124,13 +127,14 @@ def finish(
     start: int = 0,
     dropped: frozenset[str] = frozenset(),
     labels: pa.Array | None = None,
+    dtype: str | None = None,
 ) -> Finished:
     """Read every split back once (see the module docstring); only ``selected`` splits
     are spilled again and sized. ``start``: the export number of the first sample (an
     append's); ``dropped``: member names not stored (x/y keys chose others); ``labels``:
     the label number each source label number becomes (an append's, by the export's
-    label names)."""
-    final = _Final(scanned, start, dropped, labels)
+    label names); ``dtype``: what floating-point ``.npy`` members are cast to."""
+    final = _Final(scanned, start, dropped, labels, dtype)
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None

@@ -174,17 +174,13 @@ def image_formats(table: pa.Table) -> tuple[str, ...] | None:
 
 
 def streamable(opts: ExportOptions, backend: Backend, columns: list[str] | None = None) -> bool:
-    """Whether pass 1 can stream: a backend that writes shard by shard, and no option
-    that needs every sample's members at hand (``dtype`` rewrites arrays; x/y keys that
-    name metadata ``columns``, those of the source's first batch, make them into
+    """Whether pass 1 can stream: a backend that writes shard by shard, and no x/y keys
+    that name metadata ``columns`` (those of the source's first batch: they would become
     members). Keys that only choose members stream (the others are dropped as the
-    spilled rows are read back), as does ``image_member`` (renamed batch by batch)."""
+    spilled rows are read back), as do ``image_member`` (images renamed batch by batch)
+    and ``dtype`` (arrays cast batch by batch as the spilled rows are read back)."""
     keys = (*(opts.x_keys or ()), *(opts.y_keys or ()))
-    return (
-        backend.writes_shards
-        and not any(k in (columns or ()) and k != "label" for k in keys)
-        and opts.dtype is None
-    )
+    return backend.writes_shards and not any(k in (columns or ()) and k != "label" for k in keys)
 
 
 def prepare_streamed(
@@ -234,9 +230,12 @@ def prepare_streamed(
         start=previous.num_samples if previous is not None else 0,
         dropped=unselected_members(seen, x_keys, y_keys),
         labels=labels,
+        dtype=opts.dtype if opts.dtype not in (None, BFLOAT16) else None,  # bfloat16: later
     )
     stored = member_keys_of(done.exts)
     fields = done.merger.specs(write_label, order=scanned.exts)
+    if opts.dtype == BFLOAT16:  # cast by the array backends
+        fields = mark(fields)
     label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
     return Prepared(
         table=None,
