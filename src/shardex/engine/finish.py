@@ -18,7 +18,7 @@ from shardex.backends.base import Backend
 from shardex.checks import json_columns, json_texts
 from shardex.engine.spill import FinalSpill
 from shardex.engine.stream import ROW, Scanned
-from shardex.fields import FieldMerger, cast_members
+from shardex.fields import FieldMerger, add_members, cast_members, column_members
 from shardex.image_member import IMAGE_FORMAT
 from shardex.planning import drop_members
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
@@ -50,9 +50,11 @@ class _Final:
         dropped: frozenset[str] = frozenset(),
         labels: pa.Array | None = None,
         dtype: str | None = None,
+        as_fields: tuple[str, ...] = (),
     ) -> None:
         self.s, self.start = scanned, start
         self.dropped, self.labels, self.dtype = dropped, labels, dtype
+        self.as_fields = as_fields
         #: Each image format (``image_member``) and the first source row that has it.
         self.formats: dict[str, int] | None = None
         schema = scanned.schema
@@ -96,6 +98,8 @@ class _Final:
             base = base.append_column("split", split)
         if self.dropped:
             base = drop_members(base, self.dropped)
+        if self.as_fields:  # metadata columns asked for as keys: stored as fields too
+            base = add_members(base, [column_members(base.column(k), k) for k in self.as_fields])
         if self.dtype is not None:  # the arrays' bytes read, cast ones kept inline
             base = cast_members(base, self.dtype)
         if self.labels is not None and "label" in base.column_names:
@@ -128,13 +132,15 @@ def finish(
     dropped: frozenset[str] = frozenset(),
     labels: pa.Array | None = None,
     dtype: str | None = None,
+    as_fields: tuple[str, ...] = (),
 ) -> Finished:
     """Read every split back once (see the module docstring); only ``selected`` splits
     are spilled again and sized. ``start``: the export number of the first sample (an
     append's); ``dropped``: member names not stored (x/y keys chose others); ``labels``:
     the label number each source label number becomes (an append's, by the export's
-    label names); ``dtype``: what floating-point ``.npy`` members are cast to."""
-    final = _Final(scanned, start, dropped, labels, dtype)
+    label names); ``dtype``: what floating-point ``.npy`` members are cast to;
+    ``as_fields``: metadata columns also stored as sample fields (x/y keys name them)."""
+    final = _Final(scanned, start, dropped, labels, dtype, as_fields)
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None

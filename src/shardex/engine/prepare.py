@@ -173,14 +173,13 @@ def image_formats(table: pa.Table) -> tuple[str, ...] | None:
     return tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
 
 
-def streamable(opts: ExportOptions, backend: Backend, columns: list[str] | None = None) -> bool:
-    """Whether pass 1 can stream: a backend that writes shard by shard, and no x/y keys
-    that name metadata ``columns`` (those of the source's first batch: they would become
-    members). Keys that only choose members stream (the others are dropped as the
-    spilled rows are read back), as do ``image_member`` (images renamed batch by batch)
-    and ``dtype`` (arrays cast batch by batch as the spilled rows are read back)."""
-    keys = (*(opts.x_keys or ()), *(opts.y_keys or ()))
-    return backend.writes_shards and not any(k in (columns or ()) and k != "label" for k in keys)
+def streamable(opts: ExportOptions, backend: Backend) -> bool:
+    """Whether pass 1 can stream: a backend that writes shard by shard. Every option
+    does: members that x/y keys leave out are dropped, metadata columns they name made
+    into fields and ``dtype`` casts applied as the spilled rows are read back, and
+    ``image_member`` renames images batch by batch."""
+    del opts  # every option streams (kept: callers ask with the export's options)
+    return backend.writes_shards
 
 
 def prepare_streamed(
@@ -210,12 +209,8 @@ def prepare_streamed(
         *[c for c in scanned.schema.names if c not in internal],
     ]
     x_keys, y_keys = select_keys(opts, available, list(seen), with_label)
-    as_fields = [k for k in (*x_keys, *y_keys) if k not in seen and k != "label"]
-    if as_fields:  # a metadata column only later batches have: the first did not tell
-        raise ConfigError(
-            f"key(s) {', '.join(map(repr, as_fields))} name metadata columns that the "
-            f"source's first batch of samples lacks; give every sample the column"
-        )
+    # metadata columns asked for as keys are stored as sample fields (NAME.npy / NAME.txt)
+    as_fields = tuple(k for k in (*x_keys, *y_keys) if k not in seen and k != "label")
     write_label = with_label and "label" in (*x_keys, *y_keys)
     label_names = scanned.label_names
     labels = None
@@ -231,6 +226,7 @@ def prepare_streamed(
         dropped=unselected_members(seen, x_keys, y_keys),
         labels=labels,
         dtype=opts.dtype if opts.dtype not in (None, BFLOAT16) else None,  # bfloat16: later
+        as_fields=as_fields,
     )
     stored = member_keys_of(done.exts)
     fields = done.merger.specs(write_label, order=scanned.exts)

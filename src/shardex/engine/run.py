@@ -263,10 +263,7 @@ def _prepare_first(
             itertools.chain([first] if first is not None else [], batches), stream.label_names
         )
         inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
-        columns = first.table.column_names if first is not None else None
-        if (inline and job.src.bytes_in_memory) or not streamable(
-            job.opts, job.backend, columns
-        ):
+        if inline and job.src.bytes_in_memory:
             return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
         return prepare_streamed(
             replay, job.src.uri, job.opts, job.backend, folder, bars, taken, job.previous
