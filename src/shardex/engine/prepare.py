@@ -22,12 +22,13 @@ from shardex.contract import (
 )
 from shardex.engine.finish import finish
 from shardex.engine.stream import scan_stream
+from shardex.engine.taken import TakenKeys
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
-from shardex.format.tables import read_checked_table
+from shardex.format.tables import check_local_file, metadata_errors
 from shardex.image_member import IMAGE_FORMAT, one_image_member
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
@@ -296,10 +297,19 @@ def relabel(
     return table.set_column(column, "label", labels), names
 
 
-def exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
+def exported_keys(storage: Storage, previous: ExportConfig | None, folder: Path) -> frozenset[str]:
+    """The keys of the committed export (an append's; empty otherwise), held as hashes
+    (:class:`~shardex.engine.taken.TakenKeys`): its metadata.parquet checked against its
+    checksum (a copy under ``folder``, local scratch, when it is not a local file)."""
     if previous is None or not previous.metadata_file:
         return frozenset()
-    table = read_checked_table(
-        storage, previous.metadata_file, previous.metadata_checksum, columns=["key"]
-    )
-    return frozenset(table.column("key").to_pylist())
+    name, where = previous.metadata_file, storage.join(previous.metadata_file)
+    path = storage.local_path(name)
+    if path is None:
+        path = folder / "exported-metadata.parquet"
+        with open(path, "wb") as f:
+            for chunk in storage.iter_chunks(name):
+                f.write(chunk)
+    with metadata_errors(where):
+        check_local_file(Path(path), previous.metadata_checksum, where)
+        return TakenKeys(Path(path))

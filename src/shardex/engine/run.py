@@ -163,12 +163,12 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     """Pass 1 and pass 2. A sample refused while writing (one pass over the bytes finds
     bad images only then) undoes this run's files once the workers are done."""
     storage, opts = job.storage, job.opts
-    taken = exported_keys(storage, job.previous)
     # a remote runner's tasks hand their shards' rows and index arrays over through the
     # output (see shardex.engine.parts): this run's parts, gone when it ends however it
     # ends (a killed run's went when the lock was taken)
     staging = new_staging() if job.runner is not None and job.runner.remote else None
     with scratch() as folder, _staged(storage, staging):
+        taken = exported_keys(storage, job.previous, folder)
         prep = _prepare_first(job, bars, taken, folder)
         # bytes in this process (an in-memory source) are written here: pickling costs more
         workers = 1 if prep is not None and prep.in_memory() else opts.workers

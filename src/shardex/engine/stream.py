@@ -117,6 +117,8 @@ class _Pass:
         keys = table.column("key").to_pylist()
         if "split" in table.column_names:
             check_splits(table.column("split").to_pylist(), keys, reasons)
+        # an append's keys: the batch's matches confirmed at once, then asked one by one
+        self.taken.isdisjoint(keys)
         for i, key in enumerate(keys):
             if reasons[i] is None:
                 reasons[i] = key_problem(key, self.taken)
