@@ -118,3 +118,109 @@ def test_reexport_from_s3_without_scratch_copies_names_the_objects(
     shard_bytes = sum(s.num_bytes for s in config.splits["train"].shards)
     fetched = sum(r.body_bytes for r in s3.proxy.gets() if r.key.endswith(".tar"))
     assert fetched >= 1.5 * shard_bytes
+
+
+# ------------------------------------------- options and appends on the streamed path
+
+
+def _table_source(root: Path, n: int, first: int = 0, labels: str = "ab") -> Path:
+    """A Parquet table of ``n`` images (JPEG, PNG, WebP in turn) with metadata columns of
+    numbers, text and fixed-size lists, and ``.npy`` float64 members beside them."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "imgs").mkdir(parents=True, exist_ok=True)
+    rels, labs = [], []
+    for i in range(first, first + n):
+        fmt, ext = [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")][i % 3]
+        (root / "imgs" / f"i{i:03d}.{ext}").write_bytes(make_image(i, fmt=fmt))
+        rels.append(f"imgs/i{i:03d}.{ext}")
+        labs.append(labels[i % len(labels)])
+    table = pa.table(
+        {
+            "image_path": rels,
+            "label": labs,
+            "score": [None if i == 3 else i * 0.5 for i in range(first, first + n)],
+            "caption": [None if i == 4 else f"caption {i}" for i in range(first, first + n)],
+            "emb": pa.array(
+                [np.linspace(0, i, 3).tolist() for i in range(first, first + n)],
+                pa.list_(pa.float64(), 3),
+            ),
+        }
+    )
+    path = root / f"t{first}.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+_OPTIONS = {
+    "x-keys-of-columns": {"x_keys": ("image", "score", "emb"), "y_keys": ("label", "caption")},
+    "dtype": {"x_keys": ("image", "emb"), "dtype": "float16", "workers": 2},
+    "image-member": {"image_member": "jpg", "split_fractions": {"tr": 0.6, "va": 0.4}},
+}
+
+
+def _export_twice(
+    source: Path, out: Path, more: Path | None, monkeypatch: pytest.MonkeyPatch, **opts: object
+) -> tuple[Path, Path]:
+    """``source`` exported (then ``more`` appended) on the streamed path (which must not
+    call the whole-table ``prepare``) and on the whole-table path."""
+    import shardex.engine.run as run_module
+
+    streamed, whole = out / "streamed", out / "whole"
+    with monkeypatch.context() as m:
+        m.setattr(run_module, "prepare", None)  # called: a TypeError
+        shardex.export(source, streamed, samples_per_shard=4, **opts)  # type: ignore[arg-type]
+        if more is not None:
+            shardex.export(more, streamed, mode="append", samples_per_shard=4)
+    with monkeypatch.context() as m:
+        m.setattr(run_module, "streamable", lambda *a: False)
+        shardex.export(source, whole, samples_per_shard=4, **opts)  # type: ignore[arg-type]
+        if more is not None:
+            shardex.export(more, whole, mode="append", samples_per_shard=4)
+    return streamed, whole
+
+
+@pytest.mark.parametrize("case", list(_OPTIONS))
+@pytest.mark.parametrize("append", [False, True], ids=["export", "append"])
+def test_options_and_appends_stream_and_write_what_the_whole_table_path_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, append: bool
+) -> None:
+    """x/y keys naming metadata columns, ``dtype``, ``image_member``, and appends to such
+    exports (the appended samples' labels are a subset: their numbers follow the
+    export's names) go through the streamed pass 1 and give the same files, byte for
+    byte, as the whole-table path."""
+    source = _table_source(tmp_path / "src", 14)
+    more = _table_source(tmp_path / "src", 5, first=40, labels="b") if append else None
+    streamed, whole = _export_twice(source, tmp_path, more, monkeypatch, **_OPTIONS[case])
+    _same_files(streamed, whole)
+    assert shardex.verify(streamed).ok
+    config = shardex.read_config(streamed)
+    assert config.num_samples == 14 + (5 if append else 0)
+    if append:  # the new samples' only label, "b", is number 1 of the export's names
+        import pyarrow.parquet as pq
+
+        meta = config.metadata_file or "metadata.parquet"
+        rows = pq.read_table(streamed / meta).to_pylist()
+        added = [r["label"] for r in rows if r["key"] >= "imgs/i040"]
+        assert added == [1] * 5
+        assert config.label_names == ("a", "b")
+
+
+def test_an_append_refuses_keys_already_in_the_export_streamed(tmp_path: Path) -> None:
+    """The export's keys, held as hashes, still refuse a sample whose key is in the export
+    (and only those), naming it; with --on-error skip the others are appended."""
+    import pyarrow.parquet as pq
+
+    from shardex.errors import DuplicateKeyError
+
+    source = _table_source(tmp_path / "src", 10)
+    shardex.export(source, tmp_path / "out", samples_per_shard=4, workers=1)
+    again = _table_source(tmp_path / "src", 6, first=7)  # i007..i009 are in the export
+    with pytest.raises(DuplicateKeyError, match=r"already in the export \(and 2 more\)"):
+        shardex.export(again, tmp_path / "out", mode="append", workers=1)
+    config = shardex.export(again, tmp_path / "out", mode="append", workers=1, on_error="skip")
+    assert config.num_samples == 13
+    errors = pq.read_table(tmp_path / "out" / "errors.parquet").column("key").to_pylist()
+    assert sorted(errors) == ["imgs/i007", "imgs/i008", "imgs/i009"]
