@@ -67,7 +67,11 @@ def main() -> None:
             "endpoint_url": server.endpoint,
         }
         for n in (1000, 4000):
-            source = {"key": [f"s{i:05d}" for i in range(n)], "jpg": [image] * n}
+            source = {
+                "key": [f"s{i:05d}" for i in range(n)],
+                "jpg": [image] * n,
+                "label": [i % 3 for i in range(n)],
+            }
             url = f"s3://bench/src{n}"
             shardex.export(source, url, samples_per_shard=64, workers=1, storage_options=options)
             local = Path(tmp) / f"torch{n}"
