@@ -19,14 +19,15 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
 from shardex.names import relpath_problem
-from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, MemberReader, Members
+from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members
 from shardex.sources.arrays import npy_bytes as npy_bytes
-from shardex.sources.base import MEMBERS
+from shardex.sources.base import MEMBER_TYPE, MEMBERS
 
 
 def is_fixed(spec: FieldSpec) -> bool:
@@ -201,13 +202,15 @@ def _check_dtype(array: npt.NDArray[Any], key: str, name: str) -> None:
 # ---------------------------------------------------------------- metadata columns as fields
 
 
-def column_members(column: pa.ChunkedArray, name: str) -> list[dict[str, Any]]:
+def column_members(column: pa.ChunkedArray, name: str) -> pa.StructArray:
     """A metadata column made into one inline member per row (``NAME.npy`` for numbers and
-    fixed-size lists, ``NAME.txt`` for strings), so that it is stored as a sample field."""
+    fixed-size lists, ``NAME.txt`` for strings; null bytes where the row has no value), so
+    that it is stored as a sample field."""
     t = column.type
+    datas: list[bytes | None] | pa.Array
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         ext = f"{name}.txt"
-        datas = [None if v is None else v.encode() for v in column.to_pylist()]
+        datas = pc.cast(column, pa.binary()).combine_chunks()  # the UTF-8 bytes themselves
     else:
         dtype, shape = _numpy_type(t, name)
         ext = f"{name}.npy"
@@ -217,10 +220,19 @@ def column_members(column: pa.ChunkedArray, name: str) -> list[dict[str, Any]]:
                 datas.append(None)
             else:
                 datas.append(npy_bytes(np.asarray(value, dtype=dtype).reshape(shape)))
-    return [
-        {"ext": ext, "path": None, "offset": -1, "size": 0 if d is None else len(d), "data": d}
-        for d in datas
-    ]
+    kind = MEMBER_TYPE.field("data").type
+    data = datas.cast(kind) if isinstance(datas, pa.Array) else pa.array(datas, kind)
+    n = len(data)
+    return pa.StructArray.from_arrays(
+        [
+            pa.array([ext] * n, MEMBER_TYPE.field("ext").type),
+            pa.nulls(n, MEMBER_TYPE.field("path").type),
+            pa.array(np.full(n, -1, np.int64), MEMBER_TYPE.field("offset").type),
+            pc.fill_null(pc.binary_length(data), 0).cast(MEMBER_TYPE.field("size").type),
+            data,
+        ],
+        fields=list(MEMBER_TYPE),
+    )
 
 
 def _numpy_type(t: pa.DataType, name: str) -> tuple[np.dtype[Any], tuple[int, ...]]:
@@ -236,35 +248,97 @@ def _numpy_type(t: pa.DataType, name: str) -> tuple[np.dtype[Any], tuple[int, ..
     return np.dtype(t.to_pandas_dtype()), tuple(shape)
 
 
-def add_members(rows: pa.Table, extra: Iterable[list[dict[str, Any]]]) -> pa.Table:
-    """Append one member list per row (from :func:`column_members`) to every row's members."""
-    members = rows.column(MEMBERS).to_pylist()
-    for column in extra:
-        for i, member in enumerate(column):
-            if member["data"] is not None:
-                members[i].append(member)
+def add_members(rows: pa.Table, extra: Iterable[pa.StructArray]) -> pa.Table:
+    """Append one member per row (from :func:`column_members`; none where its bytes are
+    null) to every row's members, after the row's own."""
+    column = rows.column(MEMBERS)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    n = len(column)
+    values = pc.list_flatten(column)
+    pieces = [values]
+    # each member's row, its place in the row, and its number in the joined members
+    owner = [pc.list_parent_indices(column).to_numpy(zero_copy_only=False).astype(np.int64)]
+    starts = np.zeros(n + 1, np.int64)
+    np.cumsum(
+        pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False), out=starts[1:]
+    )
+    place = [np.arange(len(values), dtype=np.int64) - starts[owner[0]]]
+    number = [np.arange(len(values), dtype=np.int64)]
+    base = len(values)
+    for k, members in enumerate(extra):
+        kept = np.flatnonzero(
+            pc.is_valid(pc.struct_field(members, "data")).to_numpy(zero_copy_only=False)
+        )
+        pieces.append(members)
+        owner.append(kept.astype(np.int64))
+        place.append(np.full(len(kept), 1 << 40 | k, np.int64))
+        number.append(base + kept)
+        base += len(members)
+    rows_of, places, numbers = (np.concatenate(x) for x in (owner, place, number))
+    order = np.lexsort((places, rows_of))
+    joined = pa.concat_arrays([p.cast(MEMBER_TYPE) for p in pieces])
+    flat = joined.take(pa.array(numbers[order]))
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(rows_of, minlength=n), out=offsets[1:])
     at = rows.column_names.index(MEMBERS)
-    return rows.set_column(at, MEMBERS, pa.array(members, rows.schema.field(MEMBERS).type))
+    kept_type = rows.schema.field(MEMBERS).type
+    return rows.set_column(
+        at, MEMBERS, pa.ListArray.from_arrays(pa.array(offsets), flat, type=kept_type)
+    )
 
 
 def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
     """``--dtype``: floating-point ``.npy`` members cast to ``dtype`` (one of
     :data:`shardex.options.FLOAT_DTYPES`, checked by ExportOptions; integers, booleans and
-    images are never cast)."""
+    images are never cast). A cast member's bytes become inline; the others are kept as
+    they are (column by column: no member is turned into a Python object)."""
     target = np.dtype(dtype)
-    reader = MemberReader()
-    members = rows.column(MEMBERS).to_pylist()
-    keys = rows.column("key").to_pylist()
+    column = rows.column(MEMBERS)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    members = Members.of(column)
+    arrays = [c for c, name in enumerate(members.ext_names) if is_array_field(name)]
+    picked = np.flatnonzero(np.isin(members.ext_codes, arrays)).astype(np.int64)
+    if not len(picked):
+        return rows
+    owners = np.searchsorted(members.starts, picked, side="right") - 1
+    keys = rows.column("key")
+    cast: dict[int, bytes] = {}
+    source = ByteSource(members)
     try:
-        for key, ms in zip(keys, members, strict=True):
-            for m in ms:
-                if not is_array_field(m["ext"]):
-                    continue
-                array = load_npy(reader.read(m), f"sample {key!r} field {m['ext']!r}")
-                if array.dtype.kind == "f" and array.dtype != target:
-                    m["data"] = npy_bytes(array.astype(target))
-                    m["size"], m["path"], m["offset"] = len(m["data"]), None, -1
+        source.expect(picked.tolist())
+        for j, owner in zip(picked.tolist(), owners.tolist(), strict=True):
+            where = f"sample {keys[owner].as_py()!r} field {members.ext(j)!r}"
+            array = load_npy(bytes(source.read(j)), where)
+            if array.dtype.kind == "f" and array.dtype != target:
+                cast[j] = npy_bytes(array.astype(target))
     finally:
-        reader.close()
+        source.close()
+    if not cast:
+        return rows
     at = rows.column_names.index(MEMBERS)
-    return rows.set_column(at, MEMBERS, pa.array(members, rows.schema.field(MEMBERS).type))
+    return rows.set_column(at, MEMBERS, _replaced(column, cast))
+
+
+def _replaced(column: pa.ListArray, data: dict[int, bytes]) -> pa.ListArray:
+    """``column`` with the members numbered in ``data`` (flat numbers) made inline bytes."""
+    flat = pc.list_flatten(column)
+    fields = {f.name: pc.struct_field(flat, f.name) for f in MEMBER_TYPE}
+    mask = np.zeros(len(flat), bool)
+    at = sorted(data)
+    mask[at] = True
+    picks = pa.array(mask)
+    new = [data[j] for j in at]
+    replaced = {
+        "path": pa.nulls(len(at), fields["path"].type),
+        "offset": pa.array([-1] * len(at), fields["offset"].type),
+        "size": pa.array([len(d) for d in new], fields["size"].type),
+        "data": pa.array(new, fields["data"].type),
+    }
+    for name, values in replaced.items():
+        fields[name] = pc.replace_with_mask(fields[name], picks, values)
+    struct = pa.StructArray.from_arrays(list(fields.values()), fields=list(MEMBER_TYPE))
+    offsets = np.asarray(pc.list_value_length(column).fill_null(0), np.int64).cumsum()
+    starts = pa.array(np.concatenate([[0], offsets]).astype(np.int32))
+    return pa.ListArray.from_arrays(starts, struct, type=column.type)

@@ -275,13 +275,36 @@ def select_keys(
     return tuple(x), tuple(y)
 
 
+def unselected_members(
+    members: dict[str, set[str]], x_keys: tuple[str, ...], y_keys: tuple[str, ...]
+) -> frozenset[str]:
+    """Member names whose key is neither an x key nor a y key: not stored."""
+    return frozenset(
+        e for key, exts in members.items() if key not in (*x_keys, *y_keys) for e in exts
+    )
+
+
 def drop_unselected_members(
     table: pa.Table, members: dict[str, set[str]], x_keys: tuple[str, ...], y_keys: tuple[str, ...]
 ) -> pa.Table:
     """Members whose key is neither an x key nor a y key are not stored."""
-    dropped = {e for key, exts in members.items() if key not in (*x_keys, *y_keys) for e in exts}
+    return drop_members(table, unselected_members(members, x_keys, y_keys))
+
+
+def drop_members(table: pa.Table, dropped: frozenset[str]) -> pa.Table:
+    """``table`` without the members named ``dropped`` (column by column: no member is
+    turned into a Python object)."""
     if not dropped:
         return table
-    kept = [[m for m in ms if m["ext"] not in dropped] for ms in table.column(MEMBERS).to_pylist()]
+    column = table.column(MEMBERS)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    values = pc.list_flatten(column)
+    keep = pc.invert(pc.is_in(pc.struct_field(values, "ext"), pa.array(sorted(dropped))))
+    parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+    counts = np.bincount(parents[keep.to_numpy(zero_copy_only=False)], minlength=len(column))
+    offsets = np.zeros(len(column) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    kept = pa.ListArray.from_arrays(pa.array(offsets), values.filter(keep), type=column.type)
     i = table.column_names.index(MEMBERS)
-    return table.set_column(i, MEMBERS, pa.array(kept, table.schema.field(MEMBERS).type))
+    return table.set_column(i, MEMBERS, kept)

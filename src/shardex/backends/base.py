@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from shardex.contract import CONFIG_FILE, FORMAT_VERSION, ExportConfig, FieldSpec, SplitInfo
 from shardex.dataset import Dataset, OnReadError, ReopenedDataset
@@ -140,14 +140,24 @@ class OnShard(Protocol):
     def __call__(self, table: pa.Table | StagedRows, num_bytes: int = 0, /) -> None: ...
 
 
+class StoredMember(NamedTuple):
+    """A member of a stored sample: ``size`` bytes at ``offset`` of ``path`` (a local
+    file, or an object named by URL), or its bytes themselves (``data``; ``path`` None)."""
+
+    ext: str
+    path: str | None
+    offset: int
+    size: int
+    data: bytes | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class StoredSample:
-    """A sample of a committed export as a re-export reads it: its key and its members
-    (``ext``, ``path``, ``offset``, ``size``, ``data``: a byte range of the local file
-    ``path``, ``data`` None), or why it cannot be used (``invalid``; then no members)."""
+    """A sample of a committed export as a re-export reads it: its key and its members,
+    or why it cannot be used (``invalid``; then no members)."""
 
     key: str
-    members: list[dict[str, Any]]
+    members: tuple[StoredMember, ...]
     invalid: str | None = None
 
 
@@ -277,11 +287,14 @@ class Backend(ABC):
             "files (it has no verify_split)",
         )
 
-    def stored_samples(self, dataset: Dataset, keys: list[str]) -> Iterator[StoredSample] | None:
+    def stored_samples(
+        self, dataset: Dataset, key: Callable[[int], str]
+    ) -> Iterator[StoredSample] | None:
         """A committed split's samples for a new export (a re-export) as byte ranges of
-        local files, each read once and checked, in sample order (``keys``: the split's keys
-        as its metadata lists them). None (the default): the samples are read through
-        ``dataset``, their bytes held until written."""
+        its files (local paths, or object URLs), each read once and checked, in sample
+        order, one at a time (``key``: the key of sample number N as the split's metadata
+        lists it, to name a damaged one). None (the default): the samples are read through
+        ``dataset``, batch by batch."""
         return None
 
     def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:

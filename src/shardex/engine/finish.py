@@ -18,7 +18,9 @@ from shardex.backends.base import Backend
 from shardex.checks import json_columns, json_texts
 from shardex.engine.spill import FinalSpill
 from shardex.engine.stream import ROW, Scanned
-from shardex.fields import FieldMerger
+from shardex.fields import FieldMerger, add_members, cast_members, column_members
+from shardex.image_member import IMAGE_FORMAT
+from shardex.planning import drop_members
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
 from shardex.sources.base import MEMBERS
 
@@ -33,14 +35,28 @@ class Finished:
     #: Member names of the exported samples.
     exts: frozenset[str]
     label_max: int | None
+    #: The images' real encodings in the order first seen (``image_member``; else None).
+    image_formats: tuple[str, ...] | None = None
 
 
 class _Final:
     """Makes spilled rows final, as the whole-table path has them (see the module
     docstring); ``start``: the export number of the first sample."""
 
-    def __init__(self, scanned: Scanned, start: int) -> None:
+    def __init__(
+        self,
+        scanned: Scanned,
+        start: int,
+        dropped: frozenset[str] = frozenset(),
+        labels: pa.Array | None = None,
+        dtype: str | None = None,
+        as_fields: tuple[str, ...] = (),
+    ) -> None:
         self.s, self.start = scanned, start
+        self.dropped, self.labels, self.dtype = dropped, labels, dtype
+        self.as_fields = as_fields
+        #: Each image format (``image_member``) and the first source row that has it.
+        self.formats: dict[str, int] | None = None
         schema = scanned.schema
         self.casts: dict[str, pa.DataType] = {}
         for f in schema:
@@ -80,8 +96,29 @@ class _Final:
             base = base.append_column(JSON_COLUMN, json_texts(base.select(list(self.json))))
         if s.assigned:
             base = base.append_column("split", split)
+        if self.dropped:
+            base = drop_members(base, self.dropped)
+        if self.as_fields:  # metadata columns asked for as keys: stored as fields too
+            base = add_members(base, [column_members(base.column(k), k) for k in self.as_fields])
+        if self.dtype is not None:  # the arrays' bytes read, cast ones kept inline
+            base = cast_members(base, self.dtype)
+        if self.labels is not None and "label" in base.column_names:
+            at = base.column_names.index("label")
+            base = base.set_column(at, "label", pc.take(self.labels, base.column(at)))
+        if IMAGE_FORMAT in base.column_names:
+            self._formats(base.column(IMAGE_FORMAT), rows)
         numbers = self.start + rows - np.searchsorted(s.dropped, rows)
         return base.append_column("export_index", pa.array(numbers, pa.int64()))
+
+    def _formats(self, column: pa.ChunkedArray, rows: np.ndarray) -> None:
+        """The formats of these rows, each with the first source row that has it (the
+        splits are read one after another: the order is the source's, as in a whole
+        table)."""
+        formats = self.formats = self.formats if self.formats is not None else {}
+        for name in pc.unique(column).to_pylist():
+            if name:
+                row = int(rows[pc.index(column, name).as_py()])
+                formats[name] = min(formats.get(name, row), row)
 
 
 def finish(
@@ -92,10 +129,18 @@ def finish(
     *,
     write_label: bool,
     start: int = 0,
+    dropped: frozenset[str] = frozenset(),
+    labels: pa.Array | None = None,
+    dtype: str | None = None,
+    as_fields: tuple[str, ...] = (),
 ) -> Finished:
     """Read every split back once (see the module docstring); only ``selected`` splits
-    are spilled again and sized."""
-    final = _Final(scanned, start)
+    are spilled again and sized. ``start``: the export number of the first sample (an
+    append's); ``dropped``: member names not stored (x/y keys chose others); ``labels``:
+    the label number each source label number becomes (an append's, by the export's
+    label names); ``dtype``: what floating-point ``.npy`` members are cast to;
+    ``as_fields``: metadata columns also stored as sample fields (x/y keys name them)."""
+    final = _Final(scanned, start, dropped, labels, dtype, as_fields)
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None
@@ -125,4 +170,6 @@ def finish(
         if out is not None:
             spilled[name] = out.close()
     assert schema is not None  # scan_stream refused an export of no sample
-    return Finished(spilled, schema, merger, frozenset(exts), top)
+    formats = final.formats
+    order = tuple(sorted(formats, key=formats.__getitem__)) if formats is not None else None
+    return Finished(spilled, schema, merger, frozenset(exts), top, order)

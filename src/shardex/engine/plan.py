@@ -26,7 +26,7 @@ from shardex.planning import (
 )
 from shardex.rows import Members, Sizes, SpilledRows, SplitRows
 from shardex.sample_check import SampleCheck
-from shardex.sources.base import MEMBERS
+from shardex.sources.base import MEMBER_TYPE, MEMBERS
 
 #: A split's rows as pass 2 gets them (see :func:`split_rows`).
 Rows: TypeAlias = SplitRows | SpilledRows | pa.Table
@@ -39,8 +39,9 @@ def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[Rows]
     """Each split's rows: candidates over the shared members, sized by the backend
     (shard-by-shard backends; no sample bytes copied), in spill files (a streamed pass 1:
     sized already), or the split's whole table."""
-    if prep.spilled is not None:
-        return [prep.spilled[s] for s in names]
+    if prep.spilled is not None:  # a split of an append without new samples: none
+        empty = pa.table({MEMBERS: pa.array([], pa.list_(MEMBER_TYPE))})
+        return [prep.spilled.get(s, empty) for s in names]
     table = prep.table
     assert table is not None  # not spilled: the whole table
     column = table.column("split")

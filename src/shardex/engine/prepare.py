@@ -22,12 +22,13 @@ from shardex.contract import (
 )
 from shardex.engine.finish import finish
 from shardex.engine.stream import scan_stream
+from shardex.engine.taken import TakenKeys
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
 )
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
-from shardex.format.tables import read_checked_table
+from shardex.format.tables import check_local_file, metadata_errors
 from shardex.image_member import IMAGE_FORMAT, one_image_member
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
@@ -40,6 +41,7 @@ from shardex.planning import (
     ordered_splits,
     select_keys,
     split_names,
+    unselected_members,
 )
 from shardex.progress import Progress
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
@@ -173,16 +175,12 @@ def image_formats(table: pa.Table) -> tuple[str, ...] | None:
 
 
 def streamable(opts: ExportOptions, backend: Backend) -> bool:
-    """Whether pass 1 can stream: a backend that writes shard by shard, and no option
-    that needs every sample's members at hand (keys chosen by name may drop members or
-    make metadata columns into members; ``dtype`` rewrites arrays)."""
-    return (
-        backend.writes_shards
-        and opts.x_keys is None
-        and opts.y_keys is None
-        and opts.dtype is None
-        and opts.image_member is None  # renames members with the whole table at hand
-    )
+    """Whether pass 1 can stream: a backend that writes shard by shard. Every option
+    does: members that x/y keys leave out are dropped, metadata columns they name made
+    into fields and ``dtype`` casts applied as the spilled rows are read back, and
+    ``image_member`` renames images batch by batch."""
+    del opts  # every option streams (kept: callers ask with the export's options)
+    return backend.writes_shards
 
 
 def prepare_streamed(
@@ -193,41 +191,66 @@ def prepare_streamed(
     folder: Path,
     bars: Progress,
     taken: frozenset[str] = frozenset(),
+    previous: ExportConfig | None = None,
 ) -> Prepared:
     """Pass 1 over a streaming source (see :mod:`shardex.engine.stream`), then the
     planning pass (:mod:`shardex.engine.finish`); the selected splits' rows end in spill
-    files under ``folder`` (local scratch)."""
+    files under ``folder`` (local scratch). When appending, ``previous`` is the committed
+    export: its split rule, label names and export numbers go on (``taken``: its keys)."""
     scanning = bars.task(f"scanning {uri}", None)
     scanned = scan_stream(stream, opts, folder, uri, taken)
     scanning.done()
     splits = ordered_splits(set(scanned.counts), opts)
     with_label = scanned.with_label
-    done = finish(scanned, backend, folder, splits, write_label=with_label)
-    stored = member_keys_of(done.exts)
+    seen = member_keys_of(scanned.exts)
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
     available = [
-        *stored,
+        *seen,
         *(["label"] if with_label else []),
-        *[c for c in done.schema.names if c not in internal],
+        *[c for c in scanned.schema.names if c not in internal],
     ]
-    x_keys, y_keys = select_keys(opts, available, list(stored), with_label)
-    fields = done.merger.specs(with_label, order=scanned.exts)
+    x_keys, y_keys = select_keys(opts, available, list(seen), with_label)
+    # metadata columns asked for as keys are stored as sample fields (NAME.npy / NAME.txt)
+    as_fields = tuple(k for k in (*x_keys, *y_keys) if k not in seen and k != "label")
+    write_label = with_label and "label" in (*x_keys, *y_keys)
+    label_names = scanned.label_names
+    labels = None
+    if previous is not None and with_label:
+        label_names, labels = label_mapping(label_names, previous)
+    done = finish(
+        scanned,
+        backend,
+        folder,
+        splits,
+        write_label=write_label,
+        start=previous.num_samples if previous is not None else 0,
+        dropped=unselected_members(seen, x_keys, y_keys),
+        labels=labels,
+        dtype=opts.dtype if opts.dtype not in (None, BFLOAT16) else None,  # bfloat16: later
+        as_fields=as_fields,
+    )
+    stored = member_keys_of(done.exts)
+    fields = done.merger.specs(write_label, order=scanned.exts)
+    if opts.dtype == BFLOAT16:  # cast by the array backends
+        fields = mark(fields)
+    label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
     return Prepared(
         table=None,
-        fields=with_columns(fields, y_keys, LABEL_PREFIX),
+        fields=with_columns(fields, y_keys, label_prefix),
         skipped=scanned.skipped,
-        split_method=scanned.split_method,
+        split_method=previous.split_method if previous is not None else scanned.split_method,
         splits=splits,
         x_keys=x_keys,
         y_keys=y_keys,
         with_label=with_label,
-        write_label=with_label,
-        label_names=scanned.label_names,
+        write_label=write_label,
+        label_names=label_names,
         schema=done.schema,
         num_rows=scanned.num_rows,
         label_max=done.label_max,
         stored=stored,
         spilled=done.spilled,
+        image_formats=done.image_formats if opts.image_member else None,
     )
 
 
@@ -245,12 +268,13 @@ def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOpti
     )
 
 
-def relabel(
-    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
-) -> tuple[pa.Table, tuple[str, ...] | None]:
-    """Label numbers of appended samples follow the export's label names."""
+def label_mapping(
+    names: tuple[str, ...] | None, previous: ExportConfig
+) -> tuple[tuple[str, ...] | None, pa.Array | None]:
+    """The label names of an append, and the export's label number of each of the new
+    samples' label numbers (None: they are the same)."""
     if not (names and previous.label_names) or names == previous.label_names:
-        return table, previous.label_names or names
+        return previous.label_names or names, None
     number = {name: i for i, name in enumerate(previous.label_names)}
     unknown = sorted(set(names) - set(number))
     if unknown:
@@ -258,16 +282,34 @@ def relabel(
             f"appended samples have labels the export does not know: {', '.join(unknown)} "
             f"(its labels: {', '.join(previous.label_names)})"
         )
-    mapping = [number[name] for name in names]
-    labels = [None if v is None else mapping[v] for v in table.column("label").to_pylist()]
+    return previous.label_names, pa.array([number[name] for name in names], pa.int64())
+
+
+def relabel(
+    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
+) -> tuple[pa.Table, tuple[str, ...] | None]:
+    """Label numbers of appended samples follow the export's label names."""
+    names, mapping = label_mapping(names, previous)
+    if mapping is None:
+        return table, names
     column = table.column_names.index("label")
-    return table.set_column(column, "label", pa.array(labels, pa.int64())), previous.label_names
+    labels = pc.take(mapping, table.column(column).cast(pa.int64()))
+    return table.set_column(column, "label", labels), names
 
 
-def exported_keys(storage: Storage, previous: ExportConfig | None) -> frozenset[str]:
+def exported_keys(storage: Storage, previous: ExportConfig | None, folder: Path) -> frozenset[str]:
+    """The keys of the committed export (an append's; empty otherwise), held as hashes
+    (:class:`~shardex.engine.taken.TakenKeys`): its metadata.parquet checked against its
+    checksum (a copy under ``folder``, local scratch, when it is not a local file)."""
     if previous is None or not previous.metadata_file:
         return frozenset()
-    table = read_checked_table(
-        storage, previous.metadata_file, previous.metadata_checksum, columns=["key"]
-    )
-    return frozenset(table.column("key").to_pylist())
+    name, where = previous.metadata_file, storage.join(previous.metadata_file)
+    path = storage.local_path(name)
+    if path is None:
+        path = folder / "exported-metadata.parquet"
+        with open(path, "wb") as f:
+            for chunk in storage.iter_chunks(name):
+                f.write(chunk)
+    with metadata_errors(where):
+        check_local_file(Path(path), previous.metadata_checksum, where)
+        return TakenKeys(Path(path))

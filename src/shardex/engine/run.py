@@ -163,12 +163,12 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     """Pass 1 and pass 2. A sample refused while writing (one pass over the bytes finds
     bad images only then) undoes this run's files once the workers are done."""
     storage, opts = job.storage, job.opts
-    taken = exported_keys(storage, job.previous)
     # a remote runner's tasks hand their shards' rows and index arrays over through the
     # output (see shardex.engine.parts): this run's parts, gone when it ends however it
     # ends (a killed run's went when the lock was taken)
     staging = new_staging() if job.runner is not None and job.runner.remote else None
     with scratch() as folder, _staged(storage, staging):
+        taken = exported_keys(storage, job.previous, folder)
         prep = _prepare_first(job, bars, taken, folder)
         # bytes in this process (an in-memory source) are written here: pickling costs more
         workers = 1 if prep is not None and prep.in_memory() else opts.workers
@@ -238,14 +238,14 @@ def _prepare_first(
     job: _Job, bars: Progress, taken: frozenset[str], folder: Path
 ) -> Prepared | None:
     """Pass 1 before any worker starts, for a backend that writes shard by shard (it
-    checks images as it writes them): streamed, the splits spilled under ``folder``,
-    unless the source's bytes are in memory (its first batch tells), an option needs
-    the whole table, or it appends. None: the images are checked first, in the workers."""
+    checks images as it writes them): streamed, the splits spilled under ``folder``
+    (appends too), unless the source's bytes are in memory (its first batch tells) or an
+    option needs the whole table. None: the images are checked first, in the workers."""
     if not job.backend.writes_shards:
         return None
     # a remote runner (Ray) streams too: its shard jobs carry their spill slices' rows,
     # since its tasks may run on machines that do not see this one's scratch
-    if job.previous is not None or not streamable(job.opts, job.backend):
+    if not streamable(job.opts, job.backend):
         return prepare(job.src, job.opts, None, bars, job.previous, taken)
     # a remote runner's tasks also scan the source's files (a tar source's headers: on
     # object storage, else every tar's bytes would pass through this process)
@@ -262,9 +262,12 @@ def _prepare_first(
         replay = SampleStream(
             itertools.chain([first] if first is not None else [], batches), stream.label_names
         )
-        if first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline():
+        inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
+        if inline and job.src.bytes_in_memory:
             return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
-        return prepare_streamed(replay, job.src.uri, job.opts, job.backend, folder, bars, taken)
+        return prepare_streamed(
+            replay, job.src.uri, job.opts, job.backend, folder, bars, taken, job.previous
+        )
 
 
 class _Replay(Source):

@@ -31,6 +31,7 @@ from shardex.checks import (
 from shardex.engine.runs import HashRuns
 from shardex.engine.spill import Spill
 from shardex.errors import EmptySourceError, SourceError
+from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
 from shardex.planning import assign_splits
 from shardex.quoting import quoted
@@ -95,6 +96,8 @@ class _Pass:
         self.exts: dict[str, None] = {}
 
     def add(self, table: pa.Table) -> None:
+        # one member name for every image: renamed sample by sample, as in a whole table
+        table = one_image_member(table, self.opts.image_member)
         first = self.rows
         self.rows += table.num_rows
         # a batch may lack a column another has: labels seen in any batch are kept (the
@@ -114,6 +117,8 @@ class _Pass:
         keys = table.column("key").to_pylist()
         if "split" in table.column_names:
             check_splits(table.column("split").to_pylist(), keys, reasons)
+        # an append's keys: the batch's matches confirmed at once, then asked one by one
+        self.taken.isdisjoint(keys)
         for i, key in enumerate(keys):
             if reasons[i] is None:
                 reasons[i] = key_problem(key, self.taken)

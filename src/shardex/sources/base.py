@@ -192,6 +192,10 @@ class Source(ABC):
     #: Samples per batch of :meth:`stream` (the last batch may be shorter; a source may
     #: cut a batch shorter to keep its inline bytes addressable).
     batch_size: int = DEFAULT_BATCH_SIZE
+    #: Whether inline bytes in its batches are memory the source holds anyway (arrays in
+    #: memory: an export writes them from this process), rather than bytes made batch by
+    #: batch from files (an array backend's export re-exported: spilled to scratch).
+    bytes_in_memory: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -15,7 +15,7 @@ the top level, without ``S/``)::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import xxhash
@@ -105,11 +105,13 @@ class WebDatasetBackend(Backend):
 
         verify_split(storage, config, split, check.report, check.deep, check.bar)
 
-    def stored_samples(self, dataset: Dataset, keys: list[str]) -> Iterator[StoredSample] | None:
+    def stored_samples(
+        self, dataset: Dataset, key: Callable[[int], str]
+    ) -> Iterator[StoredSample] | None:
         assert isinstance(dataset, ShardDataset)  # what open() builds
         from shardex.backends.webdataset.stored import stored_samples
 
-        return stored_samples(dataset, keys)
+        return stored_samples(dataset, key)
 
     writes_shards: ClassVar[bool] = True
 

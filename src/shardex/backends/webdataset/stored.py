@@ -1,90 +1,193 @@
-"""A local ``webdataset`` export read again as a source (a re-export): each sample read
-once through the split's index and checked against its checksum, its members described as
-byte ranges of the source tar (read again only when the new shards are written), so memory
-stays bounded whatever the export's size."""
+"""A ``webdataset`` export read again as a source (a re-export), local or on object
+storage: each sample read once through the split's index and checked against its
+checksum, its members described as byte ranges of the source tar (read again only when
+the new shards are written), so memory stays bounded whatever the export's size.
+
+A shard on object storage is read front to back in windows of :data:`WINDOW` bytes (one
+ranged GET each). Its members name the object by URL (the shard writer fetches them, see
+:mod:`shardex.sources.remote`), or, where the export keeps copies of what a scan reads
+(:func:`shardex.sources.objecttars.copies_kept`: its shards are written on this machine),
+the local copy of the bytes just checked: then each byte is fetched once.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Final
 
-from shardex.backends.base import StoredSample
+from shardex.backends.base import StoredMember, StoredSample
 from shardex.backends.webdataset.reader import ShardDataset
-from shardex.errors import ChecksumError, FormatError
+from shardex.errors import ChecksumError, FormatError, ShardexError
 from shardex.format.tar import iter_members, split_name
+from shardex.sources.objecttars import TarCopy, kept_copies
+from shardex.sources.remote import register
+
+#: Index records read at a time (their offsets, lengths, checksums and shards as lists).
+_RECORDS: Final = 1 << 16
+#: The bytes of a shard on object storage one ranged GET reads (whole samples after the
+#: first: a window always starts at a sample).
+WINDOW: Final = 8 << 20
 
 
-def stored_samples(ds: ShardDataset, keys: list[str]) -> Iterator[StoredSample] | None:
-    """The split's samples in sample order (``keys``: as its metadata lists them, to name
-    damaged ones); None when a shard is not a local file."""
+class _Unreadable(Exception):
+    """A shard that cannot be read at all (its samples are lost, like a damaged run's)."""
+
+
+class _LocalShard:
+    def __init__(self, path: str, tar: str) -> None:
+        self.path, self.tar = path, tar
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _Unreadable(f"cannot read {tar!r} ({exc.strerror})") from exc
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    def where(self, offset: int, size: int) -> str:
+        return self.path
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _ObjectShard:
+    """A shard on object storage read in windows (see the module docstring)."""
+
+    def __init__(self, ds: ShardDataset, path: str, size: int, copy: TarCopy | None) -> None:
+        self._storage, self._path, self._size = ds.storage, path, size
+        self.tar = ds.storage.join(path)
+        self._copy = copy
+        self._buf = b""
+        self._start = 0
+        self._end: int | None = None  # where the object ends, once a read came back short
+
+    def read(self, offset: int, length: int) -> bytes:
+        lo = offset - self._start
+        if lo >= 0 and offset + length <= self._start + len(self._buf):
+            return self._buf[lo : lo + length]
+        if self._end is not None and offset >= self._end:
+            return b""  # past a truncated object's end: nothing to fetch
+        want = min(max(length, WINDOW), max(self._size - offset, length))
+        try:
+            data = self._storage.get_range(self._path, offset, want)
+        except ShardexError as exc:
+            raise _Unreadable(f"cannot read {self.tar!r} ({exc})") from exc
+        if len(data) < want:
+            self._end = offset + len(data)
+        if self._copy is not None:
+            self._copy.put(offset, data)
+        self._buf, self._start = data, offset
+        return data[:length]
+
+    def where(self, offset: int, size: int) -> str:
+        """The member's bytes' place: the local copy when it holds them, else the object."""
+        if self._copy is not None and self._copy.holds(offset, size):
+            self._copy.used = True
+            return str(self._copy.path)
+        return self.tar
+
+    def close(self) -> None:
+        self._buf = b""
+        if self._copy is not None:
+            self._copy.close()
+
+
+def stored_samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSample]:
+    """The split's samples in sample order (``key``: the key of sample number N as the
+    metadata lists it, to name damaged ones)."""
+    if any(ds.storage.local_path(s.path) is None for s in ds.config.split(ds.split).shards):
+        register(ds.storage)  # its URLs are fetched with the source's own options
+    return _samples(ds, key)
+
+
+def _open(ds: ShardDataset, shard: int) -> _LocalShard | _ObjectShard:
+    info = ds.config.split(ds.split).shards[shard]
+    tar = ds.storage.join(info.path)
+    path = ds.storage.local_path(info.path)
+    if path is not None:
+        return _LocalShard(str(path), tar)
+    copies = kept_copies()
+    copy = copies.start(tar, info.num_bytes) if copies is not None else None
+    return _ObjectShard(ds, info.path, info.num_bytes, copy)
+
+
+def _samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSample]:
     shards = ds.config.split(ds.split).shards
-    paths = [ds.storage.local_path(s.path) for s in shards]
-    if any(p is None for p in paths):
-        return None
-    return _samples(ds, keys)
-
-
-def _samples(ds: ShardDataset, keys: list[str]) -> Iterator[StoredSample]:
-    storage, shards = ds.storage, ds.config.split(ds.split).shards
     records = ds.records
-    fds: dict[int, int] = {}
-    unreadable: dict[int, str] = {}
+    current: tuple[int, _LocalShard | _ObjectShard | str] | None = None
     try:
-        for number, (offset, expected, shard, length) in enumerate(
-            zip(
-                records["offset"].tolist(),
-                records["checksum"].tolist(),
-                records["shard"].tolist(),
-                records["length"].tolist(),
-                strict=True,
-            )
-        ):
-            key = keys[number] if number < len(keys) else ""
-            where = f"sample {number} ({key!r})"
-            if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-                yield StoredSample(
-                    key, [], f"source {where}: its index entry is damaged (shardex verify)"
+        for lo in range(0, len(records), _RECORDS):
+            part = records[lo : lo + _RECORDS]
+            for i, (offset, expected, shard, length) in enumerate(
+                zip(
+                    part["offset"].tolist(),
+                    part["checksum"].tolist(),
+                    part["shard"].tolist(),
+                    part["length"].tolist(),
+                    strict=True,
                 )
-                continue
-            path = storage.local_path(shards[shard].path)
-            assert path is not None
-            tar = storage.join(shards[shard].path)
-            if shard not in fds and shard not in unreadable:
-                try:
-                    fds[shard] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as exc:  # its samples are lost, like a damaged run's
-                    unreadable[shard] = f"cannot read {tar!r} ({exc.strerror})"
-            if shard in unreadable:
-                yield StoredSample(key, [], f"source {where}: {unreadable[shard]}")
-                continue
-            data = os.pread(fds[shard], length, offset)
-            if len(data) != length:
-                yield StoredSample(
-                    key, [], f"source {where} at byte {offset} of {tar!r}: the shard is truncated"
-                )
-                continue
-            try:  # the reader's own check: seeded with the sample number where the format is
-                ds.check_sample(data, expected, shard, offset, number)
-            except ChecksumError as exc:
-                yield StoredSample(key, [], f"source {where}: {exc}")
-                continue
-            try:
-                found = list(iter_members(data, where=f"{tar} at byte {offset}"))
-            except FormatError as exc:
-                yield StoredSample(key, [], f"source {where}: {exc}")
-                continue
-            names = {split_name(m.name)[0] for m in found}
-            members = [
-                {
-                    "ext": split_name(m.name)[1],
-                    "path": str(path),
-                    "offset": offset + m.data_offset,
-                    "size": m.size,
-                    "data": None,
-                }
-                for m in found
-            ]
-            yield StoredSample(names.pop() if len(names) == 1 else "", members)
+            ):
+                number = lo + i
+                where = f"sample {number} ({key(number)!r})"
+                if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+                    yield StoredSample(
+                        key(number),
+                        (),
+                        f"source {where}: its index entry is damaged (shardex verify)",
+                    )
+                    continue
+                if current is None or current[0] != shard:
+                    if current is not None and not isinstance(current[1], str):
+                        current[1].close()
+                    try:
+                        current = (shard, _open(ds, shard))
+                    except _Unreadable as exc:  # its samples are lost, like a damaged run's
+                        current = (shard, str(exc))
+                yield _sample(ds, current[1], where, number, offset, length, expected, shard)
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        if current is not None and not isinstance(current[1], str):
+            current[1].close()
+
+
+def _sample(
+    ds: ShardDataset,
+    reader: _LocalShard | _ObjectShard | str,
+    where: str,
+    number: int,
+    offset: int,
+    length: int,
+    expected: int,
+    shard: int,
+) -> StoredSample:
+    """Sample ``number`` read, checked and described as byte ranges of its shard."""
+    if isinstance(reader, str):
+        return StoredSample("", (), f"source {where}: {reader}")
+    try:
+        data = reader.read(offset, length)
+    except _Unreadable as exc:
+        return StoredSample("", (), f"source {where}: {exc}")
+    if len(data) != length:
+        return StoredSample(
+            "", (), f"source {where} at byte {offset} of {reader.tar!r}: the shard is truncated"
+        )
+    try:  # the reader's own check: seeded with the sample number where the format is
+        ds.check_sample(data, expected, shard, offset, number)
+    except ChecksumError as exc:
+        return StoredSample("", (), f"source {where}: {exc}")
+    try:
+        found = list(iter_members(data, where=f"{reader.tar} at byte {offset}"))
+    except FormatError as exc:
+        return StoredSample("", (), f"source {where}: {exc}")
+    names = {split_name(m.name)[0] for m in found}
+    members = tuple(
+        StoredMember(
+            split_name(m.name)[1],
+            reader.where(offset + m.data_offset, m.size),
+            offset + m.data_offset,
+            m.size,
+        )
+        for m in found
+    )
+    return StoredSample(names.pop() if len(names) == 1 else "", members)
