@@ -7,8 +7,10 @@ range are gathered on the way. One batch is in memory at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -92,9 +94,11 @@ def finish(
     *,
     write_label: bool,
     start: int = 0,
+    put: Callable[[bytes], Any] | None = None,
 ) -> Finished:
     """Read every split back once (see the module docstring); only ``selected`` splits
-    are spilled again and sized."""
+    are spilled again and sized (``put``: into a remote runner's object store, see
+    :class:`FinalSpill`)."""
     final = _Final(scanned, start)
     merger = FieldMerger()
     exts: set[str] = set()
@@ -119,7 +123,7 @@ def finish(
             if name in selected:
                 every = np.arange(rows.num_rows, dtype=np.int64)
                 sizes = backend.sample_sizes(rows, members, every, with_label=write_label)
-                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema)
+                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema, put)
                 out.append(rows, sizes)
         spill.remove()
         if out is not None:

@@ -5,8 +5,10 @@ their keys selected, without reading image bytes (the shard writer checks those)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -193,16 +195,18 @@ def prepare_streamed(
     folder: Path,
     bars: Progress,
     taken: frozenset[str] = frozenset(),
+    put: Callable[[bytes], Any] | None = None,
 ) -> Prepared:
     """Pass 1 over a streaming source (see :mod:`shardex.engine.stream`), then the
     planning pass (:mod:`shardex.engine.finish`); the selected splits' rows end in spill
-    files under ``folder`` (local scratch)."""
+    files under ``folder`` (local scratch), or in a remote runner's object store
+    (``put``)."""
     scanning = bars.task(f"scanning {uri}", None)
     scanned = scan_stream(stream, opts, folder, uri, taken)
     scanning.done()
     splits = ordered_splits(set(scanned.counts), opts)
     with_label = scanned.with_label
-    done = finish(scanned, backend, folder, splits, write_label=with_label)
+    done = finish(scanned, backend, folder, splits, write_label=with_label, put=put)
     stored = member_keys_of(done.exts)
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
     available = [

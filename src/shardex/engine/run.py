@@ -264,7 +264,10 @@ def _prepare_first(
         )
         if first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline():
             return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
-        return prepare_streamed(replay, job.src.uri, job.opts, job.backend, folder, bars, taken)
+        put = remote.put if remote is not None else None  # rows kept in its object store
+        return prepare_streamed(
+            replay, job.src.uri, job.opts, job.backend, folder, bars, taken, put=put
+        )
 
 
 class _Replay(Source):

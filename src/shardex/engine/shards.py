@@ -36,6 +36,7 @@ _SLACK: Final = 8
 
 _NO_ROWS: Final = pa.table({})
 _NO_MEMBERS: Final = Members.empty()
+_NO_SIZES: Final = np.zeros(0, np.int64)
 
 #: (start, stop, first sample number, shard number offset) -> the job's fields it decides.
 MakeJob = Callable[[int, int, int, int], ShardJob]
@@ -48,7 +49,8 @@ def spilled_candidates(split: SpilledRows, start: int, stop: int) -> dict[str, o
         "rows": _NO_ROWS,
         "members": _NO_MEMBERS,
         "member_rows": np.zeros(0, np.int64),
-        "sizes": np.asarray(split.sizes[start:stop]),
+        # rows in a remote runner's object store hold their sizes: none read here
+        "sizes": _NO_SIZES if split.refs else np.asarray(split.sizes[start:stop]),
         "last": stop >= split.num_samples,
         "spill": split.slice(start, stop),
     }
