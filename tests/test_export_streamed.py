@@ -549,3 +549,74 @@ def test_peak_rss_of_a_tar_export_does_not_grow_with_its_samples(tmp_path: Path)
                     tf.addfile(info, io.BytesIO(data))
         peaks[n] = _peak_rss_kb(tar, tmp_path / f"out{n}", whole=False)
     assert peaks[100_000] - peaks[20_000] < 12_000, peaks
+
+
+@pytest.mark.parametrize(
+    ("spill_bytes", "hash_records"),
+    [(0, 0), (1, 3), (1 << 20, 1 << 20)],
+    ids=["all-on-disk", "memory-then-disk", "all-in-memory"],
+)
+def test_pass_one_scratch_in_memory_or_on_disk_writes_the_same_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill_bytes: int, hash_records: int
+) -> None:
+    """The first rows of each split's spill and the first key hashes are held in memory
+    (the driver of a smaller export writes and reads none back); past the bounds they go
+    to scratch files. Repeated keys across batches are found either way."""
+    import shardex.engine.runs as runs
+    import shardex.engine.spill as spill
+
+    monkeypatch.setattr(spill, "MEMORY_BYTES", spill_bytes)
+    monkeypatch.setattr(runs, "MEMORY_RECORDS", hash_records)
+    streamed, whole = _both(
+        tmp_path, monkeypatch, _KEYS, on_error="skip", samples_per_shard=2, max_shard_bytes=3000
+    )
+    assert _files(streamed) == _files(whole)
+
+
+def test_hash_runs_held_in_memory_come_back_as_those_on_disk(tmp_path: Path) -> None:
+    from shardex.engine.runs import HashRuns
+
+    dtype = np.dtype([("h", "<u8"), ("row", "<i8")])
+    rng = np.random.default_rng(5)
+    batches = []
+    for start in range(0, 5000, 700):
+        records = np.empty(700, dtype)
+        records["h"] = rng.integers(0, 2**64 - 1, 700, dtype=np.uint64) | np.uint64(1)
+        records["h"][::50] = np.uint64(12345)  # ties: kept in the order they came
+        records["row"] = np.arange(start, start + 700)
+        batches.append(records)
+    got = {}
+    for memory in (0, 1500, 10_000):
+        folder = tmp_path / str(memory)
+        folder.mkdir()
+        runs = HashRuns(folder, "keys", dtype, memory=memory)
+        for records in batches:
+            runs.add(records)
+        got[memory] = np.concatenate(list(runs.sorted_runs()))
+        assert bool(list(folder.iterdir())) == (memory < 4900)  # files only past the bound
+        assert np.array_equal(np.concatenate(list(runs.sorted_runs())), got[memory])  # again
+        runs.remove()
+        assert not list(folder.iterdir())
+    whole = np.concatenate(batches)
+    expected = whole[np.argsort(whole["h"], kind="stable")]
+    assert all(np.array_equal(g, expected) for g in got.values())
+
+
+def test_spilled_rows_past_the_memory_bound_go_to_files_in_order(tmp_path: Path) -> None:
+    from shardex.engine.spill import Spill
+
+    tables = [pa.table({"key": [f"k{i}-{j}" for j in range(300)]}) for i in range(6)]
+    tables[3] = tables[3].append_column("x", pa.array(range(300)))  # a segment of its own
+    for memory, on_disk in ((0, True), (1, True), (1 << 24, False)):
+        folder = tmp_path / str(memory)
+        folder.mkdir()
+        spill = Spill(folder, "split0000", memory=memory)
+        for t in tables:
+            spill.append(t)
+        back = [t for t in spill.tables()]
+        assert [k for t in back for k in t.column("key").to_pylist()] == [
+            k for t in tables for k in t.column("key").to_pylist()
+        ]
+        assert bool(list(folder.iterdir())) == on_disk
+        spill.remove()
+        assert not list(folder.iterdir())

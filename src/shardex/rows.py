@@ -276,7 +276,8 @@ class SpilledRows:
 
     path: str
     starts: npt.NDArray[np.int64]
-    sizes: SizesFile
+    #: In memory (up to a million samples), or in a file.
+    sizes: Sizes
     #: :func:`shardex.planning.content_digest` of its keys and sizes.
     digest: str
     #: The record batches held in Ray's object store instead of ``path`` (a remote

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from shardex.rows import PLANNED_SIZE, SizesFile, SpilledRows
+from shardex.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
 
 #: Rows per record batch of a final spill: a shard job reads whole batches, so they are
 #: about a shard's size (a job of 1,000 candidates reads 1-2 batches).
@@ -107,8 +107,8 @@ class FinalSpill:
     ``put``: a remote runner's (Ray's ``put``): each record batch goes to its object
     store, with its planned sizes, instead of the file, so that a shard task on any
     machine fetches its own slice and this process never reads the rows back (nor
-    sends them in jobs). The sizes are kept in a file all the same, for the digest and
-    a byte-capped plan."""
+    sends them in jobs). The sizes are kept here all the same (in memory up to
+    :data:`MEMORY_BYTES`, then in a file), for the digest and a byte-capped plan."""
 
     def __init__(
         self,
@@ -124,7 +124,10 @@ class FinalSpill:
         self._writer = (
             pa.ipc.new_file(str(self._path), schema, options=_OPTIONS) if put is None else None
         )
-        self._sizes = open(self._sizes_path, "wb")  # noqa: SIM115  # closed in close()
+        # the sizes in memory up to MEMORY_BYTES (a million samples), then in the file
+        self._held: list[npt.NDArray[np.int64]] | None = []
+        self._held_bytes = 0
+        self._sizes: Any = None
         self._starts = [0]
         self._digest = xxhash.xxh3_128()
 
@@ -138,9 +141,21 @@ class FinalSpill:
                     self._refs.append(self._stored(batch, sizes[at : at + batch.num_rows]))
                 at += batch.num_rows
                 self._starts.append(self._starts[-1] + batch.num_rows)
-        self._sizes.write(sizes.astype("<i8").tobytes())
+        self._keep_sizes(sizes.astype("<i8"))
         keys = "\n".join(table.column("key").to_pylist())
         self._digest.update((keys if self._starts[-1] == table.num_rows else "\n" + keys).encode())
+
+    def _keep_sizes(self, sizes: npt.NDArray[np.int64]) -> None:
+        if self._held is not None and self._held_bytes + sizes.nbytes <= MEMORY_BYTES:
+            self._held.append(sizes)
+            self._held_bytes += sizes.nbytes
+            return
+        if self._sizes is None:
+            self._sizes = open(self._sizes_path, "wb")  # noqa: SIM115  # closed in close()
+        for held in self._held or ():
+            self._sizes.write(held.tobytes())
+        self._held = None
+        self._sizes.write(sizes.tobytes())
 
     def _stored(self, batch: pa.RecordBatch, sizes: npt.NDArray[np.int64]) -> Any:
         assert self._put is not None
@@ -155,15 +170,21 @@ class FinalSpill:
         (the keys, then the sizes), computed as they were written."""
         if self._writer is not None:
             self._writer.close()
-        self._sizes.close()
-        with open(self._sizes_path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                self._digest.update(chunk)
         n = self._starts[-1]
+        sizes: Sizes
+        if self._held is not None:  # never written
+            sizes = np.concatenate(self._held) if self._held else np.zeros(0, np.int64)
+            self._digest.update(sizes.tobytes())
+        else:
+            self._sizes.close()
+            with open(self._sizes_path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    self._digest.update(chunk)
+            sizes = SizesFile(str(self._sizes_path), 0, n)
         return SpilledRows(
             str(self._path),
             np.array(self._starts, np.int64),
-            SizesFile(str(self._sizes_path), 0, n),
+            sizes,
             str(self._digest.hexdigest()),
             refs=tuple(self._refs),
         )
