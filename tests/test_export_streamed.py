@@ -613,7 +613,7 @@ def test_spilled_rows_past_the_memory_bound_go_to_files_in_order(tmp_path: Path)
         spill = Spill(folder, "split0000", memory=memory)
         for t in tables:
             spill.append(t)
-        back = [t for t in spill.tables()]
+        back = list(spill.tables())
         assert [k for t in back for k in t.column("key").to_pylist()] == [
             k for t in tables for k in t.column("key").to_pylist()
         ]
