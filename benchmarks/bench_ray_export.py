@@ -262,15 +262,16 @@ def child(mode: str, source: str, output: str, options: dict[str, str], args: An
                 sent["result_bytes"] += len(pickle.dumps(result))
                 yield result
 
-        put = RayRunner.put
+        put = getattr(RayRunner, "put", None)  # not in the code before it (--before)
 
         def counted_put(self: RayRunner, data: bytes) -> Any:
+            assert put is not None
             sent["puts"] += 1
             sent["put_bytes"] += len(data)
             return put(self, data)
 
         RayRunner.imap = counted  # type: ignore[method-assign]
-        if hasattr(RayRunner, "put"):  # not in the code before it (--before)
+        if put is not None:
             RayRunner.put = counted_put  # type: ignore[method-assign]
         with ray_nodes(nodes=args.nodes, cpus_per_node=args.workers // args.nodes or 1):
             startup = time.perf_counter() - started
