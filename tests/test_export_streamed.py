@@ -607,14 +607,14 @@ def test_hash_runs_held_in_memory_come_back_as_those_on_disk(tmp_path: Path) -> 
 
 
 def test_spilled_rows_past_the_memory_bound_go_to_files_in_order(tmp_path: Path) -> None:
-    from shardex.engine.spill import Spill
+    from shardex.engine.spill import Budget, Spill
 
     tables = [pa.table({"key": [f"k{i}-{j}" for j in range(300)]}) for i in range(6)]
     tables[3] = tables[3].append_column("x", pa.array(range(300)))  # a segment of its own
-    for memory, on_disk in ((0, True), (1, True), (1 << 24, False)):
+    for memory, on_disk in ((0, True), (1, True), (1 << 24, False)):  # bytes in memory
         folder = tmp_path / str(memory)
         folder.mkdir()
-        spill = Spill(folder, "split0000", memory=memory)
+        spill = Spill(folder, "split0000", Budget(memory))
         for t in tables:
             spill.append(t)
         back = list(spill.tables())
@@ -624,3 +624,25 @@ def test_spilled_rows_past_the_memory_bound_go_to_files_in_order(tmp_path: Path)
         assert bool(list(folder.iterdir())) == on_disk
         spill.remove()
         assert not list(folder.iterdir())
+
+
+def test_the_splits_spills_share_one_memory_budget(tmp_path: Path) -> None:
+    """Many splits do not multiply the memory held: once one split's rows took the
+    budget, the others' go to files."""
+    from shardex.engine.spill import Budget, Spill
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    budget = Budget(4096)
+    spills = [Spill(folder, f"split{k:04d}", budget) for k in range(3)]
+    table = pa.table({"key": [f"key-{i:06d}" for i in range(2000)]})  # > 4 KiB packed
+    for spill in spills:
+        spill.append(table)
+        spill.append(table)
+    assert budget.left <= 0
+    on_disk = sorted(p.name for p in folder.iterdir())
+    # the first split's first segment stayed in memory; the others' rows are all in files
+    assert on_disk == ["split0000-0001.arrows", "split0001-0000.arrows", "split0002-0000.arrows"]
+    for spill in spills:
+        assert sum(t.num_rows for t in spill.tables()) == 4000
+        spill.remove()

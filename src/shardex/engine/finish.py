@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from shardex.backends.base import Backend
 from shardex.checks import json_columns, json_texts
-from shardex.engine.spill import FinalSpill
+from shardex.engine.spill import FinalSpill, memory_budget
 from shardex.engine.stream import ROW, Scanned
 from shardex.fields import FieldMerger
 from shardex.rows import JSON_COLUMN, Members, SpilledRows
@@ -100,6 +100,7 @@ def finish(
     are spilled again and sized (``put``: into a remote runner's object store, see
     :class:`FinalSpill`)."""
     final = _Final(scanned, start)
+    budget = memory_budget()  # the splits' sizes held in memory, all together
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None
@@ -123,7 +124,7 @@ def finish(
             if name in selected:
                 every = np.arange(rows.num_rows, dtype=np.int64)
                 sizes = backend.sample_sizes(rows, members, every, with_label=write_label)
-                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema, put)
+                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema, put, budget)
                 out.append(rows, sizes)
         spill.remove()
         if out is not None:

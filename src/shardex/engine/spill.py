@@ -11,6 +11,7 @@ of (see :class:`shardex.rows.SpillSlice`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -32,35 +33,50 @@ _OPTIONS: Final = pa.ipc.IpcWriteOptions(
 )
 
 
-#: The first bytes of a split's pass-1 spill (zstd rows, about 20 B a sample of an image
-#: folder on object storage) are held in memory: up to about 800,000 such samples a split
-#: the rows are not written and read back at all.
+#: The first bytes of an export's pass-1 spills (zstd rows, about 20 B a sample of an
+#: image folder on object storage) are held in memory, all splits together: up to about
+#: 800,000 such samples the rows are not written and read back at all. The final spills'
+#: planned sizes have a budget of the same size (8 B a sample: 2M samples).
 MEMORY_BYTES: Final = 16 << 20
+
+
+@dataclass(slots=True)
+class Budget:
+    """Bytes that spills sharing it may still hold in memory."""
+
+    left: int
+
+
+def memory_budget() -> Budget:
+    """A budget of :data:`MEMORY_BYTES` (read now: tests lower it)."""
+    return Budget(MEMORY_BYTES)
 
 
 class Spill:
     """Rows appended in order, read back in the same order (one split's rows of pass 1):
-    in memory up to ``memory`` bytes, then in files."""
+    in memory while ``budget`` (shared by an export's spills) lasts, then in files."""
 
-    def __init__(self, folder: Path, name: str, memory: int | None = None) -> None:
+    def __init__(self, folder: Path, name: str, budget: Budget | None = None) -> None:
         self._folder, self._name = folder, name
         self._segments: list[Path | pa.Buffer] = []
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
         self._sink: pa.BufferOutputStream | None = None
+        self._counted = 0  # bytes of the open in-memory segment taken from the budget
         self._schema: pa.Schema | None = None
-        self._memory = MEMORY_BYTES if memory is None else memory
+        self._budget = budget if budget is not None else memory_budget()
+        self._in_files = False
         self.num_rows = 0
 
     def append(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        if self._sink is not None and self._sink.tell() >= self._memory:
+        if self._sink is not None and self._budget.left <= 0:
             self._close_writer()
-            self._memory = 0  # held what it may: the rest goes to files
+            self._in_files = True  # held what it may: the rest goes to files
         if self._writer is None or not table.schema.equals(self._schema):
             self._close_writer()
             self._schema = table.schema
-            if self._memory > 0:
+            if self._budget.left > 0 and not self._in_files:
                 self._sink = pa.BufferOutputStream()
                 self._writer = pa.ipc.new_stream(self._sink, table.schema, options=_OPTIONS)
             else:
@@ -69,6 +85,12 @@ class Spill:
                 self._writer = pa.ipc.new_stream(str(path), table.schema, options=_OPTIONS)
         self._writer.write_table(table)
         self.num_rows += table.num_rows
+        if self._sink is not None:
+            self._take(self._sink.tell())
+
+    def _take(self, size: int) -> None:
+        self._budget.left -= size - self._counted
+        self._counted = size
 
     def _close_writer(self) -> None:
         if self._writer is not None:
@@ -77,8 +99,8 @@ class Spill:
         if self._sink is not None:
             held = self._sink.getvalue()
             self._segments.append(held)
-            self._memory -= held.size
-            self._sink = None
+            self._take(held.size)
+            self._sink, self._counted = None, 0
 
     def tables(self) -> Iterator[pa.Table]:
         """The rows appended, in order, a batch at a time."""
@@ -107,8 +129,9 @@ class FinalSpill:
     ``put``: a remote runner's (Ray's ``put``): each record batch goes to its object
     store, with its planned sizes, instead of the file, so that a shard task on any
     machine fetches its own slice and this process never reads the rows back (nor
-    sends them in jobs). The sizes are kept here all the same (in memory up to
-    :data:`MEMORY_BYTES`, then in a file), for the digest and a byte-capped plan."""
+    sends them in jobs). The sizes are kept here all the same (in memory while
+    ``budget`` lasts, shared by an export's final spills, then in a file), for the
+    digest and a byte-capped plan."""
 
     def __init__(
         self,
@@ -116,17 +139,18 @@ class FinalSpill:
         name: str,
         schema: pa.Schema,
         put: Callable[[bytes], Any] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self._path = folder / f"{name}.arrow"
+        self._budget = budget if budget is not None else memory_budget()
         self._sizes_path = folder / f"{name}.sizes"
         self._put = put
         self._refs: list[Any] = []
         self._writer = (
             pa.ipc.new_file(str(self._path), schema, options=_OPTIONS) if put is None else None
         )
-        # the sizes in memory up to MEMORY_BYTES (a million samples), then in the file
+        # the sizes in memory while the budget lasts, then in the file
         self._held: list[npt.NDArray[np.int64]] | None = []
-        self._held_bytes = 0
         self._sizes: Any = None
         self._starts = [0]
         self._digest = xxhash.xxh3_128()
@@ -146,9 +170,9 @@ class FinalSpill:
         self._digest.update((keys if self._starts[-1] == table.num_rows else "\n" + keys).encode())
 
     def _keep_sizes(self, sizes: npt.NDArray[np.int64]) -> None:
-        if self._held is not None and self._held_bytes + sizes.nbytes <= MEMORY_BYTES:
+        if self._held is not None and sizes.nbytes <= self._budget.left:
             self._held.append(sizes)
-            self._held_bytes += sizes.nbytes
+            self._budget.left -= sizes.nbytes
             return
         if self._sizes is None:
             self._sizes = open(self._sizes_path, "wb")  # noqa: SIM115  # closed in close()
