@@ -22,7 +22,8 @@ all of it:
   both ways, as they move (a connection kept alive across a ``reset`` is charged only what
   it moves after it);
 * Ray: the pickled size of every job the driver sends to a task and of every result it
-  gets back (the reference rows carried by jobs, the offsets and checksums returned).
+  gets back (the offsets and checksums returned), and the bytes of every object it puts
+  in the object store (the reference rows that shard tasks fetch themselves).
 
 The dataset's bytes are the source objects' sizes. The outputs are compared file by file
 (SHA-256 of every object, config.yaml included).
@@ -234,7 +235,7 @@ def child(mode: str, source: str, output: str, options: dict[str, str], args: An
     from shardex.options import ExportOptions
 
     opts = ExportOptions(workers=args.workers)
-    sent = {"jobs": 0, "job_bytes": 0, "results": 0, "result_bytes": 0}
+    sent = {"jobs": 0, "job_bytes": 0, "results": 0, "result_bytes": 0, "puts": 0, "put_bytes": 0}
     started = time.perf_counter()
     if mode == "local":
         before, t0 = _io(), time.perf_counter()
@@ -261,7 +262,17 @@ def child(mode: str, source: str, output: str, options: dict[str, str], args: An
                 sent["result_bytes"] += len(pickle.dumps(result))
                 yield result
 
+        put = getattr(RayRunner, "put", None)  # not in the code before it (--before)
+
+        def counted_put(self: RayRunner, data: bytes) -> Any:
+            assert put is not None
+            sent["puts"] += 1
+            sent["put_bytes"] += len(data)
+            return put(self, data)
+
         RayRunner.imap = counted  # type: ignore[method-assign]
+        if put is not None:
+            RayRunner.put = counted_put  # type: ignore[method-assign]
         with ray_nodes(nodes=args.nodes, cpus_per_node=args.workers // args.nodes or 1):
             startup = time.perf_counter() - started
             before, t0 = _io(), time.perf_counter()
@@ -326,7 +337,8 @@ def checksums(url: str, options: dict[str, str]) -> dict[str, str]:
 def driver_bytes(r: dict[str, Any]) -> int:
     """Files and pipes, S3 both ways, and the Ray jobs and results (0 for local)."""
     s3 = r["s3_driver"]["up"] + r["s3_driver"]["down"]
-    return int(r["rchar"] + r["wchar"] + s3 + r["job_bytes"] + r["result_bytes"])
+    ray = r["job_bytes"] + r["result_bytes"] + r.get("put_bytes", 0)
+    return int(r["rchar"] + r["wchar"] + s3 + ray)
 
 
 def rows_of(results: dict[str, dict[str, Any]], samples: int, data: int, same: bool) -> list[Row]:
@@ -358,7 +370,8 @@ def rows_of(results: dict[str, dict[str, Any]], samples: int, data: int, same: b
                     f"{total / samples:.0f} B/sample: files {r['rchar'] + r['wchar']:,} "
                     f"(read_bytes+write_bytes {r['read_bytes'] + r['write_bytes']:,}), "
                     f"S3 down {s3['down']:,} up {s3['up']:,} ({s3['connections']} conns), "
-                    f"Ray jobs {r['job_bytes']:,} results {r['result_bytes']:,}"
+                    f"Ray jobs {r['job_bytes']:,} results {r['result_bytes']:,} "
+                    f"puts {r.get('put_bytes', 0):,}"
                 ),
             )
         )

@@ -521,9 +521,13 @@ def test_a_column_of_other_types_in_other_batches_is_a_source_error(
 
 
 def _peak_rss_kb(tar: Path, out: Path, whole: bool) -> int:
-    """Peak resident memory (VmHWM) of a fresh process that exports ``tar``."""
+    """Peak resident memory (VmHWM) of a fresh process that exports ``tar``; its pass-1
+    scratch is not held in memory (the bounded buffers of spill.MEMORY_BYTES and
+    runs.MEMORY_RECORDS: memory grows up to them by design, ~16 MB at 100k such samples)."""
     code = (
         "import sys, shardex, shardex.engine.run as r\n"
+        "import shardex.engine.spill as s, shardex.engine.runs as u\n"
+        "s.MEMORY_BYTES = u.MEMORY_RECORDS = 0\n"
         "if sys.argv[3] == 'whole': r.streamable = lambda *a: False\n"
         "shardex.export(sys.argv[1], sys.argv[2], workers=1)"
     )
@@ -549,3 +553,96 @@ def test_peak_rss_of_a_tar_export_does_not_grow_with_its_samples(tmp_path: Path)
                     tf.addfile(info, io.BytesIO(data))
         peaks[n] = _peak_rss_kb(tar, tmp_path / f"out{n}", whole=False)
     assert peaks[100_000] - peaks[20_000] < 12_000, peaks
+
+
+@pytest.mark.parametrize(
+    ("spill_bytes", "hash_records"),
+    [(0, 0), (1, 3), (1 << 20, 1 << 20)],
+    ids=["all-on-disk", "memory-then-disk", "all-in-memory"],
+)
+def test_pass_one_scratch_in_memory_or_on_disk_writes_the_same_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill_bytes: int, hash_records: int
+) -> None:
+    """The first rows of each split's spill and the first key hashes are held in memory
+    (the driver of a smaller export writes and reads none back); past the bounds they go
+    to scratch files. Repeated keys across batches are found either way."""
+    import shardex.engine.runs as runs
+    import shardex.engine.spill as spill
+
+    monkeypatch.setattr(spill, "MEMORY_BYTES", spill_bytes)
+    monkeypatch.setattr(runs, "MEMORY_RECORDS", hash_records)
+    streamed, whole = _both(
+        tmp_path, monkeypatch, _KEYS, on_error="skip", samples_per_shard=2, max_shard_bytes=3000
+    )
+    assert _files(streamed) == _files(whole)
+
+
+def test_hash_runs_held_in_memory_come_back_as_those_on_disk(tmp_path: Path) -> None:
+    from shardex.engine.runs import HashRuns
+
+    dtype = np.dtype([("h", "<u8"), ("row", "<i8")])
+    rng = np.random.default_rng(5)
+    batches = []
+    for start in range(0, 5000, 700):
+        records = np.empty(700, dtype)
+        records["h"] = rng.integers(0, 2**64 - 1, 700, dtype=np.uint64) | np.uint64(1)
+        records["h"][::50] = np.uint64(12345)  # ties: kept in the order they came
+        records["row"] = np.arange(start, start + 700)
+        batches.append(records)
+    got = {}
+    for memory in (0, 1500, 10_000):
+        folder = tmp_path / str(memory)
+        folder.mkdir()
+        runs = HashRuns(folder, "keys", dtype, memory=memory)
+        for records in batches:
+            runs.add(records)
+        got[memory] = np.concatenate(list(runs.sorted_runs()))
+        assert bool(list(folder.iterdir())) == (memory < 4900)  # files only past the bound
+        assert np.array_equal(np.concatenate(list(runs.sorted_runs())), got[memory])  # again
+        runs.remove()
+        assert not list(folder.iterdir())
+    whole = np.concatenate(batches)
+    expected = whole[np.argsort(whole["h"], kind="stable")]
+    assert all(np.array_equal(g, expected) for g in got.values())
+
+
+def test_spilled_rows_past_the_memory_bound_go_to_files_in_order(tmp_path: Path) -> None:
+    from shardex.engine.spill import Budget, Spill
+
+    tables = [pa.table({"key": [f"k{i}-{j}" for j in range(300)]}) for i in range(6)]
+    tables[3] = tables[3].append_column("x", pa.array(range(300)))  # a segment of its own
+    for memory, on_disk in ((0, True), (1, True), (1 << 24, False)):  # bytes in memory
+        folder = tmp_path / str(memory)
+        folder.mkdir()
+        spill = Spill(folder, "split0000", Budget(memory))
+        for t in tables:
+            spill.append(t)
+        back = list(spill.tables())
+        assert [k for t in back for k in t.column("key").to_pylist()] == [
+            k for t in tables for k in t.column("key").to_pylist()
+        ]
+        assert bool(list(folder.iterdir())) == on_disk
+        spill.remove()
+        assert not list(folder.iterdir())
+
+
+def test_the_splits_spills_share_one_memory_budget(tmp_path: Path) -> None:
+    """Many splits do not multiply the memory held: once one split's rows took the
+    budget, the others' go to files."""
+    from shardex.engine.spill import Budget, Spill
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    budget = Budget(4096)
+    spills = [Spill(folder, f"split{k:04d}", budget) for k in range(3)]
+    table = pa.table({"key": [f"key-{i:06d}" for i in range(2000)]})  # > 4 KiB packed
+    for spill in spills:
+        spill.append(table)
+        spill.append(table)
+    assert budget.left <= 0
+    on_disk = sorted(p.name for p in folder.iterdir())
+    # the first split's first segment stayed in memory; the others' rows are all in files
+    assert on_disk == ["split0000-0001.arrows", "split0001-0000.arrows", "split0002-0000.arrows"]
+    for spill in spills:
+        assert sum(t.num_rows for t in spill.tables()) == 4000
+        spill.remove()

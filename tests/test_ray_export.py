@@ -25,7 +25,7 @@ from shardex.engine.spill import FinalSpill
 from shardex.errors import BadSampleError, ConfigError
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
 from shardex.storage import ObjectStorage
-from tests.support.raycluster import ray_nodes, record_span
+from tests.support.raycluster import ray_nodes, record_span, slice_read
 
 pytest.importorskip("ray")
 
@@ -274,6 +274,42 @@ def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> 
     assert len(carried.rows_ipc) < 40 * 1500  # references, a few bytes each once packed
     with pytest.raises(FileNotFoundError):
         part.read()
+
+
+def test_rows_in_the_object_store_reach_the_tasks_and_no_job_carries_them(
+    cluster: int, tmp_path: Path
+) -> None:
+    """A remote runner's final rows go to Ray's object store as they are made (no spill
+    file on the driver's scratch): a job carries handles of a few bytes, the task on any
+    node fetches its slice and the planned sizes with it."""
+    import pickle
+
+    from shardex.pipeline import RayExecutor
+    from shardex.pipeline.ray_executor import RayRunner
+
+    n = 3000
+    keys = [f"k{i:04d}" for i in range(n)]
+    members = pa.array(
+        [[{"ext": "jpg", "path": f"/data/{k}.jpg", "offset": -1, "size": 7}] for k in keys],
+        pa.list_(MEMBER_TYPE),
+    )
+    table = pa.table({"key": keys, MEMBERS: members})
+    sizes = np.arange(n, dtype=np.int64) + 1536
+    with RayRunner(RayExecutor()) as runner:
+        spill = FinalSpill(tmp_path, "train", table.schema, put=runner.put)
+        spill.append(table, sizes)
+        rows = spill.close()
+        assert not os.path.exists(rows.path)  # nothing on the driver's scratch
+        parts = [rows.slice(1000, 2500), rows.slice(0, 8), rows.slice(2990, 3000)]
+        assert all(len(pickle.dumps(p)) < 1500 for p in parts)  # handles, not 1,500 rows
+        got = list(runner.imap(slice_read, parts))
+    assert [g[0] for g in got] == [keys[1000:2500], keys[0:8], keys[2990:3000]]
+    assert [g[1] for g in got] == [
+        sizes[1000:2500].tolist(),
+        sizes[0:8].tolist(),
+        sizes[2990:3000].tolist(),
+    ]
+    assert all(g[2] != os.getpid() for g in got)  # read in Ray's workers
 
 
 def test_an_unknown_executor_is_refused_in_one_line(tmp_path: Path) -> None:

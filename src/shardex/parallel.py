@@ -176,6 +176,11 @@ class Runner:
     #: nor its local scratch (then jobs carry what they read; see RayRunner).
     remote: bool = False
 
+    def put(self, data: bytes) -> Any:
+        """A handle of ``data`` kept where this runner's tasks fetch it (a remote runner's
+        object store), for jobs to carry instead of the bytes."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no objects for its jobs")
+
     def __init__(
         self,
         workers: int | None = None,

@@ -34,6 +34,8 @@ _OPEN_FILES: Final = 64
 _CARRIED: Final = pa.ipc.IpcWriteOptions(
     compression=pa.Codec("zstd", 1) if pa.Codec.is_available("zstd") else None
 )
+#: The column of a spilled batch in the object store that holds the planned sizes.
+PLANNED_SIZE: Final = "_planned_size"
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +215,20 @@ class SpillSlice:
     #: references, never sample bytes), for a worker on another machine, which cannot
     #: see this one's scratch (see :meth:`carried`); None: read from ``path``.
     rows_ipc: bytes | None = None
+    #: The split's rows kept in Ray's object store instead of a file (see
+    #: :class:`SpilledRows`): the handles of ``batches``, each an Arrow IPC stream of
+    #: the batch's rows and their planned sizes (column :data:`PLANNED_SIZE`).
+    refs: tuple[Any, ...] = ()
 
     def _table(self, read: dict[int, pa.RecordBatch] | None = None) -> pa.Table:
         if self.rows_ipc is not None:
             return pa.ipc.open_stream(pa.py_buffer(self.rows_ipc)).read_all()
+        if self.refs:
+            import ray  # a job with handles runs in a Ray task
+
+            datas = ray.get(list(self.refs))
+            tables = [pa.ipc.open_stream(pa.py_buffer(d)).read_all() for d in datas]
+            return pa.concat_tables(tables).slice(self.offset, self.count)
         kept = read if read is not None else {}
         with pa.OSFile(self.path) as f:
             reader = pa.ipc.open_file(f)
@@ -229,15 +241,25 @@ class SpillSlice:
     def read(self) -> tuple[pa.Table, Members]:
         """The candidates' rows (no members) and their members: only these batches are
         read (no memory map of the whole file)."""
+        rows, members, _ = self.read_sized()
+        return rows, members
+
+    def read_sized(self) -> tuple[pa.Table, Members, npt.NDArray[np.int64] | None]:
+        """:meth:`read`, and the candidates' planned sizes when the slice holds them
+        (rows in the object store: the job carries none)."""
         table = self._table()
+        sizes = None
+        if PLANNED_SIZE in table.column_names:
+            sizes = table.column(PLANNED_SIZE).to_numpy().astype(np.int64)
+            table = table.drop_columns([PLANNED_SIZE])
         members = Members.of(table.column(MEMBERS), self.stores)
-        return table.drop_columns([MEMBERS]), members
+        return table.drop_columns([MEMBERS]), members, sizes
 
     def carried(self, read: dict[int, pa.RecordBatch] | None = None) -> SpillSlice:
         """This slice with its rows read into the job (zstd Arrow IPC), so that the worker
         needs nothing from this machine's disk. ``read``: the batches the slice before
         read (consecutive slices share one), replaced by this slice's."""
-        if self.rows_ipc is not None:
+        if self.rows_ipc is not None or self.refs:  # carried, or fetched by the worker
             return self
         table = self._table(read)
         sink = pa.BufferOutputStream()
@@ -254,9 +276,14 @@ class SpilledRows:
 
     path: str
     starts: npt.NDArray[np.int64]
-    sizes: SizesFile
+    #: In memory (up to a million samples), or in a file.
+    sizes: Sizes
     #: :func:`shardex.planning.content_digest` of its keys and sizes.
     digest: str
+    #: The record batches held in Ray's object store instead of ``path`` (a remote
+    #: runner's export: a task on any machine fetches its own slice, the exporting
+    #: process never reads them back), with their planned sizes.
+    refs: tuple[Any, ...] = ()
 
     @property
     def num_samples(self) -> int:
@@ -272,7 +299,8 @@ class SpilledRows:
         last = max(first, min(last, len(self.starts) - 2))
         offset = start - int(self.starts[first])
         batches = tuple(range(first, last + 1))
-        return SpillSlice(self.path, batches, offset, stop - start, registered())
+        refs = tuple(self.refs[i] for i in batches) if self.refs else ()
+        return SpillSlice(self.path, batches, offset, stop - start, registered(), refs=refs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,3 +120,10 @@ def record_span(arg: tuple[str, int]) -> int:
     time.sleep(0.3)
     Path(folder, f"{i}").write_text(f"{start} {time.monotonic()}")
     return i
+
+
+def slice_read(part: Any) -> tuple[list[str], list[int], int]:
+    """In a Ray task: a spill slice's keys and planned sizes, and the task's process id."""
+    rows, _, sizes = part.read_sized()
+    assert sizes is not None
+    return rows.column("key").to_pylist(), sizes.tolist(), os.getpid()

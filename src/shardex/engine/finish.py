@@ -7,8 +7,10 @@ range are gathered on the way. One batch is in memory at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +18,7 @@ import pyarrow.compute as pc
 
 from shardex.backends.base import Backend
 from shardex.checks import json_columns, json_texts
-from shardex.engine.spill import FinalSpill
+from shardex.engine.spill import FinalSpill, memory_budget
 from shardex.engine.stream import ROW, Scanned
 from shardex.fields import FieldMerger, add_members, cast_members, column_members
 from shardex.image_member import IMAGE_FORMAT
@@ -133,14 +135,18 @@ def finish(
     labels: pa.Array | None = None,
     dtype: str | None = None,
     as_fields: tuple[str, ...] = (),
+    put: Callable[[bytes], Any] | None = None,
 ) -> Finished:
     """Read every split back once (see the module docstring); only ``selected`` splits
     are spilled again and sized. ``start``: the export number of the first sample (an
     append's); ``dropped``: member names not stored (x/y keys chose others); ``labels``:
     the label number each source label number becomes (an append's, by the export's
     label names); ``dtype``: what floating-point ``.npy`` members are cast to;
-    ``as_fields``: metadata columns also stored as sample fields (x/y keys name them)."""
+    ``as_fields``: metadata columns also stored as sample fields (x/y keys name them);
+    ``put``: the final rows go into a remote runner's object store (see
+    :class:`FinalSpill`)."""
     final = _Final(scanned, start, dropped, labels, dtype, as_fields)
+    budget = memory_budget()  # the splits' sizes held in memory, all together
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None
@@ -164,7 +170,7 @@ def finish(
             if name in selected:
                 every = np.arange(rows.num_rows, dtype=np.int64)
                 sizes = backend.sample_sizes(rows, members, every, with_label=write_label)
-                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema)
+                out = out or FinalSpill(folder, f"final{k:04d}", rows.schema, put, budget)
                 out.append(rows, sizes)
         spill.remove()
         if out is not None:

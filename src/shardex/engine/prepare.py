@@ -5,8 +5,10 @@ their keys selected, without reading image bytes (the shard writer checks those)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -192,11 +194,13 @@ def prepare_streamed(
     bars: Progress,
     taken: frozenset[str] = frozenset(),
     previous: ExportConfig | None = None,
+    put: Callable[[bytes], Any] | None = None,
 ) -> Prepared:
     """Pass 1 over a streaming source (see :mod:`shardex.engine.stream`), then the
     planning pass (:mod:`shardex.engine.finish`); the selected splits' rows end in spill
-    files under ``folder`` (local scratch). When appending, ``previous`` is the committed
-    export: its split rule, label names and export numbers go on (``taken``: its keys)."""
+    files under ``folder`` (local scratch), or in a remote runner's object store
+    (``put``). When appending, ``previous`` is the committed export: its split rule,
+    label names and export numbers go on (``taken``: its keys)."""
     scanning = bars.task(f"scanning {uri}", None)
     scanned = scan_stream(stream, opts, folder, uri, taken)
     scanning.done()
@@ -228,6 +232,7 @@ def prepare_streamed(
         labels=labels,
         dtype=opts.dtype if opts.dtype not in (None, BFLOAT16) else None,  # bfloat16: later
         as_fields=as_fields,
+        put=put,
     )
     stored = member_keys_of(done.exts)
     fields = done.merger.specs(write_label, order=scanned.exts)

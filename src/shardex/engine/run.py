@@ -265,8 +265,9 @@ def _prepare_first(
         inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
         if inline and job.src.bytes_in_memory:
             return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
+        put = remote.put if remote is not None else None  # rows kept in its object store
         return prepare_streamed(
-            replay, job.src.uri, job.opts, job.backend, folder, bars, taken, job.previous
+            replay, job.src.uri, job.opts, job.backend, folder, bars, taken, job.previous, put
         )
 
 

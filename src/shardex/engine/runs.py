@@ -1,6 +1,7 @@
 """Fixed-size records partitioned into runs on local scratch by the top bits of a 64-bit
 hash, then read back run by run, each sorted: how an export finds repeated keys and
-builds a split's key table without holding every key of the dataset in memory.
+builds a split's key table without holding every key of the dataset in memory (the
+first :data:`MEMORY_RECORDS` are held in memory: a smaller dataset never writes them).
 
 A record's run is its hash's top :data:`RUN_BITS` bits, so run ``r`` holds only hashes
 below those of run ``r + 1``: the runs read in order and each sorted give all records
@@ -20,20 +21,40 @@ import numpy.typing as npt
 #: 64 runs: a 100M-sample split puts about 1.6M records (26 MB) in each.
 RUN_BITS: Final = 6
 _RUNS: Final = 1 << RUN_BITS
+#: Records held in memory before any is written: up to this many (16 MB of the keys'
+#: 16-byte records: a million samples) the runs never touch the disk.
+MEMORY_RECORDS: Final = 1 << 20
 
 
 class HashRuns:
-    """Records of ``dtype`` whose field ``"h"`` (uint64) is the hash they are sorted by."""
+    """Records of ``dtype`` whose field ``"h"`` (uint64) is the hash they are sorted by:
+    in memory up to ``memory`` records, then all of them in run files."""
 
-    def __init__(self, folder: Path, name: str, dtype: np.dtype[Any]) -> None:
+    def __init__(
+        self, folder: Path, name: str, dtype: np.dtype[Any], memory: int | None = None
+    ) -> None:
         self.dtype = dtype
         self._paths = [folder / f"{name}-{r:02d}.bin" for r in range(_RUNS)]
         self._files: list[Any] = [None] * _RUNS
+        self._held: list[npt.NDArray[Any]] = []
+        self._memory = MEMORY_RECORDS if memory is None else memory
+        self._held_count = 0
+        self._written = False
         self.count = 0
 
     def add(self, records: npt.NDArray[Any]) -> None:
         if not len(records):
             return
+        self.count += len(records)
+        if self._held_count + len(records) <= self._memory:
+            self._held.append(records.copy())
+            self._held_count += len(records)
+            return
+        self._write(records if not self._held else np.concatenate([*self._held, records]))
+        self._held, self._held_count = [], 0
+
+    def _write(self, records: npt.NDArray[Any]) -> None:
+        self._written = True
         run = (records["h"] >> np.uint64(64 - RUN_BITS)).astype(np.intp)
         order = np.argsort(run, kind="stable")
         bounds = np.searchsorted(run[order], np.arange(_RUNS + 1))
@@ -41,7 +62,6 @@ class HashRuns:
             if self._files[r] is None:
                 self._files[r] = open(self._paths[r], "ab")  # noqa: SIM115  # closed in close()
             self._files[r].write(records[order[bounds[r] : bounds[r + 1]]].tobytes())
-        self.count += len(records)
 
     def close(self) -> None:
         for f in self._files:
@@ -51,6 +71,20 @@ class HashRuns:
 
     def sorted_runs(self) -> Iterator[npt.NDArray[Any]]:
         """Each run, sorted by hash (stable: ties in the order they were added)."""
+        held = np.concatenate(self._held) if self._held else None
+        if held is not None and not self._written:
+            # nothing written: the runs from memory (the same records, the same order)
+            of = (held["h"] >> np.uint64(64 - RUN_BITS)).astype(np.intp)
+            order = np.argsort(of, kind="stable")
+            ordered = held[order]
+            bounds = np.searchsorted(of[order], np.arange(_RUNS + 1))
+            for r in np.flatnonzero(np.diff(bounds)).tolist():
+                part = ordered[int(bounds[r]) : int(bounds[r + 1])]
+                yield part[np.argsort(part["h"], kind="stable")]
+            return
+        if held is not None:  # after those written: arrived last
+            self._write(held)
+            self._held, self._held_count = [], 0
         self.close()
         for path in self._paths:
             if path.exists():
@@ -59,5 +93,6 @@ class HashRuns:
 
     def remove(self) -> None:
         self.close()
+        self._held, self._held_count = [], 0
         for path in self._paths:
             path.unlink(missing_ok=True)

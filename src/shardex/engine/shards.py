@@ -12,8 +12,11 @@ deleted; correct always, and costs only when bad samples exist.
 Samples whose bytes are in this process's memory (an in-memory source) are written here,
 inline: pickling them to a worker costs more than writing them. Workers get only
 references (paths, offsets, sizes) and read the bytes themselves. A worker that may run
-on another machine (a remote runner: Ray) gets its job's reference rows in the job, read
-from this machine's spill file (a few hundred bytes a sample, never sample bytes).
+on another machine (a remote runner: Ray) fetches its job's reference rows from the
+runner's object store, where pass 1 put them (the job carries their handles; see
+:class:`shardex.engine.spill.FinalSpill`), or gets them in the job, read from this
+machine's spill file (rows not in the object store: a few dozen bytes a sample, never
+sample bytes).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ _SLACK: Final = 8
 
 _NO_ROWS: Final = pa.table({})
 _NO_MEMBERS: Final = Members.empty()
+_NO_SIZES: Final = np.zeros(0, np.int64)
 
 #: (start, stop, first sample number, shard number offset) -> the job's fields it decides.
 MakeJob = Callable[[int, int, int, int], ShardJob]
@@ -48,7 +52,8 @@ def spilled_candidates(split: SpilledRows, start: int, stop: int) -> dict[str, o
         "rows": _NO_ROWS,
         "members": _NO_MEMBERS,
         "member_rows": np.zeros(0, np.int64),
-        "sizes": np.asarray(split.sizes[start:stop]),
+        # rows in a remote runner's object store hold their sizes: none read here
+        "sizes": _NO_SIZES if split.refs else np.asarray(split.sizes[start:stop]),
         "last": stop >= split.num_samples,
         "spill": split.slice(start, stop),
     }
@@ -87,7 +92,8 @@ def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> 
 def _carried(jobs: Iterator[ShardJob]) -> Iterator[ShardJob]:
     """Jobs for workers on other machines: each spill slice's rows read into its job,
     each record batch of the spill read once (a job's slice mostly begins in the batch
-    where the one before ended)."""
+    where the one before ended); a slice of rows in the object store goes as it is
+    (handles: the task fetches them)."""
     read: dict[int, pa.RecordBatch] = {}
     for job in jobs:
         yield job if job.spill is None else dataclasses.replace(job, spill=job.spill.carried(read))

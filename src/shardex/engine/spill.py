@@ -10,16 +10,17 @@ of (see :class:`shardex.rows.SpillSlice`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from shardex.rows import SizesFile, SpilledRows
+from shardex.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
 
 #: Rows per record batch of a final spill: a shard job reads whole batches, so they are
 #: about a shard's size (a job of 1,000 candidates reads 1-2 batches).
@@ -32,80 +33,182 @@ _OPTIONS: Final = pa.ipc.IpcWriteOptions(
 )
 
 
-class Spill:
-    """Rows appended in order, read back in the same order (one split's rows of pass 1)."""
+#: The first bytes of an export's pass-1 spills (zstd rows, about 20 B a sample of an
+#: image folder on object storage) are held in memory, all splits together: up to about
+#: 800,000 such samples the rows are not written and read back at all. The final spills'
+#: planned sizes have a budget of the same size (8 B a sample: 2M samples).
+MEMORY_BYTES: Final = 16 << 20
 
-    def __init__(self, folder: Path, name: str) -> None:
+
+@dataclass(slots=True)
+class Budget:
+    """Bytes that spills sharing it may still hold in memory."""
+
+    left: int
+
+
+def memory_budget() -> Budget:
+    """A budget of :data:`MEMORY_BYTES` (read now: tests lower it)."""
+    return Budget(MEMORY_BYTES)
+
+
+class Spill:
+    """Rows appended in order, read back in the same order (one split's rows of pass 1):
+    in memory while ``budget`` (shared by an export's spills) lasts, then in files."""
+
+    def __init__(self, folder: Path, name: str, budget: Budget | None = None) -> None:
         self._folder, self._name = folder, name
-        self._segments: list[Path] = []
+        self._segments: list[Path | pa.Buffer] = []
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._sink: pa.BufferOutputStream | None = None
+        self._counted = 0  # bytes of the open in-memory segment taken from the budget
         self._schema: pa.Schema | None = None
+        self._budget = budget if budget is not None else memory_budget()
+        self._in_files = False
         self.num_rows = 0
 
     def append(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
+        if self._sink is not None and self._budget.left <= 0:
+            self._close_writer()
+            self._in_files = True  # held what it may: the rest goes to files
         if self._writer is None or not table.schema.equals(self._schema):
             self._close_writer()
-            path = self._folder / f"{self._name}-{len(self._segments):04d}.arrows"
-            self._segments.append(path)
             self._schema = table.schema
-            self._writer = pa.ipc.new_stream(str(path), table.schema, options=_OPTIONS)
+            if self._budget.left > 0 and not self._in_files:
+                self._sink = pa.BufferOutputStream()
+                self._writer = pa.ipc.new_stream(self._sink, table.schema, options=_OPTIONS)
+            else:
+                path = self._folder / f"{self._name}-{len(self._segments):04d}.arrows"
+                self._segments.append(path)
+                self._writer = pa.ipc.new_stream(str(path), table.schema, options=_OPTIONS)
         self._writer.write_table(table)
         self.num_rows += table.num_rows
+        if self._sink is not None:
+            self._take(self._sink.tell())
+
+    def _take(self, size: int) -> None:
+        self._budget.left -= size - self._counted
+        self._counted = size
 
     def _close_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._sink is not None:
+            held = self._sink.getvalue()
+            self._segments.append(held)
+            self._take(held.size)
+            self._sink, self._counted = None, 0
 
     def tables(self) -> Iterator[pa.Table]:
         """The rows appended, in order, a batch at a time."""
         self._close_writer()
-        for path in self._segments:
-            with pa.OSFile(str(path)) as f:
+        for segment in self._segments:
+            if isinstance(segment, pa.Buffer):
+                for batch in pa.ipc.open_stream(segment):
+                    yield pa.Table.from_batches([batch])
+                continue
+            with pa.OSFile(str(segment)) as f:
                 for batch in pa.ipc.open_stream(f):
                     yield pa.Table.from_batches([batch])
 
     def remove(self) -> None:
         self._close_writer()
-        for path in self._segments:
-            path.unlink(missing_ok=True)
+        for segment in self._segments:
+            if isinstance(segment, Path):
+                segment.unlink(missing_ok=True)
+        self._segments = []
 
 
 class FinalSpill:
     """A split's final candidate rows (one schema) and their planned sizes, written in
-    order; :meth:`close` gives the :class:`SpilledRows` that shard jobs slice."""
+    order; :meth:`close` gives the :class:`SpilledRows` that shard jobs slice.
 
-    def __init__(self, folder: Path, name: str, schema: pa.Schema) -> None:
+    ``put``: a remote runner's (Ray's ``put``): each record batch goes to its object
+    store, with its planned sizes, instead of the file, so that a shard task on any
+    machine fetches its own slice and this process never reads the rows back (nor
+    sends them in jobs). The sizes are kept here all the same (in memory while
+    ``budget`` lasts, shared by an export's final spills, then in a file), for the
+    digest and a byte-capped plan."""
+
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        schema: pa.Schema,
+        put: Callable[[bytes], Any] | None = None,
+        budget: Budget | None = None,
+    ) -> None:
         self._path = folder / f"{name}.arrow"
+        self._budget = budget if budget is not None else memory_budget()
         self._sizes_path = folder / f"{name}.sizes"
-        self._writer = pa.ipc.new_file(str(self._path), schema, options=_OPTIONS)
-        self._sizes = open(self._sizes_path, "wb")  # noqa: SIM115  # closed in close()
+        self._put = put
+        self._refs: list[Any] = []
+        self._writer = (
+            pa.ipc.new_file(str(self._path), schema, options=_OPTIONS) if put is None else None
+        )
+        # the sizes in memory while the budget lasts, then in the file
+        self._held: list[npt.NDArray[np.int64]] | None = []
+        self._sizes: Any = None
         self._starts = [0]
         self._digest = xxhash.xxh3_128()
 
     def append(self, table: pa.Table, sizes: npt.NDArray[np.int64]) -> None:
+        at = 0
         for batch in table.to_batches(max_chunksize=FINAL_BATCH_ROWS):
             if batch.num_rows:
-                self._writer.write_batch(batch)
+                if self._writer is not None:
+                    self._writer.write_batch(batch)
+                else:
+                    self._refs.append(self._stored(batch, sizes[at : at + batch.num_rows]))
+                at += batch.num_rows
                 self._starts.append(self._starts[-1] + batch.num_rows)
-        self._sizes.write(sizes.astype("<i8").tobytes())
+        self._keep_sizes(sizes.astype("<i8"))
         keys = "\n".join(table.column("key").to_pylist())
         self._digest.update((keys if self._starts[-1] == table.num_rows else "\n" + keys).encode())
+
+    def _keep_sizes(self, sizes: npt.NDArray[np.int64]) -> None:
+        if self._held is not None and sizes.nbytes <= self._budget.left:
+            self._held.append(sizes)
+            self._budget.left -= sizes.nbytes
+            return
+        if self._sizes is None:
+            self._sizes = open(self._sizes_path, "wb")  # noqa: SIM115  # closed in close()
+        for held in self._held or ():
+            self._sizes.write(held.tobytes())
+        self._held = None
+        self._sizes.write(sizes.tobytes())
+
+    def _stored(self, batch: pa.RecordBatch, sizes: npt.NDArray[np.int64]) -> Any:
+        assert self._put is not None
+        sized = batch.append_column(PLANNED_SIZE, pa.array(sizes, pa.int64()))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, sized.schema, options=_OPTIONS) as writer:
+            writer.write_batch(sized)
+        return self._put(sink.getvalue().to_pybytes())
 
     def close(self) -> SpilledRows:
         """The split's rows; their content digest is :func:`shardex.planning.content_digest`'s
         (the keys, then the sizes), computed as they were written."""
-        self._writer.close()
-        self._sizes.close()
-        with open(self._sizes_path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                self._digest.update(chunk)
+        if self._writer is not None:
+            self._writer.close()
         n = self._starts[-1]
+        sizes: Sizes
+        if self._held is not None:  # never written
+            sizes = np.concatenate(self._held) if self._held else np.zeros(0, np.int64)
+            self._digest.update(sizes.tobytes())
+        else:
+            self._sizes.close()
+            with open(self._sizes_path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    self._digest.update(chunk)
+            sizes = SizesFile(str(self._sizes_path), 0, n)
         return SpilledRows(
             str(self._path),
             np.array(self._starts, np.int64),
-            SizesFile(str(self._sizes_path), 0, n),
+            sizes,
             str(self._digest.hexdigest()),
+            refs=tuple(self._refs),
         )

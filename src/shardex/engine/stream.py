@@ -29,7 +29,7 @@ from shardex.checks import (
     refuse_left_out,
 )
 from shardex.engine.runs import HashRuns
-from shardex.engine.spill import Spill
+from shardex.engine.spill import Spill, memory_budget
 from shardex.errors import EmptySourceError, SourceError
 from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
@@ -85,6 +85,7 @@ class _Pass:
     def __init__(self, opts: ExportOptions, folder: Path, taken: frozenset[str]) -> None:
         self.opts, self.folder, self.taken = opts, folder, taken
         self.spills: dict[str, Spill] = {}
+        self.memory = memory_budget()
         self.schemas: list[pa.Schema] = []
         self.lists: dict[str, _Lists] = {}
         self.left_out: list[LeftOut] = []
@@ -200,7 +201,8 @@ class _Pass:
         splits = table.column("split")
         for name in pc.unique(splits).to_pylist():
             if name not in self.spills:
-                self.spills[name] = Spill(self.folder, f"split{len(self.spills):04d}")
+                file = f"split{len(self.spills):04d}"
+                self.spills[name] = Spill(self.folder, file, self.memory)  # one budget
             self.spills[name].append(table.filter(pc.equal(splits, name)))
 
     def discard(self) -> None:

@@ -101,6 +101,11 @@ class RayRunner(Runner):
                 ray.cancel(ref)
         ray.wait(pending, num_returns=len(pending), fetch_local=False)
 
+    def put(self, data: bytes) -> Any:
+        """``data`` in the object store of this process's node (its primary copy, owned
+        by this process: a worker node that dies does not take it)."""
+        return _ray().put(data)
+
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = _ray()
         task = ray.remote(num_cpus=1)(_call)

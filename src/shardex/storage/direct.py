@@ -55,6 +55,9 @@ _CHECKED_PATHS: Final = 4096
 
 # The pid of the process whose obstore runtime was started by shardex (None before any).
 _runtime_pid: int | None = None
+# Stores built in this process, by (pid, root, options): see DirectObjectStorage._client.
+_stores: dict[tuple[int, str, str], Any] = {}
+_stores_lock = threading.Lock()
 
 
 def forked_after_io() -> bool:
@@ -129,7 +132,15 @@ class DirectObjectStorage(Storage):
     def _client(self) -> Any:
         global _runtime_pid
         if self._store is None:
-            self._store = self._make_store()
+            # one store per root and options in a process: building one reads the
+            # system's CA certificates (~0.5 MB), and an export opens its source and
+            # output several times (a Ray driver's fixed cost: 2.6 MB of reads)
+            key = (os.getpid(), self.uri, repr(sorted(self._options.items())))
+            with _stores_lock:
+                store = _stores.get(key)
+                if store is None:
+                    store = _stores[key] = self._make_store()
+            self._store = store
             _runtime_pid = os.getpid()
         return self._store
 

@@ -681,9 +681,10 @@ def write_shard(job: ShardJob) -> ShardWritten:
     them when resuming and they verify. Each candidate's bytes are read once: checked,
     hashed and appended."""
     if job.spill is not None:
-        rows, members = job.spill.read()
+        rows, members, sizes = job.spill.read_sized()  # sizes: rows from the object store
         every = np.arange(rows.num_rows, dtype=np.int64)
         job = dataclasses.replace(job, rows=rows, members=members, member_rows=every, spill=None)
+        job = job if sizes is None else dataclasses.replace(job, sizes=sizes)
     old = _existing(job) if job.resume or job.alternate else None
     if old is None and job.alternate is not None:
         return write_shard(_elsewhere(job))
