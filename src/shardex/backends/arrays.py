@@ -233,9 +233,7 @@ def _write_run(job: _RunJob) -> RunDone:
     else:
         written = job.backend.write_run(job.storage, job.stem, columns, job.layout)
     hashes = np.fromiter((key_hash(k) for k in keys), np.uint64, count)
-    return RunDone(
-        written, metadata_rows(kept), hashes, count, consumed, True, skipped
-    )
+    return RunDone(written, metadata_rows(kept), hashes, count, consumed, True, skipped)
 
 
 def metadata_rows(rows: pa.Table) -> pa.Table:

@@ -37,6 +37,7 @@ _SLACK: Final = 8
 _NO_ROWS: Final = pa.table({})
 _NO_MEMBERS: Final = Members.empty()
 
+
 class _Job(Protocol):
     """A shard job as :func:`write_shards` sees it (a dataclass naming its spill slice)."""
 
