@@ -510,6 +510,14 @@ class ArrayDataset(ReopenedDataset):
     def _open_run(self, shard: ShardInfo) -> ColumnReader:
         return ColumnReader(self.layout, self._load(shard))
 
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        return tuple(s.num_samples for s in self.shards)
+
+    def shard_columns(self, shard: int) -> Columns:
+        """A run's columns, loaded whole (see :class:`~shardex.dataset.ShardWindows`)."""
+        return self._open_run(self.shards[shard]).columns
+
     def _reader(self, shard: int) -> ColumnReader:
         if self._pid != os.getpid():  # a forked worker reopens: mappings are per process
             self._pid, self._cached = os.getpid(), OrderedDict()
