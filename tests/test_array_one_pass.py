@@ -6,6 +6,7 @@ process never holds the split's columns."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def test_skipped_images_leave_every_run_but_the_last_full(tmp_path: Path, backen
     shards = one.splits["train"].shards
     if backend in SHARDED:
         assert [s.num_samples for s in shards] == [4] * 8
+        for manifest in (tmp_path / "w1").rglob("*-manifest.json"):  # tensor_shards'
+            assert json.loads(manifest.read_text())["num_samples"] == 32
     else:
         assert [s.num_samples for s in shards] == [32]
     # the same runs as a source without the bad files (names aside)
@@ -114,3 +117,35 @@ def test_peak_rss_of_a_per_split_array_export_does_not_grow_with_its_samples(
         assert shardex.open_dataset(tmp_path / f"out{n}")[n - 1]["jpg"] == image
     print(peaks)
     assert peaks[15_000] - peaks[3_000] < 25_000, peaks
+
+
+@pytest.mark.parametrize("backend", ["numpy", "tensor_shards"])
+def test_max_shard_bytes_counts_what_an_array_run_stores_not_tar_members(
+    tmp_path: Path, backend: str
+) -> None:
+    """An array backend sizes a sample as its key, its members' bytes and 8 for a label
+    (``sample_sizes``), not as tar headers and padding: small samples fill a shard up to
+    the cap. (The planner keeps 1 KiB per shard: a tar's end, for every backend.)"""
+    images = [image_bytes(i, size=(8, 8)) for i in range(40)]
+    keys = [f"s{i:02d}" for i in range(40)]
+    cap = 6_000
+    config = shardex.export(
+        {"key": keys, "jpg": images, "label": [i % 3 for i in range(40)]},
+        tmp_path / "out",
+        backend=backend,
+        max_shard_bytes=cap,
+        workers=1,
+    )
+    sizes = [len(k) + len(im) + 8 for k, im in zip(keys, images, strict=True)]
+    counts = [s.num_samples for s in config.splits["train"].shards]
+    assert sum(counts) == 40
+    assert min(counts[:-1]) > 2  # tar sizing (2 KiB+ a sample here) gave 2 a shard
+    first = 0
+    for k, count in enumerate(counts):
+        held = sum(sizes[first : first + count])
+        assert 1024 + held <= cap
+        if k < len(counts) - 1:  # full: the next sample would have passed the cap
+            assert 1024 + held + sizes[first + count] > cap
+        first += count
+    ds = shardex.open_dataset(tmp_path / "out")
+    assert [s["jpg"] for s in ds] == images

@@ -87,7 +87,7 @@ class TensorShardsBackend(ArrayBackend):
             "format": "shardex.tensor_shards",
             "version": 1,
             "split": plan.split,
-            "num_samples": plan.rows.num_rows,
+            "num_samples": sum(s.num_samples for s in shards),
             "shards": [dataclasses.asdict(s) for s in shards],
             "fields": [dataclasses.asdict(f) for f in plan.fields],
         }
