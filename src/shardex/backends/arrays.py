@@ -328,6 +328,34 @@ class ArrayBackend(Backend):
 
         verify_array_split(storage, config, split, check.report, check.deep, check.bar)
 
+    def sample_sizes(
+        self,
+        rows: pa.Table,
+        members: Members,
+        member_rows: npt.NDArray[np.int64],
+        *,
+        with_label: bool,
+    ) -> npt.NDArray[np.int64]:
+        """The bytes a sample adds to a run, known before writing: its key, its members'
+        bytes (a ``.npy`` member's header included), 8 for a label and its ``.json`` text
+        (tar headers and padding play no part: ``max_shard_bytes`` caps what runs hold,
+        and the names' content digest covers these sizes)."""
+        import pyarrow.compute as pc  # writing code: opening an export does not load it
+
+        rows_at = np.asarray(member_rows, np.int64)
+        running = np.zeros(len(members.size) + 1, np.int64)
+        np.cumsum(members.size, out=running[1:])
+        sizes = running[members.starts[rows_at + 1]] - running[members.starts[rows_at]]
+        sizes += pc.binary_length(rows.column("key")).to_numpy(zero_copy_only=False)
+        if with_label:
+            sizes += np.where(
+                pc.is_valid(rows.column("label")).to_numpy(zero_copy_only=False), 8, 0
+            )
+        if JSON_COLUMN in rows.column_names:
+            text = pc.fill_null(pc.binary_length(rows.column(JSON_COLUMN)), 0)
+            sizes += text.to_numpy(zero_copy_only=False)
+        return sizes.astype(np.int64)
+
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         """Write one run of columns under ``stem``; return the files written."""
