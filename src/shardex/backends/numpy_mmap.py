@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 import numpy as np
 import xxhash
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.arrays import (
+    ArrayBackend,
+    ArrayDataset,
+    ArrayWriter,
+    Written,
+    npy_header,
+)
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo
@@ -107,23 +113,11 @@ class NumpyMmapBackend(ArrayBackend):
 _COPY: Final = 4 << 20
 
 
-def _header(storage: Storage, path: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    """The dtype, shape and data offset of a ``.npy`` file (only its header is read)."""
-    head = io.BytesIO(storage.get_range(path, 0, min(storage.size(path), 4096)))
-    version = np.lib.format.read_magic(head)
-    if version != (1, 0):
-        raise FormatError(f"{storage.join(path)}: .npy version {version}, expected 1.0")
-    shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
-    if fortran:
-        raise FormatError(f"{storage.join(path)}: a Fortran-order .npy, expected C order")
-    return dtype, shape, head.tell()
-
-
 def _joined(storage: Storage, parts: list[str], name: str) -> Iterator[bytes]:
     """The ``.npy`` bytes of the parts' arrays joined along the first axis: one header
     (what ``numpy.save`` writes for the whole array), then each part's data; an
     ``.offsets`` array's values re-based on the data before it (its first 0 once)."""
-    heads = [_header(storage, p) for p in parts]
+    heads = [npy_header(storage, p) for p in parts]
     dtype, first, _ = heads[0]
     offsets = name.endswith(".offsets.npy")
     rows = sum(shape[0] for _, shape, _ in heads) - (len(parts) - 1 if offsets else 0)
