@@ -83,6 +83,98 @@ def test_window_loader_reads_what_declares_shard_windows(
         with pytest.raises(ConfigError) as exc:
             TensorShardsLoader(exports[backend], 4)
         _refused_in_one_line(exc, backend)
+        # the refusal names the capability, not the built-in backends that have it
+        others = {b for b in BACKENDS if b != backend}
+        assert not [b for b in others if repr(b) in str(exc.value)], exc.value
+
+
+_WINDOWED_PLUGIN = """
+from functools import cached_property
+from typing import Any, ClassVar
+
+from shardex.backends.base import Capabilities
+from shardex.backends.numpy_mmap import NumpyMmapBackend, NumpyMmapDataset
+from shardex.dataset import ShardWindows
+
+
+class WindowedDataset(ShardWindows):
+    \"\"\"Not an array backend's dataset: it only implements ShardWindows (delegating).\"\"\"
+
+    def __init__(self, storage, config, split, *, decode=False, verify=True, on_error="raise"):
+        self.storage, self.config, self.split = storage, config, split
+        self.decode, self.verify, self.on_error = decode, verify, on_error
+        self._inner = NumpyMmapDataset(storage, config, split, decode=decode)
+        self.layout = self._inner.layout
+        self.loaded = []
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __getitem__(self, index):
+        return self._inner[index]
+
+    def get(self, key):
+        return self._inner.get(key)
+
+    @cached_property
+    def metadata(self):
+        return self._inner.metadata
+
+    @property
+    def shard_sizes(self):
+        return tuple(s.num_samples for s in self._inner.shards)
+
+    def shard_columns(self, shard):
+        self.loaded.append(shard)
+        return self._inner._load(self._inner.shards[shard])
+
+
+class WindowedBackend(NumpyMmapBackend):
+    name: ClassVar[str] = "windowed"
+    description: ClassVar[str] = "test plugin: numpy_mmap runs read by the window loader"
+    stem_name: ClassVar[str] = "windowruns"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=True, streaming=True, remote=True, shard_windows=True
+    )
+    dataset: ClassVar[Any] = WindowedDataset
+
+
+class UndeclaredBackend(WindowedBackend):
+    name: ClassVar[str] = "undeclared"
+    stem_name: ClassVar[str] = "undeclaredruns"
+    dataset: ClassVar[Any] = NumpyMmapDataset  # declares shard_windows, reads no windows
+"""
+
+
+def test_a_plugin_backend_declaring_shard_windows_is_read_by_the_window_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader asks for the capability and the ShardWindows interface, not for a
+    built-in dataset class: a plugin's own dataset is read; a plugin that declares the
+    capability without the interface is refused in one line that names it."""
+    pytest.importorskip("torch")
+    from shardex.backends.registry import register_backend
+    from shardex.torch import TensorShardsLoader
+
+    (tmp_path / "windowed_plugin.py").write_text(_WINDOWED_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(REGISTRY, "_entries", dict(REGISTRY._entries))  # undone after
+    register_backend("windowed", "windowed_plugin:WindowedBackend")
+    register_backend("undeclared", "windowed_plugin:UndeclaredBackend")
+    data = {"key": [f"k{i}" for i in range(10)], "label": [i % 3 for i in range(10)]}
+    shardex.export(data, tmp_path / "w", backend="windowed", workers=1)
+    loader = TensorShardsLoader(tmp_path / "w", 4, shuffle_shards=False, shuffle_samples=False)
+    batches = list(loader)
+    assert [b["__key__"] for b in batches] == [
+        [f"k{i}" for i in range(a, min(a + 4, 10))] for a in (0, 4, 8)
+    ]
+    assert batches[1]["cls"].tolist() == [1, 2, 0, 1]
+    assert loader.dataset.loaded == [0]  # type: ignore[attr-defined]  # the plugin's reads
+    shardex.export(data, tmp_path / "u", backend="undeclared", workers=1)
+    with pytest.raises(ConfigError) as exc:
+        TensorShardsLoader(tmp_path / "u", 4)
+    _refused_in_one_line(exc, "undeclared")
+    assert "ShardWindows" in str(exc.value)
 
 
 def test_verify_reports_an_export_whose_backend_is_not_registered(

@@ -459,7 +459,7 @@ def test_storage_docs_example_runs(s3: S3Location) -> None:
 
 
 @pytest.mark.parametrize(
-    "backend", ["numpy", "numpy_mmap", "torch", "tensor_shards", "tensordict_memmap"]
+    "backend", ["numpy", "numpy_mmap", "torch", "tensor_shards", "tensordict_memmap", "zarr"]
 )
 def test_array_backends_write_and_read_object_storage(
     backend: str, s3: S3Location, tmp_path: Path

@@ -3,10 +3,12 @@ names, what the source found unusable; and renders each sample's ``.json`` membe
 that shard sizes are known exactly before writing.
 
 Images are checked by the shard writer from the bytes it reads to write them (one pass
-over the bytes, see :mod:`shardex.backends.webdataset.writer`), with :func:`~shardex.sample_check.image_problem`
-and :class:`~shardex.sample_check.SampleCheck`. Backends that write whole splits (the array backends)
-get the separate image pass here instead, run in worker processes over chunks of the scan
-table, reading the first and last KiBs of each image (or decoding it).
+over the bytes, see :mod:`shardex.backends.webdataset.writer` and
+:mod:`shardex.backends.arrays`), with :func:`~shardex.sample_check.image_problem` and
+:class:`~shardex.sample_check.SampleCheck`. A backend that gets a whole split instead
+(``writes_shards = False``: no built-in one) gets the separate image pass here, run in
+worker processes over chunks of the scan table, reading the first and last KiBs of each
+image (or decoding it).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from shardex.contract import ExportConfig
+from shardex.contract import ExportConfig, FieldSpec
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening needs neither
@@ -95,6 +95,29 @@ class ReopenedDataset(Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+
+class ShardWindows(ReopenedDataset):
+    """A dataset whose shards are runs of whole samples stored as columns, each loaded
+    whole (``TensorShardsLoader`` reads windows of them). A backend's dataset declares it
+    by subclassing, and its backend by ``capabilities.shard_windows``.
+
+    The columns of a run are named arrays as :mod:`shardex.backends.columns` lays them
+    out (``__key__.data`` + ``__key__.offsets``; per field ``NAME``, or ``NAME.data`` +
+    ``NAME.offsets`` (+ ``NAME.shapes``), + ``NAME.present`` when optional)."""
+
+    #: The fields of the split, with their column names (config.yaml's ``fields``).
+    layout: tuple[FieldSpec, ...]
+
+    @property
+    @abstractmethod
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Samples per shard, in config.yaml's order of the split's shards."""
+
+    @abstractmethod
+    def shard_columns(self, shard: int) -> Mapping[str, Any]:
+        """The columns of shard number ``shard`` (column name -> array-like: a numpy
+        array, memory map, tensor or anything sliced along its first axis)."""
 
 
 class SampleRanges(ReopenedDataset):

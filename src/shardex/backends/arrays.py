@@ -24,9 +24,10 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
@@ -35,14 +36,16 @@ from shardex.backends.columns import (
     ColumnReader,
     Columns,
     Layout,
-    build_columns,
+    columns_of,
     concat_columns,
     slice_columns,
 )
 from shardex.backends.metadata import read_metadata
+from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import OnReadError, ReopenedDataset, Sample
 from shardex.errors import (
+    BadSampleError,
     ChecksumError,
     ConfigError,
     FormatError,
@@ -50,13 +53,23 @@ from shardex.errors import (
     ShardexError,
 )
 from shardex.fields import npy_bytes
-from shardex.format.index import build_keys, key_hash
+from shardex.format.index import build_keys_from_hashes, key_hash
 from shardex.format.tables import shard_checksum
-from shardex.parallel import Runner
-from shardex.rows import JSON_COLUMN, json_text_column
+from shardex.planning import plan_bounds
+from shardex.rows import (
+    JSON_COLUMN,
+    LABEL_FIELD,
+    ByteSource,
+    Members,
+    SpillSlice,
+    json_text_column,
+)
+from shardex.sample_check import SampleCheck, image_problem, refusal
 from shardex.sources.base import MEMBERS
-from shardex.sources.remote import registered
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:
+    from shardex.parallel import Runner
 
 #: Samples read together when iterating (one read per array per block).
 _BLOCK = 256
@@ -73,27 +86,154 @@ class Written:
     files: tuple[str, ...]
     num_bytes: int
     checksum: str
+    #: Every file written, listed or not (empty: ``path`` and ``files``).
+    paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class _RunJob:
+    """One run to write from its candidate samples (see :class:`shardex.backends.webdataset.writer.ShardJob`
+    for ``rows``, ``members``, ``member_rows``, ``sizes``, ``last`` and ``spill``): the run
+    takes good candidates in order until it holds ``samples_per_shard`` samples or the next
+    would pass ``max_shard_bytes``. ``part``: a per-split backend's run, written as one
+    ``.npy`` file per column under ``stem`` for :meth:`ArrayBackend.join_runs`."""
+
     backend: ArrayBackend
     storage: Storage
     stem: str
-    rows: pa.Table
     layout: Layout
     with_label: bool
-    write: bool  # False: return the columns (a per-split backend joins them first)
-    #: Stores of members on object storage (registered where the job is made).
-    stores: tuple[tuple[str, Storage], ...] = dataclasses.field(default_factory=registered)
+    part: bool
+    samples_per_shard: int
+    max_shard_bytes: int | None
+    check: SampleCheck
+    first_sample: int
+    rows: pa.Table
+    members: Members
+    member_rows: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    last: bool
+    spill: SpillSlice | None = None
 
 
-def _run(job: _RunJob) -> tuple[Written | None, dict[str, np.ndarray] | None, pa.Table]:
-    columns = build_columns(job.rows, job.layout, job.with_label, job.stores)
-    meta = metadata_rows(job.rows)
-    if not job.write:
-        return None, columns, meta
-    return job.backend.write_run(job.storage, job.stem, columns, job.layout), None, meta
+@dataclass(frozen=True, slots=True)
+class RunDone:
+    """What writing one run produced: its files (None: nothing written), its samples'
+    metadata rows and key hashes, and the candidates it took and skipped."""
+
+    written: Written | None
+    meta: pa.Table | None
+    key_hashes: npt.NDArray[np.uint64]
+    num_samples: int
+    #: Candidates taken (written or skipped) from the job's first one.
+    consumed: int
+    #: False when the run ran out of candidates before it was full (not the split's end).
+    complete: bool
+    #: errors.parquet rows of the candidates skipped as bad.
+    skipped: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class _Taken:
+    """The candidates a run took (their numbers and fields), and what it skipped."""
+
+    picked: list[int] = dataclasses.field(default_factory=list)
+    fields: list[list[tuple[str, bytes | memoryview]]] = dataclasses.field(default_factory=list)
+    skipped: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    consumed: int = 0
+    full: bool = False
+
+
+def _take(job: _RunJob, rows: pa.Table, members: Members, member_rows: Any) -> _Taken:
+    """Take good candidates in order until the run is full. Each member's bytes are read
+    once: an image is checked from the bytes that are then stored (one pass)."""
+    from shardex.format.tar import END_OF_ARCHIVE  # the planner counts it in every shard
+
+    got = _Taken()
+    n = rows.num_rows
+    labels = rows.column("label").to_pylist() if job.with_label else [None] * n
+    has_json = JSON_COLUMN in rows.column_names
+    texts: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
+    image = [e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in members.ext_names]
+    starts, codes, names = members.starts, members.ext_codes, members.ext_names
+    sizes = np.asarray(job.sizes).tolist()
+    cap, limit, check = job.max_shard_bytes, job.samples_per_shard, job.check
+    source = ByteSource(members)
+    planned = plan_bounds(job.sizes, limit, cap)
+    if planned and any("://" in name for name in members.path_names):  # objects: fetched ahead
+        ahead = np.asarray(member_rows[: planned[0][1]], np.int64)
+        source.expect(j for r in ahead.tolist() for j in range(starts[r], starts[r + 1]))
+    used = len(END_OF_ARCHIVE)
+    try:
+        for i in range(n):
+            count = len(got.picked)
+            if count >= limit or (cap is not None and count and used + sizes[i] > cap):
+                got.full = True
+                break
+            got.consumed = i + 1
+            r = int(member_rows[i])
+            fields: list[tuple[str, bytes | memoryview]] = []
+            reason = None
+            for j in range(int(starts[r]), int(starts[r + 1])):
+                try:
+                    data = source.read(j)
+                except BadSampleError as exc:
+                    reason = exc.reason or str(exc)
+                    break
+                if image[codes[j]]:
+                    reason = image_problem(data, check)
+                    if reason:
+                        break
+                # a copy: file bytes come in memory the source reuses for the next read
+                fields.append((names[codes[j]], bytes(data)))
+            if reason:
+                original = str(rows.column("original_path")[i].as_py())
+                if check.on_error == "error":
+                    raise BadSampleError(refusal(original, reason), reason=reason)
+                key = str(rows.column("key")[i].as_py())
+                got.skipped.append({"key": key, "original_path": original, "reason": reason})
+                continue
+            if labels[i] is not None:
+                fields.append((LABEL_FIELD, str(labels[i]).encode()))
+            if texts[i] is not None:
+                fields.append(("json", texts[i]))  # type: ignore[arg-type]  # checked above
+            got.picked.append(i)
+            got.fields.append(fields)
+            used += sizes[i]
+    finally:
+        source.close()
+    return got
+
+
+def _write_run(job: _RunJob) -> RunDone:
+    """Read, check and write one run (in a worker, or inline); hand back small results."""
+    rows, members, member_rows = job.rows, job.members, job.member_rows
+    if job.spill is not None:
+        rows, members = job.spill.read()
+        member_rows = np.arange(rows.num_rows, dtype=np.int64)
+    got = _take(job, rows, members, member_rows)
+    complete = got.full or job.last
+    skipped = tuple(got.skipped)
+    if not complete or not got.picked:  # ran out of candidates, or every one was bad
+        return RunDone(None, None, np.zeros(0, np.uint64), 0, got.consumed, complete, skipped)
+    kept = rows.take(pa.array(got.picked, pa.int64()))
+    count = kept.num_rows
+    kept = kept.append_column(
+        "sample_index", pa.array(np.arange(job.first_sample, job.first_sample + count))
+    )
+    keys: list[str] = kept.column("key").to_pylist()
+    columns = columns_of(keys, got.fields, job.layout)
+    consumed = got.consumed
+    del got  # the fields' bytes: the columns hold them now
+    if job.part:
+        out = ArrayWriter(job.storage, job.stem, listed=True)
+        for name in sorted(columns):
+            out.put_npy(f"{job.stem}/{name}.npy", columns[name])
+        written = out.written()
+    else:
+        written = job.backend.write_run(job.storage, job.stem, columns, job.layout)
+    hashes = np.fromiter((key_hash(k) for k in keys), np.uint64, count)
+    return RunDone(written, metadata_rows(kept), hashes, count, consumed, True, skipped)
 
 
 def metadata_rows(rows: pa.Table) -> pa.Table:
@@ -132,7 +272,13 @@ class ArrayWriter:
         self.put(path, npy_bytes(array))
 
     def written(self) -> Written:
-        return Written(self.path, tuple(self.files), self.num_bytes, shard_checksum(self._hash))
+        return Written(
+            self.path,
+            tuple(self.files),
+            self.num_bytes,
+            shard_checksum(self._hash),
+            tuple(self.paths),
+        )
 
 
 class ArrayBackend(Backend):
@@ -182,6 +328,34 @@ class ArrayBackend(Backend):
 
         verify_array_split(storage, config, split, check.report, check.deep, check.bar)
 
+    def sample_sizes(
+        self,
+        rows: pa.Table,
+        members: Members,
+        member_rows: npt.NDArray[np.int64],
+        *,
+        with_label: bool,
+    ) -> npt.NDArray[np.int64]:
+        """The bytes a sample adds to a run, known before writing: its key, its members'
+        bytes (a ``.npy`` member's header included), 8 for a label and its ``.json`` text
+        (tar headers and padding play no part: ``max_shard_bytes`` caps what runs hold,
+        and the names' content digest covers these sizes)."""
+        import pyarrow.compute as pc  # writing code: opening an export does not load it
+
+        rows_at = np.asarray(member_rows, np.int64)
+        running = np.zeros(len(members.size) + 1, np.int64)
+        np.cumsum(members.size, out=running[1:])
+        sizes = running[members.starts[rows_at + 1]] - running[members.starts[rows_at]]
+        sizes += pc.binary_length(rows.column("key")).to_numpy(zero_copy_only=False)
+        if with_label:
+            sizes += np.where(
+                pc.is_valid(rows.column("label")).to_numpy(zero_copy_only=False), 8, 0
+            )
+        if JSON_COLUMN in rows.column_names:
+            text = pc.fill_null(pc.binary_length(rows.column(JSON_COLUMN)), 0)
+            sizes += text.to_numpy(zero_copy_only=False)
+        return sizes.astype(np.int64)
+
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         """Write one run of columns under ``stem``; return the files written."""
@@ -192,56 +366,182 @@ class ArrayBackend(Backend):
         """Write files that describe the whole split (a manifest); return their paths."""
         return []
 
+    def join_runs(
+        self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
+    ) -> Written:
+        """A per-split backend's split from its runs' parts (``.npy`` files, one per column,
+        see :class:`_RunJob`), written under ``stem``. The default loads them all and
+        writes one run (the split's columns in memory); a backend that can append them
+        without holding them overrides it."""
+        parts = [_load_part(storage, run) for run in runs]
+        return self.write_run(storage, stem, concat_columns(parts), layout)
+
+    #: Images are checked as the runs are written (one pass over the bytes).
+    writes_shards: ClassVar[bool] = True
+
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
+        from shardex.engine.shards import candidates, inline_candidates, write_shards
+
         if plan.previous is not None:
             raise ConfigError(
                 f"the {self.name} backend cannot append to an export; export the combined "
                 "source again with --overwrite (or append with the webdataset backend)"
             )
+        split = plan.candidates
+        if split is None:
+            raise TypeError(f"the {self.name} backend writes from plan.candidates")
         base = _fresh_base(f"{plan.split}/{self.stem_name}", plan.name_hash, plan.existing)
-        stems = [f"{base}-{k:06d}" for k in range(len(plan.bounds))]
-        jobs = (
-            _RunJob(
+        # one local worker: this process writes; a remote runner's tasks always do
+        inline = split.inline() or (runner.workers == 1 and not runner.remote)
+        pick = inline_candidates if inline else candidates
+
+        def make_job(start: int, stop: int, first_sample: int, k: int) -> _RunJob:
+            return _RunJob(
                 self,
                 storage,
-                stem,
-                plan.rows.take(np.arange(a, b)),  # a slice would pickle the whole table
+                f"{base}-{k:06d}",
                 plan.fields,
                 plan.with_label,
-                not self.per_split,
+                self.per_split,
+                plan.samples_per_shard,
+                plan.max_shard_bytes,
+                plan.check,
+                first_sample,
+                **pick(split, start, stop),  # type: ignore[arg-type]  # the candidate fields
             )
-            for stem, (a, b) in zip(stems, plan.bounds, strict=True)
-        )
+
         shards: list[ShardInfo] = []
         files: list[str] = []
-        parts: list[dict[str, np.ndarray]] = []
-        for (a, b), (written, columns, meta) in zip(
-            plan.bounds, runner.imap(_run, jobs), strict=True
-        ):
-            if written is not None:
-                shards.append(_shard_info(b - a, written))
-                files += written.files
-            if columns is not None:
-                parts.append(columns)
-            on_shard(meta, written.num_bytes if written is not None else 0)
-        if self.per_split:
-            written = self.write_run(storage, base, concat_columns(parts), plan.fields)
-            shards = [_shard_info(plan.rows.num_rows, written)]
-            files = list(written.files)
+        runs: list[Written] = []
+        hashes: list[npt.NDArray[np.uint64]] = []
+        try:
+            for done in write_shards(
+                split,
+                make_job,
+                runner,
+                plan.samples_per_shard,
+                plan.max_shard_bytes,
+                inline=inline,
+                on_discard=lambda d: _remove_run(storage, d.written),
+                write=_write_run,
+            ):
+                if done.skipped and plan.on_skip is not None:
+                    plan.on_skip(list(done.skipped))
+                if done.written is None or done.meta is None:  # the last, every one skipped
+                    continue
+                hashes.append(done.key_hashes)
+                if self.per_split:
+                    runs.append(done.written)
+                else:
+                    shards.append(_shard_info(done.num_samples, done.written))
+                    files += done.written.files
+                on_shard(done.meta, 0 if self.per_split else done.written.num_bytes)
+            num_samples = sum(len(h) for h in hashes)
+            if not num_samples:  # every sample skipped: the split is not exported
+                return SplitInfo(num_samples=0, num_bytes=0, shards=())
+            if self.per_split:
+                written = self.join_runs(storage, base, runs, plan.fields, num_samples)
+                shards = [_shard_info(num_samples, written)]
+                files = list(written.files)
+        finally:
+            for run in runs:  # the parts go once joined (or when the export fails)
+                _remove_run(storage, run)
         files += self.finish_split(storage, base, plan, shards)
         keys = f"{base}-keys.npy"  # beside the run, never in it (zarr warns of foreign files)
-        buf = io.BytesIO()
-        np.save(buf, build_keys(plan.rows.column("key").to_pylist()), allow_pickle=False)
-        storage.put(keys, buf.getvalue())
+        storage.put(keys, npy_bytes(build_keys_from_hashes(np.concatenate(hashes))))
         return SplitInfo(
-            num_samples=plan.rows.num_rows,
+            num_samples=num_samples,
             num_bytes=sum(s.num_bytes for s in shards),
             shards=tuple(shards),
             files=(*files, keys),
             keys=keys,
         )
+
+
+def _load_part(storage: Storage, run: Written) -> dict[str, np.ndarray]:
+    """A run's parts (see :class:`_RunJob`): column name -> array (mapped when local)."""
+    out: dict[str, np.ndarray] = {}
+    for path in run.files:
+        name = path[len(run.path) + 1 : -len(".npy")]
+        local = storage.local_path(path)
+        if local is not None:
+            out[name] = np.load(local, mmap_mode="r", allow_pickle=False)
+        else:
+            out[name] = np.load(io.BytesIO(storage.get(path)), allow_pickle=False)
+    return out
+
+
+def npy_header(storage: Storage, path: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """The dtype, shape and data offset of a ``.npy`` file (only its header is read)."""
+    head = io.BytesIO(storage.get_range(path, 0, min(storage.size(path), 4096)))
+    version = np.lib.format.read_magic(head)
+    if version != (1, 0):
+        raise FormatError(f"{storage.join(path)}: .npy version {version}, expected 1.0")
+    shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
+    if fortran:
+        raise FormatError(f"{storage.join(path)}: a Fortran-order .npy, expected C order")
+    return dtype, shape, head.tell()
+
+
+class PartColumn:
+    """One column of a split as its runs' parts joined along the first axis (``.offsets``
+    re-based on the data before them), read a row range at a time from the part files:
+    the split's column is never held (see :meth:`ArrayBackend.join_runs`)."""
+
+    def __init__(self, storage: Storage, paths: list[str], offsets: bool) -> None:
+        self.storage, self.paths, self.offsets = storage, paths, offsets
+        heads = [npy_header(storage, p) for p in paths]
+        self.dtype = heads[0][0]
+        self.tail = tuple(int(d) for d in heads[0][1][1:])
+        self._row = self.dtype.itemsize * int(np.prod(self.tail, dtype=np.int64))
+        self._at = [at for _, _, at in heads]
+        # an .offsets part's first value (0) is the end of the part before: dropped
+        self._skip = [1 if offsets and k else 0 for k in range(len(paths))]
+        counts = [
+            int(shape[0]) - skip for (_, shape, _), skip in zip(heads, self._skip, strict=True)
+        ]
+        self._first = np.zeros(len(paths) + 1, np.int64)
+        np.cumsum(counts, out=self._first[1:])
+        self._base = np.zeros(len(paths), np.int64)
+        if offsets:  # each part's last offset, summed over the parts before it
+            ends = [self._read(k, int(shape[0]) - 1, 1)[0] for k, (_, shape, _) in enumerate(heads)]
+            self._base[1:] = np.cumsum(ends)[:-1]
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self), *self.tail)
+
+    def _read(self, k: int, start: int, count: int) -> np.ndarray:
+        data = self.storage.get_range(
+            self.paths[k], self._at[k] + start * self._row, count * self._row
+        )
+        return np.frombuffer(data, self.dtype).reshape(count, *self.tail)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start .. stop`` of the joined column."""
+        pieces = []
+        k = int(np.searchsorted(self._first, start, side="right")) - 1
+        while start < stop and k < len(self.paths):
+            end = min(stop, int(self._first[k + 1]))
+            local = start - int(self._first[k]) + self._skip[k]
+            piece = self._read(k, local, end - start)
+            pieces.append(piece + self._base[k] if self.offsets else piece)
+            start, k = end, k + 1
+        if not pieces:
+            return np.zeros((0, *self.tail), self.dtype)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def _remove_run(storage: Storage, written: Written | None) -> None:
+    """Delete what a run wrote (one written again, or the parts of a joined split)."""
+    if written is not None:
+        for path in written.paths or (written.path, *written.files):
+            storage.delete(path)
 
 
 @cache
@@ -301,6 +601,14 @@ class ArrayDataset(ReopenedDataset):
 
     def _open_run(self, shard: ShardInfo) -> ColumnReader:
         return ColumnReader(self.layout, self._load(shard))
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        return tuple(s.num_samples for s in self.shards)
+
+    def shard_columns(self, shard: int) -> Columns:
+        """A run's columns, loaded whole (see :class:`~shardex.dataset.ShardWindows`)."""
+        return self._open_run(self.shards[shard]).columns
 
     def _reader(self, shard: int) -> ColumnReader:
         if self._pid != os.getpid():  # a forked worker reopens: mappings are per process

@@ -17,7 +17,7 @@ TensorDict, zarr arrays) and read samples back through :class:`ColumnReader`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -60,26 +60,36 @@ def build_columns(
 ) -> dict[str, np.ndarray]:
     """The arrays of a run of rows (member bytes are read here; ``stores``: those of
     members on object storage, see :class:`shardex.rows.MemberReader`)."""
-    n = rows.num_rows
-    index = {spec.name: k for k, spec in enumerate(layout)}
-    values: list[list[Any]] = [[None] * n for _ in layout]
     reader = MemberReader(stores)
-    keys = rows.column("key").to_pylist()
     try:
-        for i, fields in enumerate(iter_fields(rows, with_label, reader)):
-            for name, data in fields:
-                k = index[name]
-                spec = layout[k]
-                if spec.kind == "array":  # native byte order: what every backend stores
-                    array = load_npy(data, f"sample {keys[i]!r} field {name!r}")
-                    array = array.astype(array.dtype.newbyteorder("="), copy=False)
-                    values[k][i] = to_bits(array) if is_bfloat16(spec) else array
-                elif spec.kind == "label":
-                    values[k][i] = int(data)
-                else:
-                    values[k][i] = np.frombuffer(data, np.uint8)
+        fields = list(iter_fields(rows, with_label, reader))
     finally:
         reader.close()
+    return columns_of(rows.column("key").to_pylist(), fields, layout)
+
+
+def columns_of(
+    keys: list[str],
+    samples: Sequence[Sequence[tuple[str, bytes | memoryview]]],
+    layout: Layout,
+) -> dict[str, np.ndarray]:
+    """The arrays of a run of samples: their keys, and each one's fields in member order
+    (``(name, bytes)``: source members, ``cls``, ``json``)."""
+    n = len(keys)
+    index = {spec.name: k for k, spec in enumerate(layout)}
+    values: list[list[Any]] = [[None] * n for _ in layout]
+    for i, fields in enumerate(samples):
+        for name, data in fields:
+            k = index[name]
+            spec = layout[k]
+            if spec.kind == "array":  # native byte order: what every backend stores
+                array = load_npy(bytes(data), f"sample {keys[i]!r} field {name!r}")
+                array = array.astype(array.dtype.newbyteorder("="), copy=False)
+                values[k][i] = to_bits(array) if is_bfloat16(spec) else array
+            elif spec.kind == "label":
+                values[k][i] = int(bytes(data))
+            else:
+                values[k][i] = np.frombuffer(data, np.uint8)
     out = _ragged([np.frombuffer(k.encode(), np.uint8) for k in keys], KEY_COLUMN, False)
     for spec, column in zip(layout, values, strict=True):
         name = spec.column

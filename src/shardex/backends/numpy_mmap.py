@@ -14,15 +14,24 @@ Every file opens with ``numpy.load(path, mmap_mode="r")``; sample ``i`` costs O(
 from __future__ import annotations
 
 import io
-from typing import ClassVar
+from collections.abc import Iterator
+from typing import ClassVar, Final
 
 import numpy as np
+import xxhash
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.arrays import (
+    ArrayBackend,
+    ArrayDataset,
+    ArrayWriter,
+    Written,
+    npy_header,
+)
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import FormatError, ObjectNotFoundError
+from shardex.format.tables import shard_checksum
 from shardex.storage.base import Storage
 
 
@@ -78,3 +87,57 @@ class NumpyMmapBackend(ArrayBackend):
         for name in sorted(columns):
             out.put_npy(f"{stem}/{name}.npy", columns[name])
         return out.written()
+
+    def join_runs(
+        self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
+    ) -> Written:
+        """Each column's ``.npy`` file as the runs' parts back to back behind one header,
+        copied a chunk at a time (offsets re-based): the split's columns are never held,
+        and the bytes are those :meth:`write_run` writes for the joined columns."""
+        hasher = xxhash.xxh3_64()
+        files: list[str] = []
+        num_bytes = 0
+        for part in runs[0].files:  # in column name order, as write_run writes them
+            name = part[len(runs[0].path) + 1 :]
+            path = f"{stem}/{name}"
+            with storage.open_writer(path) as out:
+                for chunk in _joined(storage, [f"{run.path}/{name}" for run in runs], name):
+                    out.write(chunk)
+                    hasher.update(chunk)
+                    num_bytes += len(chunk)
+            files.append(path)
+        return Written(stem, tuple(files), num_bytes, shard_checksum(hasher), tuple(files))
+
+
+#: Bytes of a part copied at once.
+_COPY: Final = 4 << 20
+
+
+def _joined(storage: Storage, parts: list[str], name: str) -> Iterator[bytes]:
+    """The ``.npy`` bytes of the parts' arrays joined along the first axis: one header
+    (what ``numpy.save`` writes for the whole array), then each part's data; an
+    ``.offsets`` array's values re-based on the data before it (its first 0 once)."""
+    heads = [npy_header(storage, p) for p in parts]
+    dtype, first, _ = heads[0]
+    offsets = name.endswith(".offsets.npy")
+    rows = sum(shape[0] for _, shape, _ in heads) - (len(parts) - 1 if offsets else 0)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header,
+        {
+            "descr": np.lib.format.dtype_to_descr(dtype),
+            "fortran_order": False,
+            "shape": (rows, *first[1:]),
+        },
+    )
+    yield header.getvalue()
+    base = 0
+    for k, (path, (_, shape, at)) in enumerate(zip(parts, heads, strict=True)):
+        if offsets:  # n + 1 int64s a run: small, read whole
+            values = np.frombuffer(storage.get_range(path, at, 8 * shape[0]), "<i8")
+            yield (values[0 if k == 0 else 1 :] + base).astype("<i8").tobytes()
+            base += int(values[-1])
+            continue
+        size = storage.size(path) - at
+        for start in range(0, size, _COPY):
+            yield storage.get_range(path, at + start, min(_COPY, size - start))

@@ -30,6 +30,7 @@ from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Wri
 from shardex.backends.base import Capabilities, SplitPlan
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ShardInfo
+from shardex.dataset import ShardWindows
 from shardex.errors import FormatError
 from shardex.storage.base import Storage
 
@@ -43,7 +44,7 @@ def load_npz(data: bytes, where: str) -> dict[str, np.ndarray]:
         raise FormatError(f"{where}: not a readable .npz shard ({exc})") from exc
 
 
-class TensorShardsDataset(ArrayDataset):
+class TensorShardsDataset(ArrayDataset, ShardWindows):
     """A split of a ``tensor_shards`` export; ``ds[i]`` reads (and caches) its whole shard."""
 
     def _load(self, shard: ShardInfo) -> Columns:
@@ -86,7 +87,7 @@ class TensorShardsBackend(ArrayBackend):
             "format": "shardex.tensor_shards",
             "version": 1,
             "split": plan.split,
-            "num_samples": plan.rows.num_rows,
+            "num_samples": sum(s.num_samples for s in shards),
             "shards": [dataclasses.asdict(s) for s in shards],
             "fields": [dataclasses.asdict(f) for f in plan.fields],
         }

@@ -22,6 +22,7 @@ from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.bfloat16 import bfloat16_columns, from_tensor
 from shardex.contract import ShardInfo
+from shardex.dataset import ShardWindows
 from shardex.errors import FormatError, MissingDependencyError
 from shardex.storage.base import Storage
 
@@ -53,7 +54,7 @@ def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:
     }
 
 
-class TorchDataset(ArrayDataset):
+class TorchDataset(ArrayDataset, ShardWindows):
     """A split of a ``torch`` export; ``ds[i]`` loads (and caches) its whole shard."""
 
     def _load(self, shard: ShardInfo) -> Columns:

@@ -19,8 +19,9 @@ may not open it), while ``uint8`` arrays are core v3. With ``image_codec``, fixe
 ``uint8`` image arrays (``(H, W)`` or ``(H, W, C)``) are stored one image per chunk through
 an imagecodecs codec (see :mod:`shardex.codecs.zarr_images`).
 
-Files are written through the storage (local or object store): zarr encodes each array
-into memory, then every file is put atomically, in name order, checksummed as it goes.
+Files are written through the storage (local or object store): zarr encodes each array a
+zarr shard at a time (read from the runs' parts the workers wrote: the split's columns are
+never held), and every file is put atomically, in name order, checksummed as it goes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ from zarr.core.array import ShardsConfigParam
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import MemoryStore
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.arrays import (
+    ArrayBackend,
+    ArrayDataset,
+    ArrayWriter,
+    PartColumn,
+    Written,
+)
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
 from shardex.codecs.zarr_images import IMAGE_CODECS, image_codec, register_image_codecs
@@ -133,10 +140,36 @@ def _attributes(nodes: dict[str, str], layout: Layout, samples: int) -> dict[str
     return {"shardex": {"num_samples": samples, "columns": nodes, "fields": fields}}
 
 
-def _encode(array: np.ndarray, name: str, serializer: Any, samples: int) -> dict[str, Buffer]:
-    """The files of one zarr array holding ``array``, by name under the array's folder."""
+def _encoded(
+    array: np.ndarray | PartColumn, name: str, serializer: Any, samples: int
+) -> Iterator[tuple[str, bytes]]:
+    """The files of one zarr array holding ``array``, in name order under the array's
+    folder, encoded a zarr shard at a time (a :class:`PartColumn` is read a shard's rows
+    at a time: the whole array is never held)."""
     files: dict[str, Buffer] = {}
-    rows, shard = _chunking(name, array, serializer is not None, samples)
+    shape = tuple(int(d) for d in array.shape)
+    # what the chunking reads of the array (length, row bytes, total bytes), not its values
+    like = np.broadcast_to(np.zeros((1,) * len(shape), array.dtype), shape)
+    rows, shard = _chunking(name, like, serializer is not None, samples)
+    created = _created(files, like, rows, shard, serializer)
+    # shard objects are named c/K[/0...]: written in name order (the checksum's order)
+    count = math.ceil(shape[0] / shard) if math.prod(shape) else 0
+    for k in sorted(range(count), key=str):
+        start, stop = k * shard, min(shape[0], (k + 1) * shard)
+        values = array.rows(start, stop) if isinstance(array, PartColumn) else array[start:stop]
+        created[start:stop] = values
+        for key in sorted(files):
+            if key != "zarr.json":
+                yield key, files.pop(key).to_bytes()
+    yield "zarr.json", files.pop("zarr.json").to_bytes()
+    if files:  # not a zarr this code knows: every file has been written above
+        raise FormatError(f"zarr array {name!r}: unexpected files {sorted(files)}")
+
+
+def _created(
+    files: dict[str, Buffer], array: np.ndarray, rows: int, shard: int, serializer: Any
+) -> zarr.Array[Any]:
+    """An empty zarr array of ``array``'s shape and dtype in ``files``."""
     tail = tuple(int(d) for d in array.shape[1:])
     # The index first: a reader gets it with a plain range read, without the object size.
     shards: ShardsConfigParam = {
@@ -159,9 +192,7 @@ def _encode(array: np.ndarray, name: str, serializer: Any, samples: int) -> dict
         config={"write_empty_chunks": True},
         zarr_format=3,
     )
-    if array.size:
-        created[...] = array
-    return files
+    return created
 
 
 class StorageStore(Store):
@@ -363,6 +394,21 @@ class ZarrBackend(ArrayBackend):
             self.image_codec, channels, quality=self.image_quality, ndim=len(spec.shape) + 1
         )
 
+    def join_runs(
+        self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
+    ) -> Written:
+        """The split's group from its runs' parts, each array encoded a zarr shard at a
+        time (the rows of one shard read from the parts): the bytes :meth:`write_run`
+        writes for the joined columns, without holding them."""
+        names = [p[len(runs[0].path) + 1 : -len(".npy")] for p in runs[0].files]
+        columns = {
+            name: PartColumn(
+                storage, [f"{run.path}/{name}.npy" for run in runs], name.endswith(".offsets")
+            )
+            for name in names
+        }
+        return self.write_run(storage, stem, columns, layout)
+
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         nodes = _nodes(layout)
         # Codecs first: a field the codec cannot store is refused before any file is written.
@@ -376,7 +422,10 @@ class ZarrBackend(ArrayBackend):
         blocks = sorted([("zarr.json", ""), *((f"{nodes[n]}/", n) for n in columns)])
         out = ArrayWriter(storage, stem, listed=True)
         for prefix, name in blocks:
-            files = _encode(columns[name], name, codecs.get(name), samples) if name else group
-            for key in sorted(files):
-                out.put(f"{stem}/{prefix if name else ''}{key}", files[key].to_bytes())
+            if not name:
+                for key in sorted(group):
+                    out.put(f"{stem}/{key}", group[key].to_bytes())
+                continue
+            for key, data in _encoded(columns[name], name, codecs.get(name), samples):
+                out.put(f"{stem}/{prefix}{key}", data)
         return out.written()

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
 
-from shardex.backends.webdataset.writer import ShardJob, ShardWritten, write_shard
+from shardex.backends.webdataset.writer import write_shard
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
-from shardex.rows import Members, SpilledRows, SplitRows
+from shardex.rows import Members, SpilledRows, SpillSlice, SplitRows
 
 #: Candidates a worker's job carries beyond its planned end, for skips (then doubled).
 _SLACK: Final = 8
@@ -41,8 +41,34 @@ _NO_ROWS: Final = pa.table({})
 _NO_MEMBERS: Final = Members.empty()
 _NO_SIZES: Final = np.zeros(0, np.int64)
 
+
+class _Job(Protocol):
+    """A shard job as :func:`write_shards` sees it (a dataclass naming its spill slice)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def spill(self) -> SpillSlice | None: ...
+
+
+class _Done(Protocol):
+    """A written shard as :func:`write_shards` sees it."""
+
+    @property
+    def consumed(self) -> int: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def num_samples(self) -> int: ...
+
+
+J = TypeVar("J", bound=_Job)
+D = TypeVar("D", bound=_Done)
+
 #: (start, stop, first sample number, shard number offset) -> the job's fields it decides.
-MakeJob = Callable[[int, int, int, int], ShardJob]
+MakeJob = Callable[[int, int, int, int], J]
 
 
 def spilled_candidates(split: SpilledRows, start: int, stop: int) -> dict[str, object]:
@@ -89,7 +115,7 @@ def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> 
     }
 
 
-def _carried(jobs: Iterator[ShardJob]) -> Iterator[ShardJob]:
+def _carried(jobs: Iterator[J]) -> Iterator[J]:
     """Jobs for workers on other machines: each spill slice's rows read into its job,
     each record batch of the spill read once (a job's slice mostly begins in the batch
     where the one before ended); a slice of rows in the object store goes as it is
@@ -101,21 +127,22 @@ def _carried(jobs: Iterator[ShardJob]) -> Iterator[ShardJob]:
 
 def write_shards(
     split: SplitRows | SpilledRows,
-    make_job: MakeJob,
+    make_job: MakeJob[J],
     runner: Runner,
     samples_per_shard: int,
     max_shard_bytes: int | None,
     *,
     inline: bool,
-    on_discard: Callable[[ShardWritten], None],
-    write: Callable[[ShardJob], ShardWritten] | None = None,
-) -> Iterator[ShardWritten]:
+    on_discard: Callable[[D], None],
+    write: Callable[[J], D] | None = None,
+) -> Iterator[D]:
     """The split's shards in order, each holding ``samples_per_shard`` good samples (or
     up to the byte cap); only the last may be short, or even empty (no files written,
     only its skipped samples to record). ``on_discard`` gets each shard
     written speculatively and then replaced (its files may need deleting). ``write``
-    writes a job (default :func:`write_shard`)."""
-    write = write or write_shard
+    writes a job (default :func:`write_shard`; an array backend passes its own)."""
+    if write is None:
+        write = cast(Callable[[J], D], write_shard)
     n = split.num_samples
     pos = sample = number = 0
     slack = _SLACK
@@ -131,7 +158,7 @@ def write_shards(
             k: int = round_number,
             extra: int = slack,
             stop: list[bool] = stop,
-        ) -> Iterator[ShardJob]:
+        ) -> Iterator[J]:
             for q, (a, b) in enumerate(bounds):
                 if stop[0]:
                     return

@@ -1,7 +1,7 @@
 """``TensorShardsLoader``: batches from a window of whole shards, prefetched.
 
-For backends whose shards are runs of whole samples (``capabilities.shard_windows``:
-``tensor_shards``, ``torch``): shards are read whole, a few at a
+For backends whose shards are runs of whole samples (``capabilities.shard_windows``; their
+datasets are :class:`~shardex.dataset.ShardWindows`): shards are read whole, a few at a
 time. An epoch is:
 
 1. the split's shards in a seeded order (``shuffle_shards``; new every epoch), read as
@@ -36,10 +36,10 @@ import numpy.typing as npt
 import torch
 
 from shardex.api import open_dataset
-from shardex.backends.arrays import ArrayDataset
 from shardex.backends.columns import ColumnReader, concat_columns, slice_columns
 from shardex.backends.registry import backend_for
 from shardex.bfloat16 import is_bfloat16
+from shardex.dataset import ShardWindows
 from shardex.errors import ConfigError
 from shardex.fields import is_fixed
 from shardex.torch.order import EpochOrder
@@ -109,12 +109,19 @@ class TensorShardsLoader:
         if batch_size < 1 or shards_per_window < 1 or prefetch_workers < 1:
             raise ConfigError("batch_size, shards_per_window and prefetch_workers must be >= 1")
         dataset = open_dataset(uri, split=split, storage_options=storage_options)
-        windows = backend_for(dataset.config).capabilities.shard_windows
-        if not (windows and isinstance(dataset, ArrayDataset)):
+        backend = dataset.config.backend
+        if not backend_for(dataset.config).capabilities.shard_windows:
             raise ConfigError(
-                "TensorShardsLoader reads shards of arrays whole (backends 'tensor_shards' "
-                f"and 'torch'); {os.fspath(uri)} is a {dataset.config.backend!r} export: use "
-                "shardex.torch.StreamDataset or MapDataset"
+                "TensorShardsLoader reads whole shards of arrays (backends whose "
+                f"capabilities declare shard_windows); {os.fspath(uri)} is a {backend!r} "
+                "export, whose backend does not: use shardex.torch.StreamDataset or MapDataset"
+            )
+        if not isinstance(dataset, ShardWindows):
+            raise ConfigError(
+                f"backend {backend!r} declares shard_windows, but its dataset "
+                f"{type(dataset).__name__} is not a shardex.dataset.ShardWindows (it must "
+                "implement shard_sizes and shard_columns); fix the backend, or read "
+                f"{os.fspath(uri)} with shardex.torch.StreamDataset or MapDataset"
             )
         if prefetch_windows < 0:
             raise ConfigError(f"prefetch_windows must be >= 0, got {prefetch_windows}")
@@ -125,7 +132,7 @@ class TensorShardsLoader:
             world_size = dist.get_world_size() if ready else 1
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not in 0..{world_size - 1}")
-        self.dataset = dataset
+        self.dataset: ShardWindows = dataset
         self.batch_size, self.drop_last, self.pin_memory = batch_size, drop_last, pin_memory
         self.shards_per_window, self.prefetch_windows = shards_per_window, prefetch_windows
         self.prefetch_workers = prefetch_workers
@@ -137,7 +144,7 @@ class TensorShardsLoader:
     # -- the epoch's plan ----------------------------------------------------------------
 
     def _windows(self) -> list[_Window]:
-        counts = [s.num_samples for s in self.dataset.shards]
+        counts = list(self.dataset.shard_sizes)
         order = EpochOrder.make(
             counts, shuffle=self.shuffle_shards, seed=self.seed, epoch=self.epoch
         )
@@ -163,8 +170,7 @@ class TensorShardsLoader:
         """A window's columns, and the order its samples are read in."""
         parts = []
         for shard, start, count in window.pieces:
-            reader = self.dataset._open_run(self.dataset.shards[shard])
-            parts.append(slice_columns(reader.columns, start, count))
+            parts.append(slice_columns(self.dataset.shard_columns(shard), start, count))
         joined = ColumnReader(self.dataset.layout, concat_columns(parts))
         order = np.arange(window.size, dtype=np.int64)
         if self.shuffle_samples:
