@@ -146,7 +146,7 @@ def finish(
     ``put``: the final rows go into a remote runner's object store (see
     :class:`FinalSpill`)."""
     final = _Final(scanned, start, dropped, labels, dtype, as_fields)
-    budget = memory_budget()  # the splits' sizes held in memory, all together
+    budget = memory_budget(put is not None)  # the splits' sizes held in memory, together
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None

@@ -202,7 +202,7 @@ def prepare_streamed(
     (``put``). When appending, ``previous`` is the committed export: its split rule,
     label names and export numbers go on (``taken``: its keys)."""
     scanning = bars.task(f"scanning {uri}", None)
-    scanned = scan_stream(stream, opts, folder, uri, taken)
+    scanned = scan_stream(stream, opts, folder, uri, taken, remote=put is not None)
     scanning.done()
     splits = ordered_splits(set(scanned.counts), opts)
     with_label = scanned.with_label

@@ -36,8 +36,13 @@ _OPTIONS: Final = pa.ipc.IpcWriteOptions(
 #: The first bytes of an export's pass-1 spills (zstd rows, about 20 B a sample of an
 #: image folder on object storage) are held in memory, all splits together: up to about
 #: 800,000 such samples the rows are not written and read back at all. The final spills'
-#: planned sizes have a budget of the same size (8 B a sample: 2M samples).
+#: planned sizes have a budget of the same size (8 B a sample: 2M samples). Only the
+#: driver of a remote runner (Ray) holds them, as every byte it moves counts against the
+#: one machine a cluster's export funnels through; a local export spills from its first
+#: row, so that its memory does not grow with its source at all.
 MEMORY_BYTES: Final = 16 << 20
+#: Whether an export without a remote runner holds them too (tests set it).
+HELD_LOCALLY = False
 
 
 @dataclass(slots=True)
@@ -47,9 +52,16 @@ class Budget:
     left: int
 
 
-def memory_budget() -> Budget:
-    """A budget of :data:`MEMORY_BYTES` (read now: tests lower it)."""
-    return Budget(MEMORY_BYTES)
+def holds(remote: bool) -> bool:
+    """Whether pass-1 scratch is held in memory first: by the driver of a ``remote``
+    runner (or where :data:`HELD_LOCALLY`)."""
+    return remote or HELD_LOCALLY
+
+
+def memory_budget(remote: bool = True) -> Budget:
+    """A budget of :data:`MEMORY_BYTES` where :func:`holds`, else none; read now: tests
+    lower it."""
+    return Budget(MEMORY_BYTES if holds(remote) else 0)
 
 
 class Spill:

@@ -48,7 +48,7 @@ class IndexSink:
         folder = self._scratch.__enter__()
         self._samples_path = folder / "samples.bin"
         self._samples: BinaryIO = open(self._samples_path, "wb")  # noqa: SIM115
-        self._keys = HashRuns(folder, "keys", _KEY)
+        self._keys = HashRuns(folder, "keys", _KEY, 0)  # in files: memory flat locally
         self._folder: Path = folder
         self.num_samples = 0
         #: Each shard's member spans: their extensions, and their rows on scratch.

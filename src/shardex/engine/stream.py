@@ -29,7 +29,7 @@ from shardex.checks import (
     refuse_left_out,
 )
 from shardex.engine.runs import HashRuns
-from shardex.engine.spill import Spill, memory_budget
+from shardex.engine.spill import Spill, holds, memory_budget
 from shardex.errors import EmptySourceError, SourceError
 from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
@@ -82,15 +82,17 @@ class Scanned:
 
 
 class _Pass:
-    def __init__(self, opts: ExportOptions, folder: Path, taken: frozenset[str]) -> None:
+    def __init__(
+        self, opts: ExportOptions, folder: Path, taken: frozenset[str], remote: bool
+    ) -> None:
         self.opts, self.folder, self.taken = opts, folder, taken
         self.spills: dict[str, Spill] = {}
-        self.memory = memory_budget()
+        self.memory = memory_budget(remote)
         self.schemas: list[pa.Schema] = []
         self.lists: dict[str, _Lists] = {}
         self.left_out: list[LeftOut] = []
         self.bad: list[tuple[int, dict[str, str]]] = []
-        self.keys = HashRuns(folder, "keys", _KEY_RECORD)
+        self.keys = HashRuns(folder, "keys", _KEY_RECORD, None if holds(remote) else 0)
         self.rows = 0
         self.with_label: bool | None = None
         self.source_split: bool | None = None
@@ -251,11 +253,13 @@ def scan_stream(
     folder: Path,
     uri: str,
     taken: frozenset[str] = frozenset(),
+    *,
+    remote: bool = False,
 ) -> Scanned:
     """Pass 1 over ``stream`` (see the module docstring). Refuses the export as the
     whole-table path does: what the source left out first, then the first bad sample (in
     source order; the others counted), then an export with nothing left."""
-    work = _Pass(opts, folder, taken)
+    work = _Pass(opts, folder, taken, remote)
     try:
         return _scan(stream, opts, uri, work)
     except BaseException:
