@@ -16,6 +16,7 @@ import builtins
 import contextlib
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Coroutine, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, Final, TypeVar
@@ -55,9 +56,13 @@ _CHECKED_PATHS: Final = 4096
 
 # The pid of the process whose obstore runtime was started by shardex (None before any).
 _runtime_pid: int | None = None
-# Stores built in this process, by (pid, root, options): see DirectObjectStorage._client.
-_stores: dict[tuple[int, str, str], Any] = {}
+# Stores built in this process, by (pid, root, options), the most recently used last:
+# see DirectObjectStorage._client.
+_stores: OrderedDict[tuple[int, str, str], Any] = OrderedDict()
 _stores_lock = threading.Lock()
+#: Stores kept for reuse: each holds its idle connections (a socket each) and ~130 KB,
+#: so a process reading many roots in turn must not keep one per root for ever.
+_KEPT_STORES: Final = 8
 
 
 def forked_after_io() -> bool:
@@ -132,7 +137,7 @@ class DirectObjectStorage(Storage):
     def _client(self) -> Any:
         global _runtime_pid
         if self._store is None:
-            # one store per root and options in a process: building one reads the
+            # one store per root and options in a process (the last few): building one reads the
             # system's CA certificates (~0.5 MB), and an export opens its source and
             # output several times (a Ray driver's fixed cost: 2.6 MB of reads)
             key = (os.getpid(), self.uri, repr(sorted(self._options.items())))
@@ -140,6 +145,10 @@ class DirectObjectStorage(Storage):
                 store = _stores.get(key)
                 if store is None:
                     store = _stores[key] = self._make_store()
+                    while len(_stores) > _KEPT_STORES:  # storages using it keep their own
+                        _stores.popitem(last=False)
+                else:
+                    _stores.move_to_end(key)
             self._store = store
             _runtime_pid = os.getpid()
         return self._store
