@@ -32,7 +32,7 @@ from shardex.sources.base import MEMBER_TYPE, MEMBERS
 Rows: TypeAlias = SplitRows | SpilledRows | pa.Table
 
 
-_NO_ROWS = pa.table({"key": pa.array([], pa.string())})
+_NO_ROWS = pa.table({"key": pa.nulls(0, pa.string())})  # (pa.array would import pandas)
 
 
 def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[Rows]:
