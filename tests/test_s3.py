@@ -5,6 +5,7 @@ Requests are counted by a transparent proxy between obstore and the server.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import random
@@ -23,6 +24,7 @@ from conftest import S3Location
 from shardex.errors import ChecksumError, ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
+from shardex.storage.base import Storage
 from shardex.storage.direct import STREAM_PIECE
 from shardex.testing import StorageTests
 from tests.support.interop import read_with_webdataset
@@ -115,6 +117,39 @@ def test_iteration_streams_each_shard_with_one_get(s3: S3Location, tmp_path: Pat
     assert samples == [ds[i] for i in range(len(ds))]
 
 
+def test_iteration_asks_for_the_next_shard_while_one_is_read(s3: S3Location) -> None:
+    """The GET of shard k+1 is sent when shard k is handed over, so the server's time to
+    first byte passes while the caller works on shard k; a pass still makes one GET a
+    shard, and an iteration stopped early sends nothing more."""
+    _export_s3(s3, samples_per_shard=10)  # train: 96 samples, 10 shards
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
+    ds[0]  # the first read fetches index-members.npy (once per process)
+    shards = shardex.read_config(ObjectStorage(s3.url, s3.direct)).splits["train"].shards
+    names = [s.path.rpartition("/")[2] for s in shards]
+    first = ds[0]
+    s3.proxy.reset()
+    samples = iter(ds)
+    assert next(samples) == first
+    s3.proxy.wait_idle()
+    # shard 0 read, and shard 1's request already sent
+    assert sorted(r.key.rpartition("/")[2] for r in s3.proxy.gets()) == sorted(names[:2])
+    samples.close()
+    time.sleep(0.2)
+    s3.proxy.wait_idle()
+    assert len(s3.proxy.gets()) == 2
+    s3.proxy.reset()
+    assert list(ds) == [ds[i] for i in range(len(ds))]
+    s3.proxy.wait_idle()
+    gets = [r for r in s3.proxy.gets() if r.range is None]  # (ds[i] makes ranged GETs)
+    assert sorted(r.key.rpartition("/")[2] for r in gets) == sorted(names)  # one GET a shard
+
+
+def _shards_by_iter_chunks(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Iteration takes each shard's stream from ``storage.iter_chunks`` (as patched by a
+    test), not from the requests that object storage sends ahead."""
+    monkeypatch.setattr(storage, "iter_objects", functools.partial(Storage.iter_objects, storage))
+
+
 def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
     s3: S3Location, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +191,7 @@ def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
                 yield chunk
 
         monkeypatch.setattr(reader.storage, "iter_chunks", recorded)
+        _shards_by_iter_chunks(reader.storage, monkeypatch)
         if on_error == "raise":
             with pytest.raises(ChecksumError, match=f"checksum mismatch for sample {damaged[0]} "):
                 list(reader)
@@ -207,6 +243,7 @@ def test_iteration_reads_samples_that_start_a_chunk_or_span_several(
                 s3.url, split="train", storage_options=s3.direct, on_error=on_error
             )
             monkeypatch.setattr(reader.storage, "iter_chunks", rechunked)
+            _shards_by_iter_chunks(reader.storage, monkeypatch)
             if on_error == "raise":
                 with pytest.raises(ChecksumError, match=f"mismatch for sample {damaged} "):
                     list(reader)

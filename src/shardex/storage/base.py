@@ -124,6 +124,14 @@ class Storage(ABC):
         for start in range(0, size, chunk_size):
             yield self.get_range(path, start, min(chunk_size, size - start))
 
+    def iter_objects(
+        self, paths: Sequence[str], chunk_size: int = 4 << 20
+    ) -> Iterator[Iterator[bytes]]:
+        """:meth:`iter_chunks` of each path in turn (each to be read before asking for the
+        next); an object store may send the next object's request while one is read."""
+        for path in paths:
+            yield self.iter_chunks(path, chunk_size)
+
     def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
         """:meth:`iter_chunks` as read-only views (for readers that copy out what they
         keep). Closing the iterator ends the request."""

@@ -122,6 +122,11 @@ class ObjectStorage(Storage):
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         return self._io.iter_chunks(path, chunk_size)
 
+    def iter_objects(
+        self, paths: Sequence[str], chunk_size: int = 4 << 20
+    ) -> Iterator[Iterator[bytes]]:
+        return self._io.iter_objects(paths, chunk_size)
+
     def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
         return self._io.iter_views(path, chunk_size)
 

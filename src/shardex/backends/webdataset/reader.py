@@ -675,10 +675,22 @@ class ShardDataset(SampleRanges):
         """
         if self._pending:
             self._load_members()
+        remote = [path for shard, path in enumerate(self._paths) if self._local[shard] is None]
+        # each remote shard's GET sent as the one before it is read (see iter_objects)
+        streams = self.storage.iter_objects(remote, self.stream_chunk_size) if remote else None
+        try:
+            yield from self._shards(streams)
+        finally:  # stopped early: the request sent ahead ends too
+            close = getattr(streams, "close", None)
+            if close is not None:
+                close()
+
+    def _shards(self, streams: Iterator[Iterator[bytes]] | None) -> Iterator[Sample]:
         for shard, path in enumerate(self._paths):
             lo, hi = self._first[shard], self._first[shard + 1]
             if self._local[shard] is None:
-                yield from self._remote_shard(shard, path, lo, hi)
+                assert streams is not None
+                yield from self._remote_shard(shard, path, lo, hi, next(streams))
                 continue
             try:
                 self._open(shard)
@@ -800,10 +812,11 @@ class ShardDataset(SampleRanges):
         log = logging.getLogger(__name__)
         log.warning("skipped damaged sample %d of split %r: %s", number, self.split, exc)
 
-    def _remote_shard(self, shard: int, path: str, first: int, end: int) -> Iterator[Sample]:
+    def _remote_shard(
+        self, shard: int, path: str, first: int, end: int, chunks: Iterator[bytes]
+    ) -> Iterator[Sample]:
         """Samples ``first`` to ``end`` (excluded) of a remote shard, from one streamed
-        GET, holding about one chunk."""
-        chunks = self.storage.iter_chunks(path, self.stream_chunk_size)
+        GET (``chunks``), holding about one chunk."""
         try:
             yield from self._samples_of_stream(shard, path, chunks, first, end)
         finally:  # stopped early: end the request now, not when collected
