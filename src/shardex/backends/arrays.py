@@ -209,8 +209,10 @@ def _write_run(job: _RunJob) -> RunDone:
     """Read, check and write one run (in a worker, or inline); hand back small results."""
     rows, members, member_rows = job.rows, job.members, job.member_rows
     if job.spill is not None:
-        rows, members = job.spill.read()
+        rows, members, sizes = job.spill.read_sized()  # sizes: rows from the object store
         member_rows = np.arange(rows.num_rows, dtype=np.int64)
+        if sizes is not None:
+            job = dataclasses.replace(job, sizes=sizes)
     got = _take(job, rows, members, member_rows)
     complete = got.full or job.last
     skipped = tuple(got.skipped)

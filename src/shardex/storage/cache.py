@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Final
@@ -73,6 +72,8 @@ def _download(storage: Storage, path: str, target: Path, root: Path, digest: str
         part.write_bytes(storage.get(path))
         os.replace(part, target)
     finally:
+        import shutil  # here: shutil imports bz2 and lzma, and opening needs none
+
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(lock)
 
@@ -116,6 +117,8 @@ def _remove_if_older(path: Path, before: float) -> None:
         if _newest(path) >= before:
             return  # maybe an earlier reader's download under way
         if path.is_dir() and not path.is_symlink():
+            import shutil
+
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink()
