@@ -539,6 +539,17 @@ class PartColumn:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
+def part_columns(storage: Storage, runs: list[Written]) -> dict[str, PartColumn]:
+    """A split's columns as its runs' parts (see :class:`_RunJob`), none of them read yet."""
+    names = [p[len(runs[0].path) + 1 : -len(".npy")] for p in runs[0].files]
+    return {
+        name: PartColumn(
+            storage, [f"{run.path}/{name}.npy" for run in runs], name.endswith(".offsets")
+        )
+        for name in names
+    }
+
+
 def _remove_run(storage: Storage, written: Written | None) -> None:
     """Delete what a run wrote (one written again, or the parts of a joined split)."""
     if written is not None:

@@ -28,10 +28,14 @@ and load faithfully); ``--dtype bfloat16`` fields are ``torch.bfloat16`` tensors
 values). Other dtypes (strings, datetimes, structured) are refused with a ConfigError before
 anything is written.
 
-**Writes and reads.** tensordict writes into ``S/tensordict-{hash}.tmp-RANDOM/``; each file is
-then moved to its final name, so that a file under the final name is always whole (as
-:meth:`Storage.put` gives the other backends) and a reader mapping a previous export's file
-keeps its old copy. config.yaml, written last, is the commit point. Reading maps every file
+**Writes and reads.** The workers write each run's columns as ``.npy`` parts; this process
+joins them (:meth:`TensorDictBackend.join_runs`) into ``S/tensordict-{hash}.tmp-RANDOM/``:
+tensordict lays the folder out (``memmap_like``: its meta.json files, each column's file
+at its final size), then each file is filled from the parts a 16 MiB chunk at a time with
+plain writes, so no process holds a split's column (the bytes are those that
+``TensorDict(...).memmap`` writes). Each file is then moved to its final name, so that a
+file under the final name is always whole (as :meth:`Storage.put` gives the other
+backends) and a reader mapping a previous export's file keeps its old copy. config.yaml, written last, is the commit point. Reading maps every file
 (``load_memmap`` with tensordict's default mode: shared, because a copy-on-write mapping counts
 against the memory commit limit and fails for a column larger than RAM plus swap) and hands
 out read-only numpy views.
@@ -53,6 +57,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import inspect
+import math
 import os
 import secrets
 import shutil
@@ -61,11 +66,18 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import xxhash
-from tensordict import TensorDict, TensorDictBase
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, Written
+from shardex.backends.arrays import (
+    ArrayBackend,
+    ArrayDataset,
+    PartColumn,
+    Written,
+    part_columns,
+)
 from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
@@ -119,20 +131,44 @@ def column_name(key: tuple[str, ...]) -> str:
     return f"{base}.{key[1]}"
 
 
-def _tensor(column: str, array: Any, bfloat16: bool = False) -> torch.Tensor:
-    """A tensor sharing the column's memory where it can (one copy into the file follows);
-    ``bfloat16``: the column holds bfloat16 bit patterns."""
-    a = np.asarray(array)
-    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
-    if not a.flags.writeable:
-        # torch warns on read-only arrays (its tensors could write to them); a copy is
-        # cheaper than teaching every caller to silence that warning
-        a = a.copy()
+def _like(column: str, array: Any, bfloat16: bool = False) -> torch.Tensor:
+    """A tensor of the column's shape and dtype (native byte order) that holds one value,
+    seen through a stride-0 view: what ``memmap_like`` lays a file out from, without the
+    column's values; ``bfloat16``: the column holds bfloat16 bit patterns."""
+    dtype = np.dtype(array.dtype)
+    one = np.zeros((1,) * len(array.shape), dtype.newbyteorder("="))
     try:
-        tensor = torch.from_numpy(a)
+        tensor = torch.from_numpy(one)
     except TypeError as exc:
-        raise _dtype_error(column, str(a.dtype)) from exc
-    return tensor.view(torch.int16).view(torch.bfloat16) if bfloat16 else tensor
+        raise _dtype_error(column, str(dtype)) from exc
+    if bfloat16:
+        tensor = tensor.view(torch.int16).view(torch.bfloat16)
+    return tensor.expand(tuple(int(d) for d in array.shape))
+
+
+def _rows(array: Any, start: int, stop: int) -> npt.NDArray[Any]:
+    """Rows ``start .. stop`` of a column (an array or a :class:`PartColumn`), contiguous
+    and in native byte order: the bytes its file holds for them."""
+    values = np.asarray(
+        array.rows(start, stop) if isinstance(array, PartColumn) else array[start:stop]
+    )
+    return np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
+
+
+def _fill(filename: str, array: Any) -> None:
+    """The file ``memmap_like`` made for a column (its final size), filled from the column
+    a chunk at a time. Plain writes, not the mapping: pages written through a mapping
+    count in this process's memory until it unmaps them, a whole column's worth."""
+    shape = tuple(int(d) for d in array.shape)
+    row = np.dtype(array.dtype).itemsize * math.prod(shape[1:])
+    if not row * shape[0]:  # tensordict writes no file for an empty tensor
+        return
+    step = max(1, _CHUNK // row)
+    with open(filename, "r+b") as f:
+        for start in range(0, shape[0], step):
+            f.write(
+                _rows(array, start, min(shape[0], start + step)).reshape(-1).view(np.uint8).data
+            )
 
 
 def _dtype_error(column: str, dtype: str) -> ConfigError:
@@ -153,18 +189,36 @@ def _check_dtype(column: str, dtype: str) -> None:
 
 
 def _tree(columns: Columns, bfloat16: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The columns as nested dicts of tensors, keys in sorted order (a stable meta.json);
-    ``bfloat16``: the columns that hold bfloat16 bit patterns."""
+    """The columns' layout as nested dicts of :func:`_like` tensors, keys in sorted order (a
+    stable meta.json); ``bfloat16``: the columns that hold bfloat16 bit patterns."""
     grouped = frozenset(_split(c)[0] for c in columns if _split(c)[1] is not None)
     tree: dict[str, Any] = {}
     for column in sorted(columns):
         key = tensordict_key(column, grouped)
-        tensor = _tensor(column, columns[column], column in bfloat16)
+        tensor = _like(column, columns[column], column in bfloat16)
         if len(key) == 1:
             tree[key[0]] = tensor
         else:
             tree.setdefault(key[0], {})[key[1]] = tensor
     return tree
+
+
+def _memmap(folder: Path, columns: Columns, layout: Layout) -> list[str]:
+    """The columns as tensordict's memmap folder: tensordict lays it out (its meta.json
+    files, each column's file at its final size, not yet written), then each file is
+    filled from its column a chunk at a time (:func:`_fill`: a column is never held).
+    Returns the files' names under ``folder``."""
+    tree = _tree(columns, bfloat16_columns(layout))
+    laid = TensorDict(tree, batch_size=[]).memmap_like(folder)
+    files: dict[str, str] = {}
+    for key, tensor in laid.items(include_nested=True, leaves_only=True):
+        if not isinstance(tensor, MemoryMappedTensor):  # a tensordict this code does not know
+            raise TypeError(f"tensordict's memmap_like made {type(tensor)} for {key!r}")
+        files[column_name(key if isinstance(key, tuple) else (key,))] = str(tensor.filename)
+    del laid  # its mappings: the files are written, not mapped
+    for column, filename in files.items():
+        _fill(filename, columns[column])
+    return [p.relative_to(folder).as_posix() for p in _files_under(folder)]
 
 
 def _files_under(folder: Path) -> Iterator[Path]:
@@ -328,15 +382,20 @@ class TensorDictBackend(ArrayBackend):
             else None
         )
 
+    def join_runs(
+        self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
+    ) -> Written:
+        """The split's folder from its runs' parts, each file filled a chunk at a time
+        from the parts (:func:`_memmap`): the split's columns are never held."""
+        return self.write_run(storage, stem, part_columns(storage, runs), layout)
+
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
-        tree = _tree(columns, bfloat16_columns(layout))
         root = storage.local_path(stem)
         if root is None:  # object storage: staged locally, then uploaded
             # in a scratch folder: a killed export's staging goes with the next export
             with scratch("tensordict") as staged:
                 run = staged / "run"  # (beside the scratch folder's .lock)
-                TensorDict(tree, batch_size=[]).memmap(run)
-                names = [p.relative_to(run).as_posix() for p in _files_under(run)]
+                names = _memmap(run, columns, layout)
                 written = _written(run, stem, names)
                 _upload(storage, run, stem, names)
             return written
@@ -347,8 +406,7 @@ class TensorDictBackend(ArrayBackend):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
         try:
-            TensorDict(tree, batch_size=[]).memmap(tmp)
-            names = [p.relative_to(tmp).as_posix() for p in _files_under(tmp)]
+            names = _memmap(tmp, columns, layout)
             _move_into(tmp, root)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -47,6 +47,7 @@ from shardex.backends.arrays import (
     ArrayWriter,
     PartColumn,
     Written,
+    part_columns,
 )
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
@@ -400,14 +401,7 @@ class ZarrBackend(ArrayBackend):
         """The split's group from its runs' parts, each array encoded a zarr shard at a
         time (the rows of one shard read from the parts): the bytes :meth:`write_run`
         writes for the joined columns, without holding them."""
-        names = [p[len(runs[0].path) + 1 : -len(".npy")] for p in runs[0].files]
-        columns = {
-            name: PartColumn(
-                storage, [f"{run.path}/{name}.npy" for run in runs], name.endswith(".offsets")
-            )
-            for name in names
-        }
-        return self.write_run(storage, stem, columns, layout)
+        return self.write_run(storage, stem, part_columns(storage, runs), layout)
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         nodes = _nodes(layout)
