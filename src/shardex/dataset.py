@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from shardex.contract import ExportConfig, FieldSpec
+from shardex.contract import ExportConfig, FieldSpec, SplitInfo
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening needs neither
@@ -70,7 +70,9 @@ class ReopenedDataset(Dataset):
     verify: bool
     on_error: OnReadError
 
-    @abstractmethod
+    #: (sample number, message) of damaged samples that iteration skipped.
+    skipped: list[tuple[int, str]]
+
     def __init__(
         self,
         storage: Storage,
@@ -81,7 +83,17 @@ class ReopenedDataset(Dataset):
         verify: bool = True,
         on_error: OnReadError = "raise",
     ) -> None:
-        """Open ``split`` of the export at ``storage``."""
+        """Open ``split`` of the export at ``storage``: the attributes every dataset keeps,
+        then what its backend reads (:meth:`_open_split`)."""
+        info = config.split(split)
+        self.storage, self.config, self.split = storage, config, split
+        self.decode, self.verify, self.on_error = decode, verify, on_error
+        self.skipped = []
+        self._open_split(info)
+
+    def _open_split(self, info: SplitInfo) -> None:
+        """Read what the dataset needs of its split (``info``); the attributes the
+        constructor takes are set."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {

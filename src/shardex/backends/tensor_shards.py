@@ -26,11 +26,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
-from shardex.backends.base import Capabilities, SplitPlan
+from shardex.backends.arrays import ArrayDataset
+from shardex.backends.base import SplitPlan
 from shardex.backends.columns import Columns, Layout
+from shardex.backends.one_file import OneFileBackend, OneFileDataset
 from shardex.contract import ShardInfo
-from shardex.dataset import ShardWindows
 from shardex.errors import FormatError
 from shardex.storage.base import Storage
 
@@ -44,31 +44,21 @@ def load_npz(data: bytes, where: str) -> dict[str, np.ndarray]:
         raise FormatError(f"{where}: not a readable .npz shard ({exc})") from exc
 
 
-class TensorShardsDataset(ArrayDataset, ShardWindows):
+class TensorShardsDataset(OneFileDataset):
     """A split of a ``tensor_shards`` export; ``ds[i]`` reads (and caches) its whole shard."""
 
-    def _load(self, shard: ShardInfo) -> Columns:
-        data = self._checked(shard, self.storage.get(shard.path))
-        return load_npz(data, self.storage.join(shard.path))
+    decode_shard = staticmethod(load_npz)
 
 
-class TensorShardsBackend(ArrayBackend):
+class TensorShardsBackend(OneFileBackend):
     """Shards of exactly ``samples_per_shard`` rows of every column, plus a manifest."""
 
     name: ClassVar[str] = "tensor_shards"
     description: ClassVar[str] = "fixed-size .npz sample shards + manifest (window loader)"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=False,
-        streaming=True,
-        remote=True,
-        checked_reads=True,
-        shard_windows=True,
-        bfloat16=True,  # as bit patterns (uint16); config.yaml's fields say bfloat16
-    )
-    stem_name: ClassVar[str] = "tensors"
+    extension: ClassVar[str] = "npz"
     dataset: ClassVar[type[ArrayDataset]] = TensorShardsDataset
 
-    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+    def encode_run(self, columns: Columns, layout: Layout) -> bytes:
         buf = io.BytesIO()
         # What np.savez writes, without its keyword arguments: a field may be named `file`
         # or `allow_pickle`. Stored, not deflated: the shard is read whole, fast.
@@ -76,9 +66,7 @@ class TensorShardsBackend(ArrayBackend):
             for name, array in columns.items():
                 with npz.open(f"{name}.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
-        out = ArrayWriter(storage, f"{stem}.npz", listed=False)
-        out.put(f"{stem}.npz", buf.getvalue())
-        return out.written()
+        return buf.getvalue()
 
     def finish_split(
         self, storage: Storage, base: str, plan: SplitPlan, shards: list[ShardInfo]

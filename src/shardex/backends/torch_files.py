@@ -17,14 +17,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
-from shardex.backends.base import Capabilities
+from shardex.backends.arrays import ArrayDataset
 from shardex.backends.columns import Columns, Layout
+from shardex.backends.one_file import OneFileBackend, OneFileDataset
 from shardex.bfloat16 import bfloat16_columns, from_tensor
-from shardex.contract import ShardInfo
-from shardex.dataset import ShardWindows
 from shardex.errors import FormatError, MissingDependencyError
-from shardex.storage.base import Storage
 
 
 def _torch() -> Any:
@@ -54,31 +51,21 @@ def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:
     }
 
 
-class TorchDataset(ArrayDataset, ShardWindows):
+class TorchDataset(OneFileDataset):
     """A split of a ``torch`` export; ``ds[i]`` loads (and caches) its whole shard."""
 
-    def _load(self, shard: ShardInfo) -> Columns:
-        data = self._checked(shard, self.storage.get(shard.path))
-        return load_pt(data, self.storage.join(shard.path))
+    decode_shard = staticmethod(load_pt)
 
 
-class TorchBackend(ArrayBackend):
+class TorchBackend(OneFileBackend):
     """Per-shard ``.pt`` files of the shard's own tensors."""
 
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "one .pt of tensors per shard (torch.load weights_only)"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        random_access=False,
-        streaming=True,
-        remote=True,
-        checked_reads=True,
-        shard_windows=True,
-        bfloat16=True,
-    )
-    stem_name: ClassVar[str] = "tensors"
+    extension: ClassVar[str] = "pt"
     dataset: ClassVar[type[ArrayDataset]] = TorchDataset
 
-    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+    def encode_run(self, columns: Columns, layout: Layout) -> bytes:
         torch = _torch()
         # copy=True: a tensor that owns exactly its bytes, never a view of a larger buffer
         tensors = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in columns.items()}
@@ -86,6 +73,4 @@ class TorchBackend(ArrayBackend):
             tensors[name] = tensors[name].view(torch.int16).view(torch.bfloat16)
         buf = io.BytesIO()
         torch.save(tensors, buf)
-        out = ArrayWriter(storage, f"{stem}.pt", listed=False)
-        out.put(f"{stem}.pt", buf.getvalue())
-        return out.written()
+        return buf.getvalue()

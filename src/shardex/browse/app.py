@@ -30,7 +30,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shardex.browse.catalog import Catalog
-from shardex.browse.query import Query, page_bounds, parse_query
+from shardex.browse.query import Query, integer_param, page_bounds, parse_query
 from shardex.browse.samples import THUMB_SIZES, SampleReader
 from shardex.browse.similar import Neighbours
 from shardex.browse.table import SplitTable
@@ -280,7 +280,7 @@ class _Pages:
                 f"{name[:80]!r} is not an embedding column of this export "
                 f"(known: {', '.join(self.browser.neighbours) or 'none'})"
             )
-        k = _int(request.query_params.get("k", "12"), "k")
+        k = integer_param("k", request.query_params.get("k", "12"))
         found = self.browser.neighbours[name].nearest(index, k)
         rows = self.catalog.rows(np.asarray([i for i, _ in found], dtype=np.int64), ())
         for row, (_, score) in zip(rows, found, strict=True):
@@ -289,7 +289,7 @@ class _Pages:
 
     def thumb(self, request: Request) -> Response:
         index = self._index(request)
-        size = _int(request.query_params.get("size", "160"), "size")
+        size = integer_param("size", request.query_params.get("size", "160"))
         if size not in THUMB_SIZES:
             raise ConfigError(f"thumbnail size {size} is not one of {THUMB_SIZES}")
         data = self.browser.reader.thumbnail(index, size)
@@ -308,13 +308,6 @@ def _params(request: Request) -> dict[str, list[str]]:
     for name, value in request.query_params.multi_items():
         params.setdefault(name, []).append(value)
     return params
-
-
-def _int(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"parameter {name!r} must be an integer, got {text[:40]!r}") from None
 
 
 def _shown(value: Any) -> Any:

@@ -71,7 +71,7 @@ def parse_query(
     Raises:
         ConfigError: a parameter names an unknown column or is not a number.
     """
-    labels = tuple(_int64("label", _integer("label", v)) for v in params.get("label", ()))
+    labels = tuple(_int64("label", integer_param("label", v)) for v in params.get("label", ()))
     bounds: dict[str, list[float | None]] = {}
     for name, values in params.items():
         side, dot, column = name.partition(".")
@@ -92,8 +92,8 @@ def parse_query(
 
 def page_bounds(params: Mapping[str, Sequence[str]], default: int) -> tuple[int, int]:
     """``(offset, limit)`` from ``offset`` and ``limit``; limit is 1 to :data:`MAX_PAGE`."""
-    offset = _integer("offset", _last(params, "offset") or "0")
-    limit = _integer("limit", _last(params, "limit") or str(default))
+    offset = integer_param("offset", _last(params, "offset") or "0")
+    limit = integer_param("limit", _last(params, "limit") or str(default))
     if offset < 0 or not 1 <= limit <= MAX_PAGE:
         raise ConfigError(
             f"page offset={offset} limit={limit} is out of bounds: offset must be >= 0 and "
@@ -295,7 +295,8 @@ def _last(params: Mapping[str, Sequence[str]], name: str) -> str:
     return value
 
 
-def _integer(name: str, text: str) -> int:
+def integer_param(name: str, text: str) -> int:
+    """A query parameter's integer; a ConfigError (a 400) names the parameter."""
     try:
         return int(text)
     except ValueError:

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, MAX_PIXELS
+from shardex.codecs.images import IMAGE_EXTENSIONS, MAX_PIXELS, encoding_of_extension
 from shardex.dataset import Dataset, SampleRanges
 from shardex.errors import FormatError, ShardexError
 
@@ -31,15 +31,9 @@ THUMB_SIZES: Final = (96, 160, 256)
 THUMB_CACHE_BYTES: Final = 64 << 20
 #: Samples whose bytes are kept for the sample page (details, then its image).
 SAMPLES_KEPT: Final = 8
-#: Image types sent with their own media type; anything else is never served inline.
-MEDIA_TYPES: Final = {
-    "jpg": "image/jpeg",
-    "jpeg": "image/jpeg",
-    "png": "image/png",
-    "webp": "image/webp",
-    "gif": "image/gif",
-    "bmp": "image/bmp",
-}
+#: Image encodings sent with their own media type (``image/ENCODING``); anything else
+#: (TIFF: browsers do not show it) is never served inline.
+_INLINE_ENCODINGS: Final = frozenset({"jpeg", "png", "webp", "gif", "bmp"})
 
 
 class BadImageError(FormatError):
@@ -112,7 +106,10 @@ class SampleReader:
     def image(self, index: int) -> tuple[bytes, str]:
         """The stored bytes of sample ``index``'s image and their media type."""
         ext, data = image_field(self.read(index).fields, index)
-        return data, MEDIA_TYPES.get(ext.rpartition(".")[2].lower(), "application/octet-stream")
+        encoding = encoding_of_extension(ext.rpartition(".")[2])
+        if encoding not in _INLINE_ENCODINGS:
+            return data, "application/octet-stream"
+        return data, f"image/{encoding}"
 
     def detail(self, index: int) -> Detail:
         """Key, shard, byte ranges and checksum of sample ``index`` (read and verified)."""

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, cast
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.fields import decode_fields
-from shardex.contract import CONFIG_FILE, ExportConfig
-from shardex.dataset import OnReadError, Sample, SampleRanges
+from shardex.contract import CONFIG_FILE, ExportConfig, SplitInfo
+from shardex.dataset import Sample, SampleRanges
 from shardex.errors import (
     ChecksumError,
     ExportReplacedError,
@@ -34,7 +34,6 @@ from shardex.format.mapped import (
     key_hash,
 )
 from shardex.format.tar import iter_members, parse_sample, split_name
-from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
 
 if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening and reads need neither
@@ -75,21 +74,8 @@ class ShardDataset(SampleRanges):
     #: serves many samples, small enough to stay in the CPU cache while they are parsed.
     read_chunk_size = 1 << 20
 
-    def __init__(
-        self,
-        storage: Storage,
-        config: ExportConfig,
-        split: str,
-        *,
-        decode: bool = False,
-        verify: bool = True,
-        on_error: OnReadError = "raise",
-    ) -> None:
-        info = config.split(split)
-        self.storage, self.config, self.split = storage, config, split
-        self.decode, self.verify, self.on_error = decode, verify, on_error
-        #: (sample number, message) of damaged samples that iteration skipped.
-        self.skipped: list[tuple[int, str]] = []
+    def _open_split(self, info: SplitInfo) -> None:
+        storage, config, split = self.storage, self.config, self.split
         self._paths = [s.path for s in info.shards]
         self._sizes = [s.num_bytes for s in info.shards]
         self._first = list(accumulate((s.num_samples for s in info.shards), initial=0))

@@ -1,0 +1,57 @@
+"""What ``torch`` and ``tensor_shards`` share: each shard is one file of its run's columns,
+read whole (and checked against config.yaml as it is read), so the window loader batches
+across shards. A backend says only how a run's columns become the file's bytes
+(:meth:`OneFileBackend.encode_run`) and back (:meth:`OneFileDataset.decode_shard`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.base import Capabilities
+from shardex.backends.columns import Columns, Layout
+from shardex.contract import ShardInfo
+from shardex.dataset import ShardWindows
+from shardex.storage.base import Storage
+
+
+class OneFileDataset(ArrayDataset, ShardWindows):
+    """A split of one-file shards; ``ds[i]`` reads (and caches) its whole shard."""
+
+    @staticmethod
+    @abstractmethod
+    def decode_shard(data: bytes, where: str) -> Columns:
+        """The columns of a shard from its bytes (``where``: the shard, for errors)."""
+
+    def _load(self, shard: ShardInfo) -> Columns:
+        data = self._checked(shard, self.storage.get(shard.path))
+        return self.decode_shard(data, self.storage.join(shard.path))
+
+
+class OneFileBackend(ArrayBackend):
+    """Writes each run as the one file ``{stem}.{extension}``."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        random_access=False,
+        streaming=True,
+        remote=True,
+        checked_reads=True,
+        shard_windows=True,
+        bfloat16=True,  # torch: bfloat16 tensors; tensor_shards: their bits (uint16)
+    )
+    stem_name: ClassVar[str] = "tensors"
+    #: The shard file's extension, without the dot.
+    extension: ClassVar[str]
+
+    @abstractmethod
+    def encode_run(self, columns: Columns, layout: Layout) -> bytes:
+        """The bytes of the file holding a run's columns."""
+
+    def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
+        path = f"{stem}.{self.extension}"
+        data = self.encode_run(columns, layout)
+        out = ArrayWriter(storage, path, listed=False)
+        out.put(path, data)
+        return out.written()
