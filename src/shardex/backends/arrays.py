@@ -43,7 +43,7 @@ from shardex.backends.columns import (
 from shardex.backends.metadata import read_metadata
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.dataset import OnReadError, ReopenedDataset, Sample
+from shardex.dataset import ReopenedDataset, Sample
 from shardex.errors import (
     BadSampleError,
     ChecksumError,
@@ -582,22 +582,8 @@ def _shard_info(num_samples: int, written: Written) -> ShardInfo:
 class ArrayDataset(ReopenedDataset):
     """A split of an array backend; subclasses load one run's columns (:meth:`_load`)."""
 
-    def __init__(
-        self,
-        storage: Storage,
-        config: ExportConfig,
-        split: str,
-        *,
-        decode: bool = False,
-        verify: bool = True,
-        on_error: OnReadError = "raise",
-    ) -> None:
-        info = config.split(split)
-        self.storage, self.config, self.split = storage, config, split
-        self.decode, self.verify, self.on_error = decode, verify, on_error
-        #: (sample number, message) of damaged samples that iteration skipped.
-        self.skipped: list[tuple[int, str]] = []
-        self.layout: Layout = config.fields
+    def _open_split(self, info: SplitInfo) -> None:
+        self.layout: Layout = self.config.fields
         self.shards = info.shards
         self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
         self._n = info.num_samples
