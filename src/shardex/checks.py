@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +42,7 @@ from shardex.progress import Progress
 from shardex.quoting import quoted
 from shardex.rows import JSON_COLUMN, MemberReader
 from shardex.sample_check import refusal
-from shardex.sources.base import INVALID, MEMBERS, LeftOut
+from shardex.sources.base import INVALID, MEMBERS, LeftOut, MemberRow
 from shardex.sources.remote import registered
 from shardex.storage.base import Storage
 
@@ -66,7 +66,7 @@ class _CheckJob:
     stores: tuple[tuple[str, Storage], ...] = dataclasses.field(default_factory=registered)
 
 
-def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
+def _check_member_header(member: MemberRow, max_pixels: int) -> str | None:
     """check_header on a member, reading only its first and last KiBs (and a few more
     small reads for JPEGs whose metadata pushes the frame header further)."""
     size = member["size"]
@@ -81,6 +81,7 @@ def _check_member_header(member: dict[str, Any], max_pixels: int) -> str | None:
         )
     base = max(member["offset"], 0)
     path = member["path"]
+    assert path is not None  # a member without bytes names where they are
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -108,7 +109,8 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
     reasons: list[str | None] = []
     reader = MemberReader(job.stores)
     try:
-        for members in job.rows.column(MEMBERS).to_pylist():
+        samples: list[list[MemberRow]] = job.rows.column(MEMBERS).to_pylist()
+        for members in samples:
             reason = None
             for m in members:
                 if m["ext"].rpartition(".")[2].lower() not in IMAGE_EXTENSIONS:
@@ -116,9 +118,10 @@ def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
                 try:
                     if job.validate == "decode":
                         reason = check_decode(reader.read(m), max_pixels=job.max_pixels)
-                    elif job.validate == "header" and m["data"] is None and "://" in m["path"]:
+                    elif job.validate == "header" and m["data"] is None and "://" in str(m["path"]):
                         # an object: its bytes whole, one GET (ranges would cost more)
-                        reason = _check_member_header({**m, "data": reader.read(m)}, job.max_pixels)
+                        whole: MemberRow = {**m, "data": reader.read(m)}
+                        reason = _check_member_header(whole, job.max_pixels)
                     elif job.validate == "header":
                         reason = _check_member_header(m, job.max_pixels)
                     elif m["size"] == 0:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
-from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.sources.base import MEMBER_TYPE, MEMBERS, MemberRow
 from shardex.sources.remote import ObjectReads, registered, sized
 from shardex.storage import Storage
 
@@ -520,11 +520,12 @@ class MemberReader:
         # stores: those registered where the job was made (a worker has none of its own)
         self._objects = ObjectReads(registered() if stores is None else stores)
 
-    def read(self, member: dict[str, Any]) -> bytes:
+    def read(self, member: MemberRow) -> bytes:
         data = member["data"]
         if data is not None:
-            return data  # type: ignore[no-any-return]
-        path: str = member["path"]
+            return data
+        path = member["path"]
+        assert path is not None  # a member without bytes names where they are
         if "://" in path:
             return self._objects.read(-1, path, member["offset"], member["size"])
         return self._files.read(path, member["offset"], member["size"])

@@ -30,7 +30,7 @@ from abc import ABC
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, ClassVar, Final, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Protocol, TypedDict, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -80,6 +80,20 @@ MEMBER_TYPE: Final[pa.StructType] = pa.struct(
         ("data", pa.binary()),
     ]
 )
+
+
+class MemberRow(TypedDict):
+    """One member of a ``_members`` list as Arrow's ``to_pylist`` gives it
+    (:data:`MEMBER_TYPE`): bytes inline (``data``), or ``size`` bytes at ``offset`` of the
+    file or object ``path`` (offset -1: the whole object)."""
+
+    ext: str
+    path: str | None
+    offset: int
+    size: int
+    data: bytes | None
+
+
 #: Columns that shardex fills itself; a source's metadata may not use these names.
 RESERVED: Final = frozenset(
     {
