@@ -28,11 +28,19 @@ its start (``READ_ON`` 0, the scan before session 11), and one streamed GET per 
 (:data:`shardex.sources.objecttars.SCAN`): requests and bytes per sample of the scan
 alone and of the whole export, the scan's and the export's times.
 
+``--ray-scan-costs`` measures what the same tiny and ~25 KB tars fetch when exported with
+``executor="ray"`` on a 2-node local cluster (one CPU each): the scan tasks keeping what
+they read in Ray's object store (:mod:`shardex.sources.held`), against no part kept
+(``HOLD_SHARE`` 0: the path before), and the local executor (``--workers``) in the same
+run; bytes fetched over the tars' bytes, export times (medians of ``--repeats``), and the
+shards and Parquet files of all three checked equal.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_s3_sources.py [--images 5000] [--size-kb 16]
         [--repeats 3] [--workers 2] [--tars] [--per-tar 1000] [--workdir DIR] [--json PATH]
     .venv/bin/python benchmarks/bench_s3_sources.py --scan-costs
+    PYTHONPATH=src:. .venv/bin/python benchmarks/bench_s3_sources.py --ray-scan-costs
     .venv/bin/python benchmarks/bench_s3_sources.py --listing 20000 [--classes 50]
 
 ``--listing N`` measures the listing of an image-folder prefix of N keys (see
@@ -334,6 +342,101 @@ def listing_costs(objects: int, classes: int, repeats: int, workers: int) -> lis
     return rows
 
 
+def _small_tars(count: int, side: int, noise: bool) -> dict[str, bytes]:
+    """Four tars of ``count`` samples in all: a JPEG (``side`` pixels square) and a ``.cls``."""
+    import io
+    import tarfile
+
+    images = [_jpeg(i, side, noise) for i in range(64)]
+    tars = {}
+    for t in range(4):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for i in range(t * count // 4, (t + 1) * count // 4):
+                for ext, data in (("jpg", images[i % 64]), ("cls", str(i % 7).encode())):
+                    info = tarfile.TarInfo(f"s{i:06d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        tars[f"part-{t}.tar"] = buf.getvalue()
+    return tars
+
+
+def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
+    """Bytes fetched and export times of tiny and ~25 KB tars on S3 exported on Ray, the
+    parts kept or not, and by the local executor (see the module docstring)."""
+    import warnings
+
+    from shardex.sources import tars as tars_module
+    from shardex.storage import ObjectStorage
+    from tests.support.proxy import CountingProxy
+    from tests.support.raycluster import ray_nodes
+    from tests.support.seaweedfs import SeaweedFS
+
+    cases = {"tiny (16x16 JPEG + .cls)": (4000, 16, False), "~25 KB JPEG + .cls": (1000, 140, True)}
+    ways = ("ray, parts kept", "ray, none kept (before)", f"local executor, workers={workers}")
+    share = tars_module.HOLD_SHARE
+    rows: list[Row] = []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-ray-tar-scan-"))
+    try:
+        with (
+            SeaweedFS(bucket="shardex-bench") as server,
+            CountingProxy(server.endpoint) as proxy,
+            ray_nodes(nodes=2, cpus_per_node=1),
+        ):
+            base = {
+                "region": server.region,
+                "access_key_id": server.access_key,
+                "secret_access_key": server.secret_key,
+            }
+            counted = {**base, "endpoint_url": proxy.endpoint}
+            for case, (count, side, noise) in cases.items():
+                tars = _small_tars(count, side, noise)
+                prefix = server.url(f"ray-scan-{side}")
+                store = ObjectStorage(prefix, {**base, "endpoint_url": server.endpoint})
+                for name, data in tars.items():
+                    store.put(name, data)
+                total = sum(len(d) for d in tars.values())
+                times: dict[str, list[float]] = {way: [] for way in ways}
+                fetched: dict[str, int] = {}
+                shards: dict[str, dict[str, str]] = {}
+                for repeat in range(repeats):
+                    for way in ways:
+                        tars_module.HOLD_SHARE = 0.0 if "before" in way else share  # type: ignore[misc]
+                        options: dict[str, Any] = (
+                            {"executor": "ray"} if way.startswith("ray") else {"workers": workers}
+                        )
+                        out = scratch / f"{side}-{len(times[way])}-{repeat}"
+                        proxy.reset()
+                        t0 = time.perf_counter()
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")  # "before": fetched again, said once
+                            shardex.export(
+                                prefix + "/", out, source_storage_options=counted, **options
+                            )
+                        times[way].append(time.perf_counter() - t0)
+                        fetched[way] = sum(r.body_bytes for r in proxy.gets())
+                        shards[way] = _digests(out)
+                        shutil.rmtree(out)
+                tars_module.HOLD_SHARE = share  # type: ignore[misc]
+                assert all(s == shards[ways[0]] for s in shards.values()), "the exports differ"
+                before = sorted(times[ways[1]])[len(times[ways[1]]) // 2]
+                for way in ways:
+                    took = sorted(times[way])[len(times[way]) // 2]
+                    rows.append(
+                        Row(
+                            f"{case}, {count} samples, 4 tars, {way}",
+                            "x tars' bytes",
+                            fetched[way] / total,
+                            note=f"{fetched[way]:,} B fetched of {total:,}; export {took:.2f} s "
+                            f"({took / before:.2f}x Ray before; runs {', '.join(f'{t:.2f}' for t in times[way])})",
+                        )
+                    )
+    finally:
+        tars_module.HOLD_SHARE = share  # type: ignore[misc]
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -345,6 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tars", action="store_true", help="the images packed in tars")
     parser.add_argument("--per-tar", type=int, default=1000)
     parser.add_argument("--scan-costs", action="store_true")
+    parser.add_argument("--ray-scan-costs", action="store_true")
     parser.add_argument("--listing", type=int, default=0, metavar="N", help="list N keys")
     parser.add_argument("--classes", type=int, default=50, help="per split, with --listing")
     return parser.parse_args(argv)
@@ -362,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_json(args.json, rows)
         return 0
-    if args.scan_costs:
-        costs = scan_costs(args.workers, args.repeats)
+    if args.scan_costs or args.ray_scan_costs:
+        run = ray_scan_costs if args.ray_scan_costs else scan_costs
+        costs = run(args.workers, args.repeats)
         print(render(costs))
         print(f"load average: {os.getloadavg()}")
         if args.json:
