@@ -29,7 +29,8 @@ its start (``READ_ON`` 0, the scan before session 11), and one streamed GET per 
 alone and of the whole export, the scan's and the export's times.
 
 ``--ray-scan-costs`` measures what the same tiny and ~25 KB tars fetch when exported with
-``executor="ray"`` on a 2-node local cluster (one CPU each): the scan tasks keeping what
+``executor="ray"`` on a 2-node local cluster (one CPU and 512 MiB of object store each),
+40,000 tiny or 4,000 ~25 KB samples (~100 MB of tars each): the scan tasks keeping what
 they read in Ray's object store (:mod:`shardex.sources.held`), against no part kept
 (``HOLD_SHARE`` 0: the path before), and the local executor (``--workers``) in the same
 run; bytes fetched over the tars' bytes, export times (medians of ``--repeats``), and the
@@ -372,7 +373,10 @@ def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
     from tests.support.raycluster import ray_nodes
     from tests.support.seaweedfs import SeaweedFS
 
-    cases = {"tiny (16x16 JPEG + .cls)": (4000, 16, False), "~25 KB JPEG + .cls": (1000, 140, True)}
+    cases = {
+        "tiny (16x16 JPEG + .cls)": (40_000, 16, False),
+        "~25 KB JPEG + .cls": (4_000, 140, True),
+    }
     ways = ("ray, parts kept", "ray, none kept (before)", f"local executor, workers={workers}")
     share = tars_module.HOLD_SHARE
     rows: list[Row] = []
@@ -381,7 +385,7 @@ def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
         with (
             SeaweedFS(bucket="shardex-bench") as server,
             CountingProxy(server.endpoint) as proxy,
-            ray_nodes(nodes=2, cpus_per_node=1),
+            ray_nodes(nodes=2, cpus_per_node=1, object_store_memory=512 << 20),
         ):
             base = {
                 "region": server.region,

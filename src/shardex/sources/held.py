@@ -134,10 +134,10 @@ class TarHold:
         return False
 
     def _forget(self, before: int) -> None:
-        pairs = enumerate(zip(self._starts, self._data, strict=True))
-        keep = [i for i, (start, data) in pairs if start + len(data) > before]
-        self._starts = [self._starts[i] for i in keep]
-        self._data = [self._data[i] for i in keep]
+        # the first few only: fetches mostly follow each other (a hop back is rare, and
+        # what it fetched goes once the scan is past it)
+        while self._starts and self._starts[0] + len(self._data[0]) <= before:
+            del self._starts[0], self._data[0]
 
     def _seal(self) -> None:
         if self._kept is not None:
