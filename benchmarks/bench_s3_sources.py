@@ -34,7 +34,10 @@ alone and of the whole export, the scan's and the export's times.
 they read in Ray's object store (:mod:`shardex.sources.held`), against no part kept
 (``HOLD_SHARE`` 0: the path before), and the local executor (``--workers``) in the same
 run; bytes fetched over the tars' bytes, export times (medians of ``--repeats``), and the
-shards and Parquet files of all three checked equal.
+shards and Parquet files of all three checked equal. ``--ray-reexport-costs``: the same
+for a re-export of a ``webdataset`` export on S3 (2,000 ~25 KB JPEGs, 200 a shard), read
+and checked by the driver (before: ``stored.held_tars`` None) or by Ray's tasks (after
+one untimed Ray export: the workers' start-up).
 
 Usage::
 
@@ -441,6 +444,80 @@ def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
     return rows
 
 
+def ray_reexport_costs(workers: int, repeats: int = 1) -> list[Row]:
+    """Bytes fetched and times of a re-export of a webdataset export on S3, on Ray with
+    the samples read by tasks or by the driver, and by the local executor."""
+    from shardex.backends.webdataset import stored
+    from shardex.storage import ObjectStorage
+    from tests.support.proxy import CountingProxy
+    from tests.support.raycluster import ray_nodes
+    from tests.support.seaweedfs import SeaweedFS
+
+    ways = ("ray, read by tasks", "ray, read by the driver (before)", f"local, workers={workers}")
+    real = stored.held_tars
+    rows: list[Row] = []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-ray-reexport-"))
+    try:
+        with (
+            SeaweedFS(bucket="shardex-bench") as server,
+            CountingProxy(server.endpoint) as proxy,
+            ray_nodes(nodes=2, cpus_per_node=1, object_store_memory=512 << 20),
+        ):
+            base = {
+                "region": server.region,
+                "access_key_id": server.access_key,
+                "secret_access_key": server.secret_key,
+            }
+            direct = {**base, "endpoint_url": server.endpoint}
+            counted = {**base, "endpoint_url": proxy.endpoint}
+            folder = scratch / "src"
+            for i in range(2000):
+                path = folder / f"train/c{i % 10}/img{i:05d}.jpg"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(_jpeg(i, 140, True))
+            url = server.url("wds")
+            shardex.export(str(folder), url, samples_per_shard=200, storage_options=direct)
+            config = shardex.read_config(ObjectStorage(url, direct))
+            total = sum(s.num_bytes for s in config.splits["train"].shards)
+            times: dict[str, list[float]] = {way: [] for way in ways}
+            fetched: dict[str, int] = {}
+            shards: dict[str, dict[str, str]] = {}
+            # untimed: the cluster's workers start and import shardex
+            shardex.export(url, scratch / "warm", source_storage_options=direct, executor="ray")
+            for repeat in range(repeats):
+                for way in ways:
+                    stored.held_tars = (lambda: None) if "before" in way else real  # type: ignore[assignment]
+                    options: dict[str, Any] = (
+                        {"executor": "ray"} if way.startswith("ray") else {"workers": workers}
+                    )
+                    out = scratch / f"out-{len(times[way])}-{repeat}"
+                    proxy.reset()
+                    t0 = time.perf_counter()
+                    shardex.export(url, out, source_storage_options=counted, **options)
+                    times[way].append(time.perf_counter() - t0)
+                    fetched[way] = sum(r.body_bytes for r in proxy.gets() if r.key.endswith(".tar"))
+                    shards[way] = _digests(out)
+                    shutil.rmtree(out)
+            assert all(s == shards[ways[0]] for s in shards.values()), "the exports differ"
+            before = sorted(times[ways[1]])[len(times[ways[1]]) // 2]
+            for way in ways:
+                took = sorted(times[way])[len(times[way]) // 2]
+                rows.append(
+                    Row(
+                        f"re-export of 2,000 ~25 KB samples (10 shards), {way}",
+                        "x shards' bytes",
+                        fetched[way] / total,
+                        note=f"{fetched[way]:,} B of shards fetched of {total:,}; export "
+                        f"{took:.2f} s ({took / before:.2f}x Ray before; runs "
+                        f"{', '.join(f'{t:.2f}' for t in times[way])})",
+                    )
+                )
+    finally:
+        stored.held_tars = real  # type: ignore[assignment]
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -453,6 +530,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--per-tar", type=int, default=1000)
     parser.add_argument("--scan-costs", action="store_true")
     parser.add_argument("--ray-scan-costs", action="store_true")
+    parser.add_argument("--ray-reexport-costs", action="store_true")
     parser.add_argument("--listing", type=int, default=0, metavar="N", help="list N keys")
     parser.add_argument("--classes", type=int, default=50, help="per split, with --listing")
     return parser.parse_args(argv)
@@ -470,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_json(args.json, rows)
         return 0
-    if args.scan_costs or args.ray_scan_costs:
+    if args.scan_costs or args.ray_scan_costs or args.ray_reexport_costs:
         run = ray_scan_costs if args.ray_scan_costs else scan_costs
+        run = ray_reexport_costs if args.ray_reexport_costs else run
         costs = run(args.workers, args.repeats)
         print(render(costs))
         print(f"load average: {os.getloadavg()}")

@@ -493,3 +493,46 @@ def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
     shardex.export(source, tmp_path / "lost", source_storage_options=s3.counted, **opts)
     assert files_of(tmp_path / "lost") == files_of(tmp_path / "once")
     assert sum(r.body_bytes for r in s3.proxy.gets()) > 1.5 * total
+
+
+def test_a_webdataset_export_on_s3_is_re_exported_on_ray_each_byte_fetched_once(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-export on Ray of a webdataset export on S3: its samples are read and checked
+    by tasks (the driver reads no byte of a shard), which keep their members in Ray's
+    object store for the shard tasks: each shard byte is fetched once (it was twice:
+    the driver's check, then the shard tasks'); the output equals the local executor's,
+    a damaged sample recorded alike."""
+    rels = [f"train/c{i % 3}/big{i:02d}.png" for i in range(24)]
+    for i, rel in enumerate(rels):  # noise PNGs: about 100 KB each, 8 a source shard
+        write_image(tmp_path / "src" / rel, 100 + i, size=(190, 180))
+    url = s3.child(f"wds-{cluster}")
+    shardex.export(str(tmp_path / "src"), url, samples_per_shard=8, storage_options=s3.direct)
+    source = ObjectStorage(url, s3.direct)
+    shard = shardex.read_config(source).splits["train"].shards[1].path
+    damaged = bytearray(source.get(shard))
+    damaged[len(damaged) // 2] ^= 0xFF  # a sample the check refuses, skipped and recorded
+    source.put(shard, bytes(damaged))
+    opts: dict[str, Any] = {
+        "samples_per_shard": 5,
+        "source_storage_options": s3.counted,
+        "on_error": "skip",
+    }
+    shardex.export(url, tmp_path / "local", workers=2, **opts)
+    assert shardex.read_config(tmp_path / "local").num_skipped == 1
+    read_here: list[str] = []
+    real = ObjectStorage.get_range
+
+    def get_range(self: ObjectStorage, path: str, *a: Any) -> Any:
+        read_here.append(path)
+        return real(self, path, *a)
+
+    monkeypatch.setattr(ObjectStorage, "get_range", get_range)
+    s3.proxy.reset()
+    shardex.export(url, tmp_path / "ray", executor="ray", **opts)
+    assert [p for p in read_here if p.endswith(".tar")] == []  # the tasks read the shards
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "local")
+    config = shardex.read_config(ObjectStorage(url, s3.direct))
+    shard_bytes = sum(s.num_bytes for s in config.splits["train"].shards)
+    fetched = sum(r.body_bytes for r in s3.proxy.gets() if r.key.endswith(".tar"))
+    assert shard_bytes <= fetched < 1.02 * shard_bytes, (fetched, shard_bytes)

@@ -186,10 +186,25 @@ class HeldTars:
         return bool(self._by_url)
 
     def add(self, url: str, parts: tuple[Any, ...], spans: list[tuple[int, int]]) -> None:
-        if parts:
-            starts = tuple(s for s, _ in spans)
-            ends = tuple(e for _, e in spans)
-            self._by_url[url] = HeldTar(url, parts, starts, ends)
+        """The parts a task kept of the tar at ``url`` (with those kept of it before)."""
+        if not parts:
+            return
+        had = self._by_url.get(url)
+        every = sorted(
+            zip(spans, parts, strict=True)
+            if had is None
+            else [
+                *zip(zip(had.starts, had.ends, strict=True), had.parts, strict=True),
+                *zip(spans, parts, strict=True),
+            ],
+            key=lambda kept: kept[0],
+        )
+        self._by_url[url] = HeldTar(
+            url,
+            tuple(part for _, part in every),
+            tuple(start for (start, _), _ in every),
+            tuple(end for (_, end), _ in every),
+        )
 
     def named(self, paths: Iterable[str | None]) -> tuple[HeldTar, ...]:
         """The held tars among ``paths`` (the distinct member paths of some rows)."""
