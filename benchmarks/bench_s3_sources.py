@@ -55,11 +55,13 @@ threads, and by a runner's tasks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -365,25 +367,16 @@ def _small_tars(count: int, side: int, noise: bool) -> dict[str, bytes]:
     return tars
 
 
-def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
-    """Bytes fetched and export times of tiny and ~25 KB tars on S3 exported on Ray, the
-    parts kept or not, and by the local executor (see the module docstring)."""
-    import warnings
-
-    from shardex.sources import tars as tars_module
-    from shardex.storage import ObjectStorage
+@contextlib.contextmanager
+def _on_ray_and_s3(name: str) -> Iterator[tuple[Any, dict[str, str], dict[str, str], Path]]:
+    """A SeaweedFS behind the counting proxy and a 2-node Ray cluster (one CPU and 512 MiB
+    of object store a node); yields the proxy, the storage options to the server and
+    through the proxy, and a scratch folder (removed after)."""
     from tests.support.proxy import CountingProxy
     from tests.support.raycluster import ray_nodes
     from tests.support.seaweedfs import SeaweedFS
 
-    cases = {
-        "tiny (16x16 JPEG + .cls)": (40_000, 16, False),
-        "~25 KB JPEG + .cls": (4_000, 140, True),
-    }
-    ways = ("ray, parts kept", "ray, none kept (before)", f"local executor, workers={workers}")
-    share = tars_module.HOLD_SHARE
-    rows: list[Row] = []
-    scratch = Path(tempfile.mkdtemp(prefix="bench-ray-tar-scan-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     try:
         with (
             SeaweedFS(bucket="shardex-bench") as server,
@@ -395,11 +388,61 @@ def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
                 "access_key_id": server.access_key,
                 "secret_access_key": server.secret_key,
             }
-            counted = {**base, "endpoint_url": proxy.endpoint}
+            direct = {**base, "endpoint_url": server.endpoint}
+            yield proxy, direct, {**base, "endpoint_url": proxy.endpoint}, scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _rows_of_ways(
+    what: str,
+    unit: str,
+    ways: tuple[str, ...],
+    times: dict[str, list[float]],
+    fetched: dict[str, int],
+    total: int,
+) -> list[Row]:
+    """A row per way: the bytes it fetched over ``total``, its median time against the
+    second way's (Ray before), and every run's time."""
+
+    def median(runs: list[float]) -> float:
+        return sorted(runs)[len(runs) // 2]
+
+    before = median(times[ways[1]])
+    return [
+        Row(
+            f"{what}, {way}",
+            unit,
+            fetched[way] / total,
+            note=f"{fetched[way]:,} B fetched of {total:,}; export {median(times[way]):.2f} s "
+            f"({median(times[way]) / before:.2f}x Ray before; runs "
+            f"{', '.join(f'{t:.2f}' for t in times[way])})",
+        )
+        for way in ways
+    ]
+
+
+def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
+    """Bytes fetched and export times of tiny and ~25 KB tars on S3 exported on Ray, the
+    parts kept or not, and by the local executor (see the module docstring)."""
+    import warnings
+
+    from shardex.sources import tars as tars_module
+    from shardex.storage import ObjectStorage
+
+    cases = {
+        "tiny (16x16 JPEG + .cls)": (40_000, 16, False),
+        "~25 KB JPEG + .cls": (4_000, 140, True),
+    }
+    ways = ("ray, parts kept", "ray, none kept (before)", f"local executor, workers={workers}")
+    share = tars_module.HOLD_SHARE
+    rows: list[Row] = []
+    try:
+        with _on_ray_and_s3("ray-tar-scan") as (proxy, direct, counted, scratch):
             for case, (count, side, noise) in cases.items():
                 tars = _small_tars(count, side, noise)
-                prefix = server.url(f"ray-scan-{side}")
-                store = ObjectStorage(prefix, {**base, "endpoint_url": server.endpoint})
+                prefix = f"s3://shardex-bench/ray-scan-{side}"
+                store = ObjectStorage(prefix, direct)
                 for name, data in tars.items():
                     store.put(name, data)
                 total = sum(len(d) for d in tars.values())
@@ -426,21 +469,10 @@ def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
                         shutil.rmtree(out)
                 tars_module.HOLD_SHARE = share  # type: ignore[misc]
                 assert all(s == shards[ways[0]] for s in shards.values()), "the exports differ"
-                before = sorted(times[ways[1]])[len(times[ways[1]]) // 2]
-                for way in ways:
-                    took = sorted(times[way])[len(times[way]) // 2]
-                    rows.append(
-                        Row(
-                            f"{case}, {count} samples, 4 tars, {way}",
-                            "x tars' bytes",
-                            fetched[way] / total,
-                            note=f"{fetched[way]:,} B fetched of {total:,}; export {took:.2f} s "
-                            f"({took / before:.2f}x Ray before; runs {', '.join(f'{t:.2f}' for t in times[way])})",
-                        )
-                    )
+                what = f"{case}, {count} samples, 4 tars"
+                rows += _rows_of_ways(what, "x tars' bytes", ways, times, fetched, total)
     finally:
         tars_module.HOLD_SHARE = share  # type: ignore[misc]
-        shutil.rmtree(scratch, ignore_errors=True)
     return rows
 
 
@@ -449,33 +481,18 @@ def ray_reexport_costs(workers: int, repeats: int = 1) -> list[Row]:
     the samples read by tasks or by the driver, and by the local executor."""
     from shardex.backends.webdataset import stored
     from shardex.storage import ObjectStorage
-    from tests.support.proxy import CountingProxy
-    from tests.support.raycluster import ray_nodes
-    from tests.support.seaweedfs import SeaweedFS
 
     ways = ("ray, read by tasks", "ray, read by the driver (before)", f"local, workers={workers}")
-    real = stored.held_tars
     rows: list[Row] = []
-    scratch = Path(tempfile.mkdtemp(prefix="bench-ray-reexport-"))
+    real = stored.held_tars  # the driver's, put back after
     try:
-        with (
-            SeaweedFS(bucket="shardex-bench") as server,
-            CountingProxy(server.endpoint) as proxy,
-            ray_nodes(nodes=2, cpus_per_node=1, object_store_memory=512 << 20),
-        ):
-            base = {
-                "region": server.region,
-                "access_key_id": server.access_key,
-                "secret_access_key": server.secret_key,
-            }
-            direct = {**base, "endpoint_url": server.endpoint}
-            counted = {**base, "endpoint_url": proxy.endpoint}
+        with _on_ray_and_s3("ray-reexport") as (proxy, direct, counted, scratch):
             folder = scratch / "src"
             for i in range(2000):
                 path = folder / f"train/c{i % 10}/img{i:05d}.jpg"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(_jpeg(i, 140, True))
-            url = server.url("wds")
+            url = "s3://shardex-bench/wds"
             shardex.export(str(folder), url, samples_per_shard=200, storage_options=direct)
             config = shardex.read_config(ObjectStorage(url, direct))
             total = sum(s.num_bytes for s in config.splits["train"].shards)
@@ -499,22 +516,10 @@ def ray_reexport_costs(workers: int, repeats: int = 1) -> list[Row]:
                     shards[way] = _digests(out)
                     shutil.rmtree(out)
             assert all(s == shards[ways[0]] for s in shards.values()), "the exports differ"
-            before = sorted(times[ways[1]])[len(times[ways[1]]) // 2]
-            for way in ways:
-                took = sorted(times[way])[len(times[way]) // 2]
-                rows.append(
-                    Row(
-                        f"re-export of 2,000 ~25 KB samples (10 shards), {way}",
-                        "x shards' bytes",
-                        fetched[way] / total,
-                        note=f"{fetched[way]:,} B of shards fetched of {total:,}; export "
-                        f"{took:.2f} s ({took / before:.2f}x Ray before; runs "
-                        f"{', '.join(f'{t:.2f}' for t in times[way])})",
-                    )
-                )
+            what = "re-export of 2,000 ~25 KB samples (10 shards)"
+            rows += _rows_of_ways(what, "x shards' bytes", ways, times, fetched, total)
     finally:
         stored.held_tars = real  # type: ignore[assignment]
-        shutil.rmtree(scratch, ignore_errors=True)
     return rows
 
 

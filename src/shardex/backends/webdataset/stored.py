@@ -17,6 +17,7 @@ references only, and each byte is fetched once there too.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -133,40 +134,38 @@ def _open(ds: ShardDataset, shard: int) -> _LocalShard | _ObjectShard:
     return _ObjectShard(ds.storage, info.path, info.num_bytes, copy)
 
 
+def _records(ds: ShardDataset) -> Iterator[tuple[int, int, int, int, int]]:
+    """The split's index records (number, offset, checksum, shard, length), a block of
+    them read at a time."""
+    records = ds.records
+    for lo in range(0, len(records), _RECORDS):
+        part = records[lo : lo + _RECORDS]
+        columns = (part[name].tolist() for name in ("offset", "checksum", "shard", "length"))
+        yield from zip(itertools.count(lo), *columns, strict=False)
+
+
 def _samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSample]:
     shards = ds.config.split(ds.split).shards
-    records = ds.records
     current: tuple[int, _LocalShard | _ObjectShard | str] | None = None
     try:
-        for lo in range(0, len(records), _RECORDS):
-            part = records[lo : lo + _RECORDS]
-            for i, (offset, expected, shard, length) in enumerate(
-                zip(
-                    part["offset"].tolist(),
-                    part["checksum"].tolist(),
-                    part["shard"].tolist(),
-                    part["length"].tolist(),
-                    strict=True,
+        for number, offset, expected, shard, length in _records(ds):
+            where = f"sample {number} ({key(number)!r})"
+            if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+                yield StoredSample(
+                    key(number),
+                    (),
+                    f"source {where}: its index entry is damaged (shardex verify)",
                 )
-            ):
-                number = lo + i
-                where = f"sample {number} ({key(number)!r})"
-                if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-                    yield StoredSample(
-                        key(number),
-                        (),
-                        f"source {where}: its index entry is damaged (shardex verify)",
-                    )
-                    continue
-                if current is None or current[0] != shard:
-                    if current is not None and not isinstance(current[1], str):
-                        current[1].close()
-                    try:
-                        current = (shard, _open(ds, shard))
-                    except _Unreadable as exc:  # its samples are lost, like a damaged run's
-                        current = (shard, str(exc))
-                check = ds.check_sample
-                yield _sample(check, current[1], where, number, offset, length, expected, shard)
+                continue
+            if current is None or current[0] != shard:
+                if current is not None and not isinstance(current[1], str):
+                    current[1].close()
+                try:
+                    current = (shard, _open(ds, shard))
+                except _Unreadable as exc:  # its samples are lost, like a damaged run's
+                    current = (shard, str(exc))
+            check = ds.check_sample
+            yield _sample(check, current[1], where, number, offset, length, expected, shard)
     finally:
         if current is not None and not isinstance(current[1], str):
             current[1].close()
@@ -262,7 +261,6 @@ def _runs(ds: ShardDataset) -> Iterator[_Run]:
     """The split's records as runs of one shard each, in sample order (a damaged index
     entry goes with the next run; an empty run ends the split if any is left)."""
     shards = ds.config.split(ds.split).shards
-    records = ds.records
     bad: list[tuple[int, StoredSample]] = []
     run: list[tuple[int, int, int, int]] = []
     shard_of_run = -1
@@ -275,26 +273,15 @@ def _runs(ds: ShardDataset) -> Iterator[_Run]:
         run.clear()
         return out
 
-    for lo in range(0, len(records), _RECORDS):
-        part = records[lo : lo + _RECORDS]
-        for i, (offset, checksum, shard, length) in enumerate(
-            zip(
-                part["offset"].tolist(),
-                part["checksum"].tolist(),
-                part["shard"].tolist(),
-                part["length"].tolist(),
-                strict=True,
-            )
-        ):
-            number = lo + i
-            if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-                why = f"source {_WHERE}: its index entry is damaged (shardex verify)"
-                bad.append((number, StoredSample("", (), why)))
-                continue
-            if run and shard != shard_of_run:
-                yield cut()
-            shard_of_run = shard
-            run.append((number, offset, length, checksum))
+    for number, offset, checksum, shard, length in _records(ds):
+        if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+            why = f"source {_WHERE}: its index entry is damaged (shardex verify)"
+            bad.append((number, StoredSample("", (), why)))
+            continue
+        if run and shard != shard_of_run:
+            yield cut()
+        shard_of_run = shard
+        run.append((number, offset, length, checksum))
     if run or bad:
         yield cut()
 
