@@ -28,11 +28,23 @@ its start (``READ_ON`` 0, the scan before session 11), and one streamed GET per 
 (:data:`shardex.sources.objecttars.SCAN`): requests and bytes per sample of the scan
 alone and of the whole export, the scan's and the export's times.
 
+``--ray-scan-costs`` measures what the same tiny and ~25 KB tars fetch when exported with
+``executor="ray"`` on a 2-node local cluster (one CPU and 512 MiB of object store each),
+40,000 tiny or 4,000 ~25 KB samples (~100 MB of tars each): the scan tasks keeping what
+they read in Ray's object store (:mod:`shardex.sources.held`), against no part kept
+(``HOLD_SHARE`` 0: the path before), and the local executor (``--workers``) in the same
+run; bytes fetched over the tars' bytes, export times (medians of ``--repeats``), and the
+shards and Parquet files of all three checked equal. ``--ray-reexport-costs``: the same
+for a re-export of a ``webdataset`` export on S3 (2,000 ~25 KB JPEGs, 200 a shard), read
+and checked by the driver (before: ``stored.held_tars`` None) or by Ray's tasks (after
+one untimed Ray export: the workers' start-up).
+
 Usage::
 
     .venv/bin/python benchmarks/bench_s3_sources.py [--images 5000] [--size-kb 16]
         [--repeats 3] [--workers 2] [--tars] [--per-tar 1000] [--workdir DIR] [--json PATH]
     .venv/bin/python benchmarks/bench_s3_sources.py --scan-costs
+    PYTHONPATH=src:. .venv/bin/python benchmarks/bench_s3_sources.py --ray-scan-costs
     .venv/bin/python benchmarks/bench_s3_sources.py --listing 20000 [--classes 50]
 
 ``--listing N`` measures the listing of an image-folder prefix of N keys (see
@@ -43,11 +55,13 @@ threads, and by a runner's tasks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -334,6 +348,181 @@ def listing_costs(objects: int, classes: int, repeats: int, workers: int) -> lis
     return rows
 
 
+def _small_tars(count: int, side: int, noise: bool) -> dict[str, bytes]:
+    """Four tars of ``count`` samples in all: a JPEG (``side`` pixels square) and a ``.cls``."""
+    import io
+    import tarfile
+
+    images = [_jpeg(i, side, noise) for i in range(64)]
+    tars = {}
+    for t in range(4):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for i in range(t * count // 4, (t + 1) * count // 4):
+                for ext, data in (("jpg", images[i % 64]), ("cls", str(i % 7).encode())):
+                    info = tarfile.TarInfo(f"s{i:06d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        tars[f"part-{t}.tar"] = buf.getvalue()
+    return tars
+
+
+@contextlib.contextmanager
+def _on_ray_and_s3(name: str) -> Iterator[tuple[Any, dict[str, str], dict[str, str], Path]]:
+    """A SeaweedFS behind the counting proxy and a 2-node Ray cluster (one CPU and 512 MiB
+    of object store a node); yields the proxy, the storage options to the server and
+    through the proxy, and a scratch folder (removed after)."""
+    from tests.support.proxy import CountingProxy
+    from tests.support.raycluster import ray_nodes
+    from tests.support.seaweedfs import SeaweedFS
+
+    scratch = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    try:
+        with (
+            SeaweedFS(bucket="shardex-bench") as server,
+            CountingProxy(server.endpoint) as proxy,
+            ray_nodes(nodes=2, cpus_per_node=1, object_store_memory=512 << 20),
+        ):
+            base = {
+                "region": server.region,
+                "access_key_id": server.access_key,
+                "secret_access_key": server.secret_key,
+            }
+            direct = {**base, "endpoint_url": server.endpoint}
+            yield proxy, direct, {**base, "endpoint_url": proxy.endpoint}, scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _rows_of_ways(
+    what: str,
+    unit: str,
+    ways: tuple[str, ...],
+    times: dict[str, list[float]],
+    fetched: dict[str, int],
+    total: int,
+) -> list[Row]:
+    """A row per way: the bytes it fetched over ``total``, its median time against the
+    second way's (Ray before), and every run's time."""
+
+    def median(runs: list[float]) -> float:
+        return sorted(runs)[len(runs) // 2]
+
+    before = median(times[ways[1]])
+    return [
+        Row(
+            f"{what}, {way}",
+            unit,
+            fetched[way] / total,
+            note=f"{fetched[way]:,} B fetched of {total:,}; export {median(times[way]):.2f} s "
+            f"({median(times[way]) / before:.2f}x Ray before; runs "
+            f"{', '.join(f'{t:.2f}' for t in times[way])})",
+        )
+        for way in ways
+    ]
+
+
+def ray_scan_costs(workers: int, repeats: int = 1) -> list[Row]:
+    """Bytes fetched and export times of tiny and ~25 KB tars on S3 exported on Ray, the
+    parts kept or not, and by the local executor (see the module docstring)."""
+    import warnings
+
+    from shardex.sources import tars as tars_module
+    from shardex.storage import ObjectStorage
+
+    cases = {
+        "tiny (16x16 JPEG + .cls)": (40_000, 16, False),
+        "~25 KB JPEG + .cls": (4_000, 140, True),
+    }
+    ways = ("ray, parts kept", "ray, none kept (before)", f"local executor, workers={workers}")
+    share = tars_module.HOLD_SHARE
+    rows: list[Row] = []
+    try:
+        with _on_ray_and_s3("ray-tar-scan") as (proxy, direct, counted, scratch):
+            for case, (count, side, noise) in cases.items():
+                tars = _small_tars(count, side, noise)
+                prefix = f"s3://shardex-bench/ray-scan-{side}"
+                store = ObjectStorage(prefix, direct)
+                for name, data in tars.items():
+                    store.put(name, data)
+                total = sum(len(d) for d in tars.values())
+                times: dict[str, list[float]] = {way: [] for way in ways}
+                fetched: dict[str, int] = {}
+                shards: dict[str, dict[str, str]] = {}
+                for repeat in range(repeats):
+                    for way in ways:
+                        tars_module.HOLD_SHARE = 0.0 if "before" in way else share  # type: ignore[misc]
+                        options: dict[str, Any] = (
+                            {"executor": "ray"} if way.startswith("ray") else {"workers": workers}
+                        )
+                        out = scratch / f"{side}-{len(times[way])}-{repeat}"
+                        proxy.reset()
+                        t0 = time.perf_counter()
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")  # "before": fetched again, said once
+                            shardex.export(
+                                prefix + "/", out, source_storage_options=counted, **options
+                            )
+                        times[way].append(time.perf_counter() - t0)
+                        fetched[way] = sum(r.body_bytes for r in proxy.gets())
+                        shards[way] = _digests(out)
+                        shutil.rmtree(out)
+                tars_module.HOLD_SHARE = share  # type: ignore[misc]
+                assert all(s == shards[ways[0]] for s in shards.values()), "the exports differ"
+                what = f"{case}, {count} samples, 4 tars"
+                rows += _rows_of_ways(what, "x tars' bytes", ways, times, fetched, total)
+    finally:
+        tars_module.HOLD_SHARE = share  # type: ignore[misc]
+    return rows
+
+
+def ray_reexport_costs(workers: int, repeats: int = 1) -> list[Row]:
+    """Bytes fetched and times of a re-export of a webdataset export on S3, on Ray with
+    the samples read by tasks or by the driver, and by the local executor."""
+    from shardex.backends.webdataset import stored
+    from shardex.storage import ObjectStorage
+
+    ways = ("ray, read by tasks", "ray, read by the driver (before)", f"local, workers={workers}")
+    rows: list[Row] = []
+    real = stored.held_tars  # the driver's, put back after
+    try:
+        with _on_ray_and_s3("ray-reexport") as (proxy, direct, counted, scratch):
+            folder = scratch / "src"
+            for i in range(2000):
+                path = folder / f"train/c{i % 10}/img{i:05d}.jpg"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(_jpeg(i, 140, True))
+            url = "s3://shardex-bench/wds"
+            shardex.export(str(folder), url, samples_per_shard=200, storage_options=direct)
+            config = shardex.read_config(ObjectStorage(url, direct))
+            total = sum(s.num_bytes for s in config.splits["train"].shards)
+            times: dict[str, list[float]] = {way: [] for way in ways}
+            fetched: dict[str, int] = {}
+            shards: dict[str, dict[str, str]] = {}
+            # untimed: the cluster's workers start and import shardex
+            shardex.export(url, scratch / "warm", source_storage_options=direct, executor="ray")
+            for repeat in range(repeats):
+                for way in ways:
+                    stored.held_tars = (lambda: None) if "before" in way else real  # type: ignore[assignment]
+                    options: dict[str, Any] = (
+                        {"executor": "ray"} if way.startswith("ray") else {"workers": workers}
+                    )
+                    out = scratch / f"out-{len(times[way])}-{repeat}"
+                    proxy.reset()
+                    t0 = time.perf_counter()
+                    shardex.export(url, out, source_storage_options=counted, **options)
+                    times[way].append(time.perf_counter() - t0)
+                    fetched[way] = sum(r.body_bytes for r in proxy.gets() if r.key.endswith(".tar"))
+                    shards[way] = _digests(out)
+                    shutil.rmtree(out)
+            assert all(s == shards[ways[0]] for s in shards.values()), "the exports differ"
+            what = "re-export of 2,000 ~25 KB samples (10 shards)"
+            rows += _rows_of_ways(what, "x shards' bytes", ways, times, fetched, total)
+    finally:
+        stored.held_tars = real  # type: ignore[assignment]
+    return rows
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -345,6 +534,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tars", action="store_true", help="the images packed in tars")
     parser.add_argument("--per-tar", type=int, default=1000)
     parser.add_argument("--scan-costs", action="store_true")
+    parser.add_argument("--ray-scan-costs", action="store_true")
+    parser.add_argument("--ray-reexport-costs", action="store_true")
     parser.add_argument("--listing", type=int, default=0, metavar="N", help="list N keys")
     parser.add_argument("--classes", type=int, default=50, help="per split, with --listing")
     return parser.parse_args(argv)
@@ -362,8 +553,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_json(args.json, rows)
         return 0
-    if args.scan_costs:
-        costs = scan_costs(args.workers, args.repeats)
+    if args.scan_costs or args.ray_scan_costs or args.ray_reexport_costs:
+        run = ray_scan_costs if args.ray_scan_costs else scan_costs
+        run = ray_reexport_costs if args.ray_reexport_costs else run
+        costs = run(args.workers, args.repeats)
         print(render(costs))
         print(f"load average: {os.getloadavg()}")
         if args.json:

@@ -357,3 +357,182 @@ def test_a_refused_sample_on_ray_is_one_error_line(cluster: int, tmp_path: Path)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: "), lines[0]
     assert "broken.jpg" in lines[0], lines[0]
+
+
+def _members(data: bytes) -> list[Any]:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        return tf.getmembers()
+
+
+def _tars_to_hold(kind: str) -> dict[str, bytes]:
+    """Three tars whose members the scan reads through, each with more than
+    ``held.MIN_PART`` of them (less is not held): ``tiny`` (600 JPEGs of ~0.7 KB) or
+    ``25 KB`` JPEGs (20)."""
+    from helpers import image_bytes
+    from test_s3_sources import _noise_jpeg, _tar
+
+    count = 600 if kind == "tiny" else 20
+
+    def image(i: int) -> bytes:
+        return image_bytes(i) if kind == "tiny" else _noise_jpeg(i, side=140)
+
+    return {
+        f"part-{t}.tar": _tar(
+            [(f"s{t}_{i:03d}", image(t * count + i), i % 3) for i in range(count)]
+        )
+        for t in range(3)
+    }
+
+
+@pytest.mark.parametrize("kind", ["tiny", "25 KB"])
+def test_small_members_of_tars_on_s3_are_fetched_once_on_ray(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Tars of small samples on S3 exported by Ray's tasks: the tasks that scan keep what
+    they read in Ray's object store and the shard tasks read it from there, so every
+    byte of the tars is fetched by exactly one GET (it was 2x: the scan's, then the
+    shards'), the driver holding only refs (the parts lie in the nodes' object stores);
+    the export equals the local executor's."""
+    from shardex.sources import held
+    from test_s3_sources import _once_each, _same_export, tars_here_and_on_s3
+
+    tars = _tars_to_hold(kind)
+    prefix = f"held-{kind.replace(' ', '')}-{cluster}"
+    source = tars_here_and_on_s3(tars, tmp_path / "src", s3, prefix)
+    opts: dict[str, Any] = {"samples_per_shard": 5, "seed": 3}
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", workers=2, **opts)
+    parts: list[Any] = []
+    real_add = held.HeldTars.add
+
+    def add(self: held.HeldTars, url: str, refs: tuple[Any, ...], spans: Any) -> None:
+        parts.extend(refs)
+        real_add(self, url, refs, spans)
+
+    monkeypatch.setattr(held.HeldTars, "add", add)
+    s3.proxy.reset()
+    shardex.export(
+        source, tmp_path / "ray", source_storage_options=s3.counted, executor="ray", **opts
+    )
+    _same_export(tmp_path / "local", tmp_path / "ray", source)
+    _once_each(s3.proxy.gets(), tars)
+    import ray
+
+    where = ray.experimental.get_object_locations(parts)
+    assert len(parts) == len(tars)  # one part a tar (each under held.PART_BYTES)
+    assert all(where[p]["node_ids"] for p in parts)  # in an object store, not the driver's
+    # the images' bytes only (no headers, labels or metadata), and the parts' index
+    images = sum(m.size for d in tars.values() for m in _members(d) if m.name.endswith(".jpg"))
+    assert images < sum(where[p]["object_size"] for p in parts) < images + 20 << 10
+
+
+def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tars that do not fit in the cluster's object store (one warning line naming the
+    first and saying what to do), and parts lost from it before their shards were
+    written (freed here; a node lost that Ray cannot make them again on): their members
+    are fetched again (2x the bytes), and the export is the same."""
+    import warnings
+
+    import ray
+
+    from shardex.errors import RefetchWarning
+    from shardex.sources import held
+    from shardex.sources import tars as tars_module
+    from test_s3_sources import _upload
+
+    tars = _tars_to_hold("tiny")
+    total = sum(len(d) for d in tars.values())
+    _upload(ObjectStorage(s3.child(f"again-{cluster}"), s3.direct), tars)
+    source = s3.child(f"again-{cluster}/")
+    opts: dict[str, Any] = {"samples_per_shard": 5, "seed": 3, "executor": "ray"}
+    shardex.export(source, tmp_path / "once", source_storage_options=s3.direct, **opts)
+    monkeypatch.setattr(tars_module, "HOLD_SHARE", 1e-6)
+    s3.proxy.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shardex.export(source, tmp_path / "room", source_storage_options=s3.counted, **opts)
+    said = [str(w.message) for w in caught if issubclass(w.category, RefetchWarning)]
+    assert len(said) == 1, said
+    assert "\n" not in said[0]
+    assert said[0].startswith(f"3 of 3 tars ({total:,} bytes, the first '{source}part-0.tar')")
+    assert "give the cluster's nodes more object store memory" in said[0]
+    assert files_of(tmp_path / "room") == files_of(tmp_path / "once")
+    assert sum(r.body_bytes for r in s3.proxy.gets()) > 1.5 * total
+    monkeypatch.undo()
+
+    class Owner:  # an object whose owner is gone: what a task gets for a lost part
+        def put(self) -> list[Any]:
+            return [ray.put(np.zeros(1 << 20, np.uint8))]
+
+    owner = ray.remote(num_cpus=0)(Owner).remote()  # type: ignore[attr-defined]
+    lost = ray.get(owner.put.remote())[0]
+    ray.kill(owner)
+
+    def gone() -> bool:  # once Ray knows its owner died
+        try:
+            ray.get(lost, timeout=10)
+        except ray.exceptions.ObjectLostError:
+            return True
+        return False
+
+    deadline = time.monotonic() + 60
+    while not gone():
+        assert time.monotonic() < deadline, "the owner's object is still there"
+        time.sleep(0.2)
+    real_add = held.HeldTars.add
+
+    def add_lost(self: held.HeldTars, url: str, refs: tuple[Any, ...], spans: Any) -> None:
+        real_add(self, url, tuple(lost for _ in refs), spans)
+
+    monkeypatch.setattr(held.HeldTars, "add", add_lost)
+    s3.proxy.reset()
+    shardex.export(source, tmp_path / "lost", source_storage_options=s3.counted, **opts)
+    assert files_of(tmp_path / "lost") == files_of(tmp_path / "once")
+    assert sum(r.body_bytes for r in s3.proxy.gets()) > 1.5 * total
+
+
+def test_a_webdataset_export_on_s3_is_re_exported_on_ray_each_byte_fetched_once(
+    cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-export on Ray of a webdataset export on S3: its samples are read and checked
+    by tasks (the driver reads no byte of a shard), which keep their members in Ray's
+    object store for the shard tasks: each shard byte is fetched once (it was twice:
+    the driver's check, then the shard tasks'); the output equals the local executor's,
+    a damaged sample recorded alike."""
+    rels = [f"train/c{i % 3}/big{i:02d}.png" for i in range(24)]
+    for i, rel in enumerate(rels):  # noise PNGs: about 100 KB each, 8 a source shard
+        write_image(tmp_path / "src" / rel, 100 + i, size=(190, 180))
+    url = s3.child(f"wds-{cluster}")
+    shardex.export(str(tmp_path / "src"), url, samples_per_shard=8, storage_options=s3.direct)
+    source = ObjectStorage(url, s3.direct)
+    shard = shardex.read_config(source).splits["train"].shards[1].path
+    damaged = bytearray(source.get(shard))
+    damaged[len(damaged) // 2] ^= 0xFF  # a sample the check refuses, skipped and recorded
+    source.put(shard, bytes(damaged))
+    opts: dict[str, Any] = {
+        "samples_per_shard": 5,
+        "source_storage_options": s3.counted,
+        "on_error": "skip",
+    }
+    shardex.export(url, tmp_path / "local", workers=2, **opts)
+    assert shardex.read_config(tmp_path / "local").num_skipped == 1
+    read_here: list[str] = []
+    real = ObjectStorage.get_range
+
+    def get_range(self: ObjectStorage, path: str, *a: Any) -> Any:
+        read_here.append(path)
+        return real(self, path, *a)
+
+    monkeypatch.setattr(ObjectStorage, "get_range", get_range)
+    s3.proxy.reset()
+    shardex.export(url, tmp_path / "ray", executor="ray", **opts)
+    assert [p for p in read_here if p.endswith(".tar")] == []  # the tasks read the shards
+    assert files_of(tmp_path / "ray") == files_of(tmp_path / "local")
+    config = shardex.read_config(ObjectStorage(url, s3.direct))
+    shard_bytes = sum(s.num_bytes for s in config.splits["train"].shards)
+    fetched = sum(r.body_bytes for r in s3.proxy.gets() if r.key.endswith(".tar"))
+    assert shard_bytes <= fetched < 1.02 * shard_bytes, (fetched, shard_bytes)

@@ -194,6 +194,43 @@ def _kill_a_writing_worker(source: Path, out: Path, ray_address: str) -> list[Pa
     return killed_mid_write
 
 
+def test_a_ray_worker_killed_while_it_scans_a_tar_is_retried_to_the_same_bytes(
+    ray_address: str, s3: S3Location, tmp_path: Path
+) -> None:
+    """Tars on S3 whose scan tasks keep what they read for the shard tasks (a streaming
+    generator task each, see ``shardex.sources.held``): every worker scanning a tar
+    SIGKILLed mid-scan; Ray runs the scans again and the export is byte-identical to one
+    nobody interrupted."""
+    from helpers import image_bytes
+    from test_s3_sources import _tar, _upload
+
+    tars = {  # ~8 MB each: a scan of a few hundred ms, to land in
+        f"part-{t}.tar": _tar([(f"s{t}_{i:04d}", image_bytes(i), i % 3) for i in range(2500)])
+        for t in range(3)
+    }
+    _upload(open_storage(s3.child("scanned"), s3.direct), tars)  # type: ignore[arg-type]
+    flags = ["--source-s3-endpoint-url", s3.direct["endpoint_url"]]
+    src = s3.child("scanned/")
+    _run([*_args(src, str(tmp_path / "whole"), ray_address), *flags], _env(s3))  # type: ignore[arg-type]
+    out = tmp_path / "killed"
+    args = [*_args(src, str(out), ray_address), *flags]  # type: ignore[arg-type]
+    child = subprocess.Popen([*CLI, *args], env=_env(s3))
+    try:
+
+        def scanning() -> list[psutil.Process]:
+            return [w for w in _task_workers() if "_call_kept" in " ".join(w.cmdline())]
+
+        workers = _wait_for("a tar being scanned", scanning, child)
+        for worker in workers:
+            worker.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=LIMIT) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert files_of(out) == files_of(tmp_path / "whole")
+    assert shardex.verify(out).ok
+
+
 @pytest.fixture
 def two_nodes() -> Iterator[Any]:
     """A real 2-node Ray cluster on 127.0.0.1 (``ray.cluster_utils.Cluster``: two raylets,

@@ -996,6 +996,15 @@ def _once_each(gets: list[RequestRecord], tars: dict[str, bytes]) -> None:
         assert all(a[1] == b[0] for a, b in itertools.pairwise(got)), name  # no gap, no overlap
 
 
+def tars_here_and_on_s3(tars: dict[str, bytes], folder: Path, s3: S3Location, prefix: str) -> str:
+    """The tars written into ``folder`` and uploaded under ``prefix``; the source URL."""
+    folder.mkdir()
+    for name, data in tars.items():
+        (folder / name).write_bytes(data)
+    _upload(ObjectStorage(s3.child(prefix), s3.direct), tars)
+    return s3.child(f"{prefix}/")
+
+
 def _small_tars(kind: str) -> dict[str, bytes]:
     """Three tars of 40 samples: ``tiny`` (a JPEG of ~0.7 KB), ``25 KB`` JPEGs, or
     ``mixed`` (~100 KB JPEGs, hopped over by the scan, between tiny ones)."""
@@ -1023,12 +1032,7 @@ def test_small_members_of_tars_on_s3_are_fetched_once(
     (2x the bytes). Members the scan hops over (``mixed``) are fetched by the shards."""
     tars = _small_tars(kind)
     total = sum(len(d) for d in tars.values())
-    (tmp_path / "src").mkdir()
-    for name, data in tars.items():
-        (tmp_path / "src" / name).write_bytes(data)
-    prefix = f"once-{kind.replace(' ', '')}"
-    _upload(ObjectStorage(s3.child(prefix), s3.direct), tars)
-    source = s3.child(f"{prefix}/")
+    source = tars_here_and_on_s3(tars, tmp_path / "src", s3, f"once-{kind.replace(' ', '')}")
     shardex.export(str(tmp_path / "src"), tmp_path / "local", **OPTS)  # type: ignore[arg-type]
     s3.proxy.reset()
     shardex.export(source, tmp_path / "once", source_storage_options=s3.counted, **OPTS)  # type: ignore[arg-type]
@@ -1133,3 +1137,51 @@ def test_tars_scanned_by_a_runners_tasks_keep_no_copies(s3: S3Location, tmp_path
     assert all(p.startswith(str(tmp_path / "copies-True")) for p in here), here
     with Runner(2) as runner:
         assert paths(runner) == {"s3"}
+
+
+def test_the_parts_a_ray_tasks_scan_keeps_hold_exactly_the_members_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan that a Ray task runs (``shardex.sources.held``) keeps, in parts, the bytes
+    of the members it read whole, each once, at their tar offsets; parts fill to
+    ``PART_BYTES`` (a small last part joins the one before); a tar with less than
+    ``MIN_PART`` read through is not held; the samples are the plain scan's."""
+    from shardex.sources import held
+    from shardex.sources.tars import tar_scan_held
+
+    monkeypatch.setattr(held, "PART_BYTES", 64 << 10)
+    monkeypatch.setattr(held, "MIN_PART", 16 << 10)
+
+    def image(i: int) -> bytes:  # every 10th a ~100 KB image, hopped over or read on
+        return _noise_jpeg(i) if i % 10 == 5 else image_bytes(i)
+
+    data = _tar([(f"k{i:03d}", image(i), i % 3) for i in range(300)])
+    (tmp_path / "a.tar").write_bytes(data)
+    store = LocalStorage(tmp_path)
+    tar = TarRef("a.tar", "a.tar", len(data), store, hold=True)
+    *parts, last = list(tar_scan_held(tar))
+    assert isinstance(last, tuple)
+    _, samples, spans = last
+    assert [s.members for s in samples] == [s.members for s in tar_samples(tar)]
+    sizes = [len(part[1]) for part in parts]
+    assert len(parts) >= 3
+    assert all(n >= held.PART_BYTES for n in sizes[:-1])
+    assert sizes[-1] >= held.MIN_PART
+    kept: list[tuple[int, int]] = []
+    for (index, part), (start, end) in zip(parts, spans, strict=True):
+        assert (start, end) == (index[0, 0], index[-1, 0] + index[-1, 1])
+        for offset, size, at in index.tolist():
+            assert part[at : at + size].tobytes() == data[offset : offset + size]
+            kept.append((offset, size))
+    assert len(kept) == len(set(kept))  # none twice
+    small = {(o, n) for s in samples for _, o, n, _ in s.members if n < 4096}
+    assert small <= set(kept)  # every tiny image the scan read through
+    images = {(o, n) for s in samples for _, o, n, _ in s.members}
+    assert set(kept) <= images  # images only: no header, label or metadata
+    few = _tar([(f"k{i}", image_bytes(i), 0) for i in range(5)])
+    (tmp_path / "few.tar").write_bytes(few)
+    *none, (_, _, no_spans) = tar_scan_held(
+        TarRef("few.tar", "few.tar", len(few), store, hold=True)
+    )
+    assert none == []
+    assert no_spans == []

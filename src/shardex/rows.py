@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
 from shardex.sources.base import MEMBER_TYPE, MEMBERS, MemberRow
+from shardex.sources.held import HeldReads, HeldTar
 from shardex.sources.remote import ObjectReads, registered, sized
 from shardex.storage import Storage
 
@@ -62,16 +63,21 @@ class Members:
     data: pa.ChunkedArray
     #: Storages by root URL for members named by URL (empty when none is).
     stores: tuple[tuple[str, Storage], ...] = ()
+    #: Tars whose members a Ray task's scan kept in the object store (read from there
+    #: rather than fetched again: see :mod:`shardex.sources.held`).
+    held: tuple[HeldTar, ...] = ()
 
     @classmethod
     def of(
         cls,
         column: pa.ChunkedArray | pa.Array,
         stores: tuple[tuple[str, Storage], ...] | None = None,
+        held: tuple[HeldTar, ...] = (),
     ) -> Members:
         """Read a ``_members`` column (one pass over its references; no bytes copied:
         a column of several chunks keeps its bytes in them). ``stores``: those that serve
-        its URLs (default: the ones registered in this process)."""
+        its URLs (default: the ones registered in this process); ``held``: tars that
+        some of them hold."""
         if isinstance(column, pa.Array):
             column = pa.chunked_array([column], column.type)
         if len(column) == 0:
@@ -99,6 +105,7 @@ class Members:
             inline=pc.is_valid(data).to_numpy(zero_copy_only=False),
             data=data,
             stores=(registered() if stores is None else stores) if remote else (),
+            held=held if remote else (),
         )
 
     @classmethod
@@ -151,6 +158,7 @@ class Members:
             inline=self.inline[picks],
             data=self.data.take(pa.array(picks, pa.int64())),
             stores=self.stores,
+            held=self.held,
         )
 
 
@@ -219,6 +227,8 @@ class SpillSlice:
     #: :class:`SpilledRows`): the handles of ``batches``, each an Arrow IPC stream of
     #: the batch's rows and their planned sizes (column :data:`PLANNED_SIZE`).
     refs: tuple[Any, ...] = ()
+    #: The tars its members come from whose bytes Ray holds (see :class:`Members`).
+    held: tuple[HeldTar, ...] = ()
 
     def _table(self, read: dict[int, pa.RecordBatch] | None = None) -> pa.Table:
         if self.rows_ipc is not None:
@@ -252,7 +262,7 @@ class SpillSlice:
         if PLANNED_SIZE in table.column_names:
             sizes = table.column(PLANNED_SIZE).to_numpy().astype(np.int64)
             table = table.drop_columns([PLANNED_SIZE])
-        members = Members.of(table.column(MEMBERS), self.stores)
+        members = Members.of(table.column(MEMBERS), self.stores, self.held)
         return table.drop_columns([MEMBERS]), members, sizes
 
     def carried(self, read: dict[int, pa.RecordBatch] | None = None) -> SpillSlice:
@@ -284,6 +294,9 @@ class SpilledRows:
     #: runner's export: a task on any machine fetches its own slice, the exporting
     #: process never reads them back), with their planned sizes.
     refs: tuple[Any, ...] = ()
+    #: Per record batch of ``refs``: the held tars its members come from (see
+    #: :mod:`shardex.sources.held`), whose refs a shard job carries.
+    held: tuple[tuple[HeldTar, ...], ...] = ()
 
     @property
     def num_samples(self) -> int:
@@ -300,7 +313,16 @@ class SpilledRows:
         offset = start - int(self.starts[first])
         batches = tuple(range(first, last + 1))
         refs = tuple(self.refs[i] for i in batches) if self.refs else ()
-        return SpillSlice(self.path, batches, offset, stop - start, registered(), refs=refs)
+        held = {tar.url: tar for i in batches if self.held for tar in self.held[i]}
+        return SpillSlice(
+            self.path,
+            batches,
+            offset,
+            stop - start,
+            registered(),
+            refs=refs,
+            held=tuple(held.values()),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +484,7 @@ class ByteSource:
         # the writer drops its views as it writes them out: file bytes go to reused memory
         self._files = _Files(reuse=True)
         self._objects = ObjectReads(members.stores)
+        self._held = HeldReads(members.held)
         self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
 
     def _url(self, j: int) -> bool:
@@ -472,16 +495,28 @@ class ByteSource:
         code = self._m.path_codes[j]
         return bool(code >= 0 and self._is_url[code])
 
+    def _held_bytes(self, j: int, url: str) -> memoryview | None:
+        """Member ``j`` (of the object ``url``) as a Ray task's scan held it, if it did."""
+        if not self._held:
+            return None
+        return self._held.read(url, int(self._m.offset[j]), int(self._m.size[j]))
+
     def expect(self, js: Iterable[int]) -> None:
         """The members that will be read, in that order: those on object storage are
         fetched ahead (call it only with members that will be read, or their bytes are
         fetched for nothing)."""
+        self._objects.expect(self._fetched(js))
+
+    def _fetched(self, js: Iterable[int]) -> Iterator[tuple[int, str, int, int]]:
+        """Of members ``js``, those to fetch from object storage (number, URL, offset,
+        size): not inline, and not held."""
         m = self._m
-        self._objects.expect(
-            (j, m.path_names[m.path_codes[j]], int(m.offset[j]), int(m.size[j]))
-            for j in js
-            if not m.inline[j] and self._url(j)
-        )
+        for j in js:
+            if m.inline[j] or not self._url(j):
+                continue
+            url = m.path_names[m.path_codes[j]]
+            if self._held_bytes(j, url) is None:
+                yield j, url, int(m.offset[j]), int(m.size[j])
 
     def read(self, j: int) -> memoryview | bytes:
         """Member ``j``'s bytes (a view for inline members: no copy)."""
@@ -496,6 +531,9 @@ class ByteSource:
         if path is None:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
         if self._url(j):
+            held = self._held_bytes(j, path)
+            if held is not None:
+                return held
             return self._objects.read(j, path, int(m.offset[j]), int(m.size[j]))
         return self._files.read_reused(path, int(m.offset[j]), int(m.size[j]))
 

@@ -67,10 +67,13 @@ def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
 
 
 @contextmanager
-def ray_nodes(nodes: int = 2, cpus_per_node: int = 1) -> Iterator[Any]:
-    """A real Ray cluster of ``nodes`` nodes (a raylet and object store each, as
-    ``ray.cluster_utils.Cluster`` starts them) on 127.0.0.1, this process its driver;
-    yields the cluster, shuts it down. Tasks run on every node, the head's included.
+def ray_nodes(
+    nodes: int = 2, cpus_per_node: int = 1, object_store_memory: int = 80 << 20
+) -> Iterator[Any]:
+    """A real Ray cluster of ``nodes`` nodes (a raylet and an object store of
+    ``object_store_memory`` bytes each, as ``ray.cluster_utils.Cluster`` starts them) on
+    127.0.0.1, this process its driver; yields the cluster, shuts it down. Tasks run on
+    every node, the head's included.
     """
     import ray
     from ray._private import ray_constants
@@ -81,7 +84,7 @@ def ray_nodes(nodes: int = 2, cpus_per_node: int = 1) -> Iterator[Any]:
     ray_constants.ENABLE_RAY_CLUSTER = False
     common: dict[str, Any] = {
         "node_ip_address": "127.0.0.1",
-        "object_store_memory": 80 * 1024**2,
+        "object_store_memory": object_store_memory,
         "include_dashboard": False,
     }
     try:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
     from shardex.parallel import Runner
     from shardex.rows import Members, SpilledRows, SplitRows
     from shardex.sample_check import SampleCheck
+    from shardex.sources.base import MapRunner
     from shardex.verification import VerifyReport
 
 
@@ -288,13 +289,14 @@ class Backend(ABC):
         )
 
     def stored_samples(
-        self, dataset: Dataset, key: Callable[[int], str]
+        self, dataset: Dataset, key: Callable[[int], str], runner: MapRunner | None = None
     ) -> Iterator[StoredSample] | None:
         """A committed split's samples for a new export (a re-export) as byte ranges of
         its files (local paths, or object URLs), each read once and checked, in sample
         order, one at a time (``key``: the key of sample number N as the split's metadata
-        lists it, to name a damaged one). None (the default): the samples are read through
-        ``dataset``, batch by batch."""
+        lists it, to name a damaged one; ``runner``: where the reading may run, a
+        :meth:`~shardex.sources.base.Source.stream_on`'s). None (the default): the
+        samples are read through ``dataset``, batch by batch."""
         return None
 
     def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:

@@ -18,9 +18,12 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from shardex.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
+from shardex.sources.base import MEMBERS
+from shardex.sources.held import HeldTar, held_tars
 
 #: Rows per record batch of a final spill: a shard job reads whole batches, so they are
 #: about a shard's size (a job of 1,000 candidates reads 1-2 batches).
@@ -143,7 +146,8 @@ class FinalSpill:
     machine fetches its own slice and this process never reads the rows back (nor
     sends them in jobs). The sizes are kept here all the same (in memory while
     ``budget`` lasts, shared by an export's final spills, then in a file), for the
-    digest and a byte-capped plan."""
+    digest and a byte-capped plan. Each such batch also names the tars its members come
+    from that Ray holds (see :mod:`shardex.sources.held`): their refs go with its rows."""
 
     def __init__(
         self,
@@ -158,6 +162,8 @@ class FinalSpill:
         self._sizes_path = folder / f"{name}.sizes"
         self._put = put
         self._refs: list[Any] = []
+        self._named: list[tuple[HeldTar, ...]] = []  # per batch in the object store
+        self._tars = held_tars() if put is not None else None
         self._writer = (
             pa.ipc.new_file(str(self._path), schema, options=_OPTIONS) if put is None else None
         )
@@ -175,6 +181,7 @@ class FinalSpill:
                     self._writer.write_batch(batch)
                 else:
                     self._refs.append(self._stored(batch, sizes[at : at + batch.num_rows]))
+                    self._named.append(self._held_in(batch))
                 at += batch.num_rows
                 self._starts.append(self._starts[-1] + batch.num_rows)
         self._keep_sizes(sizes.astype("<i8"))
@@ -201,6 +208,13 @@ class FinalSpill:
             writer.write_batch(sized)
         return self._put(sink.getvalue().to_pybytes())
 
+    def _held_in(self, batch: pa.RecordBatch) -> tuple[HeldTar, ...]:
+        """The held tars that the batch's members come from."""
+        if not self._tars:
+            return ()
+        paths = pc.struct_field(pc.list_flatten(batch.column(MEMBERS)), "path")
+        return self._tars.named(pc.unique(paths).to_pylist())
+
     def close(self) -> SpilledRows:
         """The split's rows; their content digest is :func:`shardex.planning.content_digest`'s
         (the keys, then the sizes), computed as they were written."""
@@ -223,4 +237,5 @@ class FinalSpill:
             sizes,
             str(self._digest.hexdigest()),
             refs=tuple(self._refs),
+            held=tuple(self._named) if any(self._named) else (),
         )

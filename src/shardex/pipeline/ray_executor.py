@@ -53,6 +53,12 @@ def _call(fn: Callable[[T], R], item: T) -> R:
     return fn(item)
 
 
+def _call_kept(fn: Callable[[T], Iterator[object]], item: T) -> Iterator[object]:
+    # a generator task: Ray stores each object it yields (and sends values in: ``fn``
+    # is a generator function, whose generators take them)
+    yield from fn(item)
+
+
 class RayRunner(Runner):
     """The exporter's ordered parallel map as Ray tasks (at most 2 per cluster CPU in
     flight, which bounds memory; ``limit`` tasks at most, when given). Tasks may run on any node: jobs carry what they read
@@ -66,10 +72,13 @@ class RayRunner(Runner):
         self._limit = limit
         self._ahead = 2
         self._pending: deque[Any] = deque()
+        self._store = 0
 
     def __enter__(self) -> Self:
         self._executor.connect()
-        cpus = max(1, int(_ray().cluster_resources().get("CPU", 1)))
+        resources = _ray().cluster_resources()
+        cpus = max(1, int(resources.get("CPU", 1)))
+        self._store = int(resources.get("object_store_memory", 0))
         # ``limit``: the export's ``workers``, at most that many tasks at once (Ray runs
         # every task it is given that a CPU is free for: fewer are given); else two per
         # CPU in flight, so a CPU never waits for the next task
@@ -100,22 +109,52 @@ class RayRunner(Runner):
             with contextlib.suppress(Exception):  # already finished, or already failed
                 ray.cancel(ref)
         ray.wait(pending, num_returns=len(pending), fetch_local=False)
+        for ref in pending:  # a generator task is ready at its next object: to its end
+            if isinstance(ref, ray.ObjectRefGenerator):
+                with contextlib.suppress(Exception):
+                    for _ in ref:
+                        pass
 
     def put(self, data: bytes) -> Any:
         """``data`` in the object store of this process's node (its primary copy, owned
         by this process: a worker node that dies does not take it)."""
         return _ray().put(data)
 
+    def store_bytes(self) -> int:
+        """The cluster's object store memory (all nodes), when entered."""
+        return self._store
+
+    def imap_kept(
+        self, fn: Callable[[T], Iterator[object]], items: Iterable[T]
+    ) -> Iterator[tuple[object, tuple[Any, ...]]]:
+        """:meth:`imap` of generator functions (see
+        :class:`shardex.sources.base.KeepingRunner`): each object a task yields before
+        its result is stored on the task's node, owned by this process (lost with its
+        node, Ray makes it again by running the task again); only its ref comes here."""
+        ray = _ray()
+
+        def kept(objects: Any) -> tuple[object, tuple[Any, ...]]:
+            refs = list(objects)  # as the task yields them, to its end
+            return ray.get(refs[-1]), tuple(refs[:-1])
+
+        return self._ordered(ray.remote(num_cpus=1)(_call_kept), fn, items, kept)
+
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         ray = _ray()
-        task = ray.remote(num_cpus=1)(_call)
+        return self._ordered(ray.remote(num_cpus=1)(_call), fn, items, ray.get)
+
+    def _ordered(
+        self, task: Any, fn: Any, items: Iterable[Any], result: Callable[[Any], R]
+    ) -> Iterator[R]:
+        """``task.remote(fn, item)`` for each item, at most ``_ahead`` in flight, and
+        each one's ``result``, in order."""
         pending = self._pending = deque()
         for item in items:
             pending.append(task.remote(fn, item))
             if len(pending) >= self._ahead:
-                yield ray.get(pending.popleft())
+                yield result(pending.popleft())
         while pending:
-            yield ray.get(pending.popleft())
+            yield result(pending.popleft())
 
 
 class RayExecutor(Executor):

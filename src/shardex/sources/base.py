@@ -30,7 +30,7 @@ from abc import ABC
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, ClassVar, Final, Protocol, TypedDict, TypeVar
+from typing import Any, ClassVar, Final, Protocol, TypedDict, TypeVar, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -192,6 +192,24 @@ class MapRunner(Protocol):
     pickle). :class:`shardex.parallel.Runner` and the Ray executor's runner are ones."""
 
     def imap(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]: ...
+
+
+@runtime_checkable
+class KeepingRunner(MapRunner, Protocol):
+    """A runner whose tasks can leave objects in a store that its later tasks read, on
+    any machine (Ray's object store; see :mod:`shardex.sources.held`)."""
+
+    def store_bytes(self) -> int:
+        """The store's size (all machines together)."""
+        ...
+
+    def imap_kept(
+        self, fn: Callable[[_T], Iterator[object]], items: Iterable[_T]
+    ) -> Iterator[tuple[object, tuple[Any, ...]]]:
+        """``fn(item)`` for each item, in order, each in a task: ``fn`` yields objects to
+        keep, then its result; each result comes with the handles of what its task
+        kept (the objects stay in the store, not in this process)."""
+        ...
 
 
 class Source(ABC):

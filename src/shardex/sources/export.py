@@ -43,6 +43,7 @@ from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
     MEMBERS,
     RESERVED,
+    MapRunner,
     SampleStream,
     ScanBatch,
     Source,
@@ -137,19 +138,32 @@ class ExportSource(Source):
         self.batch_size = check_batch_size(batch_size)
 
     def stream(self) -> SampleStream:
+        return self.stream_on(None)
+
+    def stream_on(self, runner: MapRunner | None) -> SampleStream:
+        """The samples in batches (see :meth:`Source.stream`); with a Ray ``runner``, a
+        ``webdataset`` export's samples on object storage are read and checked by its
+        tasks (see :mod:`shardex.backends.webdataset.stored`)."""
         from shardex.api import read_config
 
         storage = open_storage(self.uri, self.storage_options)
         config = read_config(storage)
-        return SampleStream(self._batches(storage, config), config.label_names)
+        return SampleStream(self._batches(storage, config, runner), config.label_names)
 
-    def _batches(self, storage: Storage, config: ExportConfig) -> Iterator[ScanBatch]:
+    def _batches(
+        self, storage: Storage, config: ExportConfig, runner: MapRunner | None
+    ) -> Iterator[ScanBatch]:
         with _checked_metadata(storage, config) as path:
             for split in config.splits:
-                yield from self._split(storage, config, split, path)
+                yield from self._split(storage, config, split, path, runner)
 
     def _split(
-        self, storage: Storage, config: ExportConfig, split: str, meta_file: Path
+        self,
+        storage: Storage,
+        config: ExportConfig,
+        split: str,
+        meta_file: Path,
+        runner: MapRunner | None,
     ) -> Iterator[ScanBatch]:
         """A split's samples in batches, checked against its metadata rows as they come."""
         from shardex.api import open_dataset
@@ -157,7 +171,7 @@ class ExportSource(Source):
         ds = open_dataset(storage, split=split, on_error="skip")
         backend = backend_for(config)
         keys = _Keys()
-        stored = backend.stored_samples(ds, keys)
+        stored = backend.stored_samples(ds, keys, runner)
         samples = (
             stored
             if stored is not None

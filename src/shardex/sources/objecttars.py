@@ -24,7 +24,9 @@ export's own scratch files will take, :data:`SCRATCH_SHARE` of the tars' size, a
 disk of a local output, the room its shards will take: the size of every tar); a tar that
 does not fit is not copied (its members are fetched again, after one
 :class:`~shardex.errors.RefetchWarning`). Copies go with the scratch folder when the
-export ends (or, killed, when the next export starts).
+export ends (or, killed, when the next export starts). With ``--executor ray`` the scan
+runs in a task on any node: it keeps what it read in Ray's object store instead (see
+:mod:`shardex.sources.held`).
 
 The copies are written only while their :func:`copies_kept` context lasts (the export's
 scan): leaving it, also on an error, stops the scans still under way (each within a
@@ -49,6 +51,7 @@ from typing import Any, Final, Literal
 
 from shardex.errors import EmptySourceError, RefetchWarning, SourceNotFoundError
 from shardex.quoting import quoted
+from shardex.sources.held import TarHold
 from shardex.storage import Storage, open_storage
 
 _GLOB: Final = "*?["
@@ -288,9 +291,11 @@ class RangedTar:
     bytes held are the last window, at most :data:`MAX_WINDOW` (or one member read
     whole: a ``.json``). ``requests`` and ``fetched`` count what it asked for."""
 
-    def __init__(self, storage: Storage, path: str, size: int, copy: TarCopy | None = None) -> None:
+    def __init__(
+        self, storage: Storage, path: str, size: int, copy: TarCopy | TarHold | None = None
+    ) -> None:
         self._storage, self._path, self._size = storage, path, size
-        self.copy = copy
+        self.copy = copy  # what keeps the bytes fetched: a local copy, or a Ray task's parts
         self._buf = b""
         self._start = 0  # the tar offset of _buf[0]
         self._pos = 0
@@ -408,12 +413,18 @@ SCAN: Literal["ranged", "stream"] = "ranged"
 
 
 def open_object_tar(
-    storage: Storage, path: str, size: int, copies: TarCopies | None = None
+    storage: Storage,
+    path: str,
+    size: int,
+    copies: TarCopies | None = None,
+    hold: TarHold | None = None,
 ) -> RangedTar | TarStream:
     """The tar at ``path`` as a file to scan (see :data:`SCAN`), what it reads kept in a
-    new copy among ``copies`` if they have room."""
+    new copy among ``copies`` if they have room, or in ``hold`` (a Ray task's scan)."""
     if SCAN == "stream":
         return TarStream(storage, path, size)
+    if hold is not None:
+        return RangedTar(storage, path, size, hold)
     copy = copies.start(storage.join(path), size) if copies is not None else None
     return RangedTar(storage, path, size, copy)
 

@@ -5,7 +5,8 @@ component), in tar order. ``.cls`` members become the ``label`` column and ``.js
 members become metadata columns; every other member is kept byte for byte, as a
 reference (its tar, offset and size: read when its shard is written). Tars on object
 storage are scanned by ranged GETs (see :mod:`shardex.sources.objecttars`), many at a
-time; :meth:`TarSource.stream_on` scans each tar in a task of a runner.
+time; :meth:`TarSource.stream_on` scans each tar in a task of a runner (on Ray, the task
+keeps what it read for the shards' tasks: see :mod:`shardex.sources.held`).
 
 Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
 invalid (``_invalid``), so the export refuses it, or skips it and records it in
@@ -34,6 +35,7 @@ import posixpath
 import queue
 import tarfile
 import threading
+import warnings
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -45,14 +47,17 @@ import pyarrow as pa
 from shardex.errors import (
     EmptySourceError,
     ObjectNotFoundError,
+    RefetchWarning,
     SourceError,
     SourceNotFoundError,
     StorageError,
 )
 from shardex.format.tar import BLOCK, split_name
+from shardex.quoting import quoted
 from shardex.sources import tarheaders
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
+    KeepingRunner,
     MapRunner,
     SampleStream,
     ScanBatch,
@@ -64,6 +69,7 @@ from shardex.sources.base import (
     members_array,
     safe_key,
 )
+from shardex.sources.held import HOLD_SHARE, HeldTars, Part, TarHold, held_tars
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
 from shardex.sources.objecttars import (
     RangedTar,
@@ -211,13 +217,15 @@ class TarRef:
     object (``path`` below the ``storage``'s root), ``size`` bytes, named ``rel`` in
     its samples' ``original_path``. Pickles (with its storage's options) to the process
     that scans it; ``copies``: where a scan in this process keeps what it reads (see
-    :mod:`shardex.sources.objecttars`; never for a scan by a remote task)."""
+    :mod:`shardex.sources.objecttars`; never for a scan by a remote task); ``hold``:
+    whether a Ray task's scan keeps what it reads (see :mod:`shardex.sources.held`)."""
 
     path: str
     rel: str
     size: int
     storage: Storage | None = None
     copies: TarCopies | None = None
+    hold: bool = False
 
     @property
     def where(self) -> str:
@@ -225,9 +233,10 @@ class TarRef:
         return self.path if self.storage is None else self.storage.join(self.path)
 
 
-def tar_samples(tar: TarRef) -> Generator[_Sample, None, None]:
+def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[_Sample, None, None]:
     """The samples of one tar, in order, as references to its members' bytes (only
     ``.cls`` and ``.json`` members are read); a damaged tar's last sample is marked.
+    ``hold``: where a Ray task's scan keeps the members it read (a tar on object storage).
 
     Raises:
         SourceError: the tar cannot be opened, or is damaged before its first sample.
@@ -240,7 +249,8 @@ def tar_samples(tar: TarRef) -> Generator[_Sample, None, None]:
         except OSError as exc:
             raise SourceError(f"cannot read tar {where!r}: {exc.strerror}") from exc
     else:
-        raw = cast("IO[bytes]", open_object_tar(tar.storage, tar.path, tar.size, tar.copies))
+        opened = open_object_tar(tar.storage, tar.path, tar.size, tar.copies, hold)
+        raw = cast("IO[bytes]", opened)
     try:
         # tarfile seeks to each header itself, so the member reads may share the file
         try:
@@ -254,7 +264,9 @@ def tar_samples(tar: TarRef) -> Generator[_Sample, None, None]:
         size = os.fstat(raw.fileno()).st_size if tar.storage is None else tar.size
         copy = raw.copy if isinstance(raw, RangedTar) else None
         for sample in scan_members(tf, raw, rel=tar.rel, size=size):
-            yield sample if copy is None else _in_copy(sample, copy)
+            if isinstance(copy, TarHold):
+                copy.take(sample.members)
+            yield _in_copy(sample, copy) if isinstance(copy, TarCopy) else sample
     finally:
         raw.close()
 
@@ -275,6 +287,29 @@ def _in_copy(sample: _Sample, copy: TarCopy) -> _Sample:
 def tar_sample_list(tar: TarRef) -> tuple[TarRef, list[_Sample]]:
     """Every sample of one tar (what a runner's task hands back: references only)."""
     return tar, list(tar_samples(tar))
+
+
+#: What a Ray task's scan of one tar hands back last: the tar, its samples (references
+#: only) and the tar range of each part it yielded before.
+HeldScan = tuple[TarRef, list[_Sample], list[tuple[int, int]]]
+
+
+def tar_scan_held(tar: TarRef) -> Iterator[Part | HeldScan]:
+    """A task's scan of one tar that keeps, where ``tar.hold``, the members it read in
+    parts (see :mod:`shardex.sources.held`): yields each part as it fills (Ray stores each
+    as an object on the task's node), then the tar's :data:`HeldScan`."""
+    # no ``yield from``: Ray's generator tasks send values in, which a list's iterator
+    # cannot take
+    hold = TarHold() if tar.hold else None
+    samples: list[_Sample] = []
+    with contextlib.closing(tar_samples(tar, hold)) as scan:
+        for sample in scan:
+            samples.append(sample)
+            for part in hold.ready() if hold is not None else ():
+                yield part
+    for part in hold.finish() if hold is not None else ():
+        yield part
+    yield tar, samples, hold.spans if hold is not None else []
 
 
 def scan_members(
@@ -448,9 +483,18 @@ class TarSource(Source):
         the tar's sample references; the batches are the same whatever the runner.
         Without one, tars on object storage are scanned by threads, a few ahead."""
         tars = self._tars()
+        scanned: Iterator[tuple[TarRef, Iterable[_Sample]]]
+        held = held_tars()
         if runner is not None:  # its tasks may run on other machines: no local copies
             tars = [dataclasses.replace(tar, copies=None) for tar in tars]
-            scanned: Iterator[tuple[TarRef, Iterable[_Sample]]] = runner.imap(tar_sample_list, tars)
+            if (
+                held is not None
+                and isinstance(runner, KeepingRunner)
+                and tars[0].storage is not None
+            ):
+                scanned = _scanned_held(runner, held, tars)
+            else:
+                scanned = runner.imap(tar_sample_list, tars)
         elif tars[0].storage is not None:
             scanned = _scanned_ahead(tars, SCAN_THREADS)
         else:
@@ -488,6 +532,36 @@ class TarSource(Source):
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
         if out.keys:
             yield ScanBatch(out.flush())
+
+
+def _scanned_held(
+    runner: KeepingRunner, held: HeldTars, tars: list[TarRef]
+) -> Iterator[tuple[TarRef, list[_Sample]]]:
+    """Each tar and its samples, in order, scanned by the runner's tasks, which keep what
+    they read for the shards' tasks (the tars that fit in :data:`HOLD_SHARE` of its
+    object store memory); their parts' refs are registered in ``held``."""
+    room = int(HOLD_SHARE * runner.store_bytes())
+    marked = []
+    for tar in tars:
+        fits = tar.size <= room
+        room -= tar.size if fits else 0
+        marked.append(dataclasses.replace(tar, hold=fits))
+    left = [tar for tar in marked if not tar.hold]
+    if left and not held.warned:
+        held.warned = True
+        warnings.warn(
+            f"{len(left)} of {len(tars)} tars ({sum(t.size for t in left):,} bytes, the "
+            f"first {quoted(left[0].where)}) do not fit in the Ray cluster's object store "
+            f"({runner.store_bytes():,} bytes, of which tars may take {HOLD_SHARE:.0%}): "
+            "the members their scans read are fetched again when their shards are written; "
+            "give the cluster's nodes more object store memory to fetch them once",
+            RefetchWarning,
+            stacklevel=4,
+        )
+    for result, parts in runner.imap_kept(tar_scan_held, marked):
+        tar, samples, spans = cast("HeldScan", result)
+        held.add(tar.where, parts, spans)
+        yield tar, samples
 
 
 #: Tars on object storage scanned at once (by threads: the scan waits on requests).

@@ -45,6 +45,7 @@ from shardex.storage.base import Storage
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
     from shardex.backends.webdataset.writer import ShardJob, ShardWritten
     from shardex.parallel import Runner
+    from shardex.sources.base import MapRunner
 
 
 def shard_stem(prefix: str, name_hash: str, number: int) -> str:
@@ -106,12 +107,12 @@ class WebDatasetBackend(Backend):
         verify_split(storage, config, split, check.report, check.deep, check.bar)
 
     def stored_samples(
-        self, dataset: Dataset, key: Callable[[int], str]
+        self, dataset: Dataset, key: Callable[[int], str], runner: MapRunner | None = None
     ) -> Iterator[StoredSample] | None:
         assert isinstance(dataset, ShardDataset)  # what open() builds
         from shardex.backends.webdataset.stored import stored_samples
 
-        return stored_samples(dataset, key)
+        return stored_samples(dataset, key, runner)
 
     writes_shards: ClassVar[bool] = True
 

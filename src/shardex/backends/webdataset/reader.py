@@ -65,6 +65,20 @@ if hasattr(os, "register_at_fork"):
 DEFAULT_COALESCE_GAP = 0
 
 
+def check_sample_bytes(
+    buf: bytes | memoryview, checksum: int, seed: int, number: int, offset: int, tar: str
+) -> None:
+    """Raise ChecksumError unless ``buf``, read at ``offset`` of the shard ``tar``, is
+    sample ``number`` as exported (``checksum``: its index record's; ``seed``: see
+    :attr:`ShardDataset.seed`)."""
+    if _xxh3(buf, number * seed) != checksum:
+        raise ChecksumError(
+            f"checksum mismatch for sample {number} at byte {offset} of {tar}: the bytes "
+            f"there are not sample {number} as exported (the shard or its index record is "
+            "damaged)"
+        )
+
+
 class ShardDataset(SampleRanges):
     """A split of a tar-shard export (the ``webdataset`` backend)."""
 
@@ -249,12 +263,14 @@ class ShardDataset(SampleRanges):
     ) -> None:
         """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
         ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
-        if _xxh3(buf, number * self._seed) != checksum:
-            raise ChecksumError(
-                f"checksum mismatch for sample {number} at byte {offset} of "
-                f"{self.storage.join(self._paths[shard])}: the bytes there are not sample "
-                f"{number} as exported (the shard or its index record is damaged)"
-            )
+        check_sample_bytes(
+            buf, checksum, self._seed, number, offset, self.storage.join(self._paths[shard])
+        )
+
+    @property
+    def seed(self) -> int:
+        """What a sample's number is multiplied by to seed its checksum (0: format 1)."""
+        return self._seed
 
     @property
     def records(self) -> npt.NDArray[np.void]:

@@ -7,21 +7,34 @@ A shard on object storage is read front to back in windows of :data:`WINDOW` byt
 ranged GET each). Its members name the object by URL (the shard writer fetches them, see
 :mod:`shardex.sources.remote`), or, where the export keeps copies of what a scan reads
 (:func:`shardex.sources.objecttars.copies_kept`: its shards are written on this machine),
-the local copy of the bytes just checked: then each byte is fetched once.
+the local copy of the bytes just checked: then each byte is fetched once. On Ray
+(a runner that keeps objects, in an export's :func:`~shardex.sources.held.tars_held`
+context) each run of a shard's samples is read and checked by a task instead, which
+keeps the bytes of their members in Ray's object store for the shard tasks (as a tar
+source's scan does, see :mod:`shardex.sources.held`): the driver gets the samples'
+references only, and each byte is fetched once there too.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
+
 from shardex.backends.base import StoredMember, StoredSample
-from shardex.backends.webdataset.reader import ShardDataset
+from shardex.backends.webdataset.reader import ShardDataset, check_sample_bytes
 from shardex.errors import ChecksumError, FormatError, ShardexError
 from shardex.format.tar import iter_members, split_name
+from shardex.sources.base import KeepingRunner, MapRunner
+from shardex.sources.held import HeldTars, Part, TarHold, held_tars
 from shardex.sources.objecttars import TarCopy, kept_copies
 from shardex.sources.remote import register
+from shardex.storage import Storage
 
 #: Index records read at a time (their offsets, lengths, checksums and shards as lists).
 _RECORDS: Final = 1 << 16
@@ -55,9 +68,11 @@ class _LocalShard:
 class _ObjectShard:
     """A shard on object storage read in windows (see the module docstring)."""
 
-    def __init__(self, ds: ShardDataset, path: str, size: int, copy: TarCopy | None) -> None:
-        self._storage, self._path, self._size = ds.storage, path, size
-        self.tar = ds.storage.join(path)
+    def __init__(
+        self, storage: Storage, path: str, size: int, copy: TarCopy | TarHold | None
+    ) -> None:
+        self._storage, self._path, self._size = storage, path, size
+        self.tar = storage.join(path)
         self._copy = copy
         self._buf = b""
         self._start = 0
@@ -83,7 +98,7 @@ class _ObjectShard:
 
     def where(self, offset: int, size: int) -> str:
         """The member's bytes' place: the local copy when it holds them, else the object."""
-        if self._copy is not None and self._copy.holds(offset, size):
+        if isinstance(self._copy, TarCopy) and self._copy.holds(offset, size):
             self._copy.used = True
             return str(self._copy.path)
         return self.tar
@@ -94,11 +109,17 @@ class _ObjectShard:
             self._copy.close()
 
 
-def stored_samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSample]:
+def stored_samples(
+    ds: ShardDataset, key: Callable[[int], str], runner: MapRunner | None = None
+) -> Iterator[StoredSample]:
     """The split's samples in sample order (``key``: the key of sample number N as the
-    metadata lists it, to name damaged ones)."""
+    metadata lists it, to name damaged ones), read here, or on Ray by ``runner``'s tasks
+    (see the module docstring)."""
     if any(ds.storage.local_path(s.path) is None for s in ds.config.split(ds.split).shards):
         register(ds.storage)  # its URLs are fetched with the source's own options
+        held = held_tars()
+        if held is not None and isinstance(runner, KeepingRunner):
+            return _samples_held(ds, key, runner, held)
     return _samples(ds, key)
 
 
@@ -110,49 +131,52 @@ def _open(ds: ShardDataset, shard: int) -> _LocalShard | _ObjectShard:
         return _LocalShard(str(path), tar)
     copies = kept_copies()
     copy = copies.start(tar, info.num_bytes) if copies is not None else None
-    return _ObjectShard(ds, info.path, info.num_bytes, copy)
+    return _ObjectShard(ds.storage, info.path, info.num_bytes, copy)
+
+
+def _records(ds: ShardDataset) -> Iterator[tuple[int, int, int, int, int]]:
+    """The split's index records (number, offset, checksum, shard, length), a block of
+    them read at a time."""
+    records = ds.records
+    for lo in range(0, len(records), _RECORDS):
+        part = records[lo : lo + _RECORDS]
+        columns = (part[name].tolist() for name in ("offset", "checksum", "shard", "length"))
+        yield from zip(itertools.count(lo), *columns, strict=False)
 
 
 def _samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSample]:
     shards = ds.config.split(ds.split).shards
-    records = ds.records
     current: tuple[int, _LocalShard | _ObjectShard | str] | None = None
     try:
-        for lo in range(0, len(records), _RECORDS):
-            part = records[lo : lo + _RECORDS]
-            for i, (offset, expected, shard, length) in enumerate(
-                zip(
-                    part["offset"].tolist(),
-                    part["checksum"].tolist(),
-                    part["shard"].tolist(),
-                    part["length"].tolist(),
-                    strict=True,
+        for number, offset, expected, shard, length in _records(ds):
+            where = f"sample {number} ({key(number)!r})"
+            if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+                yield StoredSample(
+                    key(number),
+                    (),
+                    f"source {where}: its index entry is damaged (shardex verify)",
                 )
-            ):
-                number = lo + i
-                where = f"sample {number} ({key(number)!r})"
-                if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-                    yield StoredSample(
-                        key(number),
-                        (),
-                        f"source {where}: its index entry is damaged (shardex verify)",
-                    )
-                    continue
-                if current is None or current[0] != shard:
-                    if current is not None and not isinstance(current[1], str):
-                        current[1].close()
-                    try:
-                        current = (shard, _open(ds, shard))
-                    except _Unreadable as exc:  # its samples are lost, like a damaged run's
-                        current = (shard, str(exc))
-                yield _sample(ds, current[1], where, number, offset, length, expected, shard)
+                continue
+            if current is None or current[0] != shard:
+                if current is not None and not isinstance(current[1], str):
+                    current[1].close()
+                try:
+                    current = (shard, _open(ds, shard))
+                except _Unreadable as exc:  # its samples are lost, like a damaged run's
+                    current = (shard, str(exc))
+            check = ds.check_sample
+            yield _sample(check, current[1], where, number, offset, length, expected, shard)
     finally:
         if current is not None and not isinstance(current[1], str):
             current[1].close()
 
 
+#: What checks a sample's bytes: ``(bytes, checksum, shard, offset, number)``.
+Check = Callable[[bytes, int, int, int, int], None]
+
+
 def _sample(
-    ds: ShardDataset,
+    check: Check,
     reader: _LocalShard | _ObjectShard | str,
     where: str,
     number: int,
@@ -173,7 +197,7 @@ def _sample(
             "", (), f"source {where} at byte {offset} of {reader.tar!r}: the shard is truncated"
         )
     try:  # the reader's own check: seeded with the sample number where the format is
-        ds.check_sample(data, expected, shard, offset, number)
+        check(data, expected, shard, offset, number)
     except ChecksumError as exc:
         return StoredSample("", (), f"source {where}: {exc}")
     try:
@@ -191,3 +215,102 @@ def _sample(
         for m in found
     )
     return StoredSample(names.pop() if len(names) == 1 else "", members)
+
+
+#: Stands for a sample's place in the messages of a task's scan (the driver knows its key).
+_WHERE: Final = "\x00where\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Consecutive samples of one shard on object storage, for a task to read and check:
+    their numbers and index records, and the damaged index entries before them (the
+    driver's: handed back in order)."""
+
+    storage: Storage
+    path: str
+    size: int
+    shard: int
+    seed: int
+    records: npt.NDArray[np.uint64]  # rows: number, offset, length, checksum
+    before: tuple[tuple[int, StoredSample], ...] = ()
+
+
+def _samples_held(
+    ds: ShardDataset, key: Callable[[int], str], runner: KeepingRunner, held: HeldTars
+) -> Iterator[StoredSample]:
+    """:func:`_samples`, each run of a shard's samples read and checked by a task that
+    keeps their members' bytes (:func:`_scan_run`); the parts' refs go to ``held``."""
+    for result, parts in runner.imap_kept(_scan_run, _runs(ds)):
+        url, samples, spans = _scanned(result)
+        held.add(url, parts, spans)
+        for number, sample in samples:
+            if sample.invalid is not None and _WHERE in sample.invalid:
+                where = f"sample {number} ({key(number)!r})"
+                sample = StoredSample(
+                    sample.key, sample.members, sample.invalid.replace(_WHERE, where)
+                )
+            yield sample
+
+
+def _scanned(result: object) -> tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]:
+    return result  # type: ignore[return-value]  # what _scan_run yields last
+
+
+def _runs(ds: ShardDataset) -> Iterator[_Run]:
+    """The split's records as runs of one shard each, in sample order (a damaged index
+    entry goes with the next run; an empty run ends the split if any is left)."""
+    shards = ds.config.split(ds.split).shards
+    bad: list[tuple[int, StoredSample]] = []
+    run: list[tuple[int, int, int, int]] = []
+    shard_of_run = -1
+
+    def cut() -> _Run:
+        path, size = (shards[shard_of_run].path, shards[shard_of_run].num_bytes) if run else ("", 0)
+        rows = np.array(run, np.uint64).reshape(-1, 4)  # checksums are unsigned
+        out = _Run(ds.storage, path, size, shard_of_run, ds.seed, rows, tuple(bad))
+        bad.clear()
+        run.clear()
+        return out
+
+    for number, offset, checksum, shard, length in _records(ds):
+        if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+            why = f"source {_WHERE}: its index entry is damaged (shardex verify)"
+            bad.append((number, StoredSample("", (), why)))
+            continue
+        if run and shard != shard_of_run:
+            yield cut()
+        shard_of_run = shard
+        run.append((number, offset, length, checksum))
+    if run or bad:
+        yield cut()
+
+
+def _scan_run(
+    run: _Run,
+) -> Iterator[Part | tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]]:
+    """In a task: a run's samples read, checked and described (as :func:`_sample`),
+    the bytes of their members kept in parts (yielded as they fill), then the shard's
+    URL, the samples by number (the damaged index entries before them first) and the
+    parts' tar ranges."""
+    hold = TarHold()
+    url = run.storage.join(run.path)
+    samples = list(run.before)
+
+    def check(data: bytes, expected: int, shard: int, offset: int, number: int) -> None:
+        check_sample_bytes(data, expected, run.seed, number, offset, url)
+
+    if len(run.records):
+        reader = _ObjectShard(run.storage, run.path, run.size, hold)
+        for number, offset, length, expected in run.records.tolist():
+            sample = _sample(check, reader, _WHERE, number, offset, length, expected, run.shard)
+            # the labels and metadata come from metadata.parquet: not kept
+            kept = [m for m in sample.members if m.ext not in ("cls", "json")]
+            hold.take((m.ext, m.offset, m.size, None) for m in kept)
+            samples.append((number, sample))
+            for part in hold.ready():
+                yield part
+        reader.close()
+    for part in hold.finish():
+        yield part
+    yield url, samples, hold.spans
