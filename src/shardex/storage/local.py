@@ -204,6 +204,17 @@ class LocalStorage(Storage):
                 os.close(fd)
         self._fds = {}
 
+    def __del__(self) -> None:  # a storage dropped unclosed keeps no descriptor
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _forget(self, path: str) -> None:
+        """Close the cached descriptor of ``path`` (deleted or replaced: a descriptor
+        left open would leak, and keep a deleted file's disk space)."""
+        fd = self._fds.pop(path, None)
+        if fd is not None and os.getpid() == self._pid:
+            os.close(fd)
+
     def get(self, path: str) -> bytes:
         try:
             return self._path(path).read_bytes()
@@ -246,7 +257,7 @@ class LocalStorage(Storage):
         return self._walk("", temporary=True)
 
     def delete(self, path: str) -> None:
-        self._fds.pop(path, None)
+        self._forget(path)
         full = self._path(path)
         full.unlink(missing_ok=True)
         # Folders left empty go too (an object store has no folders): the shard folders
@@ -260,8 +271,8 @@ class LocalStorage(Storage):
                 break
 
     def rename(self, source: str, target: str) -> None:
-        self._fds.pop(source, None)
-        self._fds.pop(target, None)
+        self._forget(source)
+        self._forget(target)
         self._path(target).parent.mkdir(parents=True, exist_ok=True)
         os.replace(self._path(source), self._path(target))
 
