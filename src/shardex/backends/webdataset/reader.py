@@ -688,6 +688,7 @@ class ShardDataset(SampleRanges):
                 close()
 
     def _shards(self, streams: Iterator[Iterator[bytes]] | None) -> Iterator[Sample]:
+        """Every shard's samples in order; ``streams``: the remote shards' streams."""
         for shard, path in enumerate(self._paths):
             lo, hi = self._first[shard], self._first[shard + 1]
             if self._local[shard] is None:
