@@ -79,10 +79,10 @@ def test_reads_cost_one_ranged_get_per_sample_and_no_list(s3: S3Location) -> Non
     proxy.reset()
     ds[0]  # the first read also fetches index-members.npy, once
     proxy.wait_idle()
-    # (a request the connection broke under, then retried by obstore, is not a read)
-    done = [r for r in proxy.requests if r.status and not r.client_aborted]
-    seen = [(r.method, r.key, r.range, r.status, r.connection) for r in proxy.requests]
-    assert [r.range is None for r in done] == [True, False], seen
+    # this export's requests: one of an earlier test, delayed by its faults, may end now
+    mine = [r for r in proxy.requests if r.key.startswith(s3.url.rpartition("/")[2] + "/")]
+    seen = [(r.method, r.key, r.range, r.status) for r in proxy.requests]
+    assert [r.range is None for r in mine] == [True, False], seen
     for i in random.Random(0).sample(range(len(ds)), k=15):
         proxy.reset()
         sample = ds[i]
