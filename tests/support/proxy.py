@@ -389,6 +389,7 @@ class CountingProxy:
         self._connections = 0
         self._served = 0
         self._in_flight = 0
+        self._generation = 0  # bumped by reset(): requests begun before it are not recorded
         self._idle = threading.Condition(self._lock)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -474,10 +475,15 @@ class CountingProxy:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     def reset(self) -> None:
-        """Forget the recorded requests and any faults still queued."""
+        """Forget the recorded requests and any faults still queued.
+
+        A request still in flight (e.g. one an earlier test delayed, whose client gave up)
+        is not recorded when it ends: what is recorded after a reset began after it.
+        """
         with self._lock:
             self._records.clear()
             self._faults.clear()
+            self._generation += 1
 
     def count(
         self,
@@ -564,9 +570,10 @@ class CountingProxy:
             else:
                 self._sockets.discard(sock)
 
-    def _record(self, record: RequestRecord) -> None:
+    def _record(self, record: RequestRecord, generation: int) -> None:
         with self._lock:
-            self._records.append(record)
+            if generation == self._generation:
+                self._records.append(record)
 
     def _serve_connection(self, client: socket.socket) -> None:
         with self._lock:
@@ -613,6 +620,8 @@ class CountingProxy:
         head: bytes,
     ) -> bool:
         started = time.perf_counter()
+        with self._lock:
+            generation = self._generation
         start_line, headers = _parse_headers(head)
         method, _, rest = start_line.partition(" ")
         target = rest.rpartition(" ")[0] or rest
@@ -643,7 +652,8 @@ class CountingProxy:
                     fault=fault,
                     client_aborted=client_aborted,
                     headers=headers,
-                )
+                ),
+                generation,
             )
 
         fault = self._take_fault(request_head)
