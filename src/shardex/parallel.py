@@ -36,7 +36,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from shardex.errors import ExportError, ParallelismWarning, mode_hint
@@ -220,12 +219,7 @@ class Runner:
             )
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self._stop(cancel=exc_type is not None)
 
     def _stop(self, cancel: bool) -> None:

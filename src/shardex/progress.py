@@ -11,7 +11,6 @@ flooding the log.
 from __future__ import annotations
 
 import time
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
 if TYPE_CHECKING:
@@ -136,12 +135,7 @@ class Progress:
             self._bars.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._bars is not None:
             # rich's stop() only signals its refresh thread (a daemon) to end. One still
             # running at interpreter exit is killed mid-call (pthread_exit while taking the

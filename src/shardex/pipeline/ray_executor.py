@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from shardex.errors import MissingDependencyError
@@ -89,12 +88,7 @@ class RayRunner(Runner):
             self.workers, self._ahead = cpus, 2 * cpus
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._settle()
 
     def _settle(self) -> None:

@@ -26,7 +26,7 @@ import os
 import queue
 import re
 import threading
-from abc import ABC
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -270,6 +270,29 @@ class Source(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+class StoredSource(Source):
+    """A source at a path, glob or URL (local or on object storage) whose scan a
+    runner's tasks may share: subclasses implement :meth:`stream_on`, and
+    :meth:`stream` is that without a runner."""
+
+    def __init__(
+        self,
+        spec: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> None:
+        self.uri = os.fspath(spec)
+        self.storage_options = storage_options
+        self.batch_size = check_batch_size(batch_size)
+
+    def stream(self) -> SampleStream:
+        return self.stream_on(None)
+
+    @abstractmethod
+    def stream_on(self, runner: MapRunner | None) -> SampleStream: ...
 
 
 def check_batch_size(batch_size: int) -> int:

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,15 +39,13 @@ from shardex.errors import FormatError, ShardexError, SourceError
 from shardex.format.tables import check_local_file, metadata_errors
 from shardex.image_member import IMAGE_FORMAT, original_extension
 from shardex.sources.base import (
-    DEFAULT_BATCH_SIZE,
     MEMBERS,
     RESERVED,
     MapRunner,
     SampleStream,
     ScanBatch,
-    Source,
+    StoredSource,
     batch_table,
-    check_batch_size,
     members_array,
 )
 from shardex.storage import Storage, open_storage
@@ -119,26 +116,12 @@ class _Keys:
         return str(self.keys[at]) if 0 <= at < len(self.keys) else ""
 
 
-class ExportSource(Source):
+class ExportSource(StoredSource):
     """Samples of a committed export, every split, with their metadata."""
 
     kind: ClassVar[str] = "shardex-export"
     # inline bytes (an array backend's samples) are made batch by batch from its files
     bytes_in_memory: ClassVar[bool] = False
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        storage_options: dict[str, Any] | None = None,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-    ) -> None:
-        self.uri = os.fspath(root)
-        self.storage_options = storage_options
-        self.batch_size = check_batch_size(batch_size)
-
-    def stream(self) -> SampleStream:
-        return self.stream_on(None)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
         """The samples in batches (see :meth:`Source.stream`); with a Ray ``runner``, a

@@ -56,14 +56,12 @@ from shardex.format.tar import BLOCK, split_name
 from shardex.quoting import quoted
 from shardex.sources import tarheaders
 from shardex.sources.base import (
-    DEFAULT_BATCH_SIZE,
     KeepingRunner,
     MapRunner,
     SampleStream,
     ScanBatch,
-    Source,
+    StoredSource,
     batch_table,
-    check_batch_size,
     check_metadata_names,
     hand_over,
     members_array,
@@ -458,24 +456,10 @@ def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: _Sample) ->
         return None
 
 
-class TarSource(Source):
+class TarSource(StoredSource):
     """Samples from existing WebDataset tar files."""
 
     kind: ClassVar[str] = "webdataset-tars"
-
-    def __init__(
-        self,
-        spec: str | os.PathLike[str],
-        storage_options: dict[str, Any] | None = None,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-    ) -> None:
-        self.uri = os.fspath(spec)
-        self.storage_options = storage_options
-        self.batch_size = check_batch_size(batch_size)
-
-    def stream(self) -> SampleStream:
-        return self.stream_on(None)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
         """The samples in batches (see :meth:`Source.stream`); with a ``runner``, each

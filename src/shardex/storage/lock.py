@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 
 from shardex.errors import OutputLockedError, StorageError
@@ -63,12 +62,7 @@ class OutputLock:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def release(self) -> None:
