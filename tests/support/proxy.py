@@ -394,6 +394,8 @@ class CountingProxy:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        #: set by stop() and by reset(): a delayed request waiting on it is dropped
+        self._forget = threading.Event()
 
     # -- lifecycle
 
@@ -402,6 +404,7 @@ class CountingProxy:
         if self._server is not None:
             return self
         self._stopping.clear()
+        self._forget = threading.Event()
         self._server = _Server(self, self._port)
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -419,6 +422,7 @@ class CountingProxy:
         if server is None:
             return
         self._stopping.set()
+        self._forget.set()
         server.shutdown()
         server.server_close()
         with self._lock:
@@ -478,12 +482,15 @@ class CountingProxy:
         """Forget the recorded requests and any faults still queued.
 
         A request still in flight (e.g. one an earlier test delayed, whose client gave up)
-        is not recorded when it ends: what is recorded after a reset began after it.
+        is not recorded when it ends: what is recorded after a reset began after it. One
+        still held by a delay is dropped (its connection closed) at once.
         """
         with self._lock:
             self._records.clear()
             self._faults.clear()
             self._generation += 1
+            self._forget.set()
+            self._forget = threading.Event()
 
     def count(
         self,
@@ -621,7 +628,7 @@ class CountingProxy:
     ) -> bool:
         started = time.perf_counter()
         with self._lock:
-            generation = self._generation
+            generation, forget = self._generation, self._forget
         start_line, headers = _parse_headers(head)
         method, _, rest = start_line.partition(" ")
         target = rest.rpartition(" ")[0] or rest
@@ -679,8 +686,8 @@ class CountingProxy:
             with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_RDWR)
             return False
-        if fault is not None and fault.kind == "delay" and self._stopping.wait(fault.seconds):
-            return False
+        if fault is not None and fault.kind == "delay" and forget.wait(fault.seconds):
+            return False  # the proxy stops, or was reset: the client's answer is not wanted
 
         # Forward the request; retry once on a fresh connection if a reused one was stale.
         for attempt in range(2):

@@ -12,7 +12,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @contextmanager
-def _environ(**values: str) -> Iterator[None]:
+def environ(**values: str) -> Iterator[None]:
     """Set environment variables (which Ray's processes inherit) and restore them after."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
@@ -46,7 +46,7 @@ def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
     # running on this machine (another test run's, a benchmark's), which then refuses num_cpus
     init_options.setdefault("address", "local")
     try:
-        with _environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
+        with environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
             ray.init(
                 num_cpus=num_cpus,
                 include_dashboard=False,
@@ -88,7 +88,7 @@ def ray_nodes(
         "include_dashboard": False,
     }
     try:
-        with _environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
+        with environ(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=python_path):
             cluster = Cluster(
                 initialize_head=True,
                 head_node_args={**common, "num_cpus": cpus_per_node},
