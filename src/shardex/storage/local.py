@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -80,7 +81,8 @@ class LocalObjectWriter(ObjectWriter):
 
     def commit(self) -> None:
         # No fsync here: an export syncs all of its files in one pass before it commits
-        # (Storage.sync), which lets the kernel write back while shards are still made.
+        # (Storage.sync). The file's write-back starts now on a background thread, while
+        # the next shards are made, so that the pass before the commit finds little left.
         if self._done:
             return
         try:
@@ -90,6 +92,7 @@ class LocalObjectWriter(ObjectWriter):
             self.abort()
             raise StorageError(f"cannot write {self._final}: {exc.strerror or exc}") from exc
         self._done = True
+        _sync_soon(self._final)
 
     def abort(self) -> None:
         if self._done:
@@ -299,6 +302,51 @@ class LocalStorage(Storage):
         files = [self._path(path) for path in paths]
         _fsync_all(files)
         _fsync_all([self.root, *dict.fromkeys(full.parent for full in files)])
+
+
+#: Files whose early fsync may wait at once; past it a file waits for the sync pass.
+_EARLY_PENDING: Final = 64
+_early: tuple[Any, threading.BoundedSemaphore] | None = None
+_early_lock = threading.Lock()
+
+
+def _forget_early() -> None:
+    global _early, _early_lock
+    _early, _early_lock = None, threading.Lock()  # a forked child has none of the threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_early)
+
+
+def _sync_soon(path: Path) -> None:
+    """fsync ``path`` on a background thread (its errors are left to the sync pass that
+    an export makes before it commits, which fsyncs every file again: cheap once the
+    kernel has written it back). Skipped while :data:`_EARLY_PENDING` files wait."""
+    global _early
+    if _early is None:
+        from concurrent.futures import ThreadPoolExecutor  # writers only: not on import
+
+        with _early_lock:
+            if _early is None:
+                pool = ThreadPoolExecutor(2, thread_name_prefix="shardex-sync")
+                _early = (pool, threading.BoundedSemaphore(_EARLY_PENDING))
+    pool, pending = _early
+    if not pending.acquire(blocking=False):
+        return
+
+    def sync() -> None:
+        try:
+            _fsync(path)
+        except OSError:
+            pass  # renamed, deleted, or failing: the sync pass reports what matters
+        finally:
+            pending.release()
+
+    try:
+        pool.submit(sync)
+    except RuntimeError:  # the interpreter is shutting down
+        pending.release()
 
 
 #: Threads that fsync at once: enough to share each journal commit between many files.
