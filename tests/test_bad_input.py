@@ -151,6 +151,21 @@ def test_skip_of_every_sample_is_an_empty_source(tmp_path: Path) -> None:
     _assert_no_export(tmp_path / "out")
 
 
+@pytest.mark.parametrize("images", [[b""], [b"", b"\xff\xd8"], [b"\xff"]])
+def test_in_memory_images_of_a_few_bytes_are_skipped_or_refused(
+    tmp_path: Path, images: list[bytes]
+) -> None:
+    """Images shorter than any JPEG, held in memory (all a shard's bytes under 5): the
+    shard check did index past them (IndexError); now each is a bad sample."""
+    data = {"key": [f"k{i}" for i in range(len(images))], "jpg": images}
+    with pytest.raises(EmptySourceError, match="skipped"):
+        shardex.export(data, tmp_path / "skip", on_error="skip", workers=1)
+    _assert_no_export(tmp_path / "skip")
+    with pytest.raises(BadSampleError, match=r"arrays\[0\]"):
+        shardex.export(data, tmp_path / "refuse", workers=1)
+    _assert_no_export(tmp_path / "refuse")
+
+
 # ---------------------------------------------------------------- validate levels
 
 

@@ -124,6 +124,38 @@ def test_bad_images_fall_back_and_are_skipped_as_before(
     assert len(shardex.open_dataset(tmp_path / "fast")) == 57
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"samples_per_shard": 16},
+        {"max_shard_bytes": 30_000, "samples_per_shard": 40, "on_error": "skip"},
+        {"samples_per_shard": 16, "on_error": "skip", "validate": "none"},
+    ],
+)
+def test_folder_export_read_a_shard_at_once_equals_the_sample_by_sample_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """An image folder's shards are read file by file into one buffer and written at
+    once: the same bytes as sample by sample; a shard with a bad image falls back."""
+    src = tmp_path / "src"
+    for i in range(70):
+        path = src / f"c{i % 3}" / f"img{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_jpeg(i))
+    if options.get("on_error") == "skip":
+        (src / "c1" / "img010.jpg").write_bytes(_jpeg(10)[:90])  # truncated
+        (src / "c2" / "img050.jpg").write_bytes(b"")
+    taken = _counted(monkeypatch)
+    shardex.export(src, tmp_path / "fast", workers=1, **options)
+    assert True in taken
+    assert (False in taken) == (options.get("on_error") == "skip")
+    _sample_by_sample(monkeypatch)
+    shardex.export(src, tmp_path / "slow", workers=1, **options)
+    fast, slow = _files(tmp_path / "fast"), _files(tmp_path / "slow")
+    assert fast.keys() == slow.keys()
+    assert [k for k in fast if fast[k] != slow[k]] == []
+
+
 def _job(tmp_path: Path, name: str, counts: list[int]) -> ShardJob:
     """A job whose candidates hold different numbers of source members (0 to 3)."""
     rows = []

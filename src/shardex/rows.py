@@ -414,6 +414,14 @@ class _Files:
             into = self._arena.take(size + 1 if offset < 0 else size)
         return self._get(path, offset, size, into)
 
+    def read_into(self, path: str, offset: int, size: int, into: memoryview) -> None:
+        """:meth:`read` into ``into`` (``size`` bytes; one more for a whole file).
+
+        Raises:
+            BadSampleError: the file cannot be read, or its size changed.
+        """
+        self._get(path, offset, size, into)
+
     def _get(
         self, path: str, offset: int, size: int, into: memoryview | None
     ) -> bytes | memoryview:
@@ -536,6 +544,41 @@ class ByteSource:
                 return held
             return self._objects.read(j, path, int(m.offset[j]), int(m.size[j]))
         return self._files.read_reused(path, int(m.offset[j]), int(m.size[j]))
+
+    def read_files(
+        self, js: npt.NDArray[np.int64], limit: int
+    ) -> tuple[bytearray, npt.NDArray[np.int64]] | None:
+        """Members ``js``, all whole local files (an image folder's), read back to back
+        into one buffer, and where each starts in it. None when one is not a whole local
+        file (a tar's members are read one by one into reused memory), they hold more
+        than ``limit`` bytes, or one cannot be read as listed (the caller then reads them
+        one by one, which refuses or records that member)."""
+        m = self._m
+        if m.inline[js].any() or (m.path_codes[js] < 0).any() or (m.offset[js] >= 0).any():
+            return None
+        if any("://" in m.path_names[c] for c in np.unique(m.path_codes[js]).tolist()):
+            return None  # objects: fetched as they are read
+        sizes = m.size[js]
+        if (sizes < 0).any() or int(sizes.sum()) > limit:
+            return None
+        starts = np.zeros(len(js), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        buffer = bytearray(int(sizes.sum()) + 1)
+        view = memoryview(buffer)
+        names = m.path_names
+        try:
+            for code, offset, size, at in zip(
+                m.path_codes[js].tolist(),
+                m.offset[js].tolist(),
+                sizes.tolist(),
+                starts.tolist(),
+                strict=True,
+            ):
+                into = view[at : at + size + 1]  # a byte more shows if the file grew
+                self._files.read_into(names[code], offset, size, into)
+        except BadSampleError:
+            return None
+        return buffer, starts
 
     def close(self) -> None:
         self._files.close()

@@ -331,12 +331,16 @@ def _planned_take(job: ShardJob) -> int:
     return take
 
 
-def _fill_inline(job: ShardJob, layout: ShardLayout, out: _TarOut) -> _Picked | None:
+def _fill_inline(
+    job: ShardJob, layout: ShardLayout, out: _TarOut, source: ByteSource | None = None
+) -> _Picked | None:
     """:func:`_fill` for a shard whose source members are all in this process's memory
-    (Arrow buffers), done over all its samples at once: the images' headers checked with
-    numpy, the pieces taken as views and each sample hashed without a Python frame per
-    sample. None (nothing written) when a taken candidate is bad, or cannot be taken
-    this way: :func:`_fill` then writes the shard, one sample at a time."""
+    (Arrow buffers) or all whole local files (with ``source``: an image folder's, read
+    back to back into one buffer of at most :data:`_FILES_BYTES`), done over all its
+    samples at once: the images' headers checked with numpy, the pieces taken as views
+    and each sample hashed without a Python frame per sample. None (nothing written) when a taken
+    candidate is bad, or cannot be taken this way: :func:`_fill` then writes the shard,
+    one sample at a time (reading again the files of a shard with a bad image)."""
     check = job.check
     if check.validate == "decode" or not job.rows.num_rows:
         return None
@@ -344,9 +348,12 @@ def _fill_inline(job: ShardJob, layout: ShardLayout, out: _TarOut) -> _Picked | 
     ts = layout.own_members[: layout.own_from[k]]
     js = layout.source[ts]
     members = job.members
-    if not members.inline[js].all():
+    if members.inline[js].all():
+        got = _member_views(members, js, layout.sizes[ts])
+    elif source is not None:
+        got = _file_views(source, js, layout.sizes[ts])
+    else:
         return None
-    got = _member_views(members, js, layout.sizes[ts])
     if got is None:
         return None
     views, spots = got
@@ -374,6 +381,26 @@ def _fill_inline(job: ShardJob, layout: ShardLayout, out: _TarOut) -> _Picked | 
         full=k < job.rows.num_rows,
         size=size + len(END_OF_ARCHIVE),
     )
+
+
+#: The most bytes of local files a shard reads into one buffer to be written at once.
+_FILES_BYTES: Final = 64 << 20
+
+
+def _file_views(
+    source: ByteSource, js: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> tuple[list[memoryview], list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]]] | None:
+    """:func:`_member_views` for members in local files: read into one buffer (None when
+    they cannot all be read as listed, or hold more than :data:`_FILES_BYTES`)."""
+    read = source.read_files(js, _FILES_BYTES)
+    if read is None:
+        return None
+    buffer, lo = read
+    hi = lo + sizes
+    mv = memoryview(buffer)
+    views = list(map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist())))
+    data = np.frombuffer(buffer, np.uint8)
+    return views, [(data, np.arange(len(js)), lo, hi)]  # type: ignore[list-item]
 
 
 def _member_views(
@@ -446,6 +473,8 @@ def _jpegs_good(
     or not found); False: to check one by one."""
     size = hi - lo
     ok = size > 4
+    if len(data) < 5:  # the images too short to test: their stand-in indices must exist
+        data = np.pad(data, (0, 5 - len(data)))
     safe_lo = np.where(ok, lo, 0)
     safe_hi = np.where(ok, hi, 5)
     ok &= (data[safe_lo] == 0xFF) & (data[safe_lo + 1] == 0xD8) & (data[safe_lo + 2] == 0xFF)
@@ -699,7 +728,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
     try:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)
-            fast = _fill_inline(job, layout, out) if old is None else None
+            fast = _fill_inline(job, layout, out, source) if old is None else None
             got = fast if fast is not None else _fill(job, layout, source, out, old)
             out.parts.append(END_OF_ARCHIVE)
             if got.taken or not out.writing:
