@@ -494,6 +494,8 @@ class ByteSource:
         self._objects = ObjectReads(members.stores)
         self._held = HeldReads(members.held)
         self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
+        #: Members :meth:`read_files` read, by number: :meth:`read` takes them from there.
+        self._read_ahead: dict[int, memoryview] = {}
 
     def _url(self, j: int) -> bool:
         """Whether member ``j`` (not inline) is an object named by URL."""
@@ -528,6 +530,10 @@ class ByteSource:
 
     def read(self, j: int) -> memoryview | bytes:
         """Member ``j``'s bytes (a view for inline members: no copy)."""
+        if self._read_ahead:
+            ahead = self._read_ahead.pop(j, None)
+            if ahead is not None:
+                return ahead
         m = self._m
         if m.inline[j]:
             starts = self._chunk_starts
@@ -549,10 +555,12 @@ class ByteSource:
         self, js: npt.NDArray[np.int64], limit: int
     ) -> tuple[bytearray, npt.NDArray[np.int64]] | None:
         """Members ``js``, all whole local files (an image folder's), read back to back
-        into one buffer, and where each starts in it. None when one is not a whole local
-        file (a tar's members are read one by one into reused memory), they hold more
-        than ``limit`` bytes, or one cannot be read as listed (the caller then reads them
-        one by one, which refuses or records that member)."""
+        into one buffer, and where each starts in it (:meth:`read` then gives them from
+        there: a caller that falls back to reading them one by one reads no file twice).
+        None when one is not a whole local file (a tar's members are read one by one
+        into reused memory), they hold more than ``limit`` bytes, or one cannot be read
+        as listed (the caller then reads them one by one, which refuses or records that
+        member)."""
         m = self._m
         if m.inline[js].any() or (m.path_codes[js] < 0).any() or (m.offset[js] >= 0).any():
             return None
@@ -578,9 +586,14 @@ class ByteSource:
                 self._files.read_into(names[code], offset, size, into)
         except BadSampleError:
             return None
+        ends = (starts + sizes).tolist()
+        self._read_ahead = dict(
+            zip(js.tolist(), map(view.__getitem__, map(slice, starts.tolist(), ends)), strict=True)
+        )
         return buffer, starts
 
     def close(self) -> None:
+        self._read_ahead = {}
         self._files.close()
         self._objects.close()
 

@@ -338,9 +338,9 @@ def _fill_inline(
     (Arrow buffers) or all whole local files (with ``source``: an image folder's, read
     back to back into one buffer of at most :data:`_FILES_BYTES`), done over all its
     samples at once: the images' headers checked with numpy, the pieces taken as views
-    and each sample hashed without a Python frame per sample. None (nothing written) when a taken
-    candidate is bad, or cannot be taken this way: :func:`_fill` then writes the shard,
-    one sample at a time (reading again the files of a shard with a bad image)."""
+    and each sample hashed without a Python frame per sample. None (nothing written)
+    when a taken candidate is bad, or cannot be taken this way: :func:`_fill` then
+    writes the shard, one sample at a time (the files read here are not read again)."""
     check = job.check
     if check.validate == "decode" or not job.rows.num_rows:
         return None
