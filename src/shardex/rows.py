@@ -553,18 +553,19 @@ class ByteSource:
 
     def read_files(
         self, js: npt.NDArray[np.int64], limit: int
-    ) -> tuple[bytearray, npt.NDArray[np.int64]] | None:
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], list[memoryview]] | None:
         """Members ``js``, all whole local files (an image folder's), read back to back
-        into one buffer, and where each starts in it (:meth:`read` then gives them from
-        there: a caller that falls back to reading them one by one reads no file twice).
-        None when one is not a whole local file (a tar's members are read one by one
-        into reused memory), they hold more than ``limit`` bytes, or one cannot be read
-        as listed (the caller then reads them one by one, which refuses or records that
-        member)."""
+        into one buffer: its bytes, where each member starts in it, and each member's view
+        (:meth:`read` then gives them from there: a caller that falls back to reading them
+        one by one reads no file twice). None when one is not a whole local file (a tar's
+        members are read one by one into reused memory), they hold more than ``limit``
+        bytes, or one cannot be read as listed (the caller then reads them one by one,
+        which refuses or records that member)."""
         m = self._m
-        if m.inline[js].any() or (m.path_codes[js] < 0).any() or (m.offset[js] >= 0).any():
+        codes = m.path_codes[js]
+        if m.inline[js].any() or (codes < 0).any() or (m.offset[js] >= 0).any():
             return None
-        if any("://" in m.path_names[c] for c in np.unique(m.path_codes[js]).tolist()):
+        if any("://" in m.path_names[c] for c in np.unique(codes).tolist()):
             return None  # objects: fetched as they are read
         sizes = m.size[js]
         if (sizes < 0).any() or int(sizes.sum()) > limit:
@@ -573,24 +574,16 @@ class ByteSource:
         np.cumsum(sizes[:-1], out=starts[1:])
         buffer = bytearray(int(sizes.sum()) + 1)
         view = memoryview(buffer)
-        names = m.path_names
+        names, at, ends = m.path_names, starts.tolist(), (starts + sizes).tolist()
         try:
-            for code, offset, size, at in zip(
-                m.path_codes[js].tolist(),
-                m.offset[js].tolist(),
-                sizes.tolist(),
-                starts.tolist(),
-                strict=True,
-            ):
-                into = view[at : at + size + 1]  # a byte more shows if the file grew
-                self._files.read_into(names[code], offset, size, into)
+            for code, lo, hi in zip(codes.tolist(), at, ends, strict=True):
+                # a byte more shows if the file grew
+                self._files.read_into(names[code], -1, hi - lo, view[lo : hi + 1])
         except BadSampleError:
             return None
-        ends = (starts + sizes).tolist()
-        self._read_ahead = dict(
-            zip(js.tolist(), map(view.__getitem__, map(slice, starts.tolist(), ends)), strict=True)
-        )
-        return buffer, starts
+        views = list(map(view.__getitem__, map(slice, at, ends)))
+        self._read_ahead = dict(zip(js.tolist(), views, strict=True))
+        return np.frombuffer(buffer, np.uint8), starts, views
 
     def close(self) -> None:
         self._read_ahead = {}

@@ -395,12 +395,8 @@ def _file_views(
     read = source.read_files(js, _FILES_BYTES)
     if read is None:
         return None
-    buffer, lo = read
-    hi = lo + sizes
-    mv = memoryview(buffer)
-    views = list(map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist())))
-    data = np.frombuffer(buffer, np.uint8)
-    return views, [(data, np.arange(len(js)), lo, hi)]  # type: ignore[list-item]
+    data, lo, views = read
+    return views, [(data, np.arange(len(js)), lo, lo + sizes)]  # type: ignore[list-item]
 
 
 def _member_views(
