@@ -18,6 +18,54 @@ import pytest
 
 from tests.support.proxy import CountingProxy
 from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
+from tests.support.watch import Watch
+
+_watch = Watch(
+    float(os.environ["SHARDEX_TEST_BUDGET_S"]) if "SHARDEX_TEST_BUDGET_S" in os.environ else None
+)
+_config: pytest.Config | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _watch.spent():
+        pytest.skip(
+            f"the suite's time budget (SHARDEX_TEST_BUDGET_S={_watch.budget_s:.0f}) is spent"
+        )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A failure is printed when it happens, with the machine's state (see support/watch)."""
+    terminal = _config and _config.pluginmanager.get_plugin("terminalreporter")
+    if not report.failed or not terminal:
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else str(report.longrepr)
+    message = message.strip().splitlines()[0][:300] if message.strip() else "?"
+    terminal.write_line("")
+    for line in _watch.failure_lines(report.nodeid, report.when, report.duration, message):
+        terminal.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _watch.over_budget:  # skipped for lack of time is not passed
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    left = _watch.left_running()
+    if _watch.over_budget:
+        terminalreporter.write_line(
+            f"the time budget was spent {_watch.elapsed()}: later tests skipped"
+        )
+    if left:
+        terminalreporter.write_line(f"{len(left)} processes started by the run still run:")
+        for line in left[:15]:
+            terminalreporter.write_line(f"   {line}")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -26,6 +74,10 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     # wids copies the tars it reads (even local ones) to /tmp/_wids_cache unless told
     os.environ["WIDS_CACHE"] = str(tmp_path_factory.mktemp("wids-cache"))
     loopback_only_environment()  # tests never ask a cloud for credentials
+    # Ray fails object creation that needs spilling once the disk is 95% used, however
+    # many GB that leaves (a large shared disk often is): the tests' Ray clusters (theirs
+    # and those the CLI starts) spill little, so for them only a full disk counts
+    os.environ["RAY_local_fs_capacity_threshold"] = "1"  # noqa: SIM112  # Ray reads this name
 
 
 @pytest.fixture
