@@ -534,6 +534,35 @@ def test_cli_source_flags(s3: S3Location, tmp_path: Path) -> None:
     assert "--source-s3-*" in output
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        # the source takes the --s3-* flags, time limits among them
+        ["--s3-endpoint-url", "{endpoint}", "--s3-region", "{region}", "--s3-timeout", "30s"],
+        # each --source-s3-* flag not given is its --s3-* one (here the endpoint)
+        ["--s3-endpoint-url", "{endpoint}", "--source-s3-region", "{region}"],
+    ],
+    ids=["s3 flags and a time limit", "one source flag"],
+)
+def test_a_source_on_s3_takes_each_s3_flag_it_is_not_given_a_source_flag_for(
+    s3: S3Location, tmp_path: Path, flags: list[str]
+) -> None:
+    files = make_tree(tmp_path / "src", RELS[:4])
+    _upload(ObjectStorage(s3.child("fallback"), s3.direct), files)
+    given = [f.format(endpoint=s3.server.endpoint, region=s3.server.region) for f in flags]
+    env = {
+        "AWS_ACCESS_KEY_ID": s3.server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.server.secret_key,
+        # a flag the source lost would send it here: a closed port on loopback
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
+    out = tmp_path / "out"
+    args = ["export-dataset", s3.child("fallback/"), "-o", str(out), "-q", "--s3-retry-timeout"]
+    result = CliRunner().invoke(main, [*args, "2s", *given], env=env)
+    assert result.exit_code == 0, result.output
+    assert shardex.read_config(out).num_samples == 4
+
+
 @pytest.mark.parametrize("case", ["missing bucket", "empty prefix", "bad credentials"])
 def test_source_errors_are_one_line_naming_the_url(
     s3: S3Location, tmp_path: Path, case: str

@@ -56,11 +56,29 @@ class _Duration(_ParamType):
         return str(value)
 
 
-#: The object-storage time limits: flag, the storage option it sets, help.
+#: The object-storage flags of every command that takes a location: flag, the storage
+#: option it sets, metavar, help; the time limits (type DURATION) last.
+_S3_FLAGS: Final = (
+    (
+        "--s3-endpoint-url",
+        "endpoint_url",
+        "URL",
+        "S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: AWS_ENDPOINT_URL).",
+    ),
+    ("--s3-region", "region", None, "Region for s3:// locations (default: AWS_REGION)."),
+    (
+        "--s3-profile",
+        "profile",
+        "NAME",
+        "Named AWS profile for s3:// locations, read from ~/.aws/credentials and "
+        "~/.aws/config (boto3 only for role, SSO or process credentials).",
+    ),
+)
 _TIME_FLAGS: Final = (
     (
         "--s3-retry-timeout",
         "retry_timeout",
+        "DURATION",
         "How long a failing object-storage request (connection refused or dropped, timed "
         "out, 5xx, throttled) is retried before the command fails: seconds or 500ms, 30s, "
         "2m (default 2m).",
@@ -68,86 +86,86 @@ _TIME_FLAGS: Final = (
     (
         "--s3-timeout",
         "timeout",
+        "DURATION",
         "Time limit of one object-storage request, after which it is retried (default 60s).",
     ),
     (
         "--s3-connect-timeout",
         "connect_timeout",
+        "DURATION",
         "Time limit of connecting to the object store (default 5s).",
     ),
 )
-#: Where the time-limit flags leave their values for _storage_options (ctx.meta is shared
-#: by a command's contexts): so that every command taking a location takes them, without
-#: one more parameter each.
-_TIME_OPTIONS: Final = "shardex.storage_time_options"
+_SOURCE_S3_FLAGS: Final = (
+    (
+        "--source-s3-endpoint-url",
+        "endpoint_url",
+        "URL",
+        "S3-compatible endpoint for an s3:// SOURCE (default: --s3-endpoint-url).",
+    ),
+    ("--source-s3-region", "region", None, "Region for an s3:// SOURCE (default: --s3-region)."),
+    (
+        "--source-s3-profile",
+        "profile",
+        "NAME",
+        "Named AWS profile for an s3:// SOURCE (default: --s3-profile).",
+    ),
+)
+#: Where these flags leave their values (ctx.meta is shared by a command's contexts), so
+#: that every command taking a location takes them without six more parameters each.
+_OUTPUT: Final = "shardex.storage_options"
+_TIMES: Final = "shardex.storage_time_options"
+_SOURCE: Final = "shardex.source_storage_options"
 
 
-def _keep_time_option(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-    if value is not None and isinstance(param.type, _Duration):
-        ctx.meta.setdefault(_TIME_OPTIONS, {})[param.type.option] = value
+def _flags(
+    fn: Any, rows: tuple[tuple[str, str, str | None, str], ...], where: str, timed: bool = False
+) -> Any:
+    """Adds ``rows`` as options that leave their values in ``ctx.meta[where]``, each
+    under the storage option it sets."""
+    for flag, option, metavar, text in reversed(rows):
+
+        def keep(
+            ctx: click.Context, _param: click.Parameter, value: Any, key: str = option
+        ) -> None:
+            if value:
+                ctx.meta.setdefault(where, {})[key] = value
+
+        fn = click.option(
+            flag,
+            type=_Duration(option) if timed else None,
+            default=None,
+            metavar=metavar,
+            expose_value=False,
+            callback=keep,
+            help=text,
+        )(fn)
+    return fn
 
 
 def _storage_flags(fn: Any) -> Any:
     """The object-storage flags every command that takes a location accepts."""
-    for flag, option, text in reversed(_TIME_FLAGS):
-        fn = click.option(
-            flag,
-            type=_Duration(option),
-            default=None,
-            metavar="DURATION",
-            expose_value=False,
-            callback=_keep_time_option,
-            help=text,
-        )(fn)
-    fn = click.option(
-        "--s3-profile",
-        default=None,
-        metavar="NAME",
-        help="Named AWS profile for s3:// locations, read from ~/.aws/credentials and "
-        "~/.aws/config (boto3 only for role, SSO or process credentials).",
-    )(fn)
-    fn = click.option(
-        "--s3-region", default=None, help="Region for s3:// locations (default: AWS_REGION)."
-    )(fn)
-    fn = click.option(
-        "--s3-endpoint-url",
-        default=None,
-        metavar="URL",
-        help="S3-compatible endpoint, e.g. http://127.0.0.1:8333 (default: AWS_ENDPOINT_URL).",
-    )(fn)
-    return fn
+    return _flags(_flags(fn, _TIME_FLAGS, _TIMES, timed=True), _S3_FLAGS, _OUTPUT)
 
 
 def _source_storage_flags(fn: Any) -> Any:
     """The object-storage flags of a source on object storage (default: the --s3-* ones)."""
-    fn = click.option(
-        "--source-s3-profile",
-        default=None,
-        metavar="NAME",
-        help="Named AWS profile for an s3:// SOURCE (default: --s3-profile).",
-    )(fn)
-    fn = click.option(
-        "--source-s3-region",
-        default=None,
-        help="Region for an s3:// SOURCE (default: --s3-region).",
-    )(fn)
-    fn = click.option(
-        "--source-s3-endpoint-url",
-        default=None,
-        metavar="URL",
-        help="S3-compatible endpoint for an s3:// SOURCE (default: --s3-endpoint-url).",
-    )(fn)
-    return fn
+    return _flags(fn, _SOURCE_S3_FLAGS, _SOURCE)
 
 
-def _storage_options(
-    endpoint_url: str | None, region: str | None, profile: str | None
-) -> dict[str, Any] | None:
-    options = {"endpoint_url": endpoint_url, "region": region, "profile": profile}
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        options.update(ctx.meta.get(_TIME_OPTIONS, {}))
-    return {k: v for k, v in options.items() if v} or None
+def _storage_options() -> dict[str, Any] | None:
+    """The storage options of the command's location, from its --s3-* flags."""
+    meta = click.get_current_context().meta
+    return {**meta.get(_OUTPUT, {}), **meta.get(_TIMES, {})} or None
+
+
+def _source_options() -> dict[str, Any] | None:
+    """A source's storage options: each --source-s3-* flag, else its --s3-* one; None
+    (the output's options) when no --source-s3-* flag is given."""
+    meta = click.get_current_context().meta
+    if not meta.get(_SOURCE):
+        return None
+    return {**meta.get(_OUTPUT, {}), **meta[_SOURCE], **meta.get(_TIMES, {})}
 
 
 class _Group(click.Group):
@@ -406,12 +424,6 @@ def export_dataset(
     executor: str | None,
     ray_address: str | None,
     quiet: bool,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    s3_profile: str | None,
-    source_s3_endpoint_url: str | None,
-    source_s3_region: str | None,
-    source_s3_profile: str | None,
 ) -> None:
     """Export SOURCE to sharded storage at OUTPUT.
 
@@ -457,8 +469,8 @@ def export_dataset(
         layout=layout,  # type: ignore[arg-type]
     )
     check_options(opts)  # what the backend cannot store: before the source is looked at
-    storage_options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
-    source_options = _storage_options(source_s3_endpoint_url, source_s3_region, source_s3_profile)
+    storage_options = _storage_options()
+    source_options = _source_options()
     if source_options and source.endswith((".yaml", ".yml")):
         raise click.UsageError(
             "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
@@ -539,16 +551,13 @@ def _skipped_summary(output: str, config: Any, storage_options: dict[str, Any] |
 def inspect(
     output: str,
     as_json: bool,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    s3_profile: str | None,
 ) -> None:
     """Summarise the export at OUTPUT (config.yaml, splits, shards, keys)."""
     from rich.table import Table
 
     from shardex.api import read_config
 
-    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    storage = _location(output)
     config = read_config(storage)
     if as_json:
         click.echo(json.dumps(config.to_dict(), indent=2))
@@ -612,14 +621,11 @@ def ls(
     output: str,
     split: str | None,
     limit: int | None,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    s3_profile: str | None,
 ) -> None:
     """List the samples of OUTPUT: key, split, shard, byte range, original path."""
     from shardex.api import read_config
 
-    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    storage = _location(output)
     config = read_config(storage)
     splits = [split] if split else list(config.splits)
     shown = 0
@@ -637,12 +643,10 @@ def ls(
             shown += 1
 
 
-def _location(
-    output: str, endpoint_url: str | None, region: str | None, profile: str | None
-) -> Any:
+def _location(output: str) -> Any:
     from shardex.storage import open_storage
 
-    return open_storage(output, _storage_options(endpoint_url, region, profile))
+    return open_storage(output, _storage_options())
 
 
 def _open(storage: Any, split: str) -> Any:
@@ -671,15 +675,12 @@ def get(
     split: str | None,
     dest: str | None,
     field: str | None,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    s3_profile: str | None,
 ) -> None:
     """Fetch the sample KEY from OUTPUT: show its fields, or write one with -o."""
     from shardex.api import read_config
     from shardex.codecs.images import IMAGE_EXTENSIONS
 
-    storage = _location(output, s3_endpoint_url, s3_region, s3_profile)
+    storage = _location(output)
     config = read_config(storage)
     sample, where = None, ""
     for name in [split] if split else list(config.splits):
@@ -741,9 +742,6 @@ def browse_command(
     split: str | None,
     host: str,
     port: int,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    s3_profile: str | None,
 ) -> None:
     """Look at EXPORT in the browser: thumbnails, filters, plots, one sample in full.
 
@@ -751,7 +749,7 @@ def browse_command(
     """
     from shardex.browse import browse
 
-    options = _storage_options(s3_endpoint_url, s3_region, s3_profile)
+    options = _storage_options()
     browse(export, split, host=host, port=port, storage_options=options)
 
 
@@ -766,9 +764,6 @@ def verify_command(
     deep: bool,
     as_json: bool,
     quiet: bool,
-    s3_endpoint_url: str | None,
-    s3_region: str | None,
-    s3_profile: str | None,
 ) -> None:
     """Check OUTPUT byte for byte: config, index, shards, every sample's checksum.
 
@@ -777,7 +772,7 @@ def verify_command(
     from shardex.verification import verify
 
     report = verify(
-        _location(output, s3_endpoint_url, s3_region, s3_profile),
+        _location(output),
         deep=deep,
         progress=not (quiet or as_json),
     )
