@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -173,13 +173,29 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     held = tars_held() if staging is not None else contextlib.nullcontext()
     with scratch() as folder, _staged(storage, staging), held:
         taken = exported_keys(storage, job.previous, folder)
-        prep = _prepare_first(job, bars, taken, folder)
-        # bytes in this process (an in-memory source) are written here: pickling costs more
-        workers = 1 if prep is not None and prep.in_memory() else opts.workers
-        intent_before = read_intent_bytes(storage)
+        started: list[Runner] = []
+        with contextlib.ExitStack() as early:
+
+            def start_workers() -> None:
+                """The source's bytes are not in this process: the workers start now,
+                while the rest of pass 1 runs, instead of after it."""
+                if job.runner is None and opts.workers != 1 and not started:
+                    started.append(early.enter_context(_runner(job, opts.workers)))
+
+            prep = _prepare_first(job, bars, taken, folder, start_workers)
+            # bytes in this process (an in-memory source) are written here: pickling
+            # costs more (most of a first batch's bytes were files, not of the rest)
+            workers = 1 if prep is not None and prep.in_memory() else opts.workers
+            if workers == 1:
+                early.close()
+                started.clear()
+            intent_before = read_intent_bytes(storage)
+            # the workers started in pass 1 stop with the pool below: before an undo
+            kept = early.pop_all()
         writing = False
         try:
-            with job.runner or Runner(workers) as pool:
+            runner = started[0] if started else job.runner or _runner(job, workers)
+            with kept, contextlib.nullcontext(runner) if started else runner as pool:
                 if prep is None:
                     prep = prepare(job.src, opts, pool, bars, job.previous, taken)
                 _check_one_split(job, prep)
@@ -238,13 +254,23 @@ def _check_one_split(job: _Job, prep: Prepared) -> None:
         )
 
 
+def _runner(job: _Job, workers: int | None) -> Runner:
+    """Local workers that import the shard writers as they start."""
+    return Runner(workers, preload=("shardex.engine.shards", type(job.backend).__module__))
+
+
 def _prepare_first(
-    job: _Job, bars: Progress, taken: frozenset[str], folder: Path
+    job: _Job,
+    bars: Progress,
+    taken: frozenset[str],
+    folder: Path,
+    start_workers: Callable[[], None],
 ) -> Prepared | None:
-    """Pass 1 before any worker starts, for a backend that writes shard by shard (it
+    """Pass 1 before the shards are written, for a backend that writes shard by shard (it
     checks images as it writes them): streamed, the splits spilled under ``folder``
     (appends too), unless the source's bytes are in memory (its first batch tells) or an
-    option needs the whole table. None: the images are checked first, in the workers."""
+    option needs the whole table; ``start_workers`` is called once the first batch shows
+    that the bytes are not in memory. None: the images are checked first, in the workers."""
     if not job.backend.writes_shards:
         return None
     # a remote runner (Ray) streams too: its shard jobs carry their spill slices' rows,
@@ -269,6 +295,8 @@ def _prepare_first(
         inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
         if inline and job.src.bytes_in_memory:
             return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
+        if remote is None:
+            start_workers()
         put = remote.put if remote is not None else None  # rows kept in its object store
         return prepare_streamed(
             replay, job.src.uri, job.opts, job.backend, folder, bars, taken, job.previous, put
