@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any, Final, TypeVar
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
+from shardex.per_process import PerProcess
 from shardex.storage.base import ObjectWriter, Storage, checked_path
 from shardex.storage.failures import storage_error
 from shardex.storage.options import (
@@ -88,7 +89,6 @@ class _Loop:
     def __init__(self) -> None:
         import asyncio  # here: asyncio costs ~15 ms to import, and only batches use it
 
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         threading.Thread(
             target=self.loop.run_forever, daemon=True, name="shardex-object-io"
@@ -103,14 +103,7 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
 
-_loop: _Loop | None = None
-
-
-def _loop_here() -> _Loop:
-    global _loop
-    if _loop is None or _loop.pid != os.getpid():
-        _loop = _Loop()
-    return _loop
+_loop_here: Final = PerProcess(_Loop)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
