@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
 from shardex.per_process import PerProcess
-from shardex.storage.base import ObjectWriter, Storage, checked_path
+from shardex.storage.base import CountingWriter, ObjectWriter, Storage, checked_path
 from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
@@ -438,15 +438,14 @@ class DirectObjectStorage(Storage):
         return _MultipartWriter(writer, self.join(path), self._options)
 
 
-class _MultipartWriter(ObjectWriter):
+class _MultipartWriter(CountingWriter):
     """obstore's writer: parts upload as they fill; completing makes the object appear."""
 
     def __init__(self, writer: Any, where: str, options: dict[str, Any]) -> None:
+        super().__init__()
         self._w = writer
         self._where = where
         self._options = options
-        self._pos = 0
-        self._done = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         try:
@@ -455,10 +454,6 @@ class _MultipartWriter(ObjectWriter):
             self.abort()
             raise storage_error(exc, self._where, self._options) from exc
         self._pos += len(data)
-
-    @property
-    def tell(self) -> int:
-        return self._pos
 
     def commit(self) -> None:
         if self._done:
