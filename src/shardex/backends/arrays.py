@@ -384,7 +384,7 @@ class ArrayBackend(Backend):
     def write_split(
         self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
     ) -> SplitInfo:
-        from shardex.engine.shards import candidates, inline_candidates, write_shards
+        from shardex.engine.shards import write_plan, writes_inline
 
         if plan.previous is not None:
             raise ConfigError(
@@ -395,11 +395,8 @@ class ArrayBackend(Backend):
         if split is None:
             raise TypeError(f"the {self.name} backend writes from plan.candidates")
         base = _fresh_base(f"{plan.split}/{self.stem_name}", plan.name_hash, plan.existing)
-        # one local worker: this process writes; a remote runner's tasks always do
-        inline = split.inline() or (runner.workers == 1 and not runner.remote)
-        pick = inline_candidates if inline else candidates
 
-        def make_job(start: int, stop: int, first_sample: int, k: int) -> _RunJob:
+        def make_job(fields: dict[str, object], first_sample: int, k: int) -> _RunJob:
             return _RunJob(
                 self,
                 storage,
@@ -411,7 +408,7 @@ class ArrayBackend(Backend):
                 plan.max_shard_bytes,
                 plan.check,
                 first_sample,
-                **pick(split, start, stop),  # type: ignore[arg-type]  # the candidate fields
+                **fields,  # type: ignore[arg-type]  # the candidate fields
             )
 
         shards: list[ShardInfo] = []
@@ -419,18 +416,15 @@ class ArrayBackend(Backend):
         runs: list[Written] = []
         hashes: list[npt.NDArray[np.uint64]] = []
         try:
-            for done in write_shards(
+            for done in write_plan(
+                plan,
                 split,
                 make_job,
                 runner,
-                plan.samples_per_shard,
-                plan.max_shard_bytes,
-                inline=inline,
+                inline=writes_inline(split, runner),
                 on_discard=lambda d: _remove_run(storage, d.written),
                 write=_write_run,
             ):
-                if done.skipped and plan.on_skip is not None:
-                    plan.on_skip(list(done.skipped))
                 if done.written is None or done.meta is None:  # the last, every one skipped
                     continue
                 hashes.append(done.key_hashes)

@@ -22,8 +22,8 @@ sample bytes).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,9 @@ from shardex.backends.webdataset.writer import write_shard
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
 from shardex.rows import Members, SpilledRows, SpillSlice, SplitRows
+
+if TYPE_CHECKING:
+    from shardex.backends.base import SplitPlan
 
 #: Candidates a worker's job carries beyond its planned end, for skips (then doubled).
 _SLACK: Final = 8
@@ -62,6 +65,9 @@ class _Done(Protocol):
 
     @property
     def num_samples(self) -> int: ...
+
+    @property
+    def skipped(self) -> Sequence[dict[str, str]]: ...
 
 
 J = TypeVar("J", bound=_Job)
@@ -190,3 +196,43 @@ def write_shards(
             slack *= 2
         elif not stop[0]:
             pos = n
+
+
+def writes_inline(split: SplitRows | SpilledRows, runner: Runner) -> bool:
+    """Whether this process writes the split's shards itself: samples in its memory, or
+    one local worker (a remote runner's tasks always write theirs)."""
+    return split.inline() or (runner.workers == 1 and not runner.remote)
+
+
+def write_plan(
+    plan: SplitPlan,
+    split: SplitRows | SpilledRows,
+    make_job: Callable[[dict[str, object], int, int], J],
+    runner: Runner,
+    *,
+    inline: bool,
+    on_discard: Callable[[D], None],
+    write: Callable[[J], D] | None = None,
+) -> Iterator[D]:
+    """:func:`write_shards` of ``plan``'s candidates ``split`` as a backend writes them:
+    ``make_job(fields, first sample number, shard number offset)`` gets the candidates'
+    fields (views when ``inline``), and each shard's skipped samples go to
+    ``plan.on_skip`` before the shard is yielded."""
+    pick = inline_candidates if inline else candidates
+
+    def job(start: int, stop: int, first_sample: int, k: int) -> J:
+        return make_job(pick(split, start, stop), first_sample, k)
+
+    for done in write_shards(
+        split,
+        job,
+        runner,
+        plan.samples_per_shard,
+        plan.max_shard_bytes,
+        inline=inline,
+        on_discard=on_discard,
+        write=write,
+    ):
+        if done.skipped and plan.on_skip is not None:
+            plan.on_skip(list(done.skipped))
+        yield done

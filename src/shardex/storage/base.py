@@ -86,6 +86,19 @@ class ObjectWriter(ABC):
             self.abort()
 
 
+class CountingWriter(ObjectWriter):
+    """An :class:`ObjectWriter` whose :attr:`tell` is what its writes added to ``_pos``;
+    ``_done`` is for its commit and abort to run once."""
+
+    def __init__(self) -> None:
+        self._pos = 0
+        self._done = False
+
+    @property
+    def tell(self) -> int:
+        return self._pos
+
+
 class Storage(ABC):
     """A root under which objects are read and written.
 

@@ -23,7 +23,8 @@ from datetime import timedelta
 from typing import Any, Final, TypeVar
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
-from shardex.storage.base import ObjectWriter, Storage, checked_path
+from shardex.per_process import PerProcess
+from shardex.storage.base import CountingWriter, ObjectWriter, Storage, checked_path
 from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
@@ -88,7 +89,6 @@ class _Loop:
     def __init__(self) -> None:
         import asyncio  # here: asyncio costs ~15 ms to import, and only batches use it
 
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         threading.Thread(
             target=self.loop.run_forever, daemon=True, name="shardex-object-io"
@@ -103,14 +103,7 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
 
-_loop: _Loop | None = None
-
-
-def _loop_here() -> _Loop:
-    global _loop
-    if _loop is None or _loop.pid != os.getpid():
-        _loop = _Loop()
-    return _loop
+_loop_here: Final = PerProcess(_Loop)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -445,15 +438,14 @@ class DirectObjectStorage(Storage):
         return _MultipartWriter(writer, self.join(path), self._options)
 
 
-class _MultipartWriter(ObjectWriter):
+class _MultipartWriter(CountingWriter):
     """obstore's writer: parts upload as they fill; completing makes the object appear."""
 
     def __init__(self, writer: Any, where: str, options: dict[str, Any]) -> None:
+        super().__init__()
         self._w = writer
         self._where = where
         self._options = options
-        self._pos = 0
-        self._done = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         try:
@@ -462,10 +454,6 @@ class _MultipartWriter(ObjectWriter):
             self.abort()
             raise storage_error(exc, self._where, self._options) from exc
         self._pos += len(data)
-
-    @property
-    def tell(self) -> int:
-        return self._pos
 
     def commit(self) -> None:
         if self._done:

@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from shardex.errors import StorageError
-from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.base import CountingWriter, ObjectWriter, Storage
 from shardex.storage.direct import DirectObjectStorage as _Direct
 
 if TYPE_CHECKING:
@@ -242,11 +242,12 @@ def _abort(writer: ObjectWriter) -> None:
     writer.abort()
 
 
-class _HelperWriter(ObjectWriter):
+class _HelperWriter(CountingWriter):
     """A multipart write made by the helper process on behalf of this one."""
 
     def __init__(self, handle: int) -> None:
-        self._handle, self._pos, self._done = handle, 0, False
+        super().__init__()
+        self._handle = handle
 
     def _run(self, op: Callable[..., Any], *args: Any) -> None:
         _helper().call((None, None, op, (self._handle, *args), False))
@@ -254,10 +255,6 @@ class _HelperWriter(ObjectWriter):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._run(_write, bytes(data))
         self._pos += len(data)
-
-    @property
-    def tell(self) -> int:
-        return self._pos
 
     def commit(self) -> None:
         if not self._done:

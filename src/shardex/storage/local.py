@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
-from shardex.storage.base import ObjectWriter, Storage, checked_path
+from shardex.storage.base import CountingWriter, Storage, checked_path
 
 if TYPE_CHECKING:
     from shardex.storage.lock import LocalLock
@@ -37,10 +37,11 @@ def temporary_target(path: str) -> str | None:
     return f"{folder}/{target}" if folder else target
 
 
-class LocalObjectWriter(ObjectWriter):
+class LocalObjectWriter(CountingWriter):
     """Writes ``.NAME.tmp-RANDOM`` beside the target, then fsyncs and renames it."""
 
     def __init__(self, final: Path, *, buffer_size: int = 1 << 20) -> None:
+        super().__init__()
         self._final = final
         self._tmp = final.with_name(f".{final.name}{_TMP_MARK}{os.urandom(4).hex()}")
         try:
@@ -51,8 +52,6 @@ class LocalObjectWriter(ObjectWriter):
                 f"cannot create {quoted(str(final))}: {exc.strerror or exc}"
                 + (f" ({quoted(str(exc.filename))})" if exc.filename else "")
             ) from exc
-        self._done = False
-        self._pos = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         try:
@@ -74,10 +73,6 @@ class LocalObjectWriter(ObjectWriter):
             raise StorageError(
                 f"cannot write {self._final}: {exc.strerror or exc}; the file was not created"
             ) from exc
-
-    @property
-    def tell(self) -> int:
-        return self._pos
 
     def commit(self) -> None:
         # No fsync here: an export syncs all of its files in one pass before it commits

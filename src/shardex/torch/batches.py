@@ -47,6 +47,8 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from shardex.per_process import PerProcess
+
 #: Bytes before a buffer's data: the FREE/BUSY flag, padded to a cache line so that the
 #: data stays aligned for every dtype.
 HEADER: Final = 64
@@ -215,7 +217,6 @@ class _LocalPool:
     """
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.free: list[npt.NDArray[np.uint8]] = []
         self.busy = 0
         # Loaders may run in several threads; a finalizer may run inside take() (a GC).
@@ -244,14 +245,7 @@ class _LocalPool:
                 self.free.append(block)
 
 
-_LOCAL: _LocalPool | None = None
-
-
-def _local_pool() -> _LocalPool:
-    global _LOCAL
-    if _LOCAL is None or _LOCAL.pid != os.getpid():
-        _LOCAL = _LocalPool()
-    return _LOCAL
+_local_pool: Final = PerProcess(_LocalPool)
 
 
 # ---------------------------------------------------------------- the worker side

@@ -127,7 +127,7 @@ class WebDatasetBackend(Backend):
             merge_index,
             with_members,
         )
-        from shardex.engine.shards import candidates, inline_candidates, write_shards
+        from shardex.engine.shards import write_plan, writes_inline
 
         split = plan.candidates
         if split is None:
@@ -135,16 +135,13 @@ class WebDatasetBackend(Backend):
         before = plan.previous
         first = len(before.shards) if before is not None else 0
         other_hash = second_hash(plan.name_hash)
-        # one local worker: this process writes; a remote runner's tasks always do
-        inline = split.inline() or (runner.workers == 1 and not runner.remote)
-        pick = inline_candidates if inline else candidates
+        inline = writes_inline(split, runner)
         base = before.num_samples if before is not None else 0  # appended samples go on
         # tasks on other machines stage their rows and index arrays in the output, and
         # tasks merge them: none of those bytes pass through this process
         staged = plan.staging is not None and runner.remote and not inline
 
-        def make_job(start: int, stop: int, first_sample: int, k: int) -> ShardJob:
-            fields = pick(split, start, stop)
+        def make_job(fields: dict[str, object], first_sample: int, k: int) -> ShardJob:
             return _job(storage, plan, first + k, other_hash, base + first_sample, fields)
 
         shards = list(before.shards) if before is not None else []
@@ -154,18 +151,15 @@ class WebDatasetBackend(Backend):
         with contextlib.ExitStack() as stack:
             if index_out is not None:
                 stack.enter_context(index_out)
-            for done in write_shards(
+            for done in write_plan(
+                plan,
                 split,
                 make_job,
                 runner,
-                plan.samples_per_shard,
-                plan.max_shard_bytes,
                 inline=inline,
                 on_discard=discarded.append,
                 write=StageShard(plan.staging) if staged and plan.staging else None,
             ):
-                if done.skipped and plan.on_skip is not None:
-                    plan.on_skip(list(done.skipped))
                 if not done.num_samples:  # the split's last candidates were all skipped
                     continue
                 shards.append(

@@ -50,6 +50,7 @@ export function tile(row, info, shown = []) {
 // The filter form (labels, ranges, text, expression), filled from and kept in the URL.
 export class Filters {
   constructor(info, onChange) {
+    this.asked = 0; // requests made by latest()
     this.info = info;
     this.form = document.getElementById("filters");
     this.onChange = onChange;
@@ -112,5 +113,22 @@ export class Filters {
     const node = document.getElementById("status");
     node.textContent = text;
     node.classList.toggle("error", isError);
+  }
+
+  // The JSON at url, its label counts shown; null when the request failed (the error is
+  // shown) or when a newer request was made meanwhile: only the newest may fill the page.
+  async latest(url) {
+    const asked = ++this.asked;
+    let data;
+    try {
+      data = await getJSON(url);
+    } catch (error) {
+      this.status(error.message, true);
+      return null;
+    }
+    if (asked !== this.asked) return null;
+    this.status("");
+    this.showCounts(data.label_counts);
+    return data;
   }
 }

@@ -1,4 +1,4 @@
-import { Filters, el, getJSON, info, tile } from "./common.js";
+import { Filters, el, info, tile } from "./common.js";
 
 const url = new URLSearchParams(location.search);
 let offset = Number.parseInt(url.get("offset") ?? "0", 10) || 0;
@@ -20,24 +20,14 @@ function params() {
   return p;
 }
 
-let current = 0;
 async function load() {
   const p = params();
   document.getElementById("nav-plots").href = `/plots?${filters.params()}`;
   const query = new URLSearchParams(p);
   query.set("offset", offset);
   query.set("limit", limit);
-  const asked = ++current;
-  let page;
-  try {
-    page = await getJSON(`/api/page?${query}`);
-  } catch (error) {
-    filters.status(error.message, true);
-    return;
-  }
-  if (asked !== current) return; // a newer request is on its way
-  filters.status("");
-  filters.showCounts(page.label_counts);
+  const page = await filters.latest(`/api/page?${query}`);
+  if (!page) return;
   const shown = p.getAll("col");
   document.getElementById("grid").replaceChildren(...page.rows.map((row) => tile(row, info, shown)));
   const last = Math.min(offset + page.rows.length, page.total);
@@ -49,7 +39,7 @@ async function load() {
   if (offset) p.set("offset", offset);
   if (limit !== info.page_size) p.set("limit", limit);
   history.replaceState(null, "", `?${p}`);
-  document.body.dataset.loaded = String(asked);
+  document.body.dataset.loaded = String(filters.asked); // the request just shown
   document.body.dataset.loadedMs = String(Math.round(performance.now()));
 }
 

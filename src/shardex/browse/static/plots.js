@@ -1,4 +1,4 @@
-import { Filters, el, getJSON, info } from "./common.js";
+import { Filters, el, info } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 function svg(tag, attrs = {}, text = null) {
@@ -76,21 +76,11 @@ function show(id, chart) {
   figure.hidden = !chart;
 }
 
-let current = 0;
 async function load() {
   const p = filters.params();
   document.getElementById("nav-grid").href = `/?${p}`;
-  const asked = ++current;
-  let data;
-  try {
-    data = await getJSON(`/api/plots?${p}`);
-  } catch (error) {
-    filters.status(error.message, true);
-    return;
-  }
-  if (asked !== current) return;
-  filters.status("");
-  filters.showCounts(data.label_counts);
+  const data = await filters.latest(`/api/plots?${p}`);
+  if (!data) return;
   document.getElementById("count").textContent = `${data.total.toLocaleString("en")} of ${info.num_samples.toLocaleString("en")} samples`;
   show("plot-labels", data.labels.length ? hbars(data.labels.map((d) => ({ name: d.name, value: d.count }))) : null);
   show("plot-sizes", data.sizes ? heatmap(data.sizes) : null);
@@ -99,7 +89,7 @@ async function load() {
   box.replaceChildren(...Object.entries(data.histograms).filter(([, h]) => h.counts.length).map(([name, h]) =>
     el("figure", { class: "plot histogram", "data-column": name }, el("figcaption", {}, name), histogram(h.edges, h.counts))));
   history.replaceState(null, "", `?${p}`);
-  document.body.dataset.loaded = String(asked);
+  document.body.dataset.loaded = String(filters.asked); // the request just shown
   document.body.dataset.loadedMs = String(Math.round(performance.now()));
 }
 const filters = new Filters(info, load);
