@@ -508,6 +508,16 @@ def memory_rows(rate: dict[str, float], have_mds: bool) -> list[Row]:
                 note="same data, same run",
             )
         )
+    # The ceiling of the 2x row for any writer that fsyncs what it wrote, as shardex does
+    # (MDSWriter does not): where the disk's flush is slow, it is below 2.
+    rows.append(
+        Row(
+            "write limit / MDSWriter",
+            "x",
+            limit / rate["mds"],
+            note="same data, same run: the most an exporter that fsyncs can reach",
+        )
+    )
     return rows
 
 

@@ -397,6 +397,25 @@ def test_server_errors_are_retried(s3: S3Location) -> None:
     assert [r.status for r in s3.proxy.requests] == [503, 503, 206]
 
 
+def test_a_multipart_upload_whose_completion_fails_is_aborted(s3: S3Location) -> None:
+    """A writer whose last request (completing the upload) is refused raises, and the
+    upload's parts are aborted (by obstore's writer as its close fails): nothing is
+    visible and no part is left billed."""
+    storage = ObjectStorage(s3.url, s3.counted)
+    writer = storage.open_writer("big.bin")
+    writer.write(b"x" * (9 << 20))  # past one part: a multipart upload
+    # the completion (the upload's creation is a POST too, without an uploadId)
+    s3.proxy.fail_next(
+        1, status=400, when=lambda head: head.method == "POST" and "uploadId" in head.query
+    )
+    with pytest.raises(StorageError, match=r"big\.bin"):
+        writer.commit()
+    s3.proxy.wait_idle()
+    aborts = [r for r in s3.proxy.requests if r.method == "DELETE" and "uploadId" in r.query]
+    assert aborts, [(r.method, r.path, r.query, r.status) for r in s3.proxy.requests]
+    assert not storage.exists("big.bin")
+
+
 def _read_in_child(ds: shardex.Dataset) -> str:
     try:
         return str(ds[0]["__key__"])
