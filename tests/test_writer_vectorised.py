@@ -21,6 +21,7 @@ from shardex.backends.webdataset import writer
 from shardex.backends.webdataset.layout import zeroed
 from shardex.backends.webdataset.writer import ShardJob, _jpegs_good, write_shard
 from shardex.codecs.images import MAX_PIXELS
+from shardex.engine.candidates import Candidates
 from shardex.format.dali_index import DaliIndex
 from shardex.format.tar import (
     BLOCK,
@@ -181,10 +182,13 @@ def _job(tmp_path: Path, name: str, counts: list[int]) -> ShardJob:
         storage=storage,
         tar_path="a.tar",
         parquet_path="a.parquet",
-        rows=table,
-        members=members,
-        member_rows=np.arange(n, dtype=np.int64),
-        sizes=np.full(n, 10_000, np.int64),
+        candidates=Candidates(
+            rows=table,
+            members=members,
+            member_rows=np.arange(n, dtype=np.int64),
+            sizes=np.full(n, 10_000, np.int64),
+            last=True,
+        ),
         with_label=True,
         samples_per_shard=n,
         dali_index_path="a.idx",

@@ -44,6 +44,7 @@ from shardex.backends.metadata import read_metadata
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import ReopenedDataset, Sample
+from shardex.engine.candidates import Candidates
 from shardex.errors import (
     BadSampleError,
     ChecksumError,
@@ -61,7 +62,6 @@ from shardex.rows import (
     LABEL_FIELD,
     ByteSource,
     Members,
-    SpillSlice,
     json_text_column,
 )
 from shardex.sample_check import SampleCheck, image_problem, refusal
@@ -92,11 +92,11 @@ class Written:
 
 @dataclass(frozen=True, slots=True)
 class _RunJob:
-    """One run to write from its candidate samples (see :class:`shardex.backends.webdataset.writer.ShardJob`
-    for ``rows``, ``members``, ``member_rows``, ``sizes``, ``last`` and ``spill``): the run
-    takes good candidates in order until it holds ``samples_per_shard`` samples or the next
-    would pass ``max_shard_bytes``. ``part``: a per-split backend's run, written as one
-    ``.npy`` file per column under ``stem`` for :meth:`ArrayBackend.join_runs`."""
+    """One run to write from its candidate samples (their ``sizes``: the bytes each adds,
+    see :meth:`ArrayBackend.sample_sizes`): the run takes good candidates in order until
+    it holds ``samples_per_shard`` samples or the next would pass ``max_shard_bytes``.
+    ``part``: a per-split backend's run, written as one ``.npy`` file per column under
+    ``stem`` for :meth:`ArrayBackend.join_runs`."""
 
     backend: ArrayBackend
     storage: Storage
@@ -108,12 +108,7 @@ class _RunJob:
     max_shard_bytes: int | None
     check: SampleCheck
     first_sample: int
-    rows: pa.Table
-    members: Members
-    member_rows: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
-    last: bool
-    spill: SpillSlice | None = None
+    candidates: Candidates
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,22 +139,23 @@ class _Taken:
     full: bool = False
 
 
-def _take(job: _RunJob, rows: pa.Table, members: Members, member_rows: Any) -> _Taken:
+def _take(job: _RunJob, candidates: Candidates) -> _Taken:
     """Take good candidates in order until the run is full. Each member's bytes are read
     once: an image is checked from the bytes that are then stored (one pass)."""
     from shardex.format.tar import END_OF_ARCHIVE  # the planner counts it in every shard
 
     got = _Taken()
+    rows, members, member_rows = candidates.rows, candidates.members, candidates.member_rows
     n = rows.num_rows
     labels = rows.column("label").to_pylist() if job.with_label else [None] * n
     has_json = JSON_COLUMN in rows.column_names
     texts: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
     image = [e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in members.ext_names]
     starts, codes, names = members.starts, members.ext_codes, members.ext_names
-    sizes = np.asarray(job.sizes).tolist()
+    sizes = np.asarray(candidates.sizes).tolist()
     cap, limit, check = job.max_shard_bytes, job.samples_per_shard, job.check
     source = ByteSource(members)
-    planned = plan_bounds(job.sizes, limit, cap)
+    planned = plan_bounds(candidates.sizes, limit, cap)
     if planned and any("://" in name for name in members.path_names):  # objects: fetched ahead
         ahead = np.asarray(member_rows[: planned[0][1]], np.int64)
         source.expect(j for r in ahead.tolist() for j in range(starts[r], starts[r + 1]))
@@ -207,18 +203,13 @@ def _take(job: _RunJob, rows: pa.Table, members: Members, member_rows: Any) -> _
 
 def _write_run(job: _RunJob) -> RunDone:
     """Read, check and write one run (in a worker, or inline); hand back small results."""
-    rows, members, member_rows = job.rows, job.members, job.member_rows
-    if job.spill is not None:
-        rows, members, sizes = job.spill.read_sized()  # sizes: rows from the object store
-        member_rows = np.arange(rows.num_rows, dtype=np.int64)
-        if sizes is not None:
-            job = dataclasses.replace(job, sizes=sizes)
-    got = _take(job, rows, members, member_rows)
-    complete = got.full or job.last
+    candidates = job.candidates.loaded()
+    got = _take(job, candidates)
+    complete = got.full or candidates.last
     skipped = tuple(got.skipped)
     if not complete or not got.picked:  # ran out of candidates, or every one was bad
         return RunDone(None, None, np.zeros(0, np.uint64), 0, got.consumed, complete, skipped)
-    kept = rows.take(pa.array(got.picked, pa.int64()))
+    kept = candidates.rows.take(pa.array(got.picked, pa.int64()))
     count = kept.num_rows
     kept = kept.append_column(
         "sample_index", pa.array(np.arange(job.first_sample, job.first_sample + count))
@@ -396,7 +387,7 @@ class ArrayBackend(Backend):
             raise TypeError(f"the {self.name} backend writes from plan.candidates")
         base = _fresh_base(f"{plan.split}/{self.stem_name}", plan.name_hash, plan.existing)
 
-        def make_job(fields: dict[str, object], first_sample: int, k: int) -> _RunJob:
+        def make_job(candidates: Candidates, first_sample: int, k: int) -> _RunJob:
             return _RunJob(
                 self,
                 storage,
@@ -408,7 +399,7 @@ class ArrayBackend(Backend):
                 plan.max_shard_bytes,
                 plan.check,
                 first_sample,
-                **fields,  # type: ignore[arg-type]  # the candidate fields
+                candidates,
             )
 
         shards: list[ShardInfo] = []

@@ -10,6 +10,7 @@ export runs them:
 * ``plan``: each split's candidates, their exact tar sizes and name hash;
 * ``write``: pass 2 over the splits through the backend (metadata.parquet streamed);
 * ``shards``: a split's shard jobs, filled exactly, re-planned when bad samples are skipped;
+* ``candidates``: the samples a shard job may take (views, copies, or a spill slice);
 * ``split_index``: a split's index files from records and key runs on scratch;
 * ``commit``: errors.parquet, the contract, config.yaml;
 * ``run``: all of it under the output's lock (the internal entry point, with a runner).

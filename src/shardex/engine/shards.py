@@ -25,13 +25,13 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, cast
 
-import numpy as np
 import pyarrow as pa
 
 from shardex.backends.webdataset.writer import write_shard
+from shardex.engine.candidates import Candidates, candidates, inline_candidates
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
-from shardex.rows import Members, SpilledRows, SpillSlice, SplitRows
+from shardex.rows import SpilledRows, SplitRows
 
 if TYPE_CHECKING:
     from shardex.backends.base import SplitPlan
@@ -40,18 +40,13 @@ if TYPE_CHECKING:
 _SLACK: Final = 8
 
 
-_NO_ROWS: Final = pa.table({})
-_NO_MEMBERS: Final = Members.empty()
-_NO_SIZES: Final = np.zeros(0, np.int64)
-
-
 class _Job(Protocol):
-    """A shard job as :func:`write_shards` sees it (a dataclass naming its spill slice)."""
+    """A shard job as :func:`write_shards` sees it (a dataclass carrying its candidates)."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
     @property
-    def spill(self) -> SpillSlice | None: ...
+    def candidates(self) -> Candidates: ...
 
 
 class _Done(Protocol):
@@ -77,50 +72,6 @@ D = TypeVar("D", bound=_Done)
 MakeJob = Callable[[int, int, int, int], J]
 
 
-def spilled_candidates(split: SpilledRows, start: int, stop: int) -> dict[str, object]:
-    """A job's candidate fields for ``[start, stop)`` of a spilled split: the slice of
-    its spill file that the writer reads (inline or in a worker), and the sizes."""
-    return {
-        "rows": _NO_ROWS,
-        "members": _NO_MEMBERS,
-        "member_rows": np.zeros(0, np.int64),
-        # rows in a remote runner's object store hold their sizes: none read here
-        "sizes": _NO_SIZES if split.refs else np.asarray(split.sizes[start:stop]),
-        "last": stop >= split.num_samples,
-        "spill": split.slice(start, stop),
-    }
-
-
-def candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> dict[str, object]:
-    """A job's candidate fields for ``[start, stop)``: views when written inline, compact
-    copies of the references when pickled to a worker."""
-    if isinstance(split, SpilledRows):
-        return spilled_candidates(split, start, stop)
-    index = np.arange(start, stop, dtype=np.int64)
-    rows = split.rows.take(pa.array(index))
-    members = split.members.subset(split.member_rows[start:stop])
-    return {
-        "rows": rows,
-        "members": members,
-        "member_rows": np.arange(stop - start, dtype=np.int64),
-        "sizes": split.sizes[start:stop],
-        "last": stop >= split.num_samples,
-    }
-
-
-def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> dict[str, object]:
-    """The candidates ``[start, stop)`` as views (written in this process: no copy)."""
-    if isinstance(split, SpilledRows):
-        return spilled_candidates(split, start, stop)
-    return {
-        "rows": split.rows.slice(start, stop - start),
-        "members": split.members,
-        "member_rows": split.member_rows[start:stop],
-        "sizes": split.sizes[start:stop],
-        "last": stop >= split.num_samples,
-    }
-
-
 def _carried(jobs: Iterator[J]) -> Iterator[J]:
     """Jobs for workers on other machines: each spill slice's rows read into its job,
     each record batch of the spill read once (a job's slice mostly begins in the batch
@@ -128,7 +79,10 @@ def _carried(jobs: Iterator[J]) -> Iterator[J]:
     (handles: the task fetches them)."""
     read: dict[int, pa.RecordBatch] = {}
     for job in jobs:
-        yield job if job.spill is None else dataclasses.replace(job, spill=job.spill.carried(read))
+        if job.candidates.spill is None:
+            yield job
+        else:
+            yield dataclasses.replace(job, candidates=job.candidates.carried(read))
 
 
 def write_shards(
@@ -207,7 +161,7 @@ def writes_inline(split: SplitRows | SpilledRows, runner: Runner) -> bool:
 def write_plan(
     plan: SplitPlan,
     split: SplitRows | SpilledRows,
-    make_job: Callable[[dict[str, object], int, int], J],
+    make_job: Callable[[Candidates, int, int], J],
     runner: Runner,
     *,
     inline: bool,
@@ -215,8 +169,8 @@ def write_plan(
     write: Callable[[J], D] | None = None,
 ) -> Iterator[D]:
     """:func:`write_shards` of ``plan``'s candidates ``split`` as a backend writes them:
-    ``make_job(fields, first sample number, shard number offset)`` gets the candidates'
-    fields (views when ``inline``), and each shard's skipped samples go to
+    ``make_job(candidates, first sample number, shard number offset)`` gets the
+    candidates (views when ``inline``), and each shard's skipped samples go to
     ``plan.on_skip`` before the shard is yielded."""
     pick = inline_candidates if inline else candidates
 

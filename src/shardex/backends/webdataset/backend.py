@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import xxhash
 
@@ -44,6 +44,7 @@ from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
     from shardex.backends.webdataset.writer import ShardJob, ShardWritten
+    from shardex.engine.candidates import Candidates
     from shardex.parallel import Runner
     from shardex.sources.base import MapRunner
 
@@ -141,8 +142,8 @@ class WebDatasetBackend(Backend):
         # tasks merge them: none of those bytes pass through this process
         staged = plan.staging is not None and runner.remote and not inline
 
-        def make_job(fields: dict[str, object], first_sample: int, k: int) -> ShardJob:
-            return _job(storage, plan, first + k, other_hash, base + first_sample, fields)
+        def make_job(candidates: Candidates, first_sample: int, k: int) -> ShardJob:
+            return _job(storage, plan, first + k, other_hash, base + first_sample, candidates)
 
         shards = list(before.shards) if before is not None else []
         discarded: list[ShardWritten] = []
@@ -245,7 +246,7 @@ def _job(
     number: int,
     other_hash: str,
     first_sample: int,
-    fields: dict[str, Any],
+    candidates: Candidates,
 ) -> ShardJob:
     """The job of one shard. A shard has two possible names: its usual one and one with
     :func:`second_hash`. When the committed export names one of them, the job first keeps
@@ -262,6 +263,7 @@ def _job(
         storage,
         f"{stem}.tar",
         f"{stem}.parquet",
+        candidates,
         with_label=plan.with_label,
         samples_per_shard=plan.samples_per_shard,
         max_shard_bytes=plan.max_shard_bytes,
@@ -271,5 +273,4 @@ def _job(
         dali_index_path=f"{stem}.idx",
         alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
         seeded=checksum_seeds(plan.format_version),
-        **fields,
     )

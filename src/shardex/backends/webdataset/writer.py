@@ -31,6 +31,7 @@ from shardex.backends.webdataset.layout import (
     spread,
     string_array,
 )
+from shardex.engine.candidates import Candidates
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import VERSION, VERSION_WITHOUT_NAMES, Component
 from shardex.format.dali_index import WHITESPACE as DALI_WHITESPACE
@@ -43,7 +44,6 @@ from shardex.rows import (
     LABEL_FIELD,
     ByteSource,
     Members,
-    SpillSlice,
     json_text_column,
 )
 from shardex.sample_check import SampleCheck, image_problem, refusal
@@ -116,13 +116,9 @@ def _header_bytes(
 class ShardJob:
     """One shard to write from its candidate samples, and where to put it.
 
-    ``rows`` are the candidates' metadata (``key``, ``original_path``, ``label``, ``_json``,
-    metadata columns; no members), ``members`` their members (candidate ``i`` is sample
-    ``member_rows[i]`` there) and ``sizes`` their planned tar bytes. The shard takes good
-    candidates in order until it holds ``samples_per_shard`` samples or the next would
-    pass ``max_shard_bytes``; bad ones are skipped (or refuse the export). ``last``: the
-    candidates run to the end of the split (else more candidates exist beyond them, and a
-    shard that ran out of candidates before it was full reports itself incomplete).
+    ``candidates`` are the samples it may hold (their ``sizes``: planned tar bytes). The
+    shard takes good candidates in order until it holds ``samples_per_shard`` samples or
+    the next would pass ``max_shard_bytes``; bad ones are skipped (or refuse the export).
 
     With ``resume``, a shard whose tar and sidecar already exist is kept when the sidecar's
     keys, byte ranges and checksums equal those of the samples it should hold (the source
@@ -132,22 +128,15 @@ class ShardJob:
     storage: Storage
     tar_path: str
     parquet_path: str
-    rows: pa.Table
-    members: Members
-    member_rows: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
+    candidates: Candidates
     with_label: bool
     samples_per_shard: int
     max_shard_bytes: int | None = None
     #: The sample number (in the split) of the shard's first sample.
     first_sample: int = 0
-    last: bool = True
     check: SampleCheck = dataclasses.field(default_factory=SampleCheck)
     resume: bool = False
     dali_index_path: str | None = None
-    #: Where the candidates are when the job does not carry them (``rows`` and
-    #: ``members`` are then empty): a slice of a spill file the writer reads itself.
-    spill: SpillSlice | None = None
     #: Set when the committed export names this shard's paths: the shard is kept if it
     #: holds exactly these samples, else written under these (tar, parquet, idx) paths
     #: instead, never over a file the committed config.yaml names.
@@ -191,14 +180,15 @@ class ShardWritten:
 
 
 def _layout(job: ShardJob) -> ShardLayout:
-    members = job.members
+    candidates = job.candidates
+    members = candidates.members
     return ShardLayout(
-        job.rows,
+        candidates.rows,
         members.starts,
         members.ext_codes,
         members.ext_names,
         members.size,
-        job.member_rows,
+        candidates.member_rows,
         job.with_label,
     )
 
@@ -255,13 +245,14 @@ def _fill(
     Each member's bytes are read once: checked (images), appended and hashed. This loop
     runs once per sample: it holds only what must be done per sample."""
     got = _Picked()
-    pieces_of, sizes, lengths_of = layout.pieces, job.sizes.tolist(), layout.sample_bytes.tolist()
+    sizes = job.candidates.sizes.tolist()
+    pieces_of, lengths_of = layout.pieces, layout.sample_bytes.tolist()
     cap, limit, check = job.max_shard_bytes, job.samples_per_shard, job.check
     taken, offsets, lengths, sums = got.taken, got.offsets, got.lengths, got.sums
     read, hasher = source.read, xxhash.xxh3_64
     used, pos, seed = len(END_OF_ARCHIVE), 0, job.first_sample if job.seeded else None
     parts = out.parts
-    for i in range(job.rows.num_rows):
+    for i in range(job.candidates.rows.num_rows):
         count = len(taken)
         if count >= limit or (cap is not None and count and used + sizes[i] > cap):
             got.full = True
@@ -311,7 +302,7 @@ def _fill(
 
 def _bad(job: ShardJob, layout: ShardLayout, i: int, reason: str, got: _Picked) -> None:
     """A bad candidate: refuse the export, or record it and go on."""
-    original = str(job.rows.column("original_path")[i].as_py())
+    original = str(job.candidates.rows.column("original_path")[i].as_py())
     if job.check.on_error == "error":
         raise BadSampleError(refusal(original, reason), reason=reason)
     got.skipped.append({"key": layout.key(i), "original_path": original, "reason": reason})
@@ -320,11 +311,11 @@ def _bad(job: ShardJob, layout: ShardLayout, i: int, reason: str, got: _Picked) 
 def _planned_take(job: ShardJob) -> int:
     """How many candidates the shard takes when every one is good (as :func:`_fill`
     decides: up to ``samples_per_shard``, and within ``max_shard_bytes``)."""
-    n = job.rows.num_rows
+    n = job.candidates.rows.num_rows
     take = int(min(n, job.samples_per_shard))
     cap = job.max_shard_bytes
     if cap is not None and take > 1:
-        used = len(END_OF_ARCHIVE) + np.cumsum(np.asarray(job.sizes[:take], np.int64))
+        used = len(END_OF_ARCHIVE) + np.cumsum(np.asarray(job.candidates.sizes[:take], np.int64))
         over = np.flatnonzero(used[1:] > cap)
         if len(over):
             take = int(over[0]) + 1
@@ -342,12 +333,12 @@ def _fill_inline(
     when a taken candidate is bad, or cannot be taken this way: :func:`_fill` then
     writes the shard, one sample at a time (the files read here are not read again)."""
     check = job.check
-    if check.validate == "decode" or not job.rows.num_rows:
+    if check.validate == "decode" or not job.candidates.rows.num_rows:
         return None
     k = _planned_take(job)
     ts = layout.own_members[: layout.own_from[k]]
     js = layout.source[ts]
-    members = job.members
+    members = job.candidates.members
     if members.inline[js].all():
         got = _member_views(members, js, layout.sizes[ts])
     elif source is not None:
@@ -378,7 +369,7 @@ def _fill_inline(
         lengths=lengths.tolist(),
         sums=sums,
         consumed=k,
-        full=k < job.rows.num_rows,
+        full=k < job.candidates.rows.num_rows,
         size=size + len(END_OF_ARCHIVE),
     )
 
@@ -705,20 +696,18 @@ def write_shard(job: ShardJob) -> ShardWritten:
     """Write the tar and its Parquet sidecar (each appears only when complete), or keep
     them when resuming and they verify. Each candidate's bytes are read once: checked,
     hashed and appended."""
-    if job.spill is not None:
-        rows, members, sizes = job.spill.read_sized()  # sizes: rows from the object store
-        every = np.arange(rows.num_rows, dtype=np.int64)
-        job = dataclasses.replace(job, rows=rows, members=members, member_rows=every, spill=None)
-        job = job if sizes is None else dataclasses.replace(job, sizes=sizes)
+    if job.candidates.spill is not None:
+        job = dataclasses.replace(job, candidates=job.candidates.loaded())
     old = _existing(job) if job.resume or job.alternate else None
     if old is None and job.alternate is not None:
         return write_shard(_elsewhere(job))
     layout = _layout(job)
-    source = ByteSource(job.members)
+    candidates = job.candidates
+    source = ByteSource(candidates.members)
     # members on object storage are fetched ahead, but only those of the candidates the
     # shard holds when every one is good: the rest are the next shard's to fetch
-    planned = plan_bounds(job.sizes, job.samples_per_shard, job.max_shard_bytes)
-    if planned and any("://" in name for name in job.members.path_names):  # objects
+    planned = plan_bounds(candidates.sizes, job.samples_per_shard, job.max_shard_bytes)
+    if planned and any("://" in name for name in candidates.members.path_names):  # objects
         ahead = layout.source[: layout.firsts[planned[0][1]]]
         source.expect(ahead[ahead >= 0].tolist())
     try:
@@ -784,7 +773,7 @@ def _written(job: ShardJob, layout: ShardLayout, got: _Picked, checksum: str) ->
         tar_path=job.tar_path,
         parquet_path=job.parquet_path,
         consumed=got.consumed,
-        complete=got.full or job.last,
+        complete=got.full or job.candidates.last,
         skipped=tuple(got.skipped),
         key_hashes=hashes,
     )
@@ -872,7 +861,7 @@ def _sidecar(
     sums: npt.NDArray[np.uint64],
 ) -> pa.Table:
     """The Parquet rows of a shard: NeMo's columns, typed metadata, byte ranges."""
-    rows = job.rows.take(int_array(picked, pa.int64()))
+    rows = job.candidates.rows.take(int_array(picked, pa.int64()))
     n = rows.num_rows
     internal = {MEMBERS, JSON_COLUMN, "key", "original_path"}
     json_text = json_text_column(rows)
