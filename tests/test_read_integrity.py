@@ -441,6 +441,10 @@ def test_readers_during_an_overwrite_get_old_bytes_or_export_replaced(tmp_path: 
                 replaced.append(exc)
             except BaseException as exc:
                 failures.append(exc)
+            # Without a pause, two reading threads pass the GIL to each other and the
+            # export in this thread waits up to seconds for it after each system call
+            # (its 0.15 s took 260-460 s): readers still interleave with every step.
+            stop.wait(0.0005)
 
     readers = [threading.Thread(target=read, args=(k,)) for k in range(2)]
     for t in readers:
