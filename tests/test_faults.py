@@ -40,7 +40,7 @@ class SlowWriter(LocalObjectWriter):
         super().write(data)
 class Slow(LocalStorage):
     def open_writer(self, path):
-        return SlowWriter(self._path(path))
+        return SlowWriter(self.root, path)
     def sync(self, paths):  # leaves time to be killed after metadata.parquet, before commit
         time.sleep(0.5)
         super().sync(paths)
@@ -131,11 +131,11 @@ class FullDisk(LocalStorage):
                     )
                 super().write_parts(parts)
 
-        return Writer(self._path(path))
+        return Writer(self.root, path)
 
 
 def test_real_enospc_from_a_write_is_a_clear_error(tmp_path: Path) -> None:
-    writer = LocalObjectWriter(tmp_path / "x.bin")
+    writer = LocalObjectWriter(tmp_path, "x.bin")
 
     class Broken:
         def write(self, data: Any) -> None:

@@ -32,7 +32,7 @@ class SlowWriter(LocalObjectWriter):
         super().write(data)
 class Slow(LocalStorage):
     def open_writer(self, path):
-        return SlowWriter(self._path(path))
+        return SlowWriter(self.root, path)
 shardex.export(sys.argv[1], Slow(sys.argv[2]), mode="overwrite", samples_per_shard=10, workers=1)
 """
 
@@ -109,6 +109,32 @@ def test_s3_lease_refuses_a_second_writer_and_expires_after_a_kill(
     shardex.export("demo:20", s3.url, **options)
     assert LOCK_FILE not in set(storage.list())
     assert shardex.verify(s3.url, storage_options=s3.direct).ok
+
+
+@pytest.mark.parametrize("expires", ["1e308", "Infinity", "-Infinity", "NaN", '"soon"'])
+def test_s3_a_lease_with_an_absurd_expiry_is_unreadable_and_taken_over(
+    s3: S3Location, expires: str
+) -> None:
+    """Anyone can write the lease object: an expiry past any real lease (or none at all)
+    is an unreadable lease, taken over as documented, never a traceback."""
+    storage = ObjectStorage(s3.url, s3.direct)
+    storage.put(LOCK_FILE, f'{{"holder": "someone", "expires": {expires}}}'.encode())
+    config = shardex.export("demo:20", s3.url, storage_options=s3.direct, workers=1)
+    assert config.num_samples == 20
+    assert LOCK_FILE not in set(storage.list())
+
+
+def test_s3_a_huge_lease_holder_is_cut_in_the_message(s3: S3Location) -> None:
+    storage = ObjectStorage(s3.url, s3.direct)
+    holder = "x\x1b[31m" + "h" * 1_000_000
+    lease = {"holder": holder, "expires": time.time() + 600}
+    storage.put(LOCK_FILE, json.dumps(lease).encode())
+    with pytest.raises(OutputLockedError) as refused:
+        shardex.export("demo:20", s3.url, storage_options=s3.direct, workers=1)
+    message = str(refused.value)
+    assert len(message) < 600 and "\n" not in message, message[:1000]
+    assert "1,000,006 characters" in message
+    storage.delete(LOCK_FILE)
 
 
 def test_s3_a_writer_that_lost_its_lease_does_not_commit(

@@ -496,11 +496,11 @@ def test_the_commit_removes_only_its_own_exports_temporary_files(
     def meanwhile(storage: Any, config: Any) -> None:
         del storage
         shard = next(iter(config.splits.values())).shards[0].path
-        killed = LocalObjectWriter(out / shard)  # an attempt that died mid-write
+        killed = LocalObjectWriter(out, shard)  # an attempt that died mid-write
         killed.write(b"half a shard")
         killed._file.close()  # (its process is gone: never renamed, never removed)
         names.append(Path(shard).name)
-        nested = LocalObjectWriter(out / "nested" / "train" / names[0])
+        nested = LocalObjectWriter(out, f"nested/train/{names[0]}")
         nested.write(b"another export's shard, still being written")
         writers.append(nested)
 

@@ -98,7 +98,7 @@ def test_an_undone_export_leaves_an_export_inside_its_output_alone(
         done = out / "nested" / "train" / name.replace("0000.tar", "0001.tar")
         done.parent.mkdir(parents=True)
         done.write_bytes(b"another export's shard, complete")
-        nested = LocalObjectWriter(out / "nested" / "train" / name)
+        nested = LocalObjectWriter(out, f"nested/train/{name}")
         nested.write(b"another export's shard, still being written")
         writers.append(nested)
         return plain(*args, **kwargs)  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ def test_write_parts_writes_every_part_in_order(tmp_path: Path) -> None:
             if kind == 1
             else memoryview(big)[at : at + size]
         )
-    writer = LocalObjectWriter(tmp_path / "x.bin")
+    writer = LocalObjectWriter(tmp_path, "x.bin")
     writer.write(b"head")  # buffered bytes go before the parts
     writer.write_parts(parts)
     writer.write(b"tail")
@@ -120,7 +120,7 @@ def test_write_parts_writes_every_part_in_order(tmp_path: Path) -> None:
 def test_write_parts_on_a_full_disk_is_a_clear_error(tmp_path: Path) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
-    writer = LocalObjectWriter(tmp_path / "x.bin")
+    writer = LocalObjectWriter(tmp_path, "x.bin")
     writer._file.close()
     # /dev/full: every write fails with ENOSPC, as a full disk's
     writer._file = open("/dev/full", "wb")  # noqa: SIM115

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
-from shardex.storage.base import CountingWriter, Storage, checked_path
+from shardex.storage.base import CountingWriter, Storage, checked_path, link_refused
 
 if TYPE_CHECKING:
     from shardex.storage.lock import LocalLock
@@ -38,20 +38,36 @@ def temporary_target(path: str) -> str | None:
 
 
 class LocalObjectWriter(CountingWriter):
-    """Writes ``.NAME.tmp-RANDOM`` beside the target, then fsyncs and renames it."""
+    """Writes ``.NAME.tmp-RANDOM`` beside the target ``ROOT/PATH``, then renames it.
 
-    def __init__(self, final: Path, *, buffer_size: int = 1 << 20) -> None:
+    The folders below ``root`` are opened one by one without following a link, and the
+    file is made and renamed relative to its folder's descriptor: a link planted in the
+    output (``out/train -> /etc``) can never turn the write into one outside it."""
+
+    def __init__(self, root: Path, path: str, *, buffer_size: int = 1 << 20) -> None:
         super().__init__()
-        self._final = final
-        self._tmp = final.with_name(f".{final.name}{_TMP_MARK}{os.urandom(4).hex()}")
+        self._final = final = root / path
+        self._name = final.name
+        self._tmp_name = f".{final.name}{_TMP_MARK}{os.urandom(4).hex()}"
+        self._tmp = final.with_name(self._tmp_name)
+        self._dir = -1
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._tmp, "wb", buffering=buffer_size)  # noqa: SIM115
+            self._dir = folder_fd(root, path.split("/")[:-1], create=True)
+            fd = os.open(self._tmp_name, _NEW_FILE, 0o666, dir_fd=self._dir)
+            self._file = open(fd, "wb", buffering=buffer_size)  # noqa: SIM115
         except OSError as exc:  # a file where a folder should be, no permission, ...
+            self._close_dir()
+            if isinstance(exc, StorageError):
+                raise
             raise StorageError(
                 f"cannot create {quoted(str(final))}: {exc.strerror or exc}"
                 + (f" ({quoted(str(exc.filename))})" if exc.filename else "")
             ) from exc
+
+    def _close_dir(self) -> None:
+        if self._dir >= 0:
+            os.close(self._dir)
+            self._dir = -1
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         try:
@@ -82,11 +98,15 @@ class LocalObjectWriter(CountingWriter):
             return
         try:
             self._file.close()
-            os.replace(self._tmp, self._final)
+            refuse_link(self._dir, self._name, self._final)
+            os.replace(self._tmp_name, self._name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
         except OSError as exc:
             self.abort()
+            if isinstance(exc, StorageError):
+                raise
             raise StorageError(f"cannot write {self._final}: {exc.strerror or exc}") from exc
         self._done = True
+        self._close_dir()
         _sync_soon(self._final)
 
     def abort(self) -> None:
@@ -95,7 +115,54 @@ class LocalObjectWriter(CountingWriter):
         self._done = True
         with contextlib.suppress(OSError):  # a full disk may fail the flush in close()
             self._file.close()
-        self._tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp_name, dir_fd=self._dir)
+        self._close_dir()
+
+
+#: A new file, never an existing one nor through a link (the temporary name is random).
+_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: A folder below an output's root, never through a link.
+_FOLDER: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def refuse_link(folder: int, name: str, where: Path) -> None:
+    """Raise :func:`link_refused` when ``name`` in the open folder ``folder`` is a link."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise link_refused(where)
+
+
+def folder_fd(root: Path, parts: Sequence[str], *, create: bool = False) -> int:
+    """A descriptor of the folder ``ROOT/PARTS...``: each folder below ``root`` opened
+    relative to the one above it and never through a link (a link, the one-line
+    :func:`link_refused`), made first when ``create``. ``root`` itself is the user's
+    choice and may be a link."""
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = root
+    try:
+        for name in parts:
+            where = where / name
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+            try:
+                below = os.open(name, _FOLDER, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    refuse_link(fd, name, where)
+                raise
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 #: Buffers one ``writev`` takes at most.
@@ -153,6 +220,20 @@ def check_output_folder(root: Path) -> None:
             f"cannot write the output {quoted(str(root))}: no permission to write in "
             f"{quoted(str(probe))}; choose another output or fix its permissions"
         )
+    if probe == root:
+        _refuse_links(root)
+
+
+def _refuse_links(folder: Path) -> None:
+    """Refuse an output that holds a symbolic link (the first found, in one line): an
+    export replaces and deletes names inside its output, and a link planted there by
+    whoever can write into a shared folder must not make it touch the link's target."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                raise link_refused(folder / entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                _refuse_links(folder / entry.name)
 
 
 class LocalStorage(Storage):
@@ -256,26 +337,50 @@ class LocalStorage(Storage):
 
     def delete(self, path: str) -> None:
         self._forget(path)
-        full = self._path(path)
-        full.unlink(missing_ok=True)
-        # Folders left empty go too (an object store has no folders): the shard folders
-        # of a replaced export, a split it no longer has.
-        for parent in full.parents:
-            if parent == self.root or self.root not in parent.parents:
-                break
-            try:
-                parent.rmdir()
-            except OSError:  # not empty
-                break
+        *folders, name = checked_path(path, self.uri).split("/")
+        opened: builtins.list[int] = []
+        try:
+            opened.append(os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            for depth, folder in enumerate(folders):
+                try:
+                    opened.append(os.open(folder, _FOLDER, dir_fd=opened[-1]))
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        refuse_link(opened[-1], folder, self.root.joinpath(*folders[: depth + 1]))
+                    raise
+            # unlink removes a link itself, never its target
+            os.unlink(name, dir_fd=opened[-1])
+            # Folders left empty go too (an object store has no folders): the shard
+            # folders of a replaced export, a split it no longer has.
+            for depth in range(len(folders), 0, -1):
+                try:
+                    os.rmdir(folders[depth - 1], dir_fd=opened[depth - 1])
+                except OSError:  # not empty
+                    break
+        except FileNotFoundError:
+            return
+        finally:
+            for fd in opened:
+                os.close(fd)
 
     def rename(self, source: str, target: str) -> None:
         self._forget(source)
         self._forget(target)
-        self._path(target).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._path(source), self._path(target))
+        *source_folders, source_name = checked_path(source, self.uri).split("/")
+        *target_folders, target_name = checked_path(target, self.uri).split("/")
+        source_fd = folder_fd(self.root, source_folders)
+        try:
+            target_fd = folder_fd(self.root, target_folders, create=True)
+            try:
+                refuse_link(target_fd, target_name, self._path(target))
+                os.replace(source_name, target_name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+            finally:
+                os.close(target_fd)
+        finally:
+            os.close(source_fd)
 
     def open_writer(self, path: str) -> LocalObjectWriter:
-        return LocalObjectWriter(self._path(path))
+        return LocalObjectWriter(self.root, checked_path(path, self.uri))
 
     def lock(self, holder: str) -> LocalLock:
         """``flock`` on ``ROOT/.shardex-lock``: released by the kernel if this process dies."""

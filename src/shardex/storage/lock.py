@@ -18,24 +18,33 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
+import math
 import os
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Self
 
 from shardex.errors import OutputLockedError, StorageError
+from shardex.quoting import quoted
+from shardex.storage.base import link_refused
 
 if TYPE_CHECKING:
     from shardex.storage.base import Storage
 
 #: The lock's name under the output's root (never part of an export).
 LOCK_FILE: Final = ".shardex-lock"
+#: The local lock file: made if missing, never opened through a link (O_NOFOLLOW).
+_LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: Seconds an object-store lease lasts unless renewed.
 DEFAULT_LEASE: Final = 60.0
+#: A lease expiring further ahead than this is unreadable (taken over like a garbled one).
+_LONGEST_LEASE: Final = 7 * 24 * 3600.0
 
 
 def holder_text(what: str) -> str:
@@ -69,9 +78,21 @@ class OutputLock:
         """Give the lock back."""
 
 
+#: Characters of a holder's text that a message shows (a lease is anyone's bytes).
+_HOLDER_CHARS: Final = 200
+
+
+def _shown(holder: str) -> str:
+    """A lock holder's text as a message shows it: cut to a bounded length."""
+    holder = holder.strip() or "unknown holder"
+    if len(holder) > _HOLDER_CHARS:
+        holder = f"{holder[:_HOLDER_CHARS]}... ({len(holder):,} characters)"
+    return holder
+
+
 def _locked(uri: str, holder: str) -> OutputLockedError:
     return OutputLockedError(
-        f"output {uri} is being written by another export ({holder.strip() or 'unknown holder'}); "
+        f"output {uri} is being written by another export ({holder}); "
         "wait for it to end, or write to another output"
     )
 
@@ -96,14 +117,14 @@ class LocalLock(OutputLock):
 
     def _take(self) -> int:
         while True:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 4096, 0).decode(errors="replace")
                 os.close(fd)
                 self._remove_root()
-                raise _locked(str(self._root), holder) from None
+                raise _locked(str(self._root), _shown(holder)) from None
             # The holder before us removes the file as it releases: a lock on a file that
             # is no longer at the path locks nothing, so take the new file.
             try:
@@ -113,6 +134,27 @@ class LocalLock(OutputLock):
             if same:
                 return fd
             os.close(fd)
+
+    def _open(self) -> int:
+        """The lock file, opened without following a link planted at its name (the lock
+        is truncated: through a link it would destroy the link's target) and refused when
+        it is not a plain file of its own (a hard link shares its bytes with another)."""
+        try:
+            fd = os.open(self._path, _LOCK_FLAGS, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise link_refused(self._path) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            os.close(fd)
+            self._remove_root()
+            raise StorageError(
+                f"{quoted(str(self._path))} is not a plain file of its own (a hard link, or "
+                "not a file); shardex never writes through it: remove it, or choose another "
+                "output"
+            )
+        return fd
 
     def release(self) -> None:
         if self._fd < 0:
@@ -159,13 +201,16 @@ class LeaseLock(OutputLock):
             try:
                 held = json.loads(data)
                 holder, expires = str(held["holder"]), float(held["expires"])
+                # no lease runs for years: infinite or absurd, it is unreadable
+                if not math.isfinite(expires) or expires > time.time() + _LONGEST_LEASE:
+                    raise ValueError(expires)
             except (ValueError, KeyError, TypeError):
                 holder, expires = "an unreadable lock", 0.0
             if expires > time.time():
                 until = datetime.datetime.fromtimestamp(expires, datetime.UTC)
                 raise _locked(
                     self._storage.uri,
-                    f"{holder}; its lease runs until {until:%H:%M:%S} UTC unless renewed",
+                    f"{_shown(holder)}; its lease runs until {until:%H:%M:%S} UTC unless renewed",
                 )
             tag = self._storage.put_if(LOCK_FILE, self._body(), old_tag)  # take it over
         if tag is None:
