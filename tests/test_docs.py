@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,52 @@ def test_window_loader_guide_example_runs(tmp_path: Path, monkeypatch: pytest.Mo
     exec(compile(code, "docs/torch.md", "exec"), scope)
     assert tuple(scope["x"].shape) == (1000 % 64 or 64, 16)
     assert scope["state"]["epoch"] == 2
+
+
+def _torch_scripts() -> dict[str, str]:
+    """The README's and docs/torch.md's PyTorch examples, each as a whole script."""
+    readme = [b for b in _blocks("python") if "MapDataset(" in b]
+    guide = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "torch.md").read_text(), re.S)
+    stateful = [b for b in guide if "StatefulDataLoader(" in b]
+    export = f'import shardex\nshardex.export("{_SMALL_DEMO}", "demo-export", workers=1)\n'
+    return {
+        "README": export + readme[0],
+        "torch.md": guide[0],
+        "torch.md StatefulDataLoader": guide[0] + stateful[0],
+        "torch.md without workers": guide[0].replace("num_workers=2", "num_workers=0"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_torch_scripts()))
+def test_torch_examples_run_as_scripts_with_nothing_on_stderr(name: str, tmp_path: Path) -> None:
+    """A user's script ends quietly: no "Exception ignored in ... __del__" at exit (a
+    destructor that met the interpreter's shutdown), no warning, no traceback."""
+    pytest.importorskip("torch")
+    if "Stateful" in name:
+        pytest.importorskip("torchdata")
+    script = tmp_path / "example.py"
+    script.write_text(_torch_scripts()[name])
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # torchdata's own warning on this torch, which docs/torch.md names as harmless
+    vital = r".*UserWarning: 'set_vital' is deprecated.*\n.*torch\.set_vital\(.*\n"
+    assert re.sub(vital, "", done.stderr) == ""
+
+
+def test_images_of_different_sizes_without_a_transform_are_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    import shardex
+    from shardex.errors import ConfigError
+    from shardex.torch import MapDataset
+
+    shardex.export(_SMALL_DEMO, tmp_path / "demo-export", workers=1)
+    loader = MapDataset(tmp_path / "demo-export", "train").dataloader(16, num_workers=0)
+    with pytest.raises(ConfigError) as refused:
+        next(iter(loader))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("cannot batch the field 'image'")
+    assert "transform=" in message

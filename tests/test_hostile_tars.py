@@ -201,7 +201,7 @@ def test_tar_cut_inside_its_first_header_names_the_tar(tmp_path: Path) -> None:
     data = (tmp_path / "src" / "a.tar").read_bytes()
     (tmp_path / "src" / "a.tar").write_bytes(data[:300])
     line = _error_line(_cli("export-dataset", str(tmp_path / "src"), "-o", str(tmp_path / "o")))
-    assert "a.tar' at byte 0" in line
+    assert "'a.tar': not a readable tar at byte 0" in line
 
 
 def test_a_folder_named_like_a_tar_is_not_read_as_one(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from helpers import small_export  # noqa: E402
+from shardex.errors import ConfigError  # noqa: E402
 from shardex.torch import (  # noqa: E402
     MapDataset,
     RowPacker,
@@ -172,13 +173,15 @@ def test_tensors_computed_from_a_batch_in_the_worker_arrive_intact() -> None:
         assert torch.equal(got["label"], expected["label"])
 
 
-def test_unequal_shapes_fail_as_with_default_collate() -> None:
+def test_unequal_shapes_fail_in_one_line_naming_the_field() -> None:
+    """default_collate's error names no field and comes as a long traceback; collate's
+    says which field differs, two of its shapes, and what to do."""
     items = Items(8, packed=True, ragged=True)
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         next(iter(DataLoader(Items(8, ragged=True), batch_size=4)))
     for workers in (0, 2):
         loader = DataLoader(items, batch_size=4, num_workers=workers, collate_fn=collate)
-        with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        with pytest.raises(ConfigError, match=r"cannot batch the field '\w+': its items differ"):
             next(iter(loader))
 
 

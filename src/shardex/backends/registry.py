@@ -133,10 +133,17 @@ class Registry:
             known = ", ".join(sorted(self._entries))
             raise BackendError(f"unknown backend {name!r}; known backends: {known}")
         module_name, _, cls_name = entry.target.partition(":")
+        hint = entry.install_hint or f"install the package that provides {module_name}"
+        # a backend importing its dependency lazily must be refused here all the same,
+        # before an export reads its source or writes anything
+        missing = [m for m in entry.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            raise MissingDependencyError(
+                f"backend {name!r} needs a missing dependency ({missing[0]}): {hint}"
+            )
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            hint = entry.install_hint or f"install the package that provides {module_name}"
             raise MissingDependencyError(
                 f"backend {name!r} needs a missing dependency ({exc.name}): {hint}"
             ) from exc

@@ -63,13 +63,11 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
-import torch
 import xxhash
-from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from shardex.backends.arrays import (
     ArrayBackend,
@@ -88,6 +86,14 @@ from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
 from shardex.storage.cache import cache_dir, remove_legacy_leftovers
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDictBase
+
+# torch and tensordict are imported where they are used: the registry reads this
+# backend's capabilities (a refused --dtype names the backends that can) without the
+# seconds their import takes.
 
 #: The suffixes of the columns that are nested keys ``(NAME, SUFFIX)``.
 SUFFIXES: Final = frozenset({"data", "offsets", "shapes", "present"})
@@ -135,6 +141,8 @@ def _like(column: str, array: Any, bfloat16: bool = False) -> torch.Tensor:
     """A tensor of the column's shape and dtype (native byte order) that holds one value,
     seen through a stride-0 view: what ``memmap_like`` lays a file out from, without the
     column's values; ``bfloat16``: the column holds bfloat16 bit patterns."""
+    import torch
+
     dtype = np.dtype(array.dtype)
     one = np.zeros((1,) * len(array.shape), dtype.newbyteorder("="))
     try:
@@ -182,6 +190,8 @@ def _dtype_error(column: str, dtype: str) -> ConfigError:
 def _check_dtype(column: str, dtype: str) -> None:
     if dtype == BFLOAT16:
         return
+    import torch
+
     try:
         torch.from_numpy(np.empty(0, dtype=np.dtype(dtype)))
     except TypeError as exc:
@@ -208,6 +218,8 @@ def _memmap(folder: Path, columns: Columns, layout: Layout) -> list[str]:
     files, each column's file at its final size, not yet written), then each file is
     filled from its column a chunk at a time (:func:`_fill`: a column is never held).
     Returns the files' names under ``folder``."""
+    from tensordict import MemoryMappedTensor, TensorDict
+
     tree = _tree(columns, bfloat16_columns(layout))
     laid = TensorDict(tree, batch_size=[]).memmap_like(folder)
     files: dict[str, str] = {}
@@ -305,6 +317,8 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
 def _load_memmap(root: Path) -> TensorDictBase:
     # An export may come from elsewhere: never unpickle what its folder holds (a shardex
     # export has tensors only). tensordict versions before allow_pickle have no such switch.
+    from tensordict import TensorDict
+
     params = inspect.signature(TensorDict.load_memmap).parameters
     safe: dict[str, Any] = {"allow_pickle": False} if "allow_pickle" in params else {}
     try:
@@ -323,6 +337,8 @@ class TensorDictDataset(ArrayDataset):
         if root is None:
             root = _cached_copy(self.storage, shard, paths)
         self._check_sizes(shard, root, paths)
+        import torch
+
         columns: dict[str, np.ndarray] = {}
         for key, tensor in _load_memmap(root).items(include_nested=True, leaves_only=True):
             if not isinstance(tensor, torch.Tensor):

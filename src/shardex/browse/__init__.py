@@ -93,6 +93,7 @@ def browse(
         MissingDependencyError: the ``browse`` extra is not installed.
         ConfigError: the address cannot be bound (port taken?).
     """
+    _require()  # before any import of them: one line, not uvicorn's ModuleNotFoundError
     import uvicorn
 
     app = create_app(location, split, host=host, storage_options=storage_options)

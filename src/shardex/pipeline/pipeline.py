@@ -75,6 +75,7 @@ class Pipeline:
                     f"stage {stage!r} needs {', '.join(missing)}, which no earlier stage "
                     f"produces (available: {', '.join(sorted(available))})"
                 )
+            stage.check()  # a missing extra: one line now, not a dead worker later
             available |= set(stage.produces)
             kept.append(stage)
         if not wanted <= available:

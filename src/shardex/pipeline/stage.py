@@ -53,6 +53,10 @@ class Stage(ABC):
     #: view holds their final values. A filter on them drops samples: it stays False.
     changes_in_place: ClassVar[bool] = False
 
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Raise (MissingDependencyError, ConfigError) when :meth:`setup` could not work
+        here: called in the driver by :meth:`Pipeline.plan`, before any worker starts."""
+
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Prepare in the worker (load a model); called once before the first batch."""
 

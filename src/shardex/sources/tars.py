@@ -236,8 +236,10 @@ def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[_Sample, 
     ``.cls`` and ``.json`` members are read); a damaged tar's last sample is marked.
     ``hold``: where a Ray task's scan keeps the members it read (a tar on object storage).
 
+    A tar that cannot be opened at all is one sample named by the tar, marked unusable.
+
     Raises:
-        SourceError: the tar cannot be opened, or is damaged before its first sample.
+        SourceError: the local tar cannot be opened as a file.
     """
     where = tar.where
     raw: IO[bytes]
@@ -256,9 +258,12 @@ def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[_Sample, 
         except (tarfile.TarError, OSError) as exc:
             if _store_failed(exc):
                 raise
-            raise SourceError(
-                f"cannot read tar {where!r} at byte 0: {printable(str(exc))}"
-            ) from exc
+            # one unreadable tar (0 or 1 byte, no tar at all) is one bad sample, named by
+            # the tar: refused, or skipped and recorded while the other tars are exported
+            unreadable = _Sample(tar.rel)
+            unreadable.refuse(f"not a readable tar at byte 0: {printable(str(exc))}")
+            yield unreadable
+            return
         size = os.fstat(raw.fileno()).st_size if tar.storage is None else tar.size
         copy = raw.copy if isinstance(raw, RangedTar) else None
         for sample in scan_members(tf, raw, rel=tar.rel, size=size):
@@ -509,7 +514,8 @@ class TarSource(StoredSource):
         for tar, samples in scanned:
             where = tar.where
             for sample in samples:
-                out.add(sample, where, f"{tar.rel}:{sample.key}", "")
+                whole = not sample.members and sample.key == tar.rel  # an unreadable tar
+                out.add(sample, where, tar.rel if whole else f"{tar.rel}:{sample.key}", "")
                 if out.full():
                     yield ScanBatch(out.flush())
         if not out.samples:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 from shardex.errors import StorageError
 from shardex.names import relpath_problem
-from shardex.quoting import quoted
 
 
 def checked_path(path: str, root: str) -> str:
@@ -33,14 +32,6 @@ def checked_path(path: str, root: str) -> str:
     if problem is not None:
         raise StorageError(f"refused {problem} (storage {root!r})")
     return path
-
-
-def link_refused(where: Path | str) -> StorageError:
-    """The one-line refusal of a symbolic link found where shardex writes in an output."""
-    return StorageError(
-        f"{quoted(str(where))} is a symbolic link inside the output; shardex never writes, "
-        "replaces or deletes through a link there: remove it, or choose another output"
-    )
 
 
 @runtime_checkable

@@ -140,3 +140,11 @@ def _tried(text: str) -> str:
     return (
         f" (tried {int(found.group(3)) + 1} times in {seconds:.1f} s; storage option retry_timeout)"
     )
+
+
+def link_refused(where: object) -> StorageError:
+    """The one-line refusal of a symbolic link found where shardex writes in an output."""
+    return StorageError(
+        f"{quoted(str(where))} is a symbolic link inside the output; shardex never writes, "
+        "replaces or deletes through a link there: remove it, or choose another output"
+    )

@@ -8,13 +8,15 @@ import errno
 import os
 import stat
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from shardex.errors import ObjectNotFoundError, OutputExistsError, StorageError
 from shardex.quoting import quoted
-from shardex.storage.base import CountingWriter, Storage, checked_path, link_refused
+from shardex.storage.base import CountingWriter, Storage, checked_path
+from shardex.storage.failures import link_refused
 
 if TYPE_CHECKING:
     from shardex.storage.lock import LocalLock
@@ -236,14 +238,38 @@ def _refuse_links(folder: Path) -> None:
                 _refuse_links(folder / entry.name)
 
 
+class _Descriptors(dict[str, int]):
+    """A storage's open descriptors by path, and the process they belong to."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pid = os.getpid()
+
+    def forget(self) -> None:
+        """Drop the entries without closing them (a forked child: the parent's)."""
+        self.clear()
+        self.pid = os.getpid()
+
+    def close(self) -> None:
+        if os.getpid() == self.pid:
+            for fd in self.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.forget()
+
+
 class LocalStorage(Storage):
     """Objects are files under a root directory."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()
         self.uri = str(self.root)
-        self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
+        self._fds = _Descriptors()
+        # closed when the storage is dropped, or at exit while modules still work (a
+        # __del__ at interpreter shutdown finds the module globals gone)
+        weakref.finalize(self, self._fds.close)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root}
@@ -261,9 +287,8 @@ class LocalStorage(Storage):
     def _fd(self, path: str) -> int:
         # Descriptors are cached per process: after a fork (DataLoader workers) the
         # parent's descriptors share a file offset, harmless for pread but closed on exec.
-        if os.getpid() != self._pid:
-            self._fds = {}
-            self._pid = os.getpid()
+        if os.getpid() != self._fds.pid:
+            self._fds.forget()
         fd = self._fds.get(path)
         if fd is None:
             full = self._path(path)  # outside the try: its StorageError is an OSError too
@@ -278,20 +303,13 @@ class LocalStorage(Storage):
 
     def close(self) -> None:
         """Close cached file descriptors."""
-        if os.getpid() == self._pid:
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
-
-    def __del__(self) -> None:  # a storage dropped unclosed keeps no descriptor
-        with contextlib.suppress(Exception):
-            self.close()
+        self._fds.close()
 
     def _forget(self, path: str) -> None:
         """Close the cached descriptor of ``path`` (deleted or replaced: a descriptor
         left open would leak, and keep a deleted file's disk space)."""
         fd = self._fds.pop(path, None)
-        if fd is not None and os.getpid() == self._pid:
+        if fd is not None and os.getpid() == self._fds.pid:
             os.close(fd)
 
     def get(self, path: str) -> bytes:

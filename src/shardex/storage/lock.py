@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Final, Self
 
 from shardex.errors import OutputLockedError, StorageError
 from shardex.quoting import quoted
-from shardex.storage.base import link_refused
+from shardex.storage.failures import link_refused
 
 if TYPE_CHECKING:
     from shardex.storage.base import Storage

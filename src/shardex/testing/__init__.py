@@ -1,12 +1,31 @@
 """Conformance suites shipped with shardex, for its own tests and third-party plugins.
 
 Subclass :class:`StorageTests` or :class:`BackendTests` in a test file and provide the one
-fixture each asks for; every shared test then runs against your implementation. Needs
-pytest (the ``test`` extra).
+fixture each asks for; every shared test then runs against your implementation. The suites
+need pytest (the ``test`` extra) and are imported on first use, so that the rest of this
+package (test data, :mod:`shardex.testing.models` in the pipeline guide) works without it.
 """
 
-from shardex.testing.backend import BackendTests
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from shardex.testing.data import SampleFolder, make_image, make_sample_folder
-from shardex.testing.storage import StorageTests
+
+if TYPE_CHECKING:
+    from shardex.testing.backend import BackendTests
+    from shardex.testing.storage import StorageTests
 
 __all__ = ["BackendTests", "SampleFolder", "StorageTests", "make_image", "make_sample_folder"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BackendTests":
+        from shardex.testing.backend import BackendTests
+
+        return BackendTests
+    if name == "StorageTests":
+        from shardex.testing.storage import StorageTests
+
+        return StorageTests
+    raise AttributeError(f"module 'shardex.testing' has no attribute {name!r}")

@@ -47,6 +47,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from shardex.errors import ConfigError
 from shardex.per_process import PerProcess
 
 #: Bytes before a buffer's data: the FREE/BUSY flag, padded to a cache line so that the
@@ -78,9 +79,31 @@ def collate(batch: list[Any]) -> Any:
     ``collate_fn`` of any DataLoader (``torchdata``'s ``StatefulDataLoader`` included);
     :meth:`StreamDataset.dataloader` and :meth:`MapDataset.dataloader` use it by default.
     """
+    _check_shapes(batch)
     if get_worker_info() is None:
         return _collate(batch, collate_fn_map=_MAIN_MAP)
     return _collate(batch, collate_fn_map=_worker_pool().collate_map)
+
+
+def _check_shapes(batch: list[Any]) -> None:
+    """A one-line ConfigError, naming the field, for dict items whose tensors or arrays
+    differ in shape (torch's own error is a 40-line traceback saying "stack expects each
+    tensor to be equal size", naming no field): images of different sizes without a
+    transform that resizes them."""
+    if not batch or not isinstance(batch[0], dict):
+        return
+    for name, first in batch[0].items():
+        if not isinstance(first, torch.Tensor | np.ndarray):
+            continue
+        for item in batch[1:]:
+            value = item.get(name)
+            if isinstance(value, torch.Tensor | np.ndarray) and value.shape != first.shape:
+                raise ConfigError(
+                    f"cannot batch the field {name!r}: its items differ in shape "
+                    f"({tuple(first.shape)} and {tuple(value.shape)}); pass a transform= "
+                    "that gives every item one shape (images: resize them, see "
+                    "docs/torch.md), or a collate_fn that takes items as they are"
+                )
 
 
 # ---------------------------------------------------------------- rows packed in place

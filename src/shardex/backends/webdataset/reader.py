@@ -6,6 +6,7 @@ import contextlib
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from itertools import accumulate
@@ -65,6 +66,15 @@ if hasattr(os, "register_at_fork"):
 DEFAULT_COALESCE_GAP = 0
 
 
+def _close_descriptors(fds: list[int | None], owner: list[int]) -> None:
+    if os.getpid() != owner[0]:
+        return  # forked: the parent's descriptors are the parent's to close
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def check_sample_bytes(
     buf: bytes | memoryview, checksum: int, seed: int, number: int, offset: int, tar: str
 ) -> None:
@@ -121,6 +131,13 @@ class ShardDataset(SampleRanges):
         self._unpack, self._raw = RECORD.unpack_from, self.index.raw
         self._local = [storage.local_path(p) for p in self._paths]
         self._fds: list[int | None] = [None] * len(self._paths)
+        # The shard descriptors are plain ints: nothing else closes them, so every dataset
+        # dropped kept one per shard it had read (a loop opening datasets ran out of
+        # descriptors). Closed when the reader goes or at exit (not in a __del__: at
+        # interpreter shutdown it finds the module globals gone); a pickled copy reopens
+        # its own (ReopenedDataset), a forked one leaves the parent's alone.
+        self._owner = [os.getpid()]  # the process whose descriptors _fds holds
+        weakref.finalize(self, _close_descriptors, self._fds, self._owner)
         #: Each open local shard mapped (format 3 reads slice their fields out of it: no
         #: system call and one copy per field), or None (see _map).
         self._maps: list[mmap.mmap | None] = [None] * len(self._paths)
@@ -134,17 +151,6 @@ class ShardDataset(SampleRanges):
 
     def __len__(self) -> int:
         return self._n
-
-    def __del__(self) -> None:
-        # The shard descriptors are plain ints: nothing else closes them, so every
-        # dataset dropped kept one per shard it had read (a loop opening datasets ran
-        # out of descriptors). A pickled copy reopens its own (ReopenedDataset).
-        if getattr(self, "_pid", None) != _PROCESS[0]:
-            return  # forked: the parent's descriptors are the parent's to close
-        for fd in self._fds:
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
     def _load_members(self) -> None:
         """Map index-members.npy (on object storage: fetch it once, into the cache)."""
@@ -167,7 +173,8 @@ class ShardDataset(SampleRanges):
     def _open(self, shard: int) -> int | None:
         """The descriptor of a local shard (opened once per process); None if remote."""
         if self._pid != _PROCESS[0]:  # forked: descriptors are per process
-            self._fds, self._pid = [None] * len(self._paths), _PROCESS[0]
+            self._fds[:] = [None] * len(self._paths)
+            self._pid = self._owner[0] = _PROCESS[0]
             self._maps, self._views = [None] * len(self._paths), [None] * len(self._paths)
         local = self._local[shard]
         if local is None:

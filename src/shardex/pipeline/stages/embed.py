@@ -6,6 +6,7 @@ torch is imported only when the stage is set up in a worker, never by ``import s
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -121,6 +122,11 @@ class EmbedStage(Stage):
     def __getstate__(self) -> dict[str, Any]:
         # the model is built in each worker's setup(), never shipped
         return {**self.__dict__, "_model": None, "_threads_before": None}
+
+    def check(self) -> None:
+        """torch is installed (found, not imported: the driver does not load it)."""
+        if importlib.util.find_spec("torch") is None:
+            raise MissingDependencyError(_TORCH_HINT)
 
     def setup(self) -> None:
         """Import torch, set its threads to ``cpus``, build the model, load the weights."""
