@@ -219,6 +219,7 @@ def test_bad_queries_are_400_with_one_line(client: TestClient) -> None:
         "in=embedding&q=a",
         "expr=nope+>+1",
         "expr=caption+>+1",
+        "split=nope",
     ):
         response = client.get(f"/api/page?{query}")
         assert response.status_code == 400, query
@@ -540,6 +541,136 @@ def test_a_damaged_sample_shows_an_error_tile(page: Any, server: str) -> None:
     assert page.locator(".tile img").count() == 11
     page.goto(f"{server}sample/{DAMAGED}")
     assert "checksum mismatch" in page.text_content("#error")
+
+
+def test_a_score_column_is_the_users_not_a_cosine(page: Any, server: str) -> None:
+    # a metadata column named "score" is the user's; only similar images show a cosine
+    _grid(page, f"{server}?col=score&limit=12")
+    metas = page.locator(".tile .meta").all_text_contents()
+    assert len(metas) == 12
+    assert all(re.fullmatch(r"score: \d\.\d+", m) for m in metas), metas
+    assert "cosine" not in page.text_content("#grid")
+    page.goto(f"{server}sample/12")
+    page.wait_for_selector("#similar .tile")
+    cosines = page.locator("#similar .tile .score").all_text_contents()
+    assert len(cosines) == 12
+    assert all(c.startswith("cosine ") for c in cosines)
+
+
+def test_go_to_an_unknown_key_says_so_and_keeps_the_search(
+    page: Any, server: str, dataset: shardex.Dataset
+) -> None:
+    _grid(page, f"{server}?limit=12", thumbs=False)
+    page.fill("input[name=key]", "no-such-key")
+    page.press("input[name=key]", "Enter")
+    page.wait_for_selector("#message")
+    assert "no sample with key 'no-such-key'" in page.text_content("#message")
+    assert page.input_value("input[name=key]") == "no-such-key"
+    page.wait_for_selector("body[data-loaded]")  # the page goes on: the grid is there
+    assert page.locator(".tile").count() == 12
+    key = dataset.metadata.column("key")[5].as_py()
+    page.fill("input[name=key]", key)
+    page.press("input[name=key]", "Enter")
+    page.wait_for_url(f"{server}sample/5")
+    assert key in page.text_content("h1")
+
+
+@pytest.fixture(scope="module")
+def splits_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("browse-splits") / "export"
+    shardex.export("demo:40", out, split_fractions={"train": 0.75, "val": 0.25}, workers=1)
+    return out
+
+
+def test_the_split_selector_switches_the_grid_to_another_split(
+    page: Any, splits_export: Path
+) -> None:
+    val = shardex.open_dataset(splits_export, split="val").metadata
+    keys, labels = val.column("key").to_pylist(), val.column("label").to_pylist()
+    label = labels[0]
+    with _browse_server(splits_export) as url:  # started without --split: train
+        _grid(page, f"{url}?label={label}")
+        assert page.locator("#split option").all_text_contents() == ["train", "val"]
+        assert page.input_value("#split") == "train"
+        page.select_option("#split", "val")
+        page.wait_for_url(re.compile(r"split=val"))
+        _wait_count(page, f"of {labels.count(label)} matching ({len(keys)} in the split)")
+        page.wait_for_function(_THUMBS_LOADED)
+        assert page.locator(".tile.error").count() == 0
+        chosen = [k for k, n in zip(keys, labels, strict=True) if n == label]
+        assert page.locator(".tile .key").all_text_contents() == chosen
+        _screenshot(page, "grid-val")
+        page.click(".tile >> nth=0")
+        page.wait_for_function("() => document.querySelector('#image').naturalWidth > 0")
+        assert chosen[0] in page.text_content("h1")
+        assert page.input_value("#split") == "val"
+        page.fill("input[name=key]", keys[-1])  # go to key looks in the split shown
+        page.press("input[name=key]", "Enter")
+        page.wait_for_url(f"{url}sample/{len(keys) - 1}?split=val")
+        assert keys[-1] in page.text_content("h1")
+
+
+def test_sample_image_fits_the_page_and_toggles_to_native_size(page: Any, server: str) -> None:
+    page.goto(f"{server}sample/12")
+    page.wait_for_function("() => document.querySelector('#image').naturalWidth > 0")
+    natural = page.eval_on_selector("#image", "e => [e.naturalWidth, e.naturalHeight]")
+    box = page.locator("#image").bounding_box()
+    assert box["height"] > 5 * natural[1]  # a 16-48 px image, enlarged to fit the page
+    assert box["height"] <= 1000
+    page.click("#zoom")
+    box = page.locator("#image").bounding_box()
+    # its own size (the 1 px border on each side aside)
+    assert (round(box["width"]) - 2, round(box["height"]) - 2) == tuple(natural)
+    assert page.text_content("#zoom") == "fit to page"
+
+
+def test_sample_page_steps_through_the_grid_and_goes_back_to_it(
+    page: Any, server: str, dataset: shardex.Dataset
+) -> None:
+    meta = dataset.metadata
+    scores, labels = meta.column("score").to_numpy(), meta.column("label").to_pylist()
+    order = [int(i) for i in np.argsort(-scores, kind="stable") if labels[i] == 1]
+    keys = meta.column("key").to_pylist()
+    _grid(page, f"{server}?label=1&order=score&desc=1&limit=5")
+    page.click("#next")
+    _wait_count(page, f"6–10 of {len(order)}")
+    page.click(".tile >> nth=1")  # the 7th of the filtered, ordered grid
+    page.wait_for_url(re.compile(rf"/sample/{order[6]}\?"))
+    assert page.text_content("#position") == f"7 of {len(order)} in the grid"
+    page.keyboard.press("ArrowRight")
+    page.wait_for_url(re.compile(rf"/sample/{order[7]}\?"))
+    assert keys[order[7]] in page.text_content("h1")
+    page.click("#prev")
+    page.wait_for_url(re.compile(rf"/sample/{order[6]}\?"))
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_url(re.compile(rf"/sample/{order[5]}\?"))
+    page.click("#back")  # the grid's page that holds it, its filters and order kept
+    _wait_count(page, f"6–10 of {len(order)} matching")
+    assert page.is_checked("input[name=label][value='1']")
+    assert page.input_value("#order") == "score"
+    shown = page.eval_on_selector_all(".tile", "tiles => tiles.map(t => Number(t.dataset.index))")
+    assert shown == order[5:10]
+    page.goto(f"{server}sample/{order[0]}?label=1&order=score&desc=1")
+    assert page.locator("#prev").count() == 0  # the first of the grid
+    page.goto(f"{server}sample/{order[-1]}?label=1&order=score&desc=1")
+    assert page.locator("#next").count() == 0  # and its last
+    assert page.text_content("#position") == f"{len(order)} of {len(order)} in the grid"
+
+
+def test_sample_page_groups_internal_columns_apart(page: Any, server: str) -> None:
+    from shardex.browse.catalog import INTERNAL
+
+    page.goto(f"{server}sample/12")
+    page.wait_for_selector("#metadata")
+    users = page.locator("#metadata th").all_text_contents()
+    assert {"key", "label", "score", "width", "height", "caption", "embedding"} <= set(users)
+    assert not set(users) & INTERNAL
+    internal = page.locator("#internal th").all_text_contents()
+    assert {"sample_offset", "sample_checksum", "metadata", "export_index"} <= set(internal)
+    assert page.get_attribute("#internal", "open") is None  # collapsed
+    assert not page.is_visible("#internal th >> text=sample_offset")
+    page.click("#internal summary")
+    assert page.is_visible("#internal th >> text=sample_offset")
 
 
 @contextlib.contextmanager

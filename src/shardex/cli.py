@@ -721,7 +721,9 @@ def get(
 @main.command("browse")
 @click.argument("export")
 @click.option(
-    "--split", default=None, help="Split to show (default: the only one, else the first)."
+    "--split",
+    default=None,
+    help="Split shown first (default: the only one, else the first); the page switches splits.",
 )
 @click.option(
     "--host",

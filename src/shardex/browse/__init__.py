@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from starlette.applications import Starlette
 
-    from shardex.browse.app import Browser
+    from shardex.browse.app import Splits
     from shardex.storage import Storage
 
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -32,24 +32,23 @@ def open_browser(
     split: str | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
-) -> Browser:
-    """Open one split of an export for browsing: its dataset and its metadata, loaded once.
+) -> Splits:
+    """Open an export for browsing: ``split`` (its dataset and metadata, loaded once) at
+    once, every other split of the export when first asked for.
 
     Args:
         location: the export's folder or URL (``s3://...``), or a storage.
-        split: the split to show; default: the only split, else the first in config.yaml.
+        split: the split shown first; default: the only split, else the first in config.yaml.
         storage_options: options for object storage (see docs/storage.md).
     """
     _require()
-    from shardex.api import open_dataset, read_config
-    from shardex.browse.app import Browser
+    from shardex.api import read_config
+    from shardex.browse.app import Splits
     from shardex.storage import open_storage
 
     storage = open_storage(location, storage_options)
-    if split is None:
-        split = next(iter(read_config(storage).splits))
-    dataset = open_dataset(storage, split=split)
-    return Browser.of(dataset, storage.uri, storage)
+    names = list(read_config(storage).splits)
+    return Splits(storage, names, names[0] if split is None else split)
 
 
 def create_app(
@@ -76,14 +75,15 @@ def browse(
     storage_options: dict[str, Any] | None = None,
     out: TextIO | None = None,
 ) -> None:
-    """Serve a split of an export in the browser until interrupted (Ctrl-C).
+    """Serve an export in the browser until interrupted (Ctrl-C); the page switches
+    between its splits.
 
     The app is read-only and binds the loopback address unless ``host`` says otherwise
     (another address shows the export to whoever can reach it).
 
     Args:
         location: the export's folder or URL, or a storage.
-        split: the split to show; default: the only split, else the first.
+        split: the split shown first; default: the only split, else the first.
         host: address to bind.
         port: port to bind; 0 picks a free one (the URL printed names it).
         storage_options: options for object storage.

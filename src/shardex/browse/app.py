@@ -13,8 +13,10 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import numpy as np
 from jinja2 import Environment, PackageLoader
@@ -29,7 +31,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shardex.browse.catalog import Catalog
+from shardex.api import open_dataset
+from shardex.browse.catalog import INTERNAL, Catalog
 from shardex.browse.query import Query, integer_param, page_bounds, parse_query
 from shardex.browse.samples import THUMB_SIZES, SampleReader
 from shardex.browse.similar import Neighbours
@@ -60,7 +63,7 @@ LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 @dataclass(frozen=True, slots=True)
 class Browser:
-    """What the app serves: one split of an export."""
+    """One split of an export, as the app serves it."""
 
     dataset: Dataset
     catalog: Catalog
@@ -91,15 +94,43 @@ class Browser:
             log.warning("cannot read the embeddings of %s: %s", self.location, exc)
 
 
-def create_app(browser: Browser, *, host: str = "127.0.0.1") -> Starlette:
-    """The ASGI app serving ``browser``; ``host`` is the address it is bound to (requests
+class Splits:
+    """Every split of an export, each opened (its metadata loaded) when first asked for;
+    the split named at start is opened at once and is the one shown by default."""
+
+    def __init__(self, storage: Storage, names: Sequence[str], default: str) -> None:
+        self.storage, self.names, self.default = storage, tuple(names), default
+        self._opened: dict[str, Browser] = {}
+        self._locks = {name: threading.Lock() for name in self.names}  # one split at a time
+        self.get(default)
+
+    @property
+    def location(self) -> str:
+        return self.storage.uri
+
+    def get(self, name: str | None = None) -> Browser:
+        """The split ``name`` (default: :attr:`default`). Raises ConfigError (a 400)."""
+        name = name or self.default
+        if name not in self._locks:
+            raise ConfigError(
+                f"{name[:80]!r} is not a split of this export (its splits: {', '.join(self.names)})"
+            )
+        with self._locks[name]:
+            if name not in self._opened:
+                dataset = open_dataset(self.storage, split=name)
+                self._opened[name] = Browser.of(dataset, self.location, self.storage)
+            return self._opened[name]
+
+
+def create_app(splits: Splits, *, host: str = "127.0.0.1") -> Starlette:
+    """The ASGI app serving ``splits``; ``host`` is the address it is bound to (requests
     must name it, or a loopback name, in their Host header)."""
     templates = Jinja2Templates(
         env=Environment(loader=PackageLoader("shardex.browse", "templates"), autoescape=True)
     )
     for name in ("grid.html", "plots.html", "sample.html"):
         templates.env.get_template(name)  # compiled now, not on the first visit
-    pages = _Pages(browser, templates)
+    pages = _Pages(splits, templates)
     routes = [
         Route("/", pages.grid),
         Route("/plots", pages.plots),
@@ -161,77 +192,120 @@ def _error(request: Request, exc: Exception) -> Response:
 
 
 class _Pages:
-    """The route handlers (sync ones run in Starlette's thread pool)."""
+    """The route handlers (sync ones run in Starlette's thread pool). Every route takes
+    ``split=NAME`` (default: the split named at start)."""
 
-    def __init__(self, browser: Browser, templates: Jinja2Templates) -> None:
-        self.browser, self.templates = browser, templates
-        self.catalog = browser.catalog
+    def __init__(self, splits: Splits, templates: Jinja2Templates) -> None:
+        self.splits, self.templates = splits, templates
 
-    def _index(self, request: Request) -> int:
+    def _split(self, request: Request) -> Browser:
+        return self.splits.get(request.query_params.get("split"))
+
+    def _index(self, request: Request, catalog: Catalog) -> int:
         index = int(request.path_params["index"])
-        if not 0 <= index < self.catalog.num_rows:
-            raise HTTPException(404, f"no sample {index} (the split has {self.catalog.num_rows})")
+        if not 0 <= index < catalog.num_rows:
+            raise HTTPException(404, f"no sample {index} (the split has {catalog.num_rows})")
         return index
 
-    def _page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+    def _page(
+        self, request: Request, browser: Browser, name: str, status: int = 200, **context: Any
+    ) -> Response:
         base = {
-            "location": self.browser.location,
-            "split": self.catalog.split,
-            "num_samples": self.catalog.num_rows,
-            "info": self._info(),  # in the page: one round trip less before the grid
+            "location": browser.location,
+            "split": browser.catalog.split,
+            "num_samples": browser.catalog.num_rows,
+            "info": self._info(browser),  # in the page: one round trip less before the grid
         }
         return self.templates.TemplateResponse(
             request, name, {**base, **context}, status_code=status
         )
 
     def grid(self, request: Request) -> Response:
-        return self._page(request, "grid.html")
+        return self._page(request, self._split(request), "grid.html")
 
     def plots(self, request: Request) -> Response:
-        return self._page(request, "plots.html")
+        return self._page(request, self._split(request), "plots.html")
 
     def sample(self, request: Request) -> Response:
-        index = self._index(request)
+        browser = self._split(request)
+        catalog = browser.catalog
+        index = self._index(request, catalog)
         detail, error = None, None
         try:
-            detail = self.browser.reader.detail(index)
+            detail = browser.reader.detail(index)
         except ShardexError as exc:
             error = one_line(str(exc))
-        metadata = self.catalog.row(index)
+        metadata = {name: _shown(v) for name, v in catalog.row(index).items()}
         key = str(metadata.get("key", detail.key if detail else ""))
         return self._page(
             request,
+            browser,
             "sample.html",
             index=index,
             key=key,
             detail=detail,
             error=error,
-            metadata={name: _shown(v) for name, v in metadata.items()},
-            label_name=self.catalog.label_name(metadata.get(self.catalog.columns.label or "")),
-            snippet=_snippet(self.browser.location, self.catalog.split, key),
-            similar=bool(self.browser.neighbours),
+            metadata={k: v for k, v in metadata.items() if k not in INTERNAL},
+            internal={k: v for k, v in metadata.items() if k in INTERNAL},
+            label_name=catalog.label_name(metadata.get(catalog.columns.label or "")),
+            snippet=_snippet(browser.location, catalog.split, key),
+            similar=bool(browser.neighbours),
+            around=self._around(request, catalog, index),
             status=500 if error else 200,
         )
 
+    def _around(self, request: Request, catalog: Catalog, index: int) -> dict[str, Any]:
+        """Where the sample page leads: the previous and next samples of the grid it was
+        opened from (the page's URL carries that grid's filters and order) and back to
+        the grid's page that holds it. Without a place in that grid, back to the grid."""
+        params = _params(request)
+        params.pop("offset", None)
+        back = {"back": _url("/", params)}
+        try:
+            selection = catalog.select(parse_query(params, *_kinds(catalog)))
+            _, limit = page_bounds(params, DEFAULT_PAGE)
+        except ConfigError:
+            return back  # a hand-made URL: the sample is shown, without a grid around it
+        found = np.flatnonzero(selection.indices == index)
+        if not found.size:
+            return back
+        at, total = int(found[0]), int(selection.indices.size)
+        samples = selection.indices
+        return {
+            "back": _url("/", {**params, "offset": [str(at // limit * limit)]}),
+            "prev": _url(f"/sample/{samples[at - 1]}", params) if at > 0 else None,
+            "next": _url(f"/sample/{samples[at + 1]}", params) if at + 1 < total else None,
+            "position": at + 1,
+            "total": total,
+        }
+
     def find(self, request: Request) -> Response:
+        browser = self._split(request)
         key = request.query_params.get("key", "")
-        return RedirectResponse(f"/sample/{self.catalog.find(key)}", status_code=303)
+        try:
+            index = browser.catalog.find(key)
+        except SampleNotFoundError as exc:  # the grid, saying so, the key kept in the box
+            message = one_line(str(exc))
+            return self._page(request, browser, "grid.html", 404, message=message, find_key=key)
+        split = {"split": [browser.catalog.split]} if "split" in request.query_params else {}
+        return RedirectResponse(_url(f"/sample/{index}", split), status_code=303)
 
     def info(self, request: Request) -> Response:
-        return JSONResponse(self._info())
+        return JSONResponse(self._info(self._split(request)))
 
-    def _info(self) -> dict[str, Any]:
-        columns = self.catalog.columns
+    def _info(self, browser: Browser) -> dict[str, Any]:
+        catalog = browser.catalog
+        columns = catalog.columns
         return {
-            "location": self.browser.location,
-            "split": self.catalog.split,
-            "splits": list(self.catalog.config.splits),
-            "backend": self.catalog.config.backend,
-            "num_samples": self.catalog.num_rows,
+            "location": browser.location,
+            "split": catalog.split,
+            "splits": list(self.splits.names),
+            "backend": catalog.config.backend,
+            "num_samples": catalog.num_rows,
             "label": columns.label,
             "label_names": list(columns.label_names),
             # the labels found, for the filter where config.yaml names none
-            "label_values": sorted(self.catalog.select(Query()).label_counts)[:MAX_LABELS],
+            "label_values": sorted(catalog.select(Query()).label_counts)[:MAX_LABELS],
             "numeric": list(columns.numeric),
             "orderable": list(columns.orderable),
             "text": list(columns.text),
@@ -242,11 +316,12 @@ class _Pages:
         }
 
     def page(self, request: Request) -> Response:
+        catalog = self._split(request).catalog
         params = _params(request)
-        query = parse_query(params, *self._kinds())
+        query = parse_query(params, *_kinds(catalog))
         offset, limit = page_bounds(params, DEFAULT_PAGE)
-        shown = tuple(c for c in params.get("col", ()) if c in self.catalog.columns.shown)
-        selection = self.catalog.select(query)
+        shown = tuple(c for c in params.get("col", ()) if c in catalog.columns.shown)
+        selection = catalog.select(query)
         indices = selection.indices[offset : offset + limit]
         return JSONResponse(
             {
@@ -254,53 +329,64 @@ class _Pages:
                 "offset": offset,
                 "limit": limit,
                 "label_counts": {str(k): v for k, v in selection.label_counts.items()},
-                "rows": self.catalog.rows(indices, shown),
+                "rows": catalog.rows(indices, shown),
             }
         )
 
-    def _kinds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-        columns = self.catalog.columns
-        return columns.numeric, columns.text, columns.orderable
-
     def plot_data(self, request: Request) -> Response:
-        params = _params(request)
-        query = parse_query(params, *self._kinds())
-        return JSONResponse(self.catalog.plots(self.catalog.select(query)))
+        catalog = self._split(request).catalog
+        query = parse_query(_params(request), *_kinds(catalog))
+        return JSONResponse(catalog.plots(catalog.select(query)))
 
     def sample_data(self, request: Request) -> Response:
-        index = self._index(request)
-        detail = asdict(self.browser.reader.detail(index))
-        return JSONResponse({"index": index, **detail, "metadata": self.catalog.row(index)})
+        browser = self._split(request)
+        index = self._index(request, browser.catalog)
+        detail = asdict(browser.reader.detail(index))
+        return JSONResponse({"index": index, **detail, "metadata": browser.catalog.row(index)})
 
     def similar(self, request: Request) -> Response:
-        index = self._index(request)
-        name = request.query_params.get("column") or next(iter(self.browser.neighbours), "")
-        if name not in self.browser.neighbours:
+        browser = self._split(request)
+        index = self._index(request, browser.catalog)
+        name = request.query_params.get("column") or next(iter(browser.neighbours), "")
+        if name not in browser.neighbours:
             raise ConfigError(
                 f"{name[:80]!r} is not an embedding column of this export "
-                f"(known: {', '.join(self.browser.neighbours) or 'none'})"
+                f"(known: {', '.join(browser.neighbours) or 'none'})"
             )
         k = integer_param("k", request.query_params.get("k", "12"))
-        found = self.browser.neighbours[name].nearest(index, k)
-        rows = self.catalog.rows(np.asarray([i for i, _ in found], dtype=np.int64), ())
+        found = browser.neighbours[name].nearest(index, k)
+        rows = browser.catalog.rows(np.asarray([i for i, _ in found], dtype=np.int64), ())
         for row, (_, score) in zip(rows, found, strict=True):
             row["score"] = round(score, 4)
         return JSONResponse({"column": name, "rows": rows})
 
     def thumb(self, request: Request) -> Response:
-        index = self._index(request)
+        browser = self._split(request)
+        index = self._index(request, browser.catalog)
         size = integer_param("size", request.query_params.get("size", "160"))
         if size not in THUMB_SIZES:
             raise ConfigError(f"thumbnail size {size} is not one of {THUMB_SIZES}")
-        data = self.browser.reader.thumbnail(index, size)
+        data = browser.reader.thumbnail(index, size)
         return Response(data, media_type="image/jpeg", headers={"cache-control": "max-age=3600"})
 
     def image(self, request: Request) -> Response:
-        data, media_type = self.browser.reader.image(self._index(request))
+        browser = self._split(request)
+        data, media_type = browser.reader.image(self._index(request, browser.catalog))
         headers = {"cache-control": "max-age=3600"}
         if not media_type.startswith("image/"):
             headers["content-disposition"] = "attachment"
         return Response(data, media_type=media_type, headers=headers)
+
+
+def _kinds(catalog: Catalog) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    columns = catalog.columns
+    return columns.numeric, columns.text, columns.orderable
+
+
+def _url(path: str, params: dict[str, list[str]]) -> str:
+    """A link of this server: ``path`` and its query (an empty offset left out)."""
+    query = urlencode([(k, v) for k, vs in params.items() for v in vs if (k, v) != ("offset", "0")])
+    return f"{path}?{query}" if query else path
 
 
 def _params(request: Request) -> dict[str, list[str]]:

@@ -17,6 +17,22 @@ export function el(tag, attrs = {}, ...children) {
 // What the server says of the split (columns, labels, page size), given in the page.
 export const info = JSON.parse(document.getElementById("info").textContent);
 
+// URL parameters naming the split shown, added to params where the export has several
+// (the server shows the split named at start otherwise).
+export function splitParams(params = {}) {
+  const p = new URLSearchParams(params);
+  if (info.splits.length > 1) p.set("split", info.split);
+  return p;
+}
+
+// The header's split selector: the grid (or the plots) of another split, same filters.
+document.getElementById("split")?.addEventListener("change", (event) => {
+  const params = new URLSearchParams(location.search);
+  for (const name of ["offset", "key"]) params.delete(name);
+  params.set("split", event.target.value);
+  location.assign(`${location.pathname === "/plots" ? "/plots" : "/"}?${params}`);
+});
+
 export async function getJSON(url) {
   const response = await fetch(url);
   const body = await response.json().catch(() => ({ error: response.statusText }));
@@ -31,11 +47,22 @@ export function format(value) {
   return String(value);
 }
 
-// A thumbnail tile linking to the sample page; a sample that cannot be read becomes an
-// error tile (the server answers its thumbnail with an error status).
-export function tile(row, info, shown = []) {
-  const link = el("a", { class: "tile", href: `/sample/${row.index}`, "data-index": row.index });
-  const img = el("img", { src: `/thumb/${row.index}?size=160`, alt: row.key ?? "", loading: "lazy", decoding: "async" });
+// "go to key" carries the page's query: a key not found shows the grid it was asked
+// from (its filters, order and page), saying so.
+const find = document.querySelector("form.find");
+find.addEventListener("submit", () => {
+  for (const [name, value] of new URLSearchParams(location.search)) {
+    if (!find.elements[name]) find.append(el("input", { type: "hidden", name, value }));
+  }
+});
+
+// A thumbnail tile linking to the sample page (its URL carries query: the grid's filters
+// and order, for the sample page's previous and next); under it, the shown columns and,
+// for a similar-images result, its cosine similarity. A sample that cannot be read
+// becomes an error tile (the server answers its thumbnail with an error status).
+export function tile(row, info, { shown = [], query = splitParams(), cosine } = {}) {
+  const link = el("a", { class: "tile", href: `/sample/${row.index}${query.size ? `?${query}` : ""}`, "data-index": row.index });
+  const img = el("img", { src: `/thumb/${row.index}?${splitParams({ size: 160 })}`, alt: row.key ?? "", loading: "lazy", decoding: "async" });
   img.addEventListener("error", () => {
     link.classList.add("error");
     img.replaceWith(el("div", { class: "error-tile" }, "cannot read this sample", el("br"), "(open it for details)"));
@@ -43,7 +70,7 @@ export function tile(row, info, shown = []) {
   link.append(el("div", { class: "thumb" }, img), el("div", { class: "key", title: row.key }, row.key ?? String(row.index)));
   if (info.label) link.append(el("div", { class: "label" }, row.label_name ?? ""));
   for (const name of shown) link.append(el("div", { class: "meta" }, `${name}: ${format(row[name])}`));
-  if (row.score !== undefined) link.append(el("div", { class: "meta score" }, `cosine ${row.score}`));
+  if (cosine !== undefined) link.append(el("div", { class: "meta score" }, `cosine ${cosine}`));
   return link;
 }
 
@@ -96,8 +123,9 @@ export class Filters {
     }
   }
 
+  // The filters' URL parameters, and the split's.
   params() {
-    const params = new URLSearchParams();
+    const params = splitParams();
     for (const [name, value] of new FormData(this.form)) {
       if (value !== "" && !(name === "in" && value === "key" && !this.form.elements.q.value)) params.append(name, value);
     }

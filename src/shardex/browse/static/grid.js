@@ -29,7 +29,8 @@ async function load() {
   const page = await filters.latest(`/api/page?${query}`);
   if (!page) return;
   const shown = p.getAll("col");
-  document.getElementById("grid").replaceChildren(...page.rows.map((row) => tile(row, info, shown)));
+  if (limit !== info.page_size) p.set("limit", limit);
+  document.getElementById("grid").replaceChildren(...page.rows.map((row) => tile(row, info, { shown, query: p })));
   const last = Math.min(offset + page.rows.length, page.total);
   document.getElementById("count").textContent = page.total
     ? `${offset + 1}–${last} of ${page.total.toLocaleString("en")} matching (${info.num_samples.toLocaleString("en")} in the split)`
@@ -37,8 +38,7 @@ async function load() {
   document.getElementById("prev").disabled = offset === 0;
   document.getElementById("next").disabled = last >= page.total;
   if (offset) p.set("offset", offset);
-  if (limit !== info.page_size) p.set("limit", limit);
-  history.replaceState(null, "", `?${p}`);
+  history.replaceState(null, "", `/?${p}`); // "/": also where /find said no such key
   document.body.dataset.loaded = String(filters.asked); // the request just shown
   document.body.dataset.loadedMs = String(Math.round(performance.now()));
 }
