@@ -337,3 +337,18 @@ def test_each_image_codec_has_an_entry_point() -> None:
         module, _, attr = target.partition(":")
         assert module == zarr_images.__name__
         assert getattr(zarr_images, attr).codec_name == name
+
+
+@pytest.mark.filterwarnings("always::shardex.errors.ShardexWarning")  # shown, as to a user
+def test_an_image_codec_with_only_encoded_images_says_it_does_nothing(tmp_path: Path) -> None:
+    """The codec applies to fixed-shape pixel arrays; a source of encoded images of
+    different sizes keeps its bytes, and the user is told so instead of left guessing."""
+    from click.testing import CliRunner
+
+    from shardex.cli import main
+
+    args = ["export-dataset", "demo:30", "-o", str(tmp_path / "z"), "-q", "--backend", "zarr"]
+    done = CliRunner().invoke(main, [*args, "--backend-option", "image_codec=webp"])
+    assert done.exit_code == 0, done.output
+    warned = [line for line in done.output.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "image_codec=webp applies to fixed-shape" in warned[0]

@@ -29,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import numpy as np
 import zarr
@@ -49,19 +50,23 @@ from shardex.backends.arrays import (
     Written,
     part_columns,
 )
-from shardex.backends.base import Capabilities
+from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
 from shardex.codecs.zarr_images import IMAGE_CODECS, image_codec, register_image_codecs
-from shardex.contract import ExportConfig, FieldSpec, ShardInfo
+from shardex.contract import ExportConfig, FieldSpec, ShardInfo, SplitInfo
 from shardex.errors import (
     ChecksumError,
     ConfigError,
     FormatError,
     ObjectNotFoundError,
     ShardexError,
+    ShardexWarning,
 )
 from shardex.fields import is_fixed
 from shardex.storage.base import Storage
+
+if TYPE_CHECKING:
+    from shardex.parallel import Runner
 
 KEY_NODE: Final = "key"
 #: Target chunk size of arrays read one sample at a time: small reads, still compressible.
@@ -394,6 +399,22 @@ class ZarrBackend(ArrayBackend):
         return image_codec(
             self.image_codec, channels, quality=self.image_quality, ndim=len(spec.shape) + 1
         )
+
+    def write_split(
+        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
+    ) -> SplitInfo:
+        if self.image_codec != "none" and not any(_image_channels(f)[0] for f in plan.fields):
+            # encoded images (bytes of varying sizes) are stored as they are: say so, not
+            # leave the user to find the option did nothing
+            warnings.warn(
+                f"zarr backend: image_codec={self.image_codec} applies to fixed-shape uint8 "
+                f"pixel arrays (H, W[, C]), and split {plan.split!r} has none: its images "
+                "are stored as their encoded bytes (decode and resize them to one shape, "
+                "e.g. --preprocess-until-key pixels --x-key pixels, to use the codec)",
+                ShardexWarning,
+                stacklevel=2,
+            )
+        return super().write_split(storage, plan, runner, on_shard)
 
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
