@@ -351,3 +351,31 @@ def test_the_spool_of_sample_bytes_is_removed_on_success_and_failure(tmp_path: P
     with pytest.raises(RuntimeError, match="disk full"):
         pipeline.run(LocalExecutor(1))
     assert not list(tmp_path.glob(".shardex-spool-*"))
+
+
+@pytest.mark.parametrize("backend", ["tensor_shards", "webdataset"])
+def test_preprocess_until_key_stores_that_key_without_x_key(tmp_path: Path, backend: str) -> None:
+    """NexuML's command as documented (no --x-key): the view holds the requested key as a
+    stored feature, beside the images, not only as a metadata column."""
+    pytest.importorskip("torch")
+    (tmp_path / "spec.yaml").write_text(
+        "source: demo:24\n"
+        "batch_size: 8\n"
+        "stages:\n"
+        "  - {stage: decode}\n"
+        "  - {stage: embed, model: 'shardex.testing.models:tiny_embedder', key: clip_embedding, "
+        "input_size: 32}\n"
+        "  - {stage: resize, size: 16}\n"
+        "executor: {kind: local, workers: 1}\n"
+    )
+    out = tmp_path / "prepared-data"
+    args = ["export-dataset", str(tmp_path / "spec.yaml"), "-o", str(out), "--backend", backend]
+    result = CliRunner().invoke(main, [*args, "--preprocess", "--preprocess-until-key", "clip_embedding"])
+    assert result.exit_code == 0, result.output
+    config = shardex.read_config(out)
+    assert config.x_keys[-1] == "clip_embedding" and "image" in config.x_keys
+    assert [p["stage"] for p in config.pipeline][-1] == "embed"  # resize did not run
+    (field,) = [f for f in config.fields if f.name.startswith("clip_embedding")]
+    assert (field.kind, field.dtype, len(field.shape)) == ("array", "float32", 1)
+    sample = shardex.open_dataset(out, split="train")[0]
+    assert field.name in sample

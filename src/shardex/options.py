@@ -28,6 +28,9 @@ class ExportOptions:
     backend: str = "webdataset"
     splits: tuple[str, ...] | None = None
     x_keys: tuple[str, ...] | None = None
+    #: Keys stored as features beside the default ones when ``x_keys`` is not given: a
+    #: view's ``--preprocess-until-key`` keys (an embedding stored with the images).
+    with_keys: tuple[str, ...] = ()
     y_keys: tuple[str, ...] | None = None
     labels: bool = True
     samples_per_shard: int = 1000

@@ -264,8 +264,9 @@ def key_specs(
 def select_keys(
     opts: ExportOptions, available: list[str], stored: list[str], with_label: bool
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The x and y keys: as asked, else every stored member (image first) and the label."""
-    x = opts.x_keys or tuple(stored)
+    """The x and y keys: as asked, else every stored member (image first) and the
+    ``with_keys``, and the label."""
+    x = opts.x_keys or (*stored, *(k for k in opts.with_keys if k not in stored))
     y = opts.y_keys if opts.y_keys is not None else (("label",) if with_label else ())
     for key in (*x, *y):
         if key not in available:

@@ -195,13 +195,18 @@ def run_spec(
     **overrides: Any,
 ) -> ExportConfig:
     """Export as a spec says: with its stages (``preprocess``), only until ``until_keys``
-    exist, or without stages (the source exported as is, with the spec's options).
+    exist (stored as features beside the default ones, unless ``x_keys`` names them
+    all), or without stages (the source exported as is, with the spec's options).
     ``overrides`` are export options given on top of the spec's (recorded in the
     fingerprint when they change the output)."""
     spec = spec if isinstance(spec, Spec) else Spec.load(spec)
     until = tuple(until_keys)
     preprocess = preprocess or bool(until)
     fingerprint = spec.fingerprint(preprocess, until, overrides)
+    if until:
+        # the keys a view was asked for are stored as features beside the default ones
+        # (a function of ``until``, already in the fingerprint); x_keys given win
+        overrides = {**overrides, "with_keys": until}
     pipeline = spec.pipeline(output, fingerprint, **overrides)
     if not preprocess:
         pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
