@@ -18,11 +18,12 @@ import pytest
 
 from tests.support.proxy import CountingProxy
 from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
-from tests.support.watch import Watch
+from tests.support.watch import RUN_VARIABLE, Watch
 
 _watch = Watch(
     float(os.environ["SHARDEX_TEST_BUDGET_S"]) if "SHARDEX_TEST_BUDGET_S" in os.environ else None
 )
+os.environ[RUN_VARIABLE] = _watch.run  # what the run starts carries it (see support/watch)
 _config: pytest.Config | None = None
 
 

@@ -95,6 +95,8 @@ CASES: dict[str, tuple[Callable[[Path], tuple[Path, str]], type[Exception], str]
     "decompression bomb": (_folder_with("bomb.png", _bomb()), BadSampleError, "too large"),
     "tar member ../x": (_tar_with("../escape.jpg"), BadSampleError, "unsafe key"),
     "tar member /abs": (_tar_with("/abs/path.jpg"), BadSampleError, "unsafe key"),
+    # (at the top: never made the key "abs")
+    "tar member /abs.jpg": (_tar_with("/abs.jpg"), BadSampleError, "unsafe key"),
     "symlink outside the source": (_symlink_outside, BadSampleError, "outside the source"),
     "duplicate keys": (_duplicate, DuplicateKeyError, "duplicate key"),
     "keys differing only by case": (_case_only, DuplicateKeyError, "only by case"),

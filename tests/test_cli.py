@@ -83,7 +83,7 @@ def test_version() -> None:
             ],
         ),
         (["inspect"], ["--json"]),
-        (["ls"], ["--split", "--limit"]),
+        (["ls"], ["--split", "--limit", "--no-header"]),
         (["get"], ["--split", "--out", "--field"]),
         (["backend"], ["list"]),
         (["backend", "list"], ["data-export"]),
@@ -133,9 +133,13 @@ def test_inspect_json_is_the_config(exported: tuple[Path, Result]) -> None:
     assert as_json == yaml.safe_load((out / "config.yaml").read_text())
 
 
+LS_HEADER = "split\tkey\tshard\toffset\tlength\toriginal_path"
+
+
 def test_ls_with_limit(exported: tuple[Path, Result]) -> None:
     out, _ = exported
-    lines = _ok("ls", str(out), "--limit", "3").output.splitlines()
+    header, *lines = _ok("ls", str(out), "--limit", "3").output.splitlines()
+    assert header == LS_HEADER
     assert len(lines) == 3
     meta = shardex.open_dataset(out).metadata.to_pylist()
     for line, row in zip(lines, meta, strict=False):
@@ -143,9 +147,38 @@ def test_ls_with_limit(exported: tuple[Path, Result]) -> None:
         assert (split, key, original) == ("train", row["key"], row["original_path"])
         assert tar == row["tar_file"]
         assert (int(offset), int(length)) == (row["sample_offset"], row["sample_length"])
-    everything = _ok("ls", str(out)).output.splitlines()
+    everything = _ok("ls", str(out), "--no-header").output.splitlines()
+    assert everything[:3] == lines
     assert len(everything) == 12
-    assert _ok("ls", str(out), "--limit", "0").output == ""
+    assert _ok("ls", str(out), "--limit", "0").output == LS_HEADER + "\n"
+    assert _ok("ls", str(out), "--limit", "0", "--no-header").output == ""
+
+
+def test_ls_names_its_columns_in_one_order_in_output_help_and_readme() -> None:
+    """The header, --help and the README's quick start name the same columns in order."""
+    names = LS_HEADER.split("\t")
+    assert ", ".join(names) in " ".join(_ok("ls", "--help").output.split())
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = [x for x in readme.splitlines() if x.startswith("shardex ls ")]
+    assert line.endswith("# " + ", ".join(names))
+
+
+def test_ls_of_an_array_backend_gives_each_sample_its_shard(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = shardex.export(
+        {"image": [bytes([i]) * 4 for i in range(5)], "label": [0, 1, 0, 1, 0]},
+        out,
+        backend="torch",
+        samples_per_shard=2,
+        workers=1,
+    )
+    header, *lines = _ok("ls", str(out)).output.splitlines()
+    assert header == LS_HEADER
+    shards = [s.path for s in config.split("train").shards]
+    keys = list(shardex.open_dataset(out).keys())
+    assert [line.split("\t")[:5] for line in lines] == [
+        ["train", key, shards[i // 2], "", ""] for i, key in enumerate(keys)
+    ]
 
 
 def test_get_shows_the_fields(
@@ -193,8 +226,7 @@ def test_commands_on_a_folder_that_is_not_an_export(tmp_path: Path) -> None:
 
 
 def test_backend_list_shows_all_seven_backends() -> None:
-    # CliRunner output is not a terminal: rich lays the table out in 80 columns, as it
-    # does for `shardex backend list | grep ...` and CI logs; the names must survive that
+    # CliRunner output is not a terminal, as `shardex backend list | grep ...` and CI logs
     result = _ok("backend", "list", "data-export")
     rows = {line.split("│")[1].strip() for line in result.output.splitlines() if "│" in line}
     expected = {"webdataset", "numpy", "numpy_mmap", "torch", "tensordict_memmap"}
@@ -425,3 +457,24 @@ def test_config_file_null_leaves_the_option_at_its_default(tmp_path: Path) -> No
     assert done.x_keys == ("image",)
     assert done.label_names is not None
     assert [s.num_samples for s in done.splits["train"].shards] == [2, 2]
+
+
+def test_piped_output_is_never_wrapped(
+    src: tuple[Path, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off a terminal (CliRunner's output, like `| cat` or a CI log) each line is as wide
+    as it needs: rich would lay it out in 80 columns and fold words."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    lines = _ok("backend", "list").output.splitlines()
+    codec = "option image_codec: none (default), png, webp (lossless) or jpeg (lossy)"
+    assert any(codec in line and "one image per chunk" in line for line in lines)
+    out = tmp_path / ("a-folder-name-long-enough-to-pass-80-columns-" * 2) / "export"
+    _ok("export-dataset", str(src[0]), "-o", str(out), "--workers", "1", "-q")
+    lines = _ok("inspect", str(out)).output.splitlines()
+    config = shardex.read_config(out)
+    assert lines[0] == (
+        f"{out}: backend webdataset, format {config.format_version}, 12 samples, "
+        f"written by shardex {config.shardex_version}"
+    )
+    (storage,) = [x for x in lines if x.startswith("│ image")]
+    assert "tar:jpg|png " in storage

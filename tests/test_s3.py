@@ -548,12 +548,15 @@ def test_array_backends_write_and_read_object_storage(
     assert shardex.verify(url, storage_options=s3.direct).ok
 
 
-@pytest.mark.parametrize("backend", ["numpy_mmap", "tensordict_memmap"])
+@pytest.mark.parametrize(
+    "backend", ["numpy", "numpy_mmap", "tensordict_memmap", "torch", "tensor_shards"]
+)
 def test_inspect_prints_no_local_only_call_for_object_storage(
     backend: str, s3: S3Location, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """numpy and tensordict map local files: a printed ``load_memmap('s3://...')`` would
-    fail as written, so ``shardex inspect`` prints none for an export on object storage."""
+    """numpy, torch and tensordict read local files: a printed ``load_memmap('s3://...')``
+    would fail as written, so ``shardex inspect`` prints none for an export on object
+    storage."""
     pytest.importorskip("tensordict")
     from click.testing import CliRunner
 

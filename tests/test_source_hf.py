@@ -157,3 +157,126 @@ def test_unlabelled_rows_and_batches_cut_by_bytes(
     shardex.export(ds, tmp_path / "o", workers=1)
     labels = shardex.open_dataset(tmp_path / "o").metadata.column("label").to_pylist()
     assert labels == [0, 1, None, 0, 1]
+
+
+def _export_cli(source: Path, out: Path, *extra: str) -> Any:
+    return CliRunner().invoke(
+        main, ["export-dataset", str(source), "-o", str(out), "-q", "--workers", "1", *extra]
+    )
+
+
+@pytest.mark.parametrize("on_error", ["error", "skip"])
+def test_an_empty_saved_dataset_is_one_line(tmp_path: Path, on_error: str) -> None:
+    """datasets saves a Dataset of no rows without a data file and fails to load it
+    (IndexError): shardex says the source holds no samples, and a DatasetDict's empty
+    split is left out while the others export."""
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])}
+    )
+    empty = datasets.Dataset.from_dict({"image": [], "label": []}, features=features)
+    empty.save_to_disk(str(tmp_path / "empty"))
+    result = _export_cli(tmp_path / "empty", tmp_path / "out", "--on-error", on_error)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: the Hugging Face dataset '{tmp_path / 'empty'}' holds no samples\n"
+    )
+    assert not (tmp_path / "out" / "config.yaml").exists()
+    one = datasets.Dataset.from_dict(
+        {"image": [{"bytes": _image(1, "PNG"), "path": None}], "label": [1]}, features=features
+    )
+    datasets.DatasetDict({"train": one, "test": empty}).save_to_disk(str(tmp_path / "dict"))
+    result = _export_cli(tmp_path / "dict", tmp_path / "dict-out", "--on-error", on_error)
+    assert result.exit_code == 0, result.output
+    assert "exported 1 samples (train 1)" in result.output
+    assert list(shardex.read_config(tmp_path / "dict-out").splits) == ["train"]
+
+
+def test_image_structs_without_features_are_the_images(tmp_path: Path) -> None:
+    """Dataset.from_dict without features stores images as {bytes, path} structs: they are
+    the images, a nested column beside them stays metadata, and a source whose every row
+    is skipped ends in one line."""
+    blobs = [_image(i, ("JPEG", "PNG")[i % 2]) for i in range(3)]
+    meta = [{"a": [1, 2], "b": {"c": None}}] * 3
+    plain = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in blobs], "meta": meta}
+    )
+    assert not isinstance(plain.features["image"], datasets.Image)  # a struct, as written
+    plain.save_to_disk(str(tmp_path / "plain"))
+    result = _export_cli(tmp_path / "plain", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    opened = shardex.open_dataset(tmp_path / "out")
+    assert [next(v for k, v in s.items() if k in ("jpg", "png")) for s in opened] == blobs
+    assert opened.metadata.column("meta").to_pylist() == meta
+    junk = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b"not an image", "path": None}] * 2, "meta": meta[:2]}
+    )
+    junk.save_to_disk(str(tmp_path / "junk"))
+    result = _export_cli(tmp_path / "junk", tmp_path / "junk-out", "--on-error", "skip")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: every sample of {tmp_path / 'junk'} was skipped; nothing to export\n"
+    )
+    words = datasets.Dataset.from_dict({"caption": ["a", "b"]})
+    with pytest.raises(SourceError, match=r"has no Image column \(nor a column of"):
+        shardex.export(words, tmp_path / "words", workers=1)
+
+
+def test_a_key_column_gives_the_keys_and_an_unsafe_one_is_refused_or_skipped(
+    tmp_path: Path,
+) -> None:
+    def saved(name: str, keys: list[str | None]) -> Path:
+        datasets.Dataset.from_dict(
+            {
+                "image": [{"bytes": _image(i, "PNG"), "path": None} for i in range(len(keys))],
+                "key": keys,
+            },
+            features=datasets.Features(
+                {"image": datasets.Image(), "key": datasets.Value("string")}
+            ),
+        ).save_to_disk(str(tmp_path / name))
+        return tmp_path / name
+
+    unsafe = saved("unsafe", ["a", "../../evil", "/abs"])
+    result = _export_cli(unsafe, tmp_path / "out")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: '{unsafe}[][1]': unsafe key '../../evil' (empty, '.' or '..' path part) "
+        "(and 1 more); fix the source or pass --on-error skip\n"
+    )
+    assert not (tmp_path / "out" / "config.yaml").exists()
+    null = saved("null", ["a", "../../evil", "/abs", None])
+    result = _export_cli(null, tmp_path / "out", "--on-error", "skip")
+    assert result.exit_code == 0, result.output
+    assert f"'{null}[][2]': unsafe key '/abs' (absolute path or backslash)" in result.output
+    assert f"'{null}[][3]': the row's key is null" in result.output
+    opened = shardex.open_dataset(tmp_path / "out")
+    assert list(opened.keys()) == ["a"]
+    assert opened.metadata.column("original_path").to_pylist() == [f"{null}[][0]"]
+    result = _export_cli(null, tmp_path / "refused")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: '{null}[][3]': the row's key is null; fix the source or pass --on-error skip\n"
+    )
+
+
+def test_columns_named_like_shardex_columns_are_kept_renamed(tmp_path: Path) -> None:
+    """An integer ``label`` (what from_dict without features gives) is the label; other
+    columns named like one shardex fills are kept as hf_<name>, as tar .json fields are
+    kept as json_<name>."""
+    ds = datasets.Dataset.from_dict(
+        {
+            "image": [{"bytes": _image(i, "PNG"), "path": None} for i in range(2)],
+            "label": [1, 0],
+            "split": ["x", "y"],
+            "original_path": ["p", "q"],
+        }
+    )
+    shardex.export(ds, tmp_path / "out", workers=1)
+    meta = shardex.open_dataset(tmp_path / "out").metadata
+    assert meta.column("label").to_pylist() == [1, 0]
+    assert meta.column("hf_split").to_pylist() == ["x", "y"]
+    assert meta.column("hf_original_path").to_pylist() == ["p", "q"]
+    assert meta.column("split").to_pylist() == ["train", "train"]
+    both = ds.add_column("hf_split", ["u", "v"])
+    with pytest.raises(SourceError, match="column 'split' is reserved by shardex and is kept"):
+        shardex.export(both, tmp_path / "both", workers=1)

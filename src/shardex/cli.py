@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -19,9 +20,18 @@ _SPLIT_HELP = "Split to use (default: the only split, else each split in turn)."
 
 
 def _console() -> Any:
+    """rich's console; on a pipe or file (``| grep``, a CI log) as wide as each line needs
+    (rich would lay tables out in 80 columns and fold words), unless COLUMNS says."""
     from rich.console import Console
 
-    return Console()
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=_UNWRAPPED)
+    return console
+
+
+#: The console width off a terminal: no line is that long, and rich pads nothing to it.
+_UNWRAPPED: Final = 1 << 20
 
 
 def _size(n: float) -> str:
@@ -591,10 +601,10 @@ def inspect(
         )
     if config.num_skipped:
         console.print(f"[yellow]{config.num_skipped} samples skipped[/] (see {config.errors_file})")
-    _print_plain_readers(console, config, storage.uri.rstrip("/"))
+    _print_plain_readers(console, config, storage)
 
 
-def _print_plain_readers(console: Any, config: Any, location: str) -> None:
+def _print_plain_readers(console: Any, config: Any, storage: Any) -> None:
     """Per split, the call that opens it with the stock library (no shardex): the array
     backends' folders carry a content hash (see docs/backends.md, *Where the files are*)."""
     from shardex.backends.registry import REGISTRY
@@ -603,7 +613,10 @@ def _print_plain_readers(console: Any, config: Any, location: str) -> None:
         backend = REGISTRY.backend_class(config.backend)
     except ShardexError:  # not installed here: the summary above is all there is
         return
-    calls = [(name, backend.plain_reader(config, name, location)) for name in config.splits]
+    location = storage.uri.rstrip("/")
+    calls = [
+        (name, backend.plain_reader(config, name, location, storage)) for name in config.splits
+    ]
     if any(call for _, call in calls):
         console.print("without shardex:")
     for name, call in calls:
@@ -612,34 +625,48 @@ def _print_plain_readers(console: Any, config: Any, location: str) -> None:
             console.print(f"  {name}: {call}", markup=False, highlight=False, soft_wrap=True)
 
 
+#: The columns of ``shardex ls``, in order (its --help and the README name them).
+_LS_COLUMNS: Final = ("split", "key", "shard", "offset", "length", "original_path")
+
+
 @main.command("ls")
 @click.argument("output")
 @click.option("--split", default=None, help=_SPLIT_HELP)
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N rows.")
+@click.option("--no-header", is_flag=True, help="Leave out the header line.")
 @_storage_flags
 def ls(
     output: str,
     split: str | None,
     limit: int | None,
+    no_header: bool,
 ) -> None:
-    """List the samples of OUTPUT: key, split, shard, byte range, original path."""
+    """List the samples of OUTPUT, one tab-separated line each, under a header line:
+    split, key, shard, offset, length, original_path. Offset and length are the sample's
+    byte range in its tar (empty for the array backends: their shards are no tars)."""
     from shardex.api import read_config
 
     storage = _location(output)
     config = read_config(storage)
     splits = [split] if split else list(config.splits)
+    if not no_header:
+        click.echo("\t".join(_LS_COLUMNS))
     shown = 0
     for name in splits:
-        config.split(name)
+        info = config.split(name)
         meta = _open(storage, name).metadata
-        cols = [
-            meta.column(c).to_pylist()
-            for c in ("key", "tar_file", "sample_offset", "sample_length", "original_path")
-        ]
-        for key, tar, offset, length, original in zip(*cols, strict=True):
+        if "tar_file" in meta.column_names:
+            places = [
+                meta.column(c).to_pylist() for c in ("tar_file", "sample_offset", "sample_length")
+            ]
+        else:  # an array backend: its shards hold their samples in order
+            shards = [s.path for s in info.shards for _ in range(s.num_samples)]
+            places = [shards, [""] * len(shards), [""] * len(shards)]
+        keys, originals = (meta.column(c).to_pylist() for c in ("key", "original_path"))
+        for key, shard, offset, length, original in zip(keys, *places, originals, strict=True):
             if limit is not None and shown >= limit:
                 return
-            click.echo(f"{name}\t{key}\t{tar}\t{offset}\t{length}\t{original}")
+            click.echo(f"{name}\t{key}\t{shard}\t{offset}\t{length}\t{original}")
             shown += 1
 
 

@@ -3,7 +3,9 @@
 A CI log may show only its last lines, and a run stopped from outside prints no summary.
 So a failure is reported the moment it happens, on one line with the machine's state
 (load, free memory, free disk), the first few also with the busiest processes; processes
-the suite started and left running are listed at its end; and with
+the suite started and left running are listed at its end (its own descendants, and those
+re-parented since that carry its :data:`RUN_VARIABLE`: never the machine's other work);
+and with
 ``SHARDEX_TEST_BUDGET_S`` set, tests that would start after that many seconds are skipped,
 so that a run slowed down by something else still ends with its summary.
 """
@@ -15,6 +17,11 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Final
+
+#: The suite's run, in its environment (conftest sets it): a process the run started that
+#: outlived its parent, and so is no longer its descendant, still carries it.
+RUN_VARIABLE: Final = "SHARDEX_TEST_RUN"
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -77,6 +84,14 @@ def busiest(count: int = 5, over: float = 1.0) -> list[str]:
     ]
 
 
+def _environment_has(pid: int, entry: bytes) -> bool:
+    """Whether ``NAME=value`` (``entry``) is in the environment ``pid`` started with."""
+    try:
+        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # another user's, or gone
+        return False
+
+
 def _boot_ticks_now() -> float:
     return float(Path("/proc/uptime").read_text().split()[0]) * _TICKS
 
@@ -93,6 +108,8 @@ class Watch:
             self._started_ticks = None
         self.failures = 0
         self.over_budget = False
+        #: This run's value of :data:`RUN_VARIABLE`.
+        self.run = f"{os.getpid()}-{time.time_ns()}"
 
     def spent(self) -> bool:
         if self.budget_s is None or time.monotonic() - self.started < self.budget_s:
@@ -114,15 +131,29 @@ class Watch:
         return f"{time.monotonic() - self.started:.0f} s into the run"
 
     def left_running(self) -> list[str]:
-        """Processes started since the suite began that still run (but this one)."""
+        """Processes the suite started that still run (but this one): its descendants, and
+        those carrying this run's :data:`RUN_VARIABLE` (re-parented when theirs ended)."""
         if self._started_ticks is None:
             return []
         me = os.getpid()
+        stats = {pid: stat for pid in _pids() if (stat := _stat(pid))}
+        entry = f"{RUN_VARIABLE}={self.run}".encode()
+
+        def descends(pid: int) -> bool:
+            seen: set[int] = set()
+            while pid in stats and pid not in seen:
+                seen.add(pid)
+                pid = stats[pid][0]
+                if pid == me:
+                    return True
+            return False
+
         found = []
-        for pid in _pids():
-            stat = _stat(pid)
-            if pid == me or stat is None or stat[2] < self._started_ticks:
+        for pid, stat in stats.items():
+            if pid == me or stat[2] < self._started_ticks:
                 continue
+            if not descends(pid) and not _environment_has(pid, entry):
+                continue  # the machine's other work
             command = _command(pid)
             if command == "?":  # a kernel thread, or gone already
                 continue

@@ -547,6 +547,17 @@ def _runs_of(stem_name: str) -> re.Pattern[str]:
     return re.compile(rf"[^/]+/{re.escape(stem_name)}-[0-9a-f]+(?:-\d{{6}})?(?:[./-].*)?")
 
 
+def shard_numbers(shards: tuple[ShardInfo, ...], suffix: str = "") -> tuple[str, str]:
+    """(the path stem, the numbers) of a split's shards ``{stem}NNNNNN{suffix}``, for a
+    :meth:`~shardex.backends.base.Backend.plain_reader` call: ``"000000 to 000003"``
+    when they follow each other (as written), else listed."""
+    stem = shards[0].path[: len(shards[0].path) - len(suffix) - 6]
+    numbers = [s.path[len(stem) : len(s.path) - len(suffix)] for s in shards]
+    if len(numbers) > 1 and numbers == [f"{int(numbers[0]) + k:06d}" for k in range(len(numbers))]:
+        return stem, f"{numbers[0]} to {numbers[-1]}"
+    return stem, ", ".join(numbers)
+
+
 def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:
     """``{prefix}-{hash}``, re-hashed until no file of the output uses it. The name hash
     covers keys and sizes, not every byte: a replaced export whose labels or pixels

@@ -261,10 +261,15 @@ class Backend(ABC):
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
 
     @classmethod
-    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
         """Python that opens split ``split`` of the export at ``location`` (its root: a
-        folder or URL) with the library its files are made for, without shardex (``shardex
-        inspect`` prints it). None (the default): no single call does."""
+        folder or URL; ``storage`` opens it) with the library its files are made for,
+        without shardex (``shardex inspect`` prints it). It must run as printed: None
+        where it could not (the default: no single call does). A call over many files
+        names the varying part of the path in capitals (``SHARD``, ``COLUMN``) and ends
+        with a comment giving each one's values (``  # SHARD: 000000 to 000003``)."""
         return None
 
     @classmethod

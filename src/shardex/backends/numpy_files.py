@@ -20,10 +20,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.arrays import (
+    ArrayBackend,
+    ArrayDataset,
+    ArrayWriter,
+    Written,
+    shard_numbers,
+)
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout
-from shardex.contract import ShardInfo
+from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
 
@@ -99,6 +105,22 @@ class NumpyBackend(ArrayBackend):
     )
     stem_name: ClassVar[str] = "samples"
     dataset: ClassVar[type[ArrayDataset]] = NumpyDataset
+
+    @classmethod
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
+        shards = config.split(split).shards
+        if not shards or "://" in location:  # numpy reads local files only
+            return None
+        stem, numbers = shard_numbers(shards)
+        most = max(s.num_samples for s in shards) - 1
+        columns = ", ".join(sorted({f.column for f in config.fields}))
+        return (
+            f"numpy.load({location + '/' + stem!r} + SHARD + '/' + SAMPLE + '.' + COLUMN"
+            f" + '.npy')  # SHARD: {numbers}; SAMPLE: 000000 to {most:06d} (fewer where a "
+            f"shard holds fewer); COLUMN: {columns}"
+        )
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         out = ArrayWriter(storage, stem, listed=False)

@@ -71,7 +71,9 @@ class NumpyMmapBackend(ArrayBackend):
     dataset: ClassVar[type[ArrayDataset]] = NumpyMmapDataset
 
     @classmethod
-    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
         info = config.split(split)
         if not info.shards or "://" in location:  # numpy maps local files only
             return None

@@ -9,10 +9,16 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
-from shardex.backends.arrays import ArrayBackend, ArrayDataset, ArrayWriter, Written
+from shardex.backends.arrays import (
+    ArrayBackend,
+    ArrayDataset,
+    ArrayWriter,
+    Written,
+    shard_numbers,
+)
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
-from shardex.contract import ShardInfo
+from shardex.contract import ExportConfig, ShardInfo
 from shardex.dataset import ShardWindows
 from shardex.storage.base import Storage
 
@@ -44,6 +50,20 @@ class OneFileBackend(ArrayBackend):
     stem_name: ClassVar[str] = "tensors"
     #: The shard file's extension, without the dot.
     extension: ClassVar[str]
+    #: The stock call that loads a shard file, ``{}`` its path (see :meth:`plain_reader`).
+    loader: ClassVar[str]
+
+    @classmethod
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
+        shards = config.split(split).shards
+        if not shards or "://" in location:  # the loaders read local files only
+            return None
+        suffix = f".{cls.extension}"
+        stem, numbers = shard_numbers(shards, suffix)
+        path = f"{location + '/' + stem!r} + SHARD + {suffix!r}"
+        return f"{cls.loader.format(path)}  # SHARD: {numbers}"
 
     @abstractmethod
     def encode_run(self, columns: Columns, layout: Layout) -> bytes:

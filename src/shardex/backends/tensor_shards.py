@@ -56,6 +56,7 @@ class TensorShardsBackend(OneFileBackend):
     name: ClassVar[str] = "tensor_shards"
     description: ClassVar[str] = "fixed-size .npz sample shards + manifest (window loader)"
     extension: ClassVar[str] = "npz"
+    loader: ClassVar[str] = "numpy.load({})"  # an NpzFile: npz[COLUMN] (no pickles)
     dataset: ClassVar[type[ArrayDataset]] = TensorShardsDataset
 
     def encode_run(self, columns: Columns, layout: Layout) -> bytes:

@@ -390,7 +390,9 @@ class TensorDictBackend(ArrayBackend):
         return super().write_split(storage, plan, runner, on_shard)
 
     @classmethod
-    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
         shards = config.split(split).shards
         return (
             f"tensordict.TensorDict.load_memmap({location + '/' + shards[0].path!r})"

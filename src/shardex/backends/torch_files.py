@@ -63,6 +63,7 @@ class TorchBackend(OneFileBackend):
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "one .pt of tensors per shard (torch.load weights_only)"
     extension: ClassVar[str] = "pt"
+    loader: ClassVar[str] = "torch.load({}, weights_only=True)"
     dataset: ClassVar[type[ArrayDataset]] = TorchDataset
 
     def encode_run(self, columns: Columns, layout: Layout) -> bytes:

@@ -370,7 +370,9 @@ class ZarrBackend(ArrayBackend):
     dataset: ClassVar[type[ArrayDataset]] = ZarrDataset
 
     @classmethod
-    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
         shards = config.split(split).shards
         return f"zarr.open_group({location + '/' + shards[0].path!r}, mode='r')" if shards else None
 

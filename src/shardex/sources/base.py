@@ -318,9 +318,9 @@ def safe_key(key: str) -> str:
     WebDataset splits a member name at the first dot of its last component, so a key may
     not hold one there.
     """
-    head, _, name = key.replace(os.sep, "/").rpartition("/")
-    name = _BAD_KEY_CHARS.sub("_", name)
-    return f"{head}/{name}" if head else name
+    head, slash, name = key.replace(os.sep, "/").rpartition("/")
+    # (a leading "/" stays: "/abs" is refused as an unsafe key, never made "abs")
+    return f"{head}{slash}{_BAD_KEY_CHARS.sub('_', name)}"
 
 
 def key_from_relpath(rel: str) -> str:

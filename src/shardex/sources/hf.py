@@ -1,18 +1,26 @@
 """A Hugging Face ``datasets.Dataset`` / ``DatasetDict`` (in memory or a ``save_to_disk``
 folder) as a source.
 
-* the ``Image`` column: its original encoded bytes (read as Arrow, never decoded and
-  re-encoded), or the file it names when the dataset holds only a path;
-* a ``ClassLabel`` column (the one named ``label`` first): the labels, with its names;
-* the splits of a ``DatasetDict``: the splits;
-* every other column: typed metadata (its Arrow type as ``datasets`` stores it).
+* the ``Image`` column (else a column of ``{bytes, path}`` structs: what ``datasets``
+  writes for images given without features): its original encoded bytes (read as Arrow,
+  never decoded and re-encoded), or the file it names when the dataset holds only a path;
+* a ``ClassLabel`` column (the one named ``label`` first), else an integer column named
+  ``label``: the labels, with the ClassLabel's names;
+* the splits of a ``DatasetDict``: the splits (a saved split of no rows is left out);
+* a column named ``key``: the keys, as the table sources take theirs (an unsafe one is
+  refused or skipped as any source's is);
+* every other column: typed metadata (its Arrow type as ``datasets`` stores it); a column
+  named like one that shardex fills (``original_path``, ``split``, ``label`` when it is not
+  the labels) is kept as ``hf_<name>``, as tar ``.json`` fields are kept as ``json_<name>``.
 
-Keys are ``{split}/{row:08d}`` (``{row:08d}`` for a single Dataset): stable for a given
-dataset, unique across splits. Needs ``pip install datasets``; importing shardex does not.
+Without a ``key`` column, keys are ``{split}/{row:08d}`` (``{row:08d}`` for a single
+Dataset): stable for a given dataset, unique across splits. Needs ``pip install
+datasets``; importing shardex does not.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.codecs.images import sniff
-from shardex.errors import MissingDependencyError, SourceError
+from shardex.errors import EmptySourceError, MissingDependencyError, SourceError
 from shardex.sources.base import (
     LeftOut,
     SampleStream,
@@ -34,12 +42,16 @@ from shardex.sources.base import (
     check_metadata_names,
     members_array,
     quoted,
+    safe_key,
 )
 
 #: Inline bytes per batch at most: the member ``data`` column has 32-bit offsets.
 _BATCH_BYTES: Final = 1 << 30
 #: ``sniff`` names -> member extensions.
 _EXT: Final = {"jpeg": "jpg", "tiff": "tif"}
+#: Metadata columns named like a column shardex fills, kept as ``hf_<name>`` (the other
+#: reserved names are refused by check_metadata_names; ``key`` gives the keys).
+_RENAMED: Final = ("original_path", "split", "label")
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -68,7 +80,7 @@ class HFSource(Source):
         datasets = _datasets()
         if isinstance(dataset, str | os.PathLike):
             uri = uri or os.fspath(dataset)
-            dataset = datasets.load_from_disk(os.fspath(dataset))
+            dataset = _load_saved(datasets, Path(dataset))
         if isinstance(dataset, datasets.DatasetDict):
             self.splits: dict[str | None, Any] = dict(dataset.items())
         elif isinstance(dataset, datasets.Dataset):
@@ -77,21 +89,30 @@ class HFSource(Source):
             raise SourceError(
                 f"expected a datasets.Dataset or DatasetDict, got {type(dataset).__name__}"
             )
-        if not self.splits:
-            raise SourceError("the DatasetDict holds no split")
         self.uri = uri or f"huggingface:{type(dataset).__name__}"
+        if not any(len(ds) for ds in self.splits.values()):
+            raise EmptySourceError(f"the Hugging Face dataset {quoted(self.uri)} holds no samples")
         self.batch_size = check_batch_size(batch_size)
         first = next(iter(self.splits.values()))
-        self.image, self.label, self.label_names = _roles(first.features, datasets)
+        self.image, self.label, self.label_names = _roles(first.features, datasets, self.uri)
         for name, ds in self.splits.items():
             if ds.features != first.features:
                 raise SourceError(
                     f"split {name!r} of {quoted(self.uri)} has other features than the "
                     "first split; give the splits one schema (datasets.concatenate ...)"
                 )
-        other = [c for c in first.column_names if c not in (self.image, self.label)]
-        check_metadata_names(other, f"Hugging Face dataset {quoted(self.uri)}")
+        self.key = "key" if "key" in first.column_names else None
+        other = [c for c in first.column_names if c not in (self.image, self.label, self.key)]
+        where = f"Hugging Face dataset {quoted(self.uri)}"
+        check_metadata_names(other, where)
         self.metadata_columns = other
+        self.metadata_names = [f"hf_{c}" if c in _RENAMED else c for c in other]
+        if len(set(self.metadata_names)) < len(other):
+            clash = next(c for c in other if c in _RENAMED and f"hf_{c}" in other)
+            raise SourceError(
+                f"{where}: column {clash!r} is reserved by shardex and is kept as "
+                f"'hf_{clash}', but the dataset has that column too; rename one of them"
+            )
 
     def stream(self) -> SampleStream:
         return SampleStream(self._batches(), self.label_names)
@@ -112,13 +133,16 @@ class HFSource(Source):
         keys = [f"{prefix}{i:08d}" for i in rows]
         origin = [f"{self.uri}[{split or ''}][{i}]" for i in rows]
         left_out: list[LeftOut] = []
+        # the dataset's own keys, taken as a table source takes them (None: row numbers)
+        given = table.column(self.key).to_pylist() if self.key else [None] * len(keys)
         ext: list[str] = []
         path: list[str | None] = []
         data: list[bytes | None] = []
         offsets = [0]
-        images = table.column(self.image).to_pylist() if self.image else [None] * len(keys)
-        for i, image in enumerate(images):
-            member = _member(image)
+        for i, image in enumerate(table.column(self.image).to_pylist()):
+            if given[i] is not None:
+                keys[i] = safe_key(str(given[i]))
+            member = "the row's key is null" if self.key and given[i] is None else _member(image)
             if isinstance(member, str):
                 left_out.append(LeftOut(origin[i], member, key=keys[i]))
             elif member is not None:
@@ -128,9 +152,9 @@ class HFSource(Source):
                 if member[1]:
                     origin[i] = member[1]
             offsets.append(len(ext))
-        kept = [i for i in range(len(keys)) if offsets[i + 1] > offsets[i] or not self.image]
+        kept = [i for i in range(len(keys)) if offsets[i + 1] > offsets[i]]
         if len(kept) < len(keys):  # rows left out have no member: drop them from the table
-            table = table.take(kept)
+            table = table.take(pa.array(kept, pa.int64()))
             keys, origin = [keys[i] for i in kept], [origin[i] for i in kept]
             offsets = [0, *[offsets[i + 1] for i in kept]]
         member_offset = [-1] * len(ext)
@@ -148,15 +172,24 @@ class HFSource(Source):
                 members,
                 splits=None if split is None else [split] * len(keys),
                 labels=labels,
-                metadata=table.select(self.metadata_columns),
+                metadata=table.select(self.metadata_columns).rename_columns(self.metadata_names),
             ),
             tuple(left_out),
         )
 
 
-def _roles(features: Any, datasets: Any) -> tuple[str | None, str | None, tuple[str, ...] | None]:
+def _roles(
+    features: Any, datasets: Any, uri: str
+) -> tuple[str, str | None, tuple[str, ...] | None]:
     """The image column, the label column and its names."""
     images = [n for n, f in features.items() if isinstance(f, datasets.Image)]
+    if not images:  # images given without features: datasets stores {bytes, path} structs
+        images = [n for n, f in features.items() if _is_image_struct(f, datasets)]
+    if not images:
+        raise SourceError(
+            f"the Hugging Face dataset {quoted(uri)} has no Image column (nor a column of "
+            "{bytes, path} structs): cast the images' column to datasets.Image()"
+        )
     if len(images) > 1:
         raise SourceError(
             f"the dataset has {len(images)} Image columns ({', '.join(images)}); shardex "
@@ -165,7 +198,36 @@ def _roles(features: Any, datasets: Any) -> tuple[str | None, str | None, tuple[
     labels = [n for n, f in features.items() if isinstance(f, datasets.ClassLabel)]
     label = "label" if "label" in labels else (labels[0] if labels else None)
     names = tuple(features[label].names) if label else None
-    return (images[0] if images else None), label, names
+    if label is None and isinstance(features.get("label"), datasets.Value):
+        label = "label" if pa.types.is_integer(features["label"].pa_type) else None
+    return images[0], label, names
+
+
+def _is_image_struct(feature: Any, datasets: Any) -> bool:
+    """Whether a feature is the ``{bytes, path}`` struct of an image without features."""
+    return (
+        isinstance(feature, dict)
+        and set(feature) == {"bytes", "path"}
+        and isinstance(feature["bytes"], datasets.Value)
+        and feature["bytes"].dtype in ("binary", "large_binary")
+    )
+
+
+def _load_saved(datasets: Any, path: Path) -> Any:
+    """``datasets.load_from_disk``, but a saved split of no rows is left out: ``datasets``
+    writes it without a data file, then fails to load it (IndexError)."""
+    try:
+        if (path / "dataset_dict.json").is_file():
+            names = json.loads((path / "dataset_dict.json").read_text())["splits"]
+            loaded = {name: _load_saved(datasets, path / name) for name in names}
+            return datasets.DatasetDict({k: v for k, v in loaded.items() if len(v)})
+        if not json.loads((path / "state.json").read_text()).get("_data_files"):
+            return datasets.Dataset.from_dict({})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SourceError(
+            f"{quoted(str(path))} is not a readable save_to_disk folder ({exc})"
+        ) from exc
+    return datasets.load_from_disk(str(path))
 
 
 def _member(image: dict[str, Any] | None) -> tuple[str, str | None, bytes | None] | str | None:

@@ -33,7 +33,7 @@ from shardex.backends.base import (
 from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec, IndexInfo, ShardInfo, SplitInfo
 from shardex.dataset import Dataset, ReopenedDataset
-from shardex.errors import ExportError
+from shardex.errors import ExportError, ShardexError
 from shardex.format.mapped import (
     KEYS_FILE,
     MEMBERS_FILE,
@@ -84,14 +84,25 @@ class WebDatasetBackend(Backend):
         return f"tar:{field.name}"  # a tar member's extension, not a column
 
     @classmethod
-    def plain_reader(cls, config: ExportConfig, split: str, location: str) -> str | None:
-        from shardex.backends.webdataset.lists import WIDS_FILE
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
+        from shardex.backends.webdataset.lists import LIST_FILE, WIDS_FILE
 
-        # wids parses its argument as a URL: "#" or "?" in a path cuts it short
+        # wids and webdataset parse their argument as a URL: "#" or "?" in a path cuts it
         if not config.split(split).shards or "#" in location or "?" in location:
             return None
-        index = f"{location}/{config.split_prefix(split)}{WIDS_FILE}"
-        return f"wids.ShardListDataset({index!r})"
+        folder = f"{location}/{config.split_prefix(split)}"
+        if _longest_member(storage, config, split) <= 100:
+            return f"wids.ShardListDataset({folder + WIDS_FILE!r})"
+        # wids reads ustar's 100-byte name field alone (no GNU long name, no prefix):
+        # webdataset reads the tars with tarfile, which applies them
+        if "://" in location:  # a URL needs webdataset's "pipe:" commands
+            return None
+        return (
+            f"webdataset.WebDataset([{folder!r} + n for n in open({folder + LIST_FILE!r})"
+            ".read().split()], shardshuffle=False)"
+        )
 
     @classmethod
     def derived_files(cls, config: ExportConfig, split: str) -> dict[str, bytes]:
@@ -274,3 +285,18 @@ def _job(
         alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
         seeded=checksum_seeds(plan.format_version),
     )
+
+
+def _longest_member(storage: Storage, config: ExportConfig, split: str) -> int:
+    """The longest tar member name of a split, in bytes, at most (its longest key, a dot
+    and its longest extension); past any name's length where the metadata is unreadable."""
+    import pyarrow.compute as pc
+
+    from shardex.backends.metadata import read_metadata
+
+    try:
+        keys = read_metadata(storage, config, split).column("key")
+    except ShardexError:
+        return 1 << 16
+    ext = max([len(f.name.encode()) for f in config.fields] + [len("json")])
+    return int(pc.max(pc.binary_length(keys)).as_py() or 0) + 1 + ext
