@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -204,4 +205,6 @@ def test_import_and_open_are_light(tmp_path: Path) -> None:
         check=True,
     ).stdout.splitlines()
     assert out[0] == "[]"  # import shardex: no heavy extras, no pyarrow
-    assert out[1] in ("[]", "['mmap']")  # opening and reading an export: no more imports
+    # opening and reading an export: no more imports (but built-in modules: mmap, and
+    # atexit, which weakref.finalize loads to close the shard descriptors at exit)
+    assert set(ast.literal_eval(out[1])) <= {"mmap", "atexit"}, out[1]

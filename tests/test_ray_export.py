@@ -475,6 +475,15 @@ def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
     owner = ray.remote(num_cpus=0)(Owner).remote()  # type: ignore[attr-defined]
     lost = ray.get(owner.put.remote())[0]
     ray.kill(owner)
+    # ray.kill only asks: until the actor is dead, its owner still serves the object (a CI
+    # run read it back); a call on a dead actor fails, so wait for that first
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(owner.put.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
     with pytest.raises(ray.exceptions.ObjectLostError):
         ray.get(lost, timeout=60)
     real_add = held.HeldTars.add
