@@ -29,6 +29,7 @@ the reason.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -146,6 +147,9 @@ def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
         after = jump
 
 
+_CONTROL: Final = re.compile("[\x00-\x1f\x7f]")
+
+
 def _found(rel: str, size: int) -> _File | LeftOut | None:
     """An object as a sample file, left out (and why), or not an image (None)."""
     ext = _extension(rel.rpartition("/")[2])
@@ -154,6 +158,8 @@ def _found(rel: str, size: int) -> _File | LeftOut | None:
         return None if why is None else _left_out(rel, why)
     if any(part in ("", ".", "..") for part in rel.split("/")):
         return _left_out(rel, "its name has an empty, '.' or '..' part (not a folder path)")
+    if _CONTROL.search(rel):  # listed past obstore (see storage.s3_listing): no path names it
+        return _left_out(rel, "its name holds a control character; rename the object")
     return rel, size
 
 

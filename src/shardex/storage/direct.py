@@ -354,19 +354,37 @@ class DirectObjectStorage(Storage):
     def list_pages(
         self, folder: str = "", after: str | None = None
     ) -> Iterator[builtins.list[tuple[str, int]]]:
-        """One LIST request per page, made when the page before it has been used."""
+        """One LIST request per page, made when the page before it has been used.
+
+        A key obstore cannot read as a path (a control character in it) fails its whole
+        page; the rest of the listing then comes from :mod:`shardex.storage.s3_listing`,
+        such names included, where the store allows it (S3 with static credentials)."""
+        last = after
         try:
             pages = _obstore().list(
                 self._client(), prefix=folder or None, offset=after, chunk_size=_PAGE
             )
             for page in pages:
-                yield [(str(meta["path"]), int(meta["size"])) for meta in page]
+                entries = [(str(meta["path"]), int(meta["size"])) for meta in page]
+                yield entries
+                last = entries[-1][0] if entries else last
         except StorageError:
             raise
         except Exception as exc:
-            raise storage_error(
+            error = storage_error(
                 exc, f"{self.uri}/{folder}/" if folder else f"{self.uri}/", self._options
-            ) from exc
+            )
+            rest = None
+            if type(exc).__name__ == "InvalidPathError":
+                from shardex.storage.s3_listing import raw_pages
+
+                rest = raw_pages(self.uri, self._options, folder, last)
+            if rest is None:
+                raise error from exc
+            try:
+                yield from rest
+            except OSError as again:  # the server refused or failed this request too
+                raise error from again
 
     def list_folder(
         self, folder: str = ""
