@@ -7,12 +7,15 @@ Each test gets its own prefix in the bucket, and a counting proxy in front of th
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -30,6 +33,54 @@ _config: pytest.Config | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _config
     _config = config
+
+
+#: What a test (or a fixture it uses) does that sets each marker: the code is read, so a
+#: new test gets its markers from what it uses, never by hand.
+_USES: Final = {
+    "s3": re.compile(r"\bs3_server\b|\bSeaweedFS\("),
+    "ray": re.compile(r"\b(local_ray_cluster|ray_nodes)\(|executor=\"ray\"|\"--executor\", \"ray\""),
+    "browser": re.compile(r"\b_chromium\(\)"),
+    "dali": re.compile(r"importorskip\(\"nvidia\.dali"),
+}
+#: Tests measured over 10 s on the 2-core machine (tests/README.md: how to measure again).
+_SLOW_FILE: Final = Path(__file__).with_name("slow.txt")
+
+
+@functools.cache
+def _source(function: Any) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _slow() -> frozenset[str]:
+    lines = _SLOW_FILE.read_text().splitlines() if _SLOW_FILE.exists() else []
+    return frozenset(line.split("#")[0].strip() for line in lines if line.split("#")[0].strip())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers from what each test uses (its own code and its fixtures'): ``s3``, ``ray``,
+    ``browser``, ``dali``; ``slow`` from tests/slow.txt. Tests that start Ray run on one
+    xdist worker, one after another (``xdist_group``): two local clusters at once on two
+    cores only slow each other down."""
+    slow = _slow()
+    for item in items:
+        functions = [getattr(item, "function", None)]
+        infos = getattr(item, "_fixtureinfo", None)
+        for defs in (infos.name2fixturedefs.values() if infos is not None else ()):
+            functions += [d.func for d in defs]
+        code = "\n".join(_source(f) for f in functions if f is not None)
+        if "s3_server" in item.fixturenames:
+            code += " s3_server "
+        for name, uses in _USES.items():
+            if uses.search(code):
+                item.add_marker(name)
+        if item.nodeid.split("[")[0] in slow or item.nodeid in slow:
+            item.add_marker("slow")
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -369,7 +369,6 @@ def test_tar_headers_read_without_tarfile_are_what_tarfile_reads(
         assert fast == slow
 
 
-@pytest.mark.slow
 def test_a_batch_of_more_than_2_gib_of_inline_bytes_keeps_every_sample() -> None:
     # Arrow's binary offsets are 32-bit: a re-export's batch of 8192 samples read through
     # their dataset (bytes held, e.g. 300 KB images from S3) passes 2 GiB
