@@ -20,6 +20,7 @@ from typing import Any, Final
 import pytest
 
 from tests.support.proxy import CountingProxy
+from tests.support.s3data import S3Location
 from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
 from tests.support.watch import RUN_VARIABLE, Watch
 
@@ -147,20 +148,6 @@ def s3_server() -> Iterator[SeaweedFS]:
 def s3_proxy(s3_server: SeaweedFS) -> Iterator[CountingProxy]:
     with CountingProxy(s3_server.endpoint) as proxy:
         yield proxy
-
-
-@dataclass(frozen=True)
-class S3Location:
-    """A fresh prefix of the test bucket, reachable directly or through the proxy."""
-
-    url: str
-    direct: dict[str, Any]  # storage_options to the server
-    counted: dict[str, Any]  # storage_options through the counting proxy
-    proxy: CountingProxy
-    server: SeaweedFS
-
-    def child(self, name: str) -> str:
-        return f"{self.url}/{name}"
 
 
 @pytest.fixture

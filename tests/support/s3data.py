@@ -1,0 +1,110 @@
+"""Test data and checks shared by the tests of sources on S3 and of Ray exports: a test's
+prefix of the bucket (:class:`S3Location`, what the ``s3`` fixture gives), tars made in
+memory, uploads, and checks of what the counting proxy saw."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import tarfile
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers import files_of
+from shardex.storage import ObjectStorage
+from tests.support.proxy import CountingProxy, RequestRecord
+from tests.support.seaweedfs import SeaweedFS
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A fresh prefix of the test bucket, reachable directly or through the proxy."""
+
+    url: str
+    direct: dict[str, Any]  # storage_options to the server
+    counted: dict[str, Any]  # storage_options through the counting proxy
+    proxy: CountingProxy
+    server: SeaweedFS
+
+    def child(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+
+def upload(storage: ObjectStorage, files: dict[str, bytes]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda kv: storage.put(*kv), files.items()))
+
+
+def same_export(local: Path, remote: Path, source_uri: str) -> None:
+    """The two exports hold the same files, byte for byte, but for the source's URI."""
+    a, b = files_of(local), files_of(remote)
+    assert sorted(a) == sorted(b)
+    assert [name for name in a if a[name] != b[name]] == ["config.yaml"]
+    ca, cb = yaml.safe_load(a["config.yaml"]), yaml.safe_load(b["config.yaml"])
+    assert cb["source_datasets"][0]["uri"] == source_uri
+    for config in (ca, cb):
+        del config["source_datasets"][0]["uri"]
+    assert ca == cb
+
+
+def tar_of(samples: list[tuple[str, bytes, int]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, image, label in samples:
+            meta = json.dumps({"score": label / 2}).encode()
+            for ext, data in (("jpg", image), ("cls", str(label).encode()), ("json", meta)):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def ranges_asked(records: list[RequestRecord]) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` that ranged GETs asked for."""
+    out = []
+    for r in records:
+        assert r.range is not None, r
+        assert r.range.startswith("bytes="), r
+        first, _, last = r.range[len("bytes=") :].partition("-")
+        out.append((int(first), int(last) + 1))
+    return out
+
+
+def noise_jpeg(seed: int, side: int = 280) -> bytes:
+    """A JPEG of about 100 KB (noise does not compress)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def fetched_once_each(gets: list[RequestRecord], tars: dict[str, bytes]) -> None:
+    """Every byte of every tar was fetched by exactly one of ``gets`` (ranged GETs)."""
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for record, span in zip(gets, ranges_asked(gets), strict=True):
+        assert record.status == 206, record
+        spans[record.key.rsplit("/", 1)[-1]].append(span)
+    assert sorted(spans) == sorted(tars)
+    for name, data in tars.items():
+        got = sorted(spans[name])
+        assert got[0][0] == 0, (name, got[0])
+        assert got[-1][1] == len(data), (name, got[-1])
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(got)), name  # no gap, no overlap
+
+
+def tars_here_and_on_s3(tars: dict[str, bytes], folder: Path, s3: S3Location, prefix: str) -> str:
+    """The tars written into ``folder`` and uploaded under ``prefix``; the source URL."""
+    folder.mkdir()
+    for name, data in tars.items():
+        (folder / name).write_bytes(data)
+    upload(ObjectStorage(s3.child(prefix), s3.direct), tars)
+    return s3.child(f"{prefix}/")
