@@ -33,7 +33,7 @@ from tests.support.raycluster import local_ray_cluster
 from tests.support.rayrows import RowsSource, local_rows
 
 ray = pytest.importorskip("ray")
-ray_data = pytest.importorskip("shardex.ray")
+ray_data = pytest.importorskip("shardex.ray", exc_type=ImportError)  # no ray: skipped
 
 LABELS = ("cat", "dog", "fox")
 

@@ -136,7 +136,7 @@ def test_any_record_moved_to_another_position_fails_its_read(
 
 
 def test_swapped_records_fail_through_torch(export: Path) -> None:
-    torch_map = pytest.importorskip("shardex.torch.map")
+    torch_map = pytest.importorskip("shardex.torch.map", exc_type=ImportError)  # no torch
     _swap_records(export, 1, 2)
     ds = torch_map.MapDataset(export, decode=False)
     with pytest.raises(ChecksumError, match="sample 1 "):
@@ -274,7 +274,7 @@ def test_deleted_shard_gives_a_shardex_error_naming_it(export: Path) -> None:
     skipping = shardex.open_dataset(export, on_error="skip")
     assert len(list(skipping)) == 22
     assert [n for n, _ in skipping.skipped] == list(range(8, 16))
-    torch_map = pytest.importorskip("shardex.torch.map")
+    torch_map = pytest.importorskip("shardex.torch.map", exc_type=ImportError)  # no torch
     with pytest.raises(ObjectNotFoundError, match=pattern):
         torch_map.MapDataset(export, decode=False)[9]
 
@@ -285,7 +285,7 @@ def test_deleted_or_corrupt_metadata_gives_a_shardex_error(export: Path) -> None
     meta.unlink()
     with pytest.raises(ObjectNotFoundError, match=r"metadata\.parquet does not exist"):
         _ = shardex.open_dataset(export).metadata
-    torch_map = pytest.importorskip("shardex.torch.map")
+    torch_map = pytest.importorskip("shardex.torch.map", exc_type=ImportError)  # no torch
     with pytest.raises(ObjectNotFoundError, match=r"metadata\.parquet"):
         torch_map.MapDataset(export, decode=False, keys=("score",))[0]
     # a changed byte that leaves the file readable: every reader of it says so
