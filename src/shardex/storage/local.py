@@ -230,7 +230,11 @@ def _refuse_links(folder: Path) -> None:
     """Refuse an output that holds a symbolic link (the first found, in one line): an
     export replaces and deletes names inside its output, and a link planted there by
     whoever can write into a shared folder must not make it touch the link's target."""
-    with os.scandir(folder) as entries:
+    try:
+        entries = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):  # gone meanwhile (another writer's)
+        return
+    with entries:
         for entry in entries:
             if entry.is_symlink():
                 raise link_refused(folder / entry.name)
