@@ -82,10 +82,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("slow")
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
-    # The Ray tests (one worker's long queue) first, then the slow ones: the workers end
-    # together instead of one of them finishing that queue alone (the order is the same in
-    # every worker, as xdist needs).
-    items.sort(key=lambda i: (i.get_closest_marker("ray") is None, i.get_closest_marker("slow") is None))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
