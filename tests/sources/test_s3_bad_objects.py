@@ -4,46 +4,18 @@ errors.parquet while the good objects are exported (the same as a local source).
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location
+from tests.support.s3data import S3Location, put_raw, tar_of
 from helpers import image_bytes
 from shardex.errors import ShardexError
 from shardex.storage import ObjectStorage
 
 OPTS = {"samples_per_shard": 5, "workers": 1}
-
-
-def _tar(count: int, prefix: str = "k") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i in range(count):
-            for ext, data in (("jpg", image_bytes(i)), ("cls", str(i % 2).encode())):
-                info = tarfile.TarInfo(f"{prefix}{i:03d}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _put_raw(s3: S3Location, name: str, data: bytes) -> None:
-    """Write an object whose name shardex itself refuses to write (another S3 client's),
-    through the server's filer API."""
-    import urllib.parse
-    import urllib.request
-
-    prefix = s3.url.split("/", 3)[3]
-    quoted = urllib.parse.quote(f"{prefix}/{name}")
-    url = f"http://127.0.0.1:{s3.server.ports['filer']}/buckets/{s3.server.bucket}/{quoted}"
-    body = b"--x\r\nContent-Disposition: form-data; name=file; filename=f.jpg\r\n\r\n"
-    body += data + b"\r\n--x--\r\n"
-    headers = {"Content-Type": "multipart/form-data; boundary=x"}
-    urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST")).close()
 
 
 def _skipped(out: Path) -> list[str]:
@@ -62,7 +34,7 @@ def test_a_key_with_a_control_character_is_named_or_skipped(
     store = ObjectStorage(s3.child("imgs"), s3.direct)
     for i in range(6):
         store.put(f"cls/img{i}.jpg", image_bytes(i))
-    _put_raw(s3, f"imgs/{bad}", image_bytes(99))
+    put_raw(s3, f"imgs/{bad}", image_bytes(99))
     options = {"source_storage_options": s3.direct, **OPTS}
     with pytest.raises(ShardexError) as refused:
         shardex.export(s3.child("imgs"), tmp_path / "refused", **options)  # type: ignore[arg-type]
@@ -77,7 +49,7 @@ def test_a_key_with_a_control_character_is_named_or_skipped(
 def test_a_tiny_tar_is_skipped_and_the_others_exported(
     s3: S3Location, tmp_path: Path, size: int
 ) -> None:
-    files = {"a.tar": _tar(4), "b.tar": b"\0" * size, "c.tar": _tar(3, "m")}
+    files = {"a.tar": tar_of([(f"k{i:03d}", image_bytes(i), i % 2) for i in range(4)]), "b.tar": b"\0" * size, "c.tar": tar_of([(f"m{i:03d}", image_bytes(i), i % 2) for i in range(3)])}
     (tmp_path / "src").mkdir()
     store = ObjectStorage(s3.child("tars"), s3.direct)
     for name, data in files.items():

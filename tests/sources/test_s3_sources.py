@@ -43,7 +43,17 @@ from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
 from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage
 from tests.support.proxy import RequestHead, RequestRecord
-from tests.support.s3data import S3Location, fetched_once_each, noise_jpeg, ranges_asked, same_export, tar_of, tars_here_and_on_s3, upload
+from tests.support.s3data import (
+    S3Location,
+    fetched_once_each,
+    noise_jpeg,
+    put_raw,
+    ranges_asked,
+    same_export,
+    tar_of,
+    tars_here_and_on_s3,
+    upload,
+)
 
 RELS = [
     f"{split}/{cls}/img{i}.jpg"
@@ -629,17 +639,8 @@ def test_an_object_name_with_a_control_character_is_a_one_line_error(
     """A key holding a newline (written by another S3 client; here through the server's
     filer API), which obstore cannot list past: the error names that object in one line,
     and --on-error skip exports the rest."""
-    import urllib.parse
-    import urllib.request
-
     ObjectStorage(s3.child("odd"), s3.direct).put("cat/ok.jpg", image_bytes(0))
-    prefix = s3.url.split("/", 3)[3]
-    name = urllib.parse.quote(f"{prefix}/odd/cat/a\nb.jpg")
-    url = f"http://127.0.0.1:{s3.server.ports['filer']}/buckets/{s3.server.bucket}/{name}"
-    body = b"--x\r\nContent-Disposition: form-data; name=file; filename=f.jpg\r\n\r\n"
-    body += image_bytes(1) + b"\r\n--x--\r\n"
-    headers = {"Content-Type": "multipart/form-data; boundary=x"}
-    urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST")).close()
+    put_raw(s3, "odd/cat/a\nb.jpg", image_bytes(1))
     code, output = _cli(s3, s3.child("odd"), "-o", str(tmp_path / "out"))
     assert code == 1
     error = [line for line in output.splitlines() if line.startswith("error:")]

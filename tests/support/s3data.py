@@ -8,6 +8,8 @@ import io
 import itertools
 import json
 import tarfile
+import urllib.parse
+import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,3 +110,15 @@ def tars_here_and_on_s3(tars: dict[str, bytes], folder: Path, s3: S3Location, pr
         (folder / name).write_bytes(data)
     upload(ObjectStorage(s3.child(prefix), s3.direct), tars)
     return s3.child(f"{prefix}/")
+
+
+def put_raw(s3: S3Location, name: str, data: bytes) -> None:
+    """Write an object whose name shardex itself refuses to write (another S3 client's),
+    through the server's filer API."""
+    prefix = s3.url.split("/", 3)[3]
+    quoted = urllib.parse.quote(f"{prefix}/{name}")
+    url = f"http://127.0.0.1:{s3.server.ports['filer']}/buckets/{s3.server.bucket}/{quoted}"
+    body = b"--x\r\nContent-Disposition: form-data; name=file; filename=f.jpg\r\n\r\n"
+    body += data + b"\r\n--x--\r\n"
+    headers = {"Content-Type": "multipart/form-data; boundary=x"}
+    urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST")).close()
