@@ -30,13 +30,13 @@ OPTIONS: dict[str, Any] = {
 }
 SOURCE = "demo:120"
 
-# An export that writes slowly (5 ms per write), so that it can be killed mid-way.
+# An export that writes slowly (1 ms per write: ~0.2 s a shard), so that it can be killed mid-way.
 SLOW_EXPORT = """
 import sys, time, shardex
 from shardex.storage.local import LocalStorage, LocalObjectWriter
 class SlowWriter(LocalObjectWriter):
     def write(self, data):
-        time.sleep(0.005)
+        time.sleep(0.001)
         super().write(data)
 class Slow(LocalStorage):
     def open_writer(self, path):
