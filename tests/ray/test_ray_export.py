@@ -318,6 +318,30 @@ def test_an_unknown_executor_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def _wait_for_idle_workers(limit: float = 60.0) -> None:
+    """Return once no Ray worker of this process's cluster runs a task (Ray titles a
+    worker ``ray::IDLE`` between tasks) for half a second in a row."""
+    import psutil
+
+    def busy() -> bool:
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                name = (proc.cmdline() or [""])[0]
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if name.startswith("ray::") and name != "ray::IDLE" and not name.endswith("Agent"):
+                return True
+        return False
+
+    deadline = time.monotonic() + limit
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < 0.5:
+        assert time.monotonic() < deadline, f"Ray's workers still busy after {limit:.0f}s"
+        if busy():
+            idle_since = time.monotonic()
+        time.sleep(0.02)
+
+
 def test_a_refused_sample_leaves_no_shard_written_by_tasks_still_running(
     cluster: int, tmp_path: Path
 ) -> None:
@@ -330,7 +354,7 @@ def test_a_refused_sample_leaves_no_shard_written_by_tasks_still_running(
     out = tmp_path / "out"
     with pytest.raises(BadSampleError):
         shardex.export(src, out, samples_per_shard=30, executor="ray")
-    time.sleep(5)  # were tasks still writing, their shards would appear by now
+    _wait_for_idle_workers()  # were tasks still writing, their shards would be out by now
     assert not [p for p in out.rglob("*") if p.is_file() and p.name != ".shardex-lock"]
 
 
