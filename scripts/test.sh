@@ -8,6 +8,10 @@ source "$(dirname "$0")/env.sh"
 pip_install "torch==2.13.0"
 install_extras "test,torch"
 cd "$ROOT"
+# Python's bytecode cache on, whatever the environment says: the processes the tests start
+# (CLI runs, killed exports, Ray and DataLoader workers: hundreds) then load shardex
+# compiled once, and pytest keeps its rewritten test modules between runs.
+unset PYTHONDONTWRITEBYTECODE
 # --fast: what no marker of s3, ray, browser, dali or slow sets (tests/README.md), in a
 # few minutes; without it, everything. Both on two xdist workers (one per core here; the
 # Ray tests share one worker, see tests/conftest.py); -n 0 as an argument runs in-process.
