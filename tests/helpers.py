@@ -1,4 +1,5 @@
-"""Small helpers shared by the source, bad-input and CLI tests: tiny images and folders."""
+"""Small helpers shared by the source, bad-input and CLI tests: tiny images and folders,
+error lines and skip records, small exports, processes and open files."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+import pytest
 from PIL import Image
 
 _FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -48,6 +51,43 @@ def files_of(folder: Path) -> dict[str, bytes]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+def error_line(stderr: str) -> str:
+    """The one ``error: ...`` line a failed command must print, and nothing else."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one error line, got {stderr!r}"
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def skipped_rows(out: Path) -> list[dict[str, str]]:
+    """The rows of an export's errors.parquet: what ``on_error="skip"`` left out, and why."""
+    return pq.read_table(out / "errors.parquet").to_pylist()
+
+
+def assert_no_export(out: Path) -> None:
+    """Nothing at ``out`` reads as an export: no config.yaml, and opening it fails."""
+    import shardex
+    from shardex.errors import NotAnExportError
+
+    assert not (out / "config.yaml").exists()
+    with pytest.raises(NotAnExportError):
+        shardex.open_dataset(out)
+
+
+def open_files_under(folder: Path) -> list[str]:
+    """What this process holds open under ``folder`` (from /proc/self/fd; a deleted file
+    is named with `` (deleted)`` after it)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(folder)):
+            found.append(target)
+    return found
 
 
 def image_field(sample: dict[str, object]) -> bytes:
