@@ -9,9 +9,10 @@ import signal
 import socketserver
 import subprocess
 import sys
+import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,31 @@ def write_image(path: Path, seed: int, size: tuple[int, int] = (12, 10)) -> byte
 def make_tree(root: Path, rel_paths: list[str], *, first_seed: int = 0) -> dict[str, bytes]:
     """Write one image per relative path under root; returns ``{rel_path: bytes}``."""
     return {rel: write_image(root / rel, first_seed + i) for i, rel in enumerate(sorted(rel_paths))}
+
+
+def _add_members(tf: tarfile.TarFile, members: Iterable[tuple[str, bytes]]) -> None:
+    for name, data in members:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+
+
+def tar_bytes(members: Iterable[tuple[str, bytes]], fmt: int = tarfile.DEFAULT_FORMAT) -> bytes:
+    """A tar of ``members`` (name and bytes each), in their order."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tf:
+        _add_members(tf, members)
+    return out.getvalue()
+
+
+def write_tar(
+    path: Path, members: Iterable[tuple[str, bytes]], fmt: int = tarfile.DEFAULT_FORMAT
+) -> Path:
+    """The tar of ``members`` (name and bytes each) written at ``path``, its folder made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=fmt) as tf:
+        _add_members(tf, members)
+    return path
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
