@@ -27,23 +27,6 @@ MORE = [
 PART = ".shardex-staging/0123456789ab/part-0123456789abcdef.npz"
 
 
-def _killed_runs_part(out: Path) -> Path:
-    part = out / PART
-    part.parent.mkdir(parents=True)
-    part.write_bytes(b"a part a killed Ray run staged")
-    return part
-
-
-def test_a_killed_ray_runs_parts_go_with_a_local_export(tmp_path: Path) -> None:
-    make_tree(tmp_path / "src", RELS)
-    out = tmp_path / "out"
-    shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1)
-    part = _killed_runs_part(out)
-    shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1, mode="overwrite")
-    assert not part.exists()
-    assert not (out / ".shardex-staging").exists()
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
     with ray_nodes(nodes=1, cpus_per_node=2):
@@ -124,38 +107,3 @@ def test_other_backends_on_ray_equal_local(cluster: None, tmp_path: Path, backen
         outs[name] = files_of(out)
     assert outs["ray"] == outs["local"]
     assert not (tmp_path / "ray" / ".shardex-staging").exists()
-
-
-def test_a_part_that_cannot_be_read_is_a_storage_error_not_a_foreign_file(
-    tmp_path: Path,
-) -> None:
-    """A staged part gone (or a store that fails) is said as such, not as a file another
-    process wrote; bytes that are no part are a one-line FormatError."""
-    import pyarrow as pa
-
-    from shardex.engine.parts import new_staging, put_part, read_part
-    from shardex.errors import FormatError, ObjectNotFoundError
-    from shardex.storage import LocalStorage
-
-    storage = LocalStorage(tmp_path / "out")
-    name = put_part(storage, new_staging(), pa.table({"a": [1]}), {})
-    storage.delete(name)
-    with pytest.raises(ObjectNotFoundError):
-        read_part(storage, name)
-    storage.put(name, b"PK\x03\x04 not a zip file at all")
-    with pytest.raises(FormatError, match="not a staged part"):
-        read_part(storage, name)
-
-
-def test_a_killed_write_shardex_runs_staged_rows_go_with_a_local_export(tmp_path: Path) -> None:
-    """What write tasks of a killed write_shardex staged (the dataset's bytes) goes with
-    the next export, as its parts do, not only with the next write_shardex."""
-    make_tree(tmp_path / "src", RELS)
-    out = tmp_path / "out"
-    shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1)
-    run = out / ".shardex-staging" / "0123456789ab"
-    run.mkdir(parents=True)
-    for name in ("task-000000-0123abcd.bin", "task-000000-0123abcd.parquet"):
-        (run / name).write_bytes(b"rows a killed write_shardex staged")
-    shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1, mode="overwrite")
-    assert not (out / ".shardex-staging").exists()

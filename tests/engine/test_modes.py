@@ -1,8 +1,11 @@
 """Export modes on an output that already holds something: error, overwrite (readable at
-every moment, no stale files), resume (see test_faults.py) and append."""
+every moment, no stale files), resume (see test_faults.py) and append; in every mode, a
+file shardex did not write (named like its unfinished writes, or in a staging folder of
+the user's) is refused and kept."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,10 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardex
+from helpers import files_of
 from shardex.errors import ConfigError, DuplicateKeyError, OutputExistsError, StorageError
 from shardex.exporter import export_files
-from shardex.storage import LocalStorage
+from shardex.storage import LocalStorage, open_storage
 from shardex.testing import make_sample_folder
+from tests.support.s3data import S3Location
 
 FRACTIONS = {"train": 0.7, "val": 0.3}
 
@@ -283,3 +288,88 @@ def test_overwrite_rewrites_a_damaged_shard_instead_of_keeping_it(tmp_path: Path
     assert not shardex.verify(out).ok
     shardex.export(src.table, out, workers=1, samples_per_shard=4, mode="overwrite")
     assert shardex.verify(out).ok
+
+
+# -- files in the output that shardex did not write ---------------------------------------
+
+
+@pytest.fixture
+def exported(tables: tuple[Path, Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """The first table's export (its source, its output), in shards of 4."""
+    _whole, first, _second = tables
+    out = tmp_path / "out"
+    shardex.export(first, out, samples_per_shard=4, workers=1)
+    return first, out
+
+
+@pytest.mark.parametrize(
+    "name", [".notes.txt.tmp-1a2b", "reports/.summary.csv.tmp-77", "train/.my.json.tmp-0"]
+)
+@pytest.mark.parametrize("mode", ["overwrite", "resume", "error"])
+def test_a_users_file_named_like_an_unfinished_write_is_refused_and_kept(
+    exported: tuple[Path, Path], name: str, mode: str
+) -> None:
+    """A program of the user's writing ``NAME`` the way shardex does (``.NAME.tmp-X``)
+    leaves a file the old check deleted with every overwrite; now it is a foreign file."""
+    src, out = exported
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
+    (out / name).write_bytes(b"the user's half-written file")
+    before = files_of(out)
+    with pytest.raises(OutputExistsError) as refused:
+        shardex.export(src, out, samples_per_shard=4, workers=1, mode=mode)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"'{name}'" in message, message
+    assert "did not write" in message, message
+    assert files_of(out) == before  # the user's file and the committed export
+
+
+def test_a_killed_exports_unfinished_writes_still_go(exported: tuple[Path, Path]) -> None:
+    src, out = exported
+    shard = sorted((out / "train").glob("images-*.tar"))[0]
+    left = shard.with_name(f".{shard.name}.tmp-0badf00d")  # a write a kill cut short
+    left.write_bytes(b"half a tar")
+    shardex.export(src, out, samples_per_shard=4, workers=1, mode="overwrite")
+    assert not left.exists()
+    assert shardex.verify(out).ok
+
+
+@pytest.mark.parametrize(
+    "name", [".shardex-staging/notes.txt", ".shardex-staging/images-0123abcd-000000.tar"]
+)
+def test_a_users_own_staging_folder_is_foreign(
+    tables: tuple[Path, Path, Path], tmp_path: Path, name: str
+) -> None:
+    _whole, first, _second = tables
+    out = tmp_path / "out"
+    (out / name).parent.mkdir(parents=True)
+    (out / name).write_bytes(b"mine")
+    with pytest.raises(OutputExistsError) as refused:
+        shardex.export(first, out, samples_per_shard=4, workers=1)
+    assert f"'{name}'" in str(refused.value)
+    assert files_of(out) == {name: b"mine"}  # nothing written, nothing deleted
+
+
+def test_a_users_staging_folder_beside_an_export_survives_an_overwrite(
+    exported: tuple[Path, Path],
+) -> None:
+    src, out = exported
+    mine = out / ".shardex-staging" / "train" / "images-0123abcd-000000.tar"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"mine")
+    with pytest.raises(OutputExistsError, match="shardex-staging"):
+        shardex.export(src, out, samples_per_shard=4, workers=1, mode="overwrite")
+    assert mine.read_bytes() == b"mine"
+
+
+def test_a_users_own_staging_folder_on_object_storage_is_foreign(
+    tables: tuple[Path, Path, Path], s3: S3Location
+) -> None:
+    _whole, first, _second = tables
+    out = open_storage(s3.child("out"), s3.direct)
+    name = ".shardex-staging/0123456789ab/notes.txt"  # a run's folder, not a name it stages
+    out.put(name, b"mine")
+    with pytest.raises(OutputExistsError, match=re.escape(repr(name))):
+        shardex.export(first, s3.child("out"), storage_options=s3.direct, workers=1)
+    assert list(out.list()) == [name]
+    assert out.get(name) == b"mine"
