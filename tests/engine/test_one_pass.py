@@ -1,5 +1,6 @@
 """The export reads each image once: bad images found while writing are skipped (or
-refuse the export) and shards stay exactly filled, whatever the worker count."""
+refuse the export, which then undoes its own files and no others) and shards stay exactly
+filled, whatever the worker count."""
 
 from __future__ import annotations
 
@@ -64,6 +65,41 @@ def test_a_bad_image_found_while_writing_refuses_and_leaves_nothing(tmp_path: Pa
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     done = shardex.export(tmp_path / "src", tmp_path / "out", on_error="skip", samples_per_shard=4)
     assert done.num_samples == 29  # the refused run left nothing in the way
+
+
+def test_an_undone_export_leaves_an_export_inside_its_output_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample refused while writing undoes the run's files, and only the run's: an
+    export made meanwhile into a folder inside the output keeps its file being written
+    and the files it completed (as the commit leaves them, see test_ray_faults)."""
+    import shardex.engine.run as run
+    from shardex.storage.local import LocalObjectWriter
+
+    _folder(tmp_path / "src", 30, {25})
+    out = tmp_path / "out"
+    name = "images-0123456789abcdef-000000.tar"
+    writers: list[LocalObjectWriter] = []
+    plain = run.write_splits
+
+    def meanwhile(*args: object, **kwargs: object) -> object:
+        done = out / "nested" / "train" / name.replace("0000.tar", "0001.tar")
+        done.parent.mkdir(parents=True)
+        done.write_bytes(b"another export's shard, complete")
+        nested = LocalObjectWriter(out, f"nested/train/{name}")
+        nested.write(b"another export's shard, still being written")
+        writers.append(nested)
+        return plain(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "write_splits", meanwhile)
+    with pytest.raises(BadSampleError):
+        shardex.export(tmp_path / "src", out, samples_per_shard=4, workers=1)
+    writers[0].commit()  # the nested export's write completes
+    nested = out / "nested" / "train"
+    assert sorted(p.name for p in nested.iterdir()) == [
+        name,
+        name.replace("0000.tar", "0001.tar"),
+    ]
 
 
 def test_in_memory_bytes_are_checked_too(tmp_path: Path) -> None:

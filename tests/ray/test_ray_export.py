@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -566,3 +566,66 @@ def test_a_webdataset_export_on_s3_is_re_exported_on_ray_each_byte_fetched_once(
     shard_bytes = sum(s.num_bytes for s in config.splits["train"].shards)
     fetched = sum(r.body_bytes for r in s3.proxy.gets() if r.key.endswith(".tar"))
     assert shard_bytes <= fetched < 1.02 * shard_bytes, (fetched, shard_bytes)
+
+
+# -- where the local branches meet: append, flat, skip, other backends -------------------
+
+SMALL = [
+    f"{split}/{cls}/img{i:02d}.jpg" for split in ("train", "val") for cls in "ab" for i in range(5)
+]
+MORE = [
+    f"{split}/{cls}/new{i:02d}.jpg" for split in ("train", "val") for cls in "ab" for i in range(3)
+]
+
+
+def _on_ray_and_locally(
+    tmp_path: Path, name: str, workers: int, export: Callable[[Path, dict[str, Any]], object]
+) -> Path:
+    """``export(out, options)`` run on Ray and by ``workers`` local workers gives the same
+    files; returns the Ray run's output."""
+    outs = {}
+    for kind, options in (("ray", {"executor": "ray"}), ("local", {"workers": workers})):
+        out = tmp_path / f"{name}-{kind}"
+        export(out, options)
+        outs[kind] = files_of(out)
+    assert outs["ray"] == outs["local"]
+    return tmp_path / f"{name}-ray"
+
+
+@pytest.mark.parametrize("cluster", [1], ids=["1-node"], indirect=True)
+def test_append_flat_and_skip_on_ray_equal_local(cluster: int, tmp_path: Path) -> None:
+    make_tree(tmp_path / "src", SMALL)
+    make_tree(tmp_path / "more", MORE, first_seed=100)
+    (tmp_path / "more" / "train" / "a" / "bad.jpg").write_bytes(b"not an image")
+
+    def appended(out: Path, options: dict[str, Any]) -> None:
+        shardex.export(tmp_path / "src", out, samples_per_shard=4, seed=3, **options)
+        shardex.export(
+            tmp_path / "more",
+            out,
+            samples_per_shard=4,
+            seed=3,
+            mode="append",
+            on_error="skip",
+            **options,
+        )
+
+    def flat(out: Path, options: dict[str, Any]) -> None:
+        shardex.export(
+            tmp_path / "src" / "train", out, samples_per_shard=4, layout="flat", **options
+        )
+
+    _on_ray_and_locally(tmp_path, "appended", 2, appended)
+    _on_ray_and_locally(tmp_path, "flat", 2, flat)
+
+
+@pytest.mark.parametrize("cluster", [1], ids=["1-node"], indirect=True)
+@pytest.mark.parametrize("backend", ["numpy", "numpy_mmap", "tensor_shards"])
+def test_other_backends_on_ray_equal_local(cluster: int, tmp_path: Path, backend: str) -> None:
+    make_tree(tmp_path / "src", SMALL)
+
+    def export(out: Path, options: dict[str, Any]) -> None:
+        shardex.export(tmp_path / "src", out, backend=backend, samples_per_shard=4, **options)
+
+    on_ray = _on_ray_and_locally(tmp_path, backend, 1, export)
+    assert not (on_ray / ".shardex-staging").exists()
