@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 import shardex
-from helpers import make_tree
+from helpers import error_line, make_tree
 from shardex.cli import main
 
 
@@ -215,6 +215,19 @@ def test_get_unknown_key_fails_clearly(exported: tuple[Path, Result], tmp_path: 
     assert result.exit_code != 0
     assert "no field 'txt'" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_get_into_a_missing_folder_is_one_line(
+    exported: tuple[Path, Result], tmp_path: Path
+) -> None:
+    out, _ = exported
+    dest = tmp_path / "missing" / "x.jpg"
+    result = _cli("get", str(out), "cat/cat0", "-o", str(dest))
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "missing" in line
+    assert "create its folder first" in line
+    assert not (tmp_path / "missing").exists()
 
 
 def test_commands_on_a_folder_that_is_not_an_export(tmp_path: Path) -> None:

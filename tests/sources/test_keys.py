@@ -1,12 +1,18 @@
-"""Duplicate and unsafe keys are found through hashes of the case-folded keys; the result
-is the same as comparing every key with every earlier one."""
+"""Sample keys. Duplicate and unsafe keys are found through hashes of the case-folded
+keys; the result is the same as comparing every key with every earlier one. A table of
+image paths without a key column gets the keys a folder source would give."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import shardex
+from helpers import make_tree
 from shardex.checks import _all_safe, _check_keys, unsafe_key
 
 
@@ -67,3 +73,25 @@ def test_one_search_over_all_keys_finds_what_each_key_alone_gives(keys: list[str
     # the export checks all keys with one regex pass (newlines join them); it must call
     # them all safe exactly when each one alone is
     assert _all_safe(keys, frozenset()) == all(unsafe_key(k) is None for k in keys)
+
+
+def test_absolute_paths_without_a_key_column_get_keys_from_their_common_parent(
+    tmp_path: Path,
+) -> None:
+    written = make_tree(tmp_path / "data", ["cats/a.jpg", "dogs/b.png", "dogs/c.v2.jpg"])
+    paths = [str(tmp_path / "data" / rel) for rel in sorted(written)]
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"image_path": paths}), table)
+    shardex.export(table, tmp_path / "out", workers=1)
+    keys = {"cats/a", "dogs/b", "dogs/c_v2"}  # as a folder source names them
+    ds = shardex.open_dataset(tmp_path / "out")
+    assert set(ds.keys()) == keys  # type: ignore[attr-defined]
+    assert ds.get("dogs/b")["png"] == written["dogs/b.png"]
+    # the same table gives the same keys; "../" paths are resolved the same way
+    shardex.export(table, tmp_path / "again", workers=1)
+    assert set(shardex.open_dataset(tmp_path / "again").keys()) == keys  # type: ignore[attr-defined]
+    (tmp_path / "lists").mkdir()
+    rels = [f"../data/{rel}" for rel in sorted(written)]
+    pq.write_table(pa.table({"path": rels}), tmp_path / "lists" / "t.parquet")
+    shardex.export(tmp_path / "lists" / "t.parquet", tmp_path / "rel", workers=1)
+    assert set(shardex.open_dataset(tmp_path / "rel").keys()) == keys  # type: ignore[attr-defined]
