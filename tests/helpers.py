@@ -70,6 +70,31 @@ def write_tar(
     return path
 
 
+def labelled_tar(path: Path, count: int, image: bytes) -> Path:
+    """A tar of ``count`` samples ``s{i:06d}``, each ``image`` as its .jpg and ``i % 5`` as
+    its .cls label, written at ``path``."""
+    return write_tar(
+        path,
+        (
+            (f"s{i:06d}.{ext}", data)
+            for i in range(count)
+            for ext, data in (("jpg", image), ("cls", str(i % 5).encode()))
+        ),
+    )
+
+
+def folder_with_bad_images(root: Path, count: int, bad: set[int]) -> None:
+    """``count`` JPEGs at ``root/c{i % 2}/{i:04d}.jpg``; those numbered in ``bad`` cut in
+    half (found bad only when read whole)."""
+    from shardex.testing import make_image
+
+    for i in range(count):
+        path = root / f"c{i % 2}" / f"{i:04d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = make_image(i)
+        path.write_bytes(data[: len(data) // 2] if i in bad else data)
+
+
 def files_of(folder: Path) -> dict[str, bytes]:
     """Every regular file under folder, by posix relative path, with its bytes."""
     return {

@@ -6,10 +6,8 @@ process never holds the split's columns, nor, once done, a descriptor of those f
 from __future__ import annotations
 
 import gc
-import io
 import json
 import os
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardex
-from helpers import image_bytes, open_files_under, peak_rss_kb
+from helpers import (
+    files_of,
+    folder_with_bad_images,
+    image_bytes,
+    labelled_tar,
+    open_files_under,
+    peak_rss_kb,
+)
 from shardex.errors import BadSampleError
 from shardex.exporter import export_files
 from shardex.testing import make_image
@@ -26,28 +31,14 @@ SHARDED = ["numpy", "torch", "tensor_shards"]
 PER_SPLIT = ["numpy_mmap", "tensordict_memmap", "zarr"]
 
 
-def _folder(root: Path, n: int, bad: set[int]) -> None:
-    for i in range(n):
-        path = root / f"c{i % 2}" / f"{i:04d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = make_image(i)
-        path.write_bytes(data[: len(data) // 2] if i in bad else data)
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
 @pytest.mark.parametrize("backend", SHARDED + PER_SPLIT)
 def test_skipped_images_leave_every_run_but_the_last_full(tmp_path: Path, backend: str) -> None:
     bad = {1, 2, 7, 8, 9, 15, 30, 31}
-    _folder(tmp_path / "src", 40, bad)
+    folder_with_bad_images(tmp_path / "src", 40, bad)
     opts = {"samples_per_shard": 4, "on_error": "skip", "backend": backend}
     one = shardex.export(tmp_path / "src", tmp_path / "w1", workers=1, **opts)
     shardex.export(tmp_path / "src", tmp_path / "w2", workers=2, **opts)
-    assert _files(tmp_path / "w1") == _files(tmp_path / "w2")  # no stray speculative run
+    assert files_of(tmp_path / "w1") == files_of(tmp_path / "w2")  # no stray speculative run
     assert one.num_samples == 32
     assert one.num_skipped == 8
     shards = one.splits["train"].shards
@@ -78,7 +69,7 @@ def test_skipped_images_leave_every_run_but_the_last_full(tmp_path: Path, backen
 def test_a_bad_image_found_while_writing_refuses_and_leaves_nothing(
     tmp_path: Path, backend: str
 ) -> None:
-    _folder(tmp_path / "src", 30, {25})
+    folder_with_bad_images(tmp_path / "src", 30, {25})
     opts = {"samples_per_shard": 4, "backend": backend}
     with pytest.raises(BadSampleError, match=r"0025\.jpg': truncated JPEG"):
         shardex.export(tmp_path / "src", tmp_path / "out", workers=2, **opts)
@@ -86,16 +77,7 @@ def test_a_bad_image_found_while_writing_refuses_and_leaves_nothing(
     done = shardex.export(tmp_path / "src", tmp_path / "out", on_error="skip", **opts)
     assert done.num_samples == 29  # the refused run left nothing in the way
     named = {"config.yaml", *export_files(done)}  # files, or a numpy run's folder
-    assert all(f in named or f.rpartition("/")[0] in named for f in _files(tmp_path / "out"))
-
-
-def _tar(path: Path, n: int, image: bytes) -> None:
-    with tarfile.open(path, "w") as tf:
-        for i in range(n):
-            for ext, data in (("jpg", image), ("cls", str(i % 5).encode())):
-                info = tarfile.TarInfo(f"s{i:06d}.{ext}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+    assert all(f in named or f.rpartition("/")[0] in named for f in files_of(tmp_path / "out"))
 
 
 @pytest.mark.parametrize("backend", ["numpy_mmap", "tensordict_memmap"])
@@ -116,7 +98,7 @@ def test_peak_rss_of_a_per_split_array_export_does_not_grow_with_its_samples(
     peaks = {}
     for n in (3_000, 15_000):
         tar = tmp_path / f"{n}.tar"
-        _tar(tar, n, image)
+        labelled_tar(tar, n, image)
         peaks[n] = peak_rss_kb(code, [str(tar), str(tmp_path / f"out{n}")])
         assert shardex.open_dataset(tmp_path / f"out{n}")[n - 1]["jpg"] == image
     assert peaks[15_000] - peaks[3_000] < 25_000, peaks

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import shardex
 import shardex.engine.run as run_module
-from helpers import kill_once_shards_appear, peak_rss_kb
+from helpers import kill_once_shards_appear, labelled_tar, peak_rss_kb
 from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
@@ -538,18 +538,9 @@ def test_peak_rss_of_a_tar_export_does_not_grow_with_its_samples(tmp_path: Path)
     197-202 MB and 199-200 MB in session 12, once 210 and 227 MB at a load of 6, the
     allocators' timing; the whole-table export's grows about 0.45 KB a sample: 149 MB,
     then 194 MB, 36 MB over these 80k samples)."""
-    import tarfile
-
-    image = make_image(1)
     peaks = {}
     for n in (20_000, 100_000):
-        tar = tmp_path / f"{n}.tar"
-        with tarfile.open(tar, "w") as tf:
-            for i in range(n):
-                for ext, data in (("jpg", image), ("cls", str(i % 5).encode())):
-                    info = tarfile.TarInfo(f"s{i:06d}.{ext}")
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
+        tar = labelled_tar(tmp_path / f"{n}.tar", n, make_image(1))
         peaks[n] = _peak_rss_kb(tar, tmp_path / f"out{n}", whole=False)
     assert peaks[100_000] - peaks[20_000] < 20_000, peaks
 

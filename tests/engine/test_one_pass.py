@@ -10,22 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardex
+from helpers import files_of, folder_with_bad_images
 from shardex.errors import BadSampleError
 from shardex.testing import make_image
-
-
-def _folder(root: Path, n: int, bad: set[int]) -> None:
-    for i in range(n):
-        path = root / f"c{i % 2}" / f"{i:04d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = make_image(i)
-        path.write_bytes(data[: len(data) // 2] if i in bad else data)
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 @pytest.mark.parametrize("cap", [None, 10_000], ids=["by-count", "by-bytes"])
@@ -33,11 +20,11 @@ def test_skipped_images_leave_every_shard_but_the_last_full(
     tmp_path: Path, cap: int | None
 ) -> None:
     bad = {1, 2, 7, 8, 9, 15, 30, 31}
-    _folder(tmp_path / "src", 40, bad)
+    folder_with_bad_images(tmp_path / "src", 40, bad)
     opts = {"samples_per_shard": 4, "max_shard_bytes": cap, "on_error": "skip"}
     one = shardex.export(tmp_path / "src", tmp_path / "w1", workers=1, **opts)
     two = shardex.export(tmp_path / "src", tmp_path / "w2", workers=2, **opts)
-    assert _files(tmp_path / "w1") == _files(tmp_path / "w2")  # no stray speculative shard
+    assert files_of(tmp_path / "w1") == files_of(tmp_path / "w2")  # no stray speculative shard
     assert one.num_samples == two.num_samples == 32
     assert one.num_skipped == 8
     shards = one.splits["train"].shards
@@ -59,7 +46,7 @@ def test_skipped_images_leave_every_shard_but_the_last_full(
 
 
 def test_a_bad_image_found_while_writing_refuses_and_leaves_nothing(tmp_path: Path) -> None:
-    _folder(tmp_path / "src", 30, {25})
+    folder_with_bad_images(tmp_path / "src", 30, {25})
     with pytest.raises(BadSampleError, match=r"0025\.jpg': truncated JPEG"):
         shardex.export(tmp_path / "src", tmp_path / "out", workers=2, samples_per_shard=4)
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
@@ -76,7 +63,7 @@ def test_an_undone_export_leaves_an_export_inside_its_output_alone(
     import shardex.engine.run as run
     from shardex.storage.local import LocalObjectWriter
 
-    _folder(tmp_path / "src", 30, {25})
+    folder_with_bad_images(tmp_path / "src", 30, {25})
     out = tmp_path / "out"
     name = "images-0123456789abcdef-000000.tar"
     writers: list[LocalObjectWriter] = []
@@ -115,7 +102,7 @@ def test_in_memory_bytes_are_checked_too(tmp_path: Path) -> None:
 def test_bad_images_at_the_end_of_a_split_are_recorded(tmp_path: Path, workers: int) -> None:
     # the last shard's candidates are all bad: no shard holds them, errors.parquet must
     bad = {5, 7, 9, 11}  # c1/0005 ... c1/0011: the split's last four samples
-    _folder(tmp_path / "src", 12, bad)
+    folder_with_bad_images(tmp_path / "src", 12, bad)
     done = shardex.export(
         tmp_path / "src", tmp_path / "out", samples_per_shard=4, on_error="skip", workers=workers
     )
