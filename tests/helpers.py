@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -93,6 +94,27 @@ def folder_with_bad_images(root: Path, count: int, bad: set[int]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = make_image(i)
         path.write_bytes(data[: len(data) // 2] if i in bad else data)
+
+
+def image_keys(numbers: set[int]) -> list[str]:
+    """The keys of :func:`folder_with_bad_images`' images numbered ``numbers``, sorted."""
+    return sorted(f"c{i % 2}/{i:04d}" for i in numbers)
+
+
+def assert_skipped_as_if_absent(src: Path, bad: set[int], out: Path, **options: Any) -> None:
+    """The export at ``out`` of :func:`folder_with_bad_images` ``src`` under
+    ``on_error="skip"`` has the shards (names aside) of an export with ``options`` of
+    ``src`` without the cut images (they are deleted), and its errors.parquet names them."""
+    import shardex
+
+    for i in bad:
+        (src / f"c{i % 2}" / f"{i:04d}.jpg").unlink()
+    clean = shardex.export(src, out.with_name(f"{out.name}-clean"), **options)
+    shards = shardex.read_config(out).splits["train"].shards
+    assert [(s.num_samples, s.num_bytes, s.checksum) for s in shards] == [
+        (s.num_samples, s.num_bytes, s.checksum) for s in clean.splits["train"].shards
+    ]
+    assert sorted(row["key"] for row in skipped_rows(out)) == image_keys(bad)
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
