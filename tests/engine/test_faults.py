@@ -362,18 +362,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("mode", "step"), CASES)
-def test_killed_at_any_step_then_run_again_gives_the_uninterrupted_output(
-    step_tables: dict[str, Path],
-    uninterrupted: dict[str, dict[str, bytes]],
-    tmp_path: Path,
-    mode: str,
-    step: str,
-) -> None:
+@pytest.fixture
+def killed(step_tables: dict[str, Path], tmp_path: Path, mode: str, step: str) -> tuple[Path, Path]:
+    """An output (``tmp_path / "out"``) in ``mode``'s starting state, then that mode's
+    export into it killed at ``step``: the output, and the killed export's source."""
     out = tmp_path / "out"
     _start_state(out, mode, step_tables, None)
     source = step_tables[MODES[mode][1]]
     _kill_at(str(out), mode, source, step, None)
+    return out, source
+
+
+@pytest.mark.parametrize(("mode", "step"), CASES)
+def test_killed_at_any_step_then_run_again_gives_the_uninterrupted_output(
+    killed: tuple[Path, Path], uninterrupted: dict[str, dict[str, bytes]], mode: str
+) -> None:
+    out, source = killed
     _check_committed_or_nothing(out, {})
     shardex.export(source, out, mode=MODES[mode][2], **STEP_OPTIONS)
     assert _files(out) == uninterrupted[mode]
@@ -383,16 +387,9 @@ def test_killed_at_any_step_then_run_again_gives_the_uninterrupted_output(
 @pytest.mark.parametrize("mode", ["overwrite", "append"])
 @pytest.mark.parametrize("step", ["third shard", "before commit", "first stale file deleted"])
 def test_resume_finishes_a_killed_overwrite_or_append(
-    step_tables: dict[str, Path],
-    uninterrupted: dict[str, dict[str, bytes]],
-    tmp_path: Path,
-    mode: str,
-    step: str,
+    killed: tuple[Path, Path], uninterrupted: dict[str, dict[str, bytes]], mode: str
 ) -> None:
-    out = tmp_path / "out"
-    _start_state(out, mode, step_tables, None)
-    source = step_tables[MODES[mode][1]]
-    _kill_at(str(out), mode, source, step, None)
+    out, source = killed
     shardex.export(source, out, mode="resume", **STEP_OPTIONS)
     assert _files(out) == uninterrupted[mode]
     with pytest.raises(OutputExistsError, match="nothing to resume"):  # finished now
