@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import socketserver
 import subprocess
@@ -184,6 +185,13 @@ def small_export(root: Path, count: int, samples_per_shard: int) -> Path:
     folder = make_sample_folder(root / "src", count)
     shardex.export(str(folder.table), root / "out", samples_per_shard=samples_per_shard, workers=1)
     return root / "out"
+
+
+def copy_of(export: Path, tmp_path: Path) -> Path:
+    """A copy of ``export`` at ``tmp_path / "out"``, for a test to damage."""
+    copy = tmp_path / "out"
+    shutil.copytree(export, copy)
+    return copy
 
 
 def kill_once_shards_appear(code: str, args: list[str], out: Path, limit: float = 120) -> None:

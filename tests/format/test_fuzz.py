@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardex
+from helpers import small_export
 from shardex.contract import ExportConfig
 from shardex.errors import ShardexError
 from shardex.format.index import SplitIndex
-from shardex.testing import make_sample_folder
 
 FUZZ = settings(
     max_examples=150,
@@ -29,10 +29,7 @@ FUZZ = settings(
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = make_sample_folder(tmp_path_factory.mktemp("src"), n=12)
-    out = tmp_path_factory.mktemp("out") / "out"
-    shardex.export(folder.table, out, workers=1, samples_per_shard=5)
-    return out
+    return small_export(tmp_path_factory.mktemp("fuzz"), 12, 5)
 
 
 @FUZZ

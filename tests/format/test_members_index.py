@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardex
+from helpers import copy_of
 from tests.support.s3data import S3Location
 from shardex.errors import ChecksumError, FormatError
 from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
@@ -52,9 +53,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def export(clean: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "out"
-    shutil.copytree(clean, copy)
-    return copy
+    return copy_of(clean, tmp_path)
 
 
 def _parsed(root: Path) -> list[tuple[str, dict[str, bytes], list[tuple[str, int, int]]]]:

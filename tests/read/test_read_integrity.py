@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -33,21 +32,6 @@ from shardex.errors import (
 )
 from shardex.testing import make_sample_folder
 from shardex.verification import verify
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = make_sample_folder(tmp_path_factory.mktemp("src"), n=30)
-    out = tmp_path_factory.mktemp("clean") / "out"
-    shardex.export(folder.table, out, workers=1, samples_per_shard=8)
-    return out
-
-
-@pytest.fixture
-def export(clean: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "out"
-    shutil.copytree(clean, copy)
-    return copy
 
 
 def _config(root: Path) -> dict[str, Any]:

@@ -4,7 +4,6 @@ exports; readers fail clearly on the same damage."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,21 +17,6 @@ from shardex.cli import main
 from shardex.errors import ChecksumError, FormatError
 from shardex.testing import make_sample_folder
 from shardex.verification import verify
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = make_sample_folder(tmp_path_factory.mktemp("src"), n=30)
-    out = tmp_path_factory.mktemp("clean") / "out"
-    shardex.export(folder.table, out, workers=1, samples_per_shard=8)
-    return out
-
-
-@pytest.fixture
-def export(clean: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "out"
-    shutil.copytree(clean, copy)
-    return copy
 
 
 def _shards(root: Path) -> list[Path]:
