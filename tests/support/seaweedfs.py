@@ -27,8 +27,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO, Self, TypedDict
+
+from tests.support.service import Service
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Store
@@ -140,7 +141,7 @@ sys.exit(1)
 """
 
 
-class SeaweedFS:
+class SeaweedFS(Service):
     """A ``weed mini`` S3 server on 127.0.0.1 with one bucket, for tests and benchmarks.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. ``port`` is the S3
@@ -236,17 +237,6 @@ class SeaweedFS:
         except BaseException:
             self._terminate()
             raise
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- what clients need
 
