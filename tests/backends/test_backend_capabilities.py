@@ -4,6 +4,7 @@ refuses in one line otherwise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +34,14 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _refused_in_one_line(exc: pytest.ExceptionInfo[ConfigError], backend: str) -> None:
+def _refused_in_one_line(backend: str, read: Callable[[], object]) -> ConfigError:
+    """``read()`` is refused with a ConfigError of one line naming ``backend``."""
+    with pytest.raises(ConfigError) as exc:
+        read()
     message = str(exc.value)
     assert "\n" not in message, message
     assert repr(backend) in message, message
+    return exc.value
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -47,9 +52,7 @@ def test_dali_reads_what_declares_dali_index_files(backend: str, exports: dict[s
         assert args.index_paths is not None
         assert all(Path(p).is_file() for p in (*args.paths, *args.index_paths))
     else:
-        with pytest.raises(ConfigError) as exc:
-            reader_arguments(exports[backend])
-        _refused_in_one_line(exc, backend)
+        _refused_in_one_line(backend, lambda: reader_arguments(exports[backend]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -63,9 +66,7 @@ def test_streaming_reads_what_stores_samples_as_byte_ranges(
     if isinstance(shardex.open_dataset(exports[backend]), SampleRanges):
         assert sorted(s["__key__"] for s in ds) == [f"k{i}" for i in range(6)]
     else:
-        with pytest.raises(ConfigError) as exc:
-            list(ds)
-        _refused_in_one_line(exc, backend)
+        _refused_in_one_line(backend, lambda: list(ds))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -80,12 +81,10 @@ def test_window_loader_reads_what_declares_shard_windows(
         keys = [k for batch in loader for k in batch["__key__"]]
         assert sorted(keys) == [f"k{i}" for i in range(6)]
     else:
-        with pytest.raises(ConfigError) as exc:
-            TensorShardsLoader(exports[backend], 4)
-        _refused_in_one_line(exc, backend)
+        error = _refused_in_one_line(backend, lambda: TensorShardsLoader(exports[backend], 4))
         # the refusal names the capability, not the built-in backends that have it
         others = {b for b in BACKENDS if b != backend}
-        assert not [b for b in others if repr(b) in str(exc.value)], exc.value
+        assert not [b for b in others if repr(b) in str(error)], error
 
 
 _WINDOWED_PLUGIN = """
@@ -171,10 +170,8 @@ def test_a_plugin_backend_declaring_shard_windows_is_read_by_the_window_loader(
     assert batches[1]["cls"].tolist() == [1, 2, 0, 1]
     assert loader.dataset.loaded == [0]  # type: ignore[attr-defined]  # the plugin's reads
     shardex.export(data, tmp_path / "u", backend="undeclared", workers=1)
-    with pytest.raises(ConfigError) as exc:
-        TensorShardsLoader(tmp_path / "u", 4)
-    _refused_in_one_line(exc, "undeclared")
-    assert "ShardWindows" in str(exc.value)
+    error = _refused_in_one_line("undeclared", lambda: TensorShardsLoader(tmp_path / "u", 4))
+    assert "ShardWindows" in str(error)
 
 
 def test_verify_reports_an_export_whose_backend_is_not_registered(

@@ -149,28 +149,35 @@ print("plugin ok", sorted(os.listdir(os.path.join(out, "train"))))
 """
 
 
-def test_a_plugin_backends_exports_can_be_overwritten_and_resumed(tmp_path: Path) -> None:
-    """A backend registered through the entry-point group writes files under its own names;
-    overwrite and resume of its exports work (they were once refused as foreign)."""
+def _run_with_plugin(
+    tmp_path: Path, name: str, module: str, backend: str, code: str, out: Path
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code out`` with a plugin installed: a package ``{name}_plugin`` (of
+    source ``module``, under ``tmp_path / "site"``) whose entry point registers its class
+    ``backend`` as backend ``name``. It must succeed."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "blobs_plugin.py").write_text(textwrap.dedent(_PLUGIN))
-    dist = site / "blobs_plugin-1.0.dist-info"
+    (site / f"{name}_plugin.py").write_text(module)
+    dist = site / f"{name}_plugin-1.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: blobs-plugin\nVersion: 1.0\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[shardex.backends]\nblobs = blobs_plugin:BlobsBackend\n"
+        f"[shardex.backends]\n{name} = {name}_plugin:{backend}\n"
     )
     path = [str(site), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     done = subprocess.run(
-        [sys.executable, "-c", _RUN, str(tmp_path / "out")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_a_plugin_backends_exports_can_be_overwritten_and_resumed(tmp_path: Path) -> None:
+    """A backend registered through the entry-point group writes files under its own names;
+    overwrite and resume of its exports work (they were once refused as foreign)."""
+    plugin = textwrap.dedent(_PLUGIN)
+    done = _run_with_plugin(tmp_path, "blobs", plugin, "BlobsBackend", _RUN, tmp_path / "out")
     assert "plugin ok" in done.stdout
 
 
@@ -193,28 +200,11 @@ def test_a_broken_plugin_does_not_turn_a_foreign_folder_into_a_traceback(
     """Refusing a folder of someone else's files asks every registered backend whether the
     files are its own; a plugin that fails to import (its own bug, not a missing package)
     must not replace that refusal with its traceback."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "broken_plugin.py").write_text("raise RuntimeError('this plugin is broken')\n")
-    dist = site / "broken_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[shardex.backends]\nbroken = broken_plugin:BrokenBackend\n"
-    )
     out = tmp_path / "out"
     out.mkdir()
     (out / "holiday.jpg").write_bytes(b"someone else's photo")
-    path = [str(site), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    done = subprocess.run(
-        [sys.executable, "-c", _BROKEN_RUN, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    broken = "raise RuntimeError('this plugin is broken')\n"
+    done = _run_with_plugin(tmp_path, "broken", broken, "BrokenBackend", _BROKEN_RUN, out)
     assert "refused:" in done.stdout
     assert "holiday.jpg" in done.stdout
     assert (out / "holiday.jpg").read_bytes() == b"someone else's photo"

@@ -294,19 +294,8 @@ def test_split_fractions_are_recorded_in_config(
     src: tuple[Path, dict[str, bytes]], tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    result = _ok(
-        "export-dataset",
-        str(src[0]),
-        "-o",
-        str(out),
-        "--split-fractions",
-        "train=0.5,val=0.25,test=0.25",
-        "--seed",
-        "7",
-        "--workers",
-        "1",
-        "-q",
-    )
+    flags = ["--split-fractions", "train=0.5,val=0.25,test=0.25", "--seed", "7", "--workers", "1"]
+    result = _ok("export-dataset", str(src[0]), "-o", str(out), *flags, "-q")
     raw = yaml.safe_load((out / "config.yaml").read_text())
     assert raw["split_method"] == "fractions"
     assert raw["split_seed"] == 7
@@ -319,19 +308,7 @@ def test_split_fractions_are_recorded_in_config(
     assert "seed 7" in inspect
     # the same seed splits the same way
     again = tmp_path / "again"
-    _ok(
-        "export-dataset",
-        str(src[0]),
-        "-o",
-        str(again),
-        "--split-fractions",
-        "train=0.5,val=0.25,test=0.25",
-        "--seed",
-        "7",
-        "--workers",
-        "1",
-        "-q",
-    )
+    _ok("export-dataset", str(src[0]), "-o", str(again), *flags, "-q")
     for split in counts:
         keys = shardex.open_dataset(out, split=split).metadata.column("key").to_pylist()
         assert shardex.open_dataset(again, split=split).metadata.column("key").to_pylist() == keys
