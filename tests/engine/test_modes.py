@@ -42,6 +42,14 @@ def tables(tmp_path: Path) -> tuple[Path, Path, Path]:
     )
 
 
+@pytest.fixture
+def exported(tables: tuple[Path, Path, Path], tmp_path: Path) -> Path:
+    """The first table's export, in shards of 5, at ``tmp_path / "out"``."""
+    out = tmp_path / "out"
+    shardex.export(tables[1], out, workers=1, samples_per_shard=5)
+    return out
+
+
 def _keys(root: Path) -> dict[str, set[str]]:
     config = shardex.read_config(root)
     return {s: set(shardex.open_dataset(root, split=s).keys()) for s in config.splits}  # type: ignore[attr-defined]
@@ -125,11 +133,9 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_overwrite_never_writes_a_file_the_committed_export_names(
-    tables: tuple[Path, Path, Path], tmp_path: Path
+    tables: tuple[Path, Path, Path], exported: Path
 ) -> None:
-    whole, first, _second = tables
-    out = tmp_path / "out"
-    shardex.export(first, out, workers=1, samples_per_shard=5)
+    whole, out = tables[0], exported
     before = _files(out)
     seen: list[str] = []
 
@@ -213,11 +219,9 @@ def test_overwrite_with_changed_bytes_under_the_same_names_writes_second_names(
 
 
 def test_failed_overwrite_leaves_the_old_export_readable(
-    tables: tuple[Path, Path, Path], tmp_path: Path
+    tables: tuple[Path, Path, Path], exported: Path
 ) -> None:
-    whole, first, _second = tables
-    out = tmp_path / "out"
-    shardex.export(first, out, workers=1, samples_per_shard=5)
+    whole, out = tables[0], exported
     expected = list(shardex.open_dataset(out))
 
     class FailingWrites(LocalStorage):
@@ -293,30 +297,21 @@ def test_overwrite_rewrites_a_damaged_shard_instead_of_keeping_it(tmp_path: Path
 # -- files in the output that shardex did not write ---------------------------------------
 
 
-@pytest.fixture
-def exported(tables: tuple[Path, Path, Path], tmp_path: Path) -> tuple[Path, Path]:
-    """The first table's export (its source, its output), in shards of 4."""
-    _whole, first, _second = tables
-    out = tmp_path / "out"
-    shardex.export(first, out, samples_per_shard=4, workers=1)
-    return first, out
-
-
 @pytest.mark.parametrize(
     "name", [".notes.txt.tmp-1a2b", "reports/.summary.csv.tmp-77", "train/.my.json.tmp-0"]
 )
 @pytest.mark.parametrize("mode", ["overwrite", "resume", "error"])
 def test_a_users_file_named_like_an_unfinished_write_is_refused_and_kept(
-    exported: tuple[Path, Path], name: str, mode: str
+    tables: tuple[Path, Path, Path], exported: Path, name: str, mode: str
 ) -> None:
     """A program of the user's writing ``NAME`` the way shardex does (``.NAME.tmp-X``)
     leaves a file the old check deleted with every overwrite; now it is a foreign file."""
-    src, out = exported
+    src, out = tables[1], exported
     (out / name).parent.mkdir(parents=True, exist_ok=True)
     (out / name).write_bytes(b"the user's half-written file")
     before = files_of(out)
     with pytest.raises(OutputExistsError) as refused:
-        shardex.export(src, out, samples_per_shard=4, workers=1, mode=mode)
+        shardex.export(src, out, samples_per_shard=5, workers=1, mode=mode)
     message = str(refused.value)
     assert "\n" not in message
     assert f"'{name}'" in message, message
@@ -324,12 +319,14 @@ def test_a_users_file_named_like_an_unfinished_write_is_refused_and_kept(
     assert files_of(out) == before  # the user's file and the committed export
 
 
-def test_a_killed_exports_unfinished_writes_still_go(exported: tuple[Path, Path]) -> None:
-    src, out = exported
+def test_a_killed_exports_unfinished_writes_still_go(
+    tables: tuple[Path, Path, Path], exported: Path
+) -> None:
+    src, out = tables[1], exported
     shard = sorted((out / "train").glob("images-*.tar"))[0]
     left = shard.with_name(f".{shard.name}.tmp-0badf00d")  # a write a kill cut short
     left.write_bytes(b"half a tar")
-    shardex.export(src, out, samples_per_shard=4, workers=1, mode="overwrite")
+    shardex.export(src, out, samples_per_shard=5, workers=1, mode="overwrite")
     assert not left.exists()
     assert shardex.verify(out).ok
 
@@ -345,20 +342,20 @@ def test_a_users_own_staging_folder_is_foreign(
     (out / name).parent.mkdir(parents=True)
     (out / name).write_bytes(b"mine")
     with pytest.raises(OutputExistsError) as refused:
-        shardex.export(first, out, samples_per_shard=4, workers=1)
+        shardex.export(first, out, samples_per_shard=5, workers=1)
     assert f"'{name}'" in str(refused.value)
     assert files_of(out) == {name: b"mine"}  # nothing written, nothing deleted
 
 
 def test_a_users_staging_folder_beside_an_export_survives_an_overwrite(
-    exported: tuple[Path, Path],
+    tables: tuple[Path, Path, Path], exported: Path
 ) -> None:
-    src, out = exported
+    src, out = tables[1], exported
     mine = out / ".shardex-staging" / "train" / "images-0123abcd-000000.tar"
     mine.parent.mkdir(parents=True)
     mine.write_bytes(b"mine")
     with pytest.raises(OutputExistsError, match="shardex-staging"):
-        shardex.export(src, out, samples_per_shard=4, workers=1, mode="overwrite")
+        shardex.export(src, out, samples_per_shard=5, workers=1, mode="overwrite")
     assert mine.read_bytes() == b"mine"
 
 
