@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import shardex
-from helpers import image_bytes, make_tree
+from helpers import image_bytes, make_tree, write_tar
 from shardex.errors import ConfigError, SourceError
 from shardex.sources import (
     ArraySource,
@@ -36,13 +36,12 @@ from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBERS, batch_table, membe
 from shardex.sources.demo import CLASSES
 
 
-def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return path
+def _json_tar(path: Path, metas: list[object]) -> Path:
+    """A tar of samples ``s0``, ``s1``...: each a JPEG and a .json member of its meta."""
+    members = []
+    for i, meta in enumerate(metas):
+        members += [(f"s{i}.jpg", image_bytes(i)), (f"s{i}.json", json.dumps(meta).encode())]
+    return write_tar(path, members)
 
 
 def _folder(root: Path) -> Source:
@@ -80,7 +79,7 @@ def _tars(root: Path) -> Source:
             members.append((f"s{t}{i}.jpg", image_bytes(i)))
             members.append((f"s{t}{i}.cls", str(i % 3).encode()))
             members.append((f"s{t}{i}.json", json.dumps({"n": i, "w": i / 2}).encode()))
-        _tar(root / "tars" / f"{t}.tar", members)
+        write_tar(root / "tars" / f"{t}.tar", members)
     return TarSource(root / "tars")
 
 
@@ -195,12 +194,7 @@ def test_folder_split_layout_is_checked_before_the_first_batch(tmp_path: Path) -
 def test_tar_json_field_changing_type_across_batches_is_one_line_naming_it(
     tmp_path: Path,
 ) -> None:
-    members = []
-    for i in range(6):
-        members.append((f"s{i}.jpg", image_bytes(i)))
-        value: object = "text" if i < 4 else i
-        members.append((f"s{i}.json", json.dumps({"ok": i, "field": value}).encode()))
-    _tar(tmp_path / "a.tar", members)
+    _json_tar(tmp_path / "a.tar", [{"ok": i, "field": "text" if i < 4 else i} for i in range(6)])
 
     with pytest.raises(SourceError) as err:
         TarSource(tmp_path / "a.tar", batch_size=2).scan()
@@ -212,12 +206,7 @@ def test_tar_json_field_changing_type_across_batches_is_one_line_naming_it(
 
 
 def test_tar_json_ints_after_floats_are_kept_as_floats(tmp_path: Path) -> None:
-    members = []
-    for i in range(6):
-        members.append((f"s{i}.jpg", image_bytes(i)))
-        value: object = i + 0.5 if i < 3 else i
-        members.append((f"s{i}.json", json.dumps({"v": value}).encode()))
-    _tar(tmp_path / "a.tar", members)
+    _json_tar(tmp_path / "a.tar", [{"v": i + 0.5 if i < 3 else i} for i in range(6)])
 
     table = TarSource(tmp_path / "a.tar", batch_size=3).scan().table
 
@@ -228,7 +217,7 @@ def test_tar_json_ints_after_floats_are_kept_as_floats(tmp_path: Path) -> None:
 def test_tar_labels_first_seen_after_the_first_batch_are_refused(tmp_path: Path) -> None:
     members = [(f"s{i}.jpg", image_bytes(i)) for i in range(4)]
     members += [("s9.jpg", image_bytes(9)), ("s9.cls", b"1")]
-    _tar(tmp_path / "a.tar", members)
+    write_tar(tmp_path / "a.tar", members)
 
     with pytest.raises(SourceError, match=r"sample 's9' .* has a \.cls label but the first 2"):
         TarSource(tmp_path / "a.tar", batch_size=2).scan()
@@ -253,7 +242,7 @@ def test_streaming_a_tar_holds_memory_flat_whatever_its_size(tmp_path: Path) -> 
     peaks = {}
     for name, n in sizes.items():
         members = [m for i in range(n) for m in ((f"{i:06d}.jpg", tiny), (f"{i:06d}.cls", b"3"))]
-        _tar(tmp_path / f"{name}.tar", members)
+        write_tar(tmp_path / f"{name}.tar", members)
         peaks[name] = _tracemalloc_peak(TarSource(tmp_path / f"{name}.tar", batch_size=500))
     # four times the samples, about the same peak (the whole table would be ~4x)
     assert peaks["large"] < 1.5 * peaks["small"], peaks
@@ -421,11 +410,7 @@ def test_tar_json_field_narrower_in_the_first_batch_says_so(
 ) -> None:
     # one type in every .json member as JSON sees it: the refusal must not tell the user
     # to fix their data, but say that the first batch fixed the column's type
-    members = []
-    for i in range(4):
-        members.append((f"s{i}.jpg", image_bytes(i)))
-        members.append((f"s{i}.json", json.dumps({"f": first if i < 2 else later}).encode()))
-    _tar(tmp_path / "a.tar", members)
+    _json_tar(tmp_path / "a.tar", [{"f": first if i < 2 else later} for i in range(4)])
     assert TarSource(tmp_path / "a.tar").scan().table.num_rows == 4  # one batch: fine
 
     with pytest.raises(SourceError) as err:
@@ -442,12 +427,7 @@ def test_tar_json_field_narrower_in_the_first_batch_says_so(
 def test_tar_json_floats_after_a_batch_of_ints_make_the_field_float(tmp_path: Path) -> None:
     # JSON writers that print 2.0 as 2 give a score field ints first, floats later: the
     # export keeps every value, as one float column, whatever the batch size
-    members = []
-    for i in range(6):
-        members.append((f"s{i}.jpg", image_bytes(i)))
-        score = i if i < 4 else i + 0.5
-        members.append((f"s{i}.json", json.dumps({"score": score}).encode()))
-    _tar(tmp_path / "a.tar", members)
+    _json_tar(tmp_path / "a.tar", [{"score": i if i < 4 else i + 0.5} for i in range(6)])
     whole = TarSource(tmp_path / "a.tar").scan().table
     batched = TarSource(tmp_path / "a.tar", batch_size=2).scan().table
     assert batched.column("score").type == pa.float64()
