@@ -353,6 +353,18 @@ def _json_tar(folder: Path, members: list[tuple[str, bytes]]) -> Path:
     return folder
 
 
+def _two_samples(tmp_path: Path, a_json: bytes | None, b_json: bytes) -> Path:
+    """A tar (in ``tmp_path / "src"``) of samples ``a`` and ``b``: a JPEG each, and these
+    .json members (``a`` without one when ``a_json`` is None)."""
+    a = [("a.jpg", image_bytes(0))] + ([("a.json", a_json)] if a_json is not None else [])
+    return _json_tar(tmp_path / "src", [*a, ("b.jpg", image_bytes(1)), ("b.json", b_json)])
+
+
+def _refused_line(tmp_path: Path, src: Path) -> str:
+    """The one error line of ``shardex export-dataset src`` (into ``tmp_path / "out"``)."""
+    return _error_line(_cli("export-dataset", str(src), "-o", str(tmp_path / "out")))
+
+
 def test_json_fields_first_seen_after_the_first_sample_are_kept(tmp_path: Path) -> None:
     src = _json_tar(
         tmp_path / "src",
@@ -378,16 +390,7 @@ def test_json_fields_first_seen_after_the_first_sample_are_kept(tmp_path: Path) 
 def test_json_field_with_two_types_is_refused_naming_field_types_and_sample(
     tmp_path: Path,
 ) -> None:
-    src = _json_tar(
-        tmp_path / "src",
-        [
-            ("a.jpg", image_bytes(0)),
-            ("a.json", b'{"score": 1}'),
-            ("b.jpg", image_bytes(1)),
-            ("b.json", b'{"score": "high"}'),
-        ],
-    )
-    line = _error_line(_cli("export-dataset", str(src), "-o", str(tmp_path / "out")))
+    line = _refused_line(tmp_path, _two_samples(tmp_path, b'{"score": 1}', b'{"score": "high"}'))
     assert "json field 'score' holds string in sample 'b'" in line
     assert "but int64 in earlier samples" in line
     assert not (tmp_path / "out").exists() or not (tmp_path / "out" / "config.yaml").exists()
@@ -409,17 +412,7 @@ def test_json_field_with_two_types_is_refused_naming_field_types_and_sample(
 def test_json_fields_arrow_cannot_type_are_one_line(
     tmp_path: Path, second: bytes, why: str
 ) -> None:
-    src = _json_tar(
-        tmp_path / "src",
-        [
-            ("a.jpg", image_bytes(0)),
-            ("a.json", b'{"n": 1}'),
-            ("b.jpg", image_bytes(1)),
-            ("b.json", second),
-        ],
-    )
-    line = _error_line(_cli("export-dataset", str(src), "-o", str(tmp_path / "out")))
-    assert why in line
+    assert why in _refused_line(tmp_path, _two_samples(tmp_path, b'{"n": 1}', second))
 
 
 @pytest.mark.parametrize(
@@ -436,11 +429,8 @@ def test_json_fields_arrow_cannot_type_are_one_line(
 def test_bad_json_member_is_one_line_naming_the_member(
     tmp_path: Path, text: bytes, why: str
 ) -> None:
-    src = _json_tar(
-        tmp_path / "src",
-        [("a.jpg", image_bytes(0)), ("b.jpg", image_bytes(1)), ("b.json", text)],
-    )
-    line = _error_line(_cli("export-dataset", str(src), "-o", str(tmp_path / "out")))
+    src = _two_samples(tmp_path, None, text)
+    line = _refused_line(tmp_path, src)
     assert "'a.tar:b': member 'b.json' " in line
     assert why in line
 
@@ -486,14 +476,10 @@ def _reject_constant(name: str) -> None:
 
 
 def test_nan_and_infinity_are_written_as_null_json(tmp_path: Path) -> None:
-    src = _json_tar(
-        tmp_path / "src",
-        [
-            ("a.jpg", image_bytes(0)),
-            ("a.json", b'{"score": NaN, "hi": Infinity, "lo": -Infinity, "ok": 0.25}'),
-            ("b.jpg", image_bytes(1)),
-            ("b.json", b'{"score": 1.5, "hi": 2.0, "lo": -2.0, "ok": 1.0}'),
-        ],
+    src = _two_samples(
+        tmp_path,
+        b'{"score": NaN, "hi": Infinity, "lo": -Infinity, "ok": 0.25}',
+        b'{"score": 1.5, "hi": 2.0, "lo": -2.0, "ok": 1.0}',
     )
     _export(src, tmp_path / "out")
 
