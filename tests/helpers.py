@@ -164,6 +164,11 @@ def open_files_under(folder: Path) -> list[str]:
     return found
 
 
+def files_but_the_lock(folder: Path) -> dict[str, bytes]:
+    """:func:`files_of` an export, less its lock file (``.shardex-lock``)."""
+    return {name: data for name, data in files_of(folder).items() if name != ".shardex-lock"}
+
+
 def image_field(sample: dict[str, object]) -> bytes:
     """The one image member of a raw sample (whatever its extension)."""
     found = [
@@ -175,6 +180,19 @@ def image_field(sample: dict[str, object]) -> bytes:
     data = found[0]
     assert isinstance(data, bytes)
     return data
+
+
+def labelled_images(count: int, first: int = 0) -> dict[str, list[Any]]:
+    """An in-memory source: ``count`` JPEGs (``make_image`` of ``first`` on) labelled
+    ``i % 3``, keyed by their number in six digits."""
+    from shardex.testing import make_image
+
+    numbers = range(first, first + count)
+    return {
+        "jpg": [make_image(i) for i in numbers],
+        "label": [i % 3 for i in numbers],
+        "key": [f"{i:06d}" for i in numbers],
+    }
 
 
 def small_export(root: Path, count: int, samples_per_shard: int) -> Path:

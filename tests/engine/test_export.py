@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardex
+from helpers import files_of
 from shardex.errors import ConfigError, SchemaError
 from shardex.planning import plan_bounds
 from shardex.testing import SampleFolder, make_sample_folder
@@ -27,19 +28,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> SampleFolder:
     return make_sample_folder(tmp_path_factory.mktemp("src"), n=41)
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
 def test_same_input_gives_byte_identical_exports_for_any_worker_count(
     folder: SampleFolder, tmp_path: Path
 ) -> None:
     opts = {"samples_per_shard": 6, "split_fractions": {"train": 0.8, "test": 0.2}, "seed": 1}
     shardex.export(folder.table, tmp_path / "w1", workers=1, **opts)
     shardex.export(folder.table, tmp_path / "w2", workers=2, **opts)
-    one, two = _files(tmp_path / "w1"), _files(tmp_path / "w2")
+    one, two = files_of(tmp_path / "w1"), files_of(tmp_path / "w2")
     assert one == two
     assert sum(name.endswith(".tar") for name in one) == 8  # ceil(33/6) + ceil(8/6)
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import shardex
 import shardex.engine.run as run_module
-from helpers import kill_once_shards_appear, labelled_tar, peak_rss_kb
+from helpers import files_but_the_lock, kill_once_shards_appear, labelled_tar, peak_rss_kb
 from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
@@ -40,12 +40,6 @@ from shardex.sources.base import (
 )
 from shardex.storage.local import LocalStorage
 from shardex.testing import make_image
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 class _Batches(Source):
@@ -130,7 +124,7 @@ def test_streamed_export_writes_what_the_whole_table_export_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opts: dict[str, object]
 ) -> None:
     streamed, whole = _both(tmp_path, monkeypatch, _KEYS, on_error="skip", **opts)
-    assert _files(streamed) == _files(whole)
+    assert files_but_the_lock(streamed) == files_but_the_lock(whole)
     errors = pa.parquet.read_table(streamed / "errors.parquet").to_pylist()
     reasons = [(e["key"], e["reason"].split(" (")[0].split(":")[0]) for e in errors]
     assert reasons == [
@@ -282,14 +276,6 @@ def test_scratch_space_goes_after_an_export_an_error_and_a_kill(tmp_path: Path) 
     assert not any(n.startswith(mine) for n in _scratch())
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != ".shardex-lock"
-    }
-
-
 def test_a_streamed_export_killed_while_writing_resumes_to_the_same_bytes(tmp_path: Path) -> None:
     """SIGKILL once shards are being written (a tar source: the streamed path), then
     ``mode="resume"``: the output equals an uninterrupted export's, file for file."""
@@ -302,7 +288,7 @@ def test_a_streamed_export_killed_while_writing_resumes_to_the_same_bytes(tmp_pa
     )
     kill_once_shards_appear(code, [str(root), str(killed)], killed)
     shardex.export(str(root), killed, samples_per_shard=10, workers=2, mode="resume")
-    assert _files(killed) == _files(clean)
+    assert files_but_the_lock(killed) == files_but_the_lock(clean)
 
 
 class _Columns(Source):
@@ -351,7 +337,7 @@ def test_batches_lacking_labels_or_splits_export_as_the_whole_table(
             target = tmp_path / f"out{streamed}"
             src = _Columns(tmp_path / "s1", batches)
             shardex.export(src, target, samples_per_shard=2, on_error="skip")
-            out[streamed] = _files(target)
+            out[streamed] = files_but_the_lock(target)
     assert out[True] == out[False]
     ds = shardex.open_dataset(
         tmp_path / "outTrue", split=next(iter(shardex.read_config(tmp_path / "outTrue").splits))
@@ -565,7 +551,7 @@ def test_pass_one_scratch_in_memory_or_on_disk_writes_the_same_export(
     streamed, whole = _both(
         tmp_path, monkeypatch, _KEYS, on_error="skip", samples_per_shard=2, max_shard_bytes=3000
     )
-    assert _files(streamed) == _files(whole)
+    assert files_but_the_lock(streamed) == files_but_the_lock(whole)
 
 
 def test_hash_runs_held_in_memory_come_back_as_those_on_disk(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import shardex
+from helpers import files_of
 from tests.support.s3data import S3Location
 from shardex.errors import NotAnExportError, OutputExistsError, OutputLockedError, StorageError
 from shardex.exporter import export_files
@@ -49,18 +50,12 @@ shardex.export(sys.argv[1], Slow(sys.argv[2]), mode=sys.argv[3], samples_per_sha
 """
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     DemoSource(120).scan()
     out = tmp_path_factory.mktemp("clean") / "out"
     shardex.export(SOURCE, out, **OPTIONS)
-    return _files(out)
+    return files_of(out)
 
 
 def _kill_when(out: Path, ready: Any) -> None:
@@ -94,7 +89,7 @@ def test_killed_export_resumes_to_identical_bytes(
         shardex.open_dataset(out, split="train")
     kept = {p.name: p.stat().st_ino for p in out.glob("*/*.tar")}
     shardex.export(SOURCE, out, mode="resume", **OPTIONS)
-    assert _files(out) == clean
+    assert files_of(out) == clean
     same = [
         name for name, ino in kept.items() if (next(out.glob(f"*/{name}"))).stat().st_ino == ino
     ]
@@ -162,7 +157,7 @@ def test_disk_full_keeps_shards_and_resumes(clean: dict[str, bytes], tmp_path: P
     assert [n for n in written if n.startswith(".")] == [".shardex-intent.json"]
     assert not (out / "config.yaml").exists()
     shardex.export(SOURCE, out, mode="resume", **OPTIONS)
-    assert _files(out) == clean
+    assert files_of(out) == clean
 
 
 def test_s3_requests_that_time_out_are_retried(s3: S3Location) -> None:
@@ -200,7 +195,7 @@ def test_s3_export_survives_errors_and_a_server_restart(s3: S3Location, tmp_path
     assert child.wait(timeout=120) == 0
     failed = sorted(r.status for r in s3.proxy.requests if r.fault == "fail")
     assert failed == [500] * 2 + [503] * 3
-    assert {name: storage.get(name) for name in storage.list()} == _files(tmp_path / "local")
+    assert {name: storage.get(name) for name in storage.list()} == files_of(tmp_path / "local")
 
 
 # ------------------------------------------------- a SIGKILL at every step of every mode
@@ -328,7 +323,7 @@ def uninterrupted(
         _start_state(out, mode, step_tables, None)
         export_mode = "error" if mode == "fresh" else mode
         shardex.export(step_tables[source], out, mode=export_mode, **STEP_OPTIONS)
-        found[mode] = _files(out)
+        found[mode] = files_of(out)
     return found
 
 
@@ -380,7 +375,7 @@ def test_killed_at_any_step_then_run_again_gives_the_uninterrupted_output(
     out, source = killed
     _check_committed_or_nothing(out, {})
     shardex.export(source, out, mode=MODES[mode][2], **STEP_OPTIONS)
-    assert _files(out) == uninterrupted[mode]
+    assert files_of(out) == uninterrupted[mode]
     assert shardex.verify(out).ok
 
 
@@ -391,7 +386,7 @@ def test_resume_finishes_a_killed_overwrite_or_append(
 ) -> None:
     out, source = killed
     shardex.export(source, out, mode="resume", **STEP_OPTIONS)
-    assert _files(out) == uninterrupted[mode]
+    assert files_of(out) == uninterrupted[mode]
     with pytest.raises(OutputExistsError, match="nothing to resume"):  # finished now
         shardex.export(source, out, mode="resume", **STEP_OPTIONS)
 
@@ -446,7 +441,7 @@ def test_array_backends_killed_while_overwriting_then_run_again(
     assert child.returncode == -signal.SIGKILL, f"{step!r} was not reached"
     _check_committed_or_nothing(out, {})
     shardex.export("demo:40", out, mode="overwrite", **options)
-    assert _files(out) == _files(expected_out)
+    assert files_of(out) == files_of(expected_out)
     assert shardex.verify(out).ok
 
 
@@ -460,7 +455,7 @@ def test_resume_refuses_another_source_and_overwrite_clears_the_leftovers(
         shardex.export(step_tables["first"], out, mode="resume", **STEP_OPTIONS)
     config = shardex.export(step_tables["first"], out, mode="overwrite", **STEP_OPTIONS)
     assert config.num_samples == 25
-    assert set(_files(out)) == {"config.yaml", *export_files(config)}  # no leftovers
+    assert set(files_of(out)) == {"config.yaml", *export_files(config)}  # no leftovers
     assert shardex.verify(out).ok
 
 

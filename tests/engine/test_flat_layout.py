@@ -16,6 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 import shardex
+from helpers import labelled_images
 from shardex.cli import main
 from shardex.errors import ConfigError, OutputExistsError
 from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, ReaderStage
@@ -25,17 +26,9 @@ from shardex.testing.data import make_image, make_sample_folder
 NEMO_COLUMNS = ("image_id", "tar_file", "member_name", "original_path", "metadata")
 
 
-def _data(n: int, first: int = 0) -> dict[str, list[Any]]:
-    return {
-        "jpg": [make_image(i) for i in range(first, first + n)],
-        "label": [i % 3 for i in range(first, first + n)],
-        "key": [f"{i:06d}" for i in range(first, first + n)],
-    }
-
-
 def _flat(out: Path, n: int = 20, **options: Any) -> shardex.ExportConfig:
     defaults = {"samples_per_shard": 8, "workers": 1, "layout": "flat"}
-    return shardex.export(_data(n), out, **{**defaults, **options})
+    return shardex.export(labelled_images(n), out, **{**defaults, **options})
 
 
 def _files(root: Path) -> set[str]:
@@ -63,7 +56,7 @@ def test_flat_export_keeps_nemo_globs_working(tmp_path: Path) -> None:
         }
         gc.collect()
     ds = shardex.open_dataset(out)  # the only split
-    want = _data(20)
+    want = labelled_images(20)
     assert (
         stream
         == {s["__key__"]: s["jpg"] for s in ds}
@@ -102,7 +95,7 @@ def test_overwrite_and_append_keep_a_flat_export_flat(tmp_path: Path) -> None:
     first = _flat(out)
     old = set(_files(out))
     replaced = shardex.export(
-        _data(11, first=100), out, samples_per_shard=4, workers=1, mode="overwrite", layout="flat"
+        labelled_images(11, first=100), out, samples_per_shard=4, workers=1, mode="overwrite", layout="flat"
     )
     now = _files(out)
     old_shards = {p for s in first.split("train").shards for p in (s.path, s.metadata)}
@@ -110,7 +103,7 @@ def test_overwrite_and_append_keep_a_flat_export_flat(tmp_path: Path) -> None:
     assert now - {"config.yaml"} == set(shardex.exporter.export_files(replaced))
     assert old - now  # (and something changed)
     appended = shardex.export(
-        _data(5, first=200), out, samples_per_shard=4, workers=1, mode="append"
+        labelled_images(5, first=200), out, samples_per_shard=4, workers=1, mode="append"
     )
     assert appended.flat  # append follows the export's layout
     assert len(shardex.open_dataset(out)) == 16
@@ -227,13 +220,13 @@ def test_foreign_top_level_files_beside_a_split_export_are_kept(
     a flat export's) and a user's shards.txt beside it refuse an overwrite, flat or not,
     and stay as they are."""
     out = tmp_path / "out"
-    shardex.export(_data(10), out, workers=1)
+    shardex.export(labelled_images(10), out, workers=1)
     theirs = {"images-0123456789ab-000000.tar": b"x" * 1024, "shards.txt": b"my notes\n"}
     for name, data in theirs.items():
         (out / name).write_bytes(data)
     before = {p: (out / p).read_bytes() for p in _files(out)}
     with pytest.raises(OutputExistsError, match="did not write"):
-        shardex.export(_data(12), out, workers=1, mode="overwrite", layout=layout)
+        shardex.export(labelled_images(12), out, workers=1, mode="overwrite", layout=layout)
     assert {p: (out / p).read_bytes() for p in _files(out)} == before
 
 
@@ -241,7 +234,7 @@ def test_overwrites_between_layouts_leave_only_the_new_export(tmp_path: Path) ->
     """flat -> split -> flat: each overwrite deletes the other layout's files."""
     out = tmp_path / "out"
     _flat(out, 10)
-    shardex.export(_data(10), out, workers=1, mode="overwrite")
+    shardex.export(labelled_images(10), out, workers=1, mode="overwrite")
     assert not list(out.glob("images-*"))
     assert not (out / "shards.txt").exists()
     assert shardex.verify(out).ok

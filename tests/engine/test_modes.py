@@ -128,15 +128,11 @@ def test_append_keeps_label_numbers(tmp_path: Path) -> None:
         shardex.export(unknown.parent, tmp_path / "out", mode="append", workers=1)
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
 def test_overwrite_never_writes_a_file_the_committed_export_names(
     tables: tuple[Path, Path, Path], exported: Path
 ) -> None:
     whole, out = tables[0], exported
-    before = _files(out)
+    before = files_of(out)
     seen: list[str] = []
 
     class Watching(LocalStorage):
@@ -156,7 +152,7 @@ def test_overwrite_never_writes_a_file_the_committed_export_names(
     assert not set(seen) & (set(before) - {"config.yaml", ".shardex-intent.json"} - lists)
     assert config.metadata_file == "metadata.2.parquet"
     assert shardex.verify(out).ok
-    after = _files(out)
+    after = files_of(out)
     assert after.keys() == {"config.yaml", *export_files(config)}
     # an overwrite of the same samples keeps every shard and the index, and alternates
     # the names of the files it rewrites

@@ -13,22 +13,15 @@ from typing import Any
 import pytest
 
 import shardex
+from helpers import labelled_images
 from shardex.testing.data import make_image
 
 pytest.importorskip("wids")
 
 
-def _data(n: int, first: int = 0) -> dict[str, list[Any]]:
-    return {
-        "jpg": [make_image(i) for i in range(first, first + n)],
-        "label": [i % 3 for i in range(first, first + n)],
-        "key": [f"{i:06d}" for i in range(first, first + n)],
-    }
-
-
 def _export(out: Path, n: int = 30, **options: Any) -> shardex.ExportConfig:
     defaults = {"samples_per_shard": 8, "workers": 1, "split_fractions": {"train": 0.7, "val": 0.3}}
-    return shardex.export(_data(n), out, **{**defaults, **options})
+    return shardex.export(labelled_images(n), out, **{**defaults, **options})
 
 
 def _by_wids(index: Path, cache: Path) -> dict[str, bytes]:
@@ -89,15 +82,15 @@ def test_lists_name_shards_relative_to_their_folder(tmp_path: Path) -> None:
 
 def test_overwrite_and_append_replace_the_lists(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    first = shardex.export(_data(20), out, samples_per_shard=8, workers=1)
+    first = shardex.export(labelled_images(20), out, samples_per_shard=8, workers=1)
     old = (out / "train" / "shards.txt").read_text().split()
-    shardex.export(_data(12, first=100), out, samples_per_shard=5, workers=1, mode="overwrite")
+    shardex.export(labelled_images(12, first=100), out, samples_per_shard=5, workers=1, mode="overwrite")
     new = (out / "train" / "shards.txt").read_text().split()
     assert set(new).isdisjoint(old)  # the replaced export's tars are gone, and so are they
     assert not any((out / "train" / name).exists() for name in old)
     assert _by_wids(out / "train" / "shards.wids.json", tmp_path / "c1") == _expected(out, "train")
     appended = shardex.export(
-        _data(9, first=200), out, samples_per_shard=5, workers=1, mode="append"
+        labelled_images(9, first=200), out, samples_per_shard=5, workers=1, mode="append"
     )
     listed = (out / "train" / "shards.txt").read_text().split()
     assert listed[: len(new)] == new

@@ -17,17 +17,12 @@ import pyarrow as pa
 import pytest
 
 import shardex
+from helpers import files_of
 from shardex.errors import BadSampleError, StorageError
 from shardex.rows import ByteSource, Members
 from shardex.sources.arrays import ArraySource
 from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE, MEMBERS
 from shardex.storage.local import LocalObjectWriter
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 def _blobs(n: int) -> list[bytes]:
@@ -48,7 +43,7 @@ def test_bytes_bytearray_and_memoryview_give_the_same_export(tmp_path: Path) -> 
     for name, values in kinds.items():
         out = tmp_path / name
         shardex.export({"bin": values, "label": labels}, out, samples_per_shard=70)
-        exports[name] = _files(out)
+        exports[name] = files_of(out)
     assert exports["bytearray"] == exports["bytes"]
     assert exports["memoryview"] == exports["bytes"]
     # the caller's objects are not modified, nor replaced in their lists
@@ -186,8 +181,8 @@ def test_in_memory_exports_in_one_process_give_the_same_files(tmp_path: Path) ->
     shardex.export(first, tmp_path / "a1")
     shardex.export(second, tmp_path / "b1")  # may reuse the memory of the first's copy
     shardex.export(first, tmp_path / "a2")
-    assert _files(tmp_path / "a1") == _files(tmp_path / "a2")
-    assert _files(tmp_path / "a1") != _files(tmp_path / "b1")
+    assert files_of(tmp_path / "a1") == files_of(tmp_path / "a2")
+    assert files_of(tmp_path / "a1") != files_of(tmp_path / "b1")
     ds = shardex.open_dataset(tmp_path / "b1", split="train")
     assert [ds[i]["jpg_like"] for i in (0, 199, 399)] == [
         second["jpg_like"][i] for i in (0, 199, 399)

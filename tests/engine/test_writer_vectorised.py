@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import shardex
+from helpers import files_of
 from shardex.backends.webdataset import writer
 from shardex.backends.webdataset.layout import zeroed
 from shardex.backends.webdataset.writer import ShardJob, _jpegs_good, write_shard
@@ -35,12 +36,6 @@ from shardex.rows import Members
 from shardex.sample_check import SampleCheck, image_problem
 from shardex.sources.base import MEMBER_TYPE
 from shardex.storage.local import LocalStorage
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 def _jpeg(i: int, side: int = 24) -> bytes:
@@ -98,7 +93,7 @@ def test_in_memory_export_equals_the_sample_by_sample_writer(
     assert all(taken)
     _sample_by_sample(monkeypatch)
     shardex.export(source, tmp_path / "slow", workers=1, **options)
-    fast, slow = _files(tmp_path / "fast"), _files(tmp_path / "slow")
+    fast, slow = files_of(tmp_path / "fast"), files_of(tmp_path / "slow")
     assert fast.keys() == slow.keys()
     assert [k for k in fast if fast[k] != slow[k]] == []
     ds = shardex.open_dataset(
@@ -121,7 +116,7 @@ def test_bad_images_fall_back_and_are_skipped_as_before(
     assert False in taken
     _sample_by_sample(monkeypatch)
     shardex.export(source, tmp_path / "slow", workers=1, on_error="skip", samples_per_shard=16)
-    assert _files(tmp_path / "fast") == _files(tmp_path / "slow")
+    assert files_of(tmp_path / "fast") == files_of(tmp_path / "slow")
     assert len(shardex.open_dataset(tmp_path / "fast")) == 57
 
 
@@ -152,7 +147,7 @@ def test_folder_export_read_a_shard_at_once_equals_the_sample_by_sample_writer(
     assert (False in taken) == (options.get("on_error") == "skip")
     _sample_by_sample(monkeypatch)
     shardex.export(src, tmp_path / "slow", workers=1, **options)
-    fast, slow = _files(tmp_path / "fast"), _files(tmp_path / "slow")
+    fast, slow = files_of(tmp_path / "fast"), files_of(tmp_path / "slow")
     assert fast.keys() == slow.keys()
     assert [k for k in fast if fast[k] != slow[k]] == []
 
@@ -211,7 +206,7 @@ def test_samples_with_different_member_counts(
     assert taken == [True]
     _sample_by_sample(monkeypatch)
     slow = write_shard(_job(tmp_path, "slow", counts))
-    assert _files(tmp_path / "fast") == _files(tmp_path / "slow")
+    assert files_of(tmp_path / "fast") == files_of(tmp_path / "slow")
     assert fast.checksums.tolist() == slow.checksums.tolist()
     with tarfile.open(tmp_path / "fast" / "a.tar") as tar:
         names = tar.getnames()

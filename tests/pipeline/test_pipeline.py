@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 import shardex
-from helpers import image_field
+from helpers import files_of, image_field
 from shardex.cli import main
 from shardex.errors import ConfigError, SchemaError
 from shardex.pipeline import (
@@ -28,10 +28,6 @@ from tests.support.raycluster import local_ray_cluster
 from tests.support.stages import CountSetup, FailStage, InvertStage, TagStage, VectorStage
 
 SOURCE = "demo:130"
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def _pipeline(out: Path, *middle: object, per_tar: int = 25) -> Pipeline:
@@ -119,7 +115,7 @@ def test_byte_identical_on_one_two_workers_and_ray(tmp_path: Path, ray_cluster: 
         ("ray", RayExecutor()),
     ]:
         outs[name] = (
-            _files(tmp_path / name)
+            files_of(tmp_path / name)
             if _pipeline(tmp_path / name, TagStage(), VectorStage(), CountSetup()).run(executor)
             else {}
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import shardex
-from helpers import files_of, image_bytes, open_files_under, tar_bytes
+from helpers import files_but_the_lock, files_of, image_bytes, open_files_under, tar_bytes
 from shardex.errors import SourceError
 from shardex.storage import ObjectStorage
 from tests.support.proxy import RequestHead
@@ -37,11 +37,6 @@ def _tiny_tar(count: int, prefix: str = "s") -> bytes:
         ),
         tarfile.USTAR_FORMAT,
     )
-
-
-def _but_the_lock(folder: Path) -> dict[str, bytes]:
-    """:func:`files_of` an export, less its lock file."""
-    return {n: d for n, d in files_of(folder).items() if n != ".shardex-lock"}
 
 
 # -- a tar copy's short write (a full disk, a file size limit) ---------------------------
@@ -76,7 +71,7 @@ def test_a_tar_copy_cut_short_by_its_disk_is_not_read_past_what_it_holds(
         [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert _but_the_lock(tmp_path / "limited") == _but_the_lock(tmp_path / "clean")
+    assert files_but_the_lock(tmp_path / "limited") == files_but_the_lock(tmp_path / "clean")
 
 
 # -- tar copies and the room others need on their disk -----------------------------------
@@ -170,7 +165,7 @@ def test_tar_copies_leave_room_for_the_exports_own_scratch_files(
         out = tmp_path / keep
         done = _export_on_small_disk(small_disk, room, s3, source, keep, str(out), 64 << 10)
         assert done.returncode == 0, (keep, done.stderr[-1500:])
-        assert _but_the_lock(out) == _but_the_lock(tmp_path / "clean")
+        assert files_but_the_lock(out) == files_but_the_lock(tmp_path / "clean")
 
 
 # -- the scans of a failed export --------------------------------------------------------
