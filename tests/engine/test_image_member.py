@@ -22,7 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 import shardex
-from helpers import files_of, image_bytes
+from helpers import RAY_DATA_WARNINGS, files_of, image_bytes
 from shardex.cli import main
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.errors import ConfigError
@@ -145,17 +145,10 @@ def ray_cluster() -> Iterator[None]:
         yield
 
 
-# Ray 2.60's DataContext() sets three of its own deprecated fields while it is built
-_RAY_WARNINGS = [
-    pytest.mark.filterwarnings(f"ignore:`{name}` is deprecated:DeprecationWarning:ray.data.context")
-    for name in ("use_push_based_shuffle", "use_polars", "use_arrow_tensor_v2")
-]
-
-
 @pytest.mark.usefixtures("ray_cluster")
-@_RAY_WARNINGS[0]
-@_RAY_WARNINGS[1]
-@_RAY_WARNINGS[2]
+@RAY_DATA_WARNINGS[0]
+@RAY_DATA_WARNINGS[1]
+@RAY_DATA_WARNINGS[2]
 def test_ray_data_reads_every_row_with_its_image(exports: tuple[Path, Path]) -> None:
     import ray.data
 

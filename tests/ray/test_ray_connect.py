@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import shardex
-from helpers import serving, write_image
+from helpers import closed_port, make_tree, serving
 from shardex.errors import ClusterUnreachableError, ConfigError
 from shardex.pipeline.ray_connect import check_reachable
 
@@ -30,8 +30,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ray-connect")
-    for i in range(12):
-        write_image(root / f"c{i % 2}" / f"img{i:03d}.jpg", i)
+    make_tree(root, [f"c{i % 2}/img{i:03d}.jpg" for i in range(12)])
     return root
 
 
@@ -45,13 +44,6 @@ def _run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -80,7 +72,7 @@ def silent_port() -> Iterator[int]:
 def test_an_unreachable_address_is_refused_in_one_line_from_python(
     images: Path, tmp_path: Path
 ) -> None:
-    address = f"127.0.0.1:{_closed_port()}"
+    address = f"127.0.0.1:{closed_port()}"
     start = time.monotonic()
     with pytest.raises(ClusterUnreachableError) as refused:
         shardex.export(images, tmp_path / "out", executor="ray", ray_address=address)
@@ -111,7 +103,7 @@ def test_an_address_that_never_answers_is_refused_within_the_timeout(
 def test_an_unreachable_address_is_one_error_line_from_the_command(
     images: Path, tmp_path: Path
 ) -> None:
-    address = f"127.0.0.1:{_closed_port()}"
+    address = f"127.0.0.1:{closed_port()}"
     command = [
         *(sys.executable, "-m", "shardex.cli"),
         *("export-dataset", str(images), "-o", str(tmp_path / "out")),

@@ -16,10 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 import pytest
-import yaml
 
 import shardex
-from helpers import files_of, image_bytes
+from helpers import RAY_DATA_WARNINGS, assert_same_but_the_source, files_of, image_bytes
 from shardex.errors import (
     BadSampleError,
     ConfigError,
@@ -32,16 +31,12 @@ from shardex.storage.local import LocalStorage
 from tests.support.raycluster import local_ray_cluster
 from tests.support.rayrows import RowsSource, local_rows
 
+pytestmark = RAY_DATA_WARNINGS
+
 ray = pytest.importorskip("ray")
 ray_data = pytest.importorskip("shardex.ray", exc_type=ImportError)  # no ray: skipped
 
 LABELS = ("cat", "dog", "fox")
-
-# Ray 2.60's DataContext() sets three of its own deprecated fields while it is built
-pytestmark = [
-    pytest.mark.filterwarnings(f"ignore:`{name}` is deprecated:DeprecationWarning:ray.data.context")
-    for name in ("use_push_based_shuffle", "use_polars", "use_arrow_tensor_v2")
-]
 
 
 @pytest.fixture(scope="module")
@@ -59,20 +54,6 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _rows(dataset: Any) -> list[dict[str, Any]]:
     return list(dataset.iter_rows())
-
-
-def _same_export(a: Path, b: Path) -> None:
-    """Every file byte for byte; config.yaml equal but for the source it names."""
-    files_a, files_b = files_of(a), files_of(b)
-    assert sorted(files_a) == sorted(files_b)
-    for name in files_a:
-        if name != "config.yaml":
-            assert files_a[name] == files_b[name], name
-    config_a, config_b = (yaml.safe_load(f["config.yaml"]) for f in (files_a, files_b))
-    for config in (config_a, config_b):
-        for source in config["source_datasets"]:
-            del source["uri"], source["kind"]
-    assert config_a == config_b
 
 
 # ---------------------------------------------------------------- read_shardex
@@ -249,7 +230,7 @@ def test_write_is_byte_identical_to_a_direct_export(tmp_path: Path) -> None:
     config = ray_data.write_shardex(dataset, tmp_path / "ray", label_names=LABELS, **options)
     assert config.source_datasets[-1].kind == "ray"
     assert {s: i.num_samples for s, i in config.splits.items()} == {"train": 36, "val": 9}
-    _same_export(tmp_path / "direct", tmp_path / "ray")
+    assert_same_but_the_source(files_of(tmp_path / "direct"), files_of(tmp_path / "ray"))
     meta = shardex.open_dataset(tmp_path / "ray", split="val").metadata
     assert meta.schema.field("embedding").type == pa.list_(pa.float32(), 8)
 
@@ -263,7 +244,7 @@ def test_an_array_backend_is_written_by_ray_tasks_as_a_direct_export_writes_it(
     shardex.export(RowsSource(rows), tmp_path / "direct", **options)
     dataset = ray.data.from_arrow([rows.slice(0, 9), rows.slice(9)])
     ray_data.write_shardex(dataset, tmp_path / "ray", label_names=LABELS, **options)
-    _same_export(tmp_path / "direct", tmp_path / "ray")
+    assert_same_but_the_source(files_of(tmp_path / "direct"), files_of(tmp_path / "ray"))
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -251,16 +251,21 @@ def test_workers_caps_the_ray_tasks_running_at_once(cluster: int, tmp_path: Path
         assert runner.workers == cluster  # one per cluster CPU (1 a node here)
 
 
+def _file_rows(keys: list[str]) -> pa.Table:
+    """Final rows of samples ``keys``, each a JPEG file ``/data/KEY.jpg`` of 7 bytes."""
+    members = pa.array(
+        [[{"ext": "jpg", "path": f"/data/{k}.jpg", "offset": -1, "size": 7}] for k in keys],
+        pa.list_(MEMBER_TYPE),
+    )
+    return pa.table({"key": keys, MEMBERS: members})
+
+
 def test_a_carried_slice_needs_nothing_from_the_drivers_disk(tmp_path: Path) -> None:
     """What a remote task gets: its reference rows in the job (no sample bytes), so the
     spill file on the driver's scratch is not read."""
     n = 3000
     keys = [f"k{i:04d}" for i in range(n)]
-    members = pa.array(
-        [[{"ext": "jpg", "path": f"/data/{k}.jpg", "offset": -1, "size": 7}] for k in keys],
-        pa.list_(MEMBER_TYPE),
-    )
-    table = pa.table({"key": keys, MEMBERS: members})
+    table = _file_rows(keys)
     spill = FinalSpill(tmp_path, "train", table.schema)
     spill.append(table, np.full(n, 1536, np.int64))
     part = spill.close().slice(1000, 2500)  # spans two record batches
@@ -289,11 +294,7 @@ def test_rows_in_the_object_store_reach_the_tasks_and_no_job_carries_them(
 
     n = 3000
     keys = [f"k{i:04d}" for i in range(n)]
-    members = pa.array(
-        [[{"ext": "jpg", "path": f"/data/{k}.jpg", "offset": -1, "size": 7}] for k in keys],
-        pa.list_(MEMBER_TYPE),
-    )
-    table = pa.table({"key": keys, MEMBERS: members})
+    table = _file_rows(keys)
     sizes = np.arange(n, dtype=np.int64) + 1536
     with RayRunner(RayExecutor()) as runner:
         spill = FinalSpill(tmp_path, "train", table.schema, put=runner.put)

@@ -32,7 +32,7 @@ from click.testing import CliRunner
 
 import shardex
 from tests.support.s3data import S3Location
-from helpers import files_of, write_image
+from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.errors import NotAnExportError, OutputExistsError, UnverifiedOutputError
 from shardex.storage import open_storage
@@ -60,8 +60,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def small_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ray-faults-small")
-    for i in range(40):
-        write_image(root / f"c{i % 2}" / f"img{i:04d}.jpg", i)
+    make_tree(root, [f"c{i % 2}/img{i:04d}.jpg" for i in range(40)])
     return root
 
 

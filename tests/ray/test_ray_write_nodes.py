@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import shardex
-from helpers import files_of
+from helpers import RAY_DATA_WARNINGS, assert_same_but_the_source, files_of
 from shardex.storage import open_storage
 from tests.support.raycluster import ray_nodes
 from tests.support.rayrows import (
@@ -40,30 +39,13 @@ ray_data = pytest.importorskip("shardex.ray", exc_type=ImportError)  # no ray: s
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 STAGING = ".shardex-staging"
 
-# Ray 2.60's DataContext() sets three of its own deprecated fields while it is built
-pytestmark = [
-    pytest.mark.filterwarnings(f"ignore:`{name}` is deprecated:DeprecationWarning:ray.data.context")
-    for name in ("use_push_based_shuffle", "use_polars", "use_arrow_tensor_v2")
-]
+pytestmark = RAY_DATA_WARNINGS
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     with ray_nodes(2, cpus_per_node=1) as c:
         yield c
-
-
-def _same_export(a: dict[str, bytes], b: dict[str, bytes]) -> None:
-    """Every file byte for byte; config.yaml equal but for the source it names."""
-    assert sorted(a) == sorted(b)
-    for name in a:
-        if name != "config.yaml":
-            assert a[name] == b[name], name
-    config_a, config_b = (yaml.safe_load(f["config.yaml"]) for f in (a, b))
-    for config in (config_a, config_b):
-        for source in config["source_datasets"]:
-            del source["uri"], source["kind"]
-    assert config_a == config_b
 
 
 def _objects(url: str, options: dict[str, Any]) -> dict[str, bytes]:
@@ -115,7 +97,8 @@ def test_same_bytes_whatever_the_blocks_and_write_tasks(tmp_path: Path) -> None:
         out = tmp_path / name
         config = ray_data.write_shardex(dataset, out, samples_per_shard=7, label_names=LABELS)
         assert config.num_samples == n, name
-        _same_export(expected, files_of(out))  # nothing else there: the staging is gone
+        # nothing else there: the staging is gone
+        assert_same_but_the_source(expected, files_of(out))
 
 
 @pytest.mark.usefixtures("cluster")
@@ -163,7 +146,8 @@ def test_s3_output_stages_on_s3_and_the_driver_moves_under_one_percent(s3: Any) 
     config = ray_data.write_shardex(dataset, output, samples_per_shard=16, label_names=LABELS)
     s3.proxy.wait_idle()
     assert config.num_samples == n
-    _same_export(expected, _objects(ray_url, s3.direct))  # byte-identical, staging gone
+    # byte-identical, staging gone
+    assert_same_but_the_source(expected, _objects(ray_url, s3.direct))
     driver = s3.proxy.requests
     moved = sum(r.body_bytes + r.request_bytes for r in driver)
     print(f"driver: {len(driver)} S3 requests, {moved} bytes = {moved / sample_bytes:.3%}")
@@ -237,4 +221,4 @@ def test_staging_of_a_killed_driver_is_removed_by_the_next_write(
     local = storage.local_path("")
     written = files_of(local) if local else {p: storage.get(p) for p in storage.list()}
     assert not [p for p in written if p.startswith(STAGING)]
-    _same_export(files_of(tmp_path / "direct"), written)
+    assert_same_but_the_source(files_of(tmp_path / "direct"), written)

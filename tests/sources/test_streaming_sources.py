@@ -191,16 +191,20 @@ def test_folder_split_layout_is_checked_before_the_first_batch(tmp_path: Path) -
     assert "\n" not in str(err.value)
 
 
+def _refused_in_batches_of_two(tar: Path) -> str:
+    """The one-line message of the SourceError a scan of ``tar`` in batches of 2 raises."""
+    with pytest.raises(SourceError) as err:
+        TarSource(tar, batch_size=2).scan()
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
 def test_tar_json_field_changing_type_across_batches_is_one_line_naming_it(
     tmp_path: Path,
 ) -> None:
     _json_tar(tmp_path / "a.tar", [{"ok": i, "field": "text" if i < 4 else i} for i in range(6)])
-
-    with pytest.raises(SourceError) as err:
-        TarSource(tmp_path / "a.tar", batch_size=2).scan()
-
-    message = str(err.value)
-    assert "\n" not in message
+    message = _refused_in_batches_of_two(tmp_path / "a.tar")
     assert "json field 'field' holds int64 in sample 's4'" in message
     assert "but string in earlier samples" in message
 
@@ -412,12 +416,7 @@ def test_tar_json_field_narrower_in_the_first_batch_says_so(
     # to fix their data, but say that the first batch fixed the column's type
     _json_tar(tmp_path / "a.tar", [{"f": first if i < 2 else later} for i in range(4)])
     assert TarSource(tmp_path / "a.tar").scan().table.num_rows == 4  # one batch: fine
-
-    with pytest.raises(SourceError) as err:
-        TarSource(tmp_path / "a.tar", batch_size=2).scan()
-
-    message = str(err.value)
-    assert "\n" not in message
+    message = _refused_in_batches_of_two(tmp_path / "a.tar")
     assert "json field 'f'" in message
     assert "in sample 's2'" in message
     assert "batch of 2 samples" in message  # the batch that set the type

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,10 @@ import pytest
 
 import shardex
 from tests.support.s3data import S3Location
-from helpers import serving
+from helpers import closed_port, serving
 from shardex.errors import BucketNotFoundError, StorageError
 
 BUDGET = 1.0  # seconds: storage option retry_timeout in every case
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Answer(http.server.BaseHTTPRequestHandler):
@@ -82,7 +75,7 @@ def missing_bucket_server() -> Iterator[str]:
 def _case(name: str, s3: S3Location, web: str, missing: str) -> tuple[str, dict[str, Any], str]:
     """(url, storage options, what the message must say) of one failure."""
     keys = {k: s3.direct[k] for k in ("access_key_id", "secret_access_key", "region")}
-    down = f"http://127.0.0.1:{_closed_port()}"
+    down = f"http://127.0.0.1:{closed_port()}"
     return {
         "server down": (
             s3.url,

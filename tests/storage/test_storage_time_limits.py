@@ -17,14 +17,9 @@ from typing import Any
 import pytest
 
 import shardex
+from helpers import closed_port
 from tests.support.s3data import S3Location
 from shardex.errors import StorageError
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -65,7 +60,7 @@ def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_cli_server_down_fails_within_the_retry_timeout_given(s3: S3Location) -> None:
-    down = f"http://127.0.0.1:{_closed_port()}"
+    down = f"http://127.0.0.1:{closed_port()}"
     done, took = _cli(
         ["inspect", s3.url, "--s3-endpoint-url", down, "--s3-retry-timeout", "1s"], s3
     )
