@@ -1,5 +1,6 @@
-"""Small helpers shared by the source, bad-input and CLI tests: tiny images and folders,
-error lines and skip records, small exports, processes and open files."""
+"""Small helpers shared by the tests of every folder: tiny images, folders and tars, small
+exports and checks of them, the CLI's error line and the skip records, processes, ports and
+open files."""
 
 from __future__ import annotations
 
