@@ -95,7 +95,12 @@ def test_overwrite_and_append_keep_a_flat_export_flat(tmp_path: Path) -> None:
     first = _flat(out)
     old = set(_files(out))
     replaced = shardex.export(
-        labelled_images(11, first=100), out, samples_per_shard=4, workers=1, mode="overwrite", layout="flat"
+        labelled_images(11, first=100),
+        out,
+        samples_per_shard=4,
+        workers=1,
+        mode="overwrite",
+        layout="flat",
     )
     now = _files(out)
     old_shards = {p for s in first.split("train").shards for p in (s.path, s.metadata)}

@@ -84,7 +84,9 @@ def test_overwrite_and_append_replace_the_lists(tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = shardex.export(labelled_images(20), out, samples_per_shard=8, workers=1)
     old = (out / "train" / "shards.txt").read_text().split()
-    shardex.export(labelled_images(12, first=100), out, samples_per_shard=5, workers=1, mode="overwrite")
+    shardex.export(
+        labelled_images(12, first=100), out, samples_per_shard=5, workers=1, mode="overwrite"
+    )
     new = (out / "train" / "shards.txt").read_text().split()
     assert set(new).isdisjoint(old)  # the replaced export's tars are gone, and so are they
     assert not any((out / "train" / name).exists() for name in old)
