@@ -42,6 +42,9 @@ from shardex.sources.base import SampleStream, ScanBatch
 from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
 from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage
+from shardex.storage.memory import MemoryStorage
+from tests.support.faults import FaultyStorage
+from tests.support.places import Place
 from tests.support.proxy import RequestHead, RequestRecord
 from tests.support.s3data import (
     S3Location,
@@ -731,23 +734,12 @@ def _labelled_tars(count: int, per_tar: int) -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_tar_batches_are_the_same_whatever_the_runner(
-    s3: S3Location, tmp_path: Path, where: str
-) -> None:
+def test_tar_batches_are_the_same_whatever_the_runner(storage: Place) -> None:
     """Tars scanned by a runner's worker processes give the batches a scan in this
     process gives (batches spanning tars, in the same order, metadata typed alike)."""
     from shardex.parallel import Runner
 
-    tars = _labelled_tars(5, 7)
-    if where == "local":
-        for name, data in tars.items():
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name).write_bytes(data)
-        source = TarSource(str(tmp_path / "t*" / "*.tar"), batch_size=4)
-    else:
-        upload(ObjectStorage(s3.child("r"), s3.direct), tars)
-        source = TarSource(s3.child("r/"), s3.direct, batch_size=4)
+    source = TarSource(storage.put(_labelled_tars(5, 7), "r"), storage.options, batch_size=4)
 
     def batches(runner: Runner | None) -> list[pa.Table]:
         return [batch.table for batch in source.stream_on(runner).batches]
@@ -901,25 +893,15 @@ def test_transient_errors_on_tar_range_gets_are_retried(s3: S3Location, tmp_path
     assert len([r for r in s3.proxy.requests if r.fault == "fail"]) == 4
 
 
-class _SlowStore(LocalStorage):
-    """A local store whose ranged reads of some files take a while (a slow server)."""
-
-    slow: frozenset[str] = frozenset()
-
-    def get_range(self, path: str, start: int, length: int) -> bytes:
-        if path in self.slow:
-            time.sleep(0.5)
-        return super().get_range(path, start, length)
-
-
-def test_a_member_whose_fetch_has_not_started_is_waited_for(tmp_path: Path) -> None:
+def test_a_member_whose_fetch_has_not_started_is_waited_for(memory_storage: MemoryStorage) -> None:
     """Every fetching thread busy with GETs the reader dropped (samples found bad): a
     member whose GET is still queued is waited for, never cancelled under the reader."""
     names = [f"o{i:02d}" for i in range(40)]
     for i, name in enumerate(names):
-        (tmp_path / name).write_bytes(bytes([i]) * 100)
-    store = _SlowStore(tmp_path)
-    store.slow = frozenset(names[1 : MAX_IN_FLIGHT + 1])
+        memory_storage.put(name, bytes([i]) * 100)
+    store = FaultyStorage(memory_storage)
+    for name in names[1 : MAX_IN_FLIGHT + 1]:  # a slow server
+        store.delay("get_range", 0.5, path=name, times=None)
     reads = ObjectReads([(store.uri, store)])
     members = [(i, f"{store.uri}/{name}", 0, 100) for i, name in enumerate(names)]
     try:
@@ -930,36 +912,28 @@ def test_a_member_whose_fetch_has_not_started_is_waited_for(tmp_path: Path) -> N
             assert reads.read(*members[i]) == bytes([i]) * 100
     finally:
         reads.close()
-
-
-class _FailingStore(LocalStorage):
-    """A local store whose ranged reads fail after the first few (a server that starts
-    refusing mid-scan: access revoked, or retries exhausted)."""
-
-    ok_reads = 2
-
-    def get_range(self, path: str, start: int, length: int) -> bytes:
-        if self.ok_reads <= 0:
-            raise StorageError(f"cannot read {self.join(path)}: access denied")
-        self.ok_reads -= 1
-        return super().get_range(path, start, length)
+    assert {c.path for c in store.calls_to("get_range") if c.fault} <= set(names[1:17])
 
 
 @pytest.mark.parametrize("on_error", ["error", "skip"])
 def test_a_storage_failure_mid_scan_fails_the_export_not_marks_the_tar_damaged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_storage: MemoryStorage, on_error: str
 ) -> None:
     """A ranged GET of the scan that fails (after the storage layer's retries) is the
     storage's error: the export stops with it, and never records the tar's samples as
     damaged and skipped (under --on-error skip they would be silently left out)."""
     data = tar_of([(f"k{i}", noise_jpeg(i), i % 2) for i in range(6)])
-    (tmp_path / "part.tar").write_bytes(data)
-    store = _FailingStore(tmp_path)
-    tar = TarRef("part.tar", "part.tar", len(data), store)
+    memory_storage.put("part.tar", data)
+
+    def refusing() -> TarRef:
+        """The tar, on a server that starts refusing mid-scan (access revoked)."""
+        store = FaultyStorage(memory_storage)
+        store.fail("get_range", nth=3, times=None, error=StorageError("access denied"))
+        return TarRef("part.tar", "part.tar", len(data), store)
+
     with pytest.raises(StorageError, match="access denied"):
-        list(tar_samples(tar))
-    store.ok_reads = 2
-    monkeypatch.setattr(TarSource, "_tars", lambda self: [tar])
+        list(tar_samples(refusing()))
+    monkeypatch.setattr(TarSource, "_tars", lambda self, tar=refusing(): [tar])
     with pytest.raises(StorageError, match="access denied"):
         shardex.export(TarSource(str(tmp_path)), tmp_path / "out", on_error=on_error)
     assert not (tmp_path / "out" / "config.yaml").exists()

@@ -6,8 +6,6 @@ import pickle
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,35 +17,28 @@ from shardex.testing import StorageTests
 from tests.support.faults import FaultyStorage
 
 
-@pytest.fixture
-def memory() -> Iterator[MemoryStorage]:
-    storage = MemoryStorage(f"memory://t-{uuid.uuid4().hex[:12]}")
-    yield storage
-    storage.clear()
-
-
 class TestMemoryStorage(StorageTests):
     @pytest.fixture
-    def storage(self, memory: MemoryStorage) -> MemoryStorage:
-        return memory
+    def storage(self, memory_storage: MemoryStorage) -> MemoryStorage:
+        return memory_storage
 
 
 class TestFaultyStorage(StorageTests):
     """With no rule, the wrapper is the storage it wraps."""
 
     @pytest.fixture
-    def storage(self, memory: MemoryStorage) -> FaultyStorage:
-        return FaultyStorage(memory)
+    def storage(self, memory_storage: MemoryStorage) -> FaultyStorage:
+        return FaultyStorage(memory_storage)
 
 
-def test_urls_of_one_name_share_its_objects(memory: MemoryStorage) -> None:
-    assert open_storage(memory.uri) is not memory
-    open_storage(f"{memory.uri}/sub/").put("a.bin", b"a")
-    assert list(memory.list()) == ["sub/a.bin"]
-    assert open_storage(memory.uri).get("sub/a.bin") == b"a"
-    assert memory.join("x") == f"{memory.uri}/x"
-    with pytest.raises(ObjectNotFoundError, match=f"{memory.uri}/sub/b.bin does not exist"):
-        open_storage(f"{memory.uri}/sub").get("b.bin")
+def test_urls_of_one_name_share_its_objects(memory_storage: MemoryStorage) -> None:
+    assert open_storage(memory_storage.uri) is not memory_storage
+    open_storage(f"{memory_storage.uri}/sub/").put("a.bin", b"a")
+    assert list(memory_storage.list()) == ["sub/a.bin"]
+    assert open_storage(memory_storage.uri).get("sub/a.bin") == b"a"
+    assert memory_storage.join("x") == f"{memory_storage.uri}/x"
+    with pytest.raises(ObjectNotFoundError, match=f"{memory_storage.uri}/sub/b.bin does not"):
+        open_storage(f"{memory_storage.uri}/sub").get("b.bin")
 
 
 @pytest.mark.parametrize(
@@ -65,14 +56,14 @@ def test_bad_urls_and_options_are_refused(
         MemoryStorage(url, options)
 
 
-def test_listing_pages_hold_page_size_entries(memory: MemoryStorage) -> None:
-    memory.page_size = 3
+def test_listing_pages_hold_page_size_entries(memory_storage: MemoryStorage) -> None:
+    memory_storage.page_size = 3
     for i in range(7):
-        memory.put(f"f/{i}", bytes(i))
-    pages = list(memory.list_pages("f"))
+        memory_storage.put(f"f/{i}", bytes(i))
+    pages = list(memory_storage.list_pages("f"))
     assert [len(page) for page in pages] == [3, 3, 1]
     assert [entry for page in pages for entry in page] == [(f"f/{i}", i) for i in range(7)]
-    assert [len(page) for page in memory.list_pages("f", after="f/3")] == [3]
+    assert [len(page) for page in memory_storage.list_pages("f", after="f/3")] == [3]
 
 
 _CHILD = """
@@ -86,39 +77,42 @@ except Exception as exc:
 """
 
 
-def test_another_process_reads_a_copy_and_writes_nothing(memory: MemoryStorage) -> None:
-    memory.put("a.bin", b"here")
+def test_another_process_reads_a_copy_and_writes_nothing(memory_storage: MemoryStorage) -> None:
+    memory_storage.put("a.bin", b"here")
     child = subprocess.run(
         [sys.executable, "-c", _CHILD],
-        input=pickle.dumps(memory),
+        input=pickle.dumps(memory_storage),
         capture_output=True,
         check=True,
         timeout=60,
     )
     read, refused = child.stdout.decode().splitlines()
     assert read == "here"
-    assert refused.startswith(f"StorageError cannot write {memory.uri}/b.bin: ")
+    assert refused.startswith(f"StorageError cannot write {memory_storage.uri}/b.bin: ")
     assert "export with workers=1" in refused
-    assert pickle.loads(pickle.dumps(memory))._bucket is memory._bucket  # here: the same
+    here = pickle.loads(pickle.dumps(memory_storage))
+    assert here._bucket is memory_storage._bucket  # in this process: the same objects
 
 
-def test_an_export_round_trips_and_its_workers_cannot_write(memory: MemoryStorage) -> None:
-    config = shardex.export("demo:12", memory.uri, samples_per_shard=5, workers=1)
-    ds = shardex.open_dataset(memory.uri)
+def test_an_export_round_trips_and_its_workers_cannot_write(
+    memory_storage: MemoryStorage,
+) -> None:
+    config = shardex.export("demo:12", memory_storage.uri, samples_per_shard=5, workers=1)
+    ds = shardex.open_dataset(memory_storage.uri)
     assert len(ds) == config.num_samples == 12
     assert ds.storage.local_path("config.yaml") is None
-    assert shardex.verify(memory.uri).ok
+    assert shardex.verify(memory_storage.uri).ok
     with pytest.raises(StorageError, match="written only by the process that made them"):
-        shardex.export("demo:12", f"{memory.uri}/two", samples_per_shard=5, workers=2)
+        shardex.export("demo:12", f"{memory_storage.uri}/two", samples_per_shard=5, workers=2)
 
 
 # ---------------------------------------------------------------- faults
 
 
-def test_a_rule_acts_on_its_nth_matching_calls_only(memory: MemoryStorage) -> None:
+def test_a_rule_acts_on_its_nth_matching_calls_only(memory_storage: MemoryStorage) -> None:
     for name in ("a.tar", "b.tar", "c.json"):
-        memory.put(name, name.encode())
-    store = FaultyStorage(memory)
+        memory_storage.put(name, name.encode())
+    store = FaultyStorage(memory_storage)
     store.fail("get", nth=2, times=2, path="*.tar", error=StorageError("access denied"))
     assert store.get("a.tar") == b"a.tar"
     assert store.get("c.json") == b"c.json"  # not a .tar: not counted
@@ -139,10 +133,10 @@ def test_a_rule_acts_on_its_nth_matching_calls_only(memory: MemoryStorage) -> No
             store.size("a.tar")
 
 
-def test_truncated_reads_end_early(memory: MemoryStorage) -> None:
+def test_truncated_reads_end_early(memory_storage: MemoryStorage) -> None:
     data = bytes(range(200))
-    memory.put("d.bin", data)
-    store = FaultyStorage(memory)
+    memory_storage.put("d.bin", data)
+    store = FaultyStorage(memory_storage)
     store.truncate("get_range", keep=5)
     store.truncate("get_ranges", keep=3)
     store.truncate("iter_chunks", keep=25)
@@ -152,8 +146,8 @@ def test_truncated_reads_end_early(memory: MemoryStorage) -> None:
     assert b"".join(store.iter_chunks("d.bin", chunk_size=10)) == data[:25]
 
 
-def test_delays_and_dropped_writes(memory: MemoryStorage) -> None:
-    store = FaultyStorage(memory)
+def test_delays_and_dropped_writes(memory_storage: MemoryStorage) -> None:
+    store = FaultyStorage(memory_storage)
     store.delay("exists", 0.3)
     started = time.monotonic()
     assert not store.exists("x")
@@ -165,15 +159,15 @@ def test_delays_and_dropped_writes(memory: MemoryStorage) -> None:
     with store.open_writer("never.bin") as writer:
         writer.write(b"abc")
     assert writer.tell == 3
-    assert list(memory.list()) == ["kept.bin"]
+    assert list(memory_storage.list()) == ["kept.bin"]
     methods = [c.method for c in store.calls]
     assert methods == ["exists", "put", "put", "open_writer", "write", "commit"]
 
 
-def test_pickled_it_is_the_storage_it_wraps(memory: MemoryStorage) -> None:
-    store = FaultyStorage(memory)
+def test_pickled_it_is_the_storage_it_wraps(memory_storage: MemoryStorage) -> None:
+    store = FaultyStorage(memory_storage)
     store.fail("get", times=None)
-    memory.put("p.bin", b"p")
+    memory_storage.put("p.bin", b"p")
     clone = pickle.loads(pickle.dumps(store))
     assert type(clone) is MemoryStorage
     assert clone.get("p.bin") == b"p"
