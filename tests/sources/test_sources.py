@@ -7,6 +7,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,8 @@ from helpers import files_of, image_bytes, image_field, make_tree, write_image
 from shardex.backends.registry import get_backend
 from shardex.errors import NotAnExportError, SourceError
 from shardex.sources.demo import CLASSES, EMBEDDING_DIM
+from shardex.storage import Storage
+from tests.support.places import Place
 
 
 def _samples(out: Path, split: str | None = None) -> dict[str, dict[str, object]]:
@@ -388,32 +391,33 @@ def test_reexport_of_an_export_preserves_everything(tmp_path: Path) -> None:
         assert b.metadata.schema.field("embedding").type == pa.list_(pa.float32(), 8)
 
 
-def _flip(path: Path, at: int) -> None:
-    data = bytearray(path.read_bytes())
+def _flip(store: Storage, name: str, at: int) -> None:
+    data = bytearray(store.get(name))
     data[at] ^= 0xFF
-    path.write_bytes(bytes(data))
+    store.put(name, bytes(data))
 
 
-def _damage(root: Path, backend: str) -> tuple[str, set[str]]:
-    """Flip one byte of the export at ``root``: (the damaged file, the keys it holds)."""
-    meta = pq.read_table(root / "metadata.parquet").to_pylist()
+def _damage(store: Storage, backend: str) -> tuple[str, set[str]]:
+    """Flip one byte of the export in ``store``: (the damaged file, the keys it holds)."""
+    meta = pq.read_table(io.BytesIO(store.get("metadata.parquet"))).to_pylist()
     if backend == "webdataset":
         row = meta[len(meta) // 2]
-        _flip(root / row["tar_file"], row["sample_offset"] + row["sample_length"] // 2)
+        _flip(store, row["tar_file"], row["sample_offset"] + row["sample_length"] // 2)
         return row["tar_file"], {row["key"]}
-    config = shardex.read_config(root)
+    config = shardex.read_config(store)
     shard = config.splits["train"].shards[1]
-    files = sorted(p for p in (root / shard.path).rglob("*") if p.is_file())
-    target = root / shard.path if not files else max(files, key=lambda p: p.stat().st_size)
-    _flip(target, target.stat().st_size // 2)
+    files = list(store.list(f"{shard.path}/")) or [shard.path]
+    target = max(files, key=store.size)
+    _flip(store, target, store.size(target) // 2)
     first = config.splits["train"].shards[0].num_samples
     keys = {r["key"] for r in meta if first <= r["sample_index"] < first + shard.num_samples}
     return shard.path, keys
 
 
-def _same_samples_except(source: Path, copy: Path, lost: set[str], split: str = "train") -> None:
-    """The copy holds every sample of the source but ``lost``, field for field."""
-    a = shardex.open_dataset(source, split=split)
+def _same_samples_except(
+    a: shardex.Dataset, copy: Path, lost: set[str], split: str = "train"
+) -> None:
+    """The copy holds every sample of ``a`` but ``lost``, field for field."""
     got = {s["__key__"]: dict(s) for s in shardex.open_dataset(copy, split=split)}
     assert set(got) == set(a.metadata.column("key").to_pylist()) - lost
     assert all(dict(a.get(key)) == sample for key, sample in got.items())
@@ -429,9 +433,9 @@ def _same_samples_except(source: Path, copy: Path, lost: set[str], split: str = 
     ],
 )
 def test_reexport_does_not_copy_damaged_samples(
-    tmp_path: Path, source_backend: str, target_backend: str
+    storage: Place, tmp_path: Path, source_backend: str, target_backend: str
 ) -> None:
-    source = tmp_path / "source"
+    source, options = storage.url, storage.options
     shardex.export(
         "demo:24",
         source,
@@ -439,36 +443,34 @@ def test_reexport_does_not_copy_damaged_samples(
         samples_per_shard=8,
         workers=1,
         split_fractions={"train": 1.0},
+        storage_options=options,
     )
-    damaged, lost = _damage(source, source_backend)
-    ds = shardex.open_dataset(source, split="train", on_error="skip")
+    damaged, lost = _damage(storage.store, source_backend)
+    ds = shardex.open_dataset(source, split="train", on_error="skip", storage_options=options)
     checked = get_backend(source_backend).capabilities.checked_reads  # numpy reads unchecked
     assert len(list(ds)) == 24 - len(lost) or not checked
-    assert shardex.verify(source).ok is False
+    assert shardex.verify(source, storage_options=options).ok is False
 
+    copy: dict[str, Any] = {"backend": target_backend, "workers": 1}
+    copy["source_storage_options"] = options
     with pytest.raises(SourceError) as refused:
-        shardex.export(source, tmp_path / "copy", backend=target_backend, workers=1)
+        shardex.export(source, tmp_path / "copy", **copy)
     message = str(refused.value)
     assert "\n" not in message
     assert damaged in message
     assert "damaged" in message
+    assert "checksum" in message
     assert "--on-error skip" in message
     assert not (tmp_path / "copy" / "config.yaml").exists()
 
-    config = shardex.export(
-        source,
-        tmp_path / "copy",
-        backend=target_backend,
-        workers=1,
-        on_error="skip",
-        mode="overwrite",
-    )
+    config = shardex.export(source, tmp_path / "copy", on_error="skip", mode="overwrite", **copy)
     assert config.num_skipped == len(lost)
     errors = pq.read_table(tmp_path / "copy" / "errors.parquet").to_pylist()
     assert {e["key"] for e in errors} == lost
     assert all(damaged in e["reason"] for e in errors)
     assert shardex.verify(tmp_path / "copy").ok
-    _same_samples_except(source, tmp_path / "copy", lost)
+    ds = shardex.open_dataset(source, split="train", storage_options=options)
+    _same_samples_except(ds, tmp_path / "copy", lost)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "deleted"])
@@ -499,7 +501,7 @@ def test_reexport_of_a_truncated_or_missing_shard_names_it_or_skips_what_is_lost
     done = shardex.export(source, tmp_path / "copy", workers=1, on_error="skip")
     assert done.num_skipped == len(lost) == (5 if damage == "truncated" else 8)
     assert shardex.verify(tmp_path / "copy").ok
-    _same_samples_except(source, tmp_path / "copy", lost, split="t")
+    _same_samples_except(shardex.open_dataset(source, split="t"), tmp_path / "copy", lost, "t")
 
 
 @pytest.mark.parametrize("where", ["footer", "middle"])

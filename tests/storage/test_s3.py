@@ -618,30 +618,6 @@ def test_tensordict_on_object_storage_is_downloaded_once_and_checked(
         shardex.open_dataset(other, storage_options=s3.direct)[0]
 
 
-def test_reexport_from_s3_refuses_or_skips_a_damaged_sample(s3: S3Location, tmp_path: Path) -> None:
-    from shardex.errors import SourceError
-    from shardex.sources import ExportSource
-
-    _export_s3(s3, "demo:40")
-    source = ExportSource(s3.url, s3.direct)
-    storage = ObjectStorage(s3.url, s3.direct)
-    meta = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct).metadata
-    row = meta.to_pylist()[5]
-    data = bytearray(storage.get(row["tar_file"]))
-    data[row["sample_offset"] + row["sample_length"] // 2] ^= 0xFF
-    storage.put(row["tar_file"], bytes(data))  # one byte of one sample flipped
-
-    with pytest.raises(SourceError, match="checksum") as refused:
-        shardex.export(source, tmp_path / "copy", workers=1)
-    assert row["tar_file"] in str(refused.value)
-    config = shardex.export(source, tmp_path / "copy", workers=1, on_error="skip")
-    assert config.num_skipped == 1
-    assert shardex.verify(tmp_path / "copy").ok
-    copied = shardex.open_dataset(tmp_path / "copy", split="train")
-    assert row["key"] not in set(copied.metadata.column("key").to_pylist())
-    assert len(copied) == len(meta) - 1
-
-
 def test_a_forked_childs_helper_exits_when_the_child_is_killed(s3: S3Location) -> None:
     import json
 
