@@ -410,25 +410,6 @@ def test_tables_on_s3_and_tables_of_s3_urls(s3: S3Location, tmp_path: Path) -> N
     assert set(_object_gets(s3, "/data/imgs/").values()) == {1}
 
 
-def test_an_export_on_s3_is_a_source(s3: S3Location, tmp_path: Path) -> None:
-    """Re-export and backend conversion from an export on object storage equal those from
-    the same export on local disk."""
-    opts = {"split_fractions": {"train": 0.75, "val": 0.25}, "samples_per_shard": 10, "workers": 1}
-    shardex.export("demo:40", s3.child("exp"), storage_options=s3.direct, **opts)  # type: ignore[arg-type]
-    shardex.export("demo:40", tmp_path / "exp", **opts)  # type: ignore[arg-type]
-    for backend in ("webdataset", "numpy"):
-        local, remote = tmp_path / f"{backend}-local", tmp_path / f"{backend}-remote"
-        shardex.export(str(tmp_path / "exp"), local, backend=backend, samples_per_shard=15)
-        shardex.export(
-            s3.child("exp"),
-            remote,
-            backend=backend,
-            samples_per_shard=15,
-            source_storage_options=s3.direct,
-        )
-        same_export(local, remote, s3.child("exp"))
-
-
 def test_transient_server_errors_are_retried(s3: S3Location, tmp_path: Path) -> None:
     files = make_tree(tmp_path / "src", RELS[:8])
     upload(ObjectStorage(s3.child("flaky"), s3.direct), files)

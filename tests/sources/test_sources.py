@@ -22,6 +22,7 @@ from shardex.errors import NotAnExportError, SourceError
 from shardex.sources.demo import CLASSES, EMBEDDING_DIM
 from shardex.storage import Storage
 from tests.support.places import Place
+from tests.support.s3data import same_export
 
 
 def _samples(out: Path, split: str | None = None) -> dict[str, dict[str, object]]:
@@ -353,7 +354,9 @@ def test_single_tar_and_glob(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- re-export
 
 
-def test_reexport_of_an_export_preserves_everything(tmp_path: Path) -> None:
+def test_reexport_of_an_export_preserves_everything(storage: Place, tmp_path: Path) -> None:
+    """An export (on each storage) re-exported, and converted to another backend: what
+    the same export on local disk gives, byte for byte."""
     n = 12
     rels = [f"imgs/{'cat' if i % 2 else 'dog'}-{i}.jpg" for i in range(n)]
     make_tree(tmp_path, rels)
@@ -365,30 +368,33 @@ def test_reexport_of_an_export_preserves_everything(tmp_path: Path) -> None:
         }
     )
     pq.write_table(table, tmp_path / "t.parquet")
-    first = shardex.export(
-        tmp_path / "t.parquet",
-        tmp_path / "first",
-        split_fractions={"train": 0.6, "val": 0.4},
-        seed=3,
-        samples_per_shard=5,
-        workers=1,
-    )
+    opts: dict[str, Any] = {"split_fractions": {"train": 0.6, "val": 0.4}, "seed": 3}
+    opts |= {"samples_per_shard": 5, "workers": 1}
+    write = {"storage_options": storage.options, **opts}
+    first = shardex.export(tmp_path / "t.parquet", storage.url, **write)
     assert set(first.splits) == {"train", "val"}
     assert all(s.num_samples > 0 for s in first.splits.values())
 
-    second = shardex.export(tmp_path / "first", tmp_path / "second", samples_per_shard=2, workers=1)
+    read = {"source_storage_options": storage.options}
+    second = shardex.export(storage.url, tmp_path / "second", samples_per_shard=2, **read)
 
     assert second.source_datasets[0].kind == "shardex-export"
     assert second.label_names == first.label_names == ("cat", "dog")
     assert list(second.splits) == list(first.splits)
     compared = ["key", "original_path", "label", "width", "score", "caption", "embedding"]
     for split in first.splits:
-        a = shardex.open_dataset(tmp_path / "first", split=split)
+        a = shardex.open_dataset(storage.url, split=split, storage_options=storage.options)
         b = shardex.open_dataset(tmp_path / "second", split=split)
         assert len(a) == len(b) == first.splits[split].num_samples
         assert [dict(s) for s in a] == [dict(s) for s in b]  # keys and every member's bytes
         assert a.metadata.select(compared).equals(b.metadata.select(compared))
         assert b.metadata.schema.field("embedding").type == pa.list_(pa.float32(), 8)
+    shardex.export(tmp_path / "t.parquet", tmp_path / "twin", **opts)  # on local disk
+    shardex.export(tmp_path / "twin", tmp_path / "second-twin", samples_per_shard=2)
+    same_export(tmp_path / "second-twin", tmp_path / "second", storage.url)
+    shardex.export(tmp_path / "twin", tmp_path / "np-twin", backend="numpy")
+    shardex.export(storage.url, tmp_path / "np", backend="numpy", **read)
+    same_export(tmp_path / "np-twin", tmp_path / "np", storage.url)
 
 
 def _flip(store: Storage, name: str, at: int) -> None:
