@@ -69,7 +69,10 @@ def test_class_folders_give_sorted_label_names_and_labels(tmp_path: Path) -> Non
     assert decoded["jpg"].shape == (10, 12, 3)
 
 
-def test_split_folders_keep_splits_and_share_label_names(tmp_path: Path) -> None:
+def test_split_folders_keep_splits_and_share_label_names(storage: Place, tmp_path: Path) -> None:
+    """An image folder on each storage: its splits and labels, and the export of the
+    same folder on local disk byte for byte (an array backend too, whose workers read
+    the members with the source's options)."""
     src = tmp_path / "src"
     rels = [
         *(f"train/{c}/t{i}.jpg" for c in ("cat", "dog") for i in range(4)),
@@ -77,8 +80,14 @@ def test_split_folders_keep_splits_and_share_label_names(tmp_path: Path) -> None
         *(f"test/cat/s{i}.jpg" for i in range(3)),
     ]
     written = make_tree(src, rels)
-
-    config = shardex.export(src, tmp_path / "out", workers=1)
+    url = storage.put(written, "images")
+    for backend in ("numpy", "webdataset"):
+        local = tmp_path / f"{backend}-local"
+        shardex.export(src, local, backend=backend, samples_per_shard=5, workers=1)
+        out = tmp_path / ("out" if backend == "webdataset" else backend)
+        read: dict[str, Any] = {"source_storage_options": storage.options, "workers": 2}
+        config = shardex.export(url, out, backend=backend, samples_per_shard=5, **read)
+        same_export(local, out, url)
 
     assert list(config.splits) == ["train", "val", "test"]
     assert config.split_method == "source"
