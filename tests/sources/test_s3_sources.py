@@ -8,7 +8,6 @@ source's URI). Requests are counted by the transparent proxy in front of the ser
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import os
 import pickle
@@ -19,9 +18,8 @@ import tarfile
 import tempfile
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,7 @@ from shardex.storage import LocalStorage, ObjectStorage
 from shardex.storage.memory import MemoryStorage
 from tests.support.faults import FaultyStorage
 from tests.support.places import Place
-from tests.support.proxy import RequestHead, RequestRecord
+from tests.support.proxy import RequestHead
 from tests.support.s3data import (
     S3Location,
     fetched_once_each,
