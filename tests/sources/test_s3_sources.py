@@ -413,14 +413,15 @@ def test_transient_server_errors_are_retried(s3: S3Location, tmp_path: Path) -> 
 
 
 def _cli(
-    s3: S3Location, source: str, *extra: str, env: dict[str, str] | None = None
+    s3: S3Location | None, source: str, *extra: str, env: dict[str, str] | None = None
 ) -> tuple[int, str]:
-    environment = {
-        "AWS_ACCESS_KEY_ID": s3.server.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.server.secret_key,
-        **(env or {}),
-    }
-    flags = ["--source-s3-endpoint-url", s3.server.endpoint, "--source-s3-region", s3.server.region]
+    """``shardex export-dataset SOURCE ...``, with the S3 server's flags and keys if given."""
+    environment, flags = env or {}, []
+    if s3 is not None:
+        keys = {"AWS_ACCESS_KEY_ID": s3.server.access_key}
+        environment = {**keys, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key, **environment}
+        flags = ["--source-s3-endpoint-url", s3.server.endpoint]
+        flags += ["--source-s3-region", s3.server.region]
     result = CliRunner().invoke(
         main,
         ["export-dataset", source, "-q", "--samples-per-shard", "5", *flags, *extra],
@@ -530,29 +531,31 @@ def test_an_unreachable_source_endpoint_is_one_line(s3: S3Location, tmp_path: Pa
     assert s3.server.secret_key not in message
 
 
-@pytest.mark.parametrize("damage", ["cut inside a member", "data after the end"])
-def test_a_damaged_tar_on_s3_is_refused_or_skipped_as_a_local_one(
-    s3: S3Location, tmp_path: Path, damage: str
+@pytest.mark.parametrize(
+    "damage", ["cut inside a member", "data after the end", "k2.jpg", "k2.json"]
+)
+def test_a_damaged_tar_is_refused_or_skipped_as_on_local_disk(
+    storage: Place, tmp_path: Path, damage: str
 ) -> None:
+    """A tar cut short, with data after its end, or whose member's header claims 8 GiB
+    (``k2.*``: it would run past the end of the tar), on each storage: its sample is
+    skipped as from the same tar on local disk, or the export refused in one line."""
     good = tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)])
-    data = good[: len(good) // 2 + 100] if damage.startswith("cut") else good + good
+    data = {"cut inside a member": good[: len(good) // 2 + 100], "data after the end": good + good}
+    bad = data.get(damage) or _huge_size(good, damage)
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "part.tar").write_bytes(data)
-    ObjectStorage(s3.child("bad"), s3.direct).put("part.tar", data)
-    shardex.export(str(tmp_path / "src"), tmp_path / "local", on_error="skip", **OPTS)  # type: ignore[arg-type]
-    remote = shardex.export(
-        s3.child("bad/"),
-        tmp_path / "remote",
-        on_error="skip",
-        source_storage_options=s3.direct,
-        **OPTS,  # type: ignore[arg-type]
-    )
+    (tmp_path / "src" / "part.tar").write_bytes(bad)
+    url = storage.put({"part.tar": bad}, "bad")
+    opts: dict[str, Any] = {"samples_per_shard": 5, "workers": 1, "on_error": "skip"}
+    shardex.export(str(tmp_path / "src"), tmp_path / "local", **opts)
+    remote = shardex.export(url, tmp_path / "remote", source_storage_options=storage.options, **opts)
     assert remote.num_skipped == 1
-    same_export(tmp_path / "local", tmp_path / "remote", s3.child("bad/"))
-    code, output = _cli(s3, s3.child("bad/"), "-o", str(tmp_path / "refused"))
+    same_export(tmp_path / "local", tmp_path / "remote", url)
+    code, output = _cli(storage.s3, url, "-o", str(tmp_path / "refused"), "--workers", "1")
     assert code == 1
+    assert len(output.strip().splitlines()) == 1
     assert "part.tar" in output
-    assert "damaged" in output
+    assert ("runs past the end of the tar" if damage.startswith("k2") else "damaged") in output
 
 
 def test_a_bad_image_on_s3_is_skipped_as_on_disk(s3: S3Location, tmp_path: Path) -> None:
@@ -733,31 +736,18 @@ def _huge_size(tar: bytes, member: str) -> bytes:
 
 
 @pytest.mark.parametrize("member", ["k2.jpg", "k2.json"])
-def test_a_member_declaring_a_huge_size_on_s3_is_refused_or_skipped_as_a_local_one(
+def test_a_member_declaring_a_huge_size_on_s3_is_never_fetched(
     s3: S3Location, tmp_path: Path, member: str
 ) -> None:
-    """A header that claims 8 GiB: the scan neither fetches nor allocates it (the member
-    would run past the end of the tar), the sample is skipped as from the local twin."""
+    """A header that claims 8 GiB: the scan neither fetches nor allocates it (what the
+    export makes of it: test_a_damaged_tar_is_refused_or_skipped_as_on_local_disk)."""
     data = _huge_size(tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)]), member)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "part.tar").write_bytes(data)
     ObjectStorage(s3.child("huge"), s3.counted).put("part.tar", data)
-    shardex.export(str(tmp_path / "src"), tmp_path / "local", on_error="skip", **OPTS)  # type: ignore[arg-type]
     s3.proxy.reset()
-    remote = shardex.export(
-        s3.child("huge/"),
-        tmp_path / "remote",
-        on_error="skip",
-        source_storage_options=s3.counted,
-        **OPTS,  # type: ignore[arg-type]
-    )
+    options = {"on_error": "skip", "workers": 1, "source_storage_options": s3.counted}
+    remote = shardex.export(s3.child("huge/"), tmp_path / "remote", **options)  # type: ignore[arg-type]
     assert remote.num_skipped == 1
-    same_export(tmp_path / "local", tmp_path / "remote", s3.child("huge/"))
     assert sum(r.body_bytes for r in s3.proxy.gets()) <= 2 * len(data)
-    code, output = _cli(s3, s3.child("huge/"), "-o", str(tmp_path / "refused"))
-    assert code == 1
-    assert len(output.strip().splitlines()) == 1
-    assert "runs past the end of the tar" in output
 
 
 def _peak_rss_kb(source: str, options: dict[str, Any], out: Path) -> int:
