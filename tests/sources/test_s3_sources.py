@@ -39,7 +39,7 @@ from shardex.sources import ObjectFolderSource, TableSource, TarSource, objectta
 from shardex.sources.base import SampleStream, ScanBatch
 from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
 from shardex.sources.tars import TarRef, tar_samples
-from shardex.storage import LocalStorage, ObjectStorage
+from shardex.storage import LocalStorage, ObjectStorage, open_storage
 from shardex.storage.memory import MemoryStorage
 from tests.support.faults import FaultyStorage
 from tests.support.places import Place
@@ -239,8 +239,9 @@ def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
     assert took < 4.0, took
 
 
+@pytest.mark.parametrize("storage", ["memory", "s3"], indirect=True)
 def test_a_flat_prefix_and_a_flat_split_export_as_the_local_folder(
-    s3: S3Location, tmp_path: Path
+    storage: Place, tmp_path: Path
 ) -> None:
     """Images directly in the prefix beside class folders, or directly in a split beside
     its class folders: listed as one part, the same export as the local folder's."""
@@ -248,13 +249,12 @@ def test_a_flat_prefix_and_a_flat_split_export_as_the_local_folder(
         "flat": ["a.jpg", "b/x.jpg", "c.jpg", "d/y.jpg", "d/z.jpg"],
         "split": ["train/a.jpg", "train/b/x.jpg", "train/c.jpg", "val/d/y.jpg", "val/e.jpg"],
     }.items():
-        files = make_tree(tmp_path / name, rels)
-        upload(ObjectStorage(s3.child(name), s3.direct), files)
-        shardex.export(str(tmp_path / name), tmp_path / f"{name}-local", **OPTS)  # type: ignore[arg-type]
+        url = storage.put(make_tree(tmp_path / name, rels), name)
+        shardex.export(tmp_path / name, tmp_path / f"{name}-local", samples_per_shard=5, workers=1)
         shardex.export(
-            s3.child(name), tmp_path / f"{name}-remote", source_storage_options=s3.direct, **OPTS
+            url, tmp_path / f"{name}-remote", source_storage_options=storage.options, **OPTS
         )  # type: ignore[arg-type]
-        same_export(tmp_path / f"{name}-local", tmp_path / f"{name}-remote", s3.child(name))
+        same_export(tmp_path / f"{name}-local", tmp_path / f"{name}-remote", url)
 
 
 @pytest.mark.parametrize("scan", ["ranged", "stream"])
@@ -625,12 +625,12 @@ def test_an_object_name_with_a_control_character_is_a_one_line_error(
 
 
 class _ChangedAfterListing(ObjectFolderSource):
-    """An image folder on S3 whose objects change once the listing is read (between
-    pass 1 and the writing of the shards): one grows, one goes."""
+    """An image folder on object storage whose objects change once the listing is read
+    (between pass 1 and the writing of the shards): one grows, one goes."""
 
     def stream(self) -> SampleStream:
         listed = super().stream()
-        store = ObjectStorage(self.uri, self.storage_options)
+        store = open_storage(self.uri, self.storage_options)
 
         def batches() -> Iterator[ScanBatch]:
             yield from listed.batches
@@ -640,16 +640,16 @@ class _ChangedAfterListing(ObjectFolderSource):
         return SampleStream(batches(), listed.label_names)
 
 
+@pytest.mark.parametrize("storage", ["memory", "s3"], indirect=True)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_objects_changed_after_listing_are_bad_samples(
-    s3: S3Location, tmp_path: Path, workers: int
+    storage: Place, tmp_path: Path, workers: int
 ) -> None:
     rels = [f"{cls}/img{i}.jpg" for cls in ("cat", "dog") for i in range(4)]
     files = make_tree(tmp_path / "src", rels)
     opts = {"samples_per_shard": 3, "workers": workers}
     for mode in ("skip", "error"):
-        upload(ObjectStorage(s3.child(mode), s3.direct), files)
-        src = _ChangedAfterListing(s3.child(mode), s3.direct)
+        src = _ChangedAfterListing(storage.put(files, mode), storage.options)
         out = tmp_path / mode
         if mode == "error":
             with pytest.raises(BadSampleError, match=r"'cat/img1\.jpg': changed during export"):
@@ -660,7 +660,7 @@ def test_objects_changed_after_listing_are_bad_samples(
         errors = pq.read_table(out / "errors.parquet").to_pylist()
         assert {(e["key"], e["reason"].split(": ")[0]) for e in errors} == {
             ("cat/img1", "changed during export"),
-            ("dog/img2", f"cannot read '{s3.child(mode)}/dog/img2.jpg'"),
+            ("dog/img2", f"cannot read '{storage.child(mode)}/dog/img2.jpg'"),
         }
         assert config.splits["train"].num_samples == 6
         ds = shardex.open_dataset(out, split="train")
