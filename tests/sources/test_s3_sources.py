@@ -3,6 +3,8 @@
 Each kind of source is put on the server and exported; the export must equal the export
 of the same files from local disk (shards byte for byte; config.yaml differs only in the
 source's URI). Requests are counted by the transparent proxy in front of the server.
+What does not need the server runs on memory:// too (the ``storage`` fixture), and the
+behaviour of a source wherever it lies is in test_sources.py, on each storage.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ from tests.support.places import Place
 from tests.support.proxy import RequestHead
 from tests.support.s3data import (
     S3Location,
+    cli_export,
     fetched_once_each,
+    huge_size,
+    labelled_tars,
     noise_jpeg,
     put_raw,
     ranges_asked,
@@ -412,28 +417,10 @@ def test_transient_server_errors_are_retried(s3: S3Location, tmp_path: Path) -> 
     assert sum(gets.values()) == 8  # each image read whole once, after the retries
 
 
-def _cli(
-    s3: S3Location | None, source: str, *extra: str, env: dict[str, str] | None = None
-) -> tuple[int, str]:
-    """``shardex export-dataset SOURCE ...``, with the S3 server's flags and keys if given."""
-    environment, flags = env or {}, []
-    if s3 is not None:
-        keys = {"AWS_ACCESS_KEY_ID": s3.server.access_key}
-        environment = {**keys, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key, **environment}
-        flags = ["--source-s3-endpoint-url", s3.server.endpoint]
-        flags += ["--source-s3-region", s3.server.region]
-    result = CliRunner().invoke(
-        main,
-        ["export-dataset", source, "-q", "--samples-per-shard", "5", *flags, *extra],
-        env=environment,
-    )
-    return result.exit_code, result.output
-
-
 def test_cli_source_flags(s3: S3Location, tmp_path: Path) -> None:
     files = make_tree(tmp_path / "src", RELS[:6])
     upload(ObjectStorage(s3.child("cli"), s3.direct), files)
-    code, output = _cli(s3, s3.child("cli/"), "-o", str(tmp_path / "out"))
+    code, output = cli_export(s3, s3.child("cli/"), "-o", str(tmp_path / "out"))
     assert code == 0, output
     assert "exported 6 samples" in output
     assert s3.server.secret_key not in output
@@ -457,7 +444,7 @@ def test_cli_source_flags(s3: S3Location, tmp_path: Path) -> None:
     assert shardex.read_config(s3.child("cli-out"), s3.direct).num_samples == 6
     # the source's own flags are refused where they would not be used (a spec file
     # names its source; --executor ray uses them: tests/test_ray_export.py)
-    code, output = _cli(s3, str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "spec"))
+    code, output = cli_export(s3, str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "spec"))
     assert code == 2
     assert "--source-s3-*" in output
 
@@ -500,7 +487,7 @@ def test_source_errors_are_one_line_naming_the_url(
         url = "s3://no-such-bucket-h7/images/"
     elif case == "bad credentials":
         env = {"AWS_SECRET_ACCESS_KEY": "wrong-secret"}
-    code, output = _cli(s3, url, "-o", str(tmp_path / "out"), env=env)
+    code, output = cli_export(s3, url, "-o", str(tmp_path / "out"), env=env)
     assert code == 1
     lines = output.strip().splitlines()
     assert len(lines) == 1, output
@@ -529,33 +516,6 @@ def test_an_unreachable_source_endpoint_is_one_line(s3: S3Location, tmp_path: Pa
     assert s3.child("images") in message
     assert "cannot reach" in message
     assert s3.server.secret_key not in message
-
-
-@pytest.mark.parametrize(
-    "damage", ["cut inside a member", "data after the end", "k2.jpg", "k2.json"]
-)
-def test_a_damaged_tar_is_refused_or_skipped_as_on_local_disk(
-    storage: Place, tmp_path: Path, damage: str
-) -> None:
-    """A tar cut short, with data after its end, or whose member's header claims 8 GiB
-    (``k2.*``: it would run past the end of the tar), on each storage: its sample is
-    skipped as from the same tar on local disk, or the export refused in one line."""
-    good = tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)])
-    data = {"cut inside a member": good[: len(good) // 2 + 100], "data after the end": good + good}
-    bad = data.get(damage) or _huge_size(good, damage)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "part.tar").write_bytes(bad)
-    url = storage.put({"part.tar": bad}, "bad")
-    opts: dict[str, Any] = {"samples_per_shard": 5, "workers": 1, "on_error": "skip"}
-    shardex.export(str(tmp_path / "src"), tmp_path / "local", **opts)
-    remote = shardex.export(url, tmp_path / "remote", source_storage_options=storage.options, **opts)
-    assert remote.num_skipped == 1
-    same_export(tmp_path / "local", tmp_path / "remote", url)
-    code, output = _cli(storage.s3, url, "-o", str(tmp_path / "refused"), "--workers", "1")
-    assert code == 1
-    assert len(output.strip().splitlines()) == 1
-    assert "part.tar" in output
-    assert ("runs past the end of the tar" if damage.startswith("k2") else "damaged") in output
 
 
 def test_a_bad_image_on_s3_is_skipped_as_on_disk(s3: S3Location, tmp_path: Path) -> None:
@@ -612,14 +572,14 @@ def test_an_object_name_with_a_control_character_is_a_one_line_error(
     and --on-error skip exports the rest."""
     ObjectStorage(s3.child("odd"), s3.direct).put("cat/ok.jpg", image_bytes(0))
     put_raw(s3, "odd/cat/a\nb.jpg", image_bytes(1))
-    code, output = _cli(s3, s3.child("odd"), "-o", str(tmp_path / "out"))
+    code, output = cli_export(s3, s3.child("odd"), "-o", str(tmp_path / "out"))
     assert code == 1
     error = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(error) == 1, output
     assert "cat/a\\nb.jpg" in error[0]
     assert "rename the object" in error[0]
     assert not (tmp_path / "out" / "config.yaml").exists()
-    code, output = _cli(s3, s3.child("odd"), "-o", str(tmp_path / "out"), "--on-error", "skip")
+    code, output = cli_export(s3, s3.child("odd"), "-o", str(tmp_path / "out"), "--on-error", "skip")
     assert code == 0, output
     assert shardex.read_config(tmp_path / "out").num_skipped == 1
 
@@ -693,55 +653,13 @@ def test_credentials_in_a_url_are_refused_and_never_shown(tmp_path: Path, where:
     assert not (tmp_path / "out").exists()
 
 
-def _labelled_tars(count: int, per_tar: int) -> dict[str, bytes]:
-    return {
-        f"t{t}/part-{t}.tar": tar_of(
-            [(f"s{t}_{i:03d}", image_bytes(t * per_tar + i), i % 3) for i in range(per_tar)]
-        )
-        for t in range(count)
-    }
-
-
-def test_tar_batches_are_the_same_whatever_the_runner(storage: Place) -> None:
-    """Tars scanned by a runner's worker processes give the batches a scan in this
-    process gives (batches spanning tars, in the same order, metadata typed alike)."""
-    from shardex.parallel import Runner
-
-    source = TarSource(storage.put(_labelled_tars(5, 7), "r"), storage.options, batch_size=4)
-
-    def batches(runner: Runner | None) -> list[pa.Table]:
-        return [batch.table for batch in source.stream_on(runner).batches]
-
-    alone = batches(None)
-    assert sum(t.num_rows for t in alone) == 35
-    assert [t.num_rows for t in alone] == [4] * 8 + [3]
-    for workers in (1, 2):
-        with Runner(workers) as runner:
-            on_runner = batches(runner)
-        assert len(on_runner) == len(alone)
-        assert all(a.equals(b) for a, b in zip(alone, on_runner, strict=True))
-
-
-def _huge_size(tar: bytes, member: str) -> bytes:
-    """``tar`` with ``member``'s header claiming 8 GiB - 1 (its checksum made right)."""
-    out = bytearray(tar)
-    at = 0
-    while out[at : at + 100].rstrip(b"\0").decode() != member:
-        size = int(out[at + 124 : at + 135], 8)
-        at += 512 + -(-size // 512) * 512
-    out[at + 124 : at + 136] = b"77777777777\0"
-    out[at + 148 : at + 156] = b" " * 8
-    out[at + 148 : at + 156] = f"{sum(out[at : at + 512]):06o}\0 ".encode()
-    return bytes(out)
-
-
 @pytest.mark.parametrize("member", ["k2.jpg", "k2.json"])
 def test_a_member_declaring_a_huge_size_on_s3_is_never_fetched(
     s3: S3Location, tmp_path: Path, member: str
 ) -> None:
     """A header that claims 8 GiB: the scan neither fetches nor allocates it (what the
     export makes of it: test_a_damaged_tar_is_refused_or_skipped_as_on_local_disk)."""
-    data = _huge_size(tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)]), member)
+    data = huge_size(tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)]), member)
     ObjectStorage(s3.child("huge"), s3.counted).put("part.tar", data)
     s3.proxy.reset()
     options = {"on_error": "skip", "workers": 1, "source_storage_options": s3.counted}
@@ -796,7 +714,7 @@ def test_an_export_of_tars_on_s3_killed_while_writing_resumes_to_the_same_bytes(
     """SIGKILL once shards are being written (from the scan's copies of the tars), then
     ``mode="resume"``: the output equals an uninterrupted export's, file for file, and
     the killed run's copies are gone."""
-    upload(ObjectStorage(s3.child("kill"), s3.direct), _labelled_tars(4, 300))
+    upload(ObjectStorage(s3.child("kill"), s3.direct), labelled_tars(4, 300))
     source = s3.child("kill/")
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     opts: dict[str, Any] = {"samples_per_shard": 10, "workers": 2}
@@ -1012,7 +930,7 @@ def test_tars_scanned_by_a_runners_tasks_keep_no_copies(s3: S3Location, tmp_path
     from shardex.parallel import Runner
     from shardex.rows import Members
 
-    upload(ObjectStorage(s3.child("norunner"), s3.direct), _labelled_tars(2, 6))
+    upload(ObjectStorage(s3.child("norunner"), s3.direct), labelled_tars(2, 6))
     source = TarSource(s3.child("norunner/"), s3.direct)
 
     def paths(runner: Runner | None) -> set[str]:

@@ -1,5 +1,7 @@
 """Every kind of source round-trips through export + open_dataset with its bytes, labels,
-splits and metadata intact."""
+splits and metadata intact. Tests taking the ``storage`` fixture put their source on a
+local folder, memory:// and the S3 server in turn (what only the server shows, request
+counts and the like, is in test_s3_sources.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import shardex
 from helpers import files_of, image_bytes, image_field, make_tree, write_image
 from shardex.backends.registry import get_backend
 from shardex.errors import NotAnExportError, SourceError
+from shardex.sources import TarSource
 from shardex.sources.demo import CLASSES, EMBEDDING_DIM
 from shardex.storage import Storage
 from tests.support.places import Place
-from tests.support.s3data import same_export
+from tests.support.s3data import cli_export, huge_size, labelled_tars, same_export, tar_of
 
 
 def _samples(out: Path, split: str | None = None) -> dict[str, dict[str, object]]:
@@ -358,6 +361,54 @@ def test_single_tar_and_glob(tmp_path: Path) -> None:
     assert sorted(_samples(tmp_path / "one")) == [k for k in sorted(expected) if k >= "s004"]
     both = shardex.export(str(tmp_path / "tars" / "shard-*.tar"), tmp_path / "both", workers=1)
     assert both.num_samples == 8
+
+
+def test_tar_batches_are_the_same_whatever_the_runner(storage: Place) -> None:
+    """Tars scanned by a runner's worker processes give the batches a scan in this
+    process gives (batches spanning tars, in the same order, metadata typed alike)."""
+    from shardex.parallel import Runner
+
+    source = TarSource(storage.put(labelled_tars(5, 7), "r"), storage.options, batch_size=4)
+
+    def batches(runner: Runner | None) -> list[pa.Table]:
+        return [batch.table for batch in source.stream_on(runner).batches]
+
+    alone = batches(None)
+    assert sum(t.num_rows for t in alone) == 35
+    assert [t.num_rows for t in alone] == [4] * 8 + [3]
+    for workers in (1, 2):
+        with Runner(workers) as runner:
+            on_runner = batches(runner)
+        assert len(on_runner) == len(alone)
+        assert all(a.equals(b) for a, b in zip(alone, on_runner, strict=True))
+
+
+@pytest.mark.parametrize(
+    "damage", ["cut inside a member", "data after the end", "k2.jpg", "k2.json"]
+)
+def test_a_damaged_tar_is_refused_or_skipped_as_on_local_disk(
+    storage: Place, tmp_path: Path, damage: str
+) -> None:
+    """A tar cut short, with data after its end, or whose member's header claims 8 GiB
+    (``k2.*``: it would run past the end of the tar), on each storage: its sample is
+    skipped as from the same tar on local disk, or the export refused in one line."""
+    good = tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)])
+    data = {"cut inside a member": good[: len(good) // 2 + 100], "data after the end": good + good}
+    bad = data.get(damage) or huge_size(good, damage)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.tar").write_bytes(bad)
+    url = storage.put({"part.tar": bad}, "bad")
+    opts: dict[str, Any] = {"samples_per_shard": 5, "workers": 1, "on_error": "skip"}
+    shardex.export(tmp_path / "src", tmp_path / "local", **opts)
+    opts["source_storage_options"] = storage.options
+    remote = shardex.export(url, tmp_path / "remote", **opts)
+    assert remote.num_skipped == 1
+    same_export(tmp_path / "local", tmp_path / "remote", url)
+    code, output = cli_export(storage.s3, url, "-o", str(tmp_path / "refused"), "--workers", "1")
+    assert code == 1
+    assert len(output.strip().splitlines()) == 1
+    assert "part.tar" in output
+    assert ("runs past the end of the tar" if damage.startswith("k2") else "damaged") in output
 
 
 # ---------------------------------------------------------------- re-export
