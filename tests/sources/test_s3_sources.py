@@ -215,31 +215,34 @@ def test_a_listing_cut_at_folders_exports_as_the_local_folder(
     assert sum(handed) < keys * 20 < xml / 5  # the XML is ~200 B a key here
 
 
-def test_folders_are_probed_and_listed_at_once(s3: S3Location) -> None:
+def test_folders_are_probed_and_listed_at_once(
+    memory_storage: MemoryStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each LIST of objects answered after 1 s: eight class folders are probed, and
     listed, in about the time of one (one after the other they take 8 s and more; the
     bounds leave room for a loaded machine)."""
+    from shardex.sources import objectfolder
+    from shardex.sources.listing import Part, listed
+
     names = [f"c{c}/{i}.jpg" for c in range(8) for i in range(3)]
-    upload(ObjectStorage(s3.child("slow"), s3.direct), dict.fromkeys(names, image_bytes(0)))
-    source = ObjectFolderSource(s3.child("slow"), s3.counted)
-
-    def delayed(head: RequestHead) -> bool:
-        return "list-type" in head.target and "delimiter" not in head.target
-
-    s3.proxy.delay_next(100, 1.0, when=delayed)
+    for name in names:
+        memory_storage.put(name, image_bytes(0))
+    storage = FaultyStorage(memory_storage)
+    storage.delay("list_pages", 1.0, times=None)  # not list_folder: a LIST with a delimiter
+    monkeypatch.setattr(objectfolder, "open_storage", lambda url, options: storage)
+    source = ObjectFolderSource(storage.uri)
     started = time.monotonic()
     keys = [k for batch in source.stream().batches for k in batch.table.column("key").to_pylist()]
     probed = time.monotonic() - started
     assert keys == [name[:-4] for name in names]
     # the prefix's first page, then the eight probes at once (each saw all its folder)
+    assert [c.path for c in storage.calls_to("list_pages")][:1] == [""]
+    probes = sorted(c.path for c in storage.calls_to("list_pages")[1:])
+    assert probes == [f"c{c}" for c in range(8)]
     assert probed < 5.0, probed
-    from shardex.sources.listing import Part, listed
-
-    storage = ObjectStorage(s3.child("slow"), s3.counted)
     started = time.monotonic()
     entries = list(listed(storage, [Part(f"c{c}") for c in range(8)], None))
     took = time.monotonic() - started
-    s3.proxy.clear_faults()
     assert [rel for rel, _ in entries] == names
     assert took < 4.0, took
 
@@ -579,7 +582,7 @@ def test_an_object_name_with_a_control_character_is_a_one_line_error(
     assert "cat/a\\nb.jpg" in error[0]
     assert "rename the object" in error[0]
     assert not (tmp_path / "out" / "config.yaml").exists()
-    code, output = cli_export(s3, s3.child("odd"), "-o", str(tmp_path / "out"), "--on-error", "skip")
+    code, output = cli_export(s3, s3.child("odd"), "-o", str(tmp_path / "out"), "--on-error=skip")
     assert code == 0, output
     assert shardex.read_config(tmp_path / "out").num_skipped == 1
 
