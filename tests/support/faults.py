@@ -12,10 +12,11 @@ and the code under test meets it through the ordinary :class:`Storage` interface
     assert [c.path for c in store.calls_to("get_range")] == [...]
 
 A rule counts the calls that match it (its method, and its path glob if given) and acts
-on calls ``nth`` to ``nth + times - 1`` (``times=None``: every call from ``nth`` on). A
-writer's ``write`` and ``commit`` are calls too (a dropped commit leaves nothing). Faults
-and records are this process's: pickled (to an export's workers), the storage is its
-inner storage, so that an export injects faults only where it runs inline (``workers=1``).
+on calls ``nth`` to ``nth + times - 1`` (:class:`When`; ``times=None``: every call from
+``nth`` on). A writer's ``write`` and ``commit`` are calls too (a dropped commit leaves
+nothing). Faults and records are this process's: pickled (to an export's workers), the
+storage is its inner storage, so that an export injects faults only where it runs inline
+(``workers=1``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from shardex.errors import StorageError
 from shardex.storage.base import ObjectWriter, Storage
@@ -44,13 +45,21 @@ class Call:
     fault: Action | None = None
 
 
+class When(TypedDict, total=False):
+    """Which calls a rule acts on (keywords of every rule)."""
+
+    nth: int  # the first, counting the calls that match (default 1: the next one)
+    times: int | None  # how many from ``nth`` on (default 1; None: every one)
+    path: str | None  # a glob the call's path must match (default None: any path)
+
+
 @dataclass
 class _Rule:
     method: str
     action: Action
-    nth: int
-    times: int | None
-    path: str | None
+    nth: int = 1
+    times: int | None = 1
+    path: str | None = None
     error: BaseException | None = None
     seconds: float = 0.0
     keep: int = 0
@@ -94,48 +103,24 @@ class FaultyStorage(Storage):
     # --------------------------------------------------------------- rules
 
     def fail(
-        self,
-        method: str,
-        *,
-        nth: int = 1,
-        times: int | None = 1,
-        path: str | None = None,
-        error: BaseException | None = None,
+        self, method: str, error: BaseException | None = None, **when: Unpack[When]
     ) -> None:
         """Raise ``error`` (a StorageError naming the call by default) in place of the call."""
-        self._rules.append(_Rule(method, "fail", nth, times, path, error=error))
+        self._rules.append(_Rule(method, "fail", error=error, **when))
 
-    def delay(
-        self,
-        method: str,
-        seconds: float,
-        *,
-        nth: int = 1,
-        times: int | None = 1,
-        path: str | None = None,
-    ) -> None:
+    def delay(self, method: str, seconds: float, **when: Unpack[When]) -> None:
         """Make the call ``seconds`` late (a slow server)."""
-        self._rules.append(_Rule(method, "delay", nth, times, path, seconds=seconds))
+        self._rules.append(_Rule(method, "delay", seconds=seconds, **when))
 
-    def truncate(
-        self,
-        method: str,
-        keep: int,
-        *,
-        nth: int = 1,
-        times: int | None = 1,
-        path: str | None = None,
-    ) -> None:
+    def truncate(self, method: str, keep: int, **when: Unpack[When]) -> None:
         """Cut what a read returns to its first ``keep`` bytes (each range of a batch, a
         stream of chunks as a whole): a response that ended early."""
-        self._rules.append(_Rule(method, "truncate", nth, times, path, keep=keep))
+        self._rules.append(_Rule(method, "truncate", keep=keep, **when))
 
-    def drop(
-        self, method: str, *, nth: int = 1, times: int | None = 1, path: str | None = None
-    ) -> None:
+    def drop(self, method: str, **when: Unpack[When]) -> None:
         """Return None without making the call (a write lost on its way; a writer's
         dropped commit aborts it)."""
-        self._rules.append(_Rule(method, "drop", nth, times, path))
+        self._rules.append(_Rule(method, "drop", **when))
 
     def clear_faults(self) -> None:
         self._rules.clear()
