@@ -450,9 +450,9 @@ def test_reexport_of_an_export_preserves_everything(storage: Place, tmp_path: Pa
         assert a.metadata.select(compared).equals(b.metadata.select(compared))
         assert b.metadata.schema.field("embedding").type == pa.list_(pa.float32(), 8)
     shardex.export(tmp_path / "t.parquet", tmp_path / "twin", **opts)  # on local disk
-    shardex.export(tmp_path / "twin", tmp_path / "second-twin", samples_per_shard=2)
+    shardex.export(tmp_path / "twin", tmp_path / "second-twin", samples_per_shard=2, workers=1)
     same_export(tmp_path / "second-twin", tmp_path / "second", storage.url)
-    shardex.export(tmp_path / "twin", tmp_path / "np-twin", backend="numpy")
+    shardex.export(tmp_path / "twin", tmp_path / "np-twin", backend="numpy", workers=1)
     shardex.export(storage.url, tmp_path / "np", backend="numpy", **read)
     same_export(tmp_path / "np-twin", tmp_path / "np", storage.url)
 
