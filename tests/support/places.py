@@ -4,7 +4,6 @@ gives), so that one test covers behaviour that does not depend on the storage.""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -13,7 +12,7 @@ import pytest
 
 from shardex.storage import LocalStorage, ObjectStorage, Storage
 from shardex.storage.memory import MemoryStorage
-from tests.support.s3data import S3Location
+from tests.support.s3data import S3Location, upload
 
 Kind = Literal["local", "memory", "s3"]
 KINDS: tuple[Kind, ...] = ("local", "memory", "s3")
@@ -34,15 +33,8 @@ class Place:
 
     def put(self, files: dict[str, bytes], under: str) -> str:
         """Write ``files`` below ``under``; the URL of ``under`` (a source's)."""
-        store = self.store
-        with ThreadPoolExecutor(16 if self.kind == "s3" else 1) as pool:
-            list(pool.map(lambda kv: store.put(f"{under}/{kv[0]}", kv[1]), files.items()))
+        upload(self.store, {f"{under}/{name}": data for name, data in files.items()})
         return self.child(under)
-
-    @property
-    def writers(self) -> int:
-        """The most workers an export into it may use (memory: only this process writes)."""
-        return 1 if self.kind == "memory" else 2
 
 
 def opened(kind: Kind, tmp_path: Path, request: pytest.FixtureRequest) -> Place:

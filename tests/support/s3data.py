@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from helpers import files_of, image_bytes
-from shardex.storage import ObjectStorage
+from shardex.storage import ObjectStorage, Storage
 from tests.support.proxy import CountingProxy, RequestRecord
 from tests.support.seaweedfs import SeaweedFS
 
@@ -38,7 +38,7 @@ class S3Location:
         return f"{self.url}/{name}"
 
 
-def upload(storage: ObjectStorage, files: dict[str, bytes]) -> None:
+def upload(storage: Storage, files: dict[str, bytes]) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda kv: storage.put(*kv), files.items()))
 
