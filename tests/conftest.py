@@ -19,6 +19,8 @@ from typing import Any, Final
 
 import pytest
 
+from shardex.storage.memory import MemoryStorage
+from tests.support import places
 from tests.support.proxy import CountingProxy
 from tests.support.s3data import S3Location
 from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
@@ -62,10 +64,10 @@ def _slow() -> frozenset[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Markers from what each test uses (its own code and its fixtures'): ``s3``, ``ray``,
-    ``browser``, ``dali``; ``slow`` from tests/slow.txt. Tests that start Ray run on one
-    xdist worker, one after another (``xdist_group``): two local clusters at once on two
-    cores only slow each other down."""
+    """Markers from what each test uses (its own code and its fixtures', and the ``storage``
+    fixture's ``s3`` param): ``s3``, ``ray``, ``browser``, ``dali``; ``slow`` from
+    tests/slow.txt. Tests that start Ray run on one xdist worker, one after another
+    (``xdist_group``): two local clusters at once on two cores only slow each other down."""
     slow = _slow()
     for item in items:
         functions = [getattr(item, "function", None)]
@@ -73,7 +75,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for defs in (infos.name2fixturedefs.values() if infos is not None else ()):
             functions += [d.func for d in defs]
         code = "\n".join(_source(f) for f in functions if f is not None)
-        if "s3_server" in item.fixturenames:
+        if "s3_server" in item.fixturenames or _param(item, "storage") == "s3":
             code += " s3_server "
         for name, uses in _USES.items():
             if uses.search(code):
@@ -82,6 +84,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("slow")
         if item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+def _param(item: pytest.Item, name: str) -> object:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(name) if callspec is not None else None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -165,3 +172,19 @@ def s3(s3_server: SeaweedFS, s3_proxy: CountingProxy) -> S3Location:
         proxy=s3_proxy,
         server=s3_server,
     )
+
+
+@pytest.fixture
+def memory_storage() -> Iterator[MemoryStorage]:
+    """An empty root on memory://, emptied again after the test."""
+    storage = MemoryStorage(f"memory://t-{uuid.uuid4().hex[:12]}")
+    yield storage
+    storage.clear()
+
+
+@pytest.fixture(params=places.KINDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> places.Place:
+    """An empty root on each kind of storage in turn: a local folder, memory:// and a prefix
+    on the S3 server (marked ``s3``); a test picks some with
+    ``@pytest.mark.parametrize("storage", [...], indirect=True)``."""
+    return places.opened(request.param, tmp_path, request)

@@ -1,5 +1,7 @@
 """Every kind of source round-trips through export + open_dataset with its bytes, labels,
-splits and metadata intact."""
+splits and metadata intact. Tests taking the ``storage`` fixture put their source on a
+local folder, memory:// and the S3 server in turn (what only the server shows, request
+counts and the like, is in test_s3_sources.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +21,11 @@ import shardex
 from helpers import files_of, image_bytes, image_field, make_tree, write_image
 from shardex.backends.registry import get_backend
 from shardex.errors import NotAnExportError, SourceError
+from shardex.sources import TarSource
 from shardex.sources.demo import CLASSES, EMBEDDING_DIM
+from shardex.storage import Storage
+from tests.support.places import Place
+from tests.support.s3data import cli_export, huge_size, labelled_tars, same_export, tar_of
 
 
 def _samples(out: Path, split: str | None = None) -> dict[str, dict[str, object]]:
@@ -65,7 +72,10 @@ def test_class_folders_give_sorted_label_names_and_labels(tmp_path: Path) -> Non
     assert decoded["jpg"].shape == (10, 12, 3)
 
 
-def test_split_folders_keep_splits_and_share_label_names(tmp_path: Path) -> None:
+def test_split_folders_keep_splits_and_share_label_names(storage: Place, tmp_path: Path) -> None:
+    """An image folder on each storage: its splits and labels, and the export of the
+    same folder on local disk byte for byte (an array backend too, whose workers read
+    the members with the source's options)."""
     src = tmp_path / "src"
     rels = [
         *(f"train/{c}/t{i}.jpg" for c in ("cat", "dog") for i in range(4)),
@@ -73,8 +83,14 @@ def test_split_folders_keep_splits_and_share_label_names(tmp_path: Path) -> None
         *(f"test/cat/s{i}.jpg" for i in range(3)),
     ]
     written = make_tree(src, rels)
-
-    config = shardex.export(src, tmp_path / "out", workers=1)
+    url = storage.put(written, "images")
+    for backend in ("numpy", "webdataset"):
+        local = tmp_path / f"{backend}-local"
+        shardex.export(src, local, backend=backend, samples_per_shard=5, workers=1)
+        out = tmp_path / ("out" if backend == "webdataset" else backend)
+        read: dict[str, Any] = {"source_storage_options": storage.options, "workers": 2}
+        config = shardex.export(url, out, backend=backend, samples_per_shard=5, **read)
+        same_export(local, out, url)
 
     assert list(config.splits) == ["train", "val", "test"]
     assert config.split_method == "source"
@@ -347,10 +363,60 @@ def test_single_tar_and_glob(tmp_path: Path) -> None:
     assert both.num_samples == 8
 
 
+def test_tar_batches_are_the_same_whatever_the_runner(storage: Place) -> None:
+    """Tars scanned by a runner's worker processes give the batches a scan in this
+    process gives (batches spanning tars, in the same order, metadata typed alike)."""
+    from shardex.parallel import Runner
+
+    source = TarSource(storage.put(labelled_tars(5, 7), "r"), storage.options, batch_size=4)
+
+    def batches(runner: Runner | None) -> list[pa.Table]:
+        return [batch.table for batch in source.stream_on(runner).batches]
+
+    alone = batches(None)
+    assert sum(t.num_rows for t in alone) == 35
+    assert [t.num_rows for t in alone] == [4] * 8 + [3]
+    for workers in (1, 2):
+        with Runner(workers) as runner:
+            on_runner = batches(runner)
+        assert len(on_runner) == len(alone)
+        assert all(a.equals(b) for a, b in zip(alone, on_runner, strict=True))
+
+
+@pytest.mark.parametrize(
+    "damage", ["cut inside a member", "data after the end", "k2.jpg", "k2.json"]
+)
+def test_a_damaged_tar_is_refused_or_skipped_as_on_local_disk(
+    storage: Place, tmp_path: Path, damage: str
+) -> None:
+    """A tar cut short, with data after its end, or whose member's header claims 8 GiB
+    (``k2.*``: it would run past the end of the tar), on each storage: its sample is
+    skipped as from the same tar on local disk, or the export refused in one line."""
+    good = tar_of([(f"k{i}", image_bytes(i), i % 2) for i in range(6)])
+    data = {"cut inside a member": good[: len(good) // 2 + 100], "data after the end": good + good}
+    bad = data.get(damage) or huge_size(good, damage)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.tar").write_bytes(bad)
+    url = storage.put({"part.tar": bad}, "bad")
+    opts: dict[str, Any] = {"samples_per_shard": 5, "workers": 1, "on_error": "skip"}
+    shardex.export(tmp_path / "src", tmp_path / "local", **opts)
+    opts["source_storage_options"] = storage.options
+    remote = shardex.export(url, tmp_path / "remote", **opts)
+    assert remote.num_skipped == 1
+    same_export(tmp_path / "local", tmp_path / "remote", url)
+    code, output = cli_export(storage.s3, url, "-o", str(tmp_path / "refused"), "--workers", "1")
+    assert code == 1
+    assert len(output.strip().splitlines()) == 1
+    assert "part.tar" in output
+    assert ("runs past the end of the tar" if damage.startswith("k2") else "damaged") in output
+
+
 # ---------------------------------------------------------------- re-export
 
 
-def test_reexport_of_an_export_preserves_everything(tmp_path: Path) -> None:
+def test_reexport_of_an_export_preserves_everything(storage: Place, tmp_path: Path) -> None:
+    """An export (on each storage) re-exported, and converted to another backend: what
+    the same export on local disk gives, byte for byte."""
     n = 12
     rels = [f"imgs/{'cat' if i % 2 else 'dog'}-{i}.jpg" for i in range(n)]
     make_tree(tmp_path, rels)
@@ -362,58 +428,62 @@ def test_reexport_of_an_export_preserves_everything(tmp_path: Path) -> None:
         }
     )
     pq.write_table(table, tmp_path / "t.parquet")
-    first = shardex.export(
-        tmp_path / "t.parquet",
-        tmp_path / "first",
-        split_fractions={"train": 0.6, "val": 0.4},
-        seed=3,
-        samples_per_shard=5,
-        workers=1,
-    )
+    opts: dict[str, Any] = {"split_fractions": {"train": 0.6, "val": 0.4}, "seed": 3}
+    opts |= {"samples_per_shard": 5, "workers": 1}
+    write = {"storage_options": storage.options, **opts}
+    first = shardex.export(tmp_path / "t.parquet", storage.url, **write)
     assert set(first.splits) == {"train", "val"}
     assert all(s.num_samples > 0 for s in first.splits.values())
 
-    second = shardex.export(tmp_path / "first", tmp_path / "second", samples_per_shard=2, workers=1)
+    read = {"source_storage_options": storage.options}
+    second = shardex.export(storage.url, tmp_path / "second", samples_per_shard=2, **read)
 
     assert second.source_datasets[0].kind == "shardex-export"
     assert second.label_names == first.label_names == ("cat", "dog")
     assert list(second.splits) == list(first.splits)
     compared = ["key", "original_path", "label", "width", "score", "caption", "embedding"]
     for split in first.splits:
-        a = shardex.open_dataset(tmp_path / "first", split=split)
+        a = shardex.open_dataset(storage.url, split=split, storage_options=storage.options)
         b = shardex.open_dataset(tmp_path / "second", split=split)
         assert len(a) == len(b) == first.splits[split].num_samples
         assert [dict(s) for s in a] == [dict(s) for s in b]  # keys and every member's bytes
         assert a.metadata.select(compared).equals(b.metadata.select(compared))
         assert b.metadata.schema.field("embedding").type == pa.list_(pa.float32(), 8)
+    shardex.export(tmp_path / "t.parquet", tmp_path / "twin", **opts)  # on local disk
+    shardex.export(tmp_path / "twin", tmp_path / "second-twin", samples_per_shard=2, workers=1)
+    same_export(tmp_path / "second-twin", tmp_path / "second", storage.url)
+    shardex.export(tmp_path / "twin", tmp_path / "np-twin", backend="numpy", workers=1)
+    shardex.export(storage.url, tmp_path / "np", backend="numpy", **read)
+    same_export(tmp_path / "np-twin", tmp_path / "np", storage.url)
 
 
-def _flip(path: Path, at: int) -> None:
-    data = bytearray(path.read_bytes())
+def _flip(store: Storage, name: str, at: int) -> None:
+    data = bytearray(store.get(name))
     data[at] ^= 0xFF
-    path.write_bytes(bytes(data))
+    store.put(name, bytes(data))
 
 
-def _damage(root: Path, backend: str) -> tuple[str, set[str]]:
-    """Flip one byte of the export at ``root``: (the damaged file, the keys it holds)."""
-    meta = pq.read_table(root / "metadata.parquet").to_pylist()
+def _damage(store: Storage, backend: str) -> tuple[str, set[str]]:
+    """Flip one byte of the export in ``store``: (the damaged file, the keys it holds)."""
+    meta = pq.read_table(io.BytesIO(store.get("metadata.parquet"))).to_pylist()
     if backend == "webdataset":
         row = meta[len(meta) // 2]
-        _flip(root / row["tar_file"], row["sample_offset"] + row["sample_length"] // 2)
+        _flip(store, row["tar_file"], row["sample_offset"] + row["sample_length"] // 2)
         return row["tar_file"], {row["key"]}
-    config = shardex.read_config(root)
+    config = shardex.read_config(store)
     shard = config.splits["train"].shards[1]
-    files = sorted(p for p in (root / shard.path).rglob("*") if p.is_file())
-    target = root / shard.path if not files else max(files, key=lambda p: p.stat().st_size)
-    _flip(target, target.stat().st_size // 2)
+    files = list(store.list(f"{shard.path}/")) or [shard.path]
+    target = max(files, key=store.size)
+    _flip(store, target, store.size(target) // 2)
     first = config.splits["train"].shards[0].num_samples
     keys = {r["key"] for r in meta if first <= r["sample_index"] < first + shard.num_samples}
     return shard.path, keys
 
 
-def _same_samples_except(source: Path, copy: Path, lost: set[str], split: str = "train") -> None:
-    """The copy holds every sample of the source but ``lost``, field for field."""
-    a = shardex.open_dataset(source, split=split)
+def _same_samples_except(
+    a: shardex.Dataset, copy: Path, lost: set[str], split: str = "train"
+) -> None:
+    """The copy holds every sample of ``a`` but ``lost``, field for field."""
     got = {s["__key__"]: dict(s) for s in shardex.open_dataset(copy, split=split)}
     assert set(got) == set(a.metadata.column("key").to_pylist()) - lost
     assert all(dict(a.get(key)) == sample for key, sample in got.items())
@@ -429,9 +499,9 @@ def _same_samples_except(source: Path, copy: Path, lost: set[str], split: str = 
     ],
 )
 def test_reexport_does_not_copy_damaged_samples(
-    tmp_path: Path, source_backend: str, target_backend: str
+    storage: Place, tmp_path: Path, source_backend: str, target_backend: str
 ) -> None:
-    source = tmp_path / "source"
+    source, options = storage.url, storage.options
     shardex.export(
         "demo:24",
         source,
@@ -439,36 +509,34 @@ def test_reexport_does_not_copy_damaged_samples(
         samples_per_shard=8,
         workers=1,
         split_fractions={"train": 1.0},
+        storage_options=options,
     )
-    damaged, lost = _damage(source, source_backend)
-    ds = shardex.open_dataset(source, split="train", on_error="skip")
+    damaged, lost = _damage(storage.store, source_backend)
+    ds = shardex.open_dataset(source, split="train", on_error="skip", storage_options=options)
     checked = get_backend(source_backend).capabilities.checked_reads  # numpy reads unchecked
     assert len(list(ds)) == 24 - len(lost) or not checked
-    assert shardex.verify(source).ok is False
+    assert shardex.verify(source, storage_options=options).ok is False
 
+    copy: dict[str, Any] = {"backend": target_backend, "workers": 1}
+    copy["source_storage_options"] = options
     with pytest.raises(SourceError) as refused:
-        shardex.export(source, tmp_path / "copy", backend=target_backend, workers=1)
+        shardex.export(source, tmp_path / "copy", **copy)
     message = str(refused.value)
     assert "\n" not in message
     assert damaged in message
     assert "damaged" in message
+    assert "checksum" in message
     assert "--on-error skip" in message
     assert not (tmp_path / "copy" / "config.yaml").exists()
 
-    config = shardex.export(
-        source,
-        tmp_path / "copy",
-        backend=target_backend,
-        workers=1,
-        on_error="skip",
-        mode="overwrite",
-    )
+    config = shardex.export(source, tmp_path / "copy", on_error="skip", mode="overwrite", **copy)
     assert config.num_skipped == len(lost)
     errors = pq.read_table(tmp_path / "copy" / "errors.parquet").to_pylist()
     assert {e["key"] for e in errors} == lost
     assert all(damaged in e["reason"] for e in errors)
     assert shardex.verify(tmp_path / "copy").ok
-    _same_samples_except(source, tmp_path / "copy", lost)
+    ds = shardex.open_dataset(source, split="train", storage_options=options)
+    _same_samples_except(ds, tmp_path / "copy", lost)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "deleted"])
@@ -499,7 +567,7 @@ def test_reexport_of_a_truncated_or_missing_shard_names_it_or_skips_what_is_lost
     done = shardex.export(source, tmp_path / "copy", workers=1, on_error="skip")
     assert done.num_skipped == len(lost) == (5 if damage == "truncated" else 8)
     assert shardex.verify(tmp_path / "copy").ok
-    _same_samples_except(source, tmp_path / "copy", lost, split="t")
+    _same_samples_except(shardex.open_dataset(source, split="t"), tmp_path / "copy", lost, "t")
 
 
 @pytest.mark.parametrize("where", ["footer", "middle"])

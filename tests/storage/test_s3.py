@@ -5,7 +5,6 @@ Requests are counted by a transparent proxy between obstore and the server.
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import random
@@ -21,10 +20,9 @@ import pytest
 
 import shardex
 from tests.support.s3data import S3Location
-from shardex.errors import ChecksumError, ConfigError, NotAnExportError, StorageError
+from shardex.errors import ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
-from shardex.storage.base import Storage
 from shardex.storage.direct import STREAM_PIECE
 from shardex.testing import StorageTests
 from tests.support.interop import read_with_webdataset
@@ -152,114 +150,6 @@ def test_iteration_asks_for_the_next_shard_while_one_is_read(s3: S3Location) -> 
     s3.proxy.wait_idle()
     gets = [r for r in s3.proxy.gets() if r.range is None]  # (ds[i] makes ranged GETs)
     assert sorted(r.key.rpartition("/")[2] for r in gets) == sorted(names)  # one GET a shard
-
-
-def _shards_by_iter_chunks(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Iteration takes each shard's stream from ``storage.iter_chunks`` (as patched by a
-    test), not from the requests that object storage sends ahead."""
-    monkeypatch.setattr(storage, "iter_objects", functools.partial(Storage.iter_objects, storage))
-
-
-def test_iteration_checks_samples_that_stream_chunks_cut_in_two(
-    s3: S3Location, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Iteration over S3 gives exactly the samples in order, each checked against its
-    checksum, also where a chunk of the shard's stream ends inside a sample."""
-    _export_s3(s3)
-    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
-    want = [ds[i] for i in range(len(ds))]
-    records = [ds.index.record(i) for i in range(len(ds))]  # type: ignore[attr-defined]
-    paths = [s.path for s in ds.config.splits["train"].shards]
-    damaged = list(range(1, len(ds), 3))
-    storage = ObjectStorage(s3.url, s3.direct)
-    for shard, path in enumerate(paths):  # one byte flipped inside each damaged sample
-        data = bytearray(storage.get(path))
-        for i in damaged:
-            offset, _checksum, in_shard, length = records[i]
-            if in_shard == shard:
-                data[offset + length // 2] ^= 0x20
-        storage.put(path, bytes(data))
-
-    ends: dict[str, list[int]] = {}  # where each chunk of each shard's stream ended
-
-    def cut_in_two(i: int) -> bool:
-        offset, _checksum, shard, length = records[i]
-        return any(offset < end < offset + length for end in ends[paths[shard]])
-
-    for on_error in ("raise", "skip"):
-        reader = shardex.open_dataset(
-            s3.url, split="train", storage_options=s3.direct, on_error=on_error
-        )
-        reader.stream_chunk_size = 4096  # type: ignore[attr-defined]  # < every sample
-        chunks_of = reader.storage.iter_chunks  # what iteration streams a shard with
-
-        def recorded(path: str, size: int, chunks_of: object = chunks_of) -> object:
-            ends[path], at = [], 0
-            for chunk in chunks_of(path, size):  # type: ignore[operator]
-                at += len(chunk)
-                ends[path].append(at)
-                yield chunk
-
-        monkeypatch.setattr(reader.storage, "iter_chunks", recorded)
-        _shards_by_iter_chunks(reader.storage, monkeypatch)
-        if on_error == "raise":
-            with pytest.raises(ChecksumError, match=f"checksum mismatch for sample {damaged[0]} "):
-                list(reader)
-            continue
-        got = list(reader)
-        assert got == [want[i] for i in range(len(want)) if i not in damaged]
-        assert [number for number, _ in reader.skipped] == damaged  # type: ignore[attr-defined]
-        assert any(cut_in_two(i) for i in damaged)
-        assert any(cut_in_two(i) for i in range(len(want)) if i not in damaged)
-
-
-def test_iteration_reads_samples_that_start_a_chunk_or_span_several(
-    s3: S3Location, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Chunks cut exactly at sample boundaries (each sample starts a chunk, or a chunk
-    holds two), and chunks smaller than a sample: iteration gives the samples of ds[i]
-    in order, and a damaged sample is refused wherever it lies in the chunks."""
-    _export_s3(s3)
-    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
-    want = [ds[i] for i in range(len(ds))]
-    records = [ds.index.record(i) for i in range(len(ds))]  # type: ignore[attr-defined]
-    storage = ObjectStorage(s3.url, s3.direct)
-    damaged = 2  # in the first shard: it starts a chunk in the first two cuts
-    first_shard = ds.config.splits["train"].shards[0].path
-
-    def ends(path: str, cut: str) -> list[int]:
-        stops = [off + n for off, _c, shard, n in records if ds._paths[shard] == path]  # type: ignore[attr-defined]
-        if cut == "each sample":
-            return stops
-        if cut == "two samples":
-            return stops[1::2]
-        return list(range(100, stops[-1], 100))  # 100 bytes: every sample spans chunks
-
-    for cut in ("each sample", "two samples", "100 bytes"):
-
-        def rechunked(path: str, size: int, cut: str = cut) -> object:
-            data = bytearray(storage.get(path))
-            if path == first_shard:
-                offset, _checksum, _shard, length = records[damaged]
-                data[offset + length // 2] ^= 0x20
-            at = 0
-            for end in [*ends(path, cut), len(data)]:
-                if end > at:
-                    yield bytes(data[at:end])
-                    at = end
-
-        for on_error in ("raise", "skip"):
-            reader = shardex.open_dataset(
-                s3.url, split="train", storage_options=s3.direct, on_error=on_error
-            )
-            monkeypatch.setattr(reader.storage, "iter_chunks", rechunked)
-            _shards_by_iter_chunks(reader.storage, monkeypatch)
-            if on_error == "raise":
-                with pytest.raises(ChecksumError, match=f"mismatch for sample {damaged} "):
-                    list(reader)
-                continue
-            assert list(reader) == [w for i, w in enumerate(want) if i != damaged], cut
-            assert [number for number, _ in reader.skipped] == [damaged]  # type: ignore[attr-defined]
 
 
 def test_a_stream_of_views_is_the_object_in_one_get(s3: S3Location) -> None:
@@ -616,30 +506,6 @@ def test_tensordict_on_object_storage_is_downloaded_once_and_checked(
     damaged.put(victim, bytes(data))
     with pytest.raises(ChecksumError, match="differs"):
         shardex.open_dataset(other, storage_options=s3.direct)[0]
-
-
-def test_reexport_from_s3_refuses_or_skips_a_damaged_sample(s3: S3Location, tmp_path: Path) -> None:
-    from shardex.errors import SourceError
-    from shardex.sources import ExportSource
-
-    _export_s3(s3, "demo:40")
-    source = ExportSource(s3.url, s3.direct)
-    storage = ObjectStorage(s3.url, s3.direct)
-    meta = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct).metadata
-    row = meta.to_pylist()[5]
-    data = bytearray(storage.get(row["tar_file"]))
-    data[row["sample_offset"] + row["sample_length"] // 2] ^= 0xFF
-    storage.put(row["tar_file"], bytes(data))  # one byte of one sample flipped
-
-    with pytest.raises(SourceError, match="checksum") as refused:
-        shardex.export(source, tmp_path / "copy", workers=1)
-    assert row["tar_file"] in str(refused.value)
-    config = shardex.export(source, tmp_path / "copy", workers=1, on_error="skip")
-    assert config.num_skipped == 1
-    assert shardex.verify(tmp_path / "copy").ok
-    copied = shardex.open_dataset(tmp_path / "copy", split="train")
-    assert row["key"] not in set(copied.metadata.column("key").to_pylist())
-    assert len(copied) == len(meta) - 1
 
 
 def test_a_forked_childs_helper_exits_when_the_child_is_killed(s3: S3Location) -> None:

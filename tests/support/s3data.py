@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from helpers import files_of
-from shardex.storage import ObjectStorage
+from helpers import files_of, image_bytes
+from shardex.storage import ObjectStorage, Storage
 from tests.support.proxy import CountingProxy, RequestRecord
 from tests.support.seaweedfs import SeaweedFS
 
@@ -38,7 +38,7 @@ class S3Location:
         return f"{self.url}/{name}"
 
 
-def upload(storage: ObjectStorage, files: dict[str, bytes]) -> None:
+def upload(storage: Storage, files: dict[str, bytes]) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda kv: storage.put(*kv), files.items()))
 
@@ -122,3 +122,48 @@ def put_raw(s3: S3Location, name: str, data: bytes) -> None:
     body += data + b"\r\n--x--\r\n"
     headers = {"Content-Type": "multipart/form-data; boundary=x"}
     urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST")).close()
+
+
+def labelled_tars(count: int, per_tar: int) -> dict[str, bytes]:
+    """``count`` tars of ``per_tar`` labelled samples, each in a folder of its own."""
+    return {
+        f"t{t}/part-{t}.tar": tar_of(
+            [(f"s{t}_{i:03d}", image_bytes(t * per_tar + i), i % 3) for i in range(per_tar)]
+        )
+        for t in range(count)
+    }
+
+
+def huge_size(tar: bytes, member: str) -> bytes:
+    """``tar`` with ``member``'s header claiming 8 GiB - 1 (its checksum made right)."""
+    out = bytearray(tar)
+    at = 0
+    while out[at : at + 100].rstrip(b"\0").decode() != member:
+        size = int(out[at + 124 : at + 135], 8)
+        at += 512 + -(-size // 512) * 512
+    out[at + 124 : at + 136] = b"77777777777\0"
+    out[at + 148 : at + 156] = b" " * 8
+    out[at + 148 : at + 156] = f"{sum(out[at : at + 512]):06o}\0 ".encode()
+    return bytes(out)
+
+
+def cli_export(
+    s3: S3Location | None, source: str, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """``shardex export-dataset SOURCE ...``, with the S3 server's flags and keys if given."""
+    environment, flags = env or {}, []
+    if s3 is not None:
+        keys = {"AWS_ACCESS_KEY_ID": s3.server.access_key}
+        environment = {**keys, "AWS_SECRET_ACCESS_KEY": s3.server.secret_key, **environment}
+        flags = ["--source-s3-endpoint-url", s3.server.endpoint]
+        flags += ["--source-s3-region", s3.server.region]
+    from click.testing import CliRunner
+
+    from shardex.cli import main
+
+    result = CliRunner().invoke(
+        main,
+        ["export-dataset", source, "-q", "--samples-per-shard", "5", *flags, *extra],
+        env=environment,
+    )
+    return result.exit_code, result.output

@@ -28,7 +28,7 @@ from typing import Final
 from shardex.errors import BadSampleError, ObjectNotFoundError
 from shardex.quoting import quoted
 from shardex.storage import Storage, open_storage
-from shardex.storage.options import SCHEMES
+from shardex.storage.options import URL_SCHEMES
 
 __all__ = [
     "MAX_GAP",
@@ -55,8 +55,8 @@ _lock = threading.Lock()
 
 
 def is_url(text: str) -> bool:
-    """Whether ``text`` is an object-store URL (``s3://``, ``gs://`` ...)."""
-    return text.startswith(SCHEMES)
+    """Whether ``text`` is an object-store URL (``s3://``, ``gs://``, ``memory://`` ...)."""
+    return text.startswith(URL_SCHEMES)
 
 
 def split_url(url: str) -> tuple[str, str]:

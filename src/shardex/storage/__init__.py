@@ -31,7 +31,8 @@ def open_storage(
     location: str | os.PathLike[str] | Storage,
     storage_options: dict[str, Any] | None = None,
 ) -> Storage:
-    """Return the storage for a location: a local path, ``file://`` or object-store URL.
+    """Return the storage for a location: a local path, ``file://``, object-store or
+    ``memory://`` URL.
 
     Args:
         location: where the objects live.
@@ -45,6 +46,10 @@ def open_storage(
     text = os.fspath(location)
     if text.startswith("file://"):
         return LocalStorage(text[len("file://") :])
+    if text.startswith("memory://"):
+        from shardex.storage.memory import MemoryStorage
+
+        return MemoryStorage(text, storage_options)
     if text.startswith(SCHEMES):
         from shardex.storage.object import ObjectStorage
 
@@ -55,7 +60,7 @@ def open_storage(
         scheme = text.split("://", 1)[0]
         raise ConfigError(
             f"{text!r}: unknown scheme {scheme}:// (use a local path, file://, "
-            f"{', '.join(SCHEMES)})"
+            f"{', '.join(SCHEMES)}, memory://)"
         )
     return LocalStorage(text)
 

@@ -15,6 +15,8 @@ from typing import Any, Final
 from shardex.errors import ConfigError
 
 SCHEMES: Final = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "http://", "https://")
+#: Every URL scheme a storage opens: the object stores' and ``memory://`` (tests).
+URL_SCHEMES: Final = (*SCHEMES, "memory://")
 
 
 def refuse_credentials_in_url(url: str) -> None:
