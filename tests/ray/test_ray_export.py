@@ -454,6 +454,20 @@ def test_small_members_of_tars_on_s3_are_fetched_once_on_ray(
     assert images < sum(where[p]["object_size"] for p in parts) < images + 20 << 10
 
 
+def _wait_until_dead(actor: Any, limit: float = 30.0) -> None:
+    """Return once calls to a killed Ray actor fail (Ray kills it in the background)."""
+    import ray
+
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=limit)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < deadline, f"a killed actor still answers after {limit:.0f}s"
+        time.sleep(0.02)
+
+
 def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
     cluster: int, s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -505,6 +519,7 @@ def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
             owner = ray.remote(num_cpus=0)(Owner).remote()  # type: ignore[attr-defined]
             lost = ray.get(owner.put.remote())[0]
             ray.kill(owner)
+            _wait_until_dead(owner)  # the kill is asynchronous: till then it serves the object
             try:
                 ray.get(lost, timeout=30)
             except ray.exceptions.ObjectLostError:

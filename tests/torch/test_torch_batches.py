@@ -223,7 +223,9 @@ def test_workers_reuse_freed_heap_without_faulting_it_in_again() -> None:
         return int(list(loader)[1])  # the second item: after the first batch's collate
 
     pages = 40_000_000 // 4096
-    assert faults(None) > pages // 2  # torch's collate: the heap was given back and refaulted
+    # torch's collate: the heap was given back and refaulted (a quarter at least: 45% in
+    # one loaded run, where glibc kept part of it; shardex's collate stays under 5%)
+    assert faults(None) > pages // 4
     assert faults(collate) < pages // 20
 
 
