@@ -156,7 +156,7 @@ class ExportedDataset:
         by_key = {field_key(name): v for name, v in sample.items() if name != "__key__"}
         table = self._metadata[split]
         return {
-            key: by_key[key] if key in by_key else _value(table.column(key), index)
+            key: by_key[key] if key in by_key else meta_value(table.column(key), index)
             for key in keys
         }
 
@@ -193,7 +193,7 @@ class ExportedDataset:
             object.__setattr__(self, name, value)
 
 
-def _value(column: pa.ChunkedArray, index: int) -> Any:
+def meta_value(column: pa.ChunkedArray, index: int) -> Any:
     """One metadata value; a list of numbers as a numpy array (collated into one tensor)."""
     scalar = column[index]
     kind = column.type
