@@ -452,6 +452,11 @@ def export_dataset(
     SOURCE may be on object storage (s3://bucket/prefix/): an image folder, WebDataset
     tars (a prefix, a glob or one .tar), a .parquet/.csv table, or an export. Its
     endpoint, region and profile are the --s3-* ones unless --source-s3-* are given.
+
+    Coming from NexuML's export-dataset or NeMo Curator's ImageWriterStage?
+    docs/migrating.md maps every flag and snippet. NexuML's flags keep their names and
+    meaning here; defaults that may differ from yours: --backend webdataset,
+    --samples-per-shard 1000, and config.yaml's format_version 3 (shardex's own).
     """
     from shardex.backends.registry import check_options
     from shardex.codecs.images import MAX_PIXELS

@@ -223,7 +223,9 @@ class DataSpec:
         stages = declared(self.preprocessing)
         if not self.skip_pipeline_stages or not stages:
             return stages
-        return stages_to_run(stages, self.source._config, self._stored, os.fspath(self.source.root))
+        asked = {*self.source.features, *self.source.labels}
+        where = os.fspath(self.source.root)
+        return stages_to_run(stages, self.source._config, self._stored, asked, where)
 
     @cached_property
     def _stored(self) -> set[str]:

@@ -48,12 +48,13 @@ def _normal(entry: Mapping[str, Any]) -> Any:
 
 
 def stages_to_run(
-    stages: list[Stage], config: ExportConfig, stored: set[str], where: str
+    stages: list[Stage], config: ExportConfig, stored: set[str], asked: set[str], where: str
 ) -> list[Stage]:
     """The declared ``stages`` minus those the export's recorded pipeline already ran (a
     prefix of them, each with the same parameters). A skipped decode whose ``pixels`` a
-    later stage needs but the export does not store runs again: it decodes the stored
-    image, which is what the export kept of those pixels (losslessly when they changed).
+    later stage or the keys ``asked`` need but the export does not store runs again: it
+    decodes the stored image, which is what the export kept of those pixels (losslessly
+    when they changed).
 
     Raises:
         ConfigError: the export ran a stage with other parameters, another stage, or a
@@ -83,7 +84,7 @@ def stages_to_run(
                 "same data; declare what the export ran, or export again"
             )
     skipped, rest = stages[: len(recorded)], stages[len(recorded) :]
-    wanted = {k for s in rest for k in s.needs} - stored
+    wanted = ({k for s in rest for k in s.needs} | asked) - stored
     views = []
     for stage in skipped:
         made = set(stage.produces) & wanted
@@ -92,7 +93,7 @@ def stages_to_run(
         elif made:
             raise ConfigError(
                 f"{where} ran stage {stage.name!r}, which made {', '.join(sorted(made))}, "
-                "but does not store it, and a later stage needs it; export it as a feature "
+                "but does not store it, and a later stage or key needs it; export it as a feature "
                 "(--x-key) or set skip_pipeline_stages=False"
             )
     return [*views, *rest]
