@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -178,6 +179,7 @@ def pipeline(
     storage_options: dict[str, Any] | None = None,
     int_labels: bool = True,
     image_size: tuple[int, int] | None = None,
+    stage: bool | None = None,
     **reader_options: Any,
 ) -> Any:
     """A DALI pipeline whose outputs are the reader's, one per ``ext`` entry (raw bytes as
@@ -191,6 +193,11 @@ def pipeline(
         location, split, ext, shard_root, storage_options: as for :func:`reader_arguments`.
         batch_size, num_threads, device_id, seed: the ``Pipeline``'s; ``device_id=None``
             runs on the CPU only.
+        stage: download a remote split's tars and index files through shardex's storage
+            (with ``storage_options``) to a local folder DALI reads, removed when the
+            pipeline is collected or :func:`batches` ends (see :mod:`shardex.dali_staging`).
+            Default: when ``storage_options`` name an endpoint, region or profile, which
+            DALI's own S3 client would not see.
         random_shuffle, shard_id, num_shards: the reader's (``num_shards`` is the number
             of pipelines reading the split, e.g. one per GPU).
         reader_options: more ``fn.readers.webdataset`` arguments
@@ -205,10 +212,24 @@ def pipeline(
         ConfigError: as for :func:`reader_arguments`.
     """
     fn, pipeline_class = _dali()
-    args = reader_arguments(
-        location, split, ext=ext, shard_root=shard_root, storage_options=storage_options
-    )
-    _check_endpoint(args, storage_options)
+    storage = open_storage(location, storage_options)
+    staging = None
+    if shard_root is None and storage.local_path("") is None and _staged_by(stage, storage_options):
+        from shardex.dali_staging import Staging
+
+        config = read_config(storage)
+        staging = Staging(storage, config.split(resolve_split(config, split, storage.uri)).shards)
+        shard_root = staging.path
+    try:
+        args = reader_arguments(
+            storage, split, ext=ext, shard_root=shard_root, storage_options=storage_options
+        )
+        if staging is None:
+            _check_endpoint(args, storage_options)
+    except BaseException:
+        if staging is not None:
+            staging.close()
+        raise
     # seed is left out unless given: DALI 1.x wants -1 for "any", DALI 2.x warns at -1
     seeded = {} if seed is None else {"seed": seed}
     pipe = pipeline_class(
@@ -238,7 +259,16 @@ def pipeline(
                 for name, out in zip(args.ext, outputs, strict=True)
             ]
         pipe.set_outputs(*outputs)
+    if staging is not None:
+        pipe.shardex_staging = staging
+        weakref.finalize(pipe, staging.close)
     return pipe
+
+
+def _staged_by(stage: bool | None, storage_options: dict[str, Any] | None) -> bool:
+    if stage is not None:
+        return stage
+    return any((storage_options or {}).get(k) for k in ("endpoint_url", "region", "profile"))
 
 
 def _is_image(ext: str) -> bool:
@@ -285,13 +315,18 @@ def batches(
         last_batch_policy=iterator_module.LastBatchPolicy.PARTIAL,
     )
     labels_of = {k for k, e in zip(keys, ext, strict=True) if e == "cls"}
-    for (batch,) in iterator:
-        # a parsed label is one int64 per sample: (batch, 1) -> (batch,)
-        out = {k: batch[k].reshape(-1) if k in labels_of else batch[k] for k in keys}
-        yield {
-            "features": {k: out[k] for k in features},
-            "labels": {k: out[k] for k in labels},
-        }
+    try:
+        for (batch,) in iterator:
+            # a parsed label is one int64 per sample: (batch, 1) -> (batch,)
+            out = {k: batch[k].reshape(-1) if k in labels_of else batch[k] for k in keys}
+            yield {
+                "features": {k: out[k] for k in features},
+                "labels": {k: out[k] for k in labels},
+            }
+    finally:
+        staging = getattr(pipe, "shardex_staging", None)
+        if staging is not None:
+            staging.close()  # the loader ended (or was closed): its staged files go
 
 
 def _check_endpoint(args: ReaderArguments, storage_options: dict[str, Any] | None) -> None:
