@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any, Final
 import click
 
 from shardex.cli_config import config_option
-from shardex.errors import SampleNotFoundError, ShardexError, ShardexWarning
+from shardex.errors import (
+    SampleNotFoundError,
+    ShardexError,
+    ShardexWarning,
+    SourceNotFoundError,
+)
 from shardex.quoting import one_line
 from shardex.version import __version__
 
@@ -440,17 +445,25 @@ def export_dataset(
     SOURCE is an image folder ([split/][class/]image.jpg), a .parquet/.csv table, a .tar
     file, a folder or glob of WebDataset tars, an existing export, or `demo` (`demo:N`):
     the built-in labelled demo images (no download). It can also be a spec file (.yaml)
-    naming the source, stages, backend and options (see docs/pipeline.md).
+    naming the source, stages, backend and options (see docs/pipeline.md), or a
+    scenario's name: a bare NAME (no such file or folder) is NAME.yaml or NAME.yml in
+    the current folder, else in the folders of SHARDEX_SCENARIO_PATH.
 
     SOURCE may be on object storage (s3://bucket/prefix/): an image folder, WebDataset
     tars (a prefix, a glob or one .tar), a .parquet/.csv table, or an export. Its
     endpoint, region and profile are the --s3-* ones unless --source-s3-* are given.
+
+    Coming from NexuML's export-dataset or NeMo Curator's ImageWriterStage?
+    docs/migrating.md maps every flag and snippet. NexuML's flags keep their names and
+    meaning here; defaults that may differ from yours: --backend webdataset,
+    --samples-per-shard 1000, and config.yaml's format_version 3 (shardex's own).
     """
     from shardex.backends.registry import check_options
     from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
     from shardex.exporter import export
     from shardex.options import ExportOptions, parse_split_fractions
+    from shardex.pipeline.spec import find_scenario, is_scenario_name, scenario_not_found
 
     try:
         fractions = parse_split_fractions(split_fractions) if split_fractions else None
@@ -481,14 +494,15 @@ def export_dataset(
     check_options(opts)  # what the backend cannot store: before the source is looked at
     storage_options = _storage_options()
     source_options = _source_options()
-    if source_options and source.endswith((".yaml", ".yml")):
+    spec_file = find_scenario(source)
+    if source_options and spec_file is not None:
         raise click.UsageError(
             "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
             "file, give the source's store through AWS_* variables"
         )
-    if source.endswith((".yaml", ".yml")):
+    if spec_file is not None:
         config = _export_spec(
-            source,
+            str(spec_file),
             output,
             opts,
             preprocess,
@@ -499,19 +513,26 @@ def export_dataset(
             storage_options,
         )
     elif preprocess or until_keys:
+        if is_scenario_name(source):
+            raise scenario_not_found(source)
         raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
     else:
-        # on Ray, tasks write the shards; this process reads references, writes metadata
-        config = export(
-            source,
-            output,
-            opts,
-            progress=not quiet,
-            storage_options=storage_options,
-            source_storage_options=source_options,
-            executor="ray" if executor == "ray" else "local",
-            ray_address=ray_address,
-        )
+        try:
+            # on Ray, tasks write the shards; this process reads references, writes metadata
+            config = export(
+                source,
+                output,
+                opts,
+                progress=not quiet,
+                storage_options=storage_options,
+                source_storage_options=source_options,
+                executor="ray" if executor == "ray" else "local",
+                ray_address=ray_address,
+            )
+        except SourceNotFoundError:
+            if is_scenario_name(source):
+                raise scenario_not_found(source) from None
+            raise
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
     size = sum(s.num_bytes for s in config.splits.values())
@@ -982,7 +1003,7 @@ def pipeline() -> None:
 
 
 @pipeline.command("run")
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False))
+@click.argument("spec")
 @click.option("-o", "--output", default=None, help="Export location (default: the spec's output).")
 @click.option(
     "--executor",
@@ -1016,10 +1037,11 @@ def pipeline_run(
     overwrite: bool,
     quiet: bool,
 ) -> None:
-    """Run every stage of SPEC (a .yaml spec file) and write the export."""
-    from shardex.pipeline.spec import Spec, run_spec
+    """Run every stage of SPEC (a .yaml spec file, or a scenario's name) and write the
+    export."""
+    from shardex.pipeline.spec import load_spec, run_spec
 
-    loaded = Spec.load(spec)
+    loaded = load_spec(spec)
     config = run_spec(
         loaded,
         output,

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,7 +38,7 @@ from shardex.errors import ConfigError, MissingDependencyError
 from shardex.storage import Storage, open_storage
 from shardex.storage.cache import local_copy
 
-__all__ = ["ReaderArguments", "pipeline", "reader_arguments"]
+__all__ = ["ReaderArguments", "batches", "pipeline", "reader_arguments"]
 
 #: Schemes whose tars DALI's reader opens itself.
 DIRECT_SCHEMES: Final = ("s3://",)
@@ -65,18 +66,26 @@ class ReaderArguments:
         return out
 
 
-def default_ext(config: ExportConfig, prefix: str = "tar") -> tuple[str, ...]:
+def default_ext(
+    config: ExportConfig, prefix: str = "tar", keys: Sequence[str] | None = None
+) -> tuple[str, ...]:
     """One reader output per x and y key stored in the tars, e.g. ``("jpg;png", "cls")``
     (DALI sends every extension of a ``;``-separated set to one output); ``prefix`` is how
-    the key specs name the tars (the backend's ``key_storage``)."""
+    the key specs name the tars (the backend's ``key_storage``). With ``keys``, one output
+    per key named, each of which must be in the tars."""
     out = []
     mark = f"{prefix}:"
-    for key in (*config.x_keys, *config.y_keys):
+    for key in (*config.x_keys, *config.y_keys) if keys is None else keys:
         spec = config.key_spec(key)
         where = spec.storage.split(",") if spec is not None else []
         tar = next((w.removeprefix(mark) for w in where if w.startswith(mark)), None)
         if tar:
             out.append(tar.replace("|", ";"))
+        elif keys is not None:
+            raise ConfigError(
+                f"key {key!r} is not stored in the export's tars, which DALI reads (keys "
+                f"there: {', '.join(k.key for k in config.key_specs if mark in k.storage)})"
+            )
     if not out:
         raise ConfigError("no x or y key of this export is stored in its tars; pass ext=[...]")
     return tuple(out)
@@ -169,17 +178,26 @@ def pipeline(
     shard_root: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     int_labels: bool = True,
+    image_size: tuple[int, int] | None = None,
+    stage: bool | None = None,
     **reader_options: Any,
 ) -> Any:
     """A DALI pipeline whose outputs are the reader's, one per ``ext`` entry (raw bytes as
     ``uint8`` tensors; add decoding with your own pipeline and :func:`reader_arguments`),
     except ``cls``: an int64 label per sample (-1 where a sample has none), unless
-    ``int_labels=False`` (the ASCII bytes as stored; see :mod:`shardex.dali_labels`).
+    ``int_labels=False`` (the ASCII bytes as stored; see :mod:`shardex.dali_labels`);
+    with ``image_size=(height, width)``, image outputs are decoded (RGB; on the GPU with a
+    ``device_id``) and resized to that size.
 
     Args:
         location, split, ext, shard_root, storage_options: as for :func:`reader_arguments`.
         batch_size, num_threads, device_id, seed: the ``Pipeline``'s; ``device_id=None``
             runs on the CPU only.
+        stage: download a remote split's tars and index files through shardex's storage
+            (with ``storage_options``) to a local folder DALI reads, removed when the
+            pipeline is collected or :func:`batches` ends (see :mod:`shardex.dali_staging`).
+            Default: when ``storage_options`` name an endpoint, region or profile, which
+            DALI's own S3 client would not see.
         random_shuffle, shard_id, num_shards: the reader's (``num_shards`` is the number
             of pipelines reading the split, e.g. one per GPU).
         reader_options: more ``fn.readers.webdataset`` arguments
@@ -194,10 +212,24 @@ def pipeline(
         ConfigError: as for :func:`reader_arguments`.
     """
     fn, pipeline_class = _dali()
-    args = reader_arguments(
-        location, split, ext=ext, shard_root=shard_root, storage_options=storage_options
-    )
-    _check_endpoint(args, storage_options)
+    storage = open_storage(location, storage_options)
+    staging = None
+    if shard_root is None and storage.local_path("") is None and _staged_by(stage, storage_options):
+        from shardex.dali_staging import Staging
+
+        config = read_config(storage)
+        staging = Staging(storage, config.split(resolve_split(config, split, storage.uri)).shards)
+        shard_root = staging.path
+    try:
+        args = reader_arguments(
+            storage, split, ext=ext, shard_root=shard_root, storage_options=storage_options
+        )
+        if staging is None:
+            _check_endpoint(args, storage_options)
+    except BaseException:
+        if staging is not None:
+            staging.close()
+        raise
     # seed is left out unless given: DALI 1.x wants -1 for "any", DALI 2.x warns at -1
     seeded = {} if seed is None else {"seed": seed}
     pipe = pipeline_class(
@@ -221,8 +253,80 @@ def pipeline(
                 ascii_label(out, ops) if name == "cls" else out
                 for name, out in zip(args.ext, outputs, strict=True)
             ]
+        if image_size is not None:
+            outputs = [
+                _decoded(fn, out, image_size, device_id) if _is_image(name) else out
+                for name, out in zip(args.ext, outputs, strict=True)
+            ]
         pipe.set_outputs(*outputs)
+    if staging is not None:
+        pipe.shardex_staging = staging
+        weakref.finalize(pipe, staging.close)
     return pipe
+
+
+def _staged_by(stage: bool | None, storage_options: dict[str, Any] | None) -> bool:
+    if stage is not None:
+        return stage
+    return any((storage_options or {}).get(k) for k in ("endpoint_url", "region", "profile"))
+
+
+def _is_image(ext: str) -> bool:
+    from shardex.codecs.images import IMAGE_EXTENSIONS
+
+    return any(e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in ext.split(";"))
+
+
+def _decoded(fn: Any, data: Any, size: tuple[int, int], device_id: int | None) -> Any:
+    types = importlib.import_module("nvidia.dali.types")
+    device = "cpu" if device_id is None else "mixed"
+    image = fn.decoders.image(data, device=device, output_type=types.RGB)
+    return fn.resize(image, resize_y=size[0], resize_x=size[1])
+
+
+def batches(
+    location: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    features: Sequence[str],
+    labels: Sequence[str],
+    batch_size: int,
+    storage_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Iterator[dict[str, Any]]:
+    """One pass of :func:`pipeline` through DALI's ``DALIGenericIterator``: batches
+    ``{"features": {key: tensor}, "labels": {key: tensor}}`` by the export's key names
+    (each stored in the tars; ``options`` are :func:`pipeline`'s). The last batch may be
+    short. With ``image_size`` images come decoded; a label is an int64 ``(batch,)``."""
+    iterator_module = importlib.import_module("nvidia.dali.plugin.pytorch")
+    storage = open_storage(location, storage_options)
+    config = read_config(storage)
+    backend = backend_for(config)
+    keys = (*features, *labels)
+    ext = default_ext(config, backend.key_storage or backend.name, keys)
+    pipe = pipeline(
+        storage, split, batch_size=batch_size, ext=ext, storage_options=storage_options,
+        **options,
+    )  # fmt: skip
+    iterator = iterator_module.DALIGenericIterator(
+        pipe,
+        list(keys),
+        reader_name="Reader",
+        last_batch_policy=iterator_module.LastBatchPolicy.PARTIAL,
+    )
+    labels_of = {k for k, e in zip(keys, ext, strict=True) if e == "cls"}
+    try:
+        for (batch,) in iterator:
+            # a parsed label is one int64 per sample: (batch, 1) -> (batch,)
+            out = {k: batch[k].reshape(-1) if k in labels_of else batch[k] for k in keys}
+            yield {
+                "features": {k: out[k] for k in features},
+                "labels": {k: out[k] for k in labels},
+            }
+    finally:
+        staging = getattr(pipe, "shardex_staging", None)
+        if staging is not None:
+            staging.close()  # the loader ended (or was closed): its staged files go
 
 
 def _check_endpoint(args: ReaderArguments, storage_options: dict[str, Any] | None) -> None:

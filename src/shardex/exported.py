@@ -1,9 +1,10 @@
-"""``ExportedDataset``: an export's split as (features, labels) by key name, for configs.
+"""``ExportedDataset``: an export as (features, labels) by key name, for configs.
 
 NexuML users describe training data as ``ExportedDataset(root, split, feature_keys,
 label_keys)`` in a config file; this is that record. Keys are the export's logical keys
 (``image``, ``label``, ``NAME`` of an array field ``NAME.npy``, or any metadata column), so
-the same definition reads an export of any backend.
+the same definition reads an export of any backend. Without ``split`` it reads every split
+of the export, in ``export_index`` order (the order the export numbered its samples).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from shardex.api import open_dataset
@@ -24,12 +26,12 @@ from shardex.fields import field_key
 
 @dataclass(frozen=True)
 class ExportedDataset:
-    """A split of an export as ``{"features": {...}, "labels": {...}}`` samples.
+    """An export's samples as ``{"key", "split", "features": {...}, "labels": {...}}``.
 
     Args:
         root: the export's folder or URL.
-        split: the split, as exported (never re-split); default: the only split (as
-            :func:`shardex.open_dataset`; an export of several splits needs one named).
+        split: one split, as exported (never re-split); default: every split, their
+            samples in ``export_index`` order, each item naming its ``split``.
         feature_keys: keys of the inputs; default: the export's ``x_keys``.
         label_keys: keys of the targets; default: the export's ``y_keys``.
         decode: images to arrays, labels to int, ``.npy`` to arrays (default), or raw bytes.
@@ -64,19 +66,34 @@ class ExportedDataset:
         return {**(self.storage_options or {}), **given} or None
 
     @cached_property
-    def dataset(self) -> Dataset:
-        """The underlying shardex dataset (any backend)."""
-        ds = open_dataset(
-            self.root, split=self.split, decode=self.decode, storage_options=self.options
-        )
-        known = self._known(ds)
+    def datasets(self) -> dict[str, Dataset]:
+        """The underlying shardex dataset of each split read (any backend)."""
+        names = (self.split,) if self.split is not None else tuple(self._config.splits)
+        out = {
+            name: open_dataset(
+                self.root, split=name, decode=self.decode, storage_options=self.options
+            )
+            for name in names
+        }
+        known = self._known(next(iter(out.values())))
         for key in (*self.features, *self.labels):
             if key not in known:
                 raise ConfigError(
                     f"key {key!r} is not in the export {os.fspath(self.root)} "
                     f"(keys: {', '.join(sorted(known))})"
                 )
-        return ds
+        return out
+
+    @property
+    def dataset(self) -> Dataset:
+        """The underlying shardex dataset, when one split is read."""
+        datasets = self.datasets
+        if len(datasets) != 1:
+            raise ConfigError(
+                f"{os.fspath(self.root)} is read over {len(datasets)} splits "
+                f"({', '.join(datasets)}); use .datasets, or name one with split="
+            )
+        return next(iter(datasets.values()))
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -103,30 +120,54 @@ class ExportedDataset:
         return [c for c in wanted if c in ds.metadata.column_names]
 
     @cached_property
-    def _metadata(self) -> pa.Table:
-        ds = self.dataset
-        return ds.metadata.select(self._columns(ds))
+    def _metadata(self) -> dict[str, pa.Table]:
+        return {name: ds.metadata.select(self._columns(ds)) for name, ds in self.datasets.items()}
+
+    @cached_property
+    def _order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(split number, index in its split) of each item: the splits' samples merged by
+        ``export_index``."""
+        parts = list(self.datasets.values())
+        splits = np.concatenate([np.full(len(ds), n, np.int32) for n, ds in enumerate(parts)])
+        local = np.concatenate([np.arange(len(ds), dtype=np.int64) for ds in parts])
+        if len(parts) > 1:
+            numbers = np.concatenate(
+                [ds.metadata.column("export_index").to_numpy() for ds in parts]
+            )
+            order = np.argsort(numbers, kind="stable")
+            splits, local = splits[order], local[order]
+        return splits, local
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return sum(len(ds) for ds in self.datasets.values())
 
-    def _pick(self, index: int, sample: Sample, keys: tuple[str, ...]) -> dict[str, Any]:
-        by_key = {field_key(name): v for name, v in sample.items() if name != "__key__"}
-        out = {}
-        for key in keys:
-            out[key] = by_key[key] if key in by_key else _value(self._metadata.column(key), index)
-        return out
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def locate(self, index: int) -> tuple[str, int]:
+        """The split of item ``index`` and its index in that split."""
         n = len(self)
         if not -n <= index < n:
-            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+            raise IndexError(f"sample {index} is out of range for {n} samples")
+        splits, local = self._order
         index %= n
-        sample = self.dataset[index]
+        return tuple(self.datasets)[int(splits[index])], int(local[index])
+
+    def _pick(
+        self, split: str, index: int, sample: Sample, keys: tuple[str, ...]
+    ) -> dict[str, Any]:
+        by_key = {field_key(name): v for name, v in sample.items() if name != "__key__"}
+        table = self._metadata[split]
+        return {
+            key: by_key[key] if key in by_key else meta_value(table.column(key), index)
+            for key in keys
+        }
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        split, local = self.locate(index)
+        sample = self.datasets[split][local]
         return {
             "key": sample["__key__"],
-            "features": self._pick(index, sample, self.features),
-            "labels": self._pick(index, sample, self.labels),
+            "split": split,
+            "features": self._pick(split, local, sample, self.features),
+            "labels": self._pick(split, local, sample, self.labels),
         }
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -152,7 +193,7 @@ class ExportedDataset:
             object.__setattr__(self, name, value)
 
 
-def _value(column: pa.ChunkedArray, index: int) -> Any:
+def meta_value(column: pa.ChunkedArray, index: int) -> Any:
     """One metadata value; a list of numbers as a numpy array (collated into one tensor)."""
     scalar = column[index]
     kind = column.type

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -384,7 +385,7 @@ def test_dali_refuses_an_endpoint_it_would_not_use(s3: S3Location) -> None:
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (shardex[dali])")
     shardex.export("demo:12", s3.url, storage_options=s3.direct, samples_per_shard=6, workers=1)
     with pytest.raises(ConfigError, match="AWS_ENDPOINT_URL"):
-        shardex.dali.pipeline(s3.url, batch_size=4, storage_options=s3.direct)
+        shardex.dali.pipeline(s3.url, batch_size=4, storage_options=s3.direct, stage=False)
 
 
 _S3_READ = """
@@ -438,3 +439,84 @@ def test_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     exec(compile(code.replace('"demo:300"', '"demo:120"'), "docs/dali.md", "exec"), scope)
     assert len(scope["images"]) == 32
     assert 0 <= scope["first_label"] < 10
+
+
+def _stagings() -> set[str]:
+    from shardex.dali_staging import PREFIX
+
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(PREFIX)}
+
+
+def test_staging_downloads_a_split_with_the_storage_options_and_removes_it(
+    s3: S3Location,
+) -> None:
+    """No DALI needed: the staging is shardex's own."""
+    from shardex.dali_staging import Staging
+    from shardex.storage import open_storage
+
+    shardex.export(
+        "demo:12", s3.url, storage_options=s3.direct, samples_per_shard=5,
+        split_fractions={"train": 0.5, "val": 0.5},
+    )  # fmt: skip
+    storage = open_storage(s3.url, s3.direct)
+    shards = shardex.read_config(storage).split("val").shards
+    before = _stagings()
+    staging = Staging(storage, shards)
+    assert staging.path.name in _stagings() - before
+    for shard in shards:
+        assert (staging.path / shard.path).read_bytes() == storage.get(shard.path)
+        assert shard.dali_index is not None
+        assert (staging.path / shard.dali_index).read_bytes() == storage.get(shard.dali_index)
+    staging.close()
+    staging.close()
+    assert not staging.path.exists()
+
+
+_KILLED_STAGING = """
+import json, os, sys
+from shardex.dali_staging import Staging
+from shardex.storage import open_storage
+import shardex
+storage = open_storage(sys.argv[1], json.loads(sys.argv[2]))
+staging = Staging(storage, shardex.read_config(storage).split("train").shards)
+print(staging.path, flush=True)
+os._exit(9)  # killed: nothing removes the folder
+"""
+
+
+def test_the_staging_of_a_killed_run_is_removed_by_the_next_one(s3: S3Location) -> None:
+    from shardex.dali_staging import Staging
+    from shardex.storage import open_storage
+
+    shardex.export("demo:6", s3.url, storage_options=s3.direct, samples_per_shard=3)
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_STAGING, s3.url, json.dumps(s3.direct)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert done.returncode == 9, done.stderr
+    left = Path(done.stdout.strip())
+    assert left.is_dir() and any(left.rglob("*.tar"))
+    storage = open_storage(s3.url, s3.direct)
+    staging = Staging(storage, shardex.read_config(storage).split("train").shards)
+    assert not left.exists()
+    staging.close()
+
+
+def test_dali_reads_s3_with_the_storage_options_and_leaves_no_staging(s3: S3Location) -> None:
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (shardex[dali])")
+    from shardex.spec import DALILoader, DataSpec, ExportedDataset, LoaderSpec
+
+    shardex.export("demo:10", s3.url, storage_options=s3.direct, samples_per_shard=4)
+    before = _stagings()
+    # no AWS_* variables: DALI's S3 client would not find this server; the options do
+    source = ExportedDataset(
+        s3.url, feature_keys=["image"], label_keys=["label"],
+        s3_endpoint_url=s3.direct["endpoint_url"], s3_region=s3.direct["region"],
+        storage_options={k: s3.direct[k] for k in ("access_key_id", "secret_access_key")},
+    )  # fmt: skip
+    spec = DataSpec(source, LoaderSpec(DALILoader(batch_size=4, image_size=(8, 8))))
+    labels = [label for _, targets in spec for label in targets["label"].tolist()]
+    ds = shardex.open_dataset(s3.url, decode=True, storage_options=s3.direct)
+    assert labels == [s["cls"] for s in ds]
+    assert _stagings() == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import numpy as np
@@ -81,3 +82,15 @@ class CountSetup(Stage):
 
     def params(self) -> dict[str, Any]:
         return {}
+
+
+class PidStage(Stage):
+    """Adds ``pid``: the process that ran the stage (a loader's worker, or not)."""
+
+    name: ClassVar[str] = "test_pid"
+    produces = ("pid",)
+
+    def process(self, batch: Batch) -> Batch:
+        for sample in batch:
+            sample["pid"] = os.getpid()
+        return batch

@@ -808,5 +808,9 @@ def test_exported_dataset_defaults_to_the_only_split_and_batches_embeddings(
     assert batch["labels"]["label"].tolist() == [ds[i]["labels"]["label"] for i in range(4)]
     assert tuple(batch["features"]["aesthetic_score"].shape) == (4,)
     shardex.export("demo:10", tmp_path / "two", split_fractions={"a": 0.5, "b": 0.5}, workers=1)
-    with pytest.raises(ConfigError, match="split"):
-        len(shardex.ExportedDataset(tmp_path / "two"))
+    both = shardex.ExportedDataset(tmp_path / "two")
+    assert len(both) == 10  # every split, in export_index order
+    assert [item["key"].split("/")[1] for item in both] == [f"{i:06d}" for i in range(10)]
+    assert {item["split"] for item in both} == {"a", "b"}
+    with pytest.raises(ConfigError, match="split="):
+        _ = both.dataset  # one Dataset only for one split

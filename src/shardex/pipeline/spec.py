@@ -14,7 +14,9 @@
     executor: {kind: local, workers: 4}
 
 A stage is a built-in name (``shardex pipeline stages`` lists them) or an import path
-``module:Class`` with keyword arguments. The spec's fingerprint (a hash of everything but
+``module:Class`` with keyword arguments. A spec file is also a *scenario*: a bare name
+(``my-scenario``, no such file or folder) names ``my-scenario.yaml`` (or ``.yml``) in the
+current folder, then in each folder of ``SHARDEX_SCENARIO_PATH`` (:func:`find_scenario`). The spec's fingerprint (a hash of everything but
 ``output`` and ``executor``, which do not change the result) goes into config.yaml;
 :func:`materialize` reuses an export only when the fingerprints match.
 """
@@ -30,18 +32,22 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from shardex.contract import ExportConfig
-from shardex.errors import ConfigError, SchemaError, ShardexError
+from shardex.errors import ConfigError, SchemaError, ShardexError, SourceNotFoundError
 from shardex.pipeline.executors import Executor, LocalExecutor
 from shardex.pipeline.pipeline import Pipeline
 from shardex.pipeline.readers import ReaderStage
 from shardex.pipeline.stage import Stage
 from shardex.pipeline.writer import ImageWriterStage
 from shardex.quoting import collapsed
+
+#: Folders (``os.pathsep``-separated) searched for NAME.yaml after the current folder.
+SCENARIO_PATH: Final = "SHARDEX_SCENARIO_PATH"
+_SPEC_SUFFIXES: Final = (".yaml", ".yml")
 
 #: Spec keys that say where and how to run, not what to produce (not fingerprinted).
 _NOT_FINGERPRINTED = ("output", "executor", "name")
@@ -143,6 +149,46 @@ class Spec:
         )
 
 
+def is_scenario_name(source: str) -> bool:
+    """Whether ``source`` can only be a scenario's name: no path separator, no scheme or
+    glob, and no such file or folder."""
+    separators = {"/", os.sep, *(os.altsep or "")}
+    return (
+        bool(source)
+        and not any(c in source for c in (*separators, ":", "*", "?", "["))
+        and not os.path.lexists(source)
+    )
+
+
+def scenario_places(name: str) -> list[Path]:
+    """Where a scenario ``name`` is looked for, in order."""
+    folders = [Path.cwd()]
+    folders += [Path(p) for p in os.environ.get(SCENARIO_PATH, "").split(os.pathsep) if p]
+    return [folder / f"{name}{suffix}" for folder in folders for suffix in _SPEC_SUFFIXES]
+
+
+def find_scenario(source: str) -> Path | None:
+    """The spec file ``source`` names: a ``.yaml``/``.yml`` path as given, or, for a bare
+    name, the first ``NAME.yaml``/``NAME.yml`` of :func:`scenario_places`; None when
+    ``source`` is no spec file (or a bare name with no scenario: see
+    :func:`scenario_not_found`)."""
+    if source.endswith(_SPEC_SUFFIXES):
+        return Path(source)
+    if not is_scenario_name(source):
+        return None
+    return next((p for p in scenario_places(source) if p.is_file()), None)
+
+
+def scenario_not_found(name: str) -> SourceNotFoundError:
+    """The error for a bare name that is neither a source nor a scenario."""
+    folders = dict.fromkeys(str(p.parent) for p in scenario_places(name))
+    return SourceNotFoundError(
+        f"source {name!r} is no file, folder or built-in source, and no scenario "
+        f"{name}.yaml or {name}.yml is in {', '.join(folders)} (the current folder, then "
+        f"{SCENARIO_PATH})"
+    )
+
+
 @cache
 def _validator() -> Any:
     import fastjsonschema
@@ -199,7 +245,7 @@ def run_spec(
     all), or without stages (the source exported as is, with the spec's options).
     ``overrides`` are export options given on top of the spec's (recorded in the
     fingerprint when they change the output)."""
-    spec = spec if isinstance(spec, Spec) else Spec.load(spec)
+    spec = load_spec(spec)
     until = tuple(until_keys)
     preprocess = preprocess or bool(until)
     fingerprint = spec.fingerprint(preprocess, until, overrides)
@@ -230,7 +276,7 @@ def materialize(
     fingerprint matches, else rebuilt (replacing what is there)."""
     from shardex.api import read_config
 
-    spec = spec if isinstance(spec, Spec) else Spec.load(spec)
+    spec = load_spec(spec)
     target = output or spec.raw.get("output")
     if target is None:
         raise ConfigError(f"{spec.where}: no output (give `output:` in the spec or an output)")
@@ -242,3 +288,13 @@ def materialize(
     if existing is not None and existing.spec_fingerprint == spec.fingerprint(True, until):
         return existing
     return run_spec(spec, target, executor=executor, until_keys=until, mode="overwrite")
+
+
+def load_spec(spec: Spec | str | os.PathLike[str]) -> Spec:
+    """A spec, a spec file's path or a scenario's name, loaded."""
+    if isinstance(spec, Spec):
+        return spec
+    found = find_scenario(os.fspath(spec))
+    if found is None and is_scenario_name(os.fspath(spec)):
+        raise scenario_not_found(os.fspath(spec))
+    return Spec.load(found or spec)
