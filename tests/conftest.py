@@ -13,7 +13,6 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,7 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
 #: new test gets its markers from what it uses, never by hand.
 _USES: Final = {
     "s3": re.compile(r"\bs3_server\b|\bSeaweedFS\("),
-    "ray": re.compile(r"\b(local_ray_cluster|ray_nodes)\(|executor=\"ray\"|\"--executor\", \"ray\""),
+    "ray": re.compile(
+        r"\b(local_ray_cluster|ray_nodes)\(|executor=\"ray\"|\"--executor\", \"ray\""
+    ),
     "browser": re.compile(r"\b_chromium\(\)"),
     "dali": re.compile(r"importorskip\(\"nvidia\.dali"),
 }
@@ -72,7 +73,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         functions = [getattr(item, "function", None)]
         infos = getattr(item, "_fixtureinfo", None)
-        for defs in (infos.name2fixturedefs.values() if infos is not None else ()):
+        for defs in infos.name2fixturedefs.values() if infos is not None else ():
             functions += [d.func for d in defs]
         code = "\n".join(_source(f) for f in functions if f is not None)
         if "s3_server" in item.fixturenames or _param(item, "storage") == "s3":

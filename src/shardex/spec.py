@@ -386,6 +386,7 @@ class _Windows:
         if key in by_key:
             return by_key[key]
         import numpy as np
+
         import torch
 
         values = [meta_value(self._meta.column(key), r) for r in rows]

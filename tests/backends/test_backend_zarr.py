@@ -16,12 +16,12 @@ import pytest
 import zarr
 
 import shardex
-from tests.support.s3data import S3Location
 from shardex.errors import ChecksumError, ConfigError, ObjectNotFoundError
 from shardex.storage import LocalStorage
 from shardex.testing import BackendTests
 from shardex.testing.backend import array_data
 from shardex.testing.data import make_image
+from tests.support.s3data import S3Location
 
 
 class TestZarr(BackendTests):

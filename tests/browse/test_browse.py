@@ -31,11 +31,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardex
-from tests.support.s3data import S3Location
 from helpers import image_bytes
 from shardex.errors import ConfigError
 from shardex.pipeline.stages.filter import FilterStage
 from shardex.sources.arrays import ArraySource
+from tests.support.s3data import S3Location
 
 pytest.importorskip("starlette", reason="the browse extra is not installed")
 from starlette.testclient import TestClient

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location
 from shardex.errors import ParallelismWarning
+from tests.support.s3data import S3Location
 
 # The user's program: reads the export, exports a copy with two workers, reads it from a
 # child forked after this process's requests (a forked DataLoader worker), and says so.

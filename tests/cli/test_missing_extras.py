@@ -50,7 +50,9 @@ def test_browse_without_its_extra(tmp_path: Path) -> None:
 
 
 def test_torch_backend_without_torch_is_refused_before_the_source_is_read(tmp_path: Path) -> None:
-    done = _cli(tmp_path, ("torch",), "export-dataset", "demo:50", "-o", "out", "--backend", "torch")
+    done = _cli(
+        tmp_path, ("torch",), "export-dataset", "demo:50", "-o", "out", "--backend", "torch"
+    )
     _refused(done, "pip install 'shardex[torch]'")
     assert not (tmp_path / "out").exists()  # no intent file: the retry is not refused
 

@@ -17,12 +17,12 @@ import pytest
 
 import shardex
 from helpers import files_of
-from tests.support.s3data import S3Location
 from shardex.errors import NotAnExportError, OutputExistsError, OutputLockedError, StorageError
 from shardex.exporter import export_files
 from shardex.sources import DemoSource
 from shardex.storage import LocalStorage, ObjectStorage
 from shardex.storage.local import LocalObjectWriter, is_temporary
+from tests.support.s3data import S3Location
 
 OPTIONS: dict[str, Any] = {
     "samples_per_shard": 10,

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 
 import shardex
 from helpers import copy_of
-from tests.support.s3data import S3Location
 from shardex.errors import ChecksumError, FormatError
 from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 from shardex.format.tar import iter_members, member_bytes, parse_sample, split_name
 from shardex.storage import ObjectStorage
 from shardex.verification import verify
+from tests.support.s3data import S3Location
 
 # Keys of every layout a member name can take: short ustar names, a name over 100 bytes
 # with a "/" (split over ustar's prefix and name fields: the row says "parse"), a GNU

@@ -366,7 +366,9 @@ def test_preprocess_until_key_stores_that_key_without_x_key(tmp_path: Path, back
     )
     out = tmp_path / "prepared-data"
     args = ["export-dataset", str(tmp_path / "spec.yaml"), "-o", str(out), "--backend", backend]
-    result = CliRunner().invoke(main, [*args, "--preprocess", "--preprocess-until-key", "clip_embedding"])
+    result = CliRunner().invoke(
+        main, [*args, "--preprocess", "--preprocess-until-key", "clip_embedding"]
+    )
     assert result.exit_code == 0, result.output
     config = shardex.read_config(out)
     assert config.x_keys[-1] == "clip_embedding" and "image" in config.x_keys

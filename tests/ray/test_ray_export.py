@@ -18,7 +18,6 @@ import pytest
 from click.testing import CliRunner
 
 import shardex
-from tests.support.s3data import S3Location
 from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.engine.spill import FinalSpill
@@ -26,6 +25,7 @@ from shardex.errors import BadSampleError, ConfigError
 from shardex.sources.base import MEMBER_TYPE, MEMBERS
 from shardex.storage import ObjectStorage
 from tests.support.raycluster import ray_nodes, record_span, slice_read
+from tests.support.s3data import S3Location
 
 pytest.importorskip("ray")
 
@@ -478,7 +478,6 @@ def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
     import warnings
 
     import ray
-
     from shardex.errors import RefetchWarning
     from shardex.sources import held
     from shardex.sources import tars as tars_module

@@ -31,13 +31,13 @@ import pytest
 from click.testing import CliRunner
 
 import shardex
-from tests.support.s3data import S3Location
 from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.errors import NotAnExportError, OutputExistsError, UnverifiedOutputError
 from shardex.storage import open_storage
 from shardex.storage.local import is_temporary
 from tests.support.raycluster import environ, local_ray_cluster
+from tests.support.s3data import S3Location
 
 CLI = [sys.executable, "-c", "import sys; from shardex.cli import main; sys.exit(main())"]
 PER_SHARD = 6

@@ -30,11 +30,11 @@ from hypothesis import strategies as st
 
 import shardex
 import shardex.dali
-from tests.support.s3data import S3Location
 from shardex.dali_labels import MAX_DIGITS, NumpyOps, ascii_label
 from shardex.errors import ConfigError, MissingDependencyError
 from shardex.storage import LocalStorage
 from shardex.testing.data import make_image
+from tests.support.s3data import S3Location
 
 Component = tuple[str, int, int, str | None]
 

@@ -10,16 +10,18 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location, put_raw, tar_of
 from helpers import image_bytes
 from shardex.errors import ShardexError
 from shardex.storage import ObjectStorage
+from tests.support.s3data import S3Location, put_raw, tar_of
 
 OPTS = {"samples_per_shard": 5, "workers": 1}
 
 
 def _skipped(out: Path) -> list[str]:
-    return [str(p) for p in pq.read_table(out / "errors.parquet").column("original_path").to_pylist()]
+    return [
+        str(p) for p in pq.read_table(out / "errors.parquet").column("original_path").to_pylist()
+    ]
 
 
 @pytest.mark.parametrize("bad", ["cls/new\nline.jpg", "cls/tab\t.jpg", "cls/ctrl\x01.jpg"])
@@ -49,7 +51,11 @@ def test_a_key_with_a_control_character_is_named_or_skipped(
 def test_a_tiny_tar_is_skipped_and_the_others_exported(
     s3: S3Location, tmp_path: Path, size: int
 ) -> None:
-    files = {"a.tar": tar_of([(f"k{i:03d}", image_bytes(i), i % 2) for i in range(4)]), "b.tar": b"\0" * size, "c.tar": tar_of([(f"m{i:03d}", image_bytes(i), i % 2) for i in range(3)])}
+    files = {
+        "a.tar": tar_of([(f"k{i:03d}", image_bytes(i), i % 2) for i in range(4)]),
+        "b.tar": b"\0" * size,
+        "c.tar": tar_of([(f"m{i:03d}", image_bytes(i), i % 2) for i in range(3)]),
+    }
     (tmp_path / "src").mkdir()
     store = ObjectStorage(s3.child("tars"), s3.direct)
     for name, data in files.items():

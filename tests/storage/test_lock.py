@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location
 from shardex.errors import OutputLockedError, ShardexError, StorageError
 from shardex.exporter import export_files
 from shardex.storage import LocalStorage, ObjectStorage
 from shardex.storage.lock import LOCK_FILE, LeaseLock
+from tests.support.s3data import S3Location
 
 CLI = [sys.executable, "-c", "from shardex.cli import main; main()"]
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location
 from shardex.errors import ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
@@ -27,6 +26,7 @@ from shardex.storage.direct import STREAM_PIECE
 from shardex.testing import StorageTests
 from tests.support.interop import read_with_webdataset
 from tests.support.proxy import RequestRecord
+from tests.support.s3data import S3Location
 
 FRACTIONS = {"train": 0.8, "val": 0.2}
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location
 from shardex.errors import ConfigError, ObjectNotFoundError, StorageError
 from shardex.storage import ObjectStorage
+from tests.support.s3data import S3Location
 from tests.support.seaweedfs import SeaweedFS
 
 

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import shardex
-from tests.support.s3data import S3Location
 from shardex.storage import ObjectStorage
+from tests.support.s3data import S3Location
 
 SRC = Path(shardex.__file__).parent
 

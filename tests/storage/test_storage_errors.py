@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import shardex
-from tests.support.s3data import S3Location
 from helpers import closed_port, serving
 from shardex.errors import BucketNotFoundError, StorageError
+from tests.support.s3data import S3Location
 
 BUDGET = 1.0  # seconds: storage option retry_timeout in every case
 

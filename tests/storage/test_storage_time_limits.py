@@ -18,8 +18,8 @@ import pytest
 
 import shardex
 from helpers import closed_port
-from tests.support.s3data import S3Location
 from shardex.errors import StorageError
+from tests.support.s3data import S3Location
 
 
 @pytest.fixture

@@ -102,9 +102,7 @@ class FaultyStorage(Storage):
 
     # --------------------------------------------------------------- rules
 
-    def fail(
-        self, method: str, error: BaseException | None = None, **when: Unpack[When]
-    ) -> None:
+    def fail(self, method: str, error: BaseException | None = None, **when: Unpack[When]) -> None:
         """Raise ``error`` (a StorageError naming the call by default) in place of the call."""
         self._rules.append(_Rule(method, "fail", error=error, **when))
 

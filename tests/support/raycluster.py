@@ -34,8 +34,9 @@ def local_ray_cluster(num_cpus: int = 2, **init_options: Any) -> Iterator[None]:
     laptop (an OSX/Windows default); with that switch off every service listens on
     loopback only, which the tests check.
     """
-    import ray
     from ray._private import ray_constants
+
+    import ray
 
     # Ray's workers import the tests' stages (tests.support.stages) by name: they need the
     # repository root on their path, also when the driver runs from another directory.
@@ -75,9 +76,10 @@ def ray_nodes(
     127.0.0.1, this process its driver; yields the cluster, shuts it down. Tasks run on
     every node, the head's included.
     """
-    import ray
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
+
+    import ray
 
     python_path = os.pathsep.join([_REPO_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
     saved_flag = ray_constants.ENABLE_RAY_CLUSTER

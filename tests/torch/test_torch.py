@@ -30,7 +30,6 @@ from hypothesis import strategies as st  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import shardex  # noqa: E402
-from tests.support.s3data import S3Location  # noqa: E402
 from helpers import small_export  # noqa: E402
 from shardex.codecs.images import decode  # noqa: E402
 from shardex.errors import ConfigError  # noqa: E402
@@ -41,6 +40,7 @@ from shardex.torch import (  # noqa: E402
     StreamDataset,
     TensorShardsLoader,
 )
+from tests.support.s3data import S3Location  # noqa: E402
 
 # torch advises against more workers than cores; CI machines may have a single core.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

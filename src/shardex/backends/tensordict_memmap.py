@@ -88,8 +88,9 @@ from shardex.storage.base import Storage
 from shardex.storage.cache import cache_dir, remove_legacy_leftovers
 
 if TYPE_CHECKING:
-    import torch
     from tensordict import TensorDictBase
+
+    import torch
 
 # torch and tensordict are imported where they are used: the registry reads this
 # backend's capabilities (a refused --dtype names the backends that can) without the

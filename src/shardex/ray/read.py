@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import ray
 import ray.data
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockAccessor, BlockMetadata
 
+import ray
 from shardex.api import open_dataset, read_config, resolve_split
 from shardex.contract import METADATA_FILE, ExportConfig, ShardInfo
 from shardex.dataset import Dataset

@@ -41,12 +41,12 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate as _collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+import torch
 from shardex.errors import ConfigError
 from shardex.per_process import PerProcess
 

@@ -10,8 +10,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
+import torch
 from shardex.codecs.images import IMAGE_EXTENSIONS, decode
 from shardex.contract import METADATA_FILE
 from shardex.dataset import Sample

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
+import torch
 from shardex.api import open_dataset
 from shardex.backends.columns import ColumnReader, concat_columns, slice_columns
 from shardex.backends.registry import backend_for

@@ -1,0 +1,7 @@
+"""``python -m shardex.cli``: the ``shardex`` command."""
+
+import sys
+
+from shardex.cli import main
+
+sys.exit(main())
