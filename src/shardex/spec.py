@@ -69,6 +69,8 @@ class TorchLoader(_Epochs):
     :class:`~shardex.torch.ShardexSampler` (global seeded shuffle, equal shares per rank;
     ``drop_last`` also drops a short last batch); ``state`` is a ``sampler.state_dict()``
     to resume from (the loop calls ``loader.sampler.advance(n)`` after each batch).
+    ``collate_fn``: default :func:`shardex.torch.collate` (torch's batches, in reused
+    shared memory, and one line naming a field whose items differ in shape).
     """
 
     num_workers: int = 0
@@ -77,7 +79,7 @@ class TorchLoader(_Epochs):
     def build(self, spec: DataSpec) -> Any:
         from torch.utils.data import DataLoader
 
-        from shardex.torch import ShardexSampler
+        from shardex.torch import ShardexSampler, collate
 
         items = spec.items
         sampler = ShardexSampler(
@@ -96,7 +98,7 @@ class TorchLoader(_Epochs):
             sampler=sampler,
             num_workers=self.num_workers,
             drop_last=self.drop_last,
-            collate_fn=self.collate_fn,
+            collate_fn=self.collate_fn or collate,
         )
 
 

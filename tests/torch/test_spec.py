@@ -281,3 +281,45 @@ def test_the_dali_loader_as_a_spec_backend(tmp_path: Path) -> None:
         other = DataSpec(dataclasses.replace(source, **keys), spec.loader)
         with pytest.raises(ConfigError, match=match):
             list(other)
+
+
+def test_a_spec_over_images_of_several_sizes_is_one_line_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """The demo's images differ in size: batching them without a resize is a one-line
+    error naming the field (torch's own is a traceback naming none)."""
+    shardex.export("demo:8", tmp_path / "e", backend="numpy")
+    source = ExportedDataset(root=tmp_path / "e", feature_keys=["image"], label_keys=["label"])
+    spec = DataSpec(source=source, loader=LoaderSpec(backend=TorchLoader(batch_size=4)))
+    with pytest.raises(ConfigError, match=r"^cannot batch the field 'features\.image': "):
+        next(iter(spec))
+
+
+_ITERATE_PIXELS = """
+import sys
+from shardex.spec import DataSpec, ExportedDataset, LoaderSpec, TorchLoader
+source = ExportedDataset(root=sys.argv[1], feature_keys=["image"], label_keys=["label"])
+for workers in (0, 2):
+    loader = LoaderSpec(backend=TorchLoader(batch_size=4, num_workers=workers))
+    shapes = [tuple(x["image"].shape) for x, _ in DataSpec(source=source, loader=loader)]
+    print(shapes)
+"""
+
+
+def test_a_spec_over_stored_pixels_batches_without_a_warning(tmp_path: Path) -> None:
+    """Pixels an export stored (a scenario's decode and resize, --preprocess) come back as
+    read-only arrays mapped from its files: batched with no "not writable" warning from
+    torch (a fresh process: torch gives that warning once a process)."""
+    (tmp_path / "scenario.yaml").write_text(
+        "source: demo:8\nstages:\n  - {stage: decode}\n  - {stage: resize, size: 16, mode: exact}\n"
+    )
+    cli = [sys.executable, "-m", "shardex.cli", "export-dataset", "scenario", "-o", "e", "-q"]
+    subprocess.run([*cli, "--backend", "numpy", "--preprocess"], cwd=tmp_path, check=True)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _ITERATE_PIXELS, str(tmp_path / "e")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == [str([(4, 16, 16, 3)] * 2)] * 2

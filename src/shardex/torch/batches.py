@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,21 +86,25 @@ def collate(batch: list[Any]) -> Any:
     return _collate(batch, collate_fn_map=_worker_pool().collate_map)
 
 
-def _check_shapes(batch: list[Any]) -> None:
+def _check_shapes(batch: list[Any], prefix: str = "") -> None:
     """A one-line ConfigError, naming the field, for dict items whose tensors or arrays
     differ in shape (torch's own error is a 40-line traceback saying "stack expects each
     tensor to be equal size", naming no field): images of different sizes without a
-    transform that resizes them."""
+    transform that resizes them. Nested dicts (``{"features": {...}}``) are looked into;
+    the field is then named by its path (``features.image``)."""
     if not batch or not isinstance(batch[0], dict):
         return
     for name, first in batch[0].items():
+        if isinstance(first, dict):
+            _check_shapes([item.get(name) for item in batch], f"{prefix}{name}.")
+            continue
         if not isinstance(first, torch.Tensor | np.ndarray):
             continue
         for item in batch[1:]:
-            value = item.get(name)
+            value = item.get(name) if isinstance(item, dict) else None
             if isinstance(value, torch.Tensor | np.ndarray) and value.shape != first.shape:
                 raise ConfigError(
-                    f"cannot batch the field {name!r}: its items differ in shape "
+                    f"cannot batch the field {prefix + name!r}: its items differ in shape "
                     f"({tuple(first.shape)} and {tuple(value.shape)}); pass a transform= "
                     "that gives every item one shape (images: resize them, see "
                     "docs/torch.md), or a collate_fn that takes items as they are"
@@ -213,7 +218,20 @@ def _main_tensors(batch: list[torch.Tensor], *, collate_fn_map: CollateMap) -> A
     return default_collate_fn_map[torch.Tensor](batch, collate_fn_map=collate_fn_map)
 
 
-_MAIN_MAP: Final[CollateMap] = {**default_collate_fn_map, torch.Tensor: _main_tensors}
+def _arrays(batch: list[np.ndarray], *, collate_fn_map: CollateMap) -> Any:
+    """numpy arrays as torch's collate takes them (each made a tensor, then stacked), less
+    its warning for a read-only array (an export's mapped file): the items are only read,
+    and the batch is a new tensor."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
+
+
+_MAIN_MAP: Final[CollateMap] = {
+    **default_collate_fn_map,
+    torch.Tensor: _main_tensors,
+    np.ndarray: _arrays,
+}
 
 
 def _nbytes(size: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -337,6 +355,7 @@ class _WorkerPool:
         self.collate_map: CollateMap = {
             **default_collate_fn_map,
             torch.Tensor: self._tensors,
+            np.ndarray: _arrays,
             int: self._ints,  # and bool, by isinstance
             float: self._floats,
         }
