@@ -74,7 +74,8 @@ def test_a_data_spec_over_every_backend_gives_what_open_dataset_reads(
     want = _by_export_index(arrays)
     assert [(key, split) for key, split, _, _ in got] == [(s["__key__"], n) for _, n, s in want]
     for (_, _, feats, labels), (_, _, sample) in zip(got, want, strict=True):
-        assert feats["x"].dtype == np.float32 and feats["x"].shape == (3, 4)
+        assert feats["x"].dtype == np.float32
+        assert feats["x"].shape == (3, 4)
         np.testing.assert_array_equal(feats["x"], sample["x.npy"])
         assert labels["y"].dtype == np.int64
         assert labels["y"] == sample["y.npy"]
@@ -257,7 +258,8 @@ def test_exported_dataset_reads_every_split_or_one(tmp_path: Path) -> None:
     val = ExportedDataset(tmp_path / "two", split="val")
     assert len(val) + len(ExportedDataset(tmp_path / "two", split="train")) == len(both) == 10
     assert {i["split"] for i in val} == {"val"}
-    assert set(val.datasets) == {"val"} and set(both.datasets) == {"train", "val"}
+    assert set(val.datasets) == {"val"}
+    assert set(both.datasets) == {"train", "val"}
 
 
 def test_the_dali_loader_as_a_spec_backend(tmp_path: Path) -> None:
@@ -275,8 +277,8 @@ def test_the_dali_loader_as_a_spec_backend(tmp_path: Path) -> None:
         labels += targets["label"].tolist()
     assert labels == [s["cls"] for s in shardex.open_dataset(tmp_path / "two", "val", decode=True)]
     for keys, match in [
-        (dict(feature_keys=["embedding"]), "'embedding' is not stored in the export's tars"),
-        (dict(split=None), "one split"),
+        ({"feature_keys": ["embedding"]}, "'embedding' is not stored in the export's tars"),
+        ({"split": None}, "one split"),
     ]:
         other = DataSpec(dataclasses.replace(source, **keys), spec.loader)
         with pytest.raises(ConfigError, match=match):
