@@ -65,6 +65,7 @@ def test_no_module_but_the_registry_branches_on_a_backend_name() -> None:
 
 
 def test_no_import_cycle_among_shardex_modules() -> None:
+    """Counting every import: inside functions and under ``TYPE_CHECKING`` too."""
     script = Path(__file__).parents[1] / "scripts" / "import_cycles.py"
     out = subprocess.run(
         [sys.executable, str(script), "--all"], capture_output=True, text=True, check=False

@@ -6,9 +6,9 @@ import os
 from typing import Any
 
 from shardex.backends.registry import backend_for
-from shardex.contract import CONFIG_FILE, ExportConfig
+from shardex.contract import ExportConfig
 from shardex.dataset import Dataset, OnReadError
-from shardex.errors import ConfigError, NotAnExportError, ObjectNotFoundError
+from shardex.errors import ConfigError
 from shardex.storage import Storage, open_storage
 
 
@@ -22,15 +22,7 @@ def read_config(
             still being written or was interrupted).
         SchemaError: config.yaml does not match the schema.
     """
-    storage = open_storage(location, storage_options)
-    try:
-        text = storage.get(CONFIG_FILE)
-    except ObjectNotFoundError:
-        raise NotAnExportError(
-            f"{storage.uri} is not a shardex export: it has no {CONFIG_FILE} (an export being "
-            "written, or an interrupted one, has none until it commits)"
-        ) from None
-    return ExportConfig.from_yaml(text, where=storage.join(CONFIG_FILE))
+    return ExportConfig.read(open_storage(location, storage_options))
 
 
 def resolve_split(config: ExportConfig, split: str | None, where: str) -> str:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 # The schema compiled to Python ahead of time (scripts/gen_config_validator.py): ~15x
 # faster than an interpreting validator, which matters with tens of thousands of shards,
@@ -20,6 +20,9 @@ from shardex import config_validator, yaml_subset
 from shardex.errors import ConfigError, SchemaError
 from shardex.names import stored_split_name_problem
 from shardex.quoting import collapsed
+
+if TYPE_CHECKING:
+    from shardex.storage.base import Storage
 
 #: 2: per-sample checksums are seeded with the sample number (see format/index.py);
 #: version 1 exports still open and read.
@@ -290,6 +293,26 @@ class ExportConfig:
                 ),
             }
         )
+
+    @classmethod
+    def read(cls, storage: Storage) -> ExportConfig:
+        """The config.yaml of the export in ``storage``, read and validated.
+
+        Raises:
+            NotAnExportError: there is no config.yaml (nothing exported, or an export that
+                is still being written or was interrupted).
+            SchemaError: config.yaml does not match the schema.
+        """
+        from shardex.errors import NotAnExportError, ObjectNotFoundError
+
+        try:
+            text = storage.get(CONFIG_FILE)
+        except ObjectNotFoundError:
+            raise NotAnExportError(
+                f"{storage.uri} is not a shardex export: it has no {CONFIG_FILE} (an export "
+                "being written, or an interrupted one, has none until it commits)"
+            ) from None
+        return cls.from_yaml(text, where=storage.join(CONFIG_FILE))
 
     @classmethod
     def from_yaml(cls, text: str | bytes, *, where: str = CONFIG_FILE) -> ExportConfig:

@@ -6,7 +6,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,8 +22,18 @@ from shardex.options import ExportOptions
 from shardex.sources.base import MEMBERS
 
 if TYPE_CHECKING:
-    from shardex.backends.base import Backend
     from shardex.rows import Sizes
+
+
+class _Places(Protocol):
+    """What :func:`key_specs` asks of a backend (a :class:`~shardex.backends.base.Backend`,
+    which this module, imported by the backends' writers, does not import)."""
+
+    name: str
+    key_storage: str | None
+
+    def field_storage(self, field: FieldSpec) -> str: ...
+
 
 SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test", "predict")
 _CHUNK: Final = 1 << 16
@@ -190,7 +200,7 @@ def key_specs(
     fields: tuple[FieldSpec, ...],
     x_keys: tuple[str, ...],
     y_keys: tuple[str, ...],
-    backend: Backend,
+    backend: _Places,
     image_formats: tuple[str, ...] | None = None,
 ) -> tuple[KeySpec, ...]:
     """What config.yaml says of each key: the stored fields (true dtype and shape) and the

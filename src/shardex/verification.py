@@ -19,7 +19,7 @@ import xxhash
 
 from shardex.backends.base import Check
 from shardex.backends.registry import backend_for
-from shardex.contract import CONFIG_FILE
+from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.errors import ShardexError
 from shardex.format.tables import arrow_reader
 from shardex.progress import Progress
@@ -41,12 +41,11 @@ def verify(
     progress: bool = False,
 ) -> VerifyReport:
     """Check an export; see the module docstring for what is checked."""
-    from shardex.api import read_config
 
     storage = open_storage(location, storage_options)
     report = VerifyReport(storage.uri, deep=deep)
     try:
-        config = read_config(storage)
+        config = ExportConfig.read(storage)
     except ShardexError as exc:
         report.problems.append(Problem(CONFIG_FILE, "config", str(exc)))
         return report

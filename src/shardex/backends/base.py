@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
     from shardex.rows import Members, SpilledRows, SplitRows
     from shardex.sample_check import SampleCheck
     from shardex.sources.base import MapRunner
-    from shardex.verification import VerifyReport
+    from shardex.verify_report import VerifyReport
 
 
 @dataclass(frozen=True, slots=True)

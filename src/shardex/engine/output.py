@@ -23,7 +23,6 @@ from typing import Any, Final
 
 import xxhash
 
-from shardex.api import read_config
 from shardex.backends.ownership import foreign_files, run_owns, shardex_files, writers
 from shardex.contract import (
     CONFIG_FILE,
@@ -138,7 +137,7 @@ def committed_files(storage: Storage, old_files: list[str]) -> frozenset[str]:
     if CONFIG_FILE not in old_files:
         return frozenset()
     try:
-        return frozenset(export_files(read_config(storage)))
+        return frozenset(export_files(ExportConfig.read(storage)))
     except ShardexError:  # an unreadable config.yaml: keep clear of every file there
         return frozenset(old_files)
 
@@ -238,7 +237,7 @@ def finish_committed(
             return None  # it had not committed
         if mode != "resume" and (intent.get("command"), intent.get("mode")) != (command, mode):
             return None  # another command: it replaces or extends what is there
-    config = read_config(storage)
+    config = ExportConfig.read(storage)
     remove_leftovers(storage, config)
     write_derived(storage, derived_files(config))  # killed before it replaced them
     ours = shardex_files(storage, storage.list())
@@ -252,7 +251,7 @@ def promote_legacy(storage: Storage) -> ExportConfig | None:
     config.yaml committed: a kill between the two left a config.yaml naming files already
     renamed. Commit a config.yaml naming the files that exist; None if nothing to do."""
     try:
-        config = read_config(storage)
+        config = ExportConfig.read(storage)
     except ShardexError:
         return None
 

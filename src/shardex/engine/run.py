@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from shardex.api import read_config
 from shardex.backends.base import Backend
 from shardex.backends.ownership import committed_is_flat
 from shardex.backends.registry import check_options, get_backend
@@ -156,7 +155,7 @@ class _Job:
     def __post_init__(self) -> None:
         self.committed = committed_files(self.storage, self.old_files)
         if self.opts.mode == "append":
-            self.previous = read_config(self.storage)
+            self.previous = ExportConfig.read(self.storage)
             self.opts = appending_options(self.opts, self.previous)
 
 

@@ -127,10 +127,10 @@ class ExportSource(StoredSource):
         """The samples in batches (see :meth:`Source.stream`); with a Ray ``runner``, a
         ``webdataset`` export's samples on object storage are read and checked by its
         tasks (see :mod:`shardex.backends.webdataset.stored`)."""
-        from shardex.api import read_config
+        from shardex.contract import ExportConfig
 
         storage = open_storage(self.uri, self.storage_options)
-        config = read_config(storage)
+        config = ExportConfig.read(storage)
         return SampleStream(self._batches(storage, config, runner), config.label_names)
 
     def _batches(

@@ -28,14 +28,25 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Self
+from typing import Final, Protocol, Self
 
 from shardex.errors import OutputLockedError, StorageError
 from shardex.quoting import quoted
 from shardex.storage.failures import link_refused
 
-if TYPE_CHECKING:
-    from shardex.storage.base import Storage
+
+class Leased(Protocol):
+    """What a lease needs of a storage (any :class:`~shardex.storage.base.Storage`: this
+    module does not import it, which imports this one)."""
+
+    uri: str
+
+    def get_tagged(self, path: str) -> tuple[bytes, str] | None: ...
+
+    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None: ...
+
+    def delete(self, path: str) -> None: ...
+
 
 #: The lock's name under the output's root (never part of an export).
 LOCK_FILE: Final = ".shardex-lock"
@@ -174,7 +185,7 @@ class LocalLock(OutputLock):
 class LeaseLock(OutputLock):
     """A lease on ``.shardex-lock`` in an object store, renewed by a thread."""
 
-    def __init__(self, storage: Storage, holder: str, lease: float | None = None) -> None:
+    def __init__(self, storage: Leased, holder: str, lease: float | None = None) -> None:
         self._storage = storage
         self._holder = holder
         self._lease = lease_seconds() if lease is None else lease
