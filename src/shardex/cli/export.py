@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +16,11 @@ from shardex.cli.app import (
 )
 from shardex.cli.config import config_option
 from shardex.errors import ShardexError, SourceNotFoundError
+
+if TYPE_CHECKING:  # the types of the click.Choice flags (their modules load when it runs)
+    from shardex.codecs.images import Validate
+    from shardex.options import Layout, Mode
+    from shardex.sample_check import OnError
 
 
 @main.command("export-dataset")
@@ -217,14 +222,14 @@ def export_dataset(
     split_fractions: str | None,
     seed: int,
     workers: int | None,
-    mode: str,
+    mode: Mode,  # click.Choice: one of these
     overwrite: bool,
-    on_error: str,
-    validate: str,
+    on_error: OnError,
+    validate: Validate,
     max_pixels: int | None,
     dtype: str | None,
     image_member: str | None,
-    layout: str,
+    layout: Layout,
     backend_options: tuple[str, ...],
     preprocess: bool,
     until_keys: tuple[str, ...],
@@ -273,15 +278,15 @@ def export_dataset(
         split_fractions=fractions,
         seed=seed,
         workers=workers,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         max_pixels=max_pixels or MAX_PIXELS,
         overwrite=overwrite,
-        on_error=on_error,  # type: ignore[arg-type]
-        validate=validate,  # type: ignore[arg-type]
+        on_error=on_error,
+        validate=validate,
         dtype=dtype,
         image_member=image_member,
         backend_options=_backend_options(backend_options),
-        layout=layout,  # type: ignore[arg-type]
+        layout=layout,
     )
     check_options(opts)  # what the backend cannot store: before the source is looked at
     storage_options = location_options()
