@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import multiprocessing.util
 import os
 import re
 import uuid
@@ -139,6 +140,11 @@ def _isolated_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     # many GB that leaves (a large shared disk often is): the tests' Ray clusters (theirs
     # and those the CLI starts) spill little, so for them only a full disk counts
     os.environ["RAY_local_fs_capacity_threshold"] = "1"  # noqa: SIM112  # Ray reads this name
+    # multiprocessing makes its folder (forkserver socket, pymp-*) once a process, under
+    # the temporary folder of the moment: made now, it is not made in the tmp_path of a
+    # test that points tempfile there, whose removal would break every later worker start
+    # of this process ("worker processes cannot start (FileNotFoundError)")
+    multiprocessing.util.get_temp_dir()
 
 
 @pytest.fixture
