@@ -33,7 +33,7 @@ class Staging:
     under their paths in the export."""
 
     def __init__(self, storage: Storage, shards: Sequence[ShardInfo]) -> None:
-        from shardex.engine.scratch import locked_folder, remove_stale
+        from shardex.storage.scratch import locked_folder, remove_stale
 
         root = Path(tempfile.gettempdir())
         remove_stale(root, PREFIX)

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 import shardex
 import shardex.engine.run as run_module
 from helpers import files_but_the_lock, kill_once_shards_appear, labelled_tar, peak_rss_kb
-from shardex.engine.scratch import PREFIX
 from shardex.engine.split_index import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
@@ -39,6 +38,7 @@ from shardex.sources.base import (
     file_member,
 )
 from shardex.storage.local import LocalStorage
+from shardex.storage.scratch import PREFIX
 from shardex.testing import make_image
 
 
@@ -410,7 +410,7 @@ def test_exports_starting_together_never_take_each_others_scratch_for_stale(
     'cannot write the export's scratch files ... No such file or directory'."""
     import threading
 
-    from shardex.engine import scratch as scratch_module
+    from shardex.storage import scratch as scratch_module
 
     root = tmp_path / "tmp"
     root.mkdir()

@@ -44,11 +44,11 @@ out read-only numpy views.
 split's folder is written in an export scratch folder under ``$TMPDIR`` (room for one
 split's arrays), checksummed, then each file is uploaded (each object whole or absent) and
 the staging folder removed; a killed export's staging is removed by the next export
-(:mod:`shardex.engine.scratch`). Reading downloads the split's folder once into shardex's cache
+(:mod:`shardex.storage.scratch`). Reading downloads the split's folder once into shardex's cache
 (``$SHARDEX_CACHE_DIR/tensordict/``, named by the run's checksum, so a replaced export never
 meets a stale copy), checks its bytes against config.yaml, and maps the copy. A reader
 downloads into a folder of its own there, locked while it writes (see
-:func:`shardex.engine.scratch.locked_folder`); one killed mid-download leaves it, and the
+:func:`shardex.storage.scratch.locked_folder`); one killed mid-download leaves it, and the
 next reader to download removes it (its lock is free).
 """
 
@@ -80,12 +80,12 @@ from shardex.backends.base import Capabilities, OnShard, SplitPlan
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.engine.scratch import LOCK_FILE, locked_folder, remove_stale, scratch
 from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.parallel import Runner
 from shardex.storage.base import Storage
 from shardex.storage.cache import cache_dir, remove_legacy_leftovers
+from shardex.storage.scratch import LOCK_FILE, locked_folder, remove_stale, scratch
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase

@@ -46,7 +46,6 @@ from shardex.engine.prepare import (
     prepare_streamed,
     streamable,
 )
-from shardex.engine.scratch import scratch
 from shardex.engine.write import Written, write_splits
 from shardex.errors import ConfigError, EmptySourceError, SourceError, mode_hint
 from shardex.options import ExportOptions
@@ -59,6 +58,7 @@ from shardex.sources.held import tars_held
 from shardex.sources.objecttars import copies_kept
 from shardex.storage import LocalStorage, Storage, open_storage
 from shardex.storage.lock import OutputLock, holder_text
+from shardex.storage.scratch import scratch
 
 
 def export_options(options: ExportOptions | None, kwargs: dict[str, Any]) -> ExportOptions:

@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from shardex.engine.runs import HashRuns
-from shardex.engine.scratch import scratch
 from shardex.format.index import (
     SAMPLE_DTYPE,
     MemberSpans,
@@ -26,6 +25,7 @@ from shardex.format.index import (
     members_dtype,
 )
 from shardex.storage.base import Storage
+from shardex.storage.scratch import scratch
 
 _KEY: Final = np.dtype([("h", "<u8"), ("sample", "<u8")])
 _COPY: Final = 1 << 20

@@ -238,7 +238,7 @@ def _checked_metadata(storage: Storage, config: ExportConfig) -> Iterator[Path]:
     with _source_errors(where), contextlib.ExitStack() as stack:
         path = storage.local_path(name)
         if path is None:
-            from shardex.engine.scratch import scratch
+            from shardex.storage.scratch import scratch
 
             path = stack.enter_context(scratch("source")) / "metadata.parquet"
             with open(path, "wb") as f:

@@ -2,7 +2,7 @@
 index files, a metadata table read in pieces).
 
 A reader downloads into a folder of its own (``index/download-{pid}-...``), locked while
-it writes (:func:`shardex.engine.scratch.locked_folder`), then renames the file into
+it writes (:func:`shardex.storage.scratch.locked_folder`), then renames the file into
 place: a reader never sees a partial copy. One killed mid-download leaves its folder, and
 the next reader to download removes it (its lock is free); a live reader's folder is
 never removed. Readers before these locks left ``.NAME.tmp-PID`` files beside the copies
@@ -61,7 +61,7 @@ def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
 
 
 def _download(storage: Storage, path: str, target: Path, root: Path, digest: str) -> None:
-    from shardex.engine.scratch import locked_folder, remove_stale  # only on a download
+    from shardex.storage.scratch import locked_folder, remove_stale  # only on a download
 
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(root, DOWNLOAD)
