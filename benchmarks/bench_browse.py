@@ -13,18 +13,19 @@ page's thumbnails all shown.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import shutil
+import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]  # the repository: tests.support
+from tests.support.serve import serve  # noqa: E402
 
 
 def build(out: Path, n: int) -> None:
@@ -58,25 +59,6 @@ def build(out: Path, n: int) -> None:
         metadata=meta,
     )
     shardex.export(source, out, samples_per_shard=20000, workers=1, overwrite=True)
-
-
-@contextlib.contextmanager
-def serve(app: Any) -> Iterator[str]:
-    import uvicorn
-
-    from shardex.browse import _bind
-
-    sock = _bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def timed(url: str) -> float:

@@ -16,8 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,6 +34,7 @@ from shardex.errors import ConfigError
 from shardex.pipeline.stages.filter import FilterStage
 from shardex.sources.arrays import ArraySource
 from tests.support.s3data import S3Location
+from tests.support.serve import serve
 
 pytest.importorskip("starlette", reason="the browse extra is not installed")
 from starlette.testclient import TestClient
@@ -673,27 +672,6 @@ def test_sample_page_groups_internal_columns_apart(page: Any, server: str) -> No
     assert page.is_visible("#internal th >> text=sample_offset")
 
 
-@contextlib.contextmanager
-def _serve(app: Any) -> Iterator[str]:
-    """``app`` served by uvicorn on a free loopback port in a thread."""
-    import uvicorn
-
-    from shardex.browse import _bind
-
-    sock = _bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 def test_s3_export_costs_one_ranged_get_per_image(page: Any, s3: S3Location) -> None:
     shardex.export(
         ArraySource({"jpg": [image_bytes(i) for i in range(30)]}),
@@ -704,7 +682,7 @@ def test_s3_export_costs_one_ranged_get_per_image(page: Any, s3: S3Location) -> 
     )
     app = create_app(s3.url, storage_options=s3.counted)
     ds = shardex.open_dataset(s3.url, storage_options=s3.direct)
-    with _serve(app) as url:
+    with serve(app) as url:
         s3.proxy.wait_idle()
         s3.proxy.reset()
         _grid(page, f"{url}?offset=4&limit=12")
