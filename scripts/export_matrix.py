@@ -8,7 +8,8 @@ one folder, to compare two versions of shardex byte for byte:
 Inputs (made here, the same each run): the demo images, a folder of images with
 ``[split/][class/]`` names and two broken files (``--on-error skip``), and a Parquet table
 of the same images' paths with a score and an embedding column. config.yaml records the
-shardex version, which this script blanks so that two versions can compare.
+shardex version, which this script blanks so that two versions can compare, and the
+inputs' path, which stays the same (``--inputs``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import re
 import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -71,10 +73,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--ray", action="store_true", help="also export with --executor ray")
+    parser.add_argument(
+        "--inputs",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "shardex-matrix-inputs",
+        help="where the inputs are made (config.yaml records their path: keep it the same)",
+    )
     args = parser.parse_args()
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
-    inputs = _inputs(out / "inputs")
+    shutil.rmtree(args.inputs, ignore_errors=True)
+    inputs = _inputs(args.inputs)
     runs = [(w, []) for w in (1, 2)]
     if args.ray:
         runs.append((2, ["--executor", "ray"]))
@@ -95,8 +104,6 @@ def main() -> None:
                 text = re.sub(r"(?m)^(\s*shardex_version:).*$", r"\1 -", config.read_text())
                 config.write_text(text)
                 print(f"{target.name}: {done.stdout.strip().splitlines()[0]}")
-    # the inputs hold absolute paths of this run's folder: compare the exports only
-    shutil.rmtree(out / "inputs")
 
 
 if __name__ == "__main__":

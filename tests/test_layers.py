@@ -64,6 +64,39 @@ def test_no_module_but_the_registry_branches_on_a_backend_name() -> None:
     assert not found, sorted(found)
 
 
+def _named_backends() -> set[str]:
+    """The modules of built-in backends: every module under ``backends/`` but the
+    interface, the registry and what they share."""
+    shared = {"__init__", "base", "registry", "ownership", "metadata", "columns"}
+    return {
+        p.relative_to(SRC.parent).with_suffix("").as_posix().replace("/", ".")
+        for p in (SRC / "backends").rglob("*.py")
+        if p.stem not in shared or p.parent.name == "webdataset"
+    }
+
+
+def test_the_engine_calls_the_backends_never_the_reverse() -> None:
+    """``backends/`` imports nothing from ``engine/`` (a backend supplies parts the engine
+    calls), and ``engine/`` imports no named backend (it knows them by their interface)."""
+    up = {
+        f"{path.relative_to(SRC)}: {module}"
+        for path in sorted((SRC / "backends").rglob("*.py"))
+        for module in _imports(path)
+        if module.startswith("shardex.engine")
+    }
+    assert not up, sorted(up)
+    named = _named_backends()
+    assert "shardex.backends.webdataset.writer" in named
+    assert "shardex.backends.arrays" in named
+    down = {
+        f"{path.relative_to(SRC)}: {module}"
+        for path in sorted((SRC / "engine").rglob("*.py"))
+        for module in _imports(path)
+        if module in named or any(module.startswith(n + ".") for n in named)
+    }
+    assert not down, sorted(down)
+
+
 def test_no_import_cycle_among_shardex_modules() -> None:
     """Counting every import: inside functions and under ``TYPE_CHECKING`` too."""
     script = Path(__file__).parents[1] / "scripts" / "import_cycles.py"

@@ -3,22 +3,14 @@ names, what the source found unusable; and renders each sample's ``.json`` membe
 that shard sizes are known exactly before writing.
 
 Images are checked by the shard writer from the bytes it reads to write them (one pass
-over the bytes, see :mod:`shardex.backends.webdataset.writer` and
-:mod:`shardex.backends.arrays`), with :func:`~shardex.sample_check.image_problem` and
-:class:`~shardex.sample_check.SampleCheck`. A backend that gets a whole split instead
-(``writes_shards = False``: no built-in one) gets the separate image pass here, run in
-worker processes over chunks of the scan table, reading the first and last KiBs of each
-image (or decoding it).
+over the bytes), with :func:`~shardex.sample_check.image_problem` and
+:class:`~shardex.sample_check.SampleCheck`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final, NoReturn
 
 import numpy as np
@@ -26,27 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from shardex.codecs.images import (
-    HEAD_BYTES,
-    IMAGE_EXTENSIONS,
-    TAIL_BYTES,
-    Validate,
-    check_decode,
-    check_header,
-)
 from shardex.errors import BadSampleError, DuplicateKeyError
 from shardex.names import split_name_problem
 from shardex.options import ExportOptions
-from shardex.parallel import Runner
-from shardex.progress import Progress
 from shardex.quoting import quoted
-from shardex.rows import JSON_COLUMN, MemberReader
+from shardex.rows import JSON_COLUMN
 from shardex.sample_check import refusal
-from shardex.sources.base import INVALID, MEMBERS, LeftOut, MemberRow
-from shardex.sources.remote import registered
-from shardex.storage.base import Storage
+from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
-CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
 # or an empty, "." or ".." path part.
 _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
@@ -54,96 +33,6 @@ _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
 _UNSAFE_KEYS: Final = re.compile(
     r"[\x00-\x09\x0b-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)", re.MULTILINE
 )
-
-
-@dataclass(frozen=True, slots=True)
-class _CheckJob:
-    rows: pa.Table  # _members and the scalar metadata columns of a chunk
-    validate: Validate
-    max_pixels: int
-    json_columns: tuple[str, ...]
-    #: Stores of members on object storage (registered where the job is made).
-    stores: tuple[tuple[str, Storage], ...] = dataclasses.field(default_factory=registered)
-
-
-def _check_member_header(member: MemberRow, max_pixels: int) -> str | None:
-    """check_header on a member, reading only its first and last KiBs (and a few more
-    small reads for JPEGs whose metadata pushes the frame header further)."""
-    size = member["size"]
-    if member["data"] is not None:
-        data = member["data"]
-        return check_header(
-            data[:HEAD_BYTES],
-            data[-TAIL_BYTES:],
-            size,
-            read_at=lambda o, n: data[o : o + n],
-            max_pixels=max_pixels,
-        )
-    base = max(member["offset"], 0)
-    path = member["path"]
-    assert path is not None  # a member without bytes names where they are
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BadSampleError(
-            f"cannot read {quoted(path)}: {exc.strerror}",
-            path=path,
-            reason=f"cannot read: {exc.strerror}",
-        ) from exc
-    try:
-        head = os.pread(fd, min(HEAD_BYTES, size), base)
-        tail = (
-            head
-            if size <= HEAD_BYTES
-            else os.pread(fd, min(TAIL_BYTES, size), base + max(0, size - TAIL_BYTES))
-        )
-        return check_header(
-            head, tail, size, max_pixels=max_pixels, read_at=lambda o, n: os.pread(fd, n, base + o)
-        )
-    finally:
-        os.close(fd)
-
-
-def _check_chunk(job: _CheckJob) -> tuple[list[str | None], list[bytes | None]]:
-    """Per sample: why it is bad (or None), and its ``.json`` member text (or None)."""
-    reasons: list[str | None] = []
-    reader = MemberReader(job.stores)
-    try:
-        samples: list[list[MemberRow]] = job.rows.column(MEMBERS).to_pylist()
-        for members in samples:
-            reason = None
-            for m in members:
-                if m["ext"].rpartition(".")[2].lower() not in IMAGE_EXTENSIONS:
-                    continue
-                try:
-                    if job.validate == "decode":
-                        reason = check_decode(reader.read(m), max_pixels=job.max_pixels)
-                    elif job.validate == "header" and m["data"] is None and "://" in str(m["path"]):
-                        # an object: its bytes whole, one GET (ranges would cost more)
-                        whole: MemberRow = {**m, "data": reader.read(m)}
-                        reason = _check_member_header(whole, job.max_pixels)
-                    elif job.validate == "header":
-                        reason = _check_member_header(m, job.max_pixels)
-                    elif m["size"] == 0:
-                        reason = "empty file (0 bytes)"
-                    elif m["path"] is not None and "://" not in m["path"]:  # unreadable: skipped
-                        # here, not fatal later
-                        os.close(os.open(m["path"], os.O_RDONLY | os.O_CLOEXEC))
-                except BadSampleError as exc:
-                    reason = exc.reason or str(exc)
-                except OSError as exc:  # a file that changed since the scan, or unreadable
-                    reason = f"cannot read {quoted(str(m['path']))}: {exc.strerror or exc}"
-                if reason:
-                    break
-            reasons.append(reason)
-    finally:
-        reader.close()
-    texts: list[bytes | None] = [None] * job.rows.num_rows
-    if job.json_columns:
-        dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
-        rows = _null_non_finite(job.rows.select(job.json_columns))
-        texts = [dumps(row).encode() for row in rows.to_pylist()]
-    return reasons, texts
 
 
 def _null_non_finite(rows: pa.Table) -> pa.Table:
@@ -175,13 +64,6 @@ def _json_columns(table: pa.Table) -> tuple[str, ...]:
             or pa.types.is_large_binary(f.type)
         )
     )
-
-
-def _chunks(table: pa.Table, columns: list[str], size: int = CHUNK) -> Iterator[pa.Table]:
-    narrow = table.select(columns)
-    for start in range(0, table.num_rows, size):
-        # take() copies the rows: a pickled slice would carry its parent's whole buffers
-        yield narrow.take(np.arange(start, min(start + size, table.num_rows)))
 
 
 def unsafe_key(key: str) -> str | None:
@@ -298,34 +180,20 @@ def check_splits(splits: list[object], keys: list[str], reasons: list[str | None
 def check_samples(
     table: pa.Table,
     opts: ExportOptions,
-    runner: Runner,
-    progress: Progress,
     taken: frozenset[str] = frozenset(),
     left_out: tuple[LeftOut, ...] = (),
-    *,
-    images: bool = True,
 ) -> tuple[pa.Table, list[dict[str, str]]]:
     """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
 
     ``taken`` holds keys already exported (when appending): they count as duplicates.
     ``left_out`` is what the source found but cannot export: refused first (before any
-    image is read), or recorded first among the skipped. ``images=False`` reads no image
-    bytes: the shard writer checks each image as it writes it (one pass over the bytes).
+    image is read), or recorded first among the skipped. No image bytes are read: the
+    shard writer checks each image as it writes it (one pass over the bytes).
     """
     if left_out and opts.on_error == "error":
         refuse_left_out(left_out)
     json_cols = _json_columns(table)
     reasons: list[str | None] = [None] * table.num_rows
-    if images:
-        jobs = (
-            _CheckJob(chunk, opts.validate, opts.max_pixels, ())
-            for chunk in _chunks(table, [MEMBERS])
-        )
-        bar = progress.task("checking samples", table.num_rows)
-        reasons = []
-        for r, _ in runner.imap(_check_chunk, jobs):
-            reasons += r
-            bar.advance(len(r))
     if INVALID in table.column_names:  # problems the source found while scanning
         for i, found in enumerate(table.column(INVALID).to_pylist()):
             reasons[i] = found or reasons[i]

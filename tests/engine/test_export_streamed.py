@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 import shardex
 import shardex.engine.run as run_module
 from helpers import files_but_the_lock, kill_once_shards_appear, labelled_tar, peak_rss_kb
-from shardex.engine.split_index import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
+from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.sources.base import (
     LeftOut,
     SampleStream,
@@ -542,8 +542,8 @@ def test_pass_one_scratch_in_memory_or_on_disk_writes_the_same_export(
     """The first rows of each split's spill and the first key hashes are held in memory
     (the driver of a smaller export writes and reads none back); past the bounds they go
     to scratch files. Repeated keys across batches are found either way."""
-    import shardex.engine.runs as runs
     import shardex.engine.spill as spill
+    import shardex.format.runs as runs
 
     monkeypatch.setattr(spill, "MEMORY_BYTES", spill_bytes)
     monkeypatch.setattr(spill, "HELD_LOCALLY", True)  # as a Ray driver holds them
@@ -555,7 +555,7 @@ def test_pass_one_scratch_in_memory_or_on_disk_writes_the_same_export(
 
 
 def test_hash_runs_held_in_memory_come_back_as_those_on_disk(tmp_path: Path) -> None:
-    from shardex.engine.runs import HashRuns
+    from shardex.format.runs import HashRuns
 
     dtype = np.dtype([("h", "<u8"), ("row", "<i8")])
     rng = np.random.default_rng(5)

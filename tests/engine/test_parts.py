@@ -1,4 +1,4 @@
-"""Staged parts (``shardex.engine.parts``): what the tasks of an export on Ray or of
+"""Staged parts (``shardex.storage.staging``, ``shardex.engine.parts``): what the tasks of an export on Ray or of
 ``write_shardex`` stage under ``.shardex-staging/`` before the commit. A part that cannot
 be read says so, a merge that fails keeps no thread, and what a killed run staged goes
 with the next export, whatever runs it."""
@@ -13,9 +13,10 @@ import pytest
 
 import shardex
 from helpers import make_tree
-from shardex.engine.parts import MetadataJob, new_staging, put_part, read_part, write_metadata
+from shardex.engine.parts import MetadataJob, write_metadata
 from shardex.errors import ExportError, FormatError, ObjectNotFoundError
 from shardex.storage import LocalStorage, open_storage
+from shardex.storage.staging import new_staging, put_part, read_part
 
 RELS = [
     f"{split}/{cls}/img{i:02d}.jpg" for split in ("train", "val") for cls in "ab" for i in range(5)

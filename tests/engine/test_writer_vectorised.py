@@ -22,7 +22,6 @@ from shardex.backends.webdataset import writer
 from shardex.backends.webdataset.layout import zeroed
 from shardex.backends.webdataset.writer import ShardJob, _jpegs_good, write_shard
 from shardex.codecs.images import MAX_PIXELS
-from shardex.engine.candidates import Candidates
 from shardex.format.dali_index import DaliIndex
 from shardex.format.tar import (
     BLOCK,
@@ -32,6 +31,7 @@ from shardex.format.tar import (
     long_headers,
     split_name,
 )
+from shardex.refs.candidates import Candidates
 from shardex.rows import Members
 from shardex.sample_check import SampleCheck, image_problem
 from shardex.sources.base import MEMBER_TYPE

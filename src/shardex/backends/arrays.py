@@ -31,7 +31,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from shardex.backends.base import Backend, Check, OnShard, SplitPlan
+from shardex.backends.base import Backend, Check, SplitPlan, SplitWriter
 from shardex.backends.columns import (
     ColumnReader,
     Columns,
@@ -44,7 +44,6 @@ from shardex.backends.metadata import read_metadata
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import ReopenedDataset, Sample
-from shardex.engine.candidates import Candidates
 from shardex.errors import (
     BadSampleError,
     ChecksumError,
@@ -70,6 +69,7 @@ from shardex.storage.base import Storage
 
 if TYPE_CHECKING:
     from shardex.parallel import Runner
+    from shardex.refs.candidates import Candidates
 
 #: Samples read together when iterating (one read per array per block).
 _BLOCK = 256
@@ -369,75 +369,74 @@ class ArrayBackend(Backend):
         parts = [_load_part(storage, run) for run in runs]
         return self.write_run(storage, stem, concat_columns(parts), layout)
 
-    #: Images are checked as the runs are written (one pass over the bytes).
-    writes_shards: ClassVar[bool] = True
+    def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
+        return ArraySplit(self, storage, plan)
 
-    def write_split(
-        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
-    ) -> SplitInfo:
-        from shardex.engine.shards import write_plan, writes_inline
 
+class ArraySplit(SplitWriter):
+    """A split of an array backend (see :class:`~shardex.backends.base.SplitWriter`): its
+    runs (one per shard, or parts joined into one per split), then its key table."""
+
+    write = staticmethod(_write_run)
+
+    def __init__(self, backend: ArrayBackend, storage: Storage, plan: SplitPlan) -> None:
         if plan.previous is not None:
             raise ConfigError(
-                f"the {self.name} backend cannot append to an export; export the combined "
+                f"the {backend.name} backend cannot append to an export; export the combined "
                 "source again with --overwrite (or append with the webdataset backend)"
             )
-        split = plan.candidates
-        if split is None:
-            raise TypeError(f"the {self.name} backend writes from plan.candidates")
-        base = _fresh_base(f"{plan.split}/{self.stem_name}", plan.name_hash, plan.existing)
+        self.backend, self.storage, self.plan = backend, storage, plan
+        self.base = _fresh_base(f"{plan.split}/{backend.stem_name}", plan.name_hash, plan.existing)
+        self.shards: list[ShardInfo] = []
+        self.files: list[str] = []
+        self.runs: list[Written] = []  # a per-split backend's parts, joined by finish
+        self.hashes: list[npt.NDArray[np.uint64]] = []
 
-        def make_job(candidates: Candidates, first_sample: int, k: int) -> _RunJob:
-            return _RunJob(
-                self,
-                storage,
-                f"{base}-{k:06d}",
-                plan.fields,
-                plan.with_label,
-                self.per_split,
-                plan.samples_per_shard,
-                plan.max_shard_bytes,
-                plan.check,
-                first_sample,
-                candidates,
+    def job(self, candidates: Candidates, first_sample: int, number: int) -> _RunJob:
+        plan = self.plan
+        return _RunJob(
+            self.backend,
+            self.storage,
+            f"{self.base}-{number:06d}",
+            plan.fields,
+            plan.with_label,
+            self.backend.per_split,
+            plan.samples_per_shard,
+            plan.max_shard_bytes,
+            plan.check,
+            first_sample,
+            candidates,
+        )
+
+    def add(self, done: RunDone) -> tuple[pa.Table, int]:
+        assert done.written is not None  # a run of samples was written
+        assert done.meta is not None
+        self.hashes.append(done.key_hashes)
+        if self.backend.per_split:
+            self.runs.append(done.written)
+            return done.meta, 0
+        self.shards.append(_shard_info(done.num_samples, done.written))
+        self.files += done.written.files
+        return done.meta, done.written.num_bytes
+
+    def discard(self, done: RunDone) -> None:
+        _remove_run(self.storage, done.written)
+
+    def finish(self, runner: Runner) -> SplitInfo:
+        storage, base = self.storage, self.base
+        num_samples = sum(len(h) for h in self.hashes)
+        if not num_samples:  # every sample skipped: the split is not exported
+            return SplitInfo(num_samples=0, num_bytes=0, shards=())
+        shards, files = self.shards, self.files
+        if self.backend.per_split:
+            written = self.backend.join_runs(
+                storage, base, self.runs, self.plan.fields, num_samples
             )
-
-        shards: list[ShardInfo] = []
-        files: list[str] = []
-        runs: list[Written] = []
-        hashes: list[npt.NDArray[np.uint64]] = []
-        try:
-            for done in write_plan(
-                plan,
-                split,
-                make_job,
-                runner,
-                inline=writes_inline(split, runner),
-                on_discard=lambda d: _remove_run(storage, d.written),
-                write=_write_run,
-            ):
-                if done.written is None or done.meta is None:  # the last, every one skipped
-                    continue
-                hashes.append(done.key_hashes)
-                if self.per_split:
-                    runs.append(done.written)
-                else:
-                    shards.append(_shard_info(done.num_samples, done.written))
-                    files += done.written.files
-                on_shard(done.meta, 0 if self.per_split else done.written.num_bytes)
-            num_samples = sum(len(h) for h in hashes)
-            if not num_samples:  # every sample skipped: the split is not exported
-                return SplitInfo(num_samples=0, num_bytes=0, shards=())
-            if self.per_split:
-                written = self.join_runs(storage, base, runs, plan.fields, num_samples)
-                shards = [_shard_info(num_samples, written)]
-                files = list(written.files)
-        finally:
-            for run in runs:  # the parts go once joined (or when the export fails)
-                _remove_run(storage, run)
-        files += self.finish_split(storage, base, plan, shards)
+            shards, files = [_shard_info(num_samples, written)], list(written.files)
+            self.close()  # the parts, once joined
+        files += self.backend.finish_split(storage, base, self.plan, shards)
         keys = f"{base}-keys.npy"  # beside the run, never in it (zarr warns of foreign files)
-        storage.put(keys, npy_bytes(build_keys_from_hashes(np.concatenate(hashes))))
+        storage.put(keys, npy_bytes(build_keys_from_hashes(np.concatenate(self.hashes))))
         return SplitInfo(
             num_samples=num_samples,
             num_bytes=sum(s.num_bytes for s in shards),
@@ -445,6 +444,11 @@ class ArrayBackend(Backend):
             files=(*files, keys),
             keys=keys,
         )
+
+    def close(self) -> None:
+        for run in self.runs:  # the parts go once joined (or when the export fails)
+            _remove_run(self.storage, run)
+        self.runs = []
 
 
 def _load_part(storage: Storage, run: Written) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
     import pyarrow as pa
 
     from shardex.parallel import Runner
+    from shardex.refs.candidates import Candidates
     from shardex.rows import Members, SpilledRows, SplitRows
     from shardex.sample_check import SampleCheck
     from shardex.sources.base import MapRunner
@@ -54,19 +55,18 @@ class Capabilities:
 class SplitPlan:
     """One split, ready to write.
 
-    ``rows`` is the split's scan table in sample order, with ``export_index``,
-    ``sample_index`` and (when present) the ``_json`` member text added; ``fields`` are its
-    samples' fields (names, kinds, dtypes, shapes, column names); ``bounds`` are the
-    row ranges of its shards; ``name_hash`` is the 12 hex digits shared by its shard names;
-    ``resume`` keeps shards of an interrupted export that verify; ``previous`` is the
-    split as already committed when appending (new shards continue its numbering and the
-    index covers old and new samples); ``existing`` are the files the committed
-    config.yaml names, which the export must not write (see :func:`unused_name`).
+    ``candidates`` are the split's samples in order (their references and planned sizes:
+    the writers number the samples they keep, skipping bad ones); ``fields`` are its
+    samples' fields (names, kinds, dtypes, shapes, column names); ``name_hash`` is the 12
+    hex digits shared by its shard names; ``resume`` keeps shards of an interrupted
+    export that verify; ``previous`` is the split as already committed when appending
+    (new shards continue its numbering and the index covers old and new samples);
+    ``existing`` are the files the committed config.yaml names, which the export must not
+    write (see :func:`unused_name`).
     """
 
     split: str
-    rows: pa.Table
-    bounds: tuple[tuple[int, int], ...]
+    candidates: SplitRows | SpilledRows
     name_hash: str
     with_label: bool
     fields: tuple[FieldSpec, ...] = ()
@@ -79,11 +79,7 @@ class SplitPlan:
     existing: frozenset[str] = frozenset()
     #: The export's format version (an append keeps the version of what it extends).
     format_version: int = FORMAT_VERSION
-    #: For backends that write shard by shard (:attr:`Backend.writes_shards`): the
-    #: split's candidates (``rows`` then holds no members and no ``sample_index``: the
-    #: writer numbers the samples it keeps), how shards fill, how images are checked,
-    #: and where skipped samples are reported (``bounds`` is then only a first guess).
-    candidates: SplitRows | SpilledRows | None = None
+    #: How shards fill, how images are checked, and where skipped samples are reported.
     samples_per_shard: int = 1000
     max_shard_bytes: int | None = None
     check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())
@@ -92,7 +88,7 @@ class SplitPlan:
     flat: bool = False
     #: Set when shards are written by tasks on other machines (a remote runner): a
     #: backend may stage each shard's metadata rows and index arrays in the output under
-    #: this prefix (see :mod:`shardex.engine.parts`) and hand ``on_shard`` a
+    #: this prefix (see :mod:`shardex.storage.parts`) and hand back a
     #: :class:`StagedRows` instead of the rows.
     staging: str | None = None
 
@@ -133,14 +129,6 @@ class StagedRows:
     num_rows: int
 
 
-class OnShard(Protocol):
-    """Called with each shard's Parquet rows as it completes (metadata.parquet), or where
-    they are staged, and the bytes it holds (progress: bytes per second; 0 where a backend
-    does not count them)."""
-
-    def __call__(self, table: pa.Table | StagedRows, num_bytes: int = 0, /) -> None: ...
-
-
 class StoredMember(NamedTuple):
     """A member of a stored sample: ``size`` bytes at ``offset`` of ``path`` (a local
     file, or an object named by URL), or its bytes themselves (``data``; ``path`` None)."""
@@ -172,9 +160,73 @@ class Check:
     bar: Any
 
 
+class ShardDone(Protocol):
+    """A written shard as the engine sees it (a backend's record of it carries more)."""
+
+    @property
+    def consumed(self) -> int:
+        """Candidates taken (written or skipped) from the job's first one."""
+
+    @property
+    def complete(self) -> bool:
+        """False when the shard ran out of candidates before it was full (not the split's
+        end): the engine discards it and writes it again with more."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def skipped(self) -> Sequence[dict[str, str]]:
+        """errors.parquet rows of the candidates skipped as bad."""
+
+
+class SplitWriter(ABC):
+    """A backend's part in writing one split. The engine plans the shards, runs each
+    job where it decides (in this process or a worker, on this machine or another),
+    replans after skipped samples and hands each shard back here in order:
+
+    * :meth:`job` makes the picklable job of one shard from its candidates;
+    * :attr:`write` (a picklable callable: a module-level function or a frozen
+      dataclass) writes a job and returns its :class:`ShardDone` record;
+    * :meth:`add` takes each kept shard that holds samples, and returns its
+      metadata.parquet rows (or where they are staged) and the bytes it holds;
+    * :meth:`discard` takes each shard written speculatively and then replaced;
+    * :meth:`finish` writes what describes the whole split (indexes, key tables) and
+      returns what config.yaml records; :meth:`close` removes what a failed split left.
+    """
+
+    write: Callable[[Any], Any]
+
+    @abstractmethod
+    def job(self, candidates: Candidates, first_sample: int, number: int) -> Any:
+        """The job of the split's shard ``number`` (counted from the first new one),
+        whose first sample is number ``first_sample`` of the new samples."""
+
+    @abstractmethod
+    def add(self, done: Any) -> tuple[pa.Table | StagedRows, int]:
+        """A shard kept (in order): its metadata rows, and the bytes it holds."""
+
+    def discard(self, done: Any) -> None:  # noqa: B027  (most backends have nothing to do)
+        """A shard written speculatively and then replaced (its files may need deleting)."""
+
+    @abstractmethod
+    def finish(self, runner: Runner) -> SplitInfo:
+        """The split's closing step, once every shard is added."""
+
+    def close(self) -> None:  # noqa: B027  (most backends have nothing to do)
+        """Called when the split ends, written or failed."""
+
+    def __enter__(self) -> SplitWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Backend(ABC):
     """An export format. Subclasses set the class attributes (``dataset``: the reader;
-    ``files``: the names of what it writes) and implement :meth:`write_split`."""
+    ``files``: the names of what it writes) and implement :meth:`sample_sizes` and
+    :meth:`split_writer`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -193,10 +245,6 @@ class Backend(ABC):
     #: What config.yaml's key specs name as a stored field's place, before the colon
     #: (``tar:jpg``); None: the backend's name (``zarr:image``). See :meth:`field_storage`.
     key_storage: ClassVar[str | None] = None
-    #: Whether :meth:`write_split` writes shard by shard from ``plan.candidates``, checking
-    #: each image as it writes it (one pass over the bytes). Otherwise the exporter checks
-    #: every image first and gives the split's whole table (``plan.rows``).
-    writes_shards: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         unknown = sorted(set(options or {}) - set(self.option_help))
@@ -219,6 +267,7 @@ class Backend(ABC):
         (a backend that stores fields under their own names overrides it)."""
         return f"{cls.key_storage or cls.name}:{field.column}"
 
+    @abstractmethod
     def sample_sizes(
         self,
         rows: pa.Table,
@@ -229,19 +278,13 @@ class Backend(ABC):
     ) -> npt.NDArray[np.int64]:
         """The bytes each sample (``rows``, its members ``member_rows`` of ``members``)
         takes in a shard, known before writing: shard boundaries under
-        ``max_shard_bytes`` and the shard names' content digest come from these. The
-        default counts them as tar members (headers, data, padding)."""
-        from shardex.backends.webdataset.writer import (
-            tar_sizes,  # writing code: opening does not load it
-        )
-
-        return tar_sizes(rows, members, member_rows, with_label=with_label)
+        ``max_shard_bytes`` and the shard names' content digest come from these."""
 
     @abstractmethod
-    def write_split(
-        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
-    ) -> SplitInfo:
-        """Write every shard and index file of a split; return what config.yaml records."""
+    def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
+        """The parts that write one split (see :class:`SplitWriter`); ``remote``: its
+        shards are written by tasks that may run on other machines (``plan.staging`` is
+        then where they can stage what the split's finish step needs)."""
 
     def open(
         self,

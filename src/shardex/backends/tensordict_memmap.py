@@ -76,13 +76,12 @@ from shardex.backends.arrays import (
     Written,
     part_columns,
 )
-from shardex.backends.base import Capabilities, OnShard, SplitPlan
+from shardex.backends.base import Capabilities, SplitPlan, SplitWriter
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
-from shardex.contract import ExportConfig, ShardInfo, SplitInfo
+from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
-from shardex.parallel import Runner
 from shardex.storage.base import Storage
 from shardex.storage.cache import cache_dir, remove_legacy_leftovers
 from shardex.storage.scratch import LOCK_FILE, locked_folder, remove_stale, scratch
@@ -382,13 +381,11 @@ class TensorDictBackend(ArrayBackend):
     stem_name: ClassVar[str] = "tensordict"
     dataset: ClassVar[type[ArrayDataset]] = TensorDictDataset
 
-    def write_split(
-        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
-    ) -> SplitInfo:
+    def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
         # refuse what cannot be written before any shard's bytes are read
         for spec in plan.fields:
             _check_dtype(spec.name, spec.dtype)
-        return super().write_split(storage, plan, runner, on_shard)
+        return super().split_writer(storage, plan, remote=remote)
 
     @classmethod
     def plain_reader(

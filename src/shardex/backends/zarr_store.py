@@ -50,10 +50,10 @@ from shardex.backends.arrays import (
     Written,
     part_columns,
 )
-from shardex.backends.base import Capabilities, OnShard, SplitPlan
+from shardex.backends.base import Capabilities, SplitPlan, SplitWriter
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
 from shardex.codecs.zarr_images import IMAGE_CODECS, image_codec, register_image_codecs
-from shardex.contract import ExportConfig, FieldSpec, ShardInfo, SplitInfo
+from shardex.contract import ExportConfig, FieldSpec, ShardInfo
 from shardex.errors import (
     ChecksumError,
     ConfigError,
@@ -66,7 +66,7 @@ from shardex.fields import is_fixed
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:
-    from shardex.parallel import Runner
+    pass
 
 KEY_NODE: Final = "key"
 #: Target chunk size of arrays read one sample at a time: small reads, still compressible.
@@ -402,9 +402,7 @@ class ZarrBackend(ArrayBackend):
             self.image_codec, channels, quality=self.image_quality, ndim=len(spec.shape) + 1
         )
 
-    def write_split(
-        self, storage: Storage, plan: SplitPlan, runner: Runner, on_shard: OnShard
-    ) -> SplitInfo:
+    def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
         if self.image_codec != "none" and not any(_image_channels(f)[0] for f in plan.fields):
             # encoded images (bytes of varying sizes) are stored as they are: say so, not
             # leave the user to find the option did nothing
@@ -416,7 +414,7 @@ class ZarrBackend(ArrayBackend):
                 ShardexWarning,
                 stacklevel=2,
             )
-        return super().write_split(storage, plan, runner, on_shard)
+        return super().split_writer(storage, plan, remote=remote)
 
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int

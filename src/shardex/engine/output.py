@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any, Final
 
 import xxhash
@@ -47,35 +46,13 @@ from shardex.sources import Source
 from shardex.storage import Storage
 from shardex.storage.local import check_output_folder, temporary_target
 from shardex.storage.lock import LOCK_FILE
+from shardex.storage.staging import STAGING, is_staged
 
 #: What a writer records before it writes anything (see :func:`_intent`).
 INTENT_FILE: Final = ".shardex-intent.json"
 
 #: Files of a writer at work, never part of an export.
 CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})
-
-#: Where a writer stages its input inside the output before it exports it (the Ray
-#: datasink, :mod:`shardex.ray.write`, and a remote runner's shard tasks,
-#: :mod:`shardex.engine.parts`, which remove it): what they stage there is never part of
-#: an export, and neither counted nor deleted by an export's checks.
-STAGING: Final = ".shardex-staging/"
-
-#: A staged part, or its temporary file while it is written (a local output's).
-STAGED_PART: Final = re.compile(
-    re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
-)
-#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
-#: temporary file while it writes it.
-STAGED_ROWS: Final = re.compile(
-    re.escape(STAGING)
-    + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
-)
-
-
-def is_staged(path: str) -> bool:
-    """Whether ``path`` is a file our staging layout names (a user's own folder called
-    ``.shardex-staging`` holds other names: those are foreign files)."""
-    return STAGED_PART.fullmatch(path) is not None or STAGED_ROWS.fullmatch(path) is not None
 
 
 def check_root(storage: Storage) -> None:

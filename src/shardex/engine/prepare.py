@@ -33,7 +33,6 @@ from shardex.fields import add_members, cast_members, column_members, field_spec
 from shardex.format.tables import check_local_file, metadata_errors
 from shardex.image_member import IMAGE_FORMAT, one_image_member
 from shardex.options import ExportOptions
-from shardex.parallel import Runner
 from shardex.planning import (
     assign_splits,
     drop_unselected_members,
@@ -75,7 +74,7 @@ class Prepared:
     label_max: int | None
     #: Logical key -> member names of the samples (see :func:`member_keys`).
     stored: dict[str, set[str]]
-    #: The members of ``table`` (for backends that write shard by shard).
+    #: The members of ``table`` (None: spilled).
     members: Members | None = None
     #: Each selected split's rows in a spill file (a streamed pass 1; ``table`` None).
     spilled: dict[str, SpilledRows] | None = None
@@ -92,14 +91,13 @@ class Prepared:
 def prepare(
     src: Source,
     opts: ExportOptions,
-    runner: Runner | None,
     bars: Progress,
     previous: ExportConfig | None = None,
     taken: frozenset[str] = frozenset(),
 ) -> Prepared:
-    """Scan, check, split and select keys; nothing is written yet. Images are checked
-    here only without a runner's absence: ``runner=None`` leaves them to the shard writer
-    (one pass over the bytes).
+    """Scan, check, split and select keys over the source's whole table; nothing is
+    written yet, and no image is read (the shard writer checks each image as it writes
+    it: one pass over the bytes).
 
     When appending, ``previous`` is the committed export: its split rule, label names and
     keys apply to the new samples, and ``taken`` are its keys.
@@ -110,11 +108,8 @@ def prepare(
     table, skipped = check_samples(
         one_image_member(fixed_lists(scan.table), opts.image_member),
         opts,
-        runner or Runner(1),
-        bars,
         taken,
         scan.left_out,
-        images=runner is not None,
     )
     if table.num_rows == 0:
         raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
@@ -165,7 +160,7 @@ def prepare(
         with_label=with_label,
         write_label=write_label,
         label_names=label_names,
-        members=held if runner is None else None,
+        members=held,
     )
 
 
@@ -176,13 +171,13 @@ def image_formats(table: pa.Table) -> tuple[str, ...] | None:
     return tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
 
 
-def streamable(opts: ExportOptions, backend: Backend) -> bool:
-    """Whether pass 1 can stream: a backend that writes shard by shard. Every option
-    does: members that x/y keys leave out are dropped, metadata columns they name made
-    into fields and ``dtype`` casts applied as the spilled rows are read back, and
-    ``image_member`` renames images batch by batch."""
-    del opts  # every option streams (kept: callers ask with the export's options)
-    return backend.writes_shards
+def streamable(opts: ExportOptions) -> bool:
+    """Whether pass 1 can stream. Every option does: members that x/y keys leave out are
+    dropped, metadata columns they name made into fields and ``dtype`` casts applied as
+    the spilled rows are read back, and ``image_member`` renames images batch by batch.
+    (The whole-table pass is the path of sources whose bytes are in memory.)"""
+    del opts  # kept: callers ask with the export's options
+    return True
 
 
 def prepare_streamed(

@@ -37,7 +37,6 @@ from shardex.engine.output import (
     resumed,
     undo,
 )
-from shardex.engine.parts import new_staging, remove_killed_parts, remove_staging
 from shardex.engine.prepare import (
     Prepared,
     appending_options,
@@ -59,6 +58,7 @@ from shardex.sources.objecttars import copies_kept
 from shardex.storage import LocalStorage, Storage, open_storage
 from shardex.storage.lock import OutputLock, holder_text
 from shardex.storage.scratch import scratch
+from shardex.storage.staging import new_staging, remove_killed_parts, remove_staging
 
 
 def export_options(options: ExportOptions | None, kwargs: dict[str, Any]) -> ExportOptions:
@@ -164,7 +164,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     bad images only then) undoes this run's files once the workers are done."""
     storage, opts = job.storage, job.opts
     # a remote runner's tasks hand their shards' rows and index arrays over through the
-    # output (see shardex.engine.parts): this run's parts, gone when it ends however it
+    # output (see shardex.storage.staging): this run's parts, gone when it ends however it
     # ends (a killed run's went when the lock was taken)
     staging = new_staging() if job.runner is not None and job.runner.remote else None
     # a remote runner's scan tasks keep what they read for its shard tasks (see
@@ -184,7 +184,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
             prep = _prepare_first(job, bars, taken, folder, start_workers)
             # bytes in this process (an in-memory source) are written here: pickling
             # costs more (most of a first batch's bytes were files, not of the rest)
-            workers = 1 if prep is not None and prep.in_memory() else opts.workers
+            workers = 1 if prep.in_memory() else opts.workers
             if workers == 1:
                 early.close()
                 started.clear()
@@ -195,8 +195,6 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
         try:
             runner = started[0] if started else job.runner or _runner(job, workers)
             with kept, contextlib.nullcontext(runner) if started else runner as pool:
-                if prep is None:
-                    prep = prepare(job.src, opts, pool, bars, job.previous, taken)
                 _check_one_split(job, prep)
                 # a run that writes or replaces a flat export owns the top level's shards
                 flat = opts.layout == "flat" or committed_is_flat(storage)
@@ -264,18 +262,15 @@ def _prepare_first(
     taken: frozenset[str],
     folder: Path,
     start_workers: Callable[[], None],
-) -> Prepared | None:
-    """Pass 1 before the shards are written, for a backend that writes shard by shard (it
-    checks images as it writes them): streamed, the splits spilled under ``folder``
-    (appends too), unless the source's bytes are in memory (its first batch tells) or an
-    option needs the whole table; ``start_workers`` is called once the first batch shows
-    that the bytes are not in memory. None: the images are checked first, in the workers."""
-    if not job.backend.writes_shards:
-        return None
-    # a remote runner (Ray) streams too: its shard jobs carry their spill slices' rows,
-    # since its tasks may run on machines that do not see this one's scratch
-    if not streamable(job.opts, job.backend):
-        return prepare(job.src, job.opts, None, bars, job.previous, taken)
+) -> Prepared:
+    """Pass 1 before the shards are written (the shard writers check images as they write
+    them): streamed, the splits spilled under ``folder`` (appends too), unless the
+    source's bytes are in memory (its first batch tells); ``start_workers`` is called once
+    the first batch shows that the bytes are not in memory. A remote runner (Ray) streams
+    too: its shard jobs carry their spill slices' rows, since its tasks may run on
+    machines that do not see this one's scratch."""
+    if not streamable(job.opts):
+        return prepare(job.src, job.opts, bars, job.previous, taken)
     # a remote runner's tasks also scan the source's files (a tar source's headers: on
     # object storage, else every tar's bytes would pass through this process)
     remote = job.runner if job.runner is not None and job.runner.remote else None
@@ -293,7 +288,7 @@ def _prepare_first(
         )
         inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
         if inline and job.src.bytes_in_memory:
-            return prepare(_Replay(job.src, replay), job.opts, None, bars, job.previous, taken)
+            return prepare(_Replay(job.src, replay), job.opts, bars, job.previous, taken)
         if remote is None:
             start_workers()
         put = remote.put if remote is not None else None  # rows kept in its object store

@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar
 
 import pyarrow as pa
 
-from shardex.backends.webdataset.writer import write_shard
-from shardex.engine.candidates import Candidates, candidates, inline_candidates
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
+from shardex.refs.candidates import Candidates, candidates, inline_candidates
 from shardex.rows import SpilledRows, SplitRows
 
 if TYPE_CHECKING:
-    from shardex.backends.base import SplitPlan
+    from shardex.backends.base import Backend, SplitPlan, StagedRows
+    from shardex.contract import SplitInfo
+    from shardex.storage.base import Storage
 
 #: Candidates a worker's job carries beyond its planned end, for skips (then doubled).
 _SLACK: Final = 8
@@ -94,15 +95,13 @@ def write_shards(
     *,
     inline: bool,
     on_discard: Callable[[D], None],
-    write: Callable[[J], D] | None = None,
+    write: Callable[[J], D],
 ) -> Iterator[D]:
     """The split's shards in order, each holding ``samples_per_shard`` good samples (or
     up to the byte cap); only the last may be short, or even empty (no files written,
-    only its skipped samples to record). ``on_discard`` gets each shard
-    written speculatively and then replaced (its files may need deleting). ``write``
-    writes a job (default :func:`write_shard`; an array backend passes its own)."""
-    if write is None:
-        write = cast(Callable[[J], D], write_shard)
+    only its skipped samples to record). ``write`` writes a job (in a worker, or here
+    when ``inline``); ``on_discard`` gets each shard written speculatively and then
+    replaced (its files may need deleting)."""
     n = split.num_samples
     pos = sample = number = 0
     slack = _SLACK
@@ -166,7 +165,7 @@ def write_plan(
     *,
     inline: bool,
     on_discard: Callable[[D], None],
-    write: Callable[[J], D] | None = None,
+    write: Callable[[J], D],
 ) -> Iterator[D]:
     """:func:`write_shards` of ``plan``'s candidates ``split`` as a backend writes them:
     ``make_job(candidates, first sample number, shard number offset)`` gets the
@@ -190,3 +189,30 @@ def write_plan(
         if done.skipped and plan.on_skip is not None:
             plan.on_skip(list(done.skipped))
         yield done
+
+
+def write_split(
+    storage: Storage,
+    backend: Backend,
+    plan: SplitPlan,
+    runner: Runner,
+    on_shard: Callable[[pa.Table | StagedRows, int], None],
+) -> SplitInfo:
+    """Write a split through the backend's :class:`~shardex.backends.base.SplitWriter`:
+    its shards planned, run and replanned here, each kept one handed to the backend and
+    its metadata rows and bytes to ``on_shard``, then the backend's finish step."""
+    split = plan.candidates
+    inline = writes_inline(split, runner)
+    with backend.split_writer(storage, plan, remote=runner.remote and not inline) as out:
+        for done in write_plan(
+            plan,
+            split,
+            out.job,
+            runner,
+            inline=inline,
+            on_discard=out.discard,
+            write=out.write,
+        ):
+            if done.num_samples:  # not the split's last candidates, all of them skipped
+                on_shard(*out.add(done))
+        return out.finish(runner)

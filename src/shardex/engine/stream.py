@@ -2,7 +2,7 @@
 dataset: each batch's references checked (what the source found unusable, split names,
 unsafe keys, keys already exported), split, and spilled split by split to local scratch
 (:mod:`shardex.engine.spill`). Repeated keys (also by case) are found across batches
-from hash runs on scratch (:mod:`shardex.engine.runs`) once the source is read.
+from hash runs on scratch (:mod:`shardex.format.runs`) once the source is read.
 
 What needs every batch (the columns' joined types, list columns of one length, export
 numbers after the samples left out) is decided at the end and applied as the spilled
@@ -28,9 +28,9 @@ from shardex.checks import (
     refuse,
     refuse_left_out,
 )
-from shardex.engine.runs import HashRuns
 from shardex.engine.spill import Spill, holds, memory_budget
 from shardex.errors import EmptySourceError, SourceError
+from shardex.format.runs import HashRuns
 from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
 from shardex.planning import assign_splits

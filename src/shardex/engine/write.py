@@ -16,9 +16,10 @@ from shardex.contract import (
     SplitInfo,
 )
 from shardex.engine.commit import MetadataSink, old_metadata
-from shardex.engine.parts import MetadataJob, put_part, write_metadata
+from shardex.engine.parts import MetadataJob, write_metadata
 from shardex.engine.plan import plan_split, split_rows
 from shardex.engine.prepare import Prepared
+from shardex.engine.shards import write_split
 from shardex.errors import (
     ExportError,
 )
@@ -26,6 +27,7 @@ from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
 from shardex.storage import Storage
+from shardex.storage.staging import put_part
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,7 @@ def write_splits(
     new samples; its metadata rows are copied into the new metadata file. ``committed``:
     the files of the committed export, which no new file may replace. ``staging``: where
     a remote runner's tasks stage per-shard rows and index arrays in the output (see
-    :mod:`shardex.engine.parts`); tasks then write metadata.parquet and the index files.
+    :mod:`shardex.storage.staging`); tasks then write metadata.parquet and the index files.
     """
     names = [
         *(previous.splits if previous else ()),
@@ -153,7 +155,7 @@ def write_splits(
             plan, digest = plan_split(rows, split, backend, prep, opts, before, committed, previous)
             digests.append(digest)
             plan = dataclasses.replace(plan, on_skip=on_skip, staging=staging)
-            info = backend.write_split(storage, plan, runner, on_shard)
+            info = write_split(storage, backend, plan, runner, on_shard)
             if info.num_samples or before is not None:
                 written[split] = info
         sink.commit(runner)

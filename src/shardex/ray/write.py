@@ -44,7 +44,7 @@ from ray.data.block import Block, BlockAccessor
 from ray.data.datasource.datasink import WriteResult
 
 from shardex.contract import ExportConfig
-from shardex.engine.output import STAGED_PART, STAGED_ROWS, STAGING, check_output, check_root
+from shardex.engine.output import check_output, check_root
 from shardex.errors import (
     ConfigError,
     EmptySourceError,
@@ -59,6 +59,7 @@ from shardex.sources.base import SampleStream, ScanBatch, Source, batch_types_er
 from shardex.sources.remote import register
 from shardex.storage import Storage, open_storage
 from shardex.storage.lock import OutputLock, holder_text
+from shardex.storage.staging import STAGED_PART, STAGED_ROWS, STAGING
 
 if TYPE_CHECKING:
     from ray.data._internal.execution.interfaces import TaskContext

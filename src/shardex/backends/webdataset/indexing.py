@@ -19,8 +19,6 @@ import pyarrow as pa
 
 from shardex.backends.webdataset.writer import ShardJob, ShardWritten, write_shard
 from shardex.contract import IndexInfo, SplitInfo
-from shardex.engine.parts import put_part, read_parts
-from shardex.engine.split_index import IndexSink
 from shardex.errors import FormatError
 from shardex.format.index import (
     MAX_MEMBER_COLUMNS,
@@ -31,8 +29,10 @@ from shardex.format.index import (
     first_damaged_row,
     spans_of_rows,
 )
+from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.format.mapped import MEMBERS_VERSION
 from shardex.storage.base import Storage
+from shardex.storage.staging import put_part, read_parts
 
 
 class IndexOut:

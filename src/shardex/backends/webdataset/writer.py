@@ -31,7 +31,6 @@ from shardex.backends.webdataset.layout import (
     spread,
     string_array,
 )
-from shardex.engine.candidates import Candidates
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.dali_index import VERSION, VERSION_WITHOUT_NAMES, Component
 from shardex.format.dali_index import WHITESPACE as DALI_WHITESPACE
@@ -39,6 +38,7 @@ from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, member_header
 from shardex.planning import plan_bounds
+from shardex.refs.candidates import Candidates
 from shardex.rows import (
     JSON_COLUMN,
     LABEL_FIELD,

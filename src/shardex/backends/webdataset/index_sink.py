@@ -2,7 +2,7 @@
 ``index-members.npy``; the format is
 :mod:`shardex.format.index`'s) built as shards complete, in memory that does not grow
 with the split: records are appended to local scratch and streamed out under their
-``.npy`` header, and the key table is sorted from hash runs (:mod:`shardex.engine.runs`)
+``.npy`` header, and the key table is sorted from hash runs (:mod:`shardex.format.runs`)
 merged run by run. The files written are byte for byte those of ``np.save`` of the
 whole arrays.
 """
@@ -16,7 +16,6 @@ from typing import Any, BinaryIO, Final
 import numpy as np
 import numpy.typing as npt
 
-from shardex.engine.runs import HashRuns
 from shardex.format.index import (
     SAMPLE_DTYPE,
     MemberSpans,
@@ -24,6 +23,7 @@ from shardex.format.index import (
     member_columns,
     members_dtype,
 )
+from shardex.format.runs import HashRuns
 from shardex.storage.base import Storage
 from shardex.storage.scratch import scratch
 
