@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 import shardex
 import shardex.engine.run as run_module
 from helpers import files_but_the_lock, kill_once_shards_appear, labelled_tar, peak_rss_kb
+from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
-from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.sources.base import (
     LeftOut,
     SampleStream,

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.backends.webdataset.writer import ShardJob, ShardWritten, write_shard
 from shardex.contract import IndexInfo, SplitInfo
 from shardex.errors import FormatError
@@ -29,7 +30,6 @@ from shardex.format.index import (
     first_damaged_row,
     spans_of_rows,
 )
-from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.format.mapped import MEMBERS_VERSION
 from shardex.storage.base import Storage
 from shardex.storage.staging import put_part, read_parts
