@@ -18,11 +18,9 @@ from shardex.cli.app import (
 from shardex.cli.config import config_option
 from shardex.errors import ShardexError, SourceNotFoundError
 
-if TYPE_CHECKING:  # the types of the click.Choice flags (their modules load when it runs)
-    from shardex.codecs.images import Validate
+if TYPE_CHECKING:  # their modules load when the command runs
     from shardex.contract import ExportConfig
-    from shardex.options import ExportOptions, Layout, Mode
-    from shardex.sample_check import OnError
+    from shardex.options import ExportOptions
 
 
 @main.command("export-dataset")
@@ -264,28 +262,17 @@ def export_dataset(
 
 def _export_options(
     *,
-    backend: str,
     splits: tuple[str, ...],
     x_keys: tuple[str, ...],
     y_keys: tuple[str, ...],
-    labels: bool,
-    samples_per_shard: int,
-    max_shard_bytes: int | None,
-    deterministic_name: bool,
     split_fractions: str | None,
-    seed: int,
-    workers: int | None,
-    mode: Mode,  # click.Choice: one of these
-    overwrite: bool,
-    on_error: OnError,
-    validate: Validate,
     max_pixels: int | None,
-    dtype: str | None,
-    image_member: str | None,
-    layout: Layout,
     backend_options: tuple[str, ...],
+    **same: Any,
 ) -> ExportOptions:
-    """export-dataset's options as the export's record (its flags' values checked)."""
+    """export-dataset's options as the export's record: the flags whose values
+    ExportOptions spells otherwise converted (and checked), the others (``same``: the
+    click.Choice ones hold one of the record's literals) as they are."""
     from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
     from shardex.options import ExportOptions, parse_split_fractions
@@ -295,26 +282,13 @@ def _export_options(
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--split-fractions") from None
     return ExportOptions(
-        backend=backend,
         splits=splits or None,
         x_keys=x_keys or None,
         y_keys=y_keys or None,
-        labels=labels,
-        samples_per_shard=samples_per_shard,
-        max_shard_bytes=max_shard_bytes,
-        deterministic_name=deterministic_name,
         split_fractions=fractions,
-        seed=seed,
-        workers=workers,
-        mode=mode,
         max_pixels=max_pixels or MAX_PIXELS,
-        overwrite=overwrite,
-        on_error=on_error,
-        validate=validate,
-        dtype=dtype,
-        image_member=image_member,
         backend_options=_backend_options(backend_options),
-        layout=layout,
+        **same,
     )
 
 
