@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from shardex.api import read_config, resolve_split
 from shardex.backends.registry import backend_for
@@ -37,6 +37,9 @@ from shardex.contract import ExportConfig, ShardInfo
 from shardex.errors import ConfigError, MissingDependencyError
 from shardex.storage import Storage, open_storage
 from shardex.storage.cache import local_copy
+
+if TYPE_CHECKING:
+    from shardex.dali_staging import Staging
 
 __all__ = ["ReaderArguments", "batches", "pipeline", "reader_arguments"]
 
@@ -212,6 +215,34 @@ def pipeline(
         ConfigError: as for :func:`reader_arguments`.
     """
     fn, pipeline_class = _dali()
+    args, staging = _arguments(location, split, ext, shard_root, storage_options, stage)
+    # seed is left out unless given: DALI 1.x wants -1 for "any", DALI 2.x warns at -1
+    seeded = {} if seed is None else {"seed": seed}
+    pipe = pipeline_class(
+        batch_size=batch_size, num_threads=num_threads, device_id=device_id, **seeded
+    )
+    reader = {"random_shuffle": random_shuffle, "shard_id": shard_id, "num_shards": num_shards}
+    _set_outputs(pipe, fn, args, reader | reader_options, int_labels, image_size, device_id)
+    return _keeping(pipe, staging) if staging is not None else pipe
+
+
+def _keeping(pipe: Any, staging: Staging) -> Any:
+    """``pipe``, holding ``staging`` until it is collected (then the folder is removed)."""
+    pipe.shardex_staging = staging
+    weakref.finalize(pipe, staging.close)
+    return pipe
+
+
+def _arguments(
+    location: str | os.PathLike[str] | Storage,
+    split: str | None,
+    ext: Sequence[str] | None,
+    shard_root: str | os.PathLike[str] | None,
+    storage_options: dict[str, Any] | None,
+    stage: bool | None,
+) -> tuple[ReaderArguments, Staging | None]:
+    """:func:`pipeline`'s reader arguments, and the local staging folder they name when
+    the split is staged (closed here if the arguments fail)."""
     storage = open_storage(location, storage_options)
     staging = None
     if shard_root is None and storage.local_path("") is None and _staged_by(stage, storage_options):
@@ -230,20 +261,22 @@ def pipeline(
         if staging is not None:
             staging.close()
         raise
-    # seed is left out unless given: DALI 1.x wants -1 for "any", DALI 2.x warns at -1
-    seeded = {} if seed is None else {"seed": seed}
-    pipe = pipeline_class(
-        batch_size=batch_size, num_threads=num_threads, device_id=device_id, **seeded
-    )
+    return args, staging
+
+
+def _set_outputs(
+    pipe: Any,
+    fn: Any,
+    args: ReaderArguments,
+    reader_options: dict[str, Any],
+    int_labels: bool,
+    image_size: tuple[int, int] | None,
+    device_id: int | None,
+) -> None:
+    """Define ``pipe``: the webdataset reader named ``"Reader"``, its ``cls`` outputs as
+    int64 labels (``int_labels``), its images decoded and resized (``image_size``)."""
     with pipe:
-        outputs = fn.readers.webdataset(
-            **args.as_kwargs(),
-            random_shuffle=random_shuffle,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            name="Reader",
-            **reader_options,
-        )
+        outputs = fn.readers.webdataset(**args.as_kwargs(), name="Reader", **reader_options)
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         if int_labels:
             from shardex.dali_labels import DaliOps, ascii_label
@@ -259,10 +292,6 @@ def pipeline(
                 for name, out in zip(args.ext, outputs, strict=True)
             ]
         pipe.set_outputs(*outputs)
-    if staging is not None:
-        pipe.shardex_staging = staging
-        weakref.finalize(pipe, staging.close)
-    return pipe
 
 
 def _staged_by(stage: bool | None, storage_options: dict[str, Any] | None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from shardex.contract import ExportConfig, FieldSpec, SplitInfo
 from shardex.storage.base import Storage
@@ -61,6 +61,10 @@ class Dataset(ABC):
         )
 
 
+#: What a ReopenedDataset pickles: its constructor's arguments, to reopen it with.
+_REOPENED_BY: Final = ("storage", "config", "split", "decode", "verify", "on_error")
+
+
 class ReopenedDataset(Dataset):
     """A dataset that pickles as what opened it and reopens in the unpickling process
     (a DataLoader worker): file handles, mappings and caches are never pickled."""
@@ -96,14 +100,7 @@ class ReopenedDataset(Dataset):
         constructor takes are set."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "storage": self.storage,
-            "config": self.config,
-            "split": self.split,
-            "decode": self.decode,
-            "verify": self.verify,
-            "on_error": self.on_error,
-        }
+        return {name: getattr(self, name) for name in _REOPENED_BY}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from shardex.contract import ExportConfig
@@ -13,6 +14,7 @@ from shardex.engine.output import INTENT_FILE
 from shardex.engine.run import export_options, run_export
 from shardex.errors import ConfigError
 from shardex.options import ExportOptions, parse_split_fractions
+from shardex.parallel import Runner
 from shardex.sample_check import OnError
 from shardex.sources import Source
 from shardex.storage import Storage
@@ -73,16 +75,7 @@ def export(
         SourceError: the source is missing, empty or malformed.
     """
     opts = export_options(options, kwargs)
-    if executor not in ("local", "ray"):
-        raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
-    runner = cluster = None
-    if executor == "ray":
-        # imports Ray when connecting
-        from shardex.pipeline.ray_executor import RayExecutor, RayRunner
-
-        cluster = RayExecutor(ray_address)
-        runner = RayRunner(cluster, limit=opts.workers)
-    try:
+    with _runner(executor, ray_address, opts.workers) as runner:
         return run_export(
             source,
             output,
@@ -92,6 +85,25 @@ def export(
             source_storage_options=source_storage_options,
             runner=runner,
         )
+
+
+@contextmanager
+def _runner(
+    executor: Literal["local", "ray"], ray_address: str | None, workers: int | None
+) -> Iterator[Runner | None]:
+    """Where the export's parallel work runs: ``None`` (local processes), or Ray tasks on a
+    cluster this call joins and leaves."""
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if executor == "local":
+        yield None
+        return
+    # imports Ray when connecting
+    from shardex.pipeline.ray_executor import RayExecutor, RayRunner
+
+    cluster = RayExecutor(ray_address)
+    runner = RayRunner(cluster, limit=workers)
+    try:
+        yield runner
     finally:
-        if cluster is not None:
-            cluster.close()  # a Ray this call started
+        cluster.close()  # a Ray this call started

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Final, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from shardex.codecs.images import encoding_of_extension
-from shardex.contract import FieldSpec, KeySpec
+from shardex.contract import FieldSpec, KeySpec, Role
 from shardex.errors import ConfigError
 from shardex.fields import field_key
 from shardex.names import split_name_problem
@@ -209,58 +209,18 @@ def key_specs(
     (``image_member``), else they follow from the member extensions."""
     where = backend.key_storage or backend.name
 
-    def role(key: str) -> Literal["x", "y", "meta"]:
+    def role(key: str) -> Role:
         return "x" if key in x_keys else "y" if key in y_keys else "meta"
 
-    specs = []
     images = [f for f in fields if f.kind == "bytes" and field_key(f.name) == "image"]
-    if images:
-        exts = sorted(f.name for f in images)
-        enc = sorted(image_formats or {encoding_of_extension(e) or e for e in exts})
-        specs.append(
-            KeySpec(
-                "image",
-                role("image"),
-                "uint8",
-                (None, None, None),
-                "HWC",
-                "|".join(enc),
-                f"{where}:" + "|".join(exts),
-            )
-        )
+    specs = [_image_spec(images, role("image"), where, image_formats)] if images else []
     # an array field named ``image`` (``image.npy``) is its own key when no encoded image is
     stored = {"json", *(["image"] if images else [])}
     for f in fields:
         if field_key(f.name) in stored:
             continue
         stored.add(field_key(f.name))
-        place = backend.field_storage(f)
-        if f.kind == "label":
-            specs.append(
-                KeySpec(
-                    "label", role("label"), "int64", (), None, "ascii-int", f"{place},parquet:label"
-                )
-            )
-        elif f.kind == "array":
-            layout = "fixed" if None not in f.shape and not f.optional else "ragged"
-            specs.append(
-                KeySpec(
-                    field_key(f.name),
-                    role(field_key(f.name)),
-                    f.dtype,
-                    f.shape,
-                    layout,
-                    "npy",
-                    place,
-                )
-            )
-        else:
-            encoding = "utf-8" if f.name.endswith(".txt") else f.name
-            specs.append(
-                KeySpec(
-                    field_key(f.name), role(field_key(f.name)), "bytes", None, None, encoding, place
-                )
-            )
+        specs.append(_field_spec(f, role, backend.field_storage(f)))
     if "json" in {f.name for f in fields} and "json" in members:
         specs.append(KeySpec("json", role("json"), "bytes", None, None, "json", f"{where}:json"))
     for c in schema:
@@ -269,6 +229,37 @@ def key_specs(
         dtype, shape = _dtype_of(c.type)
         specs.append(KeySpec(c.name, role(c.name), dtype, shape, None, None, "parquet"))
     return tuple(specs)
+
+
+def _image_spec(
+    images: list[FieldSpec], role: Role, where: str, image_formats: tuple[str, ...] | None
+) -> KeySpec:
+    """The ``image`` key of the encoded image fields ``images``."""
+    exts = sorted(f.name for f in images)
+    enc = sorted(image_formats or {encoding_of_extension(e) or e for e in exts})
+    return KeySpec(
+        "image",
+        role,
+        "uint8",
+        (None, None, None),
+        "HWC",
+        "|".join(enc),
+        f"{where}:" + "|".join(exts),
+    )
+
+
+def _field_spec(f: FieldSpec, role: Callable[[str], Role], place: str) -> KeySpec:
+    """The key of the stored field ``f`` (other than an encoded image), stored at ``place``."""
+    key = field_key(f.name)
+    if f.kind == "label":
+        return KeySpec(
+            "label", role("label"), "int64", (), None, "ascii-int", f"{place},parquet:label"
+        )
+    if f.kind == "array":
+        layout = "fixed" if None not in f.shape and not f.optional else "ragged"
+        return KeySpec(key, role(key), f.dtype, f.shape, layout, "npy", place)
+    encoding = "utf-8" if f.name.endswith(".txt") else f.name
+    return KeySpec(key, role(key), "bytes", None, None, encoding, place)
 
 
 def select_keys(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -17,10 +18,9 @@ from shardex.cli.app import (
 from shardex.cli.config import config_option
 from shardex.errors import ShardexError, SourceNotFoundError
 
-if TYPE_CHECKING:  # the types of the click.Choice flags (their modules load when it runs)
-    from shardex.codecs.images import Validate
-    from shardex.options import Layout, Mode
-    from shardex.sample_check import OnError
+if TYPE_CHECKING:  # their modules load when the command runs
+    from shardex.contract import ExportConfig
+    from shardex.options import ExportOptions
 
 
 @main.command("export-dataset")
@@ -211,31 +211,12 @@ if TYPE_CHECKING:  # the types of the click.Choice flags (their modules load whe
 def export_dataset(
     source: str,
     output: str,
-    backend: str,
-    splits: tuple[str, ...],
-    x_keys: tuple[str, ...],
-    y_keys: tuple[str, ...],
-    labels: bool,
-    samples_per_shard: int,
-    max_shard_bytes: int | None,
-    deterministic_name: bool,
-    split_fractions: str | None,
-    seed: int,
-    workers: int | None,
-    mode: Mode,  # click.Choice: one of these
-    overwrite: bool,
-    on_error: OnError,
-    validate: Validate,
-    max_pixels: int | None,
-    dtype: str | None,
-    image_member: str | None,
-    layout: Layout,
-    backend_options: tuple[str, ...],
     preprocess: bool,
     until_keys: tuple[str, ...],
     executor: str | None,
     ray_address: str | None,
     quiet: bool,
+    **option_params: Any,
 ) -> None:
     """Export SOURCE to sharded storage at OUTPUT.
 
@@ -256,89 +237,110 @@ def export_dataset(
     --samples-per-shard 1000, and config.yaml's format_version 3 (shardex's own).
     """
     from shardex.backends.registry import check_options
+    from shardex.pipeline.spec import find_scenario
+
+    opts = _export_options(**option_params)
+    check_options(opts)  # what the backend cannot store: before the source is looked at
+    storage_options = location_options()
+    source_options = source_location_options()
+    spec_file = find_scenario(source)
+    if spec_file is None:
+        _check_no_spec(source, preprocess, until_keys)
+        config = _export_source(source, output, opts, executor, ray_address, not quiet)
+    elif source_options:
+        raise click.UsageError(
+            "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
+            "file, give the source's store through AWS_* variables"
+        )
+    else:
+        runs = _SpecRun(preprocess, until_keys, executor, ray_address, not quiet)
+        config = _export_spec(str(spec_file), output, opts, runs, storage_options)
+    click.echo(_summary(output, config))
+    if config.num_skipped:
+        click.echo(_skipped_summary(output, config, storage_options))
+
+
+def _export_options(
+    *,
+    splits: tuple[str, ...],
+    x_keys: tuple[str, ...],
+    y_keys: tuple[str, ...],
+    split_fractions: str | None,
+    max_pixels: int | None,
+    backend_options: tuple[str, ...],
+    **same: Any,
+) -> ExportOptions:
+    """export-dataset's options as the export's record: the flags whose values
+    ExportOptions spells otherwise converted (and checked), the others (``same``: the
+    click.Choice ones hold one of the record's literals) as they are."""
     from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
-    from shardex.exporter import export
     from shardex.options import ExportOptions, parse_split_fractions
-    from shardex.pipeline.spec import find_scenario, is_scenario_name, scenario_not_found
 
     try:
         fractions = parse_split_fractions(split_fractions) if split_fractions else None
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--split-fractions") from None
-    opts = ExportOptions(
-        backend=backend,
+    return ExportOptions(
         splits=splits or None,
         x_keys=x_keys or None,
         y_keys=y_keys or None,
-        labels=labels,
-        samples_per_shard=samples_per_shard,
-        max_shard_bytes=max_shard_bytes,
-        deterministic_name=deterministic_name,
         split_fractions=fractions,
-        seed=seed,
-        workers=workers,
-        mode=mode,
         max_pixels=max_pixels or MAX_PIXELS,
-        overwrite=overwrite,
-        on_error=on_error,
-        validate=validate,
-        dtype=dtype,
-        image_member=image_member,
         backend_options=_backend_options(backend_options),
-        layout=layout,
+        **same,
     )
-    check_options(opts)  # what the backend cannot store: before the source is looked at
-    storage_options = location_options()
-    source_options = source_location_options()
-    spec_file = find_scenario(source)
-    if source_options and spec_file is not None:
-        raise click.UsageError(
-            "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
-            "file, give the source's store through AWS_* variables"
-        )
-    if spec_file is not None:
-        config = _export_spec(
-            str(spec_file),
-            output,
-            opts,
-            preprocess,
-            until_keys,
-            executor,
-            ray_address,
-            not quiet,
-            storage_options,
-        )
-    elif preprocess or until_keys:
+
+
+def _check_no_spec(source: str, preprocess: bool, until_keys: tuple[str, ...]) -> None:
+    """Refuses the flags that need a spec file SOURCE."""
+    from shardex.pipeline.spec import is_scenario_name, scenario_not_found
+
+    if preprocess or until_keys:
         if is_scenario_name(source):
             raise scenario_not_found(source)
         raise click.UsageError("--preprocess and --preprocess-until-key need a spec file SOURCE")
-    else:
-        try:
-            # on Ray, tasks write the shards; this process reads references, writes metadata
-            config = export(
-                source,
-                output,
-                opts,
-                progress=not quiet,
-                storage_options=storage_options,
-                source_storage_options=source_options,
-                executor="ray" if executor == "ray" else "local",
-                ray_address=ray_address,
-            )
-        except SourceNotFoundError:
-            if is_scenario_name(source):
-                raise scenario_not_found(source) from None
-            raise
+
+
+def _export_source(
+    source: str,
+    output: str,
+    opts: ExportOptions,
+    executor: str | None,
+    ray_address: str | None,
+    progress: bool,
+) -> ExportConfig:
+    """``export-dataset SOURCE``: SOURCE (not a spec file) exported with ``opts``."""
+    from shardex.exporter import export
+    from shardex.pipeline.spec import is_scenario_name, scenario_not_found
+
+    try:
+        # on Ray, tasks write the shards; this process reads references, writes metadata
+        return export(
+            source,
+            output,
+            opts,
+            progress=progress,
+            storage_options=location_options(),
+            source_storage_options=source_location_options(),
+            executor="ray" if executor == "ray" else "local",
+            ray_address=ray_address,
+        )
+    except SourceNotFoundError:
+        if is_scenario_name(source):
+            raise scenario_not_found(source) from None
+        raise
+
+
+def _summary(output: str, config: ExportConfig) -> str:
+    """The line an export ends with: samples per split, shards, bytes, where."""
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
     size = sum(s.num_bytes for s in config.splits.values())
-    click.echo(
+    return (
         f"exported {config.num_samples} samples ({parts}) in {shards} shards, "
         f"{size_text(size)}, to {output}"
     )
-    if config.num_skipped:
-        click.echo(_skipped_summary(output, config, storage_options))
 
 
 #: How many skipped samples or files the export summary names.
@@ -372,31 +374,38 @@ def _skipped_summary(output: str, config: Any, storage_options: dict[str, Any] |
     return "\n".join(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class _SpecRun:
+    """How ``export-dataset SPEC.yaml`` runs the spec: its flags besides the options."""
+
+    preprocess: bool
+    until_keys: tuple[str, ...]
+    executor: str | None
+    ray_address: str | None
+    progress: bool
+
+
 def _export_spec(
     path: str,
     output: str,
-    opts: Any,
-    preprocess: bool,
-    until_keys: tuple[str, ...],
-    executor: str | None,
-    ray_address: str | None,
-    progress: bool,
+    opts: ExportOptions,
+    run: _SpecRun,
     storage_options: dict[str, Any] | None,
-) -> Any:
+) -> ExportConfig:
     """``export-dataset SPEC.yaml``: the spec's source, options and (with --preprocess)
     stages; -o, --mode/--overwrite and the executor flags apply on top."""
     from shardex.pipeline.spec import Spec, run_spec
 
     spec = Spec.load(path)
-    runner = spec.executor(executor, opts.workers, ray_address)
+    runner = spec.executor(run.executor, opts.workers, run.ray_address)
     return run_spec(
         spec,
         output,
         executor=runner,
-        preprocess=preprocess,
-        until_keys=until_keys,
+        preprocess=run.preprocess,
+        until_keys=run.until_keys,
         mode=opts.mode,
-        verbose=progress,
+        verbose=run.progress,
         **_given_options(opts, storage_options),
     )
 
@@ -423,7 +432,7 @@ _OPTION_PARAMS = {
 }
 
 
-def _given_options(opts: Any, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+def _given_options(opts: ExportOptions, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """The options the command line set explicitly: they apply on top of a spec's."""
     from click.core import ParameterSource
 

@@ -17,7 +17,7 @@ wrap-around); :meth:`IndexPermutation.map` evaluates whole arrays with numpy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -111,19 +111,19 @@ class IndexPermutation:
 
     def __call__(self, i: int) -> int:
         """The index at position ``i`` of the shuffled order."""
-        self._check(i)
-        y = self._encrypt(i)
-        while y >= self.n:
-            y = self._encrypt(y)
-        return y
+        return self._walk(i, self._encrypt)
 
     def inverse(self, j: int) -> int:
         """The position of index ``j`` in the shuffled order (``perm.inverse(perm(i)) == i``)."""
-        self._check(j)
-        x = self._decrypt(j)
-        while x >= self.n:
-            x = self._decrypt(x)
-        return x
+        return self._walk(j, self._decrypt)
+
+    def _walk(self, i: int, step: Callable[[int], int]) -> int:
+        """``step`` (the cipher or its inverse) of ``i``, walked until it is in ``range(n)``."""
+        self._check(i)
+        y = step(i)
+        while y >= self.n:
+            y = step(y)
+        return y
 
     def _encrypt_array(self, x: npt.NDArray[np.uint64], inverse: bool) -> npt.NDArray[np.uint64]:
         half = np.uint64(self._half)

@@ -14,6 +14,8 @@ from shardex.torch.permutation import IndexPermutation
 
 STATE_KIND: Final = "shardex.ShardexSampler"
 ITERATOR_KIND: Final = "shardex.ShardexSampler.iterator"
+#: The settings a state records, and must match when it is loaded.
+_SETUP: Final = ("dataset_len", "world_size", "shuffle", "seed", "drop_last")
 #: Indices computed per numpy pass while iterating.
 _CHUNK: Final = 4096
 
@@ -128,13 +130,7 @@ class ShardexSampler(Sampler[int]):
         self.epoch, self._resume_at, self._consumed = int(state["epoch"]), consumed, consumed
 
     def _setup(self) -> dict[str, Any]:
-        return {
-            "dataset_len": self.dataset_len,
-            "world_size": self.world_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
-        }
+        return {name: getattr(self, name) for name in _SETUP}
 
 
 class SamplerIterator(Iterator[int]):
