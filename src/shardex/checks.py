@@ -43,8 +43,8 @@ from shardex.quoting import quoted
 from shardex.rows import JSON_COLUMN, MemberReader
 from shardex.sample_check import refusal
 from shardex.sources.base import INVALID, MEMBERS, LeftOut, MemberRow
-from shardex.sources.remote import registered
 from shardex.storage.base import Storage
+from shardex.storage.fetch.objects import registered
 
 CHUNK: Final = 2000
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
