@@ -37,6 +37,19 @@ def test_format_modules_import_nothing_of_shardex_but_errors() -> None:
     assert not bad, sorted(bad)
 
 
+def test_storage_imports_nothing_above_it() -> None:
+    """Storage (and its byte fetchers, ``storage/fetch/``) sits under the sources, the
+    engine and the backends: data flows down to it, never back up."""
+    bad = {
+        f"{path.relative_to(SRC).as_posix()}: {module}"
+        for path in sorted((SRC / "storage").rglob("*.py"))
+        for module in _imports(path)
+        if module.split(".")[:2]
+        in (["shardex", "sources"], ["shardex", "engine"], ["shardex", "backends"])
+    }
+    assert not bad, sorted(bad)
+
+
 def _name_comparisons(path: Path) -> Iterator[str]:
     """Built-in backend names compared against (``== "webdataset"``, ``in ("torch", ...)``)."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

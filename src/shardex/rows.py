@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
 from shardex.sources.base import MEMBER_TYPE, MEMBERS, MemberRow
-from shardex.sources.held import HeldReads, HeldTar
-from shardex.sources.remote import ObjectReads, registered, sized
 from shardex.storage import Storage
+from shardex.storage.fetch.held import HeldReads, HeldTar
+from shardex.storage.fetch.objects import ObjectReads, registered, sized
 
 #: Files a reader keeps open at most (a tar source reads many members of few files).
 _OPEN_FILES: Final = 64
@@ -45,7 +45,7 @@ class Members:
     ``starts[i + 1]``; member ``j`` is ``data[j]`` (inline bytes) when ``inline[j]``, else
     ``size[j]`` bytes of the local file ``path(j)`` at ``offset[j]`` (-1: the whole file),
     or of the object ``path(j)`` names by URL (a source on object storage; ``stores`` are
-    the storages such URLs are read from, see :mod:`shardex.sources.remote`).
+    the storages such URLs are read from, see :mod:`shardex.storage.fetch.objects`).
     Extensions and paths are dictionary-coded: a million members of one tar hold one
     path string, not a million."""
 
@@ -64,7 +64,7 @@ class Members:
     #: Storages by root URL for members named by URL (empty when none is).
     stores: tuple[tuple[str, Storage], ...] = ()
     #: Tars whose members a Ray task's scan kept in the object store (read from there
-    #: rather than fetched again: see :mod:`shardex.sources.held`).
+    #: rather than fetched again: see :mod:`shardex.storage.fetch.held`).
     held: tuple[HeldTar, ...] = ()
 
     @classmethod
@@ -295,7 +295,7 @@ class SpilledRows:
     #: process never reads them back), with their planned sizes.
     refs: tuple[Any, ...] = ()
     #: Per record batch of ``refs``: the held tars its members come from (see
-    #: :mod:`shardex.sources.held`), whose refs a shard job carries.
+    #: :mod:`shardex.storage.fetch.held`), whose refs a shard job carries.
     held: tuple[tuple[HeldTar, ...], ...] = ()
 
     @property
@@ -600,7 +600,7 @@ LABEL_FIELD: Final = "cls"
 class MemberReader:
     """Reads the bytes of members given as dicts (a scan table's rows), keeping recently
     used files open; objects with a GET each, from the stores registered in this
-    process (see :mod:`shardex.sources.remote`)."""
+    process (see :mod:`shardex.storage.fetch.objects`)."""
 
     def __init__(self, stores: tuple[tuple[str, Storage], ...] | None = None) -> None:
         self._files = _Files()

@@ -103,7 +103,7 @@ def test_reexport_from_s3_without_scratch_copies_names_the_objects(
 ) -> None:
     """Without copies of what the check read (a Ray export: shards written elsewhere),
     the members name the source shards by URL and the writers fetch them: same output."""
-    import shardex.sources.objecttars as objecttars
+    import shardex.storage.fetch.tars as objecttars
 
     url = s3.child("src")
     shardex.export(_source(40), url, samples_per_shard=16, workers=1, storage_options=s3.direct)

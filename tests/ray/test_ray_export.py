@@ -421,7 +421,7 @@ def test_small_members_of_tars_on_s3_are_fetched_once_on_ray(
     byte of the tars is fetched by exactly one GET (it was 2x: the scan's, then the
     shards'), the driver holding only refs (the parts lie in the nodes' object stores);
     the export equals the local executor's."""
-    from shardex.sources import held
+    from shardex.storage.fetch import held
     from tests.support.s3data import fetched_once_each, same_export, tars_here_and_on_s3
 
     tars = _tars_to_hold(kind)
@@ -479,8 +479,8 @@ def test_tars_not_held_on_ray_are_fetched_again_to_the_same_export(
 
     import ray
     from shardex.errors import RefetchWarning
-    from shardex.sources import held
     from shardex.sources import tars as tars_module
+    from shardex.storage.fetch import held
     from tests.support.s3data import upload
 
     tars = _tars_to_hold("tiny")

@@ -197,7 +197,7 @@ def test_a_ray_worker_killed_while_it_scans_a_tar_is_retried_to_the_same_bytes(
     ray_address: str, s3: S3Location, tmp_path: Path
 ) -> None:
     """Tars on S3 whose scan tasks keep what they read for the shard tasks (a streaming
-    generator task each, see ``shardex.sources.held``): every worker scanning a tar
+    generator task each, see ``shardex.storage.fetch.held``): every worker scanning a tar
     SIGKILLed mid-scan; Ray runs the scans again and the export is byte-identical to one
     nobody interrupted."""
     from helpers import image_bytes
@@ -294,7 +294,7 @@ def test_a_ray_node_lost_holding_scanned_tar_parts_is_retried_to_the_same_bytes(
     two_nodes: Any, s3: S3Location, tmp_path: Path
 ) -> None:
     """Tars on S3 whose scan tasks keep what they read in Ray's object store for the
-    shard tasks (``shardex.sources.held``): the second node, where scans ran and their
+    shard tasks (``shardex.storage.fetch.held``): the second node, where scans ran and their
     parts lie, SIGKILLed while it writes shards. The parts it held are made again by Ray
     or, failing that, their members fetched from the store: the export is byte-identical
     to one nobody interrupted."""

@@ -1,4 +1,4 @@
-"""Tars on object storage (``shardex.sources.objecttars``): the scan's copies of what it
+"""Tars on object storage (``shardex.storage.fetch.tars``): the scan's copies of what it
 reads through, and what they may take of their disk (a short write, the room a local
 output and the export's own scratch files need); a failed export stops its scans and
 leaves no copy; hop-size members among small samples are fetched once."""
@@ -85,7 +85,7 @@ TMPDIR="$PWD/tmp" exec "$@"
 _EXPORT = (
     "import json, sys\n"
     "import shardex\n"
-    "from shardex.sources import objecttars\n"
+    "from shardex.storage.fetch import tars as objecttars\n"
     "objecttars.COPY_RESERVE = int(sys.argv[5])\n"
     "objecttars.KEEP_COPIES = sys.argv[3] == 'copies'\n"
     "shardex.export(sys.argv[1], sys.argv[4], workers=1,\n"
@@ -224,7 +224,8 @@ def test_tars_read_after_their_copies_closed_fail_instead_of_waiting(
 ) -> None:
     """A tar source's samples read after the scan's copies were closed (the export's scan
     over): one error, not a wait for ever on threads that stopped."""
-    from shardex.sources import TarSource, objecttars
+    from shardex.sources import TarSource
+    from shardex.storage.fetch import tars as objecttars
 
     tars = {f"part-{t}.tar": _tiny_tar(10, f"t{t}") for t in range(2)}
     upload(ObjectStorage(s3.child("late"), s3.direct), tars)

@@ -36,11 +36,12 @@ import shardex
 from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree, peak_rss_kb
 from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, RefetchWarning, StorageError
-from shardex.sources import ObjectFolderSource, TableSource, TarSource, objecttars, open_source
+from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
 from shardex.sources.base import SampleStream, ScanBatch
-from shardex.sources.remote import MAX_IN_FLIGHT, ObjectReads
 from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage, open_storage
+from shardex.storage.fetch import tars as objecttars
+from shardex.storage.fetch.objects import MAX_IN_FLIGHT, ObjectReads
 from shardex.storage.memory import MemoryStorage
 from tests.support.faults import FaultyStorage
 from tests.support.places import Place
@@ -951,12 +952,12 @@ def test_tars_scanned_by_a_runners_tasks_keep_no_copies(s3: S3Location, tmp_path
 def test_the_parts_a_ray_tasks_scan_keeps_hold_exactly_the_members_it_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scan that a Ray task runs (``shardex.sources.held``) keeps, in parts, the bytes
+    """The scan that a Ray task runs (``shardex.storage.fetch.held``) keeps, in parts, the bytes
     of the members it read whole, each once, at their tar offsets; parts fill to
     ``PART_BYTES`` (a small last part joins the one before); a tar with less than
     ``MIN_PART`` read through is not held; the samples are the plain scan's."""
-    from shardex.sources import held
     from shardex.sources.tars import tar_scan_held
+    from shardex.storage.fetch import held
 
     monkeypatch.setattr(held, "PART_BYTES", 64 << 10)
     monkeypatch.setattr(held, "MIN_PART", 16 << 10)

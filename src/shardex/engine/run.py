@@ -53,9 +53,9 @@ from shardex.progress import Progress
 from shardex.rows import Members
 from shardex.sources import Source, open_source
 from shardex.sources.base import MEMBERS, SampleStream
-from shardex.sources.held import tars_held
-from shardex.sources.objecttars import copies_kept
 from shardex.storage import LocalStorage, Storage, open_storage
+from shardex.storage.fetch.held import tars_held
+from shardex.storage.fetch.tars import copies_kept
 from shardex.storage.lock import OutputLock, holder_text
 from shardex.storage.scratch import scratch
 from shardex.storage.staging import new_staging, remove_killed_parts, remove_staging
@@ -168,7 +168,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
     # ends (a killed run's went when the lock was taken)
     staging = new_staging() if job.runner is not None and job.runner.remote else None
     # a remote runner's scan tasks keep what they read for its shard tasks (see
-    # shardex.sources.held): held from the scan until the shards are written
+    # shardex.storage.fetch.held): held from the scan until the shards are written
     held = tars_held() if staging is not None else contextlib.nullcontext()
     with scratch() as folder, _staged(storage, staging), held:
         taken = exported_keys(storage, job.previous, folder)

@@ -23,7 +23,7 @@ import xxhash
 
 from shardex.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
 from shardex.sources.base import MEMBERS
-from shardex.sources.held import HeldTar, held_tars
+from shardex.storage.fetch.held import HeldTar, held_tars
 
 #: Rows per record batch of a final spill: a shard job reads whole batches, so they are
 #: about a shard's size (a job of 1,000 candidates reads 1-2 batches).
@@ -147,7 +147,7 @@ class FinalSpill:
     sends them in jobs). The sizes are kept here all the same (in memory while
     ``budget`` lasts, shared by an export's final spills, then in a file), for the
     digest and a byte-capped plan. Each such batch also names the tars its members come
-    from that Ray holds (see :mod:`shardex.sources.held`): their refs go with its rows."""
+    from that Ray holds (see :mod:`shardex.storage.fetch.held`): their refs go with its rows."""
 
     def __init__(
         self,

@@ -56,8 +56,8 @@ from shardex.options import ExportOptions
 from shardex.quoting import quoted
 from shardex.ray.rows import scan_rows
 from shardex.sources.base import SampleStream, ScanBatch, Source, batch_types_error
-from shardex.sources.remote import register
 from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.objects import register
 from shardex.storage.lock import OutputLock, holder_text
 from shardex.storage.staging import STAGED_PART, STAGED_ROWS, STAGING
 

@@ -36,6 +36,7 @@ from shardex.sources.base import (
     check_batch_size,
     members_array,
 )
+from shardex.sources.probe import SourceSpec
 
 #: Most inline bytes in one batch: Arrow's binary offsets are 32-bit.
 _BATCH_BYTES: Final = 1 << 30
@@ -49,6 +50,10 @@ class ArraySource(Source):
     """Samples made of in-memory arrays, byte strings and strings."""
 
     kind: ClassVar[str] = "arrays"
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        return cls(spec.value)  # type: ignore[arg-type]  # (its probe: a Mapping)
 
     def __init__(
         self,

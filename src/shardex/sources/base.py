@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from shardex.errors import BadSampleError, ConfigError, SourceError
 from shardex.quoting import printable, quoted
+from shardex.sources.probe import SourceSpec, check_utf8_path
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -197,7 +198,7 @@ class MapRunner(Protocol):
 @runtime_checkable
 class KeepingRunner(MapRunner, Protocol):
     """A runner whose tasks can leave objects in a store that its later tasks read, on
-    any machine (Ray's object store; see :mod:`shardex.sources.held`)."""
+    any machine (Ray's object store; see :mod:`shardex.storage.fetch.held`)."""
 
     def store_bytes(self) -> int:
         """The store's size (all machines together)."""
@@ -235,6 +236,17 @@ class Source(ABC):
             cls.stream is Source.stream and cls.scan is Source.scan
         ):
             raise TypeError(f"{cls.__name__} must implement stream() or scan()")
+
+    @classmethod
+    def probe(cls, spec: SourceSpec) -> bool:
+        """Whether this source reads what the user named (asked of a plugin source; the
+        built-ins' probes are the registry's, see :mod:`shardex.sources.registry`)."""
+        return False
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        """This source, made from what the user named (once a probe took it)."""
+        raise NotImplementedError(f"{cls.__name__} is not made from a spec")
 
     def stream(self) -> SampleStream:
         """The samples in batches, in source order (no image bytes are read)."""
@@ -277,6 +289,10 @@ class StoredSource(Source):
     runner's tasks may share: subclasses implement :meth:`stream_on`, and
     :meth:`stream` is that without a runner."""
 
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        return cls(spec.location, spec.storage_options if spec.is_url else None)
+
     def __init__(
         self,
         spec: str | os.PathLike[str],
@@ -300,16 +316,6 @@ def check_batch_size(batch_size: int) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
     return batch_size
-
-
-def check_utf8_path(uri: str) -> None:
-    """Refuse a source path that is not valid UTF-8: it is recorded in config.yaml and
-    in each sample's member path, both UTF-8 text."""
-    if printable(uri) != uri:
-        raise SourceError(
-            f"source path {quoted(uri)} is not valid UTF-8: rename it, or point a symlink "
-            "with a UTF-8 name at it"
-        )
 
 
 def safe_key(key: str) -> str:

@@ -22,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardex.errors import ConfigError
+from shardex.errors import ConfigError, SourceError
 from shardex.sources.base import DEFAULT_BATCH_SIZE, SampleStream, Source, check_batch_size
+from shardex.sources.probe import SourceSpec
 from shardex.sources.table import TableSource
 from shardex.storage.cache import cache_dir
 
@@ -194,6 +195,14 @@ class DemoSource(Source):
     """The built-in demo dataset (see the module docstring)."""
 
     kind: ClassVar[str] = "demo"
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        text = spec.text or ""
+        count = text.partition(":")[2]
+        if count and not count.isdigit():
+            raise SourceError(f"bad demo source {text!r}: use 'demo' or 'demo:N' (N images)")
+        return cls(int(count) if count else DEFAULT_COUNT)
 
     def __init__(
         self,

@@ -44,10 +44,12 @@ from shardex.sources.base import (
     MapRunner,
     SampleStream,
     ScanBatch,
+    Source,
     StoredSource,
     batch_table,
     members_array,
 )
+from shardex.sources.probe import SourceSpec
 from shardex.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -122,6 +124,12 @@ class ExportSource(StoredSource):
     kind: ClassVar[str] = "shardex-export"
     # inline bytes (an array backend's samples) are made batch by batch from its files
     bytes_in_memory: ClassVar[bool] = False
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        if spec.is_url:
+            return cls(spec.location.rstrip("/"), spec.storage_options)  # type: ignore[union-attr]
+        return cls(spec.location)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
         """The samples in batches (see :meth:`Source.stream`); with a Ray ``runner``, a

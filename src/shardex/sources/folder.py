@@ -48,6 +48,7 @@ from shardex.sources.base import (
     printable,
     quoted,
 )
+from shardex.sources.probe import SourceSpec
 
 SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test", "predict"})
 
@@ -246,6 +247,10 @@ class FolderSource(Source):
     """Images in a directory tree (see the module docstring for the layout)."""
 
     kind: ClassVar[str] = "folder"
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        return cls(spec.path)
 
     def __init__(
         self, root: str | os.PathLike[str], *, batch_size: int = DEFAULT_BATCH_SIZE

@@ -44,6 +44,7 @@ from shardex.sources.base import (
     quoted,
     safe_key,
 )
+from shardex.sources.probe import SourceSpec
 
 #: Inline bytes per batch at most: the member ``data`` column has 32-bit offsets.
 _BATCH_BYTES: Final = 1 << 30
@@ -52,13 +53,6 @@ _EXT: Final = {"jpeg": "jpg", "tiff": "tif"}
 #: Metadata columns named like a column shardex fills, kept as ``hf_<name>`` (the other
 #: reserved names are refused by check_metadata_names; ``key`` gives the keys).
 _RENAMED: Final = ("original_path", "split", "label")
-
-
-def is_saved_dataset(path: Path) -> bool:
-    """Whether ``path`` is a ``save_to_disk`` folder (a Dataset or a DatasetDict)."""
-    return (path / "dataset_dict.json").is_file() or (
-        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
-    )
 
 
 def _datasets() -> Any:
@@ -75,6 +69,10 @@ class HFSource(Source):
     """A ``datasets.Dataset`` or ``DatasetDict``, or the folder ``save_to_disk`` wrote."""
 
     kind: ClassVar[str] = "huggingface"
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        return cls(spec.value if spec.text is None else spec.path)
 
     def __init__(self, dataset: Any, *, uri: str | None = None, batch_size: int = 1024) -> None:
         datasets = _datasets()

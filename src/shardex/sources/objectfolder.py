@@ -4,7 +4,7 @@ The same layout, keys, labels and order as :class:`~shardex.sources.folder.Folde
 on a local copy: keys in sorted order (a folder sorting as its name and a ``/``), which
 is the order of the local walk. No object is read while scanning: sizes come from the
 listing, bytes are fetched when the shards are written (one GET each, see
-:mod:`shardex.sources.remote`).
+:mod:`shardex.storage.fetch.objects`).
 
 The listing is cut at the split and class folders and the folders are listed at once
 (see :mod:`shardex.sources.listing`): LISTs with a delimiter find the folders below the
@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import SourceError
-from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, MapRunner, SampleStream
+from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, MapRunner, SampleStream, Source
 from shardex.sources.folder import (
     SPLIT_DIRS,
     FolderSource,
@@ -55,8 +55,9 @@ from shardex.sources.listing import (
     listed,
     parts_in_order,
 )
-from shardex.sources.remote import register
+from shardex.sources.probe import SourceSpec
 from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.objects import register
 
 #: The most keys a LIST page holds (S3's limit, which every store listed here keeps).
 _PAGE: Final = 1000
@@ -204,6 +205,10 @@ class ObjectFolderSource(FolderSource):
     """
 
     kind: ClassVar[str] = "folder"
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        return cls(spec.text or "", spec.storage_options)
 
     def __init__(
         self,

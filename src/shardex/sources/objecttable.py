@@ -4,7 +4,7 @@ itself on object storage.
 A URL is worked on as a pseudo absolute path (``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``) so that
 the table source's path rules (relative paths joined to the table's folder, keys relative
 to the common parent folder) apply unchanged; each row's object is then looked at with
-one HEAD (its size), at most :data:`~shardex.sources.remote.MAX_IN_FLIGHT` at a time.
+one HEAD (its size), at most :data:`~shardex.storage.fetch.objects.MAX_IN_FLIGHT` at a time.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
 from shardex.errors import ObjectNotFoundError
-from shardex.sources.remote import MAX_IN_FLIGHT, is_url, register, split_url
 from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.objects import MAX_IN_FLIGHT, is_url, register, split_url
 
 __all__ = ["MISSING", "Member", "object_members", "pseudo_path", "url_of"]
 

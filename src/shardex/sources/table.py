@@ -57,9 +57,10 @@ from shardex.sources.base import (
     safe_key,
 )
 from shardex.sources.objecttable import MISSING, Member, object_members, pseudo_path, url_of
-from shardex.sources.remote import is_url
+from shardex.sources.probe import SourceSpec
 from shardex.sources.tablefile import TableFile
 from shardex.storage import open_storage
+from shardex.storage.fetch.objects import is_url
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
@@ -220,6 +221,10 @@ class TableSource(Source):
     """Samples listed in a Parquet or CSV file (see the module docstring)."""
 
     kind: ClassVar[str] = "table"
+
+    @classmethod
+    def from_spec(cls, spec: SourceSpec) -> Source:
+        return cls(spec.location, storage_options=spec.storage_options)  # its paths may be URLs
 
     def __init__(
         self,

@@ -4,9 +4,9 @@ Members are grouped into samples by key (the name up to the first dot of its las
 component), in tar order. ``.cls`` members become the ``label`` column and ``.json``
 members become metadata columns; every other member is kept byte for byte, as a
 reference (its tar, offset and size: read when its shard is written). Tars on object
-storage are scanned by ranged GETs (see :mod:`shardex.sources.objecttars`), many at a
+storage are scanned by ranged GETs (see :mod:`shardex.storage.fetch.tars`), many at a
 time; :meth:`TarSource.stream_on` scans each tar in a task of a runner (on Ray, the task
-keeps what it read for the shards' tasks: see :mod:`shardex.sources.held`).
+keeps what it read for the shards' tasks: see :mod:`shardex.storage.fetch.held`).
 
 Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
 invalid (``_invalid``), so the export refuses it, or skips it and records it in
@@ -67,9 +67,11 @@ from shardex.sources.base import (
     members_array,
     safe_key,
 )
-from shardex.sources.held import HOLD_SHARE, HeldTars, Part, TarHold, held_tars
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable
-from shardex.sources.objecttars import (
+from shardex.storage import Storage
+from shardex.storage.fetch.held import HOLD_SHARE, HeldTars, Part, TarHold, held_tars
+from shardex.storage.fetch.objects import is_url, register
+from shardex.storage.fetch.tars import (
     RangedTar,
     TarCopies,
     TarCopy,
@@ -77,8 +79,6 @@ from shardex.sources.objecttars import (
     object_tars,
     open_object_tar,
 )
-from shardex.sources.remote import is_url, register
-from shardex.storage import Storage
 
 _ZERO_BLOCK: Final = bytes(BLOCK)
 _SCAN_CHUNK: Final = 1 << 20
@@ -215,8 +215,8 @@ class TarRef:
     object (``path`` below the ``storage``'s root), ``size`` bytes, named ``rel`` in
     its samples' ``original_path``. Pickles (with its storage's options) to the process
     that scans it; ``copies``: where a scan in this process keeps what it reads (see
-    :mod:`shardex.sources.objecttars`; never for a scan by a remote task); ``hold``:
-    whether a Ray task's scan keeps what it reads (see :mod:`shardex.sources.held`)."""
+    :mod:`shardex.storage.fetch.tars`; never for a scan by a remote task); ``hold``:
+    whether a Ray task's scan keeps what it reads (see :mod:`shardex.storage.fetch.held`)."""
 
     path: str
     rel: str
@@ -299,7 +299,7 @@ HeldScan = tuple[TarRef, list[_Sample], list[tuple[int, int]]]
 
 def tar_scan_held(tar: TarRef) -> Iterator[Part | HeldScan]:
     """A task's scan of one tar that keeps, where ``tar.hold``, the members it read in
-    parts (see :mod:`shardex.sources.held`): yields each part as it fills (Ray stores each
+    parts (see :mod:`shardex.storage.fetch.held`): yields each part as it fills (Ray stores each
     as an object on the task's node), then the tar's :data:`HeldScan`."""
     # no ``yield from``: Ray's generator tasks send values in, which a list's iterator
     # cannot take
@@ -492,7 +492,7 @@ class TarSource(StoredSource):
 
     def _tars(self) -> list[TarRef]:
         """The source's tars, in order (a store on object storage registered to serve
-        their members' bytes, see :mod:`shardex.sources.remote`)."""
+        their members' bytes, see :mod:`shardex.storage.fetch.objects`)."""
         if not is_url(self.uri):
             paths = _tar_paths(self.uri)
             root = os.path.commonpath([str(p.parent) for p in paths])

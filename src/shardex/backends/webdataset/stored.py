@@ -5,13 +5,13 @@ the new shards are written), so memory stays bounded whatever the export's size.
 
 A shard on object storage is read front to back in windows of :data:`WINDOW` bytes (one
 ranged GET each). Its members name the object by URL (the shard writer fetches them, see
-:mod:`shardex.sources.remote`), or, where the export keeps copies of what a scan reads
-(:func:`shardex.sources.objecttars.copies_kept`: its shards are written on this machine),
+:mod:`shardex.storage.fetch.objects`), or, where the export keeps copies of what a scan reads
+(:func:`shardex.storage.fetch.tars.copies_kept`: its shards are written on this machine),
 the local copy of the bytes just checked: then each byte is fetched once. On Ray
-(a runner that keeps objects, in an export's :func:`~shardex.sources.held.tars_held`
+(a runner that keeps objects, in an export's :func:`~shardex.storage.fetch.held.tars_held`
 context) each run of a shard's samples is read and checked by a task instead, which
 keeps the bytes of their members in Ray's object store for the shard tasks (as a tar
-source's scan does, see :mod:`shardex.sources.held`): the driver gets the samples'
+source's scan does, see :mod:`shardex.storage.fetch.held`): the driver gets the samples'
 references only, and each byte is fetched once there too.
 """
 
@@ -31,10 +31,10 @@ from shardex.backends.webdataset.reader import ShardDataset, check_sample_bytes
 from shardex.errors import ChecksumError, FormatError, ShardexError
 from shardex.format.tar import iter_members, split_name
 from shardex.sources.base import KeepingRunner, MapRunner
-from shardex.sources.held import HeldTars, Part, TarHold, held_tars
-from shardex.sources.objecttars import TarCopy, kept_copies
-from shardex.sources.remote import register
 from shardex.storage import Storage
+from shardex.storage.fetch.held import HeldTars, Part, TarHold, held_tars
+from shardex.storage.fetch.objects import register
+from shardex.storage.fetch.tars import TarCopy, kept_copies
 
 #: Index records read at a time (their offsets, lengths, checksums and shards as lists).
 _RECORDS: Final = 1 << 16

@@ -1,7 +1,7 @@
 """Members of tars on object storage that a Ray task's scan read, held in Ray's object
 store for the tasks that write their shards (``--executor ray``).
 
-A scan reads small members through (see :mod:`shardex.sources.objecttars`); writing
+A scan reads small members through (see :mod:`shardex.storage.fetch.tars`); writing
 their shards would fetch them again. A local export keeps a copy on its scratch disk;
 with Ray, the scan runs in a task on any node and the shards are written by other tasks
 on any node, so the scan task keeps them in Ray's object store instead: as it reads,
@@ -80,7 +80,7 @@ class _Gathering:
 
 
 class TarHold:
-    """What one tar's scan fetched (:meth:`put`, by :class:`~shardex.sources.objecttars.RangedTar`),
+    """What one tar's scan fetched (:meth:`put`, by :class:`~shardex.storage.fetch.tars.RangedTar`),
     made into parts: after each sample (:meth:`take`), the bytes of its members read
     whole go into the part being filled; :meth:`ready` and :meth:`finish` hand the parts
     over, and :attr:`spans` says which tar bytes each covers."""

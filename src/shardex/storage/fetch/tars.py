@@ -9,7 +9,7 @@ a large member's bytes are skipped. Where headers follow each other closely (a t
 tiny members) the window doubles at each read, up to :data:`MAX_WINDOW` (2 MiB): such a tar is read
 through in few requests, as a stream would read it. Members are kept as references
 (object URL, offset, size): their bytes are fetched when the shards are written, by the
-workers writing them (see :mod:`shardex.sources.remote`), never held by the scan.
+workers writing them (see :mod:`shardex.storage.fetch.objects`), never held by the scan.
 
 What the scan reads through (the members of a tar of small samples) would then be
 fetched twice. An export whose shards are written on this machine keeps instead a copy
@@ -26,7 +26,7 @@ does not fit is not copied (its members are fetched again, after one
 :class:`~shardex.errors.RefetchWarning`). Copies go with the scratch folder when the
 export ends (or, killed, when the next export starts). With ``--executor ray`` the scan
 runs in a task on any node: it keeps what it read in Ray's object store instead (see
-:mod:`shardex.sources.held`).
+:mod:`shardex.storage.fetch.held`).
 
 The copies are written only while their :func:`copies_kept` context lasts (the export's
 scan): leaving it, also on an error, stops the scans still under way (each within a
@@ -51,8 +51,8 @@ from typing import Any, Final, Literal
 
 from shardex.errors import EmptySourceError, RefetchWarning, SourceNotFoundError
 from shardex.quoting import quoted
-from shardex.sources.held import TarHold
 from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.held import TarHold
 
 _GLOB: Final = "*?["
 #: The first (and smallest) read of a hop to a header: the header and, in a WebDataset

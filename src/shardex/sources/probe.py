@@ -1,0 +1,218 @@
+"""What a user names as a source, and the built-in sources' probes of it.
+
+A :class:`SourceSpec` is asked facts (is it a folder, does it hold ``config.yaml``, does
+the first page of its listing hold only tars ...) by one probe after another; each fact
+is found once, however many probes ask it, so picking a source costs what the sniffing
+chain it replaces did (one HEAD and one LIST for a URL at most). The probes are plain
+functions here, so picking a built-in source imports none but the one picked.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Final
+
+from shardex.contract import CONFIG_FILE
+from shardex.errors import SourceError, SourceNotFoundError
+from shardex.quoting import printable, quoted
+from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.objects import is_url
+from shardex.storage.options import refuse_credentials_in_url
+
+__all__ = ["TABLE_SUFFIXES", "SourceSpec", "check_utf8_path", "is_saved_dataset"]
+
+TABLE_SUFFIXES: Final = (".parquet", ".pq", ".csv", ".tsv")
+
+
+def check_utf8_path(uri: str) -> None:
+    """Refuse a source path that is not valid UTF-8: it is recorded in config.yaml and
+    in each sample's member path, both UTF-8 text."""
+    if printable(uri) != uri:
+        raise SourceError(
+            f"source path {quoted(uri)} is not valid UTF-8: rename it, or point a symlink "
+            "with a UTF-8 name at it"
+        )
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a ``save_to_disk`` folder (a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
+
+
+class SourceSpec:
+    """A source as the user named it: ``value`` (a path, URL, glob, ``demo[:N]``, or an
+    object such as a mapping of arrays) and the ``storage_options`` of a source on object
+    storage. A URL holding credentials is refused here, before it is shown anywhere."""
+
+    def __init__(self, value: object, storage_options: dict[str, Any] | None = None) -> None:
+        self.value = value
+        self.storage_options = storage_options
+        text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+        #: the path, URL, glob or name as text (None for an object)
+        self.text: str | None = text if isinstance(text, str) else None
+        #: whether it is an object-store URL (``s3://`` ...)
+        self.is_url = self.text is not None and is_url(self.text)
+        if self.is_url:
+            refuse_credentials_in_url(self.text or "")
+
+    @cached_property
+    def glob(self) -> bool:
+        """Whether the text is a glob (of tars)."""
+        return self.text is not None and any(c in self.text for c in "*?[")
+
+    @cached_property
+    def path(self) -> Path:
+        """The local path (refused unless valid UTF-8)."""
+        check_utf8_path(self.text or "")
+        return Path(self.text or "").expanduser()
+
+    @cached_property
+    def local(self) -> bool:
+        """Whether the text names a local path (not a URL, glob or the demo)."""
+        return self.text is not None and not (self.is_url or self.glob)
+
+    @cached_property
+    def is_dir(self) -> bool:
+        """Whether it is a local folder."""
+        return self.local and self.path.is_dir()
+
+    @cached_property
+    def is_file(self) -> bool:
+        """Whether it is a local file."""
+        return self.local and not self.is_dir and self.path.is_file()
+
+    @cached_property
+    def object_name(self) -> str:
+        """A URL's last part, lower case, when it names one object (no trailing ``/``)."""
+        text = self.text or ""
+        return "" if text.endswith("/") else text.rpartition("/")[2].lower()
+
+    @cached_property
+    def storage(self) -> Storage:
+        """The storage of a URL, as a prefix."""
+        return open_storage((self.text or "").rstrip("/"), self.storage_options)
+
+    def in_folder(self, look: Any) -> Any:
+        """``look()`` at a local folder, its failure to read it a SourceError."""
+        try:
+            return look()
+        except OSError as exc:
+            raise SourceError(
+                f"cannot read source folder {quoted(self.text or '')}: {exc.strerror}"
+            ) from exc
+
+    @cached_property
+    def has_config(self) -> bool:
+        """Whether the folder or prefix holds ``config.yaml`` (an export)."""
+        if self.is_url:
+            return self.storage.exists(CONFIG_FILE)
+        return self.is_dir and bool(self.in_folder((self.path / CONFIG_FILE).is_file))
+
+    @property
+    def location(self) -> str | Path:
+        """What a source at a path, glob or URL is made with: the text of a URL or a glob,
+        else the local path."""
+        return (self.text or "") if self.is_url or self.glob else self.path
+
+    def nothing_matched(self) -> Exception:
+        """The error when no source reads this spec."""
+        if self.text is None:
+            try:
+                os.fspath(self.value)  # type: ignore[call-overload]
+            except TypeError as exc:  # the same words as any path argument's
+                return exc
+            return SourceError(f"unsupported source {self.value!r}")
+        if self.is_file:
+            suffix = self.path.suffix.lower()
+            return SourceError(
+                f"source {self.text}: unsupported file type {suffix!r} (use a folder, a .tar, "
+                "a glob of .tar files, a .parquet/.csv table, or 'demo')"
+            )
+        return SourceNotFoundError(f"source {self.text} does not exist")
+
+
+def _holds_only_tars(root: Path) -> bool:
+    has_tar = False
+    for _dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if name.lower().endswith(".tar"):
+                has_tar = True
+            elif not name.startswith("."):
+                return False
+    return has_tar
+
+
+def _first_page_only_tars(storage: Storage) -> bool:
+    first = next(storage.list_pages(""), [])
+    names = [p.rpartition("/")[2] for p, _ in first if not p.rpartition("/")[2].startswith(".")]
+    return bool(names) and all(n.lower().endswith(".tar") for n in names)
+
+
+def _is_hf_dataset(value: object) -> bool:
+    """Whether ``value`` is a ``datasets.Dataset``/``DatasetDict`` (without importing it)."""
+    return type(value).__module__.split(".")[0] == "datasets" and type(value).__name__ in (
+        "Dataset",
+        "DatasetDict",
+    )
+
+
+# The built-in probes, in the order the registry asks them (see shardex.sources.registry).
+
+
+def demo(spec: SourceSpec) -> bool:
+    """``demo`` or ``demo:N``."""
+    return spec.text is not None and (spec.text == "demo" or spec.text.startswith("demo:"))
+
+
+def table(spec: SourceSpec) -> bool:
+    """A ``.parquet``/``.csv``/``.tsv`` file or object."""
+    if spec.is_url:
+        return not spec.glob and spec.object_name.endswith(TABLE_SUFFIXES)
+    return spec.is_file and spec.path.suffix.lower() in TABLE_SUFFIXES
+
+
+def export(spec: SourceSpec) -> bool:
+    """A folder or prefix holding ``config.yaml``."""
+    if spec.is_url and (spec.glob or spec.object_name.endswith(".tar")):
+        return False
+    return (spec.is_url or spec.is_dir) and spec.has_config
+
+
+def hf(spec: SourceSpec) -> bool:
+    """A ``datasets.Dataset``/``DatasetDict``, or a folder ``save_to_disk`` wrote."""
+    if _is_hf_dataset(spec.value):
+        return True
+    return spec.is_dir and bool(spec.in_folder(lambda: is_saved_dataset(spec.path)))
+
+
+def arrays(spec: SourceSpec) -> bool:
+    """A mapping of names to arrays."""
+    return isinstance(spec.value, Mapping)
+
+
+def tars(spec: SourceSpec) -> bool:
+    """A glob, a ``.tar``, or a folder or prefix of only tars (a local folder is walked;
+    a prefix's first page is read)."""
+    if spec.glob:
+        return True
+    if spec.is_url:
+        return spec.object_name.endswith(".tar") or _first_page_only_tars(spec.storage)
+    if spec.is_dir:
+        spec.in_folder(lambda: os.listdir(spec.path))  # (os.walk ignores an unreadable folder)
+        return _holds_only_tars(spec.path)
+    return spec.is_file and spec.path.suffix.lower() == ".tar"
+
+
+def folder(spec: SourceSpec) -> bool:
+    """Any other local folder: an image folder."""
+    return spec.is_dir
+
+
+def object_folder(spec: SourceSpec) -> bool:
+    """Any other URL: an image folder on object storage."""
+    return spec.is_url

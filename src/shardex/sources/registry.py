@@ -1,0 +1,164 @@
+"""The source registry: which source reads what a user names, the same for built-ins and
+plugins.
+
+An entry is ``(name, "module:Class", probe)``: the probe, a cheap test of the user's
+:class:`~shardex.sources.probe.SourceSpec`, says whether the source reads it, and the
+class, imported only when picked, is made with ``Class.from_spec(spec)``. Entries are
+probed in order and the first yes wins; nothing matching is a one-line error.
+
+Third-party sources register through the ``shardex.sources`` entry-point group
+(``name = module:Class``, a :class:`~shardex.sources.base.Source` with the classmethods
+``probe(spec) -> bool`` and ``from_spec(spec) -> Source``) or :func:`register_source`.
+They are probed **before** the built-ins, in name order: the built-in image folders take
+any folder and any URL, so a plugin after them could never claim one (a plugin format
+kept in a folder, or a scheme of its own). The entry points are read on the first pick.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shardex.errors import SourceError
+from shardex.quoting import one_line
+from shardex.sources import probe
+from shardex.sources.base import Source
+from shardex.sources.probe import SourceSpec
+
+__all__ = ["ENTRY_POINT_GROUP", "REGISTRY", "SourceEntry", "open_source", "register_source"]
+
+ENTRY_POINT_GROUP: Final = "shardex.sources"
+
+Probe = Callable[[SourceSpec], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEntry:
+    """A registered source, not yet imported; ``probe`` None asks the class's own."""
+
+    name: str
+    target: str
+    probe: Probe | None = None
+    origin: str = "built-in"
+
+
+_BUILTINS: Final = (  # the order of the sniffing chain they replace: keep it
+    SourceEntry("demo", "shardex.sources.demo:DemoSource", probe.demo),
+    SourceEntry("table", "shardex.sources.table:TableSource", probe.table),
+    SourceEntry("export", "shardex.sources.export:ExportSource", probe.export),
+    SourceEntry("hf", "shardex.sources.hf:HFSource", probe.hf),
+    SourceEntry("arrays", "shardex.sources.arrays:ArraySource", probe.arrays),
+    SourceEntry("tars", "shardex.sources.tars:TarSource", probe.tars),
+    SourceEntry("folder", "shardex.sources.folder:FolderSource", probe.folder),
+    SourceEntry(
+        "objectfolder", "shardex.sources.objectfolder:ObjectFolderSource", probe.object_folder
+    ),
+)
+
+
+class Registry:
+    """Name -> source entry. One instance, :data:`REGISTRY`, serves the package."""
+
+    def __init__(self, entries: tuple[SourceEntry, ...] = _BUILTINS) -> None:
+        self._entries = {e.name: e for e in entries}
+        self._plugins: list[str] = []
+        self._plugins_loaded = False
+
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        from importlib.metadata import entry_points  # ~10 ms: only when a source is picked
+
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            self.register(
+                ep.name, ep.value, origin=f"entry point ({ep.dist.name if ep.dist else '?'})"
+            )
+
+    def register(
+        self, name: str, target: str, probe: Probe | None = None, *, origin: str = "register_source"
+    ) -> None:
+        """Add a source by ``"module:Class"``, probed before the built-ins (with ``probe``,
+        else the class's ``probe`` classmethod). Raises SourceError if the name is taken."""
+        if name in self._entries:
+            raise SourceError(
+                f"source {name!r} is already registered (by {self._entries[name].origin}); "
+                "pick another name"
+            )
+        if ":" not in target:
+            raise SourceError(f"source target {target!r} must look like 'module:Class'")
+        self._entries[name] = SourceEntry(name, target, probe, origin)
+        self._plugins.append(name)
+
+    def entries(self) -> list[SourceEntry]:
+        """Every registered source, in the order they are probed."""
+        self._load_plugins()
+        plugins = [self._entries[n] for n in self._plugins]
+        return plugins + [e for e in self._entries.values() if e.origin == "built-in"]
+
+    def source_class(self, entry: SourceEntry) -> type[Source]:
+        """The class of an entry (imported now).
+
+        Raises:
+            SourceError: its module fails to import, or its target is not a Source.
+        """
+        module_name, _, cls_name = entry.target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # a plugin's own bug: named in one line, not a traceback
+            raise SourceError(
+                f"source {entry.name!r}: importing {module_name} failed "
+                f"({type(exc).__name__}: {one_line(str(exc))}); fix or uninstall {entry.origin}"
+            ) from exc
+        cls = getattr(module, cls_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, Source)):
+            raise SourceError(f"source {entry.name!r}: {entry.target} is not a Source subclass")
+        return cls
+
+    def open(self, spec: SourceSpec) -> Source:
+        """The source of the first entry whose probe takes ``spec``.
+
+        Raises:
+            SourceError: no source reads it (SourceNotFoundError: a path that does not
+                exist), or a plugin fails to import.
+        """
+        for entry in self.entries():
+            probe = entry.probe or self.source_class(entry).probe
+            if probe(spec):
+                return self.source_class(entry).from_spec(spec)
+        raise spec.nothing_matched()
+
+
+REGISTRY: Final = Registry()
+
+
+def register_source(name: str, target: str, probe: Probe | None = None) -> None:
+    """Register a source under ``name``; see :meth:`Registry.register`."""
+    REGISTRY.register(name, target, probe)
+
+
+def open_source(
+    spec: str | Any | Source | Mapping[str, Any],
+    storage_options: dict[str, Any] | None = None,
+) -> Source:
+    """The source a user names (``storage_options``: those of a source on object
+    storage, see :class:`shardex.storage.ObjectStorage`).
+
+    * ``demo`` or ``demo:N``: the built-in demo dataset (N images, default 5000);
+    * a folder with ``config.yaml``: an existing shardex export;
+    * a folder holding only ``.tar`` files, a ``.tar`` file, or a glob: WebDataset tars;
+    * any other folder: an image folder;
+    * a ``.parquet``/``.csv``/``.tsv`` file: a table of paths or bytes plus metadata;
+    * a mapping of names to arrays: in-memory arrays (see :class:`ArraySource`);
+    * a Hugging Face ``Dataset``/``DatasetDict``, or a folder ``save_to_disk`` wrote;
+    * an object-store URL (``s3://bucket/prefix``): an export (it holds ``config.yaml``),
+      a ``.tar``, a glob or a prefix of only ``.tar`` objects (WebDataset tars), a
+      ``.parquet``/``.csv`` table, else an image folder;
+    * whatever an installed plugin source claims (``shardex.sources`` entry points,
+      asked first).
+    """
+    if isinstance(spec, Source):
+        return spec
+    return REGISTRY.open(SourceSpec(spec, storage_options))
