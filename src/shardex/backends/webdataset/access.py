@@ -20,7 +20,7 @@ from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.codecs.fields import decode_fields
 from shardex.contract import CONFIG_FILE, ExportConfig, SplitInfo
-from shardex.dataset import OnReadError, Sample
+from shardex.dataset import ReopenedDataset, Sample
 from shardex.errors import (
     ChecksumError,
     ExportReplacedError,
@@ -30,7 +30,6 @@ from shardex.errors import (
 )
 from shardex.format.mapped import ABSENT, RECORD, MemberIndex, SplitIndex, checksum_seeds
 from shardex.format.tar import parse_sample
-from shardex.storage.base import Storage
 from shardex.storage.cache import local_copy
 
 if TYPE_CHECKING:  # numpy loads on first use: opening and reads need none
@@ -100,50 +99,45 @@ def parsed(buf: bytes, where: str, start: int, stop: int | None, decode: bool) -
     return sample
 
 
-def out_of_range(index: int, n: int) -> IndexError:
-    return IndexError(f"sample {index} is out of range for a split of {n} samples")
-
-
 class Access:
     """Reading one split's samples by their index records, the checked way: every read
     bounded by config.yaml's shard sizes, checked against its checksum, then sliced by
     its members row or parsed. Fetches bytes with ranged GETs; subclasses read local
     shards (:meth:`_fetch`) and add fast paths in front of :meth:`get`."""
 
-    def __init__(
-        self,
-        storage: Storage,
-        config: ExportConfig,
-        split: str,
-        info: SplitInfo,
-        index: SplitIndex,
-        *,
-        verify: bool,
-        decode: bool,
-        on_error: OnReadError,
-        skipped: list[tuple[int, str]],
-    ) -> None:
-        self.storage, self.config, self.split, self.index = storage, config, split, index
-        self.verify, self.decode, self.on_error, self.skipped = verify, decode, on_error, skipped
+    def __init__(self, ds: ReopenedDataset, info: SplitInfo) -> None:
+        """Read ``info``'s split for ``ds`` (its settings are copied: no reference to the
+        dataset is kept, so dropping it closes the shards at once)."""
+        storage, self.config, self.split = ds.storage, ds.config, ds.split
+        self.storage, self.verify, self.decode = storage, ds.verify, ds.decode
+        self.on_error, self.skipped = ds.on_error, ds.skipped
         assert info.index is not None  # the dataset checked
+        # Cached copies of remote index files are keyed by the shards' checksums, so a
+        # rewritten export never meets a stale index.
+        fp = self._fingerprint = "\n".join(s.checksum for s in info.shards)
+        keys = info.index.keys
+        self.index = SplitIndex(
+            local_copy(storage, info.index.samples, fp),
+            lambda: local_copy(storage, keys, fp),
+            num_samples=info.num_samples,
+        )
         self._paths = [s.path for s in info.shards]
         self._sizes = [s.num_bytes for s in info.shards]
         self._first = list(accumulate((s.num_samples for s in info.shards), initial=0))
         self._n = info.num_samples
-        self._unpack, self._raw = RECORD.unpack_from, index.raw
+        self._unpack, self._raw = RECORD.unpack_from, self.index.raw
         #: Where each sample's members lie (format version 3): reads slice the fields
         #: out of the sample's bytes instead of parsing its tar headers. Loaded by the
         #: first read, so that opening costs no request for it.
         self.members: MemberIndex | None = None
         self._members_file = info.index.members
-        self._fingerprint = "\n".join(s.checksum for s in info.shards)
         self._pending = info.index.members is not None
         #: (extension, position of its offset in an unpacked row; its size follows)
         self._columns: list[tuple[str, int]] = []
         self._mraw, self._msize = memoryview(b""), 0
         self._munpack: Callable[[memoryview, int], tuple[int, ...]] | None = None
         # Format 2 seeds each sample's checksum with its number (0 x number: format 1).
-        self.seed = 1 if checksum_seeds(config.format_version) else 0
+        self.seed = 1 if checksum_seeds(self.config.format_version) else 0
         self._same_config: bytes | None = None
 
     def _load_members(self) -> None:
@@ -294,13 +288,20 @@ class Access:
             self.check_sample(buf, checksum, shard, offset, number)
         return self._fields(buf, 0, len(buf), shard, number, checksum)
 
-    def get(self, index: int) -> Sample:
-        """Sample number ``index`` (``ds[index]``)."""
+    def _number(self, index: int) -> int:
+        """A sample number from a negative ``index`` (counting from the end); raises
+        IndexError when out of range (``get``'s check, off its hot path)."""
         n = self._n
         if index < 0:
             index += n
         if not 0 <= index < n:
-            raise out_of_range(index, n)
+            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+        return index
+
+    def get(self, index: int) -> Sample:
+        """Sample number ``index`` (``ds[index]``)."""
+        if not 0 <= index < self._n:
+            index = self._number(index)
         if self._pending:
             self._load_members()
         return self._checked(index, *self._unpack(self._raw, index * 24))

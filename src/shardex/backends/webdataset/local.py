@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from xxhash import xxh3_64_intdigest as _xxh3
 
-from shardex.backends.webdataset.access import PROCESS, Access, cut, out_of_range, parsed
+from shardex.backends.webdataset.access import PROCESS, Access, cut, parsed
 from shardex.dataset import Sample
 from shardex.errors import FormatError, ObjectNotFoundError, ShardexError, StorageError
 from shardex.format.mapped import ABSENT
@@ -87,11 +87,8 @@ class Pread(Access):
         return [self._read(shard, off, n) for shard, off, n in blocks]
 
     def get(self, index: int) -> Sample:
-        n = self._n
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise out_of_range(index, n)
+        if not 0 <= index < self._n:
+            index = self._number(index)
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)
         sample = self._fast(index, offset, checksum, shard, length)
         return self._checked(index, offset, checksum, shard, length) if sample is None else sample
@@ -123,14 +120,8 @@ class Pread(Access):
             return super()._batch(idx, rec, gap)
         out: list[Sample] = []
         fast, checked = self._fast, self.get
-        for number, off, checksum, shard, length in zip(
-            idx.tolist(),
-            rec["offset"].tolist(),
-            rec["checksum"].tolist(),
-            rec["shard"].tolist(),
-            rec["length"].tolist(),
-            strict=True,
-        ):
+        columns = (rec[name].tolist() for name in ("offset", "checksum", "shard", "length"))
+        for number, off, checksum, shard, length in zip(idx.tolist(), *columns, strict=True):
             sample = fast(number, off, checksum, shard, length)
             out.append(checked(number) if sample is None else sample)
         return out
@@ -205,11 +196,8 @@ class Mapped(Pread):
         self._maps[shard], self._views[shard] = mapped, memoryview(mapped)
 
     def get(self, index: int) -> Sample:
-        n = self._n
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise out_of_range(index, n)
+        if not 0 <= index < self._n:
+            index = self._number(index)
         if self._pending:
             self._load_members()
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)

@@ -1,12 +1,6 @@
 """Reading a split of tar shards through its index: one ``pread``, slice of a mapped
-shard, or ranged GET per sample.
-
-:class:`ShardDataset` is the dataset; how it reads is an access strategy picked once at
-open (:func:`pick`: :class:`~shardex.backends.webdataset.local.Mapped`,
-:class:`~shardex.backends.webdataset.local.Pread` or
-:class:`~shardex.backends.webdataset.ranged.Ranged`), whose ``get`` serves ``ds[i]``
-directly: one attribute load and call on the hot path.
-"""
+shard, or ranged GET per sample. How is picked once, at open (:func:`pick`); ``ds[i]``
+calls the picked strategy's ``get`` straight away."""
 
 from __future__ import annotations
 
@@ -14,23 +8,20 @@ from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from shardex.backends.webdataset.access import Access, check_sample_bytes
+from shardex.backends.webdataset.access import Access
 from shardex.backends.webdataset.local import Mapped, Pread
 from shardex.backends.webdataset.ranged import Ranged
 from shardex.contract import SplitInfo
 from shardex.dataset import Sample, SampleRanges
 from shardex.errors import FormatError, ObjectNotFoundError, SampleNotFoundError
-from shardex.format.mapped import MemberIndex, SplitIndex, key_hash
+from shardex.format.mapped import MemberIndex, key_hash
 from shardex.format.tar import iter_members, split_name
 from shardex.storage.base import Storage
-from shardex.storage.cache import local_copy
 
 if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening and reads need neither
     import numpy as np
     import numpy.typing as npt
     import pyarrow as pa
-
-__all__ = ["DEFAULT_COALESCE_GAP", "ShardDataset", "check_sample_bytes", "pick"]
 
 #: get_many merges two reads of one local shard when the gap between them is at most
 #: this (object storage: its ``coalesce_gap`` option).
@@ -56,31 +47,11 @@ class ShardDataset(SampleRanges):
     read_chunk_size = 1 << 20
 
     def _open_split(self, info: SplitInfo) -> None:
-        storage, split = self.storage, self.split
-        self._paths = [s.path for s in info.shards]
         if info.index is None:
-            raise FormatError(f"split {split!r} of {storage.uri} has no index")
-        # Cached copies of remote index files are keyed by the shards' checksums, so a
-        # rewritten export never meets a stale index.
-        fp = "\n".join(s.checksum for s in info.shards)
-        keys = self._keys_file = info.index.keys
-        self.index = SplitIndex(
-            local_copy(storage, info.index.samples, fp),
-            lambda: local_copy(storage, keys, fp),
-            num_samples=info.num_samples,
-        )
-        self._n = info.num_samples
-        access = self._access = pick(storage, info)(
-            storage,
-            self.config,
-            split,
-            info,
-            self.index,
-            verify=self.verify,
-            decode=self.decode,
-            on_error=self.on_error,
-            skipped=self.skipped,
-        )
+            raise FormatError(f"split {self.split!r} of {self.storage.uri} has no index")
+        self._paths, self._keys_file = [s.path for s in info.shards], info.index.keys
+        access = self._access = pick(self.storage, info)(self, info)
+        self.index, self._n = access.index, info.num_samples
         self._item = access.get  # ds[i]: one attribute load, then the strategy's own code
 
     def __len__(self) -> int:
