@@ -1,12 +1,7 @@
-"""How a split's tar shards are read: the ways share this base.
-
-:class:`Access` holds what every way shares: the index records, the index-members rows
-(loaded by the first read), the checked way a sample is read and parsed, batches of
-ranged reads, and telling an overwritten export from a damaged one. Object storage reads
-this way (:class:`~shardex.backends.webdataset.ranged.Ranged`); local shards add their
-descriptors and fast paths (:mod:`shardex.backends.webdataset.local`). The dataset
-(:mod:`shardex.backends.webdataset.reader`) picks one at open and delegates to it.
-"""
+"""What every way of reading a split's tar shards shares (:class:`Access`): the index
+records and members rows, the checked way a sample is read and parsed, ranged batches,
+and telling an overwritten export from a damaged one. Ranged GETs read this way
+(:mod:`.ranged`); local shards add descriptors and fast paths (:mod:`.local`)."""
 
 from __future__ import annotations
 
@@ -35,8 +30,6 @@ from shardex.storage.cache import local_copy
 if TYPE_CHECKING:  # numpy loads on first use: opening and reads need none
     import mmap
 
-    import numpy as np
-    import numpy.typing as npt
 
 # The process id, kept current by a fork hook: os.getpid() is a system call, too dear for
 # every read, and descriptors opened before a fork must not be shared with the child.
@@ -142,28 +135,30 @@ class Access:
 
     def _load_members(self) -> None:
         """Map index-members.npy (on object storage: fetch it once, into the cache)."""
-        with _LOADING[0]:
-            if self._pending:
-                self._load_members_now()
-
-    def _load_members_now(self) -> None:
         assert self._members_file is not None  # pending only when config.yaml names one
-        try:
-            path = local_copy(self.storage, self._members_file, self._fingerprint)
-            m = MemberIndex(path, num_samples=self._n)
-        except (FormatError, ObjectNotFoundError) as exc:
-            self.check_replaced(exc)
-            raise
-        self._mraw, self._msize = m.raw, m.row_size
-        self._columns = [(name, 3 + 2 * k) for k, name in enumerate(m.names)]
-        self._munpack, self.members, self._pending = m.unpack, m, False
+        with _LOADING[0]:
+            if not self._pending:
+                return
+            try:
+                path = local_copy(self.storage, self._members_file, self._fingerprint)
+                m = MemberIndex(path, num_samples=self._n)
+            except (FormatError, ObjectNotFoundError) as exc:
+                self.check_replaced(exc)
+                raise
+            self._mraw, self._msize = m.raw, m.row_size
+            self._columns = [(name, 3 + 2 * k) for k, name in enumerate(m.names)]
+            self._munpack, self.members, self._pending = m.unpack, m, False
 
     def check_replaced(self, exc: ShardexError) -> None:
         """Raise ExportReplacedError (from ``exc``) when config.yaml changed since the
         dataset was opened: a missing file or bytes that fail their checksum then mean an
         overwrite or append replaced the files this dataset reads, not damage."""
         try:
-            changed = self._config_changed()
+            text = self.storage.get(CONFIG_FILE)
+            if text == self._same_config:  # seen before, and it was the opened config
+                return
+            where = self.storage.join(CONFIG_FILE)
+            changed = ExportConfig.from_yaml(text, where=where) != self.config
         except ShardexError:  # config.yaml gone or unreadable: not the export we opened
             changed = True
         if changed:
@@ -171,16 +166,8 @@ class Access:
                 f"export at {self.storage.uri} was replaced since it was opened; reopen it "
                 f"(the read failed with: {exc})"
             ) from exc
-
-    def _config_changed(self) -> bool:
-        text = self.storage.get(CONFIG_FILE)
-        if text == self._same_config:  # seen before, and it was the opened config
-            return False
-        if ExportConfig.from_yaml(text, where=self.storage.join(CONFIG_FILE)) != self.config:
-            return True
         # Remembered so that skipping many damaged samples re-reads, but never re-parses.
         self._same_config = text
-        return False
 
     def _read(self, shard: int, offset: int, length: int) -> bytes:
         # The index is checked against the shard sizes of config.yaml on every read, so
@@ -316,8 +303,8 @@ class Access:
             raise
 
     def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
-        """Samples in the order asked (see ``ShardDataset.get_many``; ``gap``: how far
-        apart two reads of a shard may be and still be merged)."""
+        """Samples in the order asked (see ``ShardDataset.get_many``), read in blocks:
+        reads sorted per shard, two merged when at most ``gap`` bytes apart."""
         if self._pending:
             self._load_members()
         import numpy as np  # here: a batch from object storage sorts its reads with it
@@ -328,13 +315,7 @@ class Access:
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.min() < 0 or idx.max() >= self._n:
             raise IndexError(f"indices out of range for a split of {self._n} samples")
-        return self._batch(idx, self.index.samples[idx], gap)
-
-    def _batch(self, idx: np.ndarray, rec: npt.NDArray[np.void], gap: int) -> list[Sample]:
-        """Samples ``idx`` (``rec``: their records) read in blocks: reads sorted per
-        shard, two merged when at most ``gap`` bytes apart."""
-        import numpy as np
-
+        rec = self.index.samples[idx]
         order = np.lexsort((rec["offset"], rec["shard"]))
         shards, offs = rec["shard"][order].tolist(), rec["offset"][order].tolist()
         lens, sums = rec["length"][order].tolist(), rec["checksum"][order].tolist()

@@ -19,8 +19,7 @@ from shardex.errors import FormatError, ObjectNotFoundError, ShardexError, Stora
 from shardex.format.mapped import ABSENT
 
 if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
+    pass
 
 _pread = os.pread
 
@@ -87,44 +86,32 @@ class Pread(Access):
         return [self._read(shard, off, n) for shard, off, n in blocks]
 
     def get(self, index: int) -> Sample:
+        """Sample ``index`` read the short way where it can: an open shard, a record
+        inside it, a whole read, a matching checksum and good tar headers; anything else
+        goes the checked way, which raises the error that fits."""
         if not 0 <= index < self._n:
             index = self._number(index)
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)
-        sample = self._fast(index, offset, checksum, shard, length)
-        return self._checked(index, offset, checksum, shard, length) if sample is None else sample
+        if self._pid == PROCESS[0] and shard < self._count:
+            fd = self._fds[shard]
+            if fd is not None and offset + length <= self._sizes[shard]:
+                buf = _pread(fd, length, offset)
+                if len(buf) == length and (
+                    not self.verify or _xxh3(buf, index * self.seed) == checksum
+                ):
+                    try:
+                        return parsed(buf, self._paths[shard], 0, None, self.decode)
+                    except FormatError:
+                        pass  # the checked way raises it (suppress() costs)
+        return self._checked(index, offset, checksum, shard, length)
 
-    def _fast(
-        self, number: int, offset: int, checksum: int, shard: int, length: int
-    ) -> Sample | None:
-        """Sample ``number`` read the short way, or None: an open shard, a record inside
-        it, a whole read, a matching checksum and good tar headers; anything else goes
-        the checked way (``_read``, ``_sample``), which raises the error that fits."""
-        if self._pid != PROCESS[0] or shard >= self._count:
-            return None
-        fd = self._fds[shard]
-        if fd is None or offset + length > self._sizes[shard]:
-            return None
-        buf = _pread(fd, length, offset)
-        if len(buf) != length or (self.verify and _xxh3(buf, number * self.seed) != checksum):
-            return None
-        try:
-            return parsed(buf, self._paths[shard], 0, None, self.decode)
-        except FormatError:
-            return None
-
-    def _batch(self, idx: np.ndarray, rec: npt.NDArray[np.void], gap: int) -> list[Sample]:
-        """With no ``gap``: samples one by one in the order asked, each read verified and
-        parsed while its bytes are still in the CPU cache, where reading a whole batch
-        first would leave them to be fetched again from memory."""
+    def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
         if gap:
-            return super()._batch(idx, rec, gap)
-        out: list[Sample] = []
-        fast, checked = self._fast, self.get
-        columns = (rec[name].tolist() for name in ("offset", "checksum", "shard", "length"))
-        for number, off, checksum, shard, length in zip(idx.tolist(), *columns, strict=True):
-            sample = fast(number, off, checksum, shard, length)
-            out.append(checked(number) if sample is None else sample)
-        return out
+            return super().get_many(indices, gap)
+        # ds[i] per sample: each read verified and parsed while its bytes are in the CPU
+        # cache; gathering the records with numpy first measured ~15 % slower
+        get, tolist = self.get, getattr(indices, "tolist", None)  # numpy: its ints
+        return [get(int(i)) for i in (tolist() if tolist is not None else indices)]
 
     def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
         """Samples in shard order, read sample by sample (the kernel reads ahead)."""
@@ -225,14 +212,6 @@ class Mapped(Pread):
                 else:
                     return self.get(index)
         return self._checked(index, offset, checksum, shard, length)
-
-    def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
-        if gap:
-            return super().get_many(indices, gap)
-        # ds[i] per sample: each read verified and cut while its bytes are in the CPU
-        # cache; gathering the records with numpy first measured ~15 % slower
-        get, tolist = self.get, getattr(indices, "tolist", None)  # numpy: its ints
-        return [get(int(i)) for i in (tolist() if tolist is not None else indices)]
 
     def _shard(self, shard: int, first: int, end: int, chunk: int) -> Iterator[Sample]:
         if self._views[shard] is None:

@@ -52,6 +52,8 @@ class ShardDataset(SampleRanges):
         self._paths, self._keys_file = [s.path for s in info.shards], info.index.keys
         access = self._access = pick(self.storage, info)(self, info)
         self.index, self._n = access.index, info.num_samples
+        #: What a sample's number is multiplied by to seed its checksum (0: format 1).
+        self.seed = access.seed
         self._item = access.get  # ds[i]: one attribute load, then the strategy's own code
 
     def __len__(self) -> int:
@@ -69,14 +71,8 @@ class ShardDataset(SampleRanges):
     def check_sample(
         self, buf: bytes | memoryview, checksum: int, shard: int, offset: int, number: int
     ) -> None:
-        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
-        ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
+        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported."""
         self._access.check_sample(buf, checksum, shard, offset, number)
-
-    @property
-    def seed(self) -> int:
-        """What a sample's number is multiplied by to seed its checksum (0: format 1)."""
-        return self._access.seed
 
     @property
     def records(self) -> npt.NDArray[np.void]:
