@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cached_property
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from shardex.backends.webdataset.access import Access
@@ -59,8 +60,10 @@ class ShardDataset(SampleRanges):
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, index: int) -> Sample:
-        return self._item(index)
+    # ds[i] calls the strategy's get with no Python frame of its own: CPython looks
+    # __getitem__ up on the type, and this property's getter is C (a wrapper method
+    # calling self._item cost ~0.1 us a sample, ~5 % of a mapped read).
+    __getitem__ = property(attrgetter("_item"))  # type: ignore[assignment]
 
     @property
     def members(self) -> MemberIndex | None:
