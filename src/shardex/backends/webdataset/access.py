@@ -206,9 +206,7 @@ class Access:
     ) -> Sample:
         if self._pending:
             self._load_members()
-        if self.verify:
-            self.check_sample(data, checksum, shard, offset, number)
-        return self._fields(data, 0, len(data), shard, number, checksum)
+        return self._sample(data, checksum, shard, offset, number)
 
     def _cut(
         self, buf: bytes | mmap.mmap, start: int, number: int, checksum: int, stop: int
@@ -359,8 +357,7 @@ class Access:
         return datas
 
     def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
-        """Every sample in shard order (see ``ShardDataset.__iter__``)."""
-        raise NotImplementedError
+        raise NotImplementedError  # each way iterates its own way
 
     def _read_checked(
         self, shard: int, off: int, length: int, checksum: int, number: int

@@ -42,11 +42,9 @@ class Pread(Access):
         count = self._count = len(self._paths)
         self._files = [str(self.storage.local_path(p)) for p in self._paths]
         self._fds: list[int | None] = [None] * count
-        # The shard descriptors are plain ints: nothing else closes them, so every dataset
-        # dropped kept one per shard it had read (a loop opening datasets ran out of
-        # descriptors). Closed when the reader goes or at exit (not in a __del__: at
-        # interpreter shutdown it finds the module globals gone); a pickled copy reopens
-        # its own (ReopenedDataset), a forked one leaves the parent's alone.
+        # Plain ints that nothing else closes (a loop opening datasets ran out of them):
+        # closed when the reader goes or at exit (a __del__ at interpreter shutdown finds
+        # the module globals gone); a pickled copy reopens its own, a fork leaves them.
         self._owner = [os.getpid()]  # the process whose descriptors _fds holds
         weakref.finalize(self, _close_descriptors, self._fds, self._owner)
         #: Each open shard mapped (Mapped), or None.
@@ -86,9 +84,8 @@ class Pread(Access):
         return [self._read(shard, off, n) for shard, off, n in blocks]
 
     def get(self, index: int) -> Sample:
-        """Sample ``index`` read the short way where it can: an open shard, a record
-        inside it, a whole read, a matching checksum and good tar headers; anything else
-        goes the checked way, which raises the error that fits."""
+        """Sample ``index`` the short way (an open shard, a whole read, good checksum and
+        headers), else the checked way, which raises the error that fits."""
         if not 0 <= index < self._n:
             index = self._number(index)
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)

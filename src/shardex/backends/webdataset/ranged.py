@@ -30,14 +30,9 @@ class _Window:
         self.window, self.view, self.base, self.top = b"", memoryview(b""), 0, 0
 
     def take(self, off: int, length: int) -> tuple[bytes, memoryview, int]:
-        """The bytes of a sample that runs past the window, as (buffer, a view of it,
-        where the sample starts in it): only its own bytes are joined, and the last chunk
-        becomes the window.
-
-        Raises:
-            FormatError: the stream ends first (a short shard).
-            ObjectNotFoundError: the shard is missing.
-        """
+        """(buffer, a view of it, where the sample starts in it) of a sample that runs
+        past the window: only its own bytes are joined, the last chunk becomes the window.
+        Raises FormatError (the stream ends first) or ObjectNotFoundError (no shard)."""
         parts = [self.window[off - self.base :]]
         have = len(parts[0])
         while have < length:
