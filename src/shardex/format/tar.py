@@ -305,32 +305,27 @@ def parse_sample(
 ) -> tuple[str, dict[str, bytes]]:
     """Split one sample's bytes (consecutive members of one key) into ``(key, {ext: data})``.
 
-    ``buf[start:stop]`` is the sample (default: all of ``buf``), so that iteration can parse
-    samples out of one large read without copying each first; offsets in errors count
-    from ``start``.
-
-    The hot path of every read, so it is written for CPython's speed: locals and literals
-    (512 is the block size, 76 the "L" long-name type, 46 ".", 47 "/"), no header checksums
-    (the sample checksum covers the bytes), one slice per member; members after the first
-    are matched against ``key + "."`` in place, without slicing their names.
+    ``buf[start:stop]`` is the sample (default: all of ``buf``: iteration parses samples out
+    of one large read without copying each); offsets in errors count from ``start``. The
+    hot path of reads before format 3, written for CPython's speed: locals and literals (512
+    the block size, 76 the "L" long-name type, 47 "/"), no header checksums (the sample's
+    covers the bytes), one slice a member; members after the first are matched against
+    ``key + "."`` in place.
 
     Raises:
         FormatError: the bytes are not whole members, or hold more than one key.
     """
     pos, end = start, len(buf) if stop is None else stop
-    key, klen = b"", 0
-    keydot = b""
+    key, klen, keydot, extensions = b"", 0, b"", _EXTENSIONS
     fields: dict[str, bytes] = {}
     long_name: bytes | None = None
-    extensions = _EXTENSIONS
     try:
         while pos < end:
             try:  # shardex writes 11 octal digits and a NUL; other writers pad otherwise
                 size = int(buf[pos + 124 : pos + 135], 8)
             except ValueError:
                 size = _member_size(buf, pos)
-            data = pos + 512
-            stop_at = data + size
+            data, stop_at = pos + 512, pos + 512 + size
             if stop_at > end:
                 raise FormatError(
                     f"{where}: member at byte {pos - start} runs past the sample's end"
@@ -348,24 +343,8 @@ def parse_sample(
                 if 47 in ext:
                     _other_key(buf, pos, key, where)
             else:
-                if long_name is not None:
-                    name, long_name = long_name, None
-                elif buf[pos + 345]:
-                    name = _ustar_raw_name(buf, pos)
-                else:
-                    # find() gives -1 for a name of exactly 100 bytes; % maps it to pos + 100
-                    name = buf[pos : buf.find(b"\0", pos, pos + 100) % (pos + 101)]
-                if klen:  # the same key, then ".", then an extension without "/"
-                    ext = name[klen + 1 :]
-                    if name[:klen] != key or name[klen] != 46 or 47 in ext:
-                        other = name.decode("utf-8", "replace")
-                        raise FormatError(
-                            f"{where}: holds members of two keys ({key!r}, {other!r})"
-                        )
-                else:
-                    dot = name.find(b".", name.rfind(b"/") + 1)
-                    key, ext = (name, b"") if dot < 0 else (name[:dot], name[dot + 1 :])
-                    klen, keydot = len(key), key + b"."
+                key, ext = _key_and_ext(buf, pos, long_name, key, where)
+                klen, keydot, long_name = len(key), key + b".", None
             text = extensions.get(ext)
             if text is None:
                 text = ext.decode("utf-8", "replace")
@@ -380,6 +359,29 @@ def parse_sample(
     if not klen:
         raise FormatError(f"{where}: holds no members")
     return key.decode("utf-8", "replace"), fields
+
+
+def _key_and_ext(
+    buf: bytes, pos: int, long_name: bytes | None, key: bytes, where: str
+) -> tuple[bytes, bytes]:
+    """The key and extension of the member at ``pos`` (``long_name``: a GNU long name
+    read before it) where :func:`parse_sample` cannot match a short ustar name in place:
+    a sample's first member, a long name, a ustar prefix (``key``: b"" before the first)."""
+    if long_name is not None:
+        name = long_name
+    elif buf[pos + 345]:
+        name = _ustar_raw_name(buf, pos)
+    else:
+        # find() gives -1 for a name of exactly 100 bytes; % maps it to pos + 100
+        name = buf[pos : buf.find(b"\0", pos, pos + 100) % (pos + 101)]
+    if not key:
+        dot = name.find(b".", name.rfind(b"/") + 1)
+        return (name, b"") if dot < 0 else (name[:dot], name[dot + 1 :])
+    klen = len(key)  # the same key, then ".", then an extension without "/"
+    if name[:klen] != key or name[klen] != 46 or 47 in name[klen + 1 :]:
+        other = name.decode("utf-8", "replace")
+        raise FormatError(f"{where}: holds members of two keys ({key!r}, {other!r})")
+    return key, name[klen + 1 :]
 
 
 def _other_key(buf: bytes, pos: int, key: bytes, where: str) -> None:

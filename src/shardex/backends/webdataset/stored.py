@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardex.backends.base import StoredMember, StoredSample
-from shardex.backends.webdataset.reader import ShardDataset, check_sample_bytes
+from shardex.backends.webdataset.access import check_sample_bytes
+from shardex.backends.webdataset.reader import ShardDataset
 from shardex.errors import ChecksumError, FormatError, ShardexError
 from shardex.format.tar import iter_members, split_name
 from shardex.sources.base import KeepingRunner, MapRunner

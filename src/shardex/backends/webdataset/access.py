@@ -1,0 +1,383 @@
+"""What every way of reading a split's tar shards shares (:class:`Access`): the index
+records and members rows, the checked way a sample is read and parsed, ranged batches,
+and telling an overwritten export from a damaged one. Ranged GETs read this way
+(:mod:`.ranged`); local shards add descriptors and fast paths (:mod:`.local`)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
+from typing import TYPE_CHECKING, cast
+
+from xxhash import xxh3_64_intdigest as _xxh3
+
+from shardex.codecs.fields import decode_fields
+from shardex.contract import CONFIG_FILE, ExportConfig, SplitInfo
+from shardex.dataset import ReopenedDataset, Sample
+from shardex.errors import (
+    ChecksumError,
+    ExportReplacedError,
+    FormatError,
+    ObjectNotFoundError,
+    ShardexError,
+)
+from shardex.format.mapped import ABSENT, RECORD, MemberIndex, SplitIndex, checksum_seeds
+from shardex.format.tar import parse_sample
+from shardex.storage.cache import local_copy
+
+if TYPE_CHECKING:  # numpy loads on first use: opening and reads need none
+    import mmap
+
+
+# The process id, kept current by a fork hook: os.getpid() is a system call, too dear for
+# every read, and descriptors opened before a fork must not be shared with the child.
+PROCESS = [os.getpid()]
+
+# Threads that read a dataset's first samples at once load its index-members.npy once.
+_LOADING = [threading.Lock()]
+
+
+def _after_fork() -> None:
+    PROCESS[0] = os.getpid()
+    _LOADING[0] = threading.Lock()  # a fork while another thread held it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def check_sample_bytes(
+    buf: bytes | memoryview, checksum: int, seed: int, number: int, offset: int, tar: str
+) -> None:
+    """Raise ChecksumError unless ``buf``, read at ``offset`` of the shard ``tar``, is
+    sample ``number`` as exported (``checksum``: its index record's; ``seed``: see
+    :attr:`ShardDataset.seed`)."""
+    if _xxh3(buf, number * seed) != checksum:
+        raise ChecksumError(
+            f"checksum mismatch for sample {number} at byte {offset} of {tar}: the bytes "
+            f"there are not sample {number} as exported (the shard or its index record is "
+            "damaged)"
+        )
+
+
+def cut(
+    buf: bytes | mmap.mmap,
+    start: int,
+    row: tuple[int, ...],
+    columns: list[tuple[str, int]],
+    decode: bool,
+) -> Sample:
+    """The sample at ``buf[start:]`` sliced by its (checked) index-members ``row``: one
+    copy per field, no tar header parsed."""
+    sample: Sample = {}
+    for name, j in columns:
+        size = row[j + 1]
+        if size != ABSENT:
+            begin = start + row[j]
+            sample[name] = buf[begin : begin + size]
+    if decode:
+        sample = decode_fields(sample)
+    key_at = start + row[1]
+    sample["__key__"] = buf[key_at : key_at + row[2]].decode("utf-8", "replace")
+    return sample
+
+
+def parsed(buf: bytes, where: str, start: int, stop: int | None, decode: bool) -> Sample:
+    """The sample at ``buf[start:stop]`` parsed from its tar headers (raises FormatError)."""
+    key, fields = parse_sample(buf, where=where, start=start, stop=stop)
+    sample = decode_fields(fields) if decode else cast(Sample, fields)
+    sample["__key__"] = key
+    return sample
+
+
+class Access:
+    """Reading one split's samples by their index records, the checked way: every read
+    bounded by config.yaml's shard sizes, checked against its checksum, then sliced by
+    its members row or parsed. Fetches bytes with ranged GETs; subclasses read local
+    shards (:meth:`_fetch`) and add fast paths in front of :meth:`get`."""
+
+    def __init__(self, ds: ReopenedDataset, info: SplitInfo) -> None:
+        """Read ``info``'s split for ``ds`` (its settings are copied: no reference to the
+        dataset is kept, so dropping it closes the shards at once)."""
+        storage, self.config, self.split = ds.storage, ds.config, ds.split
+        self.storage, self.verify, self.decode = storage, ds.verify, ds.decode
+        self.on_error, self.skipped = ds.on_error, ds.skipped
+        assert info.index is not None  # the dataset checked
+        # Cached copies of remote index files are keyed by the shards' checksums, so a
+        # rewritten export never meets a stale index.
+        fp = self._fingerprint = "\n".join(s.checksum for s in info.shards)
+        keys = info.index.keys
+        self.index = SplitIndex(
+            local_copy(storage, info.index.samples, fp),
+            lambda: local_copy(storage, keys, fp),
+            num_samples=info.num_samples,
+        )
+        self._paths = [s.path for s in info.shards]
+        self._sizes = [s.num_bytes for s in info.shards]
+        self._first = list(accumulate((s.num_samples for s in info.shards), initial=0))
+        self._n = info.num_samples
+        self._unpack, self._raw = RECORD.unpack_from, self.index.raw
+        #: Where each sample's members lie (format version 3): reads slice the fields
+        #: out of the sample's bytes instead of parsing its tar headers. Loaded by the
+        #: first read, so that opening costs no request for it.
+        self.members: MemberIndex | None = None
+        self._members_file = info.index.members
+        self._pending = info.index.members is not None
+        #: (extension, position of its offset in an unpacked row; its size follows)
+        self._columns: list[tuple[str, int]] = []
+        self._mraw, self._msize = memoryview(b""), 0
+        self._munpack: Callable[[memoryview, int], tuple[int, ...]] | None = None
+        # Format 2 seeds each sample's checksum with its number (0 x number: format 1).
+        self.seed = 1 if checksum_seeds(self.config.format_version) else 0
+        self._same_config: bytes | None = None
+
+    def _load_members(self) -> None:
+        """Map index-members.npy (on object storage: fetch it once, into the cache)."""
+        assert self._members_file is not None  # pending only when config.yaml names one
+        with _LOADING[0]:
+            if not self._pending:
+                return
+            try:
+                path = local_copy(self.storage, self._members_file, self._fingerprint)
+                m = MemberIndex(path, num_samples=self._n)
+            except (FormatError, ObjectNotFoundError) as exc:
+                self.check_replaced(exc)
+                raise
+            self._mraw, self._msize = m.raw, m.row_size
+            self._columns = [(name, 3 + 2 * k) for k, name in enumerate(m.names)]
+            self._munpack, self.members, self._pending = m.unpack, m, False
+
+    def check_replaced(self, exc: ShardexError) -> None:
+        """Raise ExportReplacedError (from ``exc``) when config.yaml changed since the
+        dataset was opened: a missing file or bytes that fail their checksum then mean an
+        overwrite or append replaced the files this dataset reads, not damage."""
+        try:
+            text = self.storage.get(CONFIG_FILE)
+            if text == self._same_config:  # seen before, and it was the opened config
+                return
+            where = self.storage.join(CONFIG_FILE)
+            changed = ExportConfig.from_yaml(text, where=where) != self.config
+        except ShardexError:  # config.yaml gone or unreadable: not the export we opened
+            changed = True
+        if changed:
+            raise ExportReplacedError(
+                f"export at {self.storage.uri} was replaced since it was opened; reopen it "
+                f"(the read failed with: {exc})"
+            ) from exc
+        # Remembered so that skipping many damaged samples re-reads, but never re-parses.
+        self._same_config = text
+
+    def _read(self, shard: int, offset: int, length: int) -> bytes:
+        # The index is checked against the shard sizes of config.yaml on every read, so
+        # a damaged index cannot make a read leave its shard.
+        if shard >= len(self._sizes):
+            raise FormatError(
+                f"index entry names shard {shard} but split {self.split!r} has "
+                f"{len(self._sizes)} shards: the index is damaged"
+            )
+        if offset + length > self._sizes[shard]:
+            raise FormatError(
+                f"index entry points past the end of {self.storage.join(self._paths[shard])} "
+                f"({offset}+{length} > {self._sizes[shard]} bytes)"
+            )
+        data = self._fetch(shard, offset, length)
+        if len(data) != length:
+            raise FormatError(
+                f"{self.storage.join(self._paths[shard])} is shorter than its index says "
+                "(truncated?)"
+            )
+        return data
+
+    def _fetch(self, shard: int, offset: int, length: int) -> bytes:
+        return self.storage.get_range(self._paths[shard], offset, length)
+
+    def check_sample(
+        self, buf: bytes | memoryview, checksum: int, shard: int, offset: int, number: int
+    ) -> None:
+        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
+        ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
+        where = self.storage.join(self._paths[shard])
+        check_sample_bytes(buf, checksum, self.seed, number, offset, where)
+
+    def from_bytes(
+        self, data: bytes, checksum: int, shard: int, offset: int, number: int
+    ) -> Sample:
+        if self._pending:
+            self._load_members()
+        return self._sample(data, checksum, shard, offset, number)
+
+    def _cut(
+        self, buf: bytes | mmap.mmap, start: int, number: int, checksum: int, stop: int
+    ) -> Sample | None:
+        """Sample ``number`` sliced out of ``buf[start:stop]`` (its bytes, already
+        checked against ``checksum``, its record's) by its row of ``index-members.npy``;
+        None when the row fails its check, says to parse, or (unverified) points outside
+        the sample: the caller goes the checked way. With ``verify`` the row is checked
+        first: its check is seeded with the sample's checksum, so only the row written for
+        these very bytes passes."""
+        at = number * self._msize
+        row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
+        if self.verify:
+            if _xxh3(self._mraw[at + 8 : at + self._msize], checksum) != row[0]:
+                return None
+        elif not self._inside(row, stop - start):
+            return None
+        if row[2] == ABSENT:
+            return None
+        return cut(buf, start, row, self._columns, self.decode)
+
+    def _inside(self, row: tuple[int, ...], length: int) -> bool:
+        """Whether an unchecked row's key and fields lie inside a sample of ``length``
+        bytes (verify=False: a damaged row must not slice the shard's other bytes)."""
+        if row[2] != ABSENT and row[1] + row[2] > length:
+            return False
+        for _, j in self._columns:  # a loop: all() over a generator cost ~0.4 us a sample
+            size = row[j + 1]
+            if size != ABSENT and row[j] + size > length:
+                return False
+        return True
+
+    def _fields(
+        self, buf: bytes, start: int, stop: int, shard: int, number: int, checksum: int
+    ) -> Sample:
+        """Sample ``number`` out of ``buf[start:stop]`` (its checked bytes): sliced by its
+        index-members row, or parsed from its tar headers (exports before format 3, a row
+        that says to parse).
+
+        Raises:
+            FormatError: the row is damaged, or the tar headers are.
+        """
+        if self.members is not None:
+            sample = self._cut(buf, start, number, checksum, stop)
+            if sample is not None:
+                return sample
+            self._check_row(number, checksum)
+        return parsed(buf, self._paths[shard], start, stop, self.decode)
+
+    def _check_row(self, number: int, checksum: int) -> None:
+        """Raise FormatError if sample ``number``'s row of index-members.npy fails its check
+        (``checksum``: the sample's, which seeds it)."""
+        at, size = number * self._msize, self._msize
+        assert self._munpack is not None  # called with members only
+        if _xxh3(self._mraw[at + 8 : at + size], checksum) != self._munpack(self._mraw, at)[0]:
+            raise FormatError(
+                f"row {number} of {self.storage.join(self._members_file or '')} fails its "
+                "check: the file is damaged, or was not written for these samples; "
+                "`shardex verify` reports it, a re-export repairs it"
+            )
+
+    def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
+        if self.verify and _xxh3(buf, number * self.seed) != checksum:
+            self.check_sample(buf, checksum, shard, offset, number)
+        return self._fields(buf, 0, len(buf), shard, number, checksum)
+
+    def _number(self, index: int) -> int:
+        """A sample number from a negative ``index`` (counting from the end); raises
+        IndexError when out of range (``get``'s check, off its hot path)."""
+        n = self._n
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
+        return index
+
+    def get(self, index: int) -> Sample:
+        """Sample number ``index`` (``ds[index]``)."""
+        if not 0 <= index < self._n:
+            index = self._number(index)
+        if self._pending:
+            self._load_members()
+        return self._checked(index, *self._unpack(self._raw, index * 24))
+
+    def _checked(self, index: int, offset: int, checksum: int, shard: int, length: int) -> Sample:
+        """Sample ``index`` read and checked the checked way, which raises the error that
+        fits (ExportReplacedError when the export was overwritten since it was opened)."""
+        try:
+            return self._sample(self._read(shard, offset, length), checksum, shard, offset, index)
+        except (FormatError, ObjectNotFoundError) as exc:
+            self.check_replaced(exc)
+            raise
+
+    def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
+        """Samples in the order asked (see ``ShardDataset.get_many``), read in blocks:
+        reads sorted per shard, two merged when at most ``gap`` bytes apart."""
+        if self._pending:
+            self._load_members()
+        import numpy as np  # here: a batch from object storage sorts its reads with it
+
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return []
+        idx = np.where(idx < 0, idx + self._n, idx)
+        if idx.min() < 0 or idx.max() >= self._n:
+            raise IndexError(f"indices out of range for a split of {self._n} samples")
+        rec = self.index.samples[idx]
+        order = np.lexsort((rec["offset"], rec["shard"]))
+        shards, offs = rec["shard"][order].tolist(), rec["offset"][order].tolist()
+        lens, sums = rec["length"][order].tolist(), rec["checksum"][order].tolist()
+        blocks: list[tuple[int, int, int, int]] = []  # shard, start, length, first..last
+        i = 0
+        while i < len(order):
+            j, end = i + 1, offs[i] + lens[i]
+            while j < len(order) and shards[j] == shards[i] and offs[j] - end <= gap:
+                end = max(end, offs[j] + lens[j])
+                j += 1
+            blocks.append((shards[i], offs[i], end - offs[i], j))
+            i = j
+        out: list[Sample | None] = [None] * len(idx)
+        pos, first, numbers = order.tolist(), 0, idx[order].tolist()
+        try:
+            datas = self._read_blocks([(b[0], b[1], b[2]) for b in blocks])
+            for (shard, start, _length, stop), data in zip(blocks, datas, strict=True):
+                for k in range(first, stop):
+                    at = offs[k] - start
+                    out[pos[k]] = self._sample(
+                        data[at : at + lens[k]], sums[k], shard, offs[k], numbers[k]
+                    )
+                first = stop
+        except (FormatError, ObjectNotFoundError) as exc:
+            self.check_replaced(exc)
+            raise
+        return out  # type: ignore[return-value]
+
+    def _read_blocks(self, blocks: list[tuple[int, int, int]]) -> list[bytes]:
+        """Read (shard, offset, length) blocks as one concurrent batch of ranged GETs."""
+        for shard, off, n in blocks:
+            if off + n > self._sizes[shard]:
+                self._read(shard, off, n)  # raises the out-of-shard error
+        datas = self.storage.get_range_batch([(self._paths[s], o, n) for s, o, n in blocks])
+        for (shard, _off, n), data in zip(blocks, datas, strict=True):
+            if len(data) != n:
+                raise FormatError(
+                    f"{self.storage.join(self._paths[shard])} is shorter than "
+                    "its index says (truncated?)"
+                )
+        return datas
+
+    def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
+        raise NotImplementedError  # each way iterates its own way
+
+    def _read_checked(
+        self, shard: int, off: int, length: int, checksum: int, number: int
+    ) -> Sample | None:
+        """A sample the fast way could not take, read and checked the checked way; None:
+        it was damaged and is skipped (on_error="skip")."""
+        try:
+            return self._sample(self._read(shard, off, length), checksum, shard, off, number)
+        except FormatError as exc:
+            self._skip(number, exc)
+            return None
+
+    def _skip(self, number: int, exc: FormatError | ObjectNotFoundError) -> None:
+        """Raise, or (on_error="skip") record and log a damaged sample; a replaced export
+        is never skipped over (ExportReplacedError)."""
+        self.check_replaced(exc)
+        if self.on_error != "skip":
+            raise exc
+        self.skipped.append((number, str(exc)))
+        import logging  # here: ~4 ms to import, and only a skipped sample logs
+
+        log = logging.getLogger("shardex.backends.webdataset.reader")
+        log.warning("skipped damaged sample %d of split %r: %s", number, self.split, exc)
