@@ -22,9 +22,9 @@ from shardex.errors import BadSampleError, DuplicateKeyError
 from shardex.names import split_name_problem
 from shardex.options import ExportOptions
 from shardex.quoting import quoted
-from shardex.rows import JSON_COLUMN
+from shardex.refs.members import JSON_COLUMN
+from shardex.refs.scan import INVALID, MEMBERS, LeftOut
 from shardex.sample_check import refusal
-from shardex.sources.base import INVALID, MEMBERS, LeftOut
 
 # Anything that may make a key unsafe: a control character, a backslash, a leading "/",
 # or an empty, "." or ".." path part.

@@ -25,9 +25,10 @@ from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import FieldSpec
 from shardex.errors import ConfigError
 from shardex.names import relpath_problem
-from shardex.rows import JSON_COLUMN, LABEL_FIELD, ByteSource, Members
+from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members
+from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 from shardex.sources.arrays import npy_bytes as npy_bytes
-from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.storage.fetch.bytes import ByteSource
 
 
 def is_fixed(spec: FieldSpec) -> bool:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from shardex.codecs.images import IMAGE_EXTENSIONS, encoding_of_extension
 from shardex.errors import ConfigError
 from shardex.quoting import quoted
-from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 
 #: The metadata column that keeps each sample's image format.
 IMAGE_FORMAT: Final = "image_format"

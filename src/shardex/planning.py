@@ -19,10 +19,10 @@ from shardex.errors import ConfigError
 from shardex.fields import field_key
 from shardex.names import split_name_problem
 from shardex.options import ExportOptions
-from shardex.sources.base import MEMBERS
+from shardex.refs.scan import MEMBERS
 
 if TYPE_CHECKING:
-    from shardex.rows import Sizes
+    from shardex.refs.rows import Sizes
 
 
 class _Places(Protocol):

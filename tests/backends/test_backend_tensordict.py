@@ -13,7 +13,8 @@ import shardex
 from shardex.backends.registry import get_backend
 from shardex.errors import ConfigError, FormatError
 from shardex.fields import npy_bytes
-from shardex.sources.base import ScanResult, Source, build_table
+from shardex.refs.scan import ScanResult, build_table
+from shardex.sources.base import Source
 from shardex.storage.local import LocalStorage
 from shardex.testing import BackendTests, make_sample_folder
 from shardex.testing.backend import image_of

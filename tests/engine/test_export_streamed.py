@@ -29,14 +29,8 @@ from helpers import files_but_the_lock, kill_once_shards_appear, labelled_tar, p
 from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
-from shardex.sources.base import (
-    LeftOut,
-    SampleStream,
-    ScanBatch,
-    Source,
-    build_table,
-    file_member,
-)
+from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, build_table, file_member
+from shardex.sources.base import Source
 from shardex.storage.local import LocalStorage
 from shardex.storage.scratch import PREFIX
 from shardex.testing import make_image

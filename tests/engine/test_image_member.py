@@ -222,7 +222,7 @@ def test_renaming_reads_sliced_chunks_and_null_rows() -> None:
     import pyarrow as pa
 
     from shardex.image_member import one_image_member
-    from shardex.sources.base import MEMBER_TYPE, MEMBERS
+    from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 
     def member(ext: str) -> dict[str, Any]:
         return {"ext": ext, "path": None, "offset": 0, "size": 1, "data": b"x"}

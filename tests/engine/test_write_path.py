@@ -19,9 +19,11 @@ import pytest
 import shardex
 from helpers import files_of
 from shardex.errors import BadSampleError, StorageError
-from shardex.rows import ByteSource, Members
+from shardex.refs.members import Members
+from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 from shardex.sources.arrays import ArraySource
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBER_TYPE, MEMBERS
+from shardex.sources.base import DEFAULT_BATCH_SIZE
+from shardex.storage.fetch.bytes import ByteSource
 from shardex.storage.local import LocalObjectWriter
 
 

@@ -32,9 +32,9 @@ from shardex.format.tar import (
     split_name,
 )
 from shardex.refs.candidates import Candidates
-from shardex.rows import Members
+from shardex.refs.members import Members
+from shardex.refs.scan import MEMBER_TYPE
 from shardex.sample_check import SampleCheck, image_problem
-from shardex.sources.base import MEMBER_TYPE
 from shardex.storage.local import LocalStorage
 
 

@@ -26,7 +26,8 @@ from shardex.errors import (
     OutputLockedError,
     SourceError,
 )
-from shardex.sources.base import ScanResult, Source, build_table
+from shardex.refs.scan import ScanResult, build_table
+from shardex.sources.base import Source
 from shardex.storage.local import LocalStorage
 from tests.support.raycluster import local_ray_cluster
 from tests.support.rayrows import RowsSource, local_rows

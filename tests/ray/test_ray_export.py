@@ -22,7 +22,7 @@ from helpers import files_of, make_tree, write_image
 from shardex.cli import main
 from shardex.engine.spill import FinalSpill
 from shardex.errors import BadSampleError, ConfigError
-from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 from shardex.storage import ObjectStorage
 from tests.support.raycluster import ray_nodes, record_span, slice_read
 from tests.support.s3data import S3Location

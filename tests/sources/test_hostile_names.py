@@ -476,7 +476,7 @@ def test_a_file_that_changes_before_it_is_read_is_named_on_one_line(
     # the array backends read members with MemberReader: a file named with a newline that
     # changed (or went) since the scan is refused in one line, as the tar writer does
     from shardex.errors import BadSampleError
-    from shardex.rows import MemberReader
+    from shardex.storage.fetch.bytes import MemberReader
 
     path = tmp_path / "a\nb.npy"
     path.write_bytes(b"12345")

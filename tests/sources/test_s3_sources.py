@@ -36,8 +36,8 @@ import shardex
 from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree, peak_rss_kb
 from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, RefetchWarning, StorageError
+from shardex.refs.scan import SampleStream, ScanBatch
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
-from shardex.sources.base import SampleStream, ScanBatch
 from shardex.sources.tars import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage, open_storage
 from shardex.storage.fetch import tars as objecttars
@@ -931,7 +931,7 @@ def test_tars_scanned_by_a_runners_tasks_keep_no_copies(s3: S3Location, tmp_path
     members it read; a scan by a runner's tasks (Ray's, on any node) names the objects
     only: no task's local file is named where another machine would read it."""
     from shardex.parallel import Runner
-    from shardex.rows import Members
+    from shardex.refs.members import Members
 
     upload(ObjectStorage(s3.child("norunner"), s3.direct), labelled_tars(2, 6))
     source = TarSource(s3.child("norunner/"), s3.direct)

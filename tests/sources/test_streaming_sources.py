@@ -22,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 import shardex
 from helpers import image_bytes, make_tree, write_tar
 from shardex.errors import ConfigError, SourceError
+from shardex.refs.scan import MEMBERS, batch_table, members_array
 from shardex.sources import (
     ArraySource,
     DemoSource,
@@ -32,7 +33,7 @@ from shardex.sources import (
     TarSource,
 )
 from shardex.sources.arrays import npy_bytes
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MEMBERS, batch_table, members_array
+from shardex.sources.base import DEFAULT_BATCH_SIZE
 from shardex.sources.demo import CLASSES
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from shardex.sources.base import ScanResult, Source, build_table
+from shardex.refs.scan import ScanResult, build_table
+from shardex.sources.base import Source
 from shardex.storage.object import ObjectStorage
 
 LABELS = ("cat", "dog", "fox")

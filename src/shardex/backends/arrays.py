@@ -56,16 +56,11 @@ from shardex.fields import npy_bytes
 from shardex.format.index import build_keys_from_hashes, key_hash
 from shardex.format.tables import shard_checksum
 from shardex.planning import plan_bounds
-from shardex.rows import (
-    JSON_COLUMN,
-    LABEL_FIELD,
-    ByteSource,
-    Members,
-    json_text_column,
-)
+from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members, json_text_column
+from shardex.refs.scan import MEMBERS
 from shardex.sample_check import SampleCheck, image_problem, refusal
-from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
+from shardex.storage.fetch.bytes import ByteSource
 
 if TYPE_CHECKING:
     from shardex.parallel import Runner

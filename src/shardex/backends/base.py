@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
 
     from shardex.parallel import Runner
     from shardex.refs.candidates import Candidates
-    from shardex.rows import Members, SpilledRows, SplitRows
+    from shardex.refs.members import Members
+    from shardex.refs.rows import SpilledRows, SplitRows
     from shardex.sample_check import SampleCheck
     from shardex.sources.base import MapRunner
     from shardex.verify_report import VerifyReport

@@ -27,8 +27,8 @@ from shardex.bfloat16 import as_tensor, is_bfloat16, storage_dtype, to_bits, wid
 from shardex.codecs.fields import decode_fields
 from shardex.contract import FieldSpec
 from shardex.fields import is_fixed, load_npy, npy_bytes
-from shardex.rows import MemberReader, iter_fields
 from shardex.storage.base import Storage
+from shardex.storage.fetch.bytes import MemberReader, iter_fields
 
 KEY_COLUMN: Final = "__key__"
 Columns = Mapping[str, Any]  # name -> array-like (ndarray, memmap, tensor, zarr array)
@@ -59,7 +59,7 @@ def build_columns(
     stores: tuple[tuple[str, Storage], ...] | None = None,
 ) -> dict[str, np.ndarray]:
     """The arrays of a run of rows (member bytes are read here; ``stores``: those of
-    members on object storage, see :class:`shardex.rows.MemberReader`)."""
+    members on object storage, see :class:`shardex.storage.fetch.bytes.MemberReader`)."""
     reader = MemberReader(stores)
     try:
         fields = list(iter_fields(rows, with_label, reader))

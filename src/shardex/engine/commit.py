@@ -30,7 +30,7 @@ from shardex.planning import (
     key_specs,
 )
 from shardex.quoting import quoted
-from shardex.rows import JSON_COLUMN
+from shardex.refs.members import JSON_COLUMN
 from shardex.sources import Source
 from shardex.storage import Storage
 from shardex.storage.local import temporary_target

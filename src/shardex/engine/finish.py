@@ -23,8 +23,9 @@ from shardex.engine.stream import ROW, Scanned
 from shardex.fields import FieldMerger, add_members, cast_members, column_members
 from shardex.image_member import IMAGE_FORMAT
 from shardex.planning import drop_members
-from shardex.rows import JSON_COLUMN, Members, SpilledRows
-from shardex.sources.base import MEMBERS
+from shardex.refs.members import JSON_COLUMN, Members
+from shardex.refs.rows import SpilledRows
+from shardex.refs.scan import MEMBERS
 
 
 @dataclass(frozen=True, slots=True)

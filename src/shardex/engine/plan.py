@@ -22,9 +22,9 @@ from shardex.planning import (
     content_digest,
     name_hash,
 )
-from shardex.rows import SpilledRows, SplitRows
+from shardex.refs.rows import SpilledRows, SplitRows
+from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 from shardex.sample_check import SampleCheck
-from shardex.sources.base import MEMBER_TYPE, MEMBERS
 
 #: A split's rows as pass 2 gets them (see :func:`split_rows`).
 Rows: TypeAlias = SplitRows | SpilledRows

@@ -45,9 +45,10 @@ from shardex.planning import (
     unselected_members,
 )
 from shardex.progress import Progress
-from shardex.rows import JSON_COLUMN, Members, SpilledRows
+from shardex.refs.members import JSON_COLUMN, Members
+from shardex.refs.rows import SpilledRows
+from shardex.refs.scan import MEMBERS, SampleStream
 from shardex.sources import Source
-from shardex.sources.base import MEMBERS, SampleStream
 from shardex.storage import Storage
 
 

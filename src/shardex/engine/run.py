@@ -50,9 +50,9 @@ from shardex.errors import ConfigError, EmptySourceError, SourceError, mode_hint
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
-from shardex.rows import Members
+from shardex.refs.members import Members
+from shardex.refs.scan import MEMBERS, SampleStream
 from shardex.sources import Source, open_source
-from shardex.sources.base import MEMBERS, SampleStream
 from shardex.storage import LocalStorage, Storage, open_storage
 from shardex.storage.fetch.held import tars_held
 from shardex.storage.fetch.tars import copies_kept

@@ -30,7 +30,7 @@ import pyarrow as pa
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
 from shardex.refs.candidates import Candidates, candidates, inline_candidates
-from shardex.rows import SpilledRows, SplitRows
+from shardex.refs.rows import SpilledRows, SplitRows
 
 if TYPE_CHECKING:
     from shardex.backends.base import Backend, SplitPlan, StagedRows

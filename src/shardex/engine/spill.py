@@ -5,7 +5,7 @@ Pass 1 appends each batch's rows of a split to a :class:`Spill` (Arrow IPC strea
 segment when a batch's columns differ from the one before: a source's batches may); the
 planning pass reads them back in order and writes each split's final rows with
 :class:`FinalSpill`, an IPC file of small record batches that a shard job reads a slice
-of (see :class:`shardex.rows.SpillSlice`).
+of (see :class:`shardex.refs.rows.SpillSlice`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from shardex.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
-from shardex.sources.base import MEMBERS
+from shardex.refs.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
+from shardex.refs.scan import MEMBERS
 from shardex.storage.fetch.held import HeldTar, held_tars
 
 #: Rows per record batch of a final spill: a shard job reads whole batches, so they are

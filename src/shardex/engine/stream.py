@@ -35,7 +35,7 @@ from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
 from shardex.planning import assign_splits
 from shardex.quoting import quoted
-from shardex.sources.base import INVALID, MEMBERS, LeftOut, SampleStream, batch_types_error
+from shardex.refs.scan import INVALID, MEMBERS, LeftOut, SampleStream, batch_types_error
 
 #: The source row number of each spilled row (the order of samples).
 ROW: Final = "_row"

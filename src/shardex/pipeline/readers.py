@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.pipeline.stage import Batch, Stage
-from shardex.rows import MemberReader
+from shardex.refs.scan import INVALID, MEMBERS, LeftOut, ScanResult
 from shardex.sources import Source, open_source
-from shardex.sources.base import INVALID, MEMBERS, LeftOut, ScanResult
+from shardex.storage.fetch.bytes import MemberReader
 
 #: Sample keys a reader fills; the rest of a sample is metadata.
 READER_KEYS: tuple[str, ...] = ("key", "original_path", "split", "label", "image", "image_ext")

@@ -28,8 +28,9 @@ from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.pipeline.readers import READER_KEYS
 from shardex.pipeline.stage import Batch, Stage
+from shardex.refs.scan import LeftOut, ScanResult, build_table
 from shardex.sources.arrays import npy_bytes
-from shardex.sources.base import LeftOut, ScanResult, Source, build_table
+from shardex.sources.base import Source
 from shardex.storage import Storage
 
 #: The member of ``pixels`` stored as a key (``--x-key pixels``): an array field.

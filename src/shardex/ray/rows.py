@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.errors import SourceError
-from shardex.rows import LABEL_FIELD
-from shardex.sources.base import MEMBER_TYPE, MEMBERS
+from shardex.refs.members import LABEL_FIELD
+from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 from shardex.storage.base import ObjectWriter
 
 KEY_COLUMNS: Final = ("key", "__key__")

@@ -55,7 +55,8 @@ from shardex.errors import (
 from shardex.options import ExportOptions
 from shardex.quoting import quoted
 from shardex.ray.rows import scan_rows
-from shardex.sources.base import SampleStream, ScanBatch, Source, batch_types_error
+from shardex.refs.scan import SampleStream, ScanBatch, batch_types_error
+from shardex.sources.base import Source
 from shardex.storage import Storage, open_storage
 from shardex.storage.fetch.objects import register
 from shardex.storage.lock import OutputLock, holder_text

@@ -17,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shardex.rows import Members, SpilledRows, SpillSlice, SplitRows
+from shardex.refs.members import Members
+from shardex.refs.rows import SpilledRows, SpillSlice, SplitRows
 
 _NO_ROWS: Final = pa.table({})
 _NO_MEMBERS: Final = Members.empty()
@@ -52,7 +53,7 @@ class Candidates:
 
     def carried(self, read: dict[int, pa.RecordBatch]) -> Candidates:
         """These candidates for a worker on another machine: the spill slice's rows read
-        into them (see :meth:`shardex.rows.SpillSlice.carried`)."""
+        into them (see :meth:`shardex.refs.rows.SpillSlice.carried`)."""
         if self.spill is None:
             return self
         return dataclasses.replace(self, spill=self.spill.carried(read))

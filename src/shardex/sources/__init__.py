@@ -3,8 +3,9 @@ the first whose probe takes it (see :mod:`shardex.sources.registry`)."""
 
 from __future__ import annotations
 
+from shardex.refs.scan import ScanResult
 from shardex.sources.arrays import ArraySource
-from shardex.sources.base import ScanResult, Source
+from shardex.sources.base import Source
 from shardex.sources.demo import DemoSource
 from shardex.sources.export import ExportSource
 from shardex.sources.folder import FolderSource

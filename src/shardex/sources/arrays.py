@@ -27,15 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.errors import SourceError
-from shardex.sources.base import (
-    DEFAULT_BATCH_SIZE,
-    SampleStream,
-    ScanBatch,
-    Source,
-    batch_table,
-    check_batch_size,
-    members_array,
-)
+from shardex.refs.scan import SampleStream, ScanBatch, batch_table, members_array
+from shardex.sources.base import DEFAULT_BATCH_SIZE, Source, check_batch_size
 from shardex.sources.probe import SourceSpec
 
 #: Most inline bytes in one batch: Arrow's binary offsets are 32-bit.

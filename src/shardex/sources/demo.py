@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardex.errors import ConfigError, SourceError
-from shardex.sources.base import DEFAULT_BATCH_SIZE, SampleStream, Source, check_batch_size
+from shardex.refs.scan import SampleStream
+from shardex.sources.base import DEFAULT_BATCH_SIZE, Source, check_batch_size
 from shardex.sources.probe import SourceSpec
 from shardex.sources.table import TableSource
 from shardex.storage.cache import cache_dir

@@ -38,17 +38,8 @@ from shardex.contract import METADATA_FILE, ExportConfig
 from shardex.errors import FormatError, ShardexError, SourceError
 from shardex.format.tables import check_local_file, metadata_errors
 from shardex.image_member import IMAGE_FORMAT, original_extension
-from shardex.sources.base import (
-    MEMBERS,
-    RESERVED,
-    MapRunner,
-    SampleStream,
-    ScanBatch,
-    Source,
-    StoredSource,
-    batch_table,
-    members_array,
-)
+from shardex.refs.scan import MEMBERS, RESERVED, SampleStream, ScanBatch, batch_table, members_array
+from shardex.sources.base import MapRunner, Source, StoredSource
 from shardex.sources.probe import SourceSpec
 from shardex.storage import Storage, open_storage
 

@@ -33,18 +33,20 @@ import numpy as np
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import EmptySourceError, SourceError, SourceNotFoundError
-from shardex.sources.base import (
-    DEFAULT_BATCH_SIZE,
+from shardex.refs.scan import (
     LeftOut,
     SampleStream,
     ScanBatch,
     ScanResult,
-    Source,
     batch_table,
+    members_array,
+)
+from shardex.sources.base import (
+    DEFAULT_BATCH_SIZE,
+    Source,
     check_batch_size,
     check_utf8_path,
     key_from_relpath,
-    members_array,
     printable,
     quoted,
 )

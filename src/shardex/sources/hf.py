@@ -32,18 +32,8 @@ import pyarrow.compute as pc
 
 from shardex.codecs.images import sniff
 from shardex.errors import EmptySourceError, MissingDependencyError, SourceError
-from shardex.sources.base import (
-    LeftOut,
-    SampleStream,
-    ScanBatch,
-    Source,
-    batch_table,
-    check_batch_size,
-    check_metadata_names,
-    members_array,
-    quoted,
-    safe_key,
-)
+from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, batch_table, members_array
+from shardex.sources.base import Source, check_batch_size, check_metadata_names, quoted, safe_key
 from shardex.sources.probe import SourceSpec
 
 #: Inline bytes per batch at most: the member ``data`` column has 32-bit offsets.

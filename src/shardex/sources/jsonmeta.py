@@ -18,7 +18,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from shardex.errors import SourceError
-from shardex.sources.base import RESERVED
+from shardex.refs.scan import RESERVED
 
 #: Deepest JSON nesting kept (the member's object is level 1). Parquet refuses schemas
 #: nested past 100 levels, and each JSON list costs it up to three.

@@ -37,7 +37,8 @@ from typing import Any, ClassVar, Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import SourceError
-from shardex.sources.base import DEFAULT_BATCH_SIZE, LeftOut, MapRunner, SampleStream, Source
+from shardex.refs.scan import LeftOut, SampleStream
+from shardex.sources.base import DEFAULT_BATCH_SIZE, MapRunner, Source
 from shardex.sources.folder import (
     SPLIT_DIRS,
     FolderSource,

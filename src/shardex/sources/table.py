@@ -40,18 +40,14 @@ from shardex.errors import (
     SourceError,
     SourceNotFoundError,
 )
+from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, batch_table, members_array
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
-    LeftOut,
-    SampleStream,
-    ScanBatch,
     Source,
-    batch_table,
     check_batch_size,
     check_metadata_names,
     check_utf8_path,
     key_from_relpath,
-    members_array,
     printable,
     quoted,
     safe_key,

@@ -54,17 +54,14 @@ from shardex.errors import (
 )
 from shardex.format.tar import BLOCK, split_name
 from shardex.quoting import quoted
+from shardex.refs.scan import SampleStream, ScanBatch, batch_table, members_array
 from shardex.sources import tarheaders
 from shardex.sources.base import (
     KeepingRunner,
     MapRunner,
-    SampleStream,
-    ScanBatch,
     StoredSource,
-    batch_table,
     check_metadata_names,
     hand_over,
-    members_array,
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, json_member, metadata_columns, printable

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports none of these
     import numpy.typing as npt
     import pyarrow as pa
 
-    from shardex.rows import Members
+    from shardex.refs.members import Members
     from shardex.sources.base import MapRunner
 
 

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.format.tar import BLOCK, header_blocks, long_headers
-from shardex.rows import JSON_COLUMN, LABEL_FIELD
+from shardex.refs.members import JSON_COLUMN, LABEL_FIELD
 
 Ints = npt.NDArray[np.int64]
 Bytes = npt.NDArray[np.uint8]

@@ -39,16 +39,11 @@ from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
 from shardex.format.tar import BLOCK, END_OF_ARCHIVE, member_header
 from shardex.planning import plan_bounds
 from shardex.refs.candidates import Candidates
-from shardex.rows import (
-    JSON_COLUMN,
-    LABEL_FIELD,
-    ByteSource,
-    Members,
-    json_text_column,
-)
+from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members, json_text_column
+from shardex.refs.scan import MEMBERS
 from shardex.sample_check import SampleCheck, image_problem, refusal
-from shardex.sources.base import MEMBERS
 from shardex.storage.base import Storage
+from shardex.storage.fetch.bytes import ByteSource
 
 
 def tar_sizes(

@@ -16,7 +16,7 @@ The driver keeps only the parts' object refs and the tar ranges they cover
 (:class:`HeldTar`, registered in the :func:`tars_held` context of the export), next to
 the reference rows: each record batch of rows that pass 1 puts in the object store
 names the held tars its members come from, and a shard task gets the refs of those
-(:class:`shardex.rows.SpillSlice`). The task reads a member from its part
+(:class:`shardex.refs.rows.SpillSlice`). The task reads a member from its part
 (:class:`HeldReads`: Ray brings the part to the task's node, never through the driver)
 when the part holds it, else fetches it from the store as before. Rows still name the
 tar's URL: what is written is the same with or without the parts.

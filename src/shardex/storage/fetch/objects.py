@@ -3,7 +3,7 @@
 A member of a source on object storage names its object by URL (``s3://bucket/a/b.jpg``)
 in the ``path`` of its ``_members`` entry. The source's storage (its endpoint, region and
 credentials, which may differ from the output's) is registered here when the source is
-streamed, in the process that scans it; :class:`shardex.rows.Members` takes the stores its
+streamed, in the process that scans it; :class:`shardex.refs.members.Members` takes the stores its
 URLs need from here and carries them, pickled, to the workers that write the shards.
 
 :class:`ObjectReads` fetches members: whole objects with one GET each, ranges of one

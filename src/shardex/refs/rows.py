@@ -1,0 +1,197 @@
+"""A split's rows as pass 2 gets them: candidates over shared members (:class:`SplitRows`),
+or spilled to a local file (:class:`SpilledRows`, read a slice at a time: :class:`SpillSlice`),
+with their planned sizes in memory or in a file (:class:`SizesFile`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from shardex.refs.members import Members
+from shardex.refs.scan import MEMBERS
+from shardex.storage import Storage
+from shardex.storage.fetch.held import HeldTar
+from shardex.storage.fetch.objects import registered
+
+#: A carried slice's rows are mostly repeated paths: zstd (level 1) makes them about 5x
+#: smaller (2.3x smaller than lz4, measured on object-store references) for little CPU.
+_CARRIED: Final = pa.ipc.IpcWriteOptions(
+    compression=pa.Codec("zstd", 1) if pa.Codec.is_available("zstd") else None
+)
+#: The column of a spilled batch in the object store that holds the planned sizes.
+PLANNED_SIZE: Final = "_planned_size"
+
+
+@dataclass(frozen=True, slots=True)
+class SizesFile:
+    """Planned sample sizes kept in a local file (``<i8`` each), read only where sliced:
+    a split's sizes are not held in memory (nor mapped, which would count its pages in
+    the process's resident memory as they are touched)."""
+
+    path: str
+    begin: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.begin
+
+    def __getitem__(self, where: slice) -> SizesFile:
+        start, stop, step = where.indices(len(self))
+        if step != 1:
+            raise ValueError("sizes are sliced with step 1 only")
+        return SizesFile(self.path, self.begin + start, self.begin + max(start, stop))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> npt.NDArray[np.int64]:
+        count = len(self)
+        out = np.fromfile(self.path, "<i8", count, offset=8 * self.begin) if count else None
+        return (out if out is not None else np.zeros(0, np.int64)).astype(np.int64)
+
+
+#: Sizes of a split: in memory, or in a local file.
+Sizes: TypeAlias = npt.NDArray[np.int64] | SizesFile
+
+
+@dataclass(frozen=True, slots=True)
+class SpillSlice:
+    """Candidates ``[offset, offset + count)`` of the record batches ``batches`` of a
+    split's spill file (an Arrow IPC file on local scratch, see
+    :mod:`shardex.engine.spill`): what a worker's job names instead of carrying rows."""
+
+    path: str
+    batches: tuple[int, ...]
+    offset: int
+    count: int
+    #: The stores of a source on object storage, registered where the job was made: a
+    #: worker (forked from shardex's fork server, not from the exporting process) has
+    #: none of its own.
+    stores: tuple[tuple[str, Storage], ...] = ()
+    #: The slice's rows themselves (an Arrow IPC stream: keys, metadata and member
+    #: references, never sample bytes), for a worker on another machine, which cannot
+    #: see this one's scratch (see :meth:`carried`); None: read from ``path``.
+    rows_ipc: bytes | None = None
+    #: The split's rows kept in Ray's object store instead of a file (see
+    #: :class:`SpilledRows`): the handles of ``batches``, each an Arrow IPC stream of
+    #: the batch's rows and their planned sizes (column :data:`PLANNED_SIZE`).
+    refs: tuple[Any, ...] = ()
+    #: The tars its members come from whose bytes Ray holds (see :class:`Members`).
+    held: tuple[HeldTar, ...] = ()
+
+    def _table(self, read: dict[int, pa.RecordBatch] | None = None) -> pa.Table:
+        if self.rows_ipc is not None:
+            return pa.ipc.open_stream(pa.py_buffer(self.rows_ipc)).read_all()
+        if self.refs:
+            import ray  # a job with handles runs in a Ray task
+
+            datas = ray.get(list(self.refs))
+            tables = [pa.ipc.open_stream(pa.py_buffer(d)).read_all() for d in datas]
+            return pa.concat_tables(tables).slice(self.offset, self.count)
+        kept = read if read is not None else {}
+        with pa.OSFile(self.path) as f:
+            reader = pa.ipc.open_file(f)
+            batches = [kept[i] if i in kept else reader.get_batch(i) for i in self.batches]
+        if read is not None:  # the next slice starts in this one's last batch
+            read.clear()
+            read.update(zip(self.batches, batches, strict=True))
+        return pa.Table.from_batches(batches).slice(self.offset, self.count)
+
+    def read(self) -> tuple[pa.Table, Members]:
+        """The candidates' rows (no members) and their members: only these batches are
+        read (no memory map of the whole file)."""
+        rows, members, _ = self.read_sized()
+        return rows, members
+
+    def read_sized(self) -> tuple[pa.Table, Members, npt.NDArray[np.int64] | None]:
+        """:meth:`read`, and the candidates' planned sizes when the slice holds them
+        (rows in the object store: the job carries none)."""
+        table = self._table()
+        sizes = None
+        if PLANNED_SIZE in table.column_names:
+            sizes = table.column(PLANNED_SIZE).to_numpy().astype(np.int64)
+            table = table.drop_columns([PLANNED_SIZE])
+        members = Members.of(table.column(MEMBERS), self.stores, self.held)
+        return table.drop_columns([MEMBERS]), members, sizes
+
+    def carried(self, read: dict[int, pa.RecordBatch] | None = None) -> SpillSlice:
+        """This slice with its rows read into the job (zstd Arrow IPC), so that the worker
+        needs nothing from this machine's disk. ``read``: the batches the slice before
+        read (consecutive slices share one), replaced by this slice's."""
+        if self.rows_ipc is not None or self.refs:  # carried, or fetched by the worker
+            return self
+        table = self._table(read)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=_CARRIED) as writer:
+            writer.write_table(table)
+        return dataclasses.replace(self, rows_ipc=sink.getvalue().to_pybytes())
+
+
+@dataclass(frozen=True, slots=True)
+class SpilledRows:
+    """A split's candidate samples in a spill file on local scratch: ``starts`` are the
+    first rows of its record batches (and the number of rows last), ``sizes`` their
+    planned sizes. Workers read their own slices (see :class:`SpillSlice`)."""
+
+    path: str
+    starts: npt.NDArray[np.int64]
+    #: In memory (up to a million samples), or in a file.
+    sizes: Sizes
+    #: :func:`shardex.planning.content_digest` of its keys and sizes.
+    digest: str
+    #: The record batches held in Ray's object store instead of ``path`` (a remote
+    #: runner's export: a task on any machine fetches its own slice, the exporting
+    #: process never reads them back), with their planned sizes.
+    refs: tuple[Any, ...] = ()
+    #: Per record batch of ``refs``: the held tars its members come from (see
+    #: :mod:`shardex.storage.fetch.held`), whose refs a shard job carries.
+    held: tuple[tuple[HeldTar, ...], ...] = ()
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.starts[-1])
+
+    def inline(self) -> bool:
+        """Spilled samples are references to files: workers read them."""
+        return False
+
+    def slice(self, start: int, stop: int) -> SpillSlice:
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, max(start, stop - 1), side="right")) - 1
+        last = max(first, min(last, len(self.starts) - 2))
+        offset = start - int(self.starts[first])
+        batches = tuple(range(first, last + 1))
+        refs = tuple(self.refs[i] for i in batches) if self.refs else ()
+        held = {tar.url: tar for i in batches if self.held for tar in self.held[i]}
+        return SpillSlice(
+            self.path,
+            batches,
+            offset,
+            stop - start,
+            registered(),
+            refs=refs,
+            held=tuple(held.values()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRows:
+    """A split's candidate samples, in order: their metadata (``rows``, no members),
+    their members (candidate ``i`` is sample ``member_rows[i]`` of ``members``) and their
+    planned tar sizes."""
+
+    rows: pa.Table
+    members: Members
+    member_rows: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.rows.num_rows)
+
+    def inline(self) -> bool:
+        """Whether most bytes are in memory (then written in this process)."""
+        sizes = self.members.size
+        return bool(self.members.inline_bytes() * 2 > int(sizes.sum()))
