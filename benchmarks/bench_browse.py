@@ -137,7 +137,10 @@ def main() -> None:
             ("order by score, descending (cold sort)", "api/page?order=score&desc=1"),
             ("order by score, next page (kept)", "api/page?order=score&desc=1&offset=48"),
             ("plots (labels, 3 histograms, width x height)", "api/plots"),
-            ("similar images: first query (builds norms)", f"api/similar/{12345 % args.samples}?k=12"),
+            (
+                "similar images: first query (builds norms)",
+                f"api/similar/{12345 % args.samples}?k=12",
+            ),
             ("similar images: next query", f"api/similar/{777 % args.samples}?k=12"),
             ("sample page", f"sample/{4242 % args.samples}"),
         ]

@@ -61,11 +61,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 import shardex
+import torch
 from _report import Row, median_time, render, write_json
 from bench_format import DEFAULT_WORKDIR, build_folder, tar_urls, warm
 from shardex.codecs.images import decode

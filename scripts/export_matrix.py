@@ -18,8 +18,8 @@ import argparse
 import re
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 BACKENDS = (

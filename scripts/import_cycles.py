@@ -143,7 +143,11 @@ def _one_cycle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="count imports inside functions and under TYPE_CHECKING too")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="count imports inside functions and under TYPE_CHECKING too",
+    )
     args = parser.parse_args()
     graph = _graph(lazy=args.all)
     groups = _components(graph)

@@ -1,6 +1,6 @@
 """Export backends behind one contract, and their registry."""
 
-from shardex.backends.base import Backend, Capabilities, SplitPlan
+from shardex.backends.base import Backend, Capabilities, ShardDone, SplitPlan, SplitWriter
 from shardex.backends.registry import REGISTRY, BackendEntry, get_backend, register_backend
 
 __all__ = [
@@ -8,7 +8,9 @@ __all__ = [
     "Backend",
     "BackendEntry",
     "Capabilities",
+    "ShardDone",
     "SplitPlan",
+    "SplitWriter",
     "get_backend",
     "register_backend",
 ]
