@@ -402,15 +402,15 @@ def _damage(how: str) -> Callable[[Any, Any], None]:
 
 def _commit_after(damage: Callable[[Any, Any], None], monkeypatch: pytest.MonkeyPatch) -> None:
     """A test hook at the one moment that matters: every shard written, commit next."""
-    import shardex.engine.run as run
+    import shardex.engine.transaction as transaction
 
-    real = run.commit
+    real = transaction.commit
 
     def commit(storage: Any, config: Any) -> None:
         damage(storage, config)
         real(storage, config)
 
-    monkeypatch.setattr(run, "commit", commit)
+    monkeypatch.setattr(transaction, "commit", commit)
 
 
 @pytest.mark.parametrize(

@@ -387,7 +387,7 @@ def test_a_batch_of_more_than_2_gib_of_inline_bytes_keeps_every_sample() -> None
 def test_inline_bytes_past_the_limit_are_cut_between_samples(
     sizes: list[list[int]], limit: int
 ) -> None:
-    from shardex.sources import base
+    from shardex.refs import scan as base
 
     offsets = np.cumsum([0, *map(len, sizes)]).tolist()
     data = [bytes([i]) * n for i, n in enumerate(n for sample in sizes for n in sample)]

@@ -5,6 +5,7 @@ complete), the contract, the commit point (config.yaml) and the clean-up after i
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -157,22 +158,27 @@ def contract(
         split_seed=opts.seed if fractions else None,
         split_fractions=dict(opts.split_fractions or {}) if fractions else None,
         split_method=prep.split_method,
-        shard_options={
-            "samples_per_shard": opts.samples_per_shard,
-            "max_shard_bytes": opts.max_shard_bytes,
-            "naming": "deterministic" if opts.deterministic_name else "random",
-            "validate": opts.validate,
-            "on_error": opts.on_error,
-            **({"dtype": opts.dtype} if opts.dtype else {}),
-            **({"image_member": opts.image_member} if opts.image_member else {}),
-            **({"layout": opts.layout} if opts.layout != "split" else {}),
-            **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
-        },
+        shard_options=_shard_options(opts),
         errors_file=errors_file,
         num_skipped=num_skipped + (previous.num_skipped if previous else 0),
         extra=dict(opts.extra),
         fields=prep.fields,
     )
+
+
+def _shard_options(opts: ExportOptions) -> dict[str, Any]:
+    """config.yaml's ``shard_options``: how the shards were made (defaults left out)."""
+    return {
+        "samples_per_shard": opts.samples_per_shard,
+        "max_shard_bytes": opts.max_shard_bytes,
+        "naming": "deterministic" if opts.deterministic_name else "random",
+        "validate": opts.validate,
+        "on_error": opts.on_error,
+        **({"dtype": opts.dtype} if opts.dtype else {}),
+        **({"image_member": opts.image_member} if opts.image_member else {}),
+        **({"layout": opts.layout} if opts.layout != "split" else {}),
+        **({"backend_options": dict(opts.backend_options)} if opts.backend_options else {}),
+    }
 
 
 def derived_files(config: ExportConfig) -> dict[str, bytes]:

@@ -5,7 +5,7 @@ their keys selected, without reading image bytes (the shard writer checks those)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,16 +106,12 @@ def prepare(
     scanning = bars.task(f"scanning {src.uri}", None)
     scan = src.scan()
     scanning.done()
-    table, skipped = check_samples(
-        one_image_member(fixed_lists(scan.table), opts.image_member),
-        opts,
-        taken,
-        scan.left_out,
-    )
+    table = one_image_member(fixed_lists(scan.table), opts.image_member)
+    table, skipped = check_samples(table, opts, taken, scan.left_out)
     if table.num_rows == 0:
         raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
     with_label = opts.labels and "label" in table.column_names
-    if "label" in table.column_names and not with_label:
+    if not with_label and "label" in table.column_names:
         table = table.drop_columns(["label"])
     label_names = scan.label_names if with_label else None
     if previous is not None and with_label:
@@ -124,45 +120,67 @@ def prepare(
     start = previous.num_samples if previous is not None else 0
     table = table.append_column("export_index", pa.array(np.arange(start, start + table.num_rows)))
     members = member_keys(table)
-    internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
-    available = [
-        *members,
-        *(["label"] if with_label else []),
-        *[c for c in table.column_names if c not in internal],
-    ]
-    x_keys, y_keys = select_keys(opts, available, list(members), with_label)
-    table = drop_unselected_members(table, members, x_keys, y_keys)
-    # metadata columns asked for as keys are stored as sample fields (NAME.npy / NAME.txt)
-    as_fields = [k for k in (*x_keys, *y_keys) if k not in members and k != "label"]
-    if as_fields:
-        table = add_members(table, [column_members(table.column(k), k) for k in as_fields])
+    keys = _Keys.of(opts, members, with_label, table.column_names)
+    table = drop_unselected_members(table, members, keys.x, keys.y)
+    if keys.as_fields:
+        table = add_members(table, [column_members(table.column(k), k) for k in keys.as_fields])
     if opts.dtype not in (None, BFLOAT16):  # bfloat16: cast by the array backends
         table = cast_members(table, opts.dtype)
-    write_label = with_label and "label" in (*x_keys, *y_keys)
-    label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
     # the members read once (a source's batches are joined here: one copy of their bytes)
     held = Members.of(table.column(MEMBERS))
-    fields = field_specs(table, write_label, held)
     return Prepared(
         table=table,
         schema=table.schema,
         num_rows=table.num_rows,
         label_max=pc.max(table.column("label")).as_py() if with_label else None,
         stored=member_keys(table),
-        fields=with_columns(
-            mark(fields) if opts.dtype == BFLOAT16 else fields, y_keys, label_prefix
-        ),
+        fields=keys.fields(field_specs(table, keys.write_label, held), opts, previous),
         image_formats=image_formats(table) if opts.image_member else None,
         skipped=skipped,
         split_method=previous.split_method if previous is not None else split_method,
         splits=split_names(table, opts),
-        x_keys=x_keys,
-        y_keys=y_keys,
+        x_keys=keys.x,
+        y_keys=keys.y,
         with_label=with_label,
-        write_label=write_label,
+        write_label=keys.write_label,
         label_names=label_names,
         members=held,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """The keys an export stores: ``x`` and ``y``, the metadata columns they name that are
+    stored as sample fields (NAME.npy / NAME.txt), and whether the label is written."""
+
+    x: tuple[str, ...]
+    y: tuple[str, ...]
+    as_fields: tuple[str, ...]
+    write_label: bool
+
+    @classmethod
+    def of(
+        cls, opts: ExportOptions, members: Iterable[str], with_label: bool, columns: Iterable[str]
+    ) -> _Keys:
+        """Chosen among the source's members, its label and its metadata ``columns``."""
+        seen = list(members)
+        internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
+        available = [
+            *seen,
+            *(["label"] if with_label else []),
+            *[c for c in columns if c not in internal],
+        ]
+        x, y = select_keys(opts, available, seen, with_label)
+        as_fields = tuple(k for k in (*x, *y) if k not in seen and k != "label")
+        return cls(x, y, as_fields, with_label and "label" in (*x, *y))
+
+    def fields(
+        self, fields: tuple[FieldSpec, ...], opts: ExportOptions, previous: ExportConfig | None
+    ) -> tuple[FieldSpec, ...]:
+        """The field specs as config.yaml records them (label columns named as the
+        export appended to names them)."""
+        prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
+        return with_columns(mark(fields) if opts.dtype == BFLOAT16 else fields, self.y, prefix)
 
 
 def image_formats(table: pa.Table) -> tuple[str, ...] | None:
@@ -203,16 +221,7 @@ def prepare_streamed(
     splits = ordered_splits(set(scanned.counts), opts)
     with_label = scanned.with_label
     seen = member_keys_of(scanned.exts)
-    internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
-    available = [
-        *seen,
-        *(["label"] if with_label else []),
-        *[c for c in scanned.schema.names if c not in internal],
-    ]
-    x_keys, y_keys = select_keys(opts, available, list(seen), with_label)
-    # metadata columns asked for as keys are stored as sample fields (NAME.npy / NAME.txt)
-    as_fields = tuple(k for k in (*x_keys, *y_keys) if k not in seen and k != "label")
-    write_label = with_label and "label" in (*x_keys, *y_keys)
+    keys = _Keys.of(opts, seen, with_label, scanned.schema.names)
     label_names = scanned.label_names
     labels = None
     if previous is not None and with_label:
@@ -222,34 +231,30 @@ def prepare_streamed(
         backend,
         folder,
         splits,
-        write_label=write_label,
+        write_label=keys.write_label,
         start=previous.num_samples if previous is not None else 0,
-        dropped=unselected_members(seen, x_keys, y_keys),
+        dropped=unselected_members(seen, keys.x, keys.y),
         labels=labels,
         dtype=opts.dtype if opts.dtype not in (None, BFLOAT16) else None,  # bfloat16: later
-        as_fields=as_fields,
+        as_fields=keys.as_fields,
         put=put,
     )
-    stored = member_keys_of(done.exts)
-    fields = done.merger.specs(write_label, order=scanned.exts)
-    if opts.dtype == BFLOAT16:  # cast by the array backends
-        fields = mark(fields)
-    label_prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
+    fields = done.merger.specs(keys.write_label, order=scanned.exts)
     return Prepared(
         table=None,
-        fields=with_columns(fields, y_keys, label_prefix),
+        fields=keys.fields(fields, opts, previous),
         skipped=scanned.skipped,
         split_method=previous.split_method if previous is not None else scanned.split_method,
         splits=splits,
-        x_keys=x_keys,
-        y_keys=y_keys,
+        x_keys=keys.x,
+        y_keys=keys.y,
         with_label=with_label,
-        write_label=write_label,
+        write_label=keys.write_label,
         label_names=label_names,
         schema=done.schema,
         num_rows=scanned.num_rows,
         label_max=done.label_max,
-        stored=stored,
+        stored=member_keys_of(done.exts),
         spilled=done.spilled,
         image_formats=done.image_formats if opts.image_member else None,
     )

@@ -19,32 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from shardex.backends.base import Backend
-from shardex.backends.ownership import committed_is_flat
 from shardex.backends.registry import check_options, get_backend
 from shardex.contract import ExportConfig
-from shardex.engine.commit import combined_digest, commit, contract, write_errors
-from shardex.engine.output import (
-    INTENT_FILE,
-    check_output,
-    check_root,
-    command_digest,
-    committed_files,
-    finish_committed,
-    promote_legacy,
-    read_intent_bytes,
-    record_intent,
-    remove_stale,
-    resumed,
-    undo,
-)
+from shardex.engine.commit import combined_digest, contract, write_errors
+from shardex.engine.output import check_root, command_digest
 from shardex.engine.prepare import (
     Prepared,
-    appending_options,
     exported_keys,
     prepare,
     prepare_streamed,
     streamable,
 )
+from shardex.engine.transaction import Transaction
 from shardex.engine.write import Written, write_splits
 from shardex.errors import ConfigError, EmptySourceError, SourceError, mode_hint
 from shardex.options import ExportOptions
@@ -56,9 +42,9 @@ from shardex.sources import Source, open_source
 from shardex.storage import LocalStorage, Storage, open_storage
 from shardex.storage.fetch.held import tars_held
 from shardex.storage.fetch.tars import copies_kept
-from shardex.storage.lock import OutputLock, holder_text
+from shardex.storage.lock import OutputLock
 from shardex.storage.scratch import scratch
-from shardex.storage.staging import new_staging, remove_killed_parts, remove_staging
+from shardex.storage.staging import new_staging, remove_staging
 
 
 def export_options(options: ExportOptions | None, kwargs: dict[str, Any]) -> ExportOptions:
@@ -110,53 +96,41 @@ def run_export(
     storage = open_storage(output, storage_options)
     check_root(storage)
     command = command_digest(src, opts, pipeline, spec_fingerprint)
-    held: contextlib.AbstractContextManager[OutputLock] = (
-        contextlib.nullcontext(lock)
-        if lock is not None
-        else storage.lock(holder_text(f"export --mode {opts.mode}"))
-    )
-    lock_given = lock is not None
-    with held as lock:
-        # what killed Ray runs staged goes whatever runs now (this run holds the lock, so
-        # no live run stages any but the write_shardex that gave it; a local run would
-        # otherwise leave them for good)
-        remove_killed_parts(storage, rows=not lock_given)
-        repaired = promote_legacy(storage) if opts.mode != "error" else None
-        done = finish_committed(storage, opts.mode, command, repaired is not None)
-        if done is not None:
-            return done
-        opts = resumed(storage, opts, command)
-        old_files = check_output(storage, opts.mode)
-        job = _Job(src, storage, backend, opts, command, old_files, runner)
+    with Transaction(storage, opts, command, backend, lock) as out:
+        if out.done is not None:
+            return out.done
+        job = _Job(src, backend, runner, out)
         with Progress(progress) as bars:
             prep, written = _write(job, bars)
             config = _config(job, prep, written, pipeline, spec_fingerprint)
-            lock.check()  # an object-store lease that was taken over: commit nothing
-            commit(storage, config)
-            remove_stale(storage, old_files, config)
-        storage.delete(INTENT_FILE)
+            out.commit(config)
     return config
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Job:
-    """One export run: its source, output, backend and options, and what the output held."""
+    """One export run: its source, backend and runner, and its hold on the output."""
 
     src: Source
-    storage: Storage
     backend: Backend
-    opts: ExportOptions
-    command: str
-    old_files: list[str]
     runner: Runner | None
-    committed: frozenset[str] = frozenset()
-    previous: ExportConfig | None = None
+    out: Transaction
 
-    def __post_init__(self) -> None:
-        self.committed = committed_files(self.storage, self.old_files)
-        if self.opts.mode == "append":
-            self.previous = ExportConfig.read(self.storage)
-            self.opts = appending_options(self.opts, self.previous)
+    @property
+    def storage(self) -> Storage:
+        return self.out.storage
+
+    @property
+    def opts(self) -> ExportOptions:
+        return self.out.opts
+
+    @property
+    def previous(self) -> ExportConfig | None:
+        return self.out.previous
+
+    @property
+    def committed(self) -> frozenset[str]:
+        return self.out.committed
 
 
 def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
@@ -188,19 +162,13 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
             if workers == 1:
                 early.close()
                 started.clear()
-            intent_before = read_intent_bytes(storage)
             # the workers started in pass 1 stop with the pool below: before an undo
             kept = early.pop_all()
-        writing = False
         try:
             runner = started[0] if started else job.runner or _runner(job, workers)
             with kept, contextlib.nullcontext(runner) if started else runner as pool:
                 _check_one_split(job, prep)
-                # a run that writes or replaces a flat export owns the top level's shards
-                flat = opts.layout == "flat" or committed_is_flat(storage)
-                # before the first write
-                record_intent(storage, opts.mode, job.command, flat, job.backend.name)
-                writing = True
+                job.out.begin()  # before the first write
                 written = write_splits(
                     storage,
                     job.backend,
@@ -217,15 +185,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                     f"every sample of {job.src.uri} was skipped; nothing to export"
                 )
         except SourceError:
-            if writing:
-                undo(
-                    storage,
-                    job.old_files,
-                    job.committed,
-                    intent_before,
-                    job.backend.name,
-                    flat,  # set before writing began
-                )
+            job.out.undo()
             raise
     return prep, written
 

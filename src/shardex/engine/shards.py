@@ -86,6 +86,26 @@ def _carried(jobs: Iterator[J]) -> Iterator[J]:
             yield dataclasses.replace(job, candidates=job.candidates.carried(read))
 
 
+def _jobs(
+    make_job: MakeJob[J],
+    bounds: tuple[tuple[int, int], ...],
+    n: int,
+    at: int,
+    first: int,
+    k: int,
+    extra: int,
+    stop: list[bool],
+) -> Iterator[J]:
+    """One round's jobs, made as the runner asks for them, until ``stop[0]`` is set (a
+    shard skipped candidates: the rest is planned again). Each carries ``extra``
+    candidates past its planned end, for skips."""
+    for q, (a, b) in enumerate(bounds):
+        if stop[0]:
+            return
+        yield make_job(at + a, min(n, at + b + extra), first, k + q)
+        first += b - a
+
+
 def write_shards(
     split: SplitRows | SpilledRows,
     make_job: MakeJob[J],
@@ -108,23 +128,9 @@ def write_shards(
     while pos < n:
         bounds = plan_bounds(split.sizes[pos:], samples_per_shard, max_shard_bytes)
         stop = [False]
-        round_pos, round_sample, round_number = pos, sample, number
-
-        def jobs(
-            bounds: tuple[tuple[int, int], ...] = bounds,
-            at: int = round_pos,
-            first: int = round_sample,
-            k: int = round_number,
-            extra: int = slack,
-            stop: list[bool] = stop,
-        ) -> Iterator[J]:
-            for q, (a, b) in enumerate(bounds):
-                if stop[0]:
-                    return
-                yield make_job(at + a, min(n, at + b + extra), first, k + q)
-                first += b - a
-
-        todo = _carried(jobs()) if runner.remote and not inline else jobs()
+        round_pos = pos
+        jobs = _jobs(make_job, bounds, n, pos, sample, number, slack, stop)
+        todo = _carried(jobs) if runner.remote and not inline else jobs
         results = map(write, todo) if inline else runner.imap(write, todo)
         more = False
         for q, done in enumerate(results):

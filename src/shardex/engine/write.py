@@ -101,6 +101,15 @@ class _StagedMetadata(_Metadata):
         pass  # nothing written yet: the parts go with the run's staging
 
 
+def _metadata(
+    storage: Storage, name: str, previous: ExportConfig | None, staging: str | None
+) -> _Metadata:
+    """metadata.parquet's sink: streamed here, or by a task from staged parts."""
+    if staging is None:
+        return _Metadata(storage, name, previous)
+    return _StagedMetadata(storage, name, previous, staging)
+
+
 def write_splits(
     storage: Storage,
     backend: Backend,
@@ -126,11 +135,7 @@ def write_splits(
     ]
     bar = bars.export_task("writing shards", prep.num_rows)
     metadata_file = unused_name(METADATA_FILE, committed)
-    sink = (
-        _Metadata(storage, metadata_file, previous)
-        if staging is None
-        else _StagedMetadata(storage, metadata_file, previous, staging)
-    )
+    sink = _metadata(storage, metadata_file, previous, staging)
     skipped = list(prep.skipped)
 
     def on_shard(shard_table: pa.Table | StagedRows, num_bytes: int = 0, /) -> None:
@@ -148,8 +153,7 @@ def write_splits(
             before = previous.splits.get(split) if previous else None
             if before is not None:
                 sink.old(split)
-            count = rows.num_rows if isinstance(rows, pa.Table) else rows.num_samples
-            if count == 0 and before is not None:
+            if rows.num_samples == 0 and before is not None:
                 written[split] = before
                 continue
             plan, digest = plan_split(rows, split, backend, prep, opts, before, committed, previous)
