@@ -64,3 +64,11 @@ def test_the_docs_command_runs_from_the_group(
     assert failed.exit_code == 1
     assert failed.output.startswith("error: ")
     assert len(failed.output.strip().splitlines()) == 1
+
+
+def test_the_entry_points_the_docs_show_are_the_plugins_own() -> None:
+    plugins = Path(__file__).resolve().parents[1] / "support" / "plugins"
+    (shown,) = re.findall(r"```toml\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert shown in (plugins / "shardex-plugin-npz" / "pyproject.toml").read_text()
+    lines = (plugins / "shardex-plugin-lines" / "pyproject.toml").read_text()
+    assert 'lines = "shardex_plugin_lines:LinesSource"' in lines
