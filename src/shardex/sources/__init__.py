@@ -3,7 +3,7 @@ the first whose probe takes it (see :mod:`shardex.sources.registry`)."""
 
 from __future__ import annotations
 
-from shardex.refs.scan import ScanResult
+from shardex.refs.scan import SampleStream, ScanBatch, ScanResult, build_table, file_member
 from shardex.sources.arrays import ArraySource
 from shardex.sources.base import Source
 from shardex.sources.demo import DemoSource
@@ -21,11 +21,15 @@ __all__ = [
     "ExportSource",
     "FolderSource",
     "ObjectFolderSource",
+    "SampleStream",
+    "ScanBatch",
     "ScanResult",
     "Source",
     "SourceSpec",
     "TableSource",
     "TarSource",
+    "build_table",
+    "file_member",
     "open_source",
     "register_source",
 ]

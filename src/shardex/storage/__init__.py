@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from shardex.errors import ConfigError
-from shardex.storage.base import ObjectWriter, RangeReader, Storage
+from shardex.storage.base import ObjectWriter, RangeReader, Storage, checked_path
 from shardex.storage.local import LocalStorage
 from shardex.storage.options import SCHEMES, refuse_credentials_in_url
 
@@ -23,6 +23,7 @@ __all__ = [
     "ObjectWriter",
     "RangeReader",
     "Storage",
+    "checked_path",
     "open_storage",
 ]
 
