@@ -57,8 +57,9 @@ def installed(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugins installed in this process too: the backend registry reads entry points
     once, so it starts again from the built-ins (undone after the test)."""
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(REGISTRY, "_entries", Registry()._entries)
-    monkeypatch.setattr(REGISTRY, "_plugins_loaded", False)
+    fresh = Registry()
+    monkeypatch.setattr(REGISTRY, "_entries", fresh._entries)
+    monkeypatch.setattr(REGISTRY, "_plugins", fresh._plugins)
 
 
 def _env(site: Path) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from shardex.backends.base import Backend
 from shardex.contract import ExportConfig
 from shardex.errors import BackendError, ConfigError, MissingDependencyError, ShardexError
-from shardex.quoting import one_line
+from shardex.plugins import Plugins
 
 if TYPE_CHECKING:
     from shardex.options import ExportOptions
@@ -74,18 +74,11 @@ class Registry:
 
     def __init__(self, entries: tuple[BackendEntry, ...] = _BUILTINS) -> None:
         self._entries = {e.name: e for e in entries}
-        self._plugins_loaded = False
+        self._plugins = Plugins("backend", ENTRY_POINT_GROUP, BackendError)
 
     def _load_plugins(self) -> None:
-        if self._plugins_loaded:
-            return
-        self._plugins_loaded = True
-        from importlib.metadata import entry_points  # ~10 ms: only when plugins are looked up
-
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            self.register(
-                ep.name, ep.value, origin=f"entry point ({ep.dist.name if ep.dist else '?'})"
-            )
+        for name, target, origin in self._plugins.entry_points():
+            self.register(name, target, origin=origin)
 
     def register(
         self,
@@ -97,13 +90,7 @@ class Registry:
         origin: str = "register_backend",
     ) -> None:
         """Add a backend by ``"module:Class"``. Raises BackendError if the name is taken."""
-        if name in self._entries:
-            raise BackendError(
-                f"backend {name!r} is already registered (by {self._entries[name].origin}); "
-                "pick another name"
-            )
-        if ":" not in target:
-            raise BackendError(f"backend target {target!r} must look like 'module:Class'")
+        self._plugins.check_new(name, target, self._entries)
         self._entries[name] = BackendEntry(name, target, requires, install_hint, origin)
 
     def entries(self) -> list[BackendEntry]:
@@ -132,7 +119,7 @@ class Registry:
         if entry is None:
             known = ", ".join(sorted(self._entries))
             raise BackendError(f"unknown backend {name!r}; known backends: {known}")
-        module_name, _, cls_name = entry.target.partition(":")
+        module_name = entry.target.partition(":")[0]
         hint = entry.install_hint or f"install the package that provides {module_name}"
         # a backend importing its dependency lazily must be refused here all the same,
         # before an export reads its source or writes anything
@@ -141,21 +128,15 @@ class Registry:
             raise MissingDependencyError(
                 f"backend {name!r} needs a missing dependency ({missing[0]}): {hint}"
             )
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise MissingDependencyError(
+
+        def not_installed(exc: ImportError) -> Exception:
+            return MissingDependencyError(
                 f"backend {name!r} needs a missing dependency ({exc.name}): {hint}"
-            ) from exc
-        except Exception as exc:  # a plugin's own bug: named in one line, not a traceback
-            raise BackendError(
-                f"backend {name!r}: importing {module_name} failed "
-                f"({type(exc).__name__}: {one_line(str(exc))}); fix or uninstall "
-                f"{entry.origin}"
-            ) from exc
-        cls = getattr(module, cls_name, None)
-        if not (isinstance(cls, type) and issubclass(cls, Backend)):
-            raise BackendError(f"backend {name!r}: {entry.target} is not a Backend subclass")
+            )
+
+        cls: type[Backend] = self._plugins.load(
+            name, entry.target, entry.origin, Backend, not_installed
+        )
         return cls
 
 

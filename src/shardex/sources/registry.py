@@ -16,13 +16,12 @@ kept in a folder, or a scheme of its own). The entry points are read on the firs
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from shardex.errors import SourceError
-from shardex.quoting import one_line
+from shardex.plugins import Plugins
 from shardex.sources import probe
 from shardex.sources.base import Source
 from shardex.sources.probe import SourceSpec
@@ -63,39 +62,23 @@ class Registry:
 
     def __init__(self, entries: tuple[SourceEntry, ...] = _BUILTINS) -> None:
         self._entries = {e.name: e for e in entries}
-        self._plugins: list[str] = []
-        self._plugins_loaded = False
-
-    def _load_plugins(self) -> None:
-        if self._plugins_loaded:
-            return
-        self._plugins_loaded = True
-        from importlib.metadata import entry_points  # ~10 ms: only when a source is picked
-
-        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            self.register(
-                ep.name, ep.value, origin=f"entry point ({ep.dist.name if ep.dist else '?'})"
-            )
+        self._plugin_names: list[str] = []
+        self._plugins = Plugins("source", ENTRY_POINT_GROUP, SourceError)
 
     def register(
         self, name: str, target: str, probe: Probe | None = None, *, origin: str = "register_source"
     ) -> None:
         """Add a source by ``"module:Class"``, probed before the built-ins (with ``probe``,
         else the class's ``probe`` classmethod). Raises SourceError if the name is taken."""
-        if name in self._entries:
-            raise SourceError(
-                f"source {name!r} is already registered (by {self._entries[name].origin}); "
-                "pick another name"
-            )
-        if ":" not in target:
-            raise SourceError(f"source target {target!r} must look like 'module:Class'")
+        self._plugins.check_new(name, target, self._entries)
         self._entries[name] = SourceEntry(name, target, probe, origin)
-        self._plugins.append(name)
+        self._plugin_names.append(name)
 
     def entries(self) -> list[SourceEntry]:
         """Every registered source, in the order they are probed."""
-        self._load_plugins()
-        plugins = [self._entries[n] for n in self._plugins]
+        for name, target, origin in self._plugins.entry_points():
+            self.register(name, target, origin=origin)
+        plugins = [self._entries[n] for n in self._plugin_names]
         return plugins + [e for e in self._entries.values() if e.origin == "built-in"]
 
     def source_class(self, entry: SourceEntry) -> type[Source]:
@@ -104,17 +87,7 @@ class Registry:
         Raises:
             SourceError: its module fails to import, or its target is not a Source.
         """
-        module_name, _, cls_name = entry.target.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # a plugin's own bug: named in one line, not a traceback
-            raise SourceError(
-                f"source {entry.name!r}: importing {module_name} failed "
-                f"({type(exc).__name__}: {one_line(str(exc))}); fix or uninstall {entry.origin}"
-            ) from exc
-        cls = getattr(module, cls_name, None)
-        if not (isinstance(cls, type) and issubclass(cls, Source)):
-            raise SourceError(f"source {entry.name!r}: {entry.target} is not a Source subclass")
+        cls: type[Source] = self._plugins.load(entry.name, entry.target, entry.origin, Source)
         return cls
 
     def open(self, spec: SourceSpec) -> Source:
