@@ -180,11 +180,7 @@ def tar_scan_held(tar: TarRef) -> Iterator[Part | HeldScan]:
 
 
 def scan_members(
-    tf: tarfile.TarFile,
-    raw: IO[bytes],
-    *,
-    rel: str,
-    size: int,
+    tf: tarfile.TarFile, raw: IO[bytes], *, rel: str, size: int
 ) -> Iterator[TarSample]:
     """The samples of an open tar of ``size`` bytes (see :func:`tar_samples`)."""
     headers = tarheaders.Headers(tf, raw, fast=tarheaders.FAST)

@@ -218,11 +218,7 @@ class ShardLayout:
         np.cumsum(blocks, out=bstart[1:])
         skeleton = zeroed(int(bstart[-1]) * BLOCK)
         header_blocks(
-            self.name_data,
-            self.name_offsets,
-            sizes,
-            skeleton.reshape(-1, BLOCK),
-            bstart[:-1],
+            self.name_data, self.name_offsets, sizes, skeleton.reshape(-1, BLOCK), bstart[:-1]
         )
         for t, head in heads.items():
             begin = int(bstart[t]) * BLOCK
@@ -293,11 +289,7 @@ class ShardLayout:
 
 
 def tar_sizes(
-    rows: pa.Table,
-    members: Members,
-    member_rows: npt.NDArray[np.int64],
-    *,
-    with_label: bool,
+    rows: pa.Table, members: Members, member_rows: npt.NDArray[np.int64], *, with_label: bool
 ) -> npt.NDArray[np.int64]:
     """Exact tar bytes of each sample (headers, data, padding) before it is written:
     computed over all samples at once from member sizes and name lengths."""
