@@ -20,7 +20,8 @@ import shardex
 from helpers import files_of
 from shardex.backends.webdataset import writer
 from shardex.backends.webdataset.layout import zeroed
-from shardex.backends.webdataset.writer import ShardJob, _jpegs_good, write_shard
+from shardex.backends.webdataset.vectorised import jpegs_good
+from shardex.backends.webdataset.writer import ShardJob, write_shard
 from shardex.codecs.images import MAX_PIXELS
 from shardex.format.dali_index import DaliIndex
 from shardex.format.tar import (
@@ -254,7 +255,7 @@ def test_numpy_jpeg_check_never_passes_what_image_problem_refuses(
             data[at] = value
     blob = bytes(data[: max(len(data) - cut, 0)]) if cut % 2 else bytes(data)
     buffer = np.frombuffer(b"pre" + blob + b"post", np.uint8)
-    ok = _jpegs_good(buffer, np.array([3]), np.array([3 + len(blob)]), limit)
+    ok = jpegs_good(buffer, np.array([3]), np.array([3 + len(blob)]), limit)
     reason = image_problem(blob, SampleCheck(max_pixels=limit))
     if ok[0]:
         assert reason is None

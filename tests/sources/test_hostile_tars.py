@@ -30,7 +30,7 @@ from helpers import image_bytes
 from shardex.cli import main
 from shardex.errors import BadSampleError, ShardexError, SourceError
 from shardex.sources.jsonmeta import MAX_JSON_DEPTH
-from shardex.sources.tars import TarRef, tar_samples
+from shardex.sources.tar_scan import TarRef, tar_samples
 from shardex.storage import open_storage
 from shardex.storage.fetch import tars as objecttars
 from tests.support.interop import read_with_webdataset

@@ -38,7 +38,7 @@ from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, RefetchWarning, StorageError
 from shardex.refs.scan import SampleStream, ScanBatch
 from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
-from shardex.sources.tars import TarRef, tar_samples
+from shardex.sources.tar_scan import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage, open_storage
 from shardex.storage.fetch import tars as objecttars
 from shardex.storage.fetch.objects import MAX_IN_FLIGHT, ObjectReads
@@ -956,7 +956,7 @@ def test_the_parts_a_ray_tasks_scan_keeps_hold_exactly_the_members_it_read(
     of the members it read whole, each once, at their tar offsets; parts fill to
     ``PART_BYTES`` (a small last part joins the one before); a tar with less than
     ``MIN_PART`` read through is not held; the samples are the plain scan's."""
-    from shardex.sources.tars import tar_scan_held
+    from shardex.sources.tar_scan import tar_scan_held
     from shardex.storage.fetch import held
 
     monkeypatch.setattr(held, "PART_BYTES", 64 << 10)

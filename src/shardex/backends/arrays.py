@@ -16,45 +16,25 @@ table (``S/{stem_name}-{hash}-keys.npy``, the same table as the ``webdataset`` b
 from __future__ import annotations
 
 import dataclasses
-import io
-import os
 import re
 from abc import abstractmethod
-from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache, cached_property
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import cache
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
+from shardex.backends.array_files import ArrayWriter, Written, load_part, remove_run
 from shardex.backends.base import Backend, Check, SplitPlan, SplitWriter
-from shardex.backends.columns import (
-    ColumnReader,
-    Columns,
-    Layout,
-    columns_of,
-    concat_columns,
-    slice_columns,
-)
-from shardex.backends.metadata import read_metadata
+from shardex.backends.columns import Columns, Layout, columns_of, concat_columns
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.dataset import ReopenedDataset, Sample
-from shardex.errors import (
-    BadSampleError,
-    ChecksumError,
-    ConfigError,
-    FormatError,
-    SampleNotFoundError,
-    ShardexError,
-)
+from shardex.errors import BadSampleError, ConfigError
 from shardex.fields import npy_bytes
 from shardex.format.index import build_keys_from_hashes, key_hash
-from shardex.format.tables import shard_checksum
 from shardex.planning import plan_bounds
 from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members, json_text_column
 from shardex.refs.scan import MEMBERS
@@ -63,30 +43,13 @@ from shardex.storage.base import Storage
 from shardex.storage.fetch.bytes import ByteSource
 
 if TYPE_CHECKING:
+    from shardex.backends.array_dataset import ArrayDataset
     from shardex.parallel import Runner
     from shardex.refs.candidates import Candidates
 
-#: Samples read together when iterating (one read per array per block).
-_BLOCK = 256
-#: Runs a dataset keeps open (or loaded, for one-file shards) for random access.
-_CACHED_RUNS = 4
-
 
 @dataclass(frozen=True, slots=True)
-class Written:
-    """What writing one run produced: the run's path (a file, or the folder its files are
-    under), its other files (those config.yaml lists), their size and a checksum."""
-
-    path: str
-    files: tuple[str, ...]
-    num_bytes: int
-    checksum: str
-    #: Every file written, listed or not (empty: ``path`` and ``files``).
-    paths: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class _RunJob:
+class RunJob:
     """One run to write from its candidate samples (their ``sizes``: the bytes each adds,
     see :meth:`ArrayBackend.sample_sizes`): the run takes good candidates in order until
     it holds ``samples_per_shard`` samples or the next would pass ``max_shard_bytes``.
@@ -134,7 +97,7 @@ class _Taken:
     full: bool = False
 
 
-def _take(job: _RunJob, candidates: Candidates) -> _Taken:
+def _take(job: RunJob, candidates: Candidates) -> _Taken:
     """Take good candidates in order until the run is full. Each member's bytes are read
     once: an image is checked from the bytes that are then stored (one pass)."""
     from shardex.format.tar import END_OF_ARCHIVE  # the planner counts it in every shard
@@ -196,7 +159,7 @@ def _take(job: _RunJob, candidates: Candidates) -> _Taken:
     return got
 
 
-def _write_run(job: _RunJob) -> RunDone:
+def _write_run(job: RunJob) -> RunDone:
     """Read, check and write one run (in a worker, or inline); hand back small results."""
     candidates = job.candidates.loaded()
     got = _take(job, candidates)
@@ -236,37 +199,6 @@ def metadata_rows(rows: pa.Table) -> pa.Table:
     return pa.table(
         {**front, **{c: rows.column(c) for c in rows.column_names if c not in internal}}
     )
-
-
-class ArrayWriter:
-    """Streams named arrays into ``.npy`` files, checksumming what it writes."""
-
-    def __init__(self, storage: Storage, path: str, *, listed: bool) -> None:
-        self.storage, self.path, self.listed = storage, path, listed
-        self.files: list[str] = []
-        self.paths: list[str] = []  # everything written, listed or not
-        self.num_bytes = 0
-        self._hash = xxhash.xxh3_64()
-
-    def put(self, path: str, data: bytes) -> None:
-        self.storage.put(path, data)
-        self.paths.append(path)
-        if self.listed:
-            self.files.append(path)
-        self.num_bytes += len(data)
-        self._hash.update(data)
-
-    def put_npy(self, path: str, array: np.ndarray) -> None:
-        self.put(path, npy_bytes(array))
-
-    def written(self) -> Written:
-        return Written(
-            self.path,
-            tuple(self.files),
-            self.num_bytes,
-            shard_checksum(self._hash),
-            tuple(self.paths),
-        )
 
 
 class ArrayBackend(Backend):
@@ -358,10 +290,10 @@ class ArrayBackend(Backend):
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
     ) -> Written:
         """A per-split backend's split from its runs' parts (``.npy`` files, one per column,
-        see :class:`_RunJob`), written under ``stem``. The default loads them all and
+        see :class:`RunJob`), written under ``stem``. The default loads them all and
         writes one run (the split's columns in memory); a backend that can append them
         without holding them overrides it."""
-        parts = [_load_part(storage, run) for run in runs]
+        parts = [load_part(storage, run) for run in runs]
         return self.write_run(storage, stem, concat_columns(parts), layout)
 
     def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
@@ -387,9 +319,9 @@ class ArraySplit(SplitWriter):
         self.runs: list[Written] = []  # a per-split backend's parts, joined by finish
         self.hashes: list[npt.NDArray[np.uint64]] = []
 
-    def job(self, candidates: Candidates, first_sample: int, number: int) -> _RunJob:
+    def job(self, candidates: Candidates, first_sample: int, number: int) -> RunJob:
         plan = self.plan
-        return _RunJob(
+        return RunJob(
             self.backend,
             self.storage,
             f"{self.base}-{number:06d}",
@@ -415,7 +347,7 @@ class ArraySplit(SplitWriter):
         return done.meta, done.written.num_bytes
 
     def discard(self, done: RunDone) -> None:
-        _remove_run(self.storage, done.written)
+        remove_run(self.storage, done.written)
 
     def finish(self, runner: Runner) -> SplitInfo:
         storage, base = self.storage, self.base
@@ -442,103 +374,8 @@ class ArraySplit(SplitWriter):
 
     def close(self) -> None:
         for run in self.runs:  # the parts go once joined (or when the export fails)
-            _remove_run(self.storage, run)
+            remove_run(self.storage, run)
         self.runs = []
-
-
-def _load_part(storage: Storage, run: Written) -> dict[str, np.ndarray]:
-    """A run's parts (see :class:`_RunJob`): column name -> array (mapped when local)."""
-    out: dict[str, np.ndarray] = {}
-    for path in run.files:
-        name = path[len(run.path) + 1 : -len(".npy")]
-        local = storage.local_path(path)
-        if local is not None:
-            out[name] = np.load(local, mmap_mode="r", allow_pickle=False)
-        else:
-            out[name] = np.load(io.BytesIO(storage.get(path)), allow_pickle=False)
-    return out
-
-
-def npy_header(storage: Storage, path: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    """The dtype, shape and data offset of a ``.npy`` file (only its header is read)."""
-    head = io.BytesIO(storage.get_range(path, 0, min(storage.size(path), 4096)))
-    version = np.lib.format.read_magic(head)
-    if version != (1, 0):
-        raise FormatError(f"{storage.join(path)}: .npy version {version}, expected 1.0")
-    shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
-    if fortran:
-        raise FormatError(f"{storage.join(path)}: a Fortran-order .npy, expected C order")
-    return dtype, shape, head.tell()
-
-
-class PartColumn:
-    """One column of a split as its runs' parts joined along the first axis (``.offsets``
-    re-based on the data before them), read a row range at a time from the part files:
-    the split's column is never held (see :meth:`ArrayBackend.join_runs`)."""
-
-    def __init__(self, storage: Storage, paths: list[str], offsets: bool) -> None:
-        self.storage, self.paths, self.offsets = storage, paths, offsets
-        heads = [npy_header(storage, p) for p in paths]
-        self.dtype = heads[0][0]
-        self.tail = tuple(int(d) for d in heads[0][1][1:])
-        self._row = self.dtype.itemsize * int(np.prod(self.tail, dtype=np.int64))
-        self._at = [at for _, _, at in heads]
-        # an .offsets part's first value (0) is the end of the part before: dropped
-        self._skip = [1 if offsets and k else 0 for k in range(len(paths))]
-        counts = [
-            int(shape[0]) - skip for (_, shape, _), skip in zip(heads, self._skip, strict=True)
-        ]
-        self._first = np.zeros(len(paths) + 1, np.int64)
-        np.cumsum(counts, out=self._first[1:])
-        self._base = np.zeros(len(paths), np.int64)
-        if offsets:  # each part's last offset, summed over the parts before it
-            ends = [self._read(k, int(shape[0]) - 1, 1)[0] for k, (_, shape, _) in enumerate(heads)]
-            self._base[1:] = np.cumsum(ends)[:-1]
-
-    def __len__(self) -> int:
-        return int(self._first[-1])
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (len(self), *self.tail)
-
-    def _read(self, k: int, start: int, count: int) -> np.ndarray:
-        data = self.storage.get_range(
-            self.paths[k], self._at[k] + start * self._row, count * self._row
-        )
-        return np.frombuffer(data, self.dtype).reshape(count, *self.tail)
-
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start .. stop`` of the joined column."""
-        pieces = []
-        k = int(np.searchsorted(self._first, start, side="right")) - 1
-        while start < stop and k < len(self.paths):
-            end = min(stop, int(self._first[k + 1]))
-            local = start - int(self._first[k]) + self._skip[k]
-            piece = self._read(k, local, end - start)
-            pieces.append(piece + self._base[k] if self.offsets else piece)
-            start, k = end, k + 1
-        if not pieces:
-            return np.zeros((0, *self.tail), self.dtype)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-
-def part_columns(storage: Storage, runs: list[Written]) -> dict[str, PartColumn]:
-    """A split's columns as its runs' parts (see :class:`_RunJob`), none of them read yet."""
-    names = [p[len(runs[0].path) + 1 : -len(".npy")] for p in runs[0].files]
-    return {
-        name: PartColumn(
-            storage, [f"{run.path}/{name}.npy" for run in runs], name.endswith(".offsets")
-        )
-        for name in names
-    }
-
-
-def _remove_run(storage: Storage, written: Written | None) -> None:
-    """Delete what a run wrote (one written again, or the parts of a joined split)."""
-    if written is not None:
-        for path in written.paths or (written.path, *written.files):
-            storage.delete(path)
 
 
 @cache
@@ -572,138 +409,3 @@ def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:
 
 def _shard_info(num_samples: int, written: Written) -> ShardInfo:
     return ShardInfo(written.path, num_samples, written.num_bytes, written.checksum)
-
-
-class ArrayDataset(ReopenedDataset):
-    """A split of an array backend; subclasses load one run's columns (:meth:`_load`)."""
-
-    def _open_split(self, info: SplitInfo) -> None:
-        self.layout: Layout = self.config.fields
-        self.shards = info.shards
-        self._first = np.concatenate([[0], np.cumsum([s.num_samples for s in info.shards])])
-        self._n = info.num_samples
-        self._keys_path = info.keys
-        self._cached: OrderedDict[int, ColumnReader] = OrderedDict()
-        self._pid = os.getpid()
-
-    def __len__(self) -> int:
-        return self._n
-
-    @abstractmethod
-    def _load(self, shard: ShardInfo) -> Columns:
-        """The columns of one run (memory-mapped or lazily read where the format allows)."""
-
-    def _open_run(self, shard: ShardInfo) -> ColumnReader:
-        return ColumnReader(self.layout, self._load(shard))
-
-    @property
-    def shard_sizes(self) -> tuple[int, ...]:
-        return tuple(s.num_samples for s in self.shards)
-
-    def shard_columns(self, shard: int) -> Columns:
-        """A run's columns, loaded whole (see :class:`~shardex.dataset.ShardWindows`)."""
-        return self._open_run(self.shards[shard]).columns
-
-    def _reader(self, shard: int) -> ColumnReader:
-        if self._pid != os.getpid():  # a forked worker reopens: mappings are per process
-            self._pid, self._cached = os.getpid(), OrderedDict()
-        reader = self._cached.get(shard)
-        if reader is None:
-            reader = self._cached[shard] = self._open_run(self.shards[shard])
-            if len(self._cached) > _CACHED_RUNS:
-                self._cached.popitem(last=False)
-        self._cached.move_to_end(shard)
-        return reader
-
-    def _checked(self, shard: ShardInfo, data: bytes) -> bytes:
-        """The bytes of a one-file run, checked against config.yaml when ``verify``."""
-        if self.verify:
-            found = shard_checksum(xxhash.xxh3_64(data))
-            if found != shard.checksum:
-                raise ChecksumError(
-                    f"{self.storage.join(shard.path)}: checksum {found} differs from "
-                    f"{shard.checksum} in config.yaml; the shard is damaged (shardex verify)"
-                )
-        return data
-
-    def _locate(self, index: int) -> tuple[int, int]:
-        n = self._n
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"sample {index} is out of range for a split of {n} samples")
-        shard = int(np.searchsorted(self._first, index, side="right")) - 1
-        return shard, index - int(self._first[shard])
-
-    def __getitem__(self, index: int) -> Sample:
-        shard, local = self._locate(index)
-        return self._reader(shard).sample(local, self.decode)
-
-    @cached_property
-    def _key_table(self) -> np.ndarray:
-        if self._keys_path is None:
-            raise FormatError(f"split {self.split!r} of {self.storage.uri} has no key table")
-        local = self.storage.local_path(self._keys_path)
-        if local is not None:
-            return np.load(local, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
-        data = self.storage.get(self._keys_path)
-        return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
-
-    def get(self, key: str) -> Sample:
-        table = self._key_table
-        h = np.uint64(key_hash(key))
-        pos = int(np.searchsorted(table[0], h, side="left"))
-        while pos < table.shape[1] and table[0, pos] == h:
-            sample = self[int(table[1, pos])]
-            if sample["__key__"] == key:
-                return sample
-            pos += 1
-        raise SampleNotFoundError(
-            f"no sample with key {key!r} in split {self.split!r} of {self.storage.uri}"
-        )
-
-    def __iter__(self) -> Iterator[Sample]:
-        for shard, info in enumerate(self.shards):
-            start = int(self._first[shard])
-            try:
-                reader = self._reader(shard)
-            except ShardexError as exc:
-                if self.on_error == "raise":
-                    raise
-                for number in range(start, start + info.num_samples):
-                    self.skipped.append((number, str(exc)))
-                continue
-            for offset in range(0, info.num_samples, _BLOCK):
-                count = min(_BLOCK, info.num_samples - offset)
-                try:
-                    block = self._block(reader, offset, count)
-                except ShardexError as exc:  # a damaged array chunk: the block is lost
-                    if self.on_error == "raise":
-                        raise
-                    first = start + offset
-                    self.skipped.extend((first + k, str(exc)) for k in range(count))
-                    continue
-                for local in range(count):
-                    try:
-                        sample = block.sample(local, self.decode)
-                    except ShardexError as exc:
-                        if self.on_error == "raise":
-                            raise
-                        self.skipped.append((start + offset + local, str(exc)))
-                        continue
-                    yield sample
-
-    def _block(self, reader: ColumnReader, start: int, count: int) -> ColumnReader:
-        """Samples ``start .. start + count`` of a run, read with one read per array."""
-        return ColumnReader(self.layout, slice_columns(reader.columns, start, count))
-
-    def keys(self) -> Iterator[str]:
-        """Sample keys in sample order."""
-        for shard in range(len(self.shards)):
-            reader = self._reader(shard)
-            for local in range(len(reader)):
-                yield reader.key(local)
-
-    @cached_property
-    def metadata(self) -> pa.Table:
-        return read_metadata(self.storage, self.config, self.split)

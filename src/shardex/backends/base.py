@@ -44,7 +44,7 @@ class Capabilities:
     #: Whether its shards are tars with DALI index files (``shardex.dali`` reads them).
     dali: bool = False
     #: Whether its shards are runs of whole samples that ``TensorShardsLoader`` loads whole
-    #: (its dataset is an :class:`~shardex.backends.arrays.ArrayDataset`).
+    #: (its dataset is an :class:`~shardex.backends.array_dataset.ArrayDataset`).
     shard_windows: bool = False
     #: Whether it stores ``--dtype bfloat16`` fields (see :mod:`shardex.bfloat16`).
     bfloat16: bool = False

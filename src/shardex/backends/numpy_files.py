@@ -20,13 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shardex.backends.arrays import (
-    ArrayBackend,
-    ArrayDataset,
-    ArrayWriter,
-    Written,
-    shard_numbers,
-)
+from shardex.backends.array_dataset import ArrayDataset
+from shardex.backends.array_files import ArrayWriter, Written
+from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo

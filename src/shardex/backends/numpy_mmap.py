@@ -20,13 +20,9 @@ from typing import ClassVar, Final
 import numpy as np
 import xxhash
 
-from shardex.backends.arrays import (
-    ArrayBackend,
-    ArrayDataset,
-    ArrayWriter,
-    Written,
-    npy_header,
-)
+from shardex.backends.array_dataset import ArrayDataset
+from shardex.backends.array_files import ArrayWriter, Written, npy_header
+from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo

@@ -9,13 +9,9 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
-from shardex.backends.arrays import (
-    ArrayBackend,
-    ArrayDataset,
-    ArrayWriter,
-    Written,
-    shard_numbers,
-)
+from shardex.backends.array_dataset import ArrayDataset
+from shardex.backends.array_files import ArrayWriter, Written
+from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from shardex.backends.arrays import ArrayDataset
+from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.base import SplitPlan
 from shardex.backends.columns import Columns, Layout
 from shardex.backends.one_file import OneFileBackend, OneFileDataset

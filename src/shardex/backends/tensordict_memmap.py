@@ -69,13 +69,9 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shardex.backends.arrays import (
-    ArrayBackend,
-    ArrayDataset,
-    PartColumn,
-    Written,
-    part_columns,
-)
+from shardex.backends.array_dataset import ArrayDataset
+from shardex.backends.array_files import PartColumn, Written, part_columns
+from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities, SplitPlan, SplitWriter
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor

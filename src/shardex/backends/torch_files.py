@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shardex.backends.arrays import ArrayDataset
+from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.columns import Columns, Layout
 from shardex.backends.one_file import OneFileBackend, OneFileDataset
 from shardex.bfloat16 import bfloat16_columns, from_tensor

@@ -42,14 +42,9 @@ from zarr.core.array import ShardsConfigParam
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import MemoryStore
 
-from shardex.backends.arrays import (
-    ArrayBackend,
-    ArrayDataset,
-    ArrayWriter,
-    PartColumn,
-    Written,
-    part_columns,
-)
+from shardex.backends.array_dataset import ArrayDataset
+from shardex.backends.array_files import ArrayWriter, PartColumn, Written, part_columns
+from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities, SplitPlan, SplitWriter
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
 from shardex.codecs.zarr_images import IMAGE_CODECS, image_codec, register_image_codecs

@@ -120,7 +120,7 @@ class WebDatasetBackend(Backend):
         with_label: bool,
     ) -> npt.NDArray[np.int64]:
         """Tar bytes: headers, data and padding of each member."""
-        from shardex.backends.webdataset.writer import tar_sizes  # writing code
+        from shardex.backends.webdataset.layout import tar_sizes  # writing code
 
         return tar_sizes(rows, members, member_rows, with_label=with_label)
 

@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.codecs.images import IMAGE_EXTENSIONS
-from shardex.format.tar import BLOCK, header_blocks, long_headers
-from shardex.refs.members import JSON_COLUMN, LABEL_FIELD
+from shardex.format.tar import BLOCK, header_blocks, long_headers, member_header
+from shardex.refs.candidates import Candidates
+from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members
 
 Ints = npt.NDArray[np.int64]
 Bytes = npt.NDArray[np.uint8]
@@ -136,16 +137,9 @@ class ShardLayout:
     source members are those of sample ``member_rows[i]`` of ``members``): names,
     headers, sizes and positions as arrays over every member, and the skeleton."""
 
-    def __init__(
-        self,
-        rows: pa.Table,
-        starts: Ints,
-        ext_codes: npt.NDArray[np.int32],
-        ext_names: tuple[str, ...],
-        member_sizes: Ints,
-        member_rows: Ints,
-        with_label: bool,
-    ) -> None:
+    def __init__(self, candidates: Candidates, with_label: bool) -> None:
+        rows, m, member_rows = candidates.rows, candidates.members, candidates.member_rows
+        starts, ext_codes, ext_names, member_sizes = m.starts, m.ext_codes, m.ext_names, m.size
         n = rows.num_rows
         key_column = rows.column("key")
         self.key_array: pa.Array = member_bytes(key_column)
@@ -224,11 +218,7 @@ class ShardLayout:
         np.cumsum(blocks, out=bstart[1:])
         skeleton = zeroed(int(bstart[-1]) * BLOCK)
         header_blocks(
-            self.name_data,
-            self.name_offsets,
-            sizes,
-            skeleton.reshape(-1, BLOCK),
-            bstart[:-1],
+            self.name_data, self.name_offsets, sizes, skeleton.reshape(-1, BLOCK), bstart[:-1]
         )
         for t, head in heads.items():
             begin = int(bstart[t]) * BLOCK
@@ -296,3 +286,56 @@ class ShardLayout:
     def names_have_whitespace(self, members: Ints) -> bool:
         data, _ = gathered(self.name_data, self.name_offsets, members)
         return bool(np.isin(data, _WHITESPACE).any())
+
+
+def tar_sizes(
+    rows: pa.Table, members: Members, member_rows: npt.NDArray[np.int64], *, with_label: bool
+) -> npt.NDArray[np.int64]:
+    """Exact tar bytes of each sample (headers, data, padding) before it is written:
+    computed over all samples at once from member sizes and name lengths."""
+    n = rows.num_rows
+    keys = rows.column("key")
+    key_len = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = members.starts[member_rows + 1] - members.starts[member_rows]
+    flat = spread(members.starts[member_rows], counts)
+    ext_len = np.array([len(e.encode()) for e in members.ext_names], np.int64)
+    lens = ext_len[members.ext_codes[flat]]
+    owner = np.repeat(np.arange(n), counts)
+    name_len = key_len[owner] + 1 + lens
+    sizes = members.size[flat]
+    total = np.bincount(owner, weights=sizes + (-sizes % BLOCK), minlength=n).astype(np.int64)
+    total += np.bincount(
+        owner, weights=_header_bytes(name_len, keys, owner, flat, members), minlength=n
+    ).astype(np.int64)
+    if with_label:
+        labels = rows.column("label")
+        has = pc.is_valid(labels).to_numpy(zero_copy_only=False)
+        total += np.where(has, _header_bytes(key_len + 4, keys) + BLOCK, 0)
+    if JSON_COLUMN in rows.column_names:
+        texts = rows.column(JSON_COLUMN)
+        has = pc.is_valid(texts).to_numpy(zero_copy_only=False)
+        length = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False)
+        length = length.astype(np.int64)
+        total += np.where(has, _header_bytes(key_len + 5, keys) + length + (-length % BLOCK), 0)
+    return total
+
+
+def _header_bytes(
+    name_len: npt.NDArray[np.int64],
+    keys: pa.ChunkedArray | pa.Array,
+    owner: npt.NDArray[np.int64] | None = None,
+    flat: npt.NDArray[np.int64] | None = None,
+    members: Members | None = None,
+) -> npt.NDArray[np.int64]:
+    """Header bytes before each member's data: one block, more for the rare names past
+    ustar's 100 bytes (computed one by one)."""
+    out = np.full(len(name_len), BLOCK, np.int64)
+    for t in np.flatnonzero(name_len > 100).tolist():
+        i = t if owner is None else int(owner[t])
+        key = keys[i].as_py()
+        if members is not None and flat is not None:
+            ext = members.ext(int(flat[t]))
+        else:
+            ext = LABEL_FIELD if name_len[t] == len(key.encode()) + 4 else "json"
+        out[t] = member_header(f"{key}.{ext}")[1]
+    return out

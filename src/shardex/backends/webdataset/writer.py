@@ -22,89 +22,26 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from shardex.backends.webdataset.layout import (
-    Ints,
-    ShardLayout,
-    binary_buffers,
-    gathered,
-    int_array,
-    spread,
-    string_array,
+from shardex.backends.webdataset.layout import ShardLayout, int_array, string_array
+from shardex.backends.webdataset.shard_index import member_indexes
+from shardex.backends.webdataset.vectorised import (
+    file_views,
+    images_good,
+    member_views,
+    sample_pieces,
+    sample_sums,
 )
 from shardex.errors import BadSampleError, ShardexError
-from shardex.format.dali_index import VERSION, VERSION_WITHOUT_NAMES, Component
-from shardex.format.dali_index import WHITESPACE as DALI_WHITESPACE
-from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
+from shardex.format.index import MemberSpans
 from shardex.format.tables import arrow_reader, parquet_file, shard_checksum
-from shardex.format.tar import BLOCK, END_OF_ARCHIVE, member_header
+from shardex.format.tar import END_OF_ARCHIVE
 from shardex.planning import plan_bounds
 from shardex.refs.candidates import Candidates
-from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members, json_text_column
+from shardex.refs.members import JSON_COLUMN, json_text_column
 from shardex.refs.scan import MEMBERS
 from shardex.sample_check import SampleCheck, image_problem, refusal
 from shardex.storage.base import Storage
 from shardex.storage.fetch.bytes import ByteSource
-
-
-def tar_sizes(
-    rows: pa.Table,
-    members: Members,
-    member_rows: npt.NDArray[np.int64],
-    *,
-    with_label: bool,
-) -> npt.NDArray[np.int64]:
-    """Exact tar bytes of each sample (headers, data, padding) before it is written:
-    computed over all samples at once from member sizes and name lengths."""
-    n = rows.num_rows
-    keys = rows.column("key")
-    key_len = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype(np.int64)
-    counts = members.starts[member_rows + 1] - members.starts[member_rows]
-    flat = (
-        np.arange(int(counts.sum()), dtype=np.int64)
-        - np.repeat(np.cumsum(counts) - counts, counts)
-        + np.repeat(members.starts[member_rows], counts)
-    )
-    ext_len = np.array([len(e.encode()) for e in members.ext_names], np.int64)
-    lens = ext_len[members.ext_codes[flat]]
-    owner = np.repeat(np.arange(n), counts)
-    name_len = key_len[owner] + 1 + lens
-    sizes = members.size[flat]
-    total = np.bincount(owner, weights=sizes + (-sizes % BLOCK), minlength=n).astype(np.int64)
-    total += np.bincount(
-        owner, weights=_header_bytes(name_len, keys, owner, flat, members), minlength=n
-    ).astype(np.int64)
-    if with_label:
-        labels = rows.column("label")
-        has = pc.is_valid(labels).to_numpy(zero_copy_only=False)
-        total += np.where(has, _header_bytes(key_len + 4, keys) + BLOCK, 0)
-    if JSON_COLUMN in rows.column_names:
-        texts = rows.column(JSON_COLUMN)
-        has = pc.is_valid(texts).to_numpy(zero_copy_only=False)
-        length = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False)
-        length = length.astype(np.int64)
-        total += np.where(has, _header_bytes(key_len + 5, keys) + length + (-length % BLOCK), 0)
-    return total
-
-
-def _header_bytes(
-    name_len: npt.NDArray[np.int64],
-    keys: pa.ChunkedArray | pa.Array,
-    owner: npt.NDArray[np.int64] | None = None,
-    flat: npt.NDArray[np.int64] | None = None,
-    members: Members | None = None,
-) -> npt.NDArray[np.int64]:
-    """Header bytes before each member's data: one block, more for the rare names past
-    ustar's 100 bytes (computed one by one)."""
-    out = np.full(len(name_len), BLOCK, np.int64)
-    for t in np.flatnonzero(name_len > 100).tolist():
-        i = t if owner is None else int(owner[t])
-        key = keys[i].as_py()
-        if members is not None and flat is not None:
-            ext = members.ext(int(flat[t]))
-        else:
-            ext = LABEL_FIELD if name_len[t] == len(key.encode()) + 4 else "json"
-        out[t] = member_header(f"{key}.{ext}")[1]
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,20 +109,6 @@ class ShardWritten:
     @property
     def num_samples(self) -> int:
         return len(self.offsets)
-
-
-def _layout(job: ShardJob) -> ShardLayout:
-    candidates = job.candidates
-    members = candidates.members
-    return ShardLayout(
-        candidates.rows,
-        members.starts,
-        members.ext_codes,
-        members.ext_names,
-        members.size,
-        candidates.member_rows,
-        job.with_label,
-    )
 
 
 class _TarOut:
@@ -303,22 +226,8 @@ def _bad(job: ShardJob, layout: ShardLayout, i: int, reason: str, got: _Picked) 
     got.skipped.append({"key": layout.key(i), "original_path": original, "reason": reason})
 
 
-def _planned_take(job: ShardJob) -> int:
-    """How many candidates the shard takes when every one is good (as :func:`_fill`
-    decides: up to ``samples_per_shard``, and within ``max_shard_bytes``)."""
-    n = job.candidates.rows.num_rows
-    take = int(min(n, job.samples_per_shard))
-    cap = job.max_shard_bytes
-    if cap is not None and take > 1:
-        used = len(END_OF_ARCHIVE) + np.cumsum(np.asarray(job.candidates.sizes[:take], np.int64))
-        over = np.flatnonzero(used[1:] > cap)
-        if len(over):
-            take = int(over[0]) + 1
-    return take
-
-
 def _fill_inline(
-    job: ShardJob, layout: ShardLayout, out: _TarOut, source: ByteSource | None = None
+    job: ShardJob, layout: ShardLayout, out: _TarOut, source: ByteSource | None, k: int
 ) -> _Picked | None:
     """:func:`_fill` for a shard whose source members are all in this process's memory
     (Arrow buffers) or all whole local files (with ``source``: an image folder's, read
@@ -328,28 +237,27 @@ def _fill_inline(
     when a taken candidate is bad, or cannot be taken this way: :func:`_fill` then
     writes the shard, one sample at a time (the files read here are not read again)."""
     check = job.check
-    if check.validate == "decode" or not job.candidates.rows.num_rows:
+    if check.validate == "decode" or not k:
         return None
-    k = _planned_take(job)
     ts = layout.own_members[: layout.own_from[k]]
     js = layout.source[ts]
     members = job.candidates.members
     if members.inline[js].all():
-        got = _member_views(members, js, layout.sizes[ts])
+        got = member_views(members, js, layout.sizes[ts])
     elif source is not None:
-        got = _file_views(source, js, layout.sizes[ts])
+        got = file_views(source, js, layout.sizes[ts])
     else:
         return None
     if got is None:
         return None
     views, spots = got
     images = np.flatnonzero(layout.is_image[ts])
-    if len(images) and not _images_good(views, spots, images, check):
+    if len(images) and not images_good(views, spots, images, check):
         return None
     # the tar: each sample's pieces (skeleton runs between its source members, which
     # are views of their buffers), hashed and written as they are
-    columns = _sample_pieces(layout, k, views)
-    sums = _sample_sums(job, k, columns)
+    columns = sample_pieces(layout, k, views)
+    sums = sample_sums(columns, job.first_sample if job.seeded else None)
     pieces: list[memoryview] = [layout.view] * (k * len(columns))
     for c, column in enumerate(columns):
         pieces[c :: len(columns)] = column
@@ -369,168 +277,6 @@ def _fill_inline(
     )
 
 
-#: The most bytes of local files a shard reads into one buffer to be written at once.
-_FILES_BYTES: Final = 64 << 20
-
-
-def _file_views(
-    source: ByteSource, js: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
-) -> tuple[list[memoryview], list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]]] | None:
-    """:func:`_member_views` for members in local files: read into one buffer (None when
-    they cannot all be read as listed, or hold more than :data:`_FILES_BYTES`)."""
-    read = source.read_files(js, _FILES_BYTES)
-    if read is None:
-        return None
-    data, lo, views = read
-    return views, [(data, np.arange(len(js)), lo, lo + sizes)]  # type: ignore[list-item]
-
-
-def _member_views(
-    members: Members, js: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
-) -> tuple[list[memoryview], list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]]] | None:
-    """Views of inline members' bytes in their Arrow chunks, and per member its chunk's
-    bytes (numpy) and start; None when a member's bytes are not its recorded size."""
-    chunks = members.data.chunks
-    bounds = np.zeros(len(chunks) + 1, np.int64)
-    np.cumsum([len(c) for c in chunks], out=bounds[1:])
-    which = np.searchsorted(bounds, js, side="right") - 1
-    views: list[memoryview] = [memoryview(b"")] * len(js)
-    spots = []
-    for c in np.unique(which).tolist():
-        chunk = chunks[c]
-        data, offsets = binary_buffers(chunk)
-        at = np.flatnonzero(which == c)
-        local = js[at] - bounds[c]
-        lo, hi = offsets[local], offsets[local + 1]
-        if not np.array_equal(hi - lo, sizes[at]):
-            return None
-        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
-        mv: memoryview = data.data
-        got = list(map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist())))
-        if len(at) == len(js):
-            views = got
-        else:
-            for t, v in zip(at.tolist(), got, strict=True):
-                views[t] = v
-        spots.append((data, at, lo, hi))
-    return views, spots  # type: ignore[return-value]
-
-
-def _images_good(
-    views: list[memoryview],
-    spots: list[Any],
-    images: npt.NDArray[np.int64],
-    check: SampleCheck,
-) -> bool:
-    """Whether every image among the members passes ``check`` (``header`` or ``none``):
-    JPEGs that end with their end-of-image marker are checked with numpy, all at once
-    (the marker walk of :func:`~shardex.codecs.images.jpeg_size`); the rest one by one."""
-    mask = np.zeros(len(views), bool)
-    mask[images] = True
-    for data, at, lo, hi in spots:
-        pick = mask[at]
-        lo_i, hi_i = lo[pick], hi[pick]
-        if check.validate == "none":
-            if (hi_i == lo_i).any():
-                return False
-            continue
-        ok = _jpegs_good(data, lo_i, hi_i, check.max_pixels)
-        for t in at[pick][~ok].tolist():
-            if image_problem(views[t], check) is not None:
-                return False
-    return True
-
-
-#: JPEG frame markers (start of frame), as :func:`~shardex.codecs.images.jpeg_size` knows.
-_FRAMES: Final = np.array(
-    [0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF], np.uint8
-)
-
-
-def _jpegs_good(
-    data: npt.NDArray[np.uint8], lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], limit: int
-) -> npt.NDArray[np.bool_]:
-    """Per image ``data[lo:hi]``: True where :func:`~shardex.sample_check.image_problem`'s
-    fast JPEG test passes (JPEG start, end-of-image marker, pixel size within ``limit``
-    or not found); False: to check one by one."""
-    size = hi - lo
-    ok = size > 4
-    if len(data) < 5:  # the images too short to test: their stand-in indices must exist
-        data = np.pad(data, (0, 5 - len(data)))
-    safe_lo = np.where(ok, lo, 0)
-    safe_hi = np.where(ok, hi, 5)
-    ok &= (data[safe_lo] == 0xFF) & (data[safe_lo + 1] == 0xD8) & (data[safe_lo + 2] == 0xFF)
-    ok &= (data[safe_hi - 2] == 0xFF) & (data[safe_hi - 1] == 0xD9)
-    # the marker walk, for every image still open at once
-    live = np.flatnonzero(ok)
-    pos = np.full(len(live), 2, np.int64)
-    for _ in range(512):
-        if not len(live):
-            break
-        room = pos + 9 <= size[live]
-        live, pos = live[room], pos[room]  # no frame header before the end: size unknown
-        at = lo[live] + pos
-        marker = data[at] == 0xFF
-        live, pos, at = live[marker], pos[marker], at[marker]  # not a marker: unknown
-        frame = np.isin(data[at + 1], _FRAMES)
-        found, f_at = live[frame], at[frame]
-        height = data[f_at + 5].astype(np.int64) << 8 | data[f_at + 6]
-        width = data[f_at + 7].astype(np.int64) << 8 | data[f_at + 8]
-        ok[found] = width * height <= limit
-        rest = ~frame
-        live, pos, at = live[rest], pos[rest], at[rest]
-        pos = pos + 2 + (data[at + 2].astype(np.int64) << 8 | data[at + 3])
-    return ok
-
-
-def _sample_pieces(layout: ShardLayout, k: int, views: list[memoryview]) -> list[list[memoryview]]:
-    """The first ``k`` candidates' tar bytes as columns of pieces, one piece per
-    candidate in each: its first skeleton run, its first source member, the run after
-    it, ... (empty pieces where a candidate has fewer source members than another)."""
-    view = layout.view
-    first, own_from, ts = layout.firsts, layout.own_from, layout.own_members
-    counts = own_from[1 : k + 1] - own_from[:k]
-    finish = layout.block_start[first[1 : k + 1]] * BLOCK
-    most = int(counts.max())
-    empty = memoryview(b"")
-
-    def run(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> list[memoryview]:
-        return list(map(view.__getitem__, map(slice, a.tolist(), b.tolist())))
-
-    def member(q: int) -> npt.NDArray[np.int64]:  # each sample's q-th source member
-        return ts[np.minimum(own_from[:k] + q, max(len(ts) - 1, 0))] if len(ts) else own_from[:k]
-
-    begin = layout.block_start[first[:k]] * BLOCK
-    columns = [run(begin, np.where(counts > 0, layout.header_end[member(0)], finish))]
-    uniform = bool((counts == most).all())
-    for q in range(most):
-        has = counts > q
-        if uniform:
-            columns.append(views[q::most])
-        else:
-            at = own_from[:k] - own_from[0] + q
-            columns.append(
-                [views[a] if h else empty for a, h in zip(at.tolist(), has.tolist(), strict=True)]
-            )
-        start = np.where(has, layout.pad_start[member(q)], finish)
-        stop = np.where(counts > q + 1, layout.header_end[member(q + 1)], finish)
-        columns.append(run(start, stop))
-    return columns
-
-
-def _sample_sums(job: ShardJob, k: int, columns: list[list[memoryview]]) -> list[int]:
-    """Each of the first ``k`` candidates' checksum over its pieces (seeded with its
-    sample number as :func:`_fill` seeds it): one ``map`` a column, no Python frame a
-    sample."""
-    seed = job.first_sample if job.seeded else 0
-    seeds = range(seed, seed + k) if job.seeded else [0] * k
-    hashers = list(map(xxhash.xxh3_64, columns[0], seeds))
-    update = xxhash.xxh3_64.update
-    for column in columns[1:]:
-        collections.deque(map(update, hashers, column), 0)
-    return list(map(xxhash.xxh3_64.intdigest, hashers))
-
-
 def _put(out: _TarOut, pieces: list[memoryview], lengths: npt.NDArray[np.int64]) -> None:
     """Hand the pieces to ``out`` in writes of about :data:`_FLUSH` bytes."""
     ends = np.cumsum(lengths)
@@ -541,144 +287,6 @@ def _put(out: _TarOut, pieces: list[memoryview], lengths: npt.NDArray[np.int64])
             out.parts.extend(pieces[at:cut])
             out.flush()
             at = cut
-
-
-def _components(layout: ShardLayout, got: _Picked) -> list[list[Component]]:
-    """The members of each taken sample: extension, data offset from the sample's first
-    byte (past the header lengths), size and name."""
-    firsts, sizes, at = layout.firsts.tolist(), layout.sizes.tolist(), layout.data_at.tolist()
-    codes = layout.ext_codes.tolist()
-    data, offsets = layout.name_data, layout.name_offsets.tolist()
-    return [
-        [
-            (
-                layout.ext_names[codes[t]],
-                at[t],
-                sizes[t],
-                data[offsets[t] : offsets[t + 1]].tobytes().decode(),
-            )
-            for t in range(firsts[i], firsts[i + 1])
-        ]
-        for i in got.taken
-    ]
-
-
-def _taken_members(
-    layout: ShardLayout, got: _Picked
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The members of the taken samples: how many each has, and their numbers (layout
-    order), sample after sample."""
-    taken = np.array(got.taken, np.int64)
-    firsts = layout.firsts
-    counts = firsts[taken + 1] - firsts[taken]
-    return counts, spread(firsts[taken], counts)
-
-
-def _dali_index(layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints) -> bytes | None:
-    """The DALI index file of the taken samples (None: it cannot describe them): the
-    bytes of :func:`~shardex.format.dali_index.dali_index_bytes`, each line's text built
-    by Arrow over all members at once."""
-    if not len(counts) or int(counts.min()) == 0:
-        return None
-    exts = [layout.ext_names[c] for c in np.unique(layout.ext_codes[flat]).tolist()]
-    if any(not e or DALI_WHITESPACE.search(e) for e in exts):
-        return None
-    ext_raw = [e.encode() for e in layout.ext_names]
-    ext_at = np.zeros(len(ext_raw) + 1, np.int64)
-    np.cumsum([len(e) for e in ext_raw], out=ext_at[1:])
-    ext_data, ext_offsets = gathered(
-        np.frombuffer(b"".join(ext_raw), np.uint8), ext_at, layout.ext_codes[flat]
-    )
-    starts = np.repeat(np.array(got.offsets, np.int64), counts)
-    ends = np.full(len(flat), ord(" "), np.uint8)
-    ends[np.cumsum(counts) - 1] = ord("\n")
-    m = len(flat)
-    one = np.arange(m + 1, dtype=np.int64)  # offsets of one-byte strings
-    space = string_array(np.full(m, ord(" "), np.uint8), one)
-    fields = [
-        string_array(ext_data, ext_offsets),
-        space,
-        pc.cast(int_array(starts + layout.data_at[flat], pa.int64()), pa.large_string()),
-        space,
-        pc.cast(int_array(layout.sizes[flat], pa.int64()), pa.large_string()),
-    ]
-    if layout.names_have_whitespace(flat):
-        version = VERSION_WITHOUT_NAMES
-    else:
-        version = VERSION
-        names = layout.names_of(flat).cast(pa.large_string())
-        fields += [space, names]
-    fields.append(string_array(ends, one))
-    nothing = string_array(np.zeros(0, np.uint8), np.zeros(m + 1, np.int64))
-    lines = pc.binary_join_element_wise(*fields, nothing)  # no separator: the fields hold it
-    data, offsets = binary_buffers(lines)
-    head = f"{version} {len(counts)}\n".encode()
-    return head + data[offsets[0] : offsets[-1]].tobytes()
-
-
-def _member_spans(
-    layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints
-) -> MemberSpans | None:
-    """Where each taken sample's key and members lie (the split's index-members rows);
-    None when they hold too many extensions for one (see MAX_MEMBER_COLUMNS)."""
-    if _plain_names(layout, got, flat):
-        return _plain_spans(layout, got, counts, flat)
-    return MemberSpans.of(
-        [
-            member_row([(name, at, size) for _, at, size, name in parts])
-            for parts in _components(layout, got)
-        ]
-    )
-
-
-def _plain_names(layout: ShardLayout, got: _Picked, flat: npt.NDArray[np.int64]) -> bool:
-    """Whether every taken member's name is ``KEY.EXT`` as a reader splits it (see
-    :func:`~shardex.format.index.member_row`): within ustar's 100-byte name field, the
-    key's last path part without a dot, the extension not empty and without a slash.
-    Then a sample's key lies at 0 in its first member's name, and each member's
-    extension is its own (what member_row finds, without a Python loop per member)."""
-    if len(flat) and int(layout.name_len[flat].max()) > 100:
-        return False
-    codes = np.unique(layout.ext_codes[flat]).tolist()
-    if any(not layout.ext_names[c] or "/" in layout.ext_names[c] for c in codes):
-        return False
-    data, offsets = gathered(layout.key_data, layout.key_offsets, np.array(got.taken, np.int64))
-    keys = string_array(data, offsets)
-    return not pc.any(pc.match_substring_regex(keys, r"\.[^/]*$")).as_py()
-
-
-def _plain_spans(layout: ShardLayout, got: _Picked, counts: Ints, flat: Ints) -> MemberSpans | None:
-    """:meth:`MemberSpans.of` for samples of :func:`_plain_names`, with numpy."""
-    n = len(got.taken)
-    # one column per extension, in order of first appearance (equal names share one)
-    ext_ids = {e: k for k, e in enumerate(dict.fromkeys(layout.ext_names))}
-    ids = np.array([ext_ids[e] for e in layout.ext_names], np.int64)[layout.ext_codes[flat]]
-    seen, first = np.unique(ids, return_index=True)
-    order = seen[np.argsort(first)]
-    if len(order) > MAX_MEMBER_COLUMNS:
-        return None
-    column = np.zeros(len(ext_ids), np.int64)
-    column[order] = np.arange(len(order))
-    col = column[ids]
-    sample = np.repeat(np.arange(n, dtype=np.int64), counts)
-    spans = np.full((n, 2 + 2 * len(order)), ABSENT, np.uint32)
-    spans[:, 0] = 0
-    key_len = np.diff(layout.key_offsets)[np.array(got.taken, np.int64)]
-    spans[:, 1] = np.where(counts > 0, key_len, ABSENT)
-    spans[sample, 2 + 2 * col] = layout.data_at[flat]
-    spans[sample, 3 + 2 * col] = layout.sizes[flat]
-    cells = sample * max(len(order), 1) + col
-    if len(np.unique(cells)) != len(cells):  # a repeated extension: readers parse those
-        dup = np.ones(len(cells), bool)
-        dup[np.unique(cells, return_index=True)[1]] = False
-        spans[sample[dup], 1] = ABSENT
-        # the last of equal extensions holds the cell, as in MemberSpans.of
-        last = np.unique(cells[::-1], return_index=True)[1]
-        keep = len(cells) - 1 - last
-        spans[sample[keep], 2 + 2 * col[keep]] = layout.data_at[flat][keep]
-        spans[sample[keep], 3 + 2 * col[keep]] = layout.sizes[flat][keep]
-    names = list(ext_ids)
-    return MemberSpans(tuple(names[e] for e in order.tolist()), spans)
 
 
 #: Bytes gathered before one write (few large writes instead of one per member).
@@ -696,19 +304,20 @@ def write_shard(job: ShardJob) -> ShardWritten:
     old = _existing(job) if job.resume or job.alternate else None
     if old is None and job.alternate is not None:
         return write_shard(_elsewhere(job))
-    layout = _layout(job)
-    candidates = job.candidates
-    source = ByteSource(candidates.members)
-    # members on object storage are fetched ahead, but only those of the candidates the
-    # shard holds when every one is good: the rest are the next shard's to fetch
+    candidates, members = job.candidates, job.candidates.members
+    layout = ShardLayout(candidates, job.with_label)
+    source = ByteSource(members)
+    # the candidates the shard takes when every one is good (as _fill decides); members
+    # on object storage are fetched ahead for those only: the rest are the next shard's
     planned = plan_bounds(candidates.sizes, job.samples_per_shard, job.max_shard_bytes)
-    if planned and any("://" in name for name in candidates.members.path_names):  # objects
-        ahead = layout.source[: layout.firsts[planned[0][1]]]
+    take = planned[0][1] if planned else 0
+    if take and any("://" in name for name in members.path_names):  # objects
+        ahead = layout.source[: layout.firsts[take]]
         source.expect(ahead[ahead >= 0].tolist())
     try:
         with contextlib.ExitStack() as stack:
             out = _TarOut(job, stack, writing=old is None)
-            fast = _fill_inline(job, layout, out, source) if old is None else None
+            fast = _fill_inline(job, layout, out, source, take) if old is None else None
             got = fast if fast is not None else _fill(job, layout, source, out, old)
             out.parts.append(END_OF_ARCHIVE)
             if got.taken or not out.writing:
@@ -720,21 +329,20 @@ def write_shard(job: ShardJob) -> ShardWritten:
     done = _written(job, layout, got, shard_checksum(out.whole))
     if not got.taken:
         return done
-    counts, flat = _taken_members(layout, got)
-    index = _dali_index(layout, got, counts, flat) if job.dali_index_path else None
+    taken = np.array(got.taken, np.int64)
+    index, spans = member_indexes(layout, taken, got.offsets, dali=bool(job.dali_index_path))
     index_path = job.dali_index_path if index is not None else None
-    done = dataclasses.replace(
-        done, dali_index=index_path, members=_member_spans(layout, got, counts, flat)
-    )
+    done = dataclasses.replace(done, dali_index=index_path, members=spans)
     if old is not None:
         # the tar itself is hashed too: its sidecar may be whole while its bytes are not
         if old.size == got.size and old.table.equals(done.table) and _tar_holds(job, done.checksum):
-            kept = dataclasses.replace(done, metadata_checksum=old.checksum)
-            if job.alternate is None:
-                _keep_index(job.storage, index_path, index)
-                return kept
-            if _holds(job.storage, index_path, index):
-                return kept
+            # a kept shard's index file is rewritten unless it already holds these bytes
+            # (one small read, against an upload when it does); never at alternate paths
+            if not _holds(job.storage, index_path, index):
+                if job.alternate is not None:
+                    return write_shard(_elsewhere(job))
+                job.storage.put(index_path, index)  # type: ignore[arg-type]  # _holds: set
+            return dataclasses.replace(done, metadata_checksum=old.checksum)
         return write_shard(_elsewhere(job))
     # The sidecar goes last: a resumed export takes a shard whose sidecar exists as written.
     if index_path is not None and index is not None:
@@ -809,13 +417,6 @@ def _holds(storage: Storage, path: str | None, data: bytes | None) -> bool:
         return storage.get(path) == data
     except (ShardexError, OSError):
         return False
-
-
-def _keep_index(storage: Storage, path: str | None, index: bytes | None) -> None:
-    """Rewrite a kept shard's index file unless it already holds these bytes (one small
-    read, against an upload when it does)."""
-    if not _holds(storage, path, index):
-        storage.put(path, index)  # type: ignore[arg-type]  # _holds: both are set
 
 
 @dataclass(frozen=True, slots=True)

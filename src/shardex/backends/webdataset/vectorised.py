@@ -1,0 +1,174 @@
+"""The parts of the vectorised shard writer (``writer._fill_inline``): source members'
+bytes as views of their buffers, images checked with numpy, and each sample's tar pieces
+and checksum, over all of a shard's samples at once (no Python frame per sample)."""
+
+from __future__ import annotations
+
+import collections
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from shardex.backends.webdataset.layout import Bytes, Ints, ShardLayout, binary_buffers
+from shardex.format.tar import BLOCK
+from shardex.refs.members import Members
+from shardex.sample_check import SampleCheck, image_problem
+from shardex.storage.fetch.bytes import ByteSource
+
+#: Per buffer: its bytes, and the members in it (their numbers and byte ranges).
+Spot = tuple[Bytes, Ints, Ints, Ints]
+Views = tuple[list[memoryview], list[Spot]]
+
+#: The most bytes of local files a shard reads into one buffer to be written at once.
+FILES_BYTES: Final = 64 << 20
+
+
+def file_views(source: ByteSource, js: Ints, sizes: Ints) -> Views | None:
+    """:func:`member_views` for members in local files: read into one buffer (None when
+    they cannot all be read as listed, or hold more than :data:`FILES_BYTES`)."""
+    read = source.read_files(js, FILES_BYTES)
+    if read is None:
+        return None
+    data, lo, views = read
+    return views, [(data, np.arange(len(js)), lo, lo + sizes)]
+
+
+def member_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
+    """Views of inline members' bytes in their Arrow chunks, and per member its chunk's
+    bytes (numpy) and start; None when a member's bytes are not its recorded size."""
+    chunks = members.data.chunks
+    bounds = np.zeros(len(chunks) + 1, np.int64)
+    np.cumsum([len(c) for c in chunks], out=bounds[1:])
+    which = np.searchsorted(bounds, js, side="right") - 1
+    views: list[memoryview] = [memoryview(b"")] * len(js)
+    spots: list[Spot] = []
+    for c in np.unique(which).tolist():
+        chunk = chunks[c]
+        data, offsets = binary_buffers(chunk)
+        at = np.flatnonzero(which == c)
+        local = js[at] - bounds[c]
+        lo, hi = offsets[local], offsets[local + 1]
+        if not np.array_equal(hi - lo, sizes[at]):
+            return None
+        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
+        mv: memoryview = data.data
+        got = list(map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist())))
+        if len(at) == len(js):
+            views = got
+        else:
+            for t, v in zip(at.tolist(), got, strict=True):
+                views[t] = v
+        spots.append((data, at, lo, hi))
+    return views, spots
+
+
+def images_good(
+    views: list[memoryview], spots: list[Spot], images: Ints, check: SampleCheck
+) -> bool:
+    """Whether every image among the members passes ``check`` (``header`` or ``none``):
+    JPEGs that end with their end-of-image marker are checked with numpy, all at once
+    (the marker walk of :func:`~shardex.codecs.images.jpeg_size`); the rest one by one."""
+    mask = np.zeros(len(views), bool)
+    mask[images] = True
+    for data, at, lo, hi in spots:
+        pick = mask[at]
+        lo_i, hi_i = lo[pick], hi[pick]
+        if check.validate == "none":
+            if (hi_i == lo_i).any():
+                return False
+            continue
+        ok = jpegs_good(data, lo_i, hi_i, check.max_pixels)
+        for t in at[pick][~ok].tolist():
+            if image_problem(views[t], check) is not None:
+                return False
+    return True
+
+
+#: JPEG frame markers (start of frame), as :func:`~shardex.codecs.images.jpeg_size` knows.
+_FRAMES: Final = np.array(
+    [0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF], np.uint8
+)
+
+
+def jpegs_good(data: Bytes, lo: Ints, hi: Ints, limit: int) -> npt.NDArray[np.bool_]:
+    """Per image ``data[lo:hi]``: True where :func:`~shardex.sample_check.image_problem`'s
+    fast JPEG test passes (JPEG start, end-of-image marker, pixel size within ``limit``
+    or not found); False: to check one by one."""
+    size = hi - lo
+    ok = size > 4
+    if len(data) < 5:  # the images too short to test: their stand-in indices must exist
+        data = np.pad(data, (0, 5 - len(data)))
+    safe_lo = np.where(ok, lo, 0)
+    safe_hi = np.where(ok, hi, 5)
+    ok &= (data[safe_lo] == 0xFF) & (data[safe_lo + 1] == 0xD8) & (data[safe_lo + 2] == 0xFF)
+    ok &= (data[safe_hi - 2] == 0xFF) & (data[safe_hi - 1] == 0xD9)
+    # the marker walk, for every image still open at once
+    live = np.flatnonzero(ok)
+    pos = np.full(len(live), 2, np.int64)
+    for _ in range(512):
+        if not len(live):
+            break
+        room = pos + 9 <= size[live]
+        live, pos = live[room], pos[room]  # no frame header before the end: size unknown
+        at = lo[live] + pos
+        marker = data[at] == 0xFF
+        live, pos, at = live[marker], pos[marker], at[marker]  # not a marker: unknown
+        frame = np.isin(data[at + 1], _FRAMES)
+        found, f_at = live[frame], at[frame]
+        height = data[f_at + 5].astype(np.int64) << 8 | data[f_at + 6]
+        width = data[f_at + 7].astype(np.int64) << 8 | data[f_at + 8]
+        ok[found] = width * height <= limit
+        rest = ~frame
+        live, pos, at = live[rest], pos[rest], at[rest]
+        pos = pos + 2 + (data[at + 2].astype(np.int64) << 8 | data[at + 3])
+    return ok
+
+
+def sample_pieces(layout: ShardLayout, k: int, views: list[memoryview]) -> list[list[memoryview]]:
+    """The first ``k`` candidates' tar bytes as columns of pieces, one piece per
+    candidate in each: its first skeleton run, its first source member, the run after
+    it, ... (empty pieces where a candidate has fewer source members than another)."""
+    view = layout.view
+    first, own_from, ts = layout.firsts, layout.own_from, layout.own_members
+    counts = own_from[1 : k + 1] - own_from[:k]
+    finish = layout.block_start[first[1 : k + 1]] * BLOCK
+    most = int(counts.max())
+    empty = memoryview(b"")
+
+    def run(a: Ints, b: Ints) -> list[memoryview]:
+        return list(map(view.__getitem__, map(slice, a.tolist(), b.tolist())))
+
+    def member(q: int) -> Ints:  # each sample's q-th source member
+        return ts[np.minimum(own_from[:k] + q, max(len(ts) - 1, 0))] if len(ts) else own_from[:k]
+
+    begin = layout.block_start[first[:k]] * BLOCK
+    columns = [run(begin, np.where(counts > 0, layout.header_end[member(0)], finish))]
+    uniform = bool((counts == most).all())
+    for q in range(most):
+        has = counts > q
+        if uniform:
+            columns.append(views[q::most])
+        else:
+            at = own_from[:k] - own_from[0] + q
+            columns.append(
+                [views[a] if h else empty for a, h in zip(at.tolist(), has.tolist(), strict=True)]
+            )
+        start = np.where(has, layout.pad_start[member(q)], finish)
+        stop = np.where(counts > q + 1, layout.header_end[member(q + 1)], finish)
+        columns.append(run(start, stop))
+    return columns
+
+
+def sample_sums(columns: list[list[memoryview]], first_sample: int | None) -> list[int]:
+    """Each sample's checksum over its pieces (seeded with its sample number from
+    ``first_sample``, as ``writer._fill`` seeds it; None: unseeded): one ``map`` a
+    column, no Python frame a sample."""
+    k = len(columns[0])
+    seeds = [0] * k if first_sample is None else range(first_sample, first_sample + k)
+    hashers = list(map(xxhash.xxh3_64, columns[0], seeds))
+    update = xxhash.xxh3_64.update
+    for column in columns[1:]:
+        collections.deque(map(update, hashers, column), 0)
+    return list(map(xxhash.xxh3_64.intdigest, hashers))
