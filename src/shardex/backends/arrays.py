@@ -44,6 +44,7 @@ from shardex.storage.fetch.bytes import ByteSource
 
 if TYPE_CHECKING:
     from shardex.backends.array_dataset import ArrayDataset
+    from shardex.backends.base import Ints
     from shardex.parallel import Runner
     from shardex.refs.candidates import Candidates
 
@@ -249,13 +250,8 @@ class ArrayBackend(Backend):
         verify_array_split(storage, config, split, check.report, check.deep, check.bar)
 
     def sample_sizes(
-        self,
-        rows: pa.Table,
-        members: Members,
-        member_rows: npt.NDArray[np.int64],
-        *,
-        with_label: bool,
-    ) -> npt.NDArray[np.int64]:
+        self, rows: pa.Table, members: Members, member_rows: Ints, *, with_label: bool
+    ) -> Ints:
         """The bytes a sample adds to a run, known before writing: its key, its members'
         bytes (a ``.npy`` member's header included), 8 for a label and its ``.json`` text
         (tar headers and padding play no part: ``max_shard_bytes`` caps what runs hold,

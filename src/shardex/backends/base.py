@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
     import pyarrow as pa
 
     from shardex.parallel import Runner
+
+    #: Numbers of samples or bytes, one per sample.
+    Ints = npt.NDArray[np.int64]
     from shardex.refs.candidates import Candidates
     from shardex.refs.members import Members
     from shardex.refs.rows import SpilledRows, SplitRows
@@ -270,13 +273,8 @@ class Backend(ABC):
 
     @abstractmethod
     def sample_sizes(
-        self,
-        rows: pa.Table,
-        members: Members,
-        member_rows: npt.NDArray[np.int64],
-        *,
-        with_label: bool,
-    ) -> npt.NDArray[np.int64]:
+        self, rows: pa.Table, members: Members, member_rows: Ints, *, with_label: bool
+    ) -> Ints:
         """The bytes each sample (``rows``, its members ``member_rows`` of ``members``)
         takes in a shard, known before writing: shard boundaries under
         ``max_shard_bytes`` and the shard names' content digest come from these."""

@@ -32,10 +32,9 @@ from shardex.errors import ShardexError
 from shardex.storage.base import Storage
 
 if TYPE_CHECKING:  # for writing only: opening an export imports none of these
-    import numpy as np
-    import numpy.typing as npt
     import pyarrow as pa
 
+    from shardex.backends.base import Ints
     from shardex.refs.members import Members
     from shardex.sources.base import MapRunner
 
@@ -112,13 +111,8 @@ class WebDatasetBackend(Backend):
         return stored_samples(dataset, key, runner)
 
     def sample_sizes(
-        self,
-        rows: pa.Table,
-        members: Members,
-        member_rows: npt.NDArray[np.int64],
-        *,
-        with_label: bool,
-    ) -> npt.NDArray[np.int64]:
+        self, rows: pa.Table, members: Members, member_rows: Ints, *, with_label: bool
+    ) -> Ints:
         """Tar bytes: headers, data and padding of each member."""
         from shardex.backends.webdataset.layout import tar_sizes  # writing code
 
