@@ -211,6 +211,23 @@ class ArrayBackend(Backend):
     stem_name: ClassVar[str]
     #: The dataset class that reads it.
     dataset: ClassVar[type[ArrayDataset]]
+    #: Whether the library :meth:`reader_call` names reads local files only.
+    local_reader: ClassVar[bool] = True
+
+    @classmethod
+    def plain_reader(
+        cls, config: ExportConfig, split: str, location: str, storage: Storage
+    ) -> str | None:
+        info = config.split(split)
+        if not info.shards or (cls.local_reader and "://" in location):
+            return None
+        return cls.reader_call(config, info, location)
+
+    @classmethod
+    def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
+        """:meth:`plain_reader` of a split that has shards, at a ``location`` the library
+        reads (None: no single call does)."""
+        return None
 
     @classmethod
     def owns(cls, path: str) -> bool:

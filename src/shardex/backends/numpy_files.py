@@ -25,7 +25,7 @@ from shardex.backends.array_files import ArrayWriter, Written
 from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout
-from shardex.contract import ExportConfig, ShardInfo
+from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
 
@@ -103,12 +103,8 @@ class NumpyBackend(ArrayBackend):
     dataset: ClassVar[type[ArrayDataset]] = NumpyDataset
 
     @classmethod
-    def plain_reader(
-        cls, config: ExportConfig, split: str, location: str, storage: Storage
-    ) -> str | None:
-        shards = config.split(split).shards
-        if not shards or "://" in location:  # numpy reads local files only
-            return None
+    def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
+        shards = info.shards
         stem, numbers = shard_numbers(shards)
         most = max(s.num_samples for s in shards) - 1
         columns = ", ".join(sorted({f.column for f in config.fields}))

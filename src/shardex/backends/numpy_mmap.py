@@ -25,7 +25,7 @@ from shardex.backends.array_files import ArrayWriter, Written, npy_header
 from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
-from shardex.contract import ExportConfig, ShardInfo
+from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.format.tables import shard_checksum
 from shardex.storage.base import Storage
@@ -67,12 +67,7 @@ class NumpyMmapBackend(ArrayBackend):
     dataset: ClassVar[type[ArrayDataset]] = NumpyMmapDataset
 
     @classmethod
-    def plain_reader(
-        cls, config: ExportConfig, split: str, location: str, storage: Storage
-    ) -> str | None:
-        info = config.split(split)
-        if not info.shards or "://" in location:  # numpy maps local files only
-            return None
+    def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
         folder = info.shards[0].path
         columns = [
             f[len(folder) + 1 : -len(".npy")] for f in info.files if f.startswith(f"{folder}/")

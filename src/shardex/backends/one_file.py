@@ -14,7 +14,7 @@ from shardex.backends.array_files import ArrayWriter, Written
 from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
-from shardex.contract import ExportConfig, ShardInfo
+from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import ShardWindows
 from shardex.storage.base import Storage
 
@@ -50,12 +50,8 @@ class OneFileBackend(ArrayBackend):
     loader: ClassVar[str]
 
     @classmethod
-    def plain_reader(
-        cls, config: ExportConfig, split: str, location: str, storage: Storage
-    ) -> str | None:
-        shards = config.split(split).shards
-        if not shards or "://" in location:  # the loaders read local files only
-            return None
+    def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
+        shards = info.shards
         suffix = f".{cls.extension}"
         stem, numbers = shard_numbers(shards, suffix)
         path = f"{location + '/' + stem!r} + SHARD + {suffix!r}"

@@ -75,7 +75,7 @@ from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities, SplitPlan, SplitWriter
 from shardex.backends.columns import Columns, Layout, array_names
 from shardex.bfloat16 import BFLOAT16, bfloat16_columns, from_tensor
-from shardex.contract import ExportConfig, ShardInfo
+from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import ChecksumError, ConfigError, FormatError
 from shardex.format.tables import shard_checksum
 from shardex.storage.base import Storage
@@ -384,15 +384,8 @@ class TensorDictBackend(ArrayBackend):
         return super().split_writer(storage, plan, remote=remote)
 
     @classmethod
-    def plain_reader(
-        cls, config: ExportConfig, split: str, location: str, storage: Storage
-    ) -> str | None:
-        shards = config.split(split).shards
-        return (
-            f"tensordict.TensorDict.load_memmap({location + '/' + shards[0].path!r})"
-            if shards and "://" not in location  # tensordict maps local files only
-            else None
-        )
+    def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
+        return f"tensordict.TensorDict.load_memmap({location + '/' + info.shards[0].path!r})"
 
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int

@@ -48,7 +48,7 @@ from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities, SplitPlan, SplitWriter
 from shardex.backends.columns import KEY_COLUMN, Columns, Layout, array_names
 from shardex.codecs.zarr_images import IMAGE_CODECS, image_codec, register_image_codecs
-from shardex.contract import ExportConfig, FieldSpec, ShardInfo
+from shardex.contract import ExportConfig, FieldSpec, ShardInfo, SplitInfo
 from shardex.errors import (
     ChecksumError,
     ConfigError,
@@ -361,15 +361,13 @@ class ZarrBackend(ArrayBackend):
         "image_quality": "JPEG quality 1-100 with image_codec=jpeg (default 90)",
     }
     per_split: ClassVar[bool] = True
+    local_reader: ClassVar[bool] = False  # zarr opens URLs too
     stem_name: ClassVar[str] = "zarr"
     dataset: ClassVar[type[ArrayDataset]] = ZarrDataset
 
     @classmethod
-    def plain_reader(
-        cls, config: ExportConfig, split: str, location: str, storage: Storage
-    ) -> str | None:
-        shards = config.split(split).shards
-        return f"zarr.open_group({location + '/' + shards[0].path!r}, mode='r')" if shards else None
+    def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
+        return f"zarr.open_group({location + '/' + info.shards[0].path!r}, mode='r')"
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
