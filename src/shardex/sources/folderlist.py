@@ -1,8 +1,9 @@
-"""An image folder on object storage: ``s3://bucket/prefix/[split/][class/]name.ext``.
+"""The scan of an image folder below an object-store prefix:
+``s3://bucket/prefix/[split/][class/]name.ext``.
 
-The same layout, keys, labels and order as :class:`~shardex.sources.folder.FolderSource`
-on a local copy: keys in sorted order (a folder sorting as its name and a ``/``), which
-is the order of the local walk. No object is read while scanning: sizes come from the
+The same layout, keys, labels and order as :mod:`~shardex.sources.folderwalk` finds on a
+local copy: keys in sorted order (a folder sorting as its name and a ``/``), which is the
+order of the local walk. No object is read while scanning: sizes come from the
 listing, bytes are fetched when the shards are written (one GET each, see
 :mod:`shardex.storage.fetch.objects`).
 
@@ -33,20 +34,21 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import Final
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
+from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import SourceError
-from shardex.refs.scan import LeftOut, SampleStream
-from shardex.sources.base import DEFAULT_BATCH_SIZE, MapRunner, Source
-from shardex.sources.folder import (
+from shardex.refs.scan import LeftOut
+from shardex.sources.base import MapRunner
+from shardex.sources.folderlayout import (
     SPLIT_DIRS,
-    FolderSource,
-    _extension,
-    _File,
-    _Layout,
-    _left_out,
+    File,
+    Layout,
     check_splits,
+    extension,
+    is_image,
+    left_out,
+    unexported,
 )
 from shardex.sources.listing import (
     LIST_THREADS,
@@ -56,21 +58,34 @@ from shardex.sources.listing import (
     listed,
     parts_in_order,
 )
-from shardex.sources.probe import SourceSpec
-from shardex.storage import Storage, open_storage
-from shardex.storage.fetch.objects import register
+from shardex.storage import Storage
+
+__all__ = ["scan"]
+
+
+def scan(
+    uri: str, storage: Storage, runner: MapRunner | None
+) -> tuple[Layout, Iterator[File | LeftOut]]:
+    """The layout of the prefix ``uri`` (opened: ``storage``), and its image files in key
+    order with what is left out; its folders probed and listed by ``runner``'s tasks, or
+    threads (see the module docstring)."""
+    plan = _plan(uri, storage, runner)
+    if plan is None:
+        layout = _layout_by_jumps(uri, storage)
+        entries: Iterable[Entry] = (e for page in storage.list_pages("") for e in page)
+    else:
+        layout, parts = plan
+        entries = listed(storage, parts, runner)
+    return layout, _objects(uri, entries)
+
 
 #: The most keys a LIST page holds (S3's limit, which every store listed here keeps).
 _PAGE: Final = 1000
 
 
-def _image(name: str) -> bool:
-    return _extension(name.rpartition("/")[2]) in IMAGE_EXTENSIONS
-
-
 def _image_path(parts: list[str]) -> bool:
     """Whether a path (split at its ``/``) is an image a sample can be made of."""
-    return _image(parts[-1]) and "" not in parts and "." not in parts and ".." not in parts
+    return is_image(parts[-1]) and "" not in parts and "." not in parts and ".." not in parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,16 +167,15 @@ def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
 _CONTROL: Final = re.compile("[\x00-\x1f\x7f]")
 
 
-def _found(rel: str, size: int) -> _File | LeftOut | None:
+def _found(rel: str, size: int) -> File | LeftOut | None:
     """An object as a sample file, left out (and why), or not an image (None)."""
-    ext = _extension(rel.rpartition("/")[2])
+    ext = extension(rel.rpartition("/")[2])
     if ext not in IMAGE_EXTENSIONS:
-        why = unexported_image_reason(ext) if ext else None
-        return None if why is None else _left_out(rel, why)
+        return unexported(rel, ext)
     if any(part in ("", ".", "..") for part in rel.split("/")):
-        return _left_out(rel, "its name has an empty, '.' or '..' part (not a folder path)")
+        return left_out(rel, "its name has an empty, '.' or '..' part (not a folder path)")
     if _CONTROL.search(rel):  # listed past obstore (see storage.s3_listing): no path names it
-        return _left_out(rel, "its name holds a control character; rename the object")
+        return left_out(rel, "its name holds a control character; rename the object")
     return rel, size
 
 
@@ -171,7 +185,7 @@ def _next_folder(storage: Storage, after: str | None, found: _Found) -> str | No
     for page in storage.list_pages("", after):
         for rel, _ in page:
             parts = rel.split("/")
-            if not _image(parts[-1]) or "" in parts or "." in parts or ".." in parts:
+            if not _image_path(parts):
                 continue
             if len(parts) == 1:
                 found.top_files = True
@@ -194,121 +208,63 @@ class _Found:
     top_files: bool = False
 
 
-class ObjectFolderSource(FolderSource):
-    """Images below an object-store prefix, laid out as an image folder (see the module
-    docstring).
-
-    Args:
-        url: the prefix, ``s3://bucket/images`` (a trailing ``/`` is optional).
-        storage_options: its storage options (endpoint, region, profile, credentials;
-            see :class:`shardex.storage.ObjectStorage`).
-        batch_size: samples per batch of :meth:`stream`.
-    """
-
-    kind: ClassVar[str] = "folder"
-
-    @classmethod
-    def from_spec(cls, spec: SourceSpec) -> Source:
-        return cls(spec.text or "", spec.storage_options)
-
-    def __init__(
-        self,
-        url: str,
-        storage_options: dict[str, Any] | None = None,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-    ) -> None:
-        super().__init__(".", batch_size=batch_size)
-        self.uri = url.rstrip("/")
-        self.storage_options = storage_options
-
-    def member_root(self) -> str:
-        return self.uri
-
-    def stream(self) -> SampleStream:
-        """The samples in batches (see :meth:`Source.stream`), the folders listed by
-        threads."""
-        return self._stream(None)
-
-    def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """:meth:`stream`, with a ``runner`` the folders probed and listed by its tasks
-        (the LIST answers never reach this process; the batches are the same)."""
-        return self.stream() if runner is None else self._stream(runner)
-
-    def _stream(self, runner: MapRunner | None) -> SampleStream:
-        storage = open_storage(self.uri, self.storage_options)
-        register(storage)
-        plan = self._plan(storage, runner)
-        if plan is None:
-            layout = self._object_layout(storage)
-            entries: Iterable[Entry] = (e for page in storage.list_pages("") for e in page)
-        else:
-            layout, parts = plan
-            entries = listed(storage, parts, runner)
-        batches = self._in_batches(self._objects(entries), layout)
-        return SampleStream(batches, layout.classes or None)
-
-    def _plan(
-        self, storage: Storage, runner: MapRunner | None
-    ) -> tuple[_Layout, list[Part]] | None:
-        """The layout and the parts of the listing (see the module docstring); None for
-        a prefix holding images directly (or none at all), listed as one."""
-        (root,) = _probes(storage, [""], runner)
-        if root.flat or not root.holds_image:
-            return None
-        folders, objects = storage.list_folder("")
-        probes = dict(zip(folders, _probes(storage, folders, runner), strict=True))
-        holding = {folder for folder in folders if probes[folder].holds_image}
-        top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
-        check_splits(self.uri, set(holding), top_files)
-        split_dirs = sorted(holding & SPLIT_DIRS)
-        if not split_dirs:
-            parts = parts_in_order([(f, [_part(f, probes[f])]) for f in folders], objects)
-            return _Layout(False, tuple(sorted(holding))), parts
-        classes: set[str] = set()
-        inside: dict[str, list[Part]] = {}
-        for split in split_dirs:
-            if probes[split].flat:
-                classes |= _classes_by_jumps(storage, split)
-                continue
-            subfolders, own = storage.list_folder(split)
-            found = _probes(storage, subfolders, runner)
-            classes |= {
-                f.rpartition("/")[2]
-                for f, p in zip(subfolders, found, strict=True)
-                if p.holds_image
-            }
-            inside[split] = parts_in_order(
-                [(f, [_part(f, p)]) for f, p in zip(subfolders, found, strict=True)], own
-            )
-        parts = parts_in_order(
-            [(f, inside.get(f, [_part(f, probes[f])])) for f in folders], objects
+def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout, list[Part]] | None:
+    """The layout and the parts of the listing (see the module docstring); None for
+    a prefix holding images directly (or none at all), listed as one."""
+    (root,) = _probes(storage, [""], runner)
+    if root.flat or not root.holds_image:
+        return None
+    folders, objects = storage.list_folder("")
+    probes = dict(zip(folders, _probes(storage, folders, runner), strict=True))
+    holding = {folder for folder in folders if probes[folder].holds_image}
+    top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
+    check_splits(uri, set(holding), top_files)
+    split_dirs = sorted(holding & SPLIT_DIRS)
+    if not split_dirs:
+        parts = parts_in_order([(f, [_part(f, probes[f])]) for f in folders], objects)
+        return Layout(False, tuple(sorted(holding))), parts
+    classes: set[str] = set()
+    inside: dict[str, list[Part]] = {}
+    for split in split_dirs:
+        if probes[split].flat:
+            classes |= _classes_by_jumps(storage, split)
+            continue
+        subfolders, own = storage.list_folder(split)
+        found = _probes(storage, subfolders, runner)
+        classes |= {
+            f.rpartition("/")[2] for f, p in zip(subfolders, found, strict=True) if p.holds_image
+        }
+        inside[split] = parts_in_order(
+            [(f, [_part(f, p)]) for f, p in zip(subfolders, found, strict=True)], own
         )
-        return _Layout(True, tuple(sorted(classes))), parts
+    parts = parts_in_order([(f, inside.get(f, [_part(f, probes[f])])) for f in folders], objects)
+    return Layout(True, tuple(sorted(classes))), parts
 
-    def _object_layout(self, storage: Storage) -> _Layout:
-        """Split folders and class names, as the local folder source finds them."""
-        found = _Found()
-        after = _next_folder(storage, None, found)
-        while after is not None:
-            after = _next_folder(storage, after, found)
-        top = found.folders
-        check_splits(self.uri, set(top), found.top_files)
-        split_dirs = set(top) & SPLIT_DIRS
-        if not split_dirs:
-            return _Layout(False, tuple(sorted(top)))
-        return _Layout(True, tuple(sorted(set().union(*top.values()))))
 
-    def _objects(self, entries: Iterable[Entry]) -> Iterator[_File | LeftOut]:
-        """The image files and left-out objects of a listing, in key order."""
-        last = ""
-        for rel, size in entries:
-            if rel < last:  # the order of keys is the order of the samples
-                raise SourceError(
-                    f"{self.uri}: the store listed {rel!r} after {last!r}; a store "
-                    "that does not list keys in sorted order cannot be a source"
-                )
-            last = rel
-            found = _found(rel, size)
-            if found is not None:
-                yield found
+def _layout_by_jumps(uri: str, storage: Storage) -> Layout:
+    """Split folders and class names, as the local folder source finds them."""
+    found = _Found()
+    after = _next_folder(storage, None, found)
+    while after is not None:
+        after = _next_folder(storage, after, found)
+    top = found.folders
+    check_splits(uri, set(top), found.top_files)
+    split_dirs = set(top) & SPLIT_DIRS
+    if not split_dirs:
+        return Layout(False, tuple(sorted(top)))
+    return Layout(True, tuple(sorted(set().union(*top.values()))))
+
+
+def _objects(uri: str, entries: Iterable[Entry]) -> Iterator[File | LeftOut]:
+    """The image files and left-out objects of a listing, in key order."""
+    last = ""
+    for rel, size in entries:
+        if rel < last:  # the order of keys is the order of the samples
+            raise SourceError(
+                f"{uri}: the store listed {rel!r} after {last!r}; a store "
+                "that does not list keys in sorted order cannot be a source"
+            )
+        last = rel
+        found = _found(rel, size)
+        if found is not None:
+            yield found
