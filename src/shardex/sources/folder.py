@@ -10,14 +10,10 @@ folder sorting as its name and a ``/``).
 Nothing found is dropped without a word. Files whose names are not images (``.txt``,
 ``.csv`` ...) are not samples; everything else that cannot be exported is listed as left
 out, with the reason (refused by default, recorded in errors.parquet under
-``on_error="skip"``): a file with an image extension shardex does not export (``.heic``,
-``.avif``, ``.jfif``), and what each scan cannot take in (a symlink leading out of a
-local folder, an object whose name has an empty, ``.`` or ``..`` part ...).
-
-Two scans find the files (no image bytes are read): a local folder is walked with
-``os.scandir`` (:mod:`~shardex.sources.folderwalk`: its symlink rules and hostile names);
-a prefix is listed page by page, its folders at once, by threads or a runner's tasks
-(:mod:`~shardex.sources.folderlist`); both give files in the same order, batched here.
+``on_error="skip"``): an image format shardex does not export (``.heic``, ``.avif``,
+``.jfif``), and what each scan cannot take in: a local folder is walked with ``os.scandir``
+(:mod:`~shardex.sources.folderwalk`: symlinks, hostile names), a prefix's folders are
+listed at once, by threads or a runner's tasks (:mod:`~shardex.sources.folderlist`).
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ from shardex.sources.base import (
     key_from_relpath,
     quoted,
 )
-from shardex.sources.folderlayout import SPLIT_DIRS, File, Layout
+from shardex.sources.folderwalk import SPLIT_DIRS, File, Layout
 from shardex.sources.probe import SourceSpec
 from shardex.storage import open_storage
 from shardex.storage.fetch.objects import is_url, register

@@ -40,13 +40,12 @@ from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.errors import SourceError
 from shardex.refs.scan import LeftOut
 from shardex.sources.base import MapRunner
-from shardex.sources.folderlayout import (
+from shardex.sources.folderwalk import (
     SPLIT_DIRS,
     File,
     Layout,
     check_splits,
     extension,
-    is_image,
     left_out,
     unexported,
 )
@@ -59,8 +58,6 @@ from shardex.sources.listing import (
     parts_in_order,
 )
 from shardex.storage import Storage
-
-__all__ = ["scan"]
 
 
 def scan(
@@ -85,7 +82,12 @@ _PAGE: Final = 1000
 
 def _image_path(parts: list[str]) -> bool:
     """Whether a path (split at its ``/``) is an image a sample can be made of."""
-    return is_image(parts[-1]) and "" not in parts and "." not in parts and ".." not in parts
+    return (
+        extension(parts[-1]) in IMAGE_EXTENSIONS
+        and "" not in parts
+        and "." not in parts
+        and ".." not in parts
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,7 @@
-"""The local scan of an image folder: a depth-first walk with ``os.scandir``, one listing
-per folder level held, each entry looked at (one ``stat``) only when reached; the layout
-(:class:`~shardex.sources.folderlayout.Layout`) from the first levels before that.
-
-Besides what the layout leaves out everywhere, a local folder leaves out (see
-:mod:`shardex.sources.folder`):
+"""An image folder's layout rules (:class:`Layout`: split folders, classes; what is left
+out), and its local scan: a depth-first walk with ``os.scandir``, one listing per folder
+level held, each entry looked at (one ``stat``) only when reached. A local folder also
+leaves out (see :mod:`shardex.sources.folder`):
 
 * a symlink (to a file or a folder) that leads outside the source folder: an export must
   not take in files from elsewhere; symlinks inside the source folder are followed;
@@ -21,32 +19,61 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from shardex.codecs.images import IMAGE_EXTENSIONS, unexported_image_reason
 from shardex.errors import SourceError, SourceNotFoundError
 from shardex.refs.scan import LeftOut
-from shardex.sources.base import check_utf8_path, printable, quoted
-from shardex.sources.folderlayout import (
-    SPLIT_DIRS,
-    File,
-    Layout,
-    check_splits,
-    extension,
-    left_out,
-    unexported,
-)
+from shardex.sources.base import check_utf8_path, key_from_relpath, printable, quoted
 
-__all__ = ["scan"]
+# The layout rules, which the listing of a prefix (folderlist) keeps too.
+
+SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test", "predict"})
+
+#: An image file found: its path relative to the root, and its size.
+File = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a folder's first levels say: whether its top folders are splits, and the
+    class names (sorted), known before any sample is yielded."""
+
+    splits: bool
+    classes: tuple[str, ...]
+
+
+def check_splits(uri: str, top: set[str], top_files: bool) -> None:
+    """Refuse split folders beside other folders (``top``: the top-level folder names) or
+    beside images at the top level (``top_files``)."""
+    split_dirs = top & SPLIT_DIRS
+    if split_dirs and (top - SPLIT_DIRS or top_files):
+        others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
+        raise SourceError(
+            f"source folder {uri} mixes split folders ({', '.join(sorted(split_dirs))}) "
+            f"with other entries ({', '.join(others)}); put every image under a split"
+        )
+
+
+def left_out(rel: str, reason: str) -> LeftOut:
+    shown = printable(rel)
+    return LeftOut(shown, reason, key_from_relpath(shown))
+
+
+def extension(name: str) -> str:
+    return name.rpartition(".")[2].lower() if "." in name else ""
+
+
+def unexported(rel: str, ext: str) -> LeftOut | None:
+    """A file whose extension ``ext`` is not an exported image's: left out when it names
+    an image format shardex does not export, else None (not an image: not a sample)."""
+    why = unexported_image_reason(ext) if ext else None
+    return None if why is None else left_out(rel, why)
 
 
 def scan(uri: str) -> tuple[Layout, Iterator[File | LeftOut]]:
-    """The layout of the local folder ``uri`` (an absolute path), and its image files in
-    sorted order of their paths with what is left out.
-
-    Raises:
-        SourceNotFoundError: there is no such folder.
-        SourceError: it cannot be read, or its split folders are mixed with others.
-    """
+    """The layout of the local folder ``uri`` (absolute) and its image files in sorted
+    order of their paths, with what is left out (SourceNotFoundError: no such folder)."""
     if not Path(uri).is_dir():
         raise SourceNotFoundError(f"source folder {uri} does not exist")
     check_utf8_path(uri)
