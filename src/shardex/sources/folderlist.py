@@ -138,11 +138,6 @@ def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) 
         return list(pool.map(_probe, jobs))
 
 
-def _part(folder: str, probe: _Probe) -> Part:
-    """A folder's part of the listing (listed already if its probe saw all of it)."""
-    return Part(folder, table=probe.table)
-
-
 def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
     """The subfolders of ``folder`` that hold images, found by listings that jump past
     one once it is known to hold an image (the images directly in ``folder`` are listed
@@ -223,7 +218,7 @@ def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout,
     check_splits(uri, set(holding), top_files)
     split_dirs = sorted(holding & SPLIT_DIRS)
     if not split_dirs:
-        parts = parts_in_order([(f, [_part(f, probes[f])]) for f in folders], objects)
+        parts = parts_in_order([(f, [Part(f, table=probes[f].table)]) for f in folders], objects)
         return Layout(False, tuple(sorted(holding))), parts
     classes: set[str] = set()
     inside: dict[str, list[Part]] = {}
@@ -237,9 +232,11 @@ def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout,
             f.rpartition("/")[2] for f, p in zip(subfolders, found, strict=True) if p.holds_image
         }
         inside[split] = parts_in_order(
-            [(f, [_part(f, p)]) for f, p in zip(subfolders, found, strict=True)], own
+            [(f, [Part(f, table=p.table)]) for f, p in zip(subfolders, found, strict=True)], own
         )
-    parts = parts_in_order([(f, inside.get(f, [_part(f, probes[f])])) for f in folders], objects)
+    parts = parts_in_order(
+        [(f, inside.get(f, [Part(f, table=probes[f].table)])) for f in folders], objects
+    )
     return Layout(True, tuple(sorted(classes))), parts
 
 

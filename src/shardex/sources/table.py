@@ -19,21 +19,26 @@ image (by its extension or, for other names, its first bytes), bytes that are no
 an empty path or no bytes. Bytes and files are then checked like any image (``validate``).
 
 The table and the files its rows name may be on object storage (``s3://`` URLs, or paths
-relative to a table that is itself there; see :mod:`~shardex.sources.tablerows`).
+relative to a table that is itself there). A URL is worked on as a pseudo absolute path
+(``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``), so the path rules above apply unchanged; each
+row's object is looked at with one HEAD (its size), :data:`MAX_IN_FLIGHT` at a time.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.codecs.images import sniff
+from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
 from shardex.errors import (
     BadSampleError,
     EmptySourceError,
@@ -41,36 +46,208 @@ from shardex.errors import (
     SourceError,
     SourceNotFoundError,
 )
-from shardex.refs.scan import SampleStream, ScanBatch, batch_table
+from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, batch_table, members_array
 from shardex.sources.base import (
     DEFAULT_BATCH_SIZE,
     Source,
     check_batch_size,
     check_metadata_names,
     check_utf8_path,
+    key_from_relpath,
     printable,
     quoted,
     safe_key,
 )
 from shardex.sources.probe import SourceSpec
 from shardex.sources.tablefile import TableFile
-from shardex.sources.tablerows import (
-    MISSING,
-    Member,
-    Rows,
-    common_key_base,
-    file_member,
-    keys_from_paths,
-    object_members,
-    pseudo_path,
-    url_of,
-)
-from shardex.storage import open_storage
-from shardex.storage.fetch.objects import is_url
+from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.objects import MAX_IN_FLIGHT, is_url, register, split_url
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
 KEY_COLUMNS: Final = ("key", "__key__", "id", "image_id")
+
+#: Why a row's file or object cannot be a member when it is not there.
+MISSING: Final = "does not exist"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A row's one member: a whole file, an object (``path`` its URL), or inline bytes."""
+
+    ext: str
+    size: int
+    path: str | None = None
+    data: bytes | None = None
+
+
+def pseudo_path(url: str) -> str:
+    """The absolute path that stands for a URL while keys and relative paths are worked
+    out with path functions: ``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``."""
+    scheme, _, rest = url.partition("://")
+    return f"/{scheme}:/{rest}"
+
+
+def url_of(pseudo: str) -> str | None:
+    """The URL a pseudo path stands for (None when a relative path climbed out of its
+    bucket with ``..``)."""
+    scheme, _, rest = pseudo.lstrip("/").partition(":/")
+    url = f"{scheme}://{rest}"
+    return url if is_url(url) and "/" in rest and "/" not in scheme else None
+
+
+@dataclass
+class _Rows:
+    """The rows of a batch a table source keeps (by row number in the batch), and the
+    rows it leaves out."""
+
+    kept: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    originals: list[str] = field(default_factory=list)
+    ext: list[str] = field(default_factory=list)
+    path: list[str | None] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    data: list[bytes] | None = None
+    left_out: list[LeftOut] = field(default_factory=list)
+
+    def add(self, row: int, key: str, original: str, member: Member) -> None:
+        self.kept.append(row)
+        self.keys.append(key)
+        self.originals.append(original)
+        self.ext.append(member.ext)
+        self.path.append(member.path)
+        self.size.append(member.size)
+        if member.data is not None:
+            self.data = self.data or []
+            self.data.append(member.data)
+
+    def members(self) -> pa.Array:
+        """The ``_members`` column: one member per kept row."""
+        n = len(self.kept)
+        return members_array(
+            np.arange(n + 1, dtype=np.int32),
+            self.ext,
+            self.path,
+            np.full(n, -1, np.int64),
+            self.size,
+            self.data,
+        )
+
+    def leave_out(
+        self,
+        key: str,
+        reason: str,
+        original: str | None = None,
+        error: type[SourceError] = BadSampleError,
+    ) -> None:
+        key = printable(key)
+        self.left_out.append(LeftOut(original or key, reason, key, error))
+
+
+def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | None:
+    """Where keys of rows without a key column start: None when every path is relative
+    and stays below the table's folder (keys are the paths as written,
+    ``imgs/a.jpg`` -> ``imgs/a``), else the common parent folder of all the rows' files.
+
+    When a path is absolute or climbs out with ``..`` (which would make an unsafe key),
+    every key is the path relative to that common parent instead, as a folder source
+    would name them: the same table always gives the same keys. ``rels`` starts a pass
+    over the path column.
+    """
+
+    def norm() -> Iterator[str]:
+        for chunk in rels():
+            yield from (
+                os.path.normpath(pseudo_path(r) if is_url(r) else r) for r in chunk.to_pylist() if r
+            )
+
+    if all(not os.path.isabs(n) and n.split(os.sep, 1)[0] != ".." for n in norm()):
+        return None
+    base: str | None = None
+    for n in norm():  # pairwise, not one list: a table may have millions of rows
+        parent = os.path.dirname(os.path.normpath(folder / n))
+        base = parent if base is None else os.path.commonpath([base, parent])
+    return base
+
+
+def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> list[str]:
+    """Keys for rows without a key column (see :func:`_key_base`)."""
+    norm = [os.path.normpath(r) if r else "" for r in rels]
+    if base is None:
+        return [key_from_relpath(printable(n)) if n else "" for n in norm]
+    full = [os.path.normpath(folder / n) if n else "" for n in norm]
+    return [key_from_relpath(printable(os.path.relpath(f, base))) if f else "" for f in full]
+
+
+def _member(ext: str, size: int, path: str, head: Callable[[], bytes]) -> tuple[Member | None, str]:
+    """The member of a file or object named ``ext`` (else by its first bytes, ``head()``:
+    not ``KEY.bin``), or None and why it cannot be one."""
+    if ext not in IMAGE_EXTENSIONS:
+        why = unexported_image_reason(ext)
+        if why is not None:
+            return None, f"is not exported: {why}"
+        fmt = sniff(head())
+        if fmt is None:
+            return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
+        ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
+    return Member(ext, size, path=path), ""
+
+
+def _head(full: Path) -> bytes:
+    with full.open("rb") as f:
+        return f.read(16)
+
+
+def _file_member(full: Path) -> tuple[Member | None, str]:
+    """The member of an image file, or None and why it cannot be one."""
+    try:
+        st = full.stat()
+    except FileNotFoundError:
+        return None, MISSING
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return None, "is a folder, not an image file"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "is not a regular file (a FIFO, socket or device)"
+    try:
+        ext = full.suffix.lstrip(".").lower()
+        return _member(ext, st.st_size, str(full), lambda: _head(full))
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror}"
+
+
+def _object_members(
+    urls: dict[int, str | None], options: dict[str, Any] | None
+) -> dict[int, tuple[Member | None, str]]:
+    """The members of rows that name objects (by row number), or why each cannot be one:
+    their sizes asked concurrently (one HEAD each), the first bytes of those whose names
+    are not images' read to tell their format."""
+    if not urls:
+        return {}
+    stores: dict[str, Storage] = {}
+    for url in urls.values():
+        if url is not None:
+            bucket = split_url(url)[0]
+            if bucket not in stores:
+                stores[bucket] = open_storage(bucket, options)
+                register(stores[bucket])
+
+    def one(url: str | None) -> tuple[Member | None, str]:
+        if url is None:
+            return None, "climbs out of its bucket with '..'"
+        bucket, path = split_url(url)
+        storage = stores[bucket]
+        try:
+            size = storage.size(path)
+        except ObjectNotFoundError:
+            return None, MISSING
+        name = path.rpartition("/")[2]
+        ext = name.rpartition(".")[2].lower() if "." in name else ""
+        return _member(ext, size, url, lambda: storage.get_range(path, 0, 16) if size else b"")
+
+    with ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-head") as pool:
+        return dict(zip(urls, pool.map(one, urls.values()), strict=True))
 
 
 def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
@@ -104,7 +281,7 @@ class _Plan:
     kcol: str | None
     label: str | None  # the label column, when it holds labels
     label_names: tuple[str, ...] | None
-    key_base: str | None  # see common_key_base
+    key_base: str | None  # see _key_base
     width: int  # digits of the row numbers that key rows of bytes without a key column
 
 
@@ -180,7 +357,7 @@ class TableSource(Source):
         key_base = None
         if pcol is not None and kcol is None:
             column = str(pcol)
-            key_base = common_key_base(
+            key_base = _key_base(
                 self.path.parent, lambda: (b.column(0) for b in table.batches([column]))
             )
         width = len(str(table.count() - 1)) if bcol is not None and kcol is None else 0
@@ -244,10 +421,10 @@ class TableSource(Source):
 
     def _blob_rows(
         self, blobs: list[bytes | None], plan: _Plan, raw_keys: list[str] | None, start: int
-    ) -> Rows:
-        """Rows whose image is inline bytes: the format is sniffed from them, and bytes
+    ) -> _Rows:
+        """_Rows whose image is inline bytes: the format is sniffed from them, and bytes
         that are no image are left out (they would be exported as ``KEY.bin``)."""
-        rows = Rows()
+        rows = _Rows()
         bcol = plan.bcol
         keys = raw_keys or [str(start + i).zfill(plan.width) for i in range(len(blobs))]
         for i, blob in enumerate(blobs):
@@ -268,26 +445,26 @@ class TableSource(Source):
 
     def _path_rows(
         self, rels: list[str | None], plan: _Plan, raw_keys: list[str] | None, start: int
-    ) -> Rows:
-        """Rows naming an image file: missing files, folders and files that are no image
+    ) -> _Rows:
+        """_Rows naming an image file: missing files, folders and files that are no image
         are left out."""
-        rows = Rows()
+        rows = _Rows()
         written = rels
         rels = [pseudo_path(r) if r and is_url(r) else r for r in rels]
-        keys = raw_keys or keys_from_paths(self.path.parent, rels, plan.key_base)
+        keys = raw_keys or _keys_from_paths(self.path.parent, rels, plan.key_base)
         fulls = [(self.path.parent / r).absolute() if r else None for r in rels]
         urls = {
             i: url_of(os.path.normpath(full))
             for i, full in enumerate(fulls)
             if full is not None and (self.url is not None or is_url(written[i] or ""))
         }
-        found = object_members(urls, self.storage_options)
+        found = _object_members(urls, self.storage_options)
         for i, rel in enumerate(written):
             full = fulls[i]
             if not rel or full is None:
                 rows.leave_out(keys[i], f"row {start + i}: empty {plan.pcol!r}", f"row {start + i}")
                 continue
-            member, why = found[i] if i in found else file_member(full)
+            member, why = found[i] if i in found else _file_member(full)
             if member is None:
                 missing = why == MISSING
                 kind = "object" if i in urls else "image file"
