@@ -61,6 +61,7 @@ import shutil
 import sys
 import tempfile
 import time
+import unittest.mock
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -268,7 +269,7 @@ def listing_costs(objects: int, classes: int, repeats: int, workers: int) -> lis
     import pickle
 
     from shardex.parallel import Runner
-    from shardex.sources import ObjectFolderSource
+    from shardex.sources import FolderSource, folderlist
     from shardex.storage import ObjectStorage
     from tests.support.proxy import CountingProxy
     from tests.support.seaweedfs import SeaweedFS
@@ -302,18 +303,18 @@ def listing_costs(objects: int, classes: int, repeats: int, workers: int) -> lis
         print(f"put {len(names)} objects in {time.perf_counter() - t0:.0f} s", flush=True)
         counted = {**base, "endpoint_url": proxy.endpoint}
 
-        class Before(ObjectFolderSource):
-            def _plan(self, storage: Any, runner: Any) -> None:
-                return None  # the layout by jumps, then the prefix listed page by page
+        def before() -> Any:  # the layout by jumps, then the prefix listed page by page
+            with unittest.mock.patch.object(folderlist, "_plan", return_value=None):
+                return FolderSource(prefix, counted).stream()
 
         runner = Counted(workers)
         runner.__enter__()
         ways: dict[str, Any] = {
-            "one process (before)": lambda: Before(prefix, counted).stream(),
-            "threads": lambda: ObjectFolderSource(prefix, counted).stream(),
-            f"runner tasks ({workers} processes)": lambda: ObjectFolderSource(
-                prefix, counted
-            ).stream_on(runner),
+            "one process (before)": before,
+            "threads": lambda: FolderSource(prefix, counted).stream(),
+            f"runner tasks ({workers} processes)": lambda: FolderSource(prefix, counted).stream_on(
+                runner
+            ),
         }
         seen: dict[str, list[str]] = {}
 

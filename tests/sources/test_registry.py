@@ -65,7 +65,6 @@ def test_the_builtins_are_probed_in_the_order_of_the_chain_they_replace() -> Non
         "arrays",
         "tars",
         "folder",
-        "objectfolder",
     ]
 
 

@@ -37,7 +37,7 @@ from helpers import files_of, image_bytes, kill_once_shards_appear, make_tree, p
 from shardex.cli import main
 from shardex.errors import BadSampleError, ConfigError, RefetchWarning, StorageError
 from shardex.refs.scan import SampleStream, ScanBatch
-from shardex.sources import ObjectFolderSource, TableSource, TarSource, open_source
+from shardex.sources import FolderSource, TableSource, TarSource, open_source
 from shardex.sources.tar_scan import TarRef, tar_samples
 from shardex.storage import LocalStorage, ObjectStorage, open_storage
 from shardex.storage.fetch import tars as objecttars
@@ -103,7 +103,7 @@ def test_listing_is_paginated_and_streamed(s3: S3Location) -> None:
     names = [f"{cls}/n{i:05d}.jpg" for i in range(count) for cls in ["a" if i < 1050 else "b"]]
     started = time.monotonic()
     upload(ObjectStorage(s3.child("many"), s3.direct), dict.fromkeys(names, data))
-    source = ObjectFolderSource(s3.child("many"), s3.counted, batch_size=300)
+    source = FolderSource(s3.child("many"), s3.counted, batch_size=300)
     s3.proxy.reset()
     stream = source.stream()
     assert stream.label_names == ("a", "b")
@@ -187,7 +187,7 @@ def test_a_listing_cut_at_folders_exports_as_the_local_folder(
     xml = sum(r.body_bytes for r in lists if not r.params.get("delimiter"))
     keys = len(files)
 
-    source = ObjectFolderSource(s3.child("h"), s3.direct, batch_size=128)
+    source = FolderSource(s3.child("h"), s3.direct, batch_size=128)
     alone = [b.table for b in source.stream().batches]
     object_lists: list[int] = []
     plain = Store.list_pages
@@ -221,7 +221,7 @@ def test_folders_are_probed_and_listed_at_once(
     """Each LIST of objects answered after 1 s: eight class folders are probed, and
     listed, in about the time of one (one after the other they take 8 s and more; the
     bounds leave room for a loaded machine)."""
-    from shardex.sources import objectfolder
+    from shardex.sources import folder
     from shardex.sources.listing import Part, listed
 
     names = [f"c{c}/{i}.jpg" for c in range(8) for i in range(3)]
@@ -229,8 +229,8 @@ def test_folders_are_probed_and_listed_at_once(
         memory_storage.put(name, image_bytes(0))
     storage = FaultyStorage(memory_storage)
     storage.delay("list_pages", 1.0, times=None)  # not list_folder: a LIST with a delimiter
-    monkeypatch.setattr(objectfolder, "open_storage", lambda url, options: storage)
-    source = ObjectFolderSource(storage.uri)
+    monkeypatch.setattr(folder, "open_storage", lambda url, options: storage)
+    source = FolderSource(storage.uri)
     started = time.monotonic()
     keys = [k for batch in source.stream().batches for k in batch.table.column("key").to_pylist()]
     probed = time.monotonic() - started
@@ -587,7 +587,7 @@ def test_an_object_name_with_a_control_character_is_a_one_line_error(
     assert shardex.read_config(tmp_path / "out").num_skipped == 1
 
 
-class _ChangedAfterListing(ObjectFolderSource):
+class _ChangedAfterListing(FolderSource):
     """An image folder on object storage whose objects change once the listing is read
     (between pass 1 and the writing of the shards): one grows, one goes."""
 

@@ -9,7 +9,6 @@ from shardex.sources.base import Source
 from shardex.sources.demo import DemoSource
 from shardex.sources.export import ExportSource
 from shardex.sources.folder import FolderSource
-from shardex.sources.objectfolder import ObjectFolderSource
 from shardex.sources.probe import SourceSpec
 from shardex.sources.registry import open_source, register_source
 from shardex.sources.table import TableSource
@@ -20,7 +19,6 @@ __all__ = [
     "DemoSource",
     "ExportSource",
     "FolderSource",
-    "ObjectFolderSource",
     "SampleStream",
     "ScanBatch",
     "ScanResult",

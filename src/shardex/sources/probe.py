@@ -209,10 +209,5 @@ def tars(spec: SourceSpec) -> bool:
 
 
 def folder(spec: SourceSpec) -> bool:
-    """Any other local folder: an image folder."""
-    return spec.is_dir
-
-
-def object_folder(spec: SourceSpec) -> bool:
-    """Any other URL: an image folder on object storage."""
-    return spec.is_url
+    """Any other local folder or URL: an image folder."""
+    return spec.is_url or spec.is_dir

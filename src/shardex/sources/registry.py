@@ -9,7 +9,7 @@ probed in order and the first yes wins; nothing matching is a one-line error.
 Third-party sources register through the ``shardex.sources`` entry-point group
 (``name = module:Class``, a :class:`~shardex.sources.base.Source` with the classmethods
 ``probe(spec) -> bool`` and ``from_spec(spec) -> Source``) or :func:`register_source`.
-They are probed **before** the built-ins, in name order: the built-in image folders take
+They are probed **before** the built-ins, in name order: the built-in image folder takes
 any folder and any URL, so a plugin after them could never claim one (a plugin format
 kept in a folder, or a scheme of its own). The entry points are read on the first pick.
 """
@@ -51,9 +51,6 @@ _BUILTINS: Final = (  # the order of the sniffing chain they replace: keep it
     SourceEntry("arrays", "shardex.sources.arrays:ArraySource", probe.arrays),
     SourceEntry("tars", "shardex.sources.tars:TarSource", probe.tars),
     SourceEntry("folder", "shardex.sources.folder:FolderSource", probe.folder),
-    SourceEntry(
-        "objectfolder", "shardex.sources.objectfolder:ObjectFolderSource", probe.object_folder
-    ),
 )
 
 

@@ -17,6 +17,11 @@ A row that cannot be exported is left out with the reason (refused by default, r
 errors.parquet under ``on_error="skip"``): a missing file, a folder, a file that is no
 image (by its extension or, for other names, its first bytes), bytes that are no image,
 an empty path or no bytes. Bytes and files are then checked like any image (``validate``).
+
+The table and the files its rows name may be on object storage (``s3://`` URLs, or paths
+relative to a table that is itself there). A URL is worked on as a pseudo absolute path
+(``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``), so the path rules above apply unchanged; each
+row's object is looked at with one HEAD (its size), :data:`MAX_IN_FLIGHT` at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -52,15 +58,42 @@ from shardex.sources.base import (
     quoted,
     safe_key,
 )
-from shardex.sources.objecttable import MISSING, Member, object_members, pseudo_path, url_of
 from shardex.sources.probe import SourceSpec
 from shardex.sources.tablefile import TableFile
-from shardex.storage import open_storage
-from shardex.storage.fetch.objects import is_url
+from shardex.storage import Storage, open_storage
+from shardex.storage.fetch.objects import MAX_IN_FLIGHT, is_url, register, split_url
 
 PATH_COLUMNS: Final = ("image_path", "path", "file_name", "filename", "file", "image")
 BYTES_COLUMNS: Final = ("image_bytes", "image", "bytes", "jpg", "png", "webp")
 KEY_COLUMNS: Final = ("key", "__key__", "id", "image_id")
+
+#: Why a row's file or object cannot be a member when it is not there.
+MISSING: Final = "does not exist"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A row's one member: a whole file, an object (``path`` its URL), or inline bytes."""
+
+    ext: str
+    size: int
+    path: str | None = None
+    data: bytes | None = None
+
+
+def pseudo_path(url: str) -> str:
+    """The absolute path that stands for a URL while keys and relative paths are worked
+    out with path functions: ``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``."""
+    scheme, _, rest = url.partition("://")
+    return f"/{scheme}:/{rest}"
+
+
+def url_of(pseudo: str) -> str | None:
+    """The URL a pseudo path stands for (None when a relative path climbed out of its
+    bucket with ``..``)."""
+    scheme, _, rest = pseudo.lstrip("/").partition(":/")
+    url = f"{scheme}://{rest}"
+    return url if is_url(url) and "/" in rest and "/" not in scheme else None
 
 
 @dataclass
@@ -146,12 +179,27 @@ def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> 
     return [key_from_relpath(printable(os.path.relpath(f, base))) if f else "" for f in full]
 
 
-def _file_member(full: Path) -> tuple[Member | None, str]:
-    """The member of an image file, or None and why it cannot be one.
+def _member(ext: str, size: int, path: str, head: Callable[[], bytes]) -> tuple[Member | None, str]:
+    """The member of a file or object named ``ext`` (else by its first bytes, ``head()``:
+    not ``KEY.bin``), or None and why it cannot be one."""
+    if ext not in IMAGE_EXTENSIONS:
+        why = unexported_image_reason(ext)
+        if why is not None:
+            return None, f"is not exported: {why}"
+        fmt = sniff(head())
+        if fmt is None:
+            return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
+        ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
+    return Member(ext, size, path=path), ""
 
-    A name that is not an image's is accepted when the file's first bytes are an image's
-    (its format then names the member); else it would be exported as ``KEY.bin``.
-    """
+
+def _head(full: Path) -> bytes:
+    with full.open("rb") as f:
+        return f.read(16)
+
+
+def _file_member(full: Path) -> tuple[Member | None, str]:
+    """The member of an image file, or None and why it cannot be one."""
     try:
         st = full.stat()
     except FileNotFoundError:
@@ -162,20 +210,44 @@ def _file_member(full: Path) -> tuple[Member | None, str]:
         return None, "is a folder, not an image file"
     if not stat.S_ISREG(st.st_mode):
         return None, "is not a regular file (a FIFO, socket or device)"
-    ext = full.suffix.lstrip(".").lower()
-    if ext not in IMAGE_EXTENSIONS:
-        why = unexported_image_reason(ext)
-        if why is not None:
-            return None, f"is not exported: {why}"
+    try:
+        ext = full.suffix.lstrip(".").lower()
+        return _member(ext, st.st_size, str(full), lambda: _head(full))
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror}"
+
+
+def _object_members(
+    urls: dict[int, str | None], options: dict[str, Any] | None
+) -> dict[int, tuple[Member | None, str]]:
+    """The members of rows that name objects (by row number), or why each cannot be one:
+    their sizes asked concurrently (one HEAD each), the first bytes of those whose names
+    are not images' read to tell their format."""
+    if not urls:
+        return {}
+    stores: dict[str, Storage] = {}
+    for url in urls.values():
+        if url is not None:
+            bucket = split_url(url)[0]
+            if bucket not in stores:
+                stores[bucket] = open_storage(bucket, options)
+                register(stores[bucket])
+
+    def one(url: str | None) -> tuple[Member | None, str]:
+        if url is None:
+            return None, "climbs out of its bucket with '..'"
+        bucket, path = split_url(url)
+        storage = stores[bucket]
         try:
-            with full.open("rb") as f:
-                fmt = sniff(f.read(16))
-        except OSError as exc:
-            return None, f"cannot be read: {exc.strerror}"
-        if fmt is None:
-            return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
-        ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
-    return Member(ext, st.st_size, path=str(full)), ""
+            size = storage.size(path)
+        except ObjectNotFoundError:
+            return None, MISSING
+        name = path.rpartition("/")[2]
+        ext = name.rpartition(".")[2].lower() if "." in name else ""
+        return _member(ext, size, url, lambda: storage.get_range(path, 0, 16) if size else b"")
+
+    with ThreadPoolExecutor(MAX_IN_FLIGHT, "shardex-source-head") as pool:
+        return dict(zip(urls, pool.map(one, urls.values()), strict=True))
 
 
 def _pick(schema: pa.Schema, wanted: str | None, names: tuple[str, ...], kind: Any) -> str | None:
@@ -350,7 +422,7 @@ class TableSource(Source):
     def _blob_rows(
         self, blobs: list[bytes | None], plan: _Plan, raw_keys: list[str] | None, start: int
     ) -> _Rows:
-        """Rows whose image is inline bytes: the format is sniffed from them, and bytes
+        """_Rows whose image is inline bytes: the format is sniffed from them, and bytes
         that are no image are left out (they would be exported as ``KEY.bin``)."""
         rows = _Rows()
         bcol = plan.bcol
@@ -374,7 +446,7 @@ class TableSource(Source):
     def _path_rows(
         self, rels: list[str | None], plan: _Plan, raw_keys: list[str] | None, start: int
     ) -> _Rows:
-        """Rows naming an image file: missing files, folders and files that are no image
+        """_Rows naming an image file: missing files, folders and files that are no image
         are left out."""
         rows = _Rows()
         written = rels
@@ -386,7 +458,7 @@ class TableSource(Source):
             for i, full in enumerate(fulls)
             if full is not None and (self.url is not None or is_url(written[i] or ""))
         }
-        found = object_members(urls, self.storage_options)
+        found = _object_members(urls, self.storage_options)
         for i, rel in enumerate(written):
             full = fulls[i]
             if not rel or full is None:

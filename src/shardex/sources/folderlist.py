@@ -1,0 +1,269 @@
+"""The scan of an image folder below an object-store prefix:
+``s3://bucket/prefix/[split/][class/]name.ext``.
+
+The same layout, keys, labels and order as :mod:`~shardex.sources.folderwalk` finds on a
+local copy: keys in sorted order (a folder sorting as its name and a ``/``), which is the
+order of the local walk. No object is read while scanning: sizes come from the
+listing, bytes are fetched when the shards are written (one GET each, see
+:mod:`shardex.storage.fetch.objects`).
+
+The listing is cut at the split and class folders and the folders are listed at once
+(see :mod:`shardex.sources.listing`): LISTs with a delimiter find the folders below the
+prefix and below each split folder (one request per 1,000 folders), a probe of each
+folder's first page finds whether it holds an image (a class) or images directly in it,
+then every folder is listed page by page (one LIST request per 1,000 objects) by
+threads, or by the tasks of a runner (Ray), which hand back compact key tables instead of
+the LIST answers' XML. Samples come in batches as the listing is read, in key order
+whatever lists them; memory holds a few pages per folder being listed, never a listing.
+
+A prefix holding images directly (a flat folder, or images beside class folders) cannot
+be cut by folders: its layout is found by listings that jump past a folder once it is
+known to hold an image (one LIST request per class folder; the images in the prefix are
+listed through), then it is listed from one process, page by page. A split folder
+holding images directly is listed likewise, as one part.
+
+Objects whose names are not images' are not samples; an image format shardex does not
+export (``.heic`` ...) and a name with an empty, ``.`` or ``..`` part are left out with
+the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Final
+
+from shardex.codecs.images import IMAGE_EXTENSIONS
+from shardex.errors import SourceError
+from shardex.refs.scan import LeftOut
+from shardex.sources.base import MapRunner
+from shardex.sources.folderwalk import (
+    SPLIT_DIRS,
+    File,
+    Layout,
+    check_splits,
+    extension,
+    left_out,
+    unexported,
+)
+from shardex.sources.listing import (
+    LIST_THREADS,
+    Entry,
+    Part,
+    encode_table,
+    listed,
+    parts_in_order,
+)
+from shardex.storage import Storage
+
+
+def scan(
+    uri: str, storage: Storage, runner: MapRunner | None
+) -> tuple[Layout, Iterator[File | LeftOut]]:
+    """The layout of the prefix ``uri`` (opened: ``storage``), and its image files in key
+    order with what is left out; its folders probed and listed by ``runner``'s tasks, or
+    threads (see the module docstring)."""
+    plan = _plan(uri, storage, runner)
+    if plan is None:
+        layout = _layout_by_jumps(uri, storage)
+        entries: Iterable[Entry] = (e for page in storage.list_pages("") for e in page)
+    else:
+        layout, parts = plan
+        entries = listed(storage, parts, runner)
+    return layout, _objects(uri, entries)
+
+
+#: The most keys a LIST page holds (S3's limit, which every store listed here keeps).
+_PAGE: Final = 1000
+
+
+def _image_path(parts: list[str]) -> bool:
+    """Whether a path (split at its ``/``) is an image a sample can be made of."""
+    return (
+        extension(parts[-1]) in IMAGE_EXTENSIONS
+        and "" not in parts
+        and "." not in parts
+        and ".." not in parts
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What the first pages below a folder say: whether an image lies below it, whether
+    its first page holds an image directly in the folder (it cannot be cut into
+    subfolders: its own images may be many), and the folder's listing when that first
+    page was all of it (a :func:`~shardex.sources.listing.folder_table`: not listed
+    again)."""
+
+    holds_image: bool
+    flat: bool
+    table: bytes | None = None
+
+
+def _probe(job: tuple[Storage, str]) -> _Probe:
+    """Read the listing below a folder up to its first image (and its first page whole);
+    a task of a runner, or a thread."""
+    storage, folder = job
+    depth = folder.count("/") + 1 if folder else 0
+    pages: Iterator[list[Entry]] = iter(storage.list_pages(folder))
+    first = next(pages, [])
+    images = [parts for rel, _ in first if _image_path(parts := rel.split("/"))]
+    flat = any(len(parts) == depth + 1 for parts in images)
+    table = None
+    if folder and len(first) < _PAGE:
+        # a short page is the last one: asking for the next costs no request (the store
+        # said there is none), and the folder need not be listed again
+        second = next(pages, None)
+        if second is None:
+            table = encode_table(folder, first)
+        else:
+            pages = itertools.chain([second], pages)
+    holds = bool(images) or (
+        table is None and any(_image_path(r.split("/")) for page in pages for r, _ in page)
+    )
+    return _Probe(holds, flat, table)
+
+
+def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) -> list[_Probe]:
+    """The probes of some folders, made at once (by ``runner``'s tasks, or threads)."""
+    jobs = [(storage, folder) for folder in folders]
+    if runner is not None:
+        return list(runner.imap(_probe, jobs))
+    if len(jobs) < 2:
+        return [_probe(job) for job in jobs]
+    with ThreadPoolExecutor(min(LIST_THREADS, len(jobs)), "shardex-probe") as pool:
+        return list(pool.map(_probe, jobs))
+
+
+def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
+    """The subfolders of ``folder`` that hold images, found by listings that jump past
+    one once it is known to hold an image (the images directly in ``folder`` are listed
+    through)."""
+    classes: set[str] = set()
+    depth = folder.count("/") + 1
+    after: str | None = None
+    while True:
+        jump = None
+        for page in storage.list_pages(folder, after):
+            for rel, _ in page:
+                parts = rel.split("/")
+                if len(parts) > depth + 1 and _image_path(parts):
+                    classes.add(parts[depth])
+                    jump = f"{folder}/{parts[depth]}0"  # '0' follows '/': past the folder
+                    break
+            if jump is not None:
+                break
+        if jump is None:
+            return classes
+        after = jump
+
+
+_CONTROL: Final = re.compile("[\x00-\x1f\x7f]")
+
+
+def _found(rel: str, size: int) -> File | LeftOut | None:
+    """An object as a sample file, left out (and why), or not an image (None)."""
+    ext = extension(rel.rpartition("/")[2])
+    if ext not in IMAGE_EXTENSIONS:
+        return unexported(rel, ext)
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return left_out(rel, "its name has an empty, '.' or '..' part (not a folder path)")
+    if _CONTROL.search(rel):  # listed past obstore (see storage.s3_listing): no path names it
+        return left_out(rel, "its name holds a control character; rename the object")
+    return rel, size
+
+
+def _next_folder(storage: Storage, after: str | None, found: _Found) -> str | None:
+    """Read the listing after ``after`` into ``found`` until a folder to jump past; return
+    where to list from next (None: the listing is done)."""
+    for page in storage.list_pages("", after):
+        for rel, _ in page:
+            parts = rel.split("/")
+            if not _image_path(parts):
+                continue
+            if len(parts) == 1:
+                found.top_files = True
+                continue
+            subfolders = found.folders.setdefault(parts[0], set())
+            if parts[0] not in SPLIT_DIRS:  # a class folder: the rest of it does not matter
+                return f"{parts[0]}0"  # '0' follows '/': past every key of the folder
+            if len(parts) > 2:  # a split's class folder
+                subfolders.add(parts[1])
+                return f"{parts[0]}/{parts[1]}0"
+    return None
+
+
+@dataclass(slots=True)
+class _Found:
+    """The folders holding images (a top folder -> its subfolders holding images, known
+    for split folders) and whether images lie in the prefix itself."""
+
+    folders: dict[str, set[str]] = field(default_factory=dict)
+    top_files: bool = False
+
+
+def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout, list[Part]] | None:
+    """The layout and the parts of the listing (see the module docstring); None for
+    a prefix holding images directly (or none at all), listed as one."""
+    (root,) = _probes(storage, [""], runner)
+    if root.flat or not root.holds_image:
+        return None
+    folders, objects = storage.list_folder("")
+    probes = dict(zip(folders, _probes(storage, folders, runner), strict=True))
+    holding = {folder for folder in folders if probes[folder].holds_image}
+    top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
+    check_splits(uri, set(holding), top_files)
+    split_dirs = sorted(holding & SPLIT_DIRS)
+    if not split_dirs:
+        parts = parts_in_order([(f, [Part(f, table=probes[f].table)]) for f in folders], objects)
+        return Layout(False, tuple(sorted(holding))), parts
+    classes: set[str] = set()
+    inside: dict[str, list[Part]] = {}
+    for split in split_dirs:
+        if probes[split].flat:
+            classes |= _classes_by_jumps(storage, split)
+            continue
+        subfolders, own = storage.list_folder(split)
+        found = _probes(storage, subfolders, runner)
+        classes |= {
+            f.rpartition("/")[2] for f, p in zip(subfolders, found, strict=True) if p.holds_image
+        }
+        inside[split] = parts_in_order(
+            [(f, [Part(f, table=p.table)]) for f, p in zip(subfolders, found, strict=True)], own
+        )
+    parts = parts_in_order(
+        [(f, inside.get(f, [Part(f, table=probes[f].table)])) for f in folders], objects
+    )
+    return Layout(True, tuple(sorted(classes))), parts
+
+
+def _layout_by_jumps(uri: str, storage: Storage) -> Layout:
+    """Split folders and class names, as the local folder source finds them."""
+    found = _Found()
+    after = _next_folder(storage, None, found)
+    while after is not None:
+        after = _next_folder(storage, after, found)
+    top = found.folders
+    check_splits(uri, set(top), found.top_files)
+    split_dirs = set(top) & SPLIT_DIRS
+    if not split_dirs:
+        return Layout(False, tuple(sorted(top)))
+    return Layout(True, tuple(sorted(set().union(*top.values()))))
+
+
+def _objects(uri: str, entries: Iterable[Entry]) -> Iterator[File | LeftOut]:
+    """The image files and left-out objects of a listing, in key order."""
+    last = ""
+    for rel, size in entries:
+        if rel < last:  # the order of keys is the order of the samples
+            raise SourceError(
+                f"{uri}: the store listed {rel!r} after {last!r}; a store "
+                "that does not list keys in sorted order cannot be a source"
+            )
+        last = rel
+        found = _found(rel, size)
+        if found is not None:
+            yield found
