@@ -272,7 +272,7 @@ class ArrayBackendTests:
     def test_a_failed_overwrite_leaves_the_committed_export_intact(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        import shardex.engine.run
+        import shardex.engine.transaction
 
         out, data = tmp_path / "o", array_data(9)
         shardex.export(data, out, backend=self.backend_name, samples_per_shard=4)
@@ -283,7 +283,7 @@ class ArrayBackendTests:
             raise RuntimeError("killed at the commit point")
 
         with monkeypatch.context() as patch:
-            patch.setattr(shardex.engine.run, "commit", crash)
+            patch.setattr(shardex.engine.transaction, "commit", crash)
             with pytest.raises(RuntimeError, match="killed"):
                 shardex.export(changed, out, backend=self.backend_name, overwrite=True)
         assert all(p.read_bytes() == b for p, b in before.items())
