@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import Any
 
 from shardex.errors import ShardexError
 from shardex.quoting import one_line
+
+__all__ = ["Plugins"]
 
 
 class Plugins:
@@ -70,7 +72,3 @@ class Plugins:
             f"{self.kind} {name!r}: importing {module} failed "
             f"({type(exc).__name__}: {one_line(str(exc))}); fix or uninstall {origin}"
         )
-
-
-#: Nothing to import from here but :class:`Plugins`.
-__all__: Final = ["Plugins"]
