@@ -2,7 +2,8 @@
 nothing in the cache once another downloads, a download under way is left to its reader,
 and earlier readers' leftovers go once nothing changed in them for ``LEGACY_AGE``.
 
-Two kinds of copies: an export's samples index (under ``index/``) and a
+Two kinds of copies: an export's key table (under ``index/``: the samples index is read
+by pages, see ``test_paged.py``) and a
 tensordict_memmap export's runs (under ``tensordict/``). Real processes: readers in child
 processes, SIGKILL and SIGSTOP, SeaweedFS behind the counting proxy."""
 
@@ -31,6 +32,8 @@ _READ: Final = """
 import json, sys
 import shardex
 ds = shardex.open_dataset(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+if sys.argv[3] == "lookup":  # the first lookup by key downloads the key table
+    ds.get("k3")
 print(sorted(sample["__key__"] for sample in ds))
 """
 
@@ -45,6 +48,7 @@ class _Copies:
     backend: str
     fields: dict[str, list[Any]]
     downloaded: Callable[[str], bool]  # whether a GET of this path is for such a copy
+    lookup: bool = False  # whether the reader looks a key up (the key table's download)
 
 
 _COPIES: Final = {
@@ -52,7 +56,8 @@ _COPIES: Final = {
         "index",
         "webdataset",
         {"txt": [b"%d" % i for i in range(8)]},
-        lambda path: path.endswith("index-samples.npy"),
+        lambda path: path.endswith("index-keys.npy"),
+        lookup=True,
     ),
     "tensordict": _Copies(
         "tensordict",
@@ -75,10 +80,13 @@ def _export(copies: _Copies, url: str, options: dict[str, Any]) -> None:
     shardex.export(data, url, backend=copies.backend, storage_options=options)
 
 
-def _reader(url: str, options: dict[str, Any], cache: Path) -> subprocess.Popen[str]:
+def _reader(
+    url: str, options: dict[str, Any], cache: Path, copies: _Copies
+) -> subprocess.Popen[str]:
     """A child process that reads the export at ``url`` and prints its sorted keys."""
     env = {**os.environ, "SHARDEX_CACHE_DIR": str(cache)}
-    command = [sys.executable, "-c", _READ, url, json.dumps(options)]
+    lookup = "lookup" if copies.lookup else "-"
+    command = [sys.executable, "-c", _READ, url, json.dumps(options), lookup]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
 
 
@@ -129,14 +137,14 @@ def test_a_reader_killed_mid_download_leaves_nothing_in_the_cache_once_another_d
     cache = tmp_path / "cache"
     s3.proxy.delay_next(1000, 30, when=_held(s3, "a", copies))
     try:
-        child = _reader(s3.child("a"), s3.counted, cache)
+        child = _reader(s3.child("a"), s3.counted, cache, copies)
         _wait_for(lambda: bool(_downloads(cache, copies)), child)
         child.send_signal(signal.SIGKILL)
         child.communicate()
     finally:
         s3.proxy.clear_faults()
     assert _downloads(cache, copies)  # what the kill left
-    _read_all(_reader(s3.child("a"), s3.direct, cache))
+    _read_all(_reader(s3.child("a"), s3.direct, cache, copies))
     assert _downloads(cache, copies) == []
     assert _temporary(cache) == []
     assert len(list((cache / copies.folder).iterdir())) == 1  # the finished copies' folder
@@ -151,12 +159,12 @@ def test_a_download_under_way_is_left_to_its_reader(
         _export(copies, s3.child(name), s3.direct)
     cache = tmp_path / "cache"
     s3.proxy.delay_next(1, 3, when=_held(s3, "a", copies))
-    slow = _reader(s3.child("a"), s3.counted, cache)
+    slow = _reader(s3.child("a"), s3.counted, cache, copies)
     try:
         _wait_for(lambda: bool(_downloads(cache, copies)), slow)
         slow.send_signal(signal.SIGSTOP)
         under_way = _downloads(cache, copies)
-        _read_all(_reader(s3.child("b"), s3.direct, cache))
+        _read_all(_reader(s3.child("b"), s3.direct, cache, copies))
         assert _downloads(cache, copies) == under_way
         slow.send_signal(signal.SIGCONT)
         _read_all(slow)
@@ -205,6 +213,7 @@ def test_earlier_readers_leftovers_go_once_a_reader_downloads(
     monkeypatch.setenv("SHARDEX_CACHE_DIR", str(cache))
     ds = shardex.open_dataset(s3.url, storage_options=s3.direct)
     assert sorted(s["__key__"] for s in ds) == _KEYS
+    assert ds.get("k3")["__key__"] == "k3"  # downloads the key table
     assert [p for p in left if p.exists()] == []
     assert _temporary(cache) == []
     again = shardex.open_dataset(s3.url, storage_options=s3.direct)  # from the copies

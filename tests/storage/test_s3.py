@@ -23,6 +23,7 @@ from shardex.errors import ConfigError, NotAnExportError, StorageError
 from shardex.sources import DemoSource
 from shardex.storage import ObjectStorage
 from shardex.storage.direct import STREAM_PIECE
+from shardex.storage.paged import PAGE
 from shardex.testing import StorageTests
 from tests.support.interop import read_with_webdataset
 from tests.support.proxy import RequestRecord
@@ -84,10 +85,14 @@ def test_reads_cost_one_ranged_get_per_sample_and_no_list(s3: S3Location) -> Non
     opened = [r.key.removeprefix(prefix) for r in mine()]
     assert opened == ["config.yaml", "train/index-samples.npy"], seen()
     assert proxy.lists() == []
+    assert mine()[1].range is not None  # the index's first page, not all of it
     proxy.reset()
-    ds[0]  # the first read also fetches index-members.npy, once
+    ds[0]  # the first read also fetches the first page of index-members.npy, once
     proxy.wait_idle()
-    assert [r.range is None for r in mine()] == [True, False], seen()
+    assert [r.key.removeprefix(prefix).rpartition("/")[2] for r in mine()][0] == (
+        "index-members.npy"
+    ), seen()
+    assert [r.range is None for r in mine()] == [False, False], seen()
     for i in random.Random(0).sample(range(len(ds)), k=15):
         proxy.reset()
         sample = ds[i]
@@ -109,6 +114,47 @@ def test_reads_cost_one_ranged_get_per_sample_and_no_list(s3: S3Location) -> Non
     shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
     proxy.wait_idle()
     assert [r.key for r in mine()] == [prefix + "config.yaml"], seen()  # the index is cached
+
+
+def test_a_cold_open_and_one_read_fetch_pages_of_the_index_not_all_of_it(
+    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20,000 samples (1.3 MB of index): opening with an empty cache and reading one
+    sample fetches at most 256 KiB, every index request a page; the node's next process
+    reads what the first one fetched; reads stay exact."""
+    monkeypatch.setenv("SHARDEX_CACHE_DIR", str(tmp_path / "cache"))
+    n = 20_000
+    data = {"key": [f"s{i:05d}" for i in range(n)], "txt": [b"%d" % i for i in range(n)]}
+    shardex.export(data, s3.url, storage_options=s3.direct, samples_per_shard=5000)
+    proxy = s3.proxy
+    proxy.reset()
+    ds = shardex.open_dataset(s3.url, storage_options=s3.counted)
+    assert ds[12_345]["txt"] == b"12345"
+    proxy.wait_idle()
+    index = [r for r in proxy.requests if "/index-" in r.key]
+    assert sum(r.body_bytes for r in proxy.requests) <= 256 << 10, proxy.requests
+    assert index and all(r.range is not None and r.body_bytes <= PAGE for r in index)
+    picks = random.Random(3).sample(range(n), k=200)
+    assert [s["txt"] for s in ds.get_many(picks)] == [b"%d" % i for i in picks]
+    assert ds.get("s00042")["txt"] == b"42"
+    proxy.reset()
+    script = (
+        "import sys, json, shardex; ds = shardex.open_dataset(sys.argv[1], "
+        "storage_options=json.loads(sys.argv[2])); print(ds[12345]['txt'].decode())"
+    )
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", script, s3.url, json.dumps(s3.counted)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ},
+    )
+    assert out.stdout.strip() == "12345"
+    proxy.wait_idle()
+    fetched = [r.key.rpartition("/")[2] for r in proxy.requests]
+    assert not [k for k in fetched if k.startswith("index-")], fetched  # the node's pages
 
 
 def test_iteration_streams_each_shard_with_one_get(s3: S3Location, tmp_path: Path) -> None:

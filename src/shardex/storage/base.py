@@ -125,6 +125,12 @@ class Storage(ABC):
         """Return several ranges of one object, in the order asked."""
         return [self.get_range(path, s, n) for s, n in zip(starts, lengths, strict=True)]
 
+    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
+        """The object's first ``length`` bytes (fewer if it is shorter) and its size;
+        object stores answer both with one ranged GET."""
+        size = self.size(path)
+        return self.get_range(path, 0, min(length, size)), size
+
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         """The whole object as a stream of chunks (object stores: one GET)."""
         size = self.size(path)

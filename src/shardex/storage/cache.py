@@ -50,14 +50,20 @@ def local_copy(storage: Storage, path: str, fingerprint: str) -> Path:
     local = storage.local_path(path)
     if local is not None:
         return local
+    target = cached_path(storage, path, fingerprint)
+    if not target.is_file():
+        root = cache_dir() / "index"
+        _download(storage, path, target, root, target.relative_to(root).parts[0])
+    return target
+
+
+def cached_path(storage: Storage, path: str, fingerprint: str) -> Path:
+    """Where the cache keeps its copy of ``storage``'s object ``path`` (``fingerprint``:
+    see :func:`local_copy`)."""
     import hashlib  # here: ~3 ms to import, and only a remote object needs a local copy
 
     digest = hashlib.sha256(f"{storage.uri}\0{fingerprint}".encode()).hexdigest()[:16]
-    root = cache_dir() / "index"
-    target = root / digest / path
-    if not target.is_file():
-        _download(storage, path, target, root, digest)
-    return target
+    return cache_dir() / "index" / digest / path
 
 
 def _download(storage: Storage, path: str, target: Path, root: Path, digest: str) -> None:

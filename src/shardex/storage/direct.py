@@ -18,18 +18,18 @@ import contextlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
-from shardex.per_process import PerProcess
 from shardex.storage.base import CountingWriter, ObjectWriter, Storage, checked_path
 from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
     DEFAULT_RETRY_TIMEOUT,
     OWN_OPTIONS,
+    batch_policy,
     client_value,
     duration,
     retry_config,
@@ -37,13 +37,9 @@ from shardex.storage.options import (
 )
 from shardex.storage.profiles import profile_options
 
-T = TypeVar("T")
-
 #: Bytes per multipart part; with MAX_PARTS_IN_FLIGHT, a writer holds at most ~32 MiB.
 PART_SIZE: Final = 8 * 1024 * 1024
 MAX_PARTS_IN_FLIGHT: Final = 4
-#: Concurrent requests of one batch of ranged reads.
-MAX_CONCURRENT_READS: Final = 32
 #: Objects per page of a listing: what one S3 LIST request returns at most.
 _PAGE: Final = 1000
 #: Bytes a chunk of a streamed GET holds at least (the caller's chunk size if smaller),
@@ -81,33 +77,6 @@ def _obstore() -> Any:
             "object storage needs obstore: pip install 'shardex[s3]'"
         ) from exc
     return obstore
-
-
-class _Loop:
-    """One event loop per process on a daemon thread, for batches of concurrent reads."""
-
-    def __init__(self) -> None:
-        import asyncio  # here: asyncio costs ~15 ms to import, and only batches use it
-
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(
-            target=self.loop.run_forever, daemon=True, name="shardex-object-io"
-        ).start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.submit(coro).result()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-
-_loop_here: Final = PerProcess(_Loop)
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return _loop_here().run(coro)
 
 
 class DirectObjectStorage(Storage):
@@ -214,11 +183,17 @@ class DirectObjectStorage(Storage):
             raise storage_error(exc, self.join(path), self._options) from exc
         return bytes(data)
 
+    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
+        checked_path(path, self.uri)
+        got = self._call(self.join(path), _obstore().get, path, options={"range": (0, length)})
+        return bytes(got.bytes()), int(got.meta["size"])
+
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
 
     def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        """Ranged GETs of several objects, at most MAX_CONCURRENT_READS at a time.
+        """Ranged GETs of several objects, concurrent and hedged (:mod:`.batch`; storage
+        options ``read_concurrency`` and ``hedge``).
 
         Each range is its own request: obstore's ``get_ranges`` would merge ranges up to
         1 MiB apart into one GET, fetching far more than asked.
@@ -227,22 +202,15 @@ class DirectObjectStorage(Storage):
             return [self.get_range(*r) for r in requests]
         for path in {r[0] for r in requests}:
             checked_path(path, self.uri)
-        import asyncio
+        from shardex.storage.batch import fetch_all, run
 
         obstore, store = _obstore(), self._client()
 
-        async def gather() -> list[bytes]:
-            limit = asyncio.Semaphore(MAX_CONCURRENT_READS)
-
-            async def one(path: str, start: int, length: int) -> bytes:
-                async with limit:
-                    data = await obstore.get_range_async(store, path, start=start, length=length)
-                return bytes(data)
-
-            return list(await asyncio.gather(*(one(*r) for r in requests)))
+        async def fetch(path: str, start: int, length: int) -> bytes:
+            return bytes(await obstore.get_range_async(store, path, start=start, length=length))
 
         try:
-            return _run(gather())
+            return run(fetch_all(fetch, requests, batch_policy(self._options)))
         except Exception as exc:
             where = f"{self.uri} (one of {len(requests)} ranged reads)"
             raise storage_error(exc, where, self._options) from exc
@@ -275,7 +243,9 @@ class DirectObjectStorage(Storage):
         for path in paths:
             checked_path(path, self.uri)
         piece = min(chunk_size, STREAM_PIECE)
-        obstore, store, loop = _obstore(), self._client(), _loop_here()
+        from shardex.storage.batch import event_loop
+
+        obstore, store, loop = _obstore(), self._client(), event_loop()
 
         async def get(path: str) -> Any:
             return await obstore.get_async(store, path)

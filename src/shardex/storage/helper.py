@@ -152,6 +152,9 @@ class HelperObjectStorage(Storage):
     def get_range(self, path: str, start: int, length: int) -> bytes:
         return self._run(_Direct.get_range, path, start, length)  # type: ignore[no-any-return]
 
+    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
+        return self._run(_Direct.get_head, path, length)  # type: ignore[no-any-return]
+
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
 

@@ -113,6 +113,9 @@ class ObjectStorage(Storage):
             impl = self._io
         return impl.get_range(path, start, length)
 
+    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
+        return self._io.get_head(path, length)
+
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         return self._io.get_ranges(path, starts, lengths)
 

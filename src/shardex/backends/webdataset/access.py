@@ -29,6 +29,7 @@ from shardex.storage.cache import local_copy
 
 if TYPE_CHECKING:  # numpy loads on first use: opening and reads need none
     import mmap
+    from pathlib import Path
 
 
 # The process id, kept current by a fork hook: os.getpid() is a system call, too dear for
@@ -110,7 +111,7 @@ class Access:
         fp = self._fingerprint = "\n".join(s.checksum for s in info.shards)
         keys = info.index.keys
         self.index = SplitIndex(
-            local_copy(storage, info.index.samples, fp),
+            self._index_file(info.index.samples),
             lambda: local_copy(storage, keys, fp),
             num_samples=info.num_samples,
         )
@@ -133,6 +134,13 @@ class Access:
         self.seed = 1 if checksum_seeds(self.config.format_version) else 0
         self._same_config: bytes | None = None
 
+    def _index_file(self, name: str) -> Path:
+        """A local file for the index file ``name``: itself, or a copy (see Ranged)."""
+        return local_copy(self.storage, name, self._fingerprint)
+
+    def whole(self) -> None:
+        """Make the whole index local (Ranged reads it by pages)."""
+
     def _load_members(self) -> None:
         """Map index-members.npy (on object storage: fetch it once, into the cache)."""
         assert self._members_file is not None  # pending only when config.yaml names one
@@ -140,8 +148,7 @@ class Access:
             if not self._pending:
                 return
             try:
-                path = local_copy(self.storage, self._members_file, self._fingerprint)
-                m = MemberIndex(path, num_samples=self._n)
+                m = MemberIndex(self._index_file(self._members_file), num_samples=self._n)
             except (FormatError, ObjectNotFoundError) as exc:
                 self.check_replaced(exc)
                 raise

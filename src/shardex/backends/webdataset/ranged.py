@@ -4,14 +4,17 @@ them, and iteration streams each shard with one GET."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from xxhash import xxh3_64_intdigest as _xxh3
 
 from shardex.backends.webdataset.access import Access, cut
-from shardex.dataset import Sample
+from shardex.contract import SplitInfo
+from shardex.dataset import ReopenedDataset, Sample
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.format.mapped import ABSENT
+from shardex.storage.paged import PagedCopy, fetch_pages
 
 
 def _close(stream: object) -> None:
@@ -53,7 +56,54 @@ class _Window:
 
 
 class Ranged(Access):
-    """Shards read with ranged GETs, and streamed for iteration."""
+    """Shards read with ranged GETs, and streamed for iteration. The index files are read
+    by pages as reads need them (:mod:`shardex.storage.paged`): opening a 10M-sample
+    export and reading one sample fetches a few pages, not ~560 MB of index."""
+
+    def __init__(self, ds: ReopenedDataset, info: SplitInfo) -> None:
+        self._copies: dict[str, PagedCopy] = {}
+        super().__init__(ds, info)
+        self._records = self._copies[info.index.samples]  # type: ignore[union-attr]
+
+    def _index_file(self, name: str) -> Path:
+        copy = self._copies[name] = PagedCopy(self.storage, name, self._fingerprint)
+        return copy.path
+
+    def _want(self, numbers: Sequence[int]) -> None:
+        """The index pages of samples ``numbers`` made local, in one batch."""
+        wanted = [(self._records, self._records.rows(numbers, 24))]
+        if self.members is not None:
+            rows = self._copies[self._members_file]  # type: ignore[index]
+            wanted.append((rows, rows.rows(numbers, self._msize)))
+        fetch_pages(wanted)
+
+    def _want_range(self, lo: int, hi: int) -> None:
+        wanted = [(self._records, [self._records.span(lo, hi, 24)])]
+        if self.members is not None:
+            rows = self._copies[self._members_file]  # type: ignore[index]
+            wanted.append((rows, [rows.span(lo, hi, self._msize)]))
+        fetch_pages(wanted)
+
+    def whole(self) -> None:
+        if self._pending:
+            self._load_members()
+        for copy in self._copies.values():
+            copy.whole()
+
+    def get(self, index: int) -> Sample:
+        if not 0 <= index < self._n:
+            index = self._number(index)
+        if self._pending:
+            self._load_members()
+        self._want((index,))
+        return self._checked(index, *self._unpack(self._raw, index * 24))
+
+    def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
+        if self._pending:
+            self._load_members()
+        n = self._n
+        self._want([i + n if i < 0 else i for i in indices if -n <= i < n])
+        return super().get_many(indices, gap)
 
     def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
         """Samples in shard order, streamed, one GET per shard, holding one chunk of the
@@ -70,6 +120,7 @@ class Ranged(Access):
                 chunks = next(streams)
                 try:
                     first, end = self._first[shard], self._first[shard + 1]
+                    self._want_range(first, end)
                     yield from self._samples_of_stream(shard, path, chunks, first, end)
                 finally:
                     _close(chunks)

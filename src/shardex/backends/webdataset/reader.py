@@ -79,6 +79,8 @@ class ShardDataset(SampleRanges):
 
     @property
     def records(self) -> npt.NDArray[np.void]:
+        """Every sample's index record (on object storage: the whole index fetched)."""
+        self._access.whole()
         return self.index.samples
 
     def from_bytes(

@@ -1,0 +1,152 @@
+"""Batches of ranged reads on object storage: how many requests are in flight, and hedging.
+
+A batch waits for its slowest request, and on S3 the slowest 1-5% of requests take several
+times the median, so nearly every batch of 64 meets one. A request that has waited 1.2x
+the 95th percentile of the latencies seen so far gets a second, identical ranged GET;
+the first answer wins and the other is cancelled. Hedges are capped at ``budget`` of the
+requests sent (5% by default), and counted in :data:`read_stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from shardex.per_process import PerProcess
+
+T = TypeVar("T")
+
+#: Requests of one batch in flight at once, per process, unless the storage option
+#: ``read_concurrency`` says otherwise: a DataLoader batch of 64 samples in one round trip.
+DEFAULT_CONCURRENCY: Final = 64
+#: Latencies a process remembers to place its hedging threshold.
+_WINDOW: Final = 512
+#: Latencies needed before any request is hedged.
+_WARMUP: Final = 64
+
+Fetch = Callable[[str, int, int], Awaitable[bytes]]
+
+
+@dataclass
+class ReadStats:
+    """What this process's batched ranged reads did (read it as :data:`read_stats`)."""
+
+    #: Ranged GETs sent for batches, hedges included.
+    requests: int = 0
+    #: Second GETs sent for requests slower than the hedging threshold.
+    hedged: int = 0
+    #: Hedges that answered before the request they doubled.
+    hedges_won: int = 0
+    #: Recent request latencies, in seconds.
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW), repr=False)
+    _threshold: float | None = field(default=None, repr=False)
+    _since: int = field(default=0, repr=False)
+
+    def record(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+        self._since += 1
+        if self._since >= 32 or self._threshold is None:
+            self._since = 0
+            if len(self.latencies) >= _WARMUP:
+                ordered = sorted(self.latencies)
+                # a fifth above the 95th percentile: a request that is merely slowish
+                # (jitter around a steady latency) is not sent twice
+                self._threshold = ordered[int(len(ordered) * 0.95)] * 1.2
+
+    def threshold(self) -> float | None:
+        """Seconds after which a request is hedged; None until enough were seen."""
+        return self._threshold
+
+    def reset(self) -> None:
+        self.requests = self.hedged = self.hedges_won = 0
+
+
+#: This process's batched-read counters (a forked worker starts from its parent's).
+read_stats: Final = ReadStats()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """How a storage runs a batch: ``concurrency`` requests in flight at most, hedged
+    (``hedge``) within ``budget`` extra requests per request sent."""
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    hedge: bool = True
+    budget: float = 0.05
+
+
+async def fetch_all(
+    fetch: Fetch, requests: Sequence[tuple[str, int, int]], policy: BatchPolicy
+) -> list[bytes]:
+    """Every ``(path, start, length)`` through ``fetch``, at most ``policy.concurrency``
+    at a time, slow ones hedged; the results in the order asked."""
+    limit = asyncio.Semaphore(max(1, policy.concurrency))
+    stats = read_stats
+
+    async def one(path: str, start: int, length: int) -> bytes:
+        async with limit:
+            began = time.perf_counter()
+            stats.requests += 1
+            first = asyncio.ensure_future(fetch(path, start, length))
+            wait = stats.threshold() if policy.hedge else None
+            if wait is not None:
+                done, _ = await asyncio.wait({first}, timeout=wait)
+                if not done and stats.hedged < policy.budget * stats.requests:
+                    data = await _hedged(first, fetch, (path, start, length))
+                    stats.record(time.perf_counter() - began)
+                    return data
+            data = await first
+            stats.record(time.perf_counter() - began)
+            return data
+
+    return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+
+async def _hedged(
+    first: asyncio.Future[bytes], fetch: Fetch, request: tuple[str, int, int]
+) -> bytes:
+    """The first good answer of ``first`` and a second request for the same bytes."""
+    read_stats.requests += 1
+    read_stats.hedged += 1
+    second = asyncio.ensure_future(fetch(*request))
+    pending = {first, second}
+    error: BaseException | None = None
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task.exception() is None:
+                for other in pending:
+                    other.cancel()
+                if task is second:
+                    read_stats.hedges_won += 1
+                return task.result()
+            error = error or task.exception()
+    assert error is not None
+    raise error
+
+
+class _Loop:
+    """One event loop per process on a daemon thread, for batches of concurrent reads."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="shardex-object-io"
+        ).start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+
+event_loop: Final = PerProcess(_Loop)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` run on this process's I/O loop; its result."""
+    return event_loop().submit(coro).result()

@@ -1,0 +1,133 @@
+"""A storage whose ranged reads answer late, as an object store's do: to size
+``read_concurrency``, workers and batches for a given latency, and to measure hedging,
+where a loopback server would be the bottleneck (as zarr's ``LatencyStore`` wraps a store).
+
+    slow = LatencyStorage(MemoryStorage("memory://bench/export"), delay=0.040,
+                          tail=0.02, tail_delay=0.300)
+    ds = shardex.open_dataset(slow)
+
+Every ranged read waits ``delay`` seconds; a ``tail`` fraction of them (drawn at random,
+seeded per process) waits ``tail_delay`` more. Batches run through the same concurrency
+and hedging as object storage (:mod:`shardex.storage.batch`). Other calls go straight to
+the wrapped storage. :attr:`LatencyStorage.gets` and :attr:`LatencyStorage.bytes_read`
+count this process's reads (whole and ranged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+import random
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.batch import BatchPolicy, fetch_all, run
+
+__all__ = ["LatencyStorage"]
+
+
+class LatencyStorage(Storage):
+    """``inner``, its ranged reads answering after ``delay`` (+ ``tail_delay`` for a
+    ``tail`` fraction of them) seconds; batches run by ``policy``."""
+
+    def __init__(
+        self,
+        inner: Storage,
+        delay: float = 0.0,
+        *,
+        tail: float = 0.0,
+        tail_delay: float = 0.0,
+        policy: BatchPolicy | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.inner, self.uri, self.coalesce_gap = inner, inner.uri, inner.coalesce_gap
+        self.delay, self.tail, self.tail_delay = delay, tail, tail_delay
+        self.policy = policy or BatchPolicy()
+        self.seed = seed
+        self.gets = self.bytes_read = 0
+        self._random: random.Random | None = None
+        self._pid = -1
+
+    def __repr__(self) -> str:
+        return f"LatencyStorage({self.inner!r}, delay={self.delay})"
+
+    def _wait(self) -> float:
+        if self._random is None or self._pid != os.getpid():  # a fresh draw per worker
+            self._random, self._pid = (
+                random.Random(self.seed * 1_000_003 + os.getpid()),
+                os.getpid(),
+            )
+        self.gets += 1
+        tail = self.tail_delay if self._random.random() < self.tail else 0.0
+        return self.delay + tail
+
+    def get_range(self, path: str, start: int, length: int) -> bytes:
+        time.sleep(self._wait())
+        data = self.inner.get_range(path, start, length)
+        self.bytes_read += len(data)
+        return data
+
+    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
+        time.sleep(self._wait())
+        data, size = self.inner.get_head(path, length)
+        self.bytes_read += len(data)
+        return data, size
+
+    def get(self, path: str) -> bytes:
+        time.sleep(self._wait())
+        data = self.inner.get(path)
+        self.bytes_read += len(data)
+        return data
+
+    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
+
+    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        if len(requests) <= 1:
+            return [self.get_range(*r) for r in requests]
+
+        async def fetch(path: str, start: int, length: int) -> bytes:
+            await asyncio.sleep(self._wait())
+            data = self.inner.get_range(path, start, length)
+            self.bytes_read += len(data)
+            return data
+
+        return run(fetch_all(fetch, requests, self.policy))
+
+    def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        return self.inner.iter_chunks(path, chunk_size)
+
+    def size(self, path: str) -> int:
+        return self.inner.size(path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return self.inner.list(prefix)
+
+    def list_pages(
+        self, folder: str = "", after: str | None = None
+    ) -> Iterator[builtins.list[tuple[str, int]]]:
+        return self.inner.list_pages(folder, after)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
+    def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        self.inner.put(path, data)
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        return self.inner.open_writer(path)
+
+    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
+        return self.inner.get_tagged(path)
+
+    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
+        return self.inner.put_if(path, data, tag)
+
+    def local_path(self, path: str) -> Any:
+        return None  # read as object storage is, whatever the wrapped storage
