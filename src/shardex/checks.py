@@ -41,12 +41,12 @@ def _null_non_finite(rows: pa.Table) -> pa.Table:
     return rows
 
 
-def _json_columns(table: pa.Table) -> tuple[str, ...]:
+def json_columns(schema: pa.Schema) -> tuple[str, ...]:
     """Scalar metadata columns: arrays (embeddings) as JSON text would outweigh images."""
     fixed = {MEMBERS, INVALID, "key", "original_path", "split", "label"}
     return tuple(
         f.name
-        for f in table.schema
+        for f in schema
         if f.name not in fixed
         and not (
             pa.types.is_nested(f.type)
@@ -168,7 +168,7 @@ def check_samples(
     """
     if left_out and opts.on_error == "error":
         refuse_left_out(left_out)
-    json_cols = _json_columns(table)
+    json_cols = json_columns(table.schema)
     reasons: list[str | None] = [None] * table.num_rows
     if INVALID in table.column_names:
         for i, found in enumerate(table.column(INVALID).to_pylist()):
@@ -207,11 +207,6 @@ def refuse(skipped: list[dict[str, str]]) -> NoReturn:
     first = skipped[0]
     err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
     raise err(refusal(first["original_path"], first["reason"], len(skipped) - 1))
-
-
-def json_columns(schema: pa.Schema) -> tuple[str, ...]:
-    """The metadata columns of ``schema`` that go into the ``.json`` member."""
-    return _json_columns(schema.empty_table())
 
 
 def json_texts(rows: pa.Table) -> pa.Array:

@@ -190,12 +190,9 @@ def pipeline(
     )
     reader = {"random_shuffle": random_shuffle, "shard_id": shard_id, "num_shards": num_shards}
     _set_outputs(pipe, fn, args, reader | reader_options, int_labels, image_size, device_id)
-    return _keeping(pipe, staging) if staging is not None else pipe
-
-
-def _keeping(pipe: Any, staging: Staging) -> Any:
-    pipe.shardex_staging = staging
-    weakref.finalize(pipe, staging.close)
+    if staging is not None:  # held until the pipeline is collected
+        pipe.shardex_staging = staging
+        weakref.finalize(pipe, staging.close)
     return pipe
 
 
@@ -309,10 +306,7 @@ def batches(
         for (batch,) in iterator:
             # a parsed label is one int64 per sample: (batch, 1) -> (batch,)
             out = {k: batch[k].reshape(-1) if k in labels_of else batch[k] for k in keys}
-            yield {
-                "features": {k: out[k] for k in features},
-                "labels": {k: out[k] for k in labels},
-            }
+            yield {"features": {k: out[k] for k in features}, "labels": {k: out[k] for k in labels}}
     finally:
         staging = getattr(pipe, "shardex_staging", None)
         if staging is not None:
