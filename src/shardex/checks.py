@@ -10,6 +10,7 @@ import re
 from typing import Final, NoReturn
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
@@ -99,11 +100,7 @@ def _check_keys(
     """Mark unsafe keys, duplicates, and keys that differ only by case (they collide on
     case-insensitive file systems). Case-folded hashes in one array first (a dict of every
     key cost hundreds of bytes per sample); only repeated hashes are compared as strings."""
-    hashes = np.fromiter(
-        (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
-        np.uint64,
-        len(keys),
-    )
+    hashes = folded_hashes(keys)
     order = np.argsort(hashes, kind="stable")
     repeats = np.zeros(len(keys), bool)
     same = hashes[order[1:]] == hashes[order[:-1]]
@@ -113,6 +110,12 @@ def _check_keys(
             if reasons[i] is None and not repeats[i]:
                 reasons[i] = key_problem(key, taken)
     check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
+
+
+def folded_hashes(keys: list[str]) -> npt.NDArray[np.uint64]:
+    """A 64-bit hash of each key's case-folded form."""
+    folded = (k.casefold().encode("utf-8", "surrogatepass") for k in keys)
+    return np.fromiter(map(xxhash.xxh3_64_intdigest, folded), np.uint64, len(keys))
 
 
 def check_repeated(

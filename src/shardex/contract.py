@@ -36,7 +36,8 @@ Shape = tuple[int | None, ...]
 
 @dataclass(frozen=True, slots=True)
 class KeySpec:
-    """One stored key as it is on disk; ``None`` in ``shape`` where a dimension varies."""
+    """One stored key as it is on disk: ``None`` in ``shape`` where a dimension varies,
+    ``storage`` where the values live (a ``tar`` member, a ``parquet`` column)."""
 
     key: str
     role: Role

@@ -207,7 +207,9 @@ def _arguments(
     """:func:`pipeline`'s reader arguments and staging folder, if any."""
     storage = open_storage(location, storage_options)
     staging = None
-    if shard_root is None and storage.local_path("") is None and _staged_by(stage, storage_options):
+    if stage is None:  # options that DALI's own S3 client would not see
+        stage = any((storage_options or {}).get(k) for k in ("endpoint_url", "region", "profile"))
+    if shard_root is None and storage.local_path("") is None and stage:
         from shardex.dali_staging import Staging
 
         config = read_config(storage)
@@ -242,35 +244,21 @@ def _set_outputs(
             from shardex.dali_labels import DaliOps, ascii_label
 
             ops = DaliOps()
-            outputs = [
-                ascii_label(out, ops) if name == "cls" else out
-                for name, out in zip(args.ext, outputs, strict=True)
-            ]
-        if image_size is not None:
-            outputs = [
-                _decoded(fn, out, image_size, device_id) if _is_image(name) else out
-                for name, out in zip(args.ext, outputs, strict=True)
-            ]
+        for i, (name, out) in enumerate(zip(args.ext, outputs, strict=True)):
+            if int_labels and name == "cls":
+                outputs[i] = ascii_label(out, ops)
+            elif image_size is not None and _is_image(name):
+                rgb = importlib.import_module("nvidia.dali.types").RGB
+                device = "cpu" if device_id is None else "mixed"
+                image = fn.decoders.image(out, device=device, output_type=rgb)
+                outputs[i] = fn.resize(image, resize_y=image_size[0], resize_x=image_size[1])
         pipe.set_outputs(*outputs)
-
-
-def _staged_by(stage: bool | None, storage_options: dict[str, Any] | None) -> bool:
-    if stage is not None:
-        return stage
-    return any((storage_options or {}).get(k) for k in ("endpoint_url", "region", "profile"))
 
 
 def _is_image(ext: str) -> bool:
     from shardex.codecs.images import IMAGE_EXTENSIONS
 
     return any(e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in ext.split(";"))
-
-
-def _decoded(fn: Any, data: Any, size: tuple[int, int], device_id: int | None) -> Any:
-    types = importlib.import_module("nvidia.dali.types")
-    device = "cpu" if device_id is None else "mixed"
-    image = fn.decoders.image(data, device=device, output_type=types.RGB)
-    return fn.resize(image, resize_y=size[0], resize_x=size[1])
 
 
 def batches(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -253,9 +252,20 @@ def export_dataset(
             "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
             "file, give the source's store through AWS_* variables"
         )
-    else:
-        runs = _SpecRun(preprocess, until_keys, executor, ray_address, not quiet)
-        config = _export_spec(str(spec_file), output, opts, runs, storage_options)
+    else:  # the spec's source, options and stages, with the flags given on top
+        from shardex.pipeline.spec import Spec, run_spec
+
+        spec = Spec.load(str(spec_file))
+        config = run_spec(
+            spec,
+            output,
+            executor=spec.executor(executor, opts.workers, ray_address),
+            preprocess=preprocess,
+            until_keys=until_keys,
+            mode=opts.mode,
+            verbose=not quiet,
+            **_given_options(opts, storage_options),
+        )
     click.echo(_summary(output, config))
     if config.num_skipped:
         click.echo(_skipped_summary(output, config, storage_options))
@@ -367,41 +377,6 @@ def _skipped_summary(output: str, config: Any, storage_options: dict[str, Any] |
     if len(rows) > _SKIPPED_SHOWN:
         lines.append(f"  ... and {len(rows) - _SKIPPED_SHOWN} more")
     return "\n".join(lines)
-
-
-@dataclass(frozen=True, slots=True)
-class _SpecRun:
-    """The flags of ``export-dataset SPEC.yaml`` besides the options."""
-
-    preprocess: bool
-    until_keys: tuple[str, ...]
-    executor: str | None
-    ray_address: str | None
-    progress: bool
-
-
-def _export_spec(
-    path: str,
-    output: str,
-    opts: ExportOptions,
-    run: _SpecRun,
-    storage_options: dict[str, Any] | None,
-) -> ExportConfig:
-    """``export-dataset SPEC.yaml``, the flags given applying on top of the spec."""
-    from shardex.pipeline.spec import Spec, run_spec
-
-    spec = Spec.load(path)
-    runner = spec.executor(run.executor, opts.workers, run.ray_address)
-    return run_spec(
-        spec,
-        output,
-        executor=runner,
-        preprocess=run.preprocess,
-        until_keys=run.until_keys,
-        mode=opts.mode,
-        verbose=run.progress,
-        **_given_options(opts, storage_options),
-    )
 
 
 def _given_options(opts: ExportOptions, storage_options: dict[str, Any] | None) -> dict[str, Any]:

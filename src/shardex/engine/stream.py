@@ -13,9 +13,15 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
-from shardex.checks import check_repeated, check_splits, key_problem, refuse, refuse_left_out
+from shardex.checks import (
+    check_repeated,
+    check_splits,
+    folded_hashes,
+    key_problem,
+    refuse,
+    refuse_left_out,
+)
 from shardex.engine.spill import Spill, holds, memory_budget
 from shardex.errors import EmptySourceError, SourceError
 from shardex.format.runs import HashRuns
@@ -168,11 +174,7 @@ class _Pass:
 
     def _add_keys(self, keys: list[str], rows: np.ndarray) -> None:
         records = np.empty(len(keys), _KEY_RECORD)
-        records["h"] = np.fromiter(
-            (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
-            np.uint64,
-            len(keys),
-        )
+        records["h"] = folded_hashes(keys)
         records["row"] = rows
         self.keys.add(records)
 
