@@ -21,7 +21,8 @@ def printable(name: str) -> str:
 
 
 def quoted(name: str) -> str:
-    """A name quoted for a one-line message, line breaks escaped as repr() would."""
+    """A name quoted for a one-line message: line breaks escaped as repr() would, nothing
+    else changed (a backslash stays one backslash)."""
     text = _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], printable(name))
     return f"'{text}'"
 

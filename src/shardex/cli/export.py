@@ -242,12 +242,11 @@ def export_dataset(
     opts = _export_options(**option_params)
     check_options(opts)  # before the source is looked at
     storage_options = location_options()
-    source_options = source_location_options()
     spec_file = find_scenario(source)
     if spec_file is None:
         _check_no_spec(source, preprocess, until_keys)
         config = _export_source(source, output, opts, executor, ray_address, not quiet)
-    elif source_options:
+    elif source_location_options():
         raise click.UsageError(
             "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
             "file, give the source's store through AWS_* variables"

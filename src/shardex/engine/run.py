@@ -92,6 +92,8 @@ def run_export(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Job:
+    """One export run: its source, backend, runner and hold on the output."""
+
     src: Source
     backend: Backend
     runner: Runner | None
@@ -152,6 +154,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
 
 @contextlib.contextmanager
 def _staged(storage: Storage, staging: str | None) -> Iterator[None]:
+    """Remove the run's staged parts once the runner's tasks have all settled."""
     try:
         yield
     finally:
