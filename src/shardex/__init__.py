@@ -1,9 +1,7 @@
 """shardex: export curated ML datasets to sharded storage and read them back fast.
 
-Importing shardex is light: it loads what opening an export needs (numpy, the index and
-shard readers) and nothing else; the rest of the API (export, verify, the sources, the
-backends' write side, pyarrow) is imported on first use, and torch, ray, zarr and
-tensordict only by the modules that use them.
+Importing shardex loads only what opening an export needs; the rest of the API loads on
+first use, and torch, ray, zarr and tensordict only in the modules that use them.
 """
 
 from __future__ import annotations
@@ -13,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.api import open_dataset, read_config
 
-# The default backend's reader (numpy, the index and tar readers) loads with the package,
-# so that open_dataset in a fresh process imports nothing more; the rest loads on first use.
+# The default backend's reader loads with the package: open_dataset then imports no more.
 from shardex.backends import webdataset as _default_backend  # noqa: F401
 
-# The function (light: the server loads when it is called). Imported now, as the package's
-# name is also the function's: a later import of shardex.browse.app must not replace it.
+# Imported now, as the package shares the function's name: a later import of
+# shardex.browse.app must not replace it.
 from shardex.browse import browse
 from shardex.version import __version__
 
@@ -65,8 +62,7 @@ def __dir__() -> list[str]:
 
 
 def materialize(spec: Any, output: Any = None, **kwargs: Any) -> ExportConfig:
-    """The export a spec file describes: reused when its fingerprint matches, else built
-    (see :func:`shardex.pipeline.spec.materialize`)."""
+    """The export a spec file describes (:func:`shardex.pipeline.spec.materialize`)."""
     from shardex.pipeline.spec import materialize as _materialize
 
     return _materialize(spec, output, **kwargs)

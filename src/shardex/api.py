@@ -18,8 +18,7 @@ def read_config(
     """Read and validate the config.yaml of an export.
 
     Raises:
-        NotAnExportError: there is no config.yaml (nothing exported, or an export that is
-            still being written or was interrupted).
+        NotAnExportError: there is no config.yaml.
         SchemaError: config.yaml does not match the schema.
     """
     return ExportConfig.read(open_storage(location, storage_options))
@@ -51,19 +50,12 @@ def open_dataset(
     Args:
         location: the export's folder (or storage).
         split: which split; may be left out when the export has only one.
-        decode: decode images to numpy arrays, ``cls`` to int, ``json`` to objects;
-            with False (default) every field is the exact stored bytes.
-        verify: check each sample's checksum (and its index-members row) as it is read;
-            False trusts them: a row is then only kept from pointing outside its sample
-            (see docs/format.md, "Reading").
-        on_error: ``"skip"`` makes iteration pass over damaged samples (checksum or tar
-            errors), recording ``(index, message)`` in ``dataset.skipped``; random access
-            always raises.
+        decode: decode images to arrays, ``cls`` to int, ``json`` to objects (default:
+            the exact stored bytes).
+        verify: check each sample's checksum as it is read (docs/format.md, "Reading").
+        on_error: ``"skip"``: iteration passes over damaged samples, recording
+            ``(index, message)`` in ``dataset.skipped``; random access always raises.
         storage_options: options for remote storage.
-
-    Returns:
-        A :class:`~shardex.dataset.Dataset`: ``len``, ``ds[i]``, ``ds.get(key)``,
-        ``ds.get_many(indices)``, iteration, ``ds.metadata``, ``ds.config``.
     """
     storage = open_storage(location, storage_options)
     config = read_config(storage)

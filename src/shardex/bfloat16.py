@@ -1,12 +1,8 @@
 """``--dtype bfloat16``: floating-point array fields stored as bfloat16.
 
-numpy has no bfloat16, so between shardex's parts a bfloat16 column is a ``uint16`` array
-of the values' bit patterns, and config.yaml's field dtype (``bfloat16``) says how to read
-them. The cast is torch's own (``tensor.to(torch.bfloat16)``, round to nearest even), so a
-stored value equals ``torch.tensor(x, dtype=torch.bfloat16)`` of the original ``x``. Backends
-that can hold bfloat16 (``capabilities.bfloat16``) store torch tensors of that dtype
-(``torch``, ``tensordict_memmap``) or the bit patterns (``tensor_shards``' ``.npz``);
-reading gives the values back as ``torch.bfloat16`` tensors.
+numpy has no bfloat16, so inside shardex a bfloat16 column is a ``uint16`` array of bit
+patterns. The cast is torch's own (round to nearest even); reading gives ``torch.bfloat16``
+tensors back.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ if TYPE_CHECKING:
     import torch
 
 BFLOAT16: Final = "bfloat16"
-#: The numpy dtype that carries bfloat16 bit patterns.
 BITS: Final = np.dtype(np.uint16)
 
 
@@ -40,7 +35,6 @@ def _torch() -> Any:
 
 
 def mark(specs: Iterable[FieldSpec]) -> tuple[FieldSpec, ...]:
-    """The specs with every floating-point array field's dtype set to bfloat16."""
     return tuple(
         dataclasses.replace(s, dtype=BFLOAT16)
         if s.kind == "array" and np.dtype(s.dtype).kind == "f"
@@ -59,7 +53,7 @@ def storage_dtype(spec: FieldSpec) -> np.dtype[Any]:
 
 
 def bfloat16_columns(layout: Iterable[FieldSpec]) -> frozenset[str]:
-    """The columns that hold bfloat16 values (a fixed field's array, a ragged one's data)."""
+    """The columns that hold bfloat16 values."""
     out = set()
     for spec in layout:
         if is_bfloat16(spec):
@@ -75,8 +69,8 @@ def to_bits(array: npt.NDArray[Any]) -> npt.NDArray[np.uint16]:
 
 
 def as_tensor(bits: Any) -> torch.Tensor:
-    """Bit patterns (uint16 array) as a ``torch.bfloat16`` tensor sharing their memory
-    when it can (a read-only mapping is copied: torch tensors may be written to)."""
+    """Bit patterns as a ``torch.bfloat16`` tensor sharing their memory (copied when
+    read-only: torch tensors may be written to)."""
     torch = _torch()
     array = np.asarray(bits)
     if not array.flags.writeable or not array.flags.c_contiguous:
@@ -85,12 +79,10 @@ def as_tensor(bits: Any) -> torch.Tensor:
 
 
 def from_tensor(tensor: Any) -> npt.NDArray[np.uint16]:
-    """A ``torch.bfloat16`` tensor's bit patterns as a uint16 array (its memory)."""
     torch = _torch()
     return tensor.view(torch.int16).numpy().view(BITS)  # type: ignore[no-any-return]
 
 
 def widened(value: Any) -> npt.NDArray[np.float32]:
-    """A bfloat16 tensor as float32 values (exact: every bfloat16 value is a float32),
-    for ``.npy`` bytes, which have no bfloat16."""
+    """A bfloat16 tensor as (exact) float32 values, for ``.npy`` bytes."""
     return value.float().numpy()  # type: ignore[no-any-return]

@@ -1,10 +1,6 @@
-"""Checking samples before anything is written: unsafe, empty and duplicate keys, split
-names, what the source found unusable; and renders each sample's ``.json`` member text, so
-that shard sizes are known exactly before writing.
-
-Images are checked by the shard writer from the bytes it reads to write them (one pass
-over the bytes), with :func:`~shardex.sample_check.image_problem` and
-:class:`~shardex.sample_check.SampleCheck`.
+"""Checks before anything is written (keys, split names, what the source left out), and
+each sample's ``.json`` text, so shard sizes are exact before writing. Images are checked
+by the shard writer, in its one pass over their bytes (:mod:`shardex.sample_check`).
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import re
 from typing import Final, NoReturn
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
@@ -26,18 +23,16 @@ from shardex.refs.members import JSON_COLUMN
 from shardex.refs.scan import INVALID, MEMBERS, LeftOut
 from shardex.sample_check import refusal
 
-# Anything that may make a key unsafe: a control character, a backslash, a leading "/",
-# or an empty, "." or ".." path part.
+# A control character, a backslash, a leading "/", or an empty, "." or ".." path part.
 _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
-#: :data:`_UNSAFE_KEY` over keys joined by newlines (see :func:`_all_safe`).
+#: :data:`_UNSAFE_KEY` over keys joined by newlines.
 _UNSAFE_KEYS: Final = re.compile(
     r"[\x00-\x09\x0b-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)", re.MULTILINE
 )
 
 
 def _null_non_finite(rows: pa.Table) -> pa.Table:
-    """NaN and infinities as nulls: JSON has no such numbers, and Python would write the
-    bare ``NaN``/``Infinity`` that strict parsers refuse (metadata.parquet keeps them)."""
+    """NaN and infinities as nulls: Python would write bare ``NaN`` that strict JSON refuses."""
     for i, f in enumerate(rows.schema):
         if pa.types.is_floating(f.type):
             col = rows.column(i)
@@ -47,16 +42,12 @@ def _null_non_finite(rows: pa.Table) -> pa.Table:
     return rows
 
 
-def _json_columns(table: pa.Table) -> tuple[str, ...]:
-    """Metadata columns that go into the ``.json`` member: scalars only.
-
-    Array columns (embeddings) stay typed in Parquet: 768 floats as JSON text would be
-    larger than many images.
-    """
+def json_columns(schema: pa.Schema) -> tuple[str, ...]:
+    """Scalar metadata columns: arrays (embeddings) as JSON text would outweigh images."""
     fixed = {MEMBERS, INVALID, "key", "original_path", "split", "label"}
     return tuple(
         f.name
-        for f in table.schema
+        for f in schema
         if f.name not in fixed
         and not (
             pa.types.is_nested(f.type)
@@ -67,12 +58,7 @@ def _json_columns(table: pa.Table) -> tuple[str, ...]:
 
 
 def unsafe_key(key: str) -> str | None:
-    """Why a key cannot name tar members safely, or None.
-
-    Keys become member names (``KEY.jpg``) that other tools extract to disk, so a key may
-    not be absolute, climb out with ``..``, hold empty or ``.`` path parts, backslashes or
-    control characters (NUL included).
-    """
+    """Why a key cannot safely name tar members that other tools extract to disk, or None."""
     if not key:
         return "empty sample key"
     if _UNSAFE_KEY.search(key) is None:  # one regex pass: the common case is a safe key
@@ -85,10 +71,8 @@ def unsafe_key(key: str) -> str | None:
 
 
 def _all_safe(keys: list[str], taken: frozenset[str]) -> bool:
-    """Whether no key has a :func:`key_problem`, found with one regex pass over all of
-    them: joined by newlines and searched line by line (``^``/``$`` at each key's ends),
-    newline left out of the control characters. A key holding a newline itself is not
-    decided here (False)."""
+    """Whether no key has a :func:`key_problem`, in one regex pass over the keys joined by
+    newlines (False for a key holding a newline itself)."""
     if not keys:
         return True
     if not taken.isdisjoint(keys):
@@ -113,17 +97,10 @@ def _check_keys(
     originals: pa.ChunkedArray,
     taken: frozenset[str] = frozenset(),
 ) -> None:
-    """Mark unsafe keys, duplicates, and keys that differ only by case (which collide on
-    case-insensitive file systems when the tars are extracted).
-
-    Keys are first compared by a 64-bit hash of their case-folded form, in one array (a
-    dict of every key cost hundreds of bytes per sample); only keys whose hash repeats
-    are compared as strings, in sample order."""
-    hashes = np.fromiter(
-        (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
-        np.uint64,
-        len(keys),
-    )
+    """Mark unsafe keys, duplicates, and keys that differ only by case (they collide on
+    case-insensitive file systems). Case-folded hashes in one array first (a dict of every
+    key cost hundreds of bytes per sample); only repeated hashes are compared as strings."""
+    hashes = folded_hashes(keys)
     order = np.argsort(hashes, kind="stable")
     repeats = np.zeros(len(keys), bool)
     same = hashes[order[1:]] == hashes[order[:-1]]
@@ -133,6 +110,12 @@ def _check_keys(
             if reasons[i] is None and not repeats[i]:
                 reasons[i] = key_problem(key, taken)
     check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
+
+
+def folded_hashes(keys: list[str]) -> npt.NDArray[np.uint64]:
+    """A 64-bit hash of each key's case-folded form."""
+    folded = (k.casefold().encode("utf-8", "surrogatepass") for k in keys)
+    return np.fromiter(map(xxhash.xxh3_64_intdigest, folded), np.uint64, len(keys))
 
 
 def check_repeated(
@@ -163,9 +146,7 @@ def check_repeated(
 
 
 def check_splits(splits: list[object], keys: list[str], reasons: list[str | None]) -> None:
-    """Mark samples whose split (from a table column or a tar's ``.json``) cannot name a
-    folder of the export: like an unsafe key, a bad sample (an error, or a recorded skip
-    under ``on_error="skip"``), never a path outside the output."""
+    """Mark samples whose split cannot name a folder of the export, like an unsafe key."""
     problems: dict[str, str | None] = {}
     for i, split in enumerate(splits):
         if reasons[i] is not None:
@@ -185,16 +166,14 @@ def check_samples(
 ) -> tuple[pa.Table, list[dict[str, str]]]:
     """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
 
-    ``taken`` holds keys already exported (when appending): they count as duplicates.
-    ``left_out`` is what the source found but cannot export: refused first (before any
-    image is read), or recorded first among the skipped. No image bytes are read: the
-    shard writer checks each image as it writes it (one pass over the bytes).
+    ``taken`` holds keys already exported (appending); ``left_out`` is what the source
+    found but cannot export, refused or recorded first.
     """
     if left_out and opts.on_error == "error":
         refuse_left_out(left_out)
-    json_cols = _json_columns(table)
+    json_cols = json_columns(table.schema)
     reasons: list[str | None] = [None] * table.num_rows
-    if INVALID in table.column_names:  # problems the source found while scanning
+    if INVALID in table.column_names:
         for i, found in enumerate(table.column(INVALID).to_pylist()):
             reasons[i] = found or reasons[i]
         table = table.drop_columns([INVALID])
@@ -231,11 +210,6 @@ def refuse(skipped: list[dict[str, str]]) -> NoReturn:
     first = skipped[0]
     err = DuplicateKeyError if first["reason"].startswith("duplicate key") else BadSampleError
     raise err(refusal(first["original_path"], first["reason"], len(skipped) - 1))
-
-
-def json_columns(schema: pa.Schema) -> tuple[str, ...]:
-    """The metadata columns of ``schema`` that go into the ``.json`` member."""
-    return _json_columns(schema.empty_table())
 
 
 def json_texts(rows: pa.Table) -> pa.Array:

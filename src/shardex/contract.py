@@ -1,8 +1,6 @@
-"""The export contract: the model of ``config.yaml``, its schema, and (de)serialisation.
+"""The model of ``config.yaml``, its schema and (de)serialisation.
 
-``config.yaml`` is written last and is the commit point of an export: a location without it
-holds no export. It is validated against ``schema/config.schema.json`` (shipped in the
-package) on every read.
+``config.yaml`` is written last and is an export's commit point; every read validates it.
 """
 
 from __future__ import annotations
@@ -13,9 +11,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-# The schema compiled to Python ahead of time (scripts/gen_config_validator.py): ~15x
-# faster than an interpreting validator, which matters with tens of thousands of shards,
-# without the ~45 ms of compiling it in every process.
+# The schema compiled ahead of time (scripts/gen_config_validator.py): ~15x faster than an
+# interpreting validator with tens of thousands of shards, and no ~45 ms compile per process.
 from shardex import config_validator, yaml_subset
 from shardex.errors import ConfigError, SchemaError
 from shardex.names import stored_split_name_problem
@@ -24,11 +21,9 @@ from shardex.quoting import collapsed
 if TYPE_CHECKING:
     from shardex.storage.base import Storage
 
-#: 2: per-sample checksums are seeded with the sample number (see format/index.py);
-#: version 1 exports still open and read.
-#: 3: each split also has ``index-members.npy``, where every member of every sample lies,
-#: so that reads slice fields without parsing tar headers; version 1 and 2 exports
-#: (without it) still open and read as before.
+#: 2: per-sample checksums seeded with the sample number (format/index.py).
+#: 3: ``index-members.npy`` per split, so reads slice fields without parsing tar headers.
+#: Older versions still open and read.
 FORMAT_VERSION: Final = 3
 CONFIG_FILE: Final = "config.yaml"
 METADATA_FILE: Final = "metadata.parquet"
@@ -41,11 +36,8 @@ Shape = tuple[int | None, ...]
 
 @dataclass(frozen=True, slots=True)
 class KeySpec:
-    """One stored key, described as it is on disk (true dtype and shape).
-
-    ``shape`` entries are ``None`` where a dimension varies between samples (image height
-    and width); ``storage`` says where the values live (``tar`` member, ``parquet`` column).
-    """
+    """One stored key as it is on disk: ``None`` in ``shape`` where a dimension varies,
+    ``storage`` where the values live (a ``tar`` member, a ``parquet`` column)."""
 
     key: str
     role: Role
@@ -58,14 +50,8 @@ class KeySpec:
 
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
-    """One stored field of every sample, as it is on disk.
-
-    ``name`` is the WebDataset member name (``jpg``, ``cls``, ``x.npy``); ``kind`` says how
-    it is stored: ``bytes`` (encoded as it came), ``array`` (numbers with a dtype and shape)
-    or ``label`` (an int64). ``shape`` is the per-sample shape, ``None`` where it varies
-    (a byte string's length, an image's height); ``optional`` fields are missing from some
-    samples; ``column`` is what array backends name it.
-    """
+    """One stored field of every sample: its member name (``jpg``, ``x.npy``), how it is
+    stored, its per-sample shape (``None`` where it varies) and its array-backend column."""
 
     name: str
     kind: Literal["bytes", "array", "label"]
@@ -77,10 +63,7 @@ class FieldSpec:
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """One shard file of a split, its Parquet sidecar and its DALI index file (``.idx``,
-    absent where the shard's members cannot be described in that format).
-    ``metadata_checksum`` is the sidecar's whole-file checksum (absent in exports written
-    before shardex recorded it)."""
+    """One shard file of a split, its Parquet sidecar and its DALI index file, if any."""
 
     path: str
     num_samples: int
@@ -102,12 +85,7 @@ class IndexInfo:
 
 @dataclass(frozen=True, slots=True)
 class SplitInfo:
-    """One split: its sample count, shards and index.
-
-    ``files`` are the split's other files (an array backend's arrays, a manifest);
-    ``keys`` is the key-hash table of backends without a per-sample byte index (``index``
-    is the ``webdataset`` backend's).
-    """
+    """One split: its sample count, shards, index, other files and key-hash table."""
 
     num_samples: int
     num_bytes: int
@@ -154,19 +132,17 @@ class ExportConfig:
     checksum_algorithm: str = "xxh3_64"
     metadata_file: str | None = METADATA_FILE
     errors_file: str | None = None
-    #: Whole-file checksums (``xxh3_64:HEX``) of metadata_file and errors_file; None in
-    #: exports written before shardex recorded them.
+    #: Whole-file checksums of metadata_file and errors_file (None in older exports).
     metadata_checksum: str | None = None
     errors_checksum: str | None = None
     num_skipped: int = 0
     pipeline: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     fields: tuple[FieldSpec, ...] = ()
-    #: The hash of the spec file the export was made from (``shardex.materialize``).
     spec_fingerprint: str | None = None
 
     def split(self, name: str) -> SplitInfo:
-        """The named split; a clear error lists the splits when it is absent."""
+        """The named split, or a ConfigError listing the splits."""
         try:
             return self.splits[name]
         except KeyError:
@@ -175,17 +151,14 @@ class ExportConfig:
 
     @property
     def flat(self) -> bool:
-        """Whether the one split's files lie at the export's top level (``layout="flat"``,
-        NeMo Curator's ``$output/images-*.tar``) instead of in a folder named after it."""
+        """Whether the one split's files lie at the top level (NeMo Curator's layout)."""
         return self.shard_options.get("layout") == "flat"
 
     def split_prefix(self, name: str) -> str:
-        """What a path of split ``name``'s files starts with: ``"{name}/"``, or ``""`` when
-        the export is :attr:`flat`."""
+        """``"{name}/"``, or ``""`` when the export is :attr:`flat`."""
         return "" if self.flat else f"{name}/"
 
     def key_spec(self, key: str) -> KeySpec | None:
-        """The spec of a stored key, if any."""
         return next((s for s in self.key_specs if s.key == key), None)
 
     def to_dict(self) -> dict[str, Any]:
@@ -247,11 +220,10 @@ class ExportConfig:
         return {name: raw[name] for name in order}
 
     def to_yaml(self) -> str:
-        """config.yaml text; deterministic for the same config.
+        """config.yaml text, deterministic for the same config.
 
         Raises:
-            SchemaError: the config breaks its own schema (a path outside the export, a bad
-                split name): it is refused before it can be committed.
+            SchemaError: the config breaks its own schema, so it is never committed.
         """
         raw = self.to_dict()
         validate(raw, where=f"{CONFIG_FILE} to be written")
@@ -299,8 +271,7 @@ class ExportConfig:
         """The config.yaml of the export in ``storage``, read and validated.
 
         Raises:
-            NotAnExportError: there is no config.yaml (nothing exported, or an export that
-                is still being written or was interrupted).
+            NotAnExportError: there is no config.yaml.
             SchemaError: config.yaml does not match the schema.
         """
         from shardex.errors import NotAnExportError, ObjectNotFoundError
@@ -327,7 +298,6 @@ class ExportConfig:
 
 
 def _parse_yaml(text: str | bytes, where: str) -> Any:
-    """config.yaml text beyond yaml_subset (hand-edited, or another writer's), by PyYAML."""
     import yaml
 
     _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -347,8 +317,7 @@ def schema() -> dict[str, Any]:
 
 
 def _schema_message(exc: Any) -> str:
-    """What a schema failure means, naming the field and (repr-quoted) the bad value: a
-    path or split name that would reach outside the export is the case that matters."""
+    """A schema failure naming the field and the bad value (paths reaching outside matter)."""
     field_name = exc.name.removeprefix("data.").removeprefix("data") or "the document"
     if exc.rule == "propertyNames" and isinstance(exc.value, dict):
         for name in exc.value:
@@ -368,7 +337,7 @@ def validate(raw: Any, *, where: str = CONFIG_FILE) -> None:
     """Check a parsed config.yaml against the schema and its cross-field rules.
 
     Raises:
-        SchemaError: naming the first offending field and what was expected.
+        SchemaError: naming the first offending field.
     """
     check: Callable[[Any], object] = config_validator.validate  # generated, untyped
     try:

@@ -1,24 +1,9 @@
-"""NVIDIA DALI: read an export's tar shards with ``fn.readers.webdataset``.
+"""NVIDIA DALI: read an export's tar shards with ``fn.readers.webdataset`` (docs/dali.md).
 
-Every shard of a backend with ``capabilities.dali`` (the ``webdataset`` backend) has a DALI
-index file beside it (``.idx``, see :mod:`shardex.format.dali_index`), so DALI opens an
-export without scanning its tars.
-:func:`reader_arguments` gives the reader's ``paths``, ``index_paths`` and ``ext`` for a
-split and needs no DALI; :func:`pipeline` builds a ready pipeline and needs DALI itself
-(``pip install 'shardex[dali]'``; ``import shardex.dali`` works without it).
-
-Where the shards are read from:
-
-* a local export: the files themselves;
-* an export on ``s3://``: DALI reads the tars from the bucket itself (DALI releases built
-  with S3 support, as the PyPI wheels are), with credentials and endpoint from *its own*
-  environment: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` and
-  ``AWS_ENDPOINT_URL`` (read once per process, when DALI first touches S3). The index files
-  are copied to the shardex cache (``$SHARDEX_CACHE_DIR/index/``), since older DALI
-  releases read ``index_paths`` from local files only;
-* anything else (``gs://``, ``az://``, ``http(s)://`` and presigned URLs, which DALI's reader
-  cannot open): pass ``shard_root``, a local folder or mount (s3fs, mountpoint-s3, a synced
-  copy) that holds the export's files under the same relative paths.
+Each shard's DALI index file lets DALI open an export without scanning its tars. DALI reads
+local files and ``s3://`` itself (credentials from *its own* environment; index files are
+copied to the shardex cache since older DALI reads them locally only); anything else needs
+``shard_root``, a local folder or mount with the export's files.
 """
 
 from __future__ import annotations
@@ -51,18 +36,13 @@ _STAGING_THREADS: Final = 16
 
 @dataclass(frozen=True, slots=True)
 class ReaderArguments:
-    """What ``nvidia.dali.fn.readers.webdataset`` needs to read one split.
-
-    ``index_paths`` is None when a shard has no index file (an export written before shardex
-    wrote them, or a member name the format cannot hold): DALI then scans the tars.
-    """
+    """What ``fn.readers.webdataset`` needs for one split (no ``index_paths``: DALI scans)."""
 
     paths: tuple[str, ...]
     index_paths: tuple[str, ...] | None
     ext: tuple[str, ...]
 
     def as_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``fn.readers.webdataset``."""
         out: dict[str, Any] = {"paths": list(self.paths), "ext": list(self.ext)}
         if self.index_paths is not None:
             out["index_paths"] = list(self.index_paths)
@@ -72,10 +52,8 @@ class ReaderArguments:
 def default_ext(
     config: ExportConfig, prefix: str = "tar", keys: Sequence[str] | None = None
 ) -> tuple[str, ...]:
-    """One reader output per x and y key stored in the tars, e.g. ``("jpg;png", "cls")``
-    (DALI sends every extension of a ``;``-separated set to one output); ``prefix`` is how
-    the key specs name the tars (the backend's ``key_storage``). With ``keys``, one output
-    per key named, each of which must be in the tars."""
+    """One reader output per x and y key (or per key of ``keys``) stored in the tars, e.g.
+    ``("jpg;png", "cls")``; ``prefix`` is the backend's ``key_storage``."""
     out = []
     mark = f"{prefix}:"
     for key in (*config.x_keys, *config.y_keys) if keys is None else keys:
@@ -107,17 +85,14 @@ def reader_arguments(
     Args:
         location: the export (a folder, an ``s3://`` URL or a storage).
         split: which split; may be left out when the export has only one.
-        ext: the reader's outputs, each an extension or a ``;``-separated set of them
-            (default: the export's x and y keys, see :func:`default_ext`).
-        shard_root: a local folder or mount holding the export's files; DALI reads the
-            tars and index files there instead of from ``location``.
-        storage_options: options for reading config.yaml and index files from object
-            storage (see docs/storage.md); DALI itself does not see them.
+        ext: the reader's outputs, each an extension or a ``;``-separated set
+            (default: :func:`default_ext`).
+        shard_root: a local folder or mount holding the export's files, read instead.
+        storage_options: for reading config.yaml and index files; DALI does not see them.
 
     Raises:
-        ConfigError: the export's backend does not write tar shards with DALI index files
-            (``capabilities.dali``), or DALI cannot read its shards where they are and no
-            ``shard_root`` was given.
+        ConfigError: the backend writes no tar shards, or DALI cannot read them where
+            they are and no ``shard_root`` was given.
     """
     storage = open_storage(location, storage_options)
     config = read_config(storage)
@@ -156,8 +131,7 @@ def _indexes(shards: Sequence[ShardInfo], where: Callable[[str], str]) -> tuple[
 
 
 def _staged(storage: Storage, shards: Sequence[ShardInfo]) -> tuple[str, ...] | None:
-    """Local copies of a remote split's index files, keyed (like the sample index's) by the
-    shards' checksums, so a rewritten export never meets stale copies."""
+    """Local copies of the index files, keyed by the shards' checksums (never stale)."""
     paths = [s.dali_index for s in shards if s.dali_index is not None]
     if len(paths) != len(shards):
         return None
@@ -185,26 +159,19 @@ def pipeline(
     stage: bool | None = None,
     **reader_options: Any,
 ) -> Any:
-    """A DALI pipeline whose outputs are the reader's, one per ``ext`` entry (raw bytes as
-    ``uint8`` tensors; add decoding with your own pipeline and :func:`reader_arguments`),
-    except ``cls``: an int64 label per sample (-1 where a sample has none), unless
-    ``int_labels=False`` (the ASCII bytes as stored; see :mod:`shardex.dali_labels`);
-    with ``image_size=(height, width)``, image outputs are decoded (RGB; on the GPU with a
-    ``device_id``) and resized to that size.
+    """A DALI pipeline with one output per ``ext`` entry (raw ``uint8`` bytes), except
+    ``cls``: an int64 label per sample (-1 where none) unless ``int_labels=False``; with
+    ``image_size=(height, width)``, images are decoded (RGB) and resized.
 
     Args:
         location, split, ext, shard_root, storage_options: as for :func:`reader_arguments`.
-        batch_size, num_threads, device_id, seed: the ``Pipeline``'s; ``device_id=None``
-            runs on the CPU only.
-        stage: download a remote split's tars and index files through shardex's storage
-            (with ``storage_options``) to a local folder DALI reads, removed when the
-            pipeline is collected or :func:`batches` ends (see :mod:`shardex.dali_staging`).
-            Default: when ``storage_options`` name an endpoint, region or profile, which
-            DALI's own S3 client would not see.
-        random_shuffle, shard_id, num_shards: the reader's (``num_shards`` is the number
-            of pipelines reading the split, e.g. one per GPU).
-        reader_options: more ``fn.readers.webdataset`` arguments
-            (``missing_component_behavior``, ``dtypes``, ``pad_last_batch`` ...).
+        batch_size, num_threads, device_id, seed: the ``Pipeline``'s (``device_id=None``:
+            CPU only).
+        stage: download a remote split to a local folder DALI reads, removed with the
+            pipeline (default: when ``storage_options`` name an endpoint, region or
+            profile, which DALI's own S3 client would not see).
+        random_shuffle, shard_id, num_shards: the reader's.
+        reader_options: more ``fn.readers.webdataset`` arguments.
 
     Returns:
         An ``nvidia.dali.Pipeline``; its reader is named ``"Reader"`` for DALI's framework
@@ -223,13 +190,9 @@ def pipeline(
     )
     reader = {"random_shuffle": random_shuffle, "shard_id": shard_id, "num_shards": num_shards}
     _set_outputs(pipe, fn, args, reader | reader_options, int_labels, image_size, device_id)
-    return _keeping(pipe, staging) if staging is not None else pipe
-
-
-def _keeping(pipe: Any, staging: Staging) -> Any:
-    """``pipe``, holding ``staging`` until it is collected (then the folder is removed)."""
-    pipe.shardex_staging = staging
-    weakref.finalize(pipe, staging.close)
+    if staging is not None:  # held until the pipeline is collected
+        pipe.shardex_staging = staging
+        weakref.finalize(pipe, staging.close)
     return pipe
 
 
@@ -241,11 +204,12 @@ def _arguments(
     storage_options: dict[str, Any] | None,
     stage: bool | None,
 ) -> tuple[ReaderArguments, Staging | None]:
-    """:func:`pipeline`'s reader arguments, and the local staging folder they name when
-    the split is staged (closed here if the arguments fail)."""
+    """:func:`pipeline`'s reader arguments and staging folder, if any."""
     storage = open_storage(location, storage_options)
     staging = None
-    if shard_root is None and storage.local_path("") is None and _staged_by(stage, storage_options):
+    if stage is None:  # options that DALI's own S3 client would not see
+        stage = any((storage_options or {}).get(k) for k in ("endpoint_url", "region", "profile"))
+    if shard_root is None and storage.local_path("") is None and stage:
         from shardex.dali_staging import Staging
 
         config = read_config(storage)
@@ -273,8 +237,6 @@ def _set_outputs(
     image_size: tuple[int, int] | None,
     device_id: int | None,
 ) -> None:
-    """Define ``pipe``: the webdataset reader named ``"Reader"``, its ``cls`` outputs as
-    int64 labels (``int_labels``), its images decoded and resized (``image_size``)."""
     with pipe:
         outputs = fn.readers.webdataset(**args.as_kwargs(), name="Reader", **reader_options)
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
@@ -282,35 +244,21 @@ def _set_outputs(
             from shardex.dali_labels import DaliOps, ascii_label
 
             ops = DaliOps()
-            outputs = [
-                ascii_label(out, ops) if name == "cls" else out
-                for name, out in zip(args.ext, outputs, strict=True)
-            ]
-        if image_size is not None:
-            outputs = [
-                _decoded(fn, out, image_size, device_id) if _is_image(name) else out
-                for name, out in zip(args.ext, outputs, strict=True)
-            ]
+        for i, (name, out) in enumerate(zip(args.ext, outputs, strict=True)):
+            if int_labels and name == "cls":
+                outputs[i] = ascii_label(out, ops)
+            elif image_size is not None and _is_image(name):
+                rgb = importlib.import_module("nvidia.dali.types").RGB
+                device = "cpu" if device_id is None else "mixed"
+                image = fn.decoders.image(out, device=device, output_type=rgb)
+                outputs[i] = fn.resize(image, resize_y=image_size[0], resize_x=image_size[1])
         pipe.set_outputs(*outputs)
-
-
-def _staged_by(stage: bool | None, storage_options: dict[str, Any] | None) -> bool:
-    if stage is not None:
-        return stage
-    return any((storage_options or {}).get(k) for k in ("endpoint_url", "region", "profile"))
 
 
 def _is_image(ext: str) -> bool:
     from shardex.codecs.images import IMAGE_EXTENSIONS
 
     return any(e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in ext.split(";"))
-
-
-def _decoded(fn: Any, data: Any, size: tuple[int, int], device_id: int | None) -> Any:
-    types = importlib.import_module("nvidia.dali.types")
-    device = "cpu" if device_id is None else "mixed"
-    image = fn.decoders.image(data, device=device, output_type=types.RGB)
-    return fn.resize(image, resize_y=size[0], resize_x=size[1])
 
 
 def batches(
@@ -323,10 +271,8 @@ def batches(
     storage_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> Iterator[dict[str, Any]]:
-    """One pass of :func:`pipeline` through DALI's ``DALIGenericIterator``: batches
-    ``{"features": {key: tensor}, "labels": {key: tensor}}`` by the export's key names
-    (each stored in the tars; ``options`` are :func:`pipeline`'s). The last batch may be
-    short. With ``image_size`` images come decoded; a label is an int64 ``(batch,)``."""
+    """One pass of :func:`pipeline` through ``DALIGenericIterator``: batches
+    ``{"features": {key: tensor}, "labels": {key: tensor}}``; the last may be short."""
     iterator_module = importlib.import_module("nvidia.dali.plugin.pytorch")
     storage = open_storage(location, storage_options)
     config = read_config(storage)
@@ -348,10 +294,7 @@ def batches(
         for (batch,) in iterator:
             # a parsed label is one int64 per sample: (batch, 1) -> (batch,)
             out = {k: batch[k].reshape(-1) if k in labels_of else batch[k] for k in keys}
-            yield {
-                "features": {k: out[k] for k in features},
-                "labels": {k: out[k] for k in labels},
-            }
+            yield {"features": {k: out[k] for k in features}, "labels": {k: out[k] for k in labels}}
     finally:
         staging = getattr(pipe, "shardex_staging", None)
         if staging is not None:
@@ -359,8 +302,7 @@ def batches(
 
 
 def _check_endpoint(args: ReaderArguments, storage_options: dict[str, Any] | None) -> None:
-    """DALI's S3 client takes its endpoint from the environment only: refuse to let it go
-    to another server than the one shardex was told about."""
+    """Refuse to let DALI's S3 client (configured by the environment) reach another server."""
     endpoint = (storage_options or {}).get("endpoint_url")
     if not endpoint or not any(p.startswith(DIRECT_SCHEMES) for p in args.paths):
         return

@@ -1,12 +1,6 @@
-"""A split's remote shards and index files staged in a local folder, for DALI.
-
-DALI's own S3 client sees only the process environment, not shardex's storage options
-(endpoint, region, profile), and opens no other object store. With staging, shardex
-downloads the split's tars and ``.idx`` files through its own storage, with the options
-every other command takes, into ``$TMPDIR/shardex-dali-{pid}-...``, and DALI reads them
-there. The folder is removed when the loader ends (:meth:`Staging.close`, or when the
-pipeline holding it is collected); a killed run cannot remove it, so each new staging
-first removes the folders whose process is gone (their ``.lock`` is free).
+"""A split's remote shards and index files staged in a local folder, for DALI, whose own
+S3 client sees only the environment, not shardex's storage options. A killed run's folder
+is removed by the next staging (its ``.lock`` is free).
 """
 
 from __future__ import annotations
@@ -22,15 +16,12 @@ from typing import Final
 from shardex.contract import ShardInfo
 from shardex.storage import Storage
 
-#: The staging folders' prefix under the temporary folder.
 PREFIX: Final = "shardex-dali-"
-#: Files downloaded at once.
 _THREADS: Final = 8
 
 
 class Staging:
-    """A locked local folder holding ``shards`` (and their index files) of ``storage``
-    under their paths in the export."""
+    """A locked local folder holding ``shards`` and their index files."""
 
     def __init__(self, storage: Storage, shards: Sequence[ShardInfo]) -> None:
         from shardex.storage.scratch import locked_folder, remove_stale

@@ -66,8 +66,7 @@ _REOPENED_BY: Final = ("storage", "config", "split", "decode", "verify", "on_err
 
 
 class ReopenedDataset(Dataset):
-    """A dataset that pickles as what opened it and reopens in the unpickling process
-    (a DataLoader worker): file handles, mappings and caches are never pickled."""
+    """A dataset that pickles as what opened it and reopens where it is unpickled."""
 
     storage: Storage
     decode: bool
@@ -87,8 +86,6 @@ class ReopenedDataset(Dataset):
         verify: bool = True,
         on_error: OnReadError = "raise",
     ) -> None:
-        """Open ``split`` of the export at ``storage``: the attributes every dataset keeps,
-        then what its backend reads (:meth:`_open_split`)."""
         info = config.split(split)
         self.storage, self.config, self.split = storage, config, split
         self.decode, self.verify, self.on_error = decode, verify, on_error
@@ -96,8 +93,7 @@ class ReopenedDataset(Dataset):
         self._open_split(info)
 
     def _open_split(self, info: SplitInfo) -> None:
-        """Read what the dataset needs of its split (``info``); the attributes the
-        constructor takes are set."""
+        """Read what the backend needs of its split."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _REOPENED_BY}
@@ -107,13 +103,8 @@ class ReopenedDataset(Dataset):
 
 
 class ShardWindows(ReopenedDataset):
-    """A dataset whose shards are runs of whole samples stored as columns, each loaded
-    whole (``TensorShardsLoader`` reads windows of them). A backend's dataset declares it
-    by subclassing, and its backend by ``capabilities.shard_windows``.
-
-    The columns of a run are named arrays as :mod:`shardex.backends.columns` lays them
-    out (``__key__.data`` + ``__key__.offsets``; per field ``NAME``, or ``NAME.data`` +
-    ``NAME.offsets`` (+ ``NAME.shapes``), + ``NAME.present`` when optional)."""
+    """A dataset whose shards are runs of whole samples stored as columns (laid out by
+    :mod:`shardex.backends.columns`), each loaded whole by ``TensorShardsLoader``."""
 
     #: The fields of the split, with their column names (config.yaml's ``fields``).
     layout: tuple[FieldSpec, ...]
@@ -125,27 +116,24 @@ class ShardWindows(ReopenedDataset):
 
     @abstractmethod
     def shard_columns(self, shard: int) -> Mapping[str, Any]:
-        """The columns of shard number ``shard`` (column name -> array-like: a numpy
-        array, memory map, tensor or anything sliced along its first axis)."""
+        """Shard ``shard``'s columns by name (anything sliced along its first axis)."""
 
 
 class SampleRanges(ReopenedDataset):
-    """A dataset whose samples are byte ranges of its shards, each with a checksum, so a
-    reader may fetch runs of consecutive samples with one request (``StreamDataset`` does).
-    A backend's dataset declares it by subclassing."""
+    """A dataset whose samples are checksummed byte ranges of its shards, so a reader may
+    fetch runs of consecutive samples with one request."""
 
     @property
     @abstractmethod
     def records(self) -> npt.NDArray[np.void]:
-        """Per sample, in sample order: ``offset``, ``length``, ``checksum`` and ``shard``
-        (the shard's number in config.yaml's list for the split)."""
+        """Per sample: ``offset``, ``length``, ``checksum`` and ``shard`` (its number)."""
 
     @abstractmethod
     def from_bytes(
         self, data: bytes, checksum: int, shard: int, offset: int, number: int
     ) -> Sample:
-        """Sample ``number`` from its bytes, read at ``offset`` of ``shard`` (``checksum``:
-        its record's), checked when the dataset verifies, its fields raw bytes.
+        """Sample ``number`` from its bytes (read at ``offset`` of ``shard``), checked when
+        the dataset verifies.
 
         Raises:
             ChecksumError: the bytes are not the sample as exported.
@@ -153,6 +141,5 @@ class SampleRanges(ReopenedDataset):
         """
 
     def field_spans(self, data: bytes, shard: int) -> tuple[tuple[str, int, int], ...]:
-        """``(field, offset within data, size)`` of each stored field of a sample's bytes
-        (``data`` as :meth:`from_bytes` takes them); empty when the backend does not say."""
+        """``(field, offset within data, size)`` per stored field; empty if not known."""
         return ()

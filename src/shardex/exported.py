@@ -1,14 +1,11 @@
-"""``ExportedDataset``: an export as (features, labels) by key name, for configs.
-
-NexuML users describe training data as ``ExportedDataset(root, split, feature_keys,
-label_keys)`` in a config file; this is that record. Keys are the export's logical keys
-(``image``, ``label``, ``NAME`` of an array field ``NAME.npy``, or any metadata column), so
-the same definition reads an export of any backend. Without ``split`` it reads every split
-of the export, in ``export_index`` order (the order the export numbered its samples).
+"""``ExportedDataset``: NexuML's config record of training data, an export as (features,
+labels) by logical key (``image``, ``label``, ``NAME`` of ``NAME.npy``, a metadata column),
+so one definition reads any backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,18 +27,15 @@ class ExportedDataset:
 
     Args:
         root: the export's folder or URL.
-        split: one split, as exported (never re-split); default: every split, their
-            samples in ``export_index`` order, each item naming its ``split``.
+        split: one split; default: every split, in ``export_index`` order.
         feature_keys: keys of the inputs; default: the export's ``x_keys``.
         label_keys: keys of the targets; default: the export's ``y_keys``.
         decode: images to arrays, labels to int, ``.npy`` to arrays (default), or raw bytes.
         storage_options: options for object storage (see docs/storage.md).
-        s3_endpoint_url, s3_region, s3_profile: the CLI's ``--s3-*`` flags, for configs that
-            spell them so; they override the same keys of ``storage_options``.
+        s3_endpoint_url, s3_region, s3_profile: the CLI's ``--s3-*`` flags; they override
+            ``storage_options``.
 
-    Metadata columns come back as Python values, except lists of numbers (embeddings),
-    which come back as one numpy array per sample, so that a ``DataLoader`` batch holds one
-    ``(batch, dim)`` tensor instead of ``dim`` tensors.
+    Metadata lists of numbers come back as numpy arrays, so a batch holds one tensor.
     """
 
     root: str | os.PathLike[str]
@@ -67,7 +61,6 @@ class ExportedDataset:
 
     @cached_property
     def datasets(self) -> dict[str, Dataset]:
-        """The underlying shardex dataset of each split read (any backend)."""
         names = (self.split,) if self.split is not None else tuple(self._config.splits)
         out = {
             name: open_dataset(
@@ -86,7 +79,7 @@ class ExportedDataset:
 
     @property
     def dataset(self) -> Dataset:
-        """The underlying shardex dataset, when one split is read."""
+        """The underlying dataset, when one split is read."""
         datasets = self.datasets
         if len(datasets) != 1:
             raise ConfigError(
@@ -125,8 +118,7 @@ class ExportedDataset:
 
     @cached_property
     def _order(self) -> tuple[np.ndarray, np.ndarray]:
-        """(split number, index in its split) of each item: the splits' samples merged by
-        ``export_index``."""
+        """(split number, index in its split) of each item, merged by ``export_index``."""
         parts = list(self.datasets.values())
         splits = np.concatenate([np.full(len(ds), n, np.int32) for n, ds in enumerate(parts)])
         local = np.concatenate([np.arange(len(ds), dtype=np.int64) for ds in parts])
@@ -142,7 +134,6 @@ class ExportedDataset:
         return sum(len(ds) for ds in self.datasets.values())
 
     def locate(self, index: int) -> tuple[str, int]:
-        """The split of item ``index`` and its index in that split."""
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"sample {index} is out of range for {n} samples")
@@ -175,18 +166,7 @@ class ExportedDataset:
             yield self[i]
 
     def __getstate__(self) -> dict[str, Any]:
-        fields = (
-            "root",
-            "split",
-            "feature_keys",
-            "label_keys",
-            "decode",
-            "storage_options",
-            "s3_endpoint_url",
-            "s3_region",
-            "s3_profile",
-        )
-        return {name: getattr(self, name) for name in fields}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():

@@ -1,5 +1,4 @@
-"""``shardex.export``: the one entry point of an export (the engine is
-:mod:`shardex.engine`: prepare, plan, write, commit)."""
+"""``shardex.export``: the one entry point of an export (the engine is :mod:`shardex.engine`)."""
 
 from __future__ import annotations
 
@@ -47,26 +46,16 @@ def export(
         source: a path, table, tar glob, ``demo``, an existing export, a mapping of names
             to arrays, or a Source (see :func:`open_source`).
         output: the export's folder or URL (or a Storage).
-        options: an ExportOptions; or pass its fields as keyword arguments
-            (``samples_per_shard=500``, ``split_fractions={"train": 0.9, "val": 0.1}``,
-            ``mode="resume"`` ...; NeMo's ``images_per_tar`` is accepted for
-            ``samples_per_shard``).
+        options: an ExportOptions, or its fields as keyword arguments
+            (``samples_per_shard=500``, ``mode="resume"`` ...).
         progress: show progress bars.
         storage_options: options for object storage (see docs/storage.md).
-        source_storage_options: options of a source on object storage (``s3://...``),
-            when they differ from the output's: its own endpoint, region, profile or
-            credentials (default: ``storage_options``).
-        executor: where the shards are written: ``"local"`` processes (``workers``), or
-            ``"ray"``: Ray tasks on the cluster at ``ray_address`` (default: start or join
-            a local one; ``workers``, when given, caps the tasks running at once, else
-            one per cluster CPU). A Ray that this call initialised is shut down when it
-            returns or raises; one initialised before it stays. On Ray this process
-            plans from the source's references and writes config.yaml; the tasks read
-            the samples, write the shards straight to the output, and merge the index
-            files and metadata.parquet. The output is byte-identical either way.
-        ray_address: the Ray cluster (``host:port``, ``ray://host:port``, ``auto``); an
-            address where nothing answers within ``SHARDEX_RAY_CONNECT_TIMEOUT`` seconds
-            (default 10) raises ClusterUnreachableError.
+        source_storage_options: a remote source's own options (default:
+            ``storage_options``).
+        executor: ``"local"`` processes, or ``"ray"`` tasks on the cluster at
+            ``ray_address`` (``workers`` caps the tasks at once); a Ray this call started
+            is shut down when it ends. The output is byte-identical either way.
+        ray_address: the Ray cluster (``host:port``, ``ray://host:port``, ``auto``).
 
     Raises:
         OutputExistsError: the output holds an export (or an unfinished one) and ``mode``
@@ -91,14 +80,12 @@ def export(
 def _runner(
     executor: Literal["local", "ray"], ray_address: str | None, workers: int | None
 ) -> Iterator[Runner | None]:
-    """Where the export's parallel work runs: ``None`` (local processes), or Ray tasks on a
-    cluster this call joins and leaves."""
+    """``None`` (local processes), or Ray tasks on a cluster this call joins and leaves."""
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     if executor == "local":
         yield None
         return
-    # imports Ray when connecting
     from shardex.pipeline.ray_executor import RayExecutor, RayRunner
 
     cluster = RayExecutor(ray_address)

@@ -1,12 +1,6 @@
-"""Sample fields: the one view of a sample that every backend stores and returns.
-
-A sample is a list of *fields* named the way WebDataset names tar members: the source's
-members by extension (``jpg``, ``png``, ``txt`` ...), arrays as ``NAME.npy``, the class
-label as ``cls`` and scalar metadata as ``json``. Every backend stores these fields and
-every backend's reader gives them back under the same names, so one export converts to
-another without loss. Array backends store each field in its natural form (arrays with
-their true dtype and shape, encoded images as their original bytes); this module decides
-that form (:class:`FieldSpec`) once for the whole export, before anything is written.
+"""Sample fields, named as WebDataset names tar members (``jpg``, ``NAME.npy``, ``cls``,
+``json``): every backend stores and returns them, so exports convert without loss. This
+module decides each field's stored form (:class:`FieldSpec`) once, before any write.
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ def is_array_field(name: str) -> bool:
 def with_columns(
     specs: tuple[FieldSpec, ...], y_keys: tuple[str, ...], label_prefix: str
 ) -> tuple[FieldSpec, ...]:
-    """The specs with the names array backends store them under: no dots (tensordict and
-    zarr keys), and y keys carry the label prefix (``label__label``)."""
+    """The specs with their array-backend names: no dots, y keys with the label prefix."""
     out = []
     for spec in specs:
         key = field_key(spec.name)
@@ -63,7 +56,7 @@ def with_columns(
         column = f"{label_prefix}{base}" if key in y_keys else base
         out.append(dataclasses.replace(spec, column=column))
     columns = [s.column for s in out]
-    # a column names a file of array backends: one path part, no control character
+    # a column names a file of array backends
     bad = [c for c in columns if "/" in c or relpath_problem(c) is not None]
     if bad:
         raise ConfigError(
@@ -75,9 +68,6 @@ def with_columns(
     return tuple(out)
 
 
-# ---------------------------------------------------------------- npy helpers
-
-
 def load_npy(data: bytes | memoryview, where: str) -> npt.NDArray[Any]:
     """Parse ``.npy`` bytes; a bad or object array names the sample."""
     try:
@@ -87,9 +77,6 @@ def load_npy(data: bytes | memoryview, where: str) -> npt.NDArray[Any]:
     if not isinstance(array, np.ndarray) or array.dtype.hasobject:
         raise ConfigError(f"{where}: .npy arrays of Python objects cannot be stored")
     return array
-
-
-# ---------------------------------------------------------------- fields of rows
 
 
 class _Merge:
@@ -124,12 +111,8 @@ class _Merge:
 
 
 class FieldMerger:
-    """The specs of every field of an export, accumulated batch by batch (the whole
-    table need not be in memory): :meth:`add` each batch of rows, then :meth:`specs`.
-
-    Reads the ``.npy`` members (their dtype and shape are the field's); other members are
-    byte strings of any length (counted, not read); the label is an int64 scalar.
-    """
+    """The specs of every field of an export, accumulated batch by batch; only ``.npy``
+    members are read (other members are counted)."""
 
     def __init__(self) -> None:
         self._merged: dict[str, _Merge] = {}
@@ -137,7 +120,6 @@ class FieldMerger:
         self._json = False
 
     def add(self, rows: pa.Table, members: Members | None = None) -> None:
-        """One batch's rows (and their ``_members`` read as :class:`Members`)."""
         members = members if members is not None else Members.of(rows.column(MEMBERS))
         owner = np.repeat(np.arange(members.num_samples), np.diff(members.starts))
         merged = self._merged
@@ -169,8 +151,7 @@ class FieldMerger:
             self._json_missing += rows.column(JSON_COLUMN).null_count
 
     def specs(self, with_label: bool, order: Iterable[str] = ()) -> tuple[FieldSpec, ...]:
-        """The specs, members in ``order`` (first seen in the source; others after them
-        as seen), then the label and the ``.json`` text."""
+        """The specs, members in ``order`` (others as seen), then the label and ``.json``."""
         rank = {name: i for i, name in enumerate(order)}
         names = sorted(self._merged, key=lambda n: rank.get(n, len(rank)))
         specs = [self._merged[n].spec(self._rows) for n in names]
@@ -184,8 +165,7 @@ class FieldMerger:
 def field_specs(
     rows: pa.Table, with_label: bool, members: Members | None = None
 ) -> tuple[FieldSpec, ...]:
-    """The specs of every field of ``rows`` (``members``: its ``_members`` column read
-    already), in first-seen member order (see :class:`FieldMerger`)."""
+    """The specs of every field of ``rows``, in first-seen member order."""
     merger = FieldMerger()
     merger.add(rows, members)
     return merger.specs(with_label)
@@ -200,13 +180,9 @@ def _check_dtype(array: npt.NDArray[Any], key: str, name: str) -> None:
         )
 
 
-# ---------------------------------------------------------------- metadata columns as fields
-
-
 def column_members(column: pa.ChunkedArray, name: str) -> pa.StructArray:
-    """A metadata column made into one inline member per row (``NAME.npy`` for numbers and
-    fixed-size lists, ``NAME.txt`` for strings; null bytes where the row has no value), so
-    that it is stored as a sample field."""
+    """A metadata column as one inline member per row (``NAME.npy`` or ``NAME.txt``; null
+    bytes where the row has no value), so that it is stored as a sample field."""
     t = column.type
     datas: list[bytes | None] | pa.Array
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -250,8 +226,7 @@ def _numpy_type(t: pa.DataType, name: str) -> tuple[np.dtype[Any], tuple[int, ..
 
 
 def add_members(rows: pa.Table, extra: Iterable[pa.StructArray]) -> pa.Table:
-    """Append one member per row (from :func:`column_members`; none where its bytes are
-    null) to every row's members, after the row's own."""
+    """Append :func:`column_members` (where not null) to every row's members."""
     column = rows.column(MEMBERS)
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -290,10 +265,7 @@ def add_members(rows: pa.Table, extra: Iterable[pa.StructArray]) -> pa.Table:
 
 
 def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
-    """``--dtype``: floating-point ``.npy`` members cast to ``dtype`` (one of
-    :data:`shardex.options.FLOAT_DTYPES`, checked by ExportOptions; integers, booleans and
-    images are never cast). A cast member's bytes become inline; the others are kept as
-    they are (column by column: no member is turned into a Python object)."""
+    """``--dtype``: floating-point ``.npy`` members cast to ``dtype``, made inline bytes."""
     target = np.dtype(dtype)
     column = rows.column(MEMBERS)
     if isinstance(column, pa.ChunkedArray):
@@ -323,7 +295,6 @@ def cast_members(rows: pa.Table, dtype: str) -> pa.Table:
 
 
 def _replaced(column: pa.ListArray, data: dict[int, bytes]) -> pa.ListArray:
-    """``column`` with the members numbered in ``data`` (flat numbers) made inline bytes."""
     flat = pc.list_flatten(column)
     fields = {f.name: pc.struct_field(flat, f.name) for f in MEMBER_TYPE}
     mask = np.zeros(len(flat), bool)

@@ -1,14 +1,9 @@
 """One member name for every sample's image (``image_member``), whatever its format.
 
-Third-party WebDataset readers make one column per member extension: an export whose
-samples are ``.jpg``, ``.png`` and ``.webp`` gives Hugging Face ``datasets`` and Ray Data
-three sparse image columns (a ValueError, rows without their image, or a failed cast).
-With ``image_member="jpg"`` every image is stored as ``KEY.jpg``; the bytes are kept as
-they are (no re-encoding) and each sample's real format goes to the ``image_format``
-metadata column (``jpeg``, ``png``, ``webp`` ...). This works because every reader that
-matters decodes by content once it knows a member is an image: Pillow (datasets, Ray,
-webdataset, wids), DALI's decoders and shardex's own :func:`shardex.codecs.images.decode`
-all look at the bytes, not at the name.
+Readers that make one column per member extension (Hugging Face ``datasets``, Ray Data)
+choke on mixed ``.jpg``/``.png``; with ``image_member="jpg"`` every image is ``KEY.jpg``,
+bytes unchanged, its real format in the ``image_format`` column. Every reader that matters
+decodes by content, not by name.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from shardex.errors import ConfigError
 from shardex.quoting import quoted
 from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 
-#: The metadata column that keeps each sample's image format.
 IMAGE_FORMAT: Final = "image_format"
 
 
@@ -41,13 +35,12 @@ def image_member_problem(name: str) -> str | None:
 
 
 def one_image_member(table: pa.Table, member: str | None) -> pa.Table:
-    """``table`` with each sample's image member (an extension such as ``png``, not a
-    dotted name such as ``mask.png``) renamed ``member``, and an ``image_format`` column;
-    ``table`` itself when ``member`` is None.
+    """``table`` with each sample's image member (``png``, not ``mask.png``) renamed
+    ``member``, plus an ``image_format`` column.
 
     Raises:
-        ConfigError: the source has an ``image_format`` column already, or a sample holds
-            more than one image member (they would get the same name).
+        ConfigError: the source has an ``image_format`` column, or a sample holds more
+            than one image member.
     """
     if member is None or MEMBERS not in table.column_names:
         return table
@@ -79,7 +72,7 @@ def one_image_member(table: pa.Table, member: str | None) -> pa.Table:
 def _rename(
     chunk: pa.ListArray, member: str
 ) -> tuple[pa.ListArray, pa.Array, npt.NDArray[np.int64]]:
-    """One chunk renamed: (its members, each sample's image format, images per sample)."""
+    """(the chunk renamed, each sample's image format, images per sample)."""
     fields = chunk.values.flatten()  # the members' fields (struct offsets applied)
     ext = fields[0]
     is_image = pc.fill_null(
@@ -108,8 +101,7 @@ _EXTENSION_OF: Final = {"jpeg": "jpg", "tiff": "tif"}
 
 
 def original_extension(image_format: str | None, member: str) -> str:
-    """The extension an ``image_member`` export's image takes back when it is re-exported
-    (``png`` for a PNG stored as ``KEY.jpg``); ``member`` where the format is unknown."""
+    """The extension an image takes back when re-exported (``png`` for a PNG as ``KEY.jpg``)."""
     if not image_format:
         return member
     ext = _EXTENSION_OF.get(image_format, image_format)

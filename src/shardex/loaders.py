@@ -1,8 +1,5 @@
-"""The data loaders that read an export, and what each needs from a backend.
-
-``shardex backend list data-loader`` prints this table. A loader names the backend
-capability it relies on (:class:`~shardex.backends.base.Capabilities`), so the backends it
-reads are found from what each backend declares, never from backend names.
+"""The data loaders that read an export (``shardex backend list data-loader``), each
+naming the backend capability it relies on, never backend names.
 """
 
 from __future__ import annotations
@@ -17,23 +14,20 @@ from shardex.backends.base import Capabilities
 
 @dataclass(frozen=True, slots=True)
 class LoaderInfo:
-    """One loader: where it lives, what it needs installed and from a backend, what it does."""
-
     name: str
     target: str
     requires: tuple[str, ...]
     install_hint: str
-    #: The :class:`Capabilities` field a backend must have for this loader; None: any backend.
+    #: The :class:`Capabilities` field a backend must have; None: any backend.
     needs: str | None
     description: str
 
     @property
     def available(self) -> bool:
-        """Whether its optional dependencies are importable (checked without importing)."""
+        """Whether its optional dependencies are importable (not imported)."""
         return all(_importable(mod) for mod in self.requires)
 
     def backends(self, capabilities: Mapping[str, Capabilities]) -> tuple[str, ...]:
-        """The backends (by name) whose declared capabilities this loader reads."""
         return tuple(
             name
             for name, caps in capabilities.items()

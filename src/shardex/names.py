@@ -1,12 +1,9 @@
 """Names that become paths: split names and the relative paths that config.yaml records.
 
-A split name is a folder of the export (``train/images-….tar``) and each path in config.yaml
-names a file of it, so both are checked where they enter (options, the scan table, a
-config.yaml being read or written): a name from a table or a tar's ``.json`` member must
-never place a file outside the output. New split names follow a strict rule; a config.yaml
-being read needs only split names that are one folder name (exports written before the
-strict rule still open). The read rules are written as patterns in
-``schema/config.schema.json``; ``tests/test_hostile_names.py`` keeps the two in step.
+Both are checked where they enter, so no name from the input places a file outside the
+output. New split names follow a strict rule; a config.yaml read needs only one folder name
+(older exports still open). The read rules are also patterns in ``schema/config.schema.json``
+(``tests/test_hostile_names.py`` keeps them in step).
 """
 
 from __future__ import annotations
@@ -21,14 +18,11 @@ SPLIT_NAME_RULE: Final = (
     f"and '-' (no '..', at most {MAX_SPLIT_NAME} characters)"
 )
 _SPLIT_NAME: Final = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]*")
-#: Top-level files of an export (``metadata.2.parquet``, ``errors.parquet`` ...): a split
-#: folder of such a name would block them.
+#: Top-level files of an export, which a split folder of that name would block.
 _RESERVED: Final = re.compile(r"config\.yaml|(metadata|errors)\..*", re.IGNORECASE)
-#: A split name as config.yaml may hold it: one folder name (checked on read).
 _STORED_SPLIT_NAME: Final = re.compile(r"(?!\.\.?\Z)[^/\\\x00-\x1f\x7f]{1,255}")
 
-# One path part: no separator, backslash or control character; "." and ".." are refused
-# apart because they are made of allowed characters.
+# One path part; "." and ".." are refused apart.
 _PART: Final = r"[^/\\\x00-\x1f\x7f]+"
 _RELPATH: Final = re.compile(rf"{_PART}(?:/{_PART})*")
 
@@ -47,8 +41,7 @@ def split_name_problem(name: object) -> str | None:
 
 
 def stored_split_name_problem(name: object) -> str | None:
-    """Why a split name read from a config.yaml cannot be a folder of the export (one
-    folder name: no '/', backslash or control character, not '.' or '..'), or None."""
+    """Why a split name read from a config.yaml cannot be a folder of the export, or None."""
     if isinstance(name, str) and _STORED_SPLIT_NAME.fullmatch(name):
         return None
     return (
@@ -58,8 +51,7 @@ def stored_split_name_problem(name: object) -> str | None:
 
 
 def relpath_problem(path: str) -> str | None:
-    """Why ``path`` is not a normalised path inside an export (relative, '/'-separated, no
-    empty, '.' or '..' parts, no backslash or control character), or None."""
+    """Why ``path`` is not a normalised relative path inside an export, or None."""
     if _RELPATH.fullmatch(path) is None or any(p in (".", "..") for p in path.split("/")):
         return (
             f"path {path!r} is not a relative path inside the export ('/'-separated, "

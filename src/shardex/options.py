@@ -13,8 +13,7 @@ from shardex.sample_check import OnError
 #: What to do with an output that already holds an export or an interrupted one.
 Mode = Literal["error", "overwrite", "resume", "append"]
 MODES: tuple[Mode, ...] = ("error", "overwrite", "resume", "append")
-#: Where a split's files go: a folder named after it, or (one split only) the output's top
-#: level, as NeMo Curator's ImageWriterStage writes ``$output/images-*.tar``.
+#: Where a split's files go: a folder per split, or the top level (NeMo Curator's layout).
 Layout = Literal["split", "flat"]
 LAYOUTS: tuple[Layout, ...] = ("split", "flat")
 #: Floating-point dtypes ``--dtype`` may cast to (bfloat16: backends that can store it).
@@ -28,8 +27,7 @@ class ExportOptions:
     backend: str = "webdataset"
     splits: tuple[str, ...] | None = None
     x_keys: tuple[str, ...] | None = None
-    #: Keys stored as features beside the default ones when ``x_keys`` is not given: a
-    #: view's ``--preprocess-until-key`` keys (an embedding stored with the images).
+    #: Keys stored beside the default features when ``x_keys`` is not given.
     with_keys: tuple[str, ...] = ()
     y_keys: tuple[str, ...] | None = None
     labels: bool = True
@@ -44,19 +42,12 @@ class ExportOptions:
     on_error: OnError = "error"
     validate: Validate = "header"
     max_pixels: int = MAX_PIXELS
-    #: Explicit cast of floating-point array fields (recorded in config.yaml); images and
-    #: integer arrays are never cast. ``bfloat16`` only where the backend stores it
-    #: (``capabilities.bfloat16``: torch, tensor_shards, tensordict_memmap), checked with
-    #: the backend before any work (:func:`shardex.backends.registry.check_options`).
+    #: Cast of floating-point array fields (``bfloat16``: where ``capabilities.bfloat16``).
     dtype: str | None = None
-    #: Store every sample's image as the member ``KEY.<image_member>`` (e.g. ``"jpg"``)
-    #: whatever its format, the format going to the ``image_format`` column, so readers
-    #: that make one column per extension see one image column (see docs/interop.md).
+    #: Every image stored as ``KEY.<image_member>`` whatever its format (docs/interop.md).
     image_member: str | None = None
-    #: Options of the backend (see ``shardex backend list``), recorded in config.yaml.
     backend_options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    #: ``"flat"``: the one split's files at the output's top level (recorded in config.yaml).
     layout: Layout = "split"
 
     def __post_init__(self) -> None:
@@ -85,7 +76,7 @@ class ExportOptions:
             raise ConfigError(f"on_error must be 'error' or 'skip', got {self.on_error!r}")
         if self.validate not in VALIDATE_CHOICES:
             raise ConfigError(f"validate must be one of {VALIDATE_CHOICES}, got {self.validate!r}")
-        # split names become folders of the output: checked before anything is written
+        # split names become folders of the output
         for option, names in (("splits", self.splits), ("split_fractions", self.split_fractions)):
             for name in names or ():
                 problem = split_name_problem(name)

@@ -1,21 +1,11 @@
-"""Ordered parallel map over local processes, or inline for one worker.
+"""Ordered parallel map over local processes (inline for one worker).
 
-Results come back in submission order, so what is written does not depend on the number of
-workers. Workers start from a fork server (no fork of a process that already runs Arrow
-threads or obstore's runtime); at most ``2 * workers`` tasks are in flight, which bounds
-memory.
-
-Workers never run the caller's ``__main__``: multiprocessing's forkserver and spawn re-run
-it in every worker, which breaks a script without an ``if __name__ == "__main__":`` guard
-(it would export again), ``python -`` (there is no file to run) and notebooks. Here the
-fork server preloads only shardex, and each worker skips that step. Work that needs
-``__main__`` (a function or a source class defined in the script) cannot be unpickled in
-such a worker: the Runner then does all its work in this process, after a one-line
-:class:`~shardex.errors.ParallelismWarning` saying why.
-
-Workers exit when the process that made the pool dies, even by SIGKILL: each watches it
-(a pidfd on Linux, else a poll once a second). The forkserver and the resource tracker
-then exit too, as they stay only while a process holds their pipes.
+Results come in submission order, so the output does not depend on the worker count. A fork
+server (no fork of a process running Arrow or obstore threads) starts workers that never
+re-run the caller's ``__main__`` (an unguarded script would export again; ``python -`` and
+notebooks have no file); work that needs ``__main__`` runs inline after a
+:class:`~shardex.errors.ParallelismWarning`. Workers exit when their owner dies, even by
+SIGKILL, and the forkserver and resource tracker follow.
 """
 
 from __future__ import annotations
@@ -55,7 +45,6 @@ def default_workers() -> int:
 
 
 def _warm(modules: tuple[str, ...]) -> None:
-    """A worker's first task: import what its work will need, while the caller is busy."""
     for name in modules:
         importlib.import_module(name)
 
@@ -65,12 +54,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _exit_with(owner: int) -> None:
-    """Make this worker exit when process ``owner`` (the pool's creator) dies.
-
-    A pool worker is a child of the forkserver, not of its owner, and blocks on a queue
-    whose write end it holds itself: without this, a killed owner leaves its workers (and
-    through them the forkserver and the resource tracker) running for ever.
-    """
+    """Exit when ``owner`` dies: a worker is the forkserver's child and holds its own
+    queue's write end, so a killed owner would otherwise leave it running for ever."""
     if sys.platform == "linux":  # the forkserver dying takes its children with it
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -95,8 +80,7 @@ def _watch(owner: int) -> None:
     os._exit(1)
 
 
-#: The fork server of shardex's pools: preloads shardex, never the caller's __main__ (a
-#: server of its own, so that the caller's forkserver settings stay as they are).
+#: A fork server of shardex's own, so the caller's forkserver settings stay as they are.
 _SERVER = forkserver.ForkServer()
 _SERVER.set_forkserver_preload(["shardex.parallel"])
 
@@ -136,8 +120,6 @@ class _Context(context.ForkServerContext):
 
 @dataclass(frozen=True, slots=True)
 class _Unreadable:
-    """A worker's answer when the work it was sent needs the caller's ``__main__``."""
-
     reason: str
 
 
@@ -168,19 +150,14 @@ def _run_task(task: bytes) -> object:
 
 
 class Runner:
-    """Runs functions over items in order, on ``workers`` processes (inline for 1).
+    """Runs functions over items in order, on ``workers`` processes (inline for 1); work
+    they cannot take runs inline after a :class:`ParallelismWarning`."""
 
-    Work that worker processes cannot take (it does not pickle, or it needs the caller's
-    ``__main__``) runs inline instead, after a :class:`ParallelismWarning`.
-    """
-
-    #: Whether work may run on another machine, which sees neither this process's memory
-    #: nor its local scratch (then jobs carry what they read; see RayRunner).
+    #: Whether work may run on another machine, without this one's memory or scratch.
     remote: bool = False
 
     def put(self, data: bytes) -> Any:
-        """A handle of ``data`` kept where this runner's tasks fetch it (a remote runner's
-        object store), for jobs to carry instead of the bytes."""
+        """A handle of ``data`` in a remote runner's object store, for jobs to carry."""
         raise NotImplementedError(f"{type(self).__name__} keeps no objects for its jobs")
 
     def __init__(
@@ -190,8 +167,7 @@ class Runner:
         initargs: tuple[object, ...] = (),
         preload: tuple[str, ...] = (),
     ) -> None:
-        """``preload``: modules each worker imports as it starts (the work's own modules
-        would otherwise be imported by its first task, ~0.3 s for an export's writer)."""
+        """``preload``: modules each worker imports as it starts (saves ~0.3 s per task)."""
         self.workers = default_workers() if workers is None else max(1, workers)
         self._preload = preload
         self._pool: ProcessPoolExecutor | None = None
@@ -214,8 +190,7 @@ class Runner:
             initializer=_start_worker,
             initargs=(os.getpid(), init),
         )
-        # Start the workers now (they start lazily), so that their start-up (~0.5 s)
-        # overlaps with the caller's own work, such as scanning the source.
+        # Start the workers now, so their start-up (~0.5 s) overlaps the caller's scan.
         try:
             for _ in range(self.workers):
                 self._pool.submit(_warm, self._preload)
@@ -242,7 +217,6 @@ class Runner:
     def _fall_back(
         self, why: str, hint: str = "define what it uses in an importable module to use workers"
     ) -> None:
-        """Do the rest of the work in this process, saying why once."""
         warnings.warn(
             f"running in this process instead of {self.workers} worker processes: {why}; {hint}",
             ParallelismWarning,
@@ -296,8 +270,6 @@ class Runner:
 
 
 def _worker_died() -> ExportError:
-    """A worker was killed (the OOM killer, a signal): one line, instead of the pool's
-    traceback."""
     return ExportError(
         "a worker process died (killed by a signal, or out of memory), so the run stopped "
         f"and committed nothing; run it again (an export: with {mode_hint('resume')}, which "

@@ -1,8 +1,5 @@
-"""One object per process, made on first use in each process.
-
-A forked child inherits its parent's objects but not their threads, and a lock or a pool
-taken in the parent may be held there for ever: such an object is made again in the child.
-"""
+"""One object per process: a forked child inherits objects but not their threads, so a
+lock or pool taken in the parent is made again in the child."""
 
 from __future__ import annotations
 

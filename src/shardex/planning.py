@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 
 
 class _Places(Protocol):
-    """What :func:`key_specs` asks of a backend (a :class:`~shardex.backends.base.Backend`,
-    which this module, imported by the backends' writers, does not import)."""
+    """What :func:`key_specs` asks of a backend (not imported: the backends import us)."""
 
     name: str
     key_storage: str | None
@@ -40,9 +39,8 @@ _CHUNK: Final = 1 << 16
 
 
 def fixed_lists(table: pa.Table) -> pa.Table:
-    """List columns whose rows all have one length become fixed-size lists; every list
-    type gets Arrow's default child name (a Parquet round trip renames it ``element``,
-    which would make the same data write different bytes)."""
+    """List columns of one length become fixed-size lists, every list type with Arrow's
+    default child name (a Parquet round trip renames it, changing the bytes written)."""
     for i, f in enumerate(table.schema):
         if f.name == MEMBERS:
             continue
@@ -89,14 +87,11 @@ def assign_splits(table: pa.Table, opts: ExportOptions) -> tuple[pa.Table, str]:
 
 
 def split_names(table: pa.Table, opts: ExportOptions) -> list[str]:
-    """The splits to write, in order. Every split name becomes a folder of the output, so
-    each is checked here whatever the source (samples with unsafe splits were already
-    refused or skipped by ``check_samples``; this is the last line before any write)."""
+    """The splits to write, in order, each checked as it names a folder of the output."""
     return ordered_splits(set(pc.unique(table.column("split")).to_pylist()), opts)
 
 
 def ordered_splits(present: set[str], opts: ExportOptions) -> list[str]:
-    """The splits to write, in order, of the split names the samples have."""
     for name in present:
         problem = split_name_problem(name)
         if problem is not None:
@@ -117,10 +112,8 @@ def ordered_splits(present: set[str], opts: ExportOptions) -> list[str]:
 def plan_bounds(
     sizes: Sizes, samples_per_shard: int, max_shard_bytes: int | None
 ) -> tuple[tuple[int, int], ...]:
-    """Row ranges of shards: full by count, or until the next sample would pass the byte cap.
-
-    A sample larger than the cap gets a shard of its own; no shard is ever padded.
-    """
+    """Row ranges of shards: full by count, or until the next sample would pass the byte
+    cap (a larger sample gets a shard of its own); never padded."""
     n = len(sizes)
     if max_shard_bytes is None:  # the sizes are not read (they may be in a file)
         starts = range(0, n, samples_per_shard)
@@ -180,14 +173,12 @@ def _dtype_of(t: pa.DataType) -> tuple[str, tuple[int | None, ...]]:
 
 
 def member_keys(table: pa.Table) -> dict[str, set[str]]:
-    """Logical key -> member names: image extensions are the key ``image``, ``x.npy`` is
-    ``x``."""
+    """Logical key -> member names (image extensions are ``image``, ``x.npy`` is ``x``)."""
     exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext")).to_pylist()
     return member_keys_of(exts)
 
 
 def member_keys_of(exts: Iterable[str]) -> dict[str, set[str]]:
-    """:func:`member_keys` of the member names ``exts``."""
     out: dict[str, set[str]] = {}
     for ext in sorted(exts):
         out.setdefault(field_key(ext), set()).add(ext)
@@ -203,10 +194,8 @@ def key_specs(
     backend: _Places,
     image_formats: tuple[str, ...] | None = None,
 ) -> tuple[KeySpec, ...]:
-    """What config.yaml says of each key: the stored fields (true dtype and shape) and the
-    Parquet metadata columns, each stored field's place as ``backend`` names it.
-    ``image_formats``: the images' real encodings when one member name holds them all
-    (``image_member``), else they follow from the member extensions."""
+    """What config.yaml says of each key: stored fields and Parquet metadata columns.
+    ``image_formats``: the images' real encodings under ``image_member``."""
     where = backend.key_storage or backend.name
 
     def role(key: str) -> Role:
@@ -234,7 +223,6 @@ def key_specs(
 def _image_spec(
     images: list[FieldSpec], role: Role, where: str, image_formats: tuple[str, ...] | None
 ) -> KeySpec:
-    """The ``image`` key of the encoded image fields ``images``."""
     exts = sorted(f.name for f in images)
     enc = sorted(image_formats or {encoding_of_extension(e) or e for e in exts})
     return KeySpec(
@@ -249,7 +237,6 @@ def _image_spec(
 
 
 def _field_spec(f: FieldSpec, role: Callable[[str], Role], place: str) -> KeySpec:
-    """The key of the stored field ``f`` (other than an encoded image), stored at ``place``."""
     key = field_key(f.name)
     if f.kind == "label":
         return KeySpec(
@@ -265,8 +252,7 @@ def _field_spec(f: FieldSpec, role: Callable[[str], Role], place: str) -> KeySpe
 def select_keys(
     opts: ExportOptions, available: list[str], stored: list[str], with_label: bool
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The x and y keys: as asked, else every stored member (image first) and the
-    ``with_keys``, and the label."""
+    """The x and y keys: as asked, else every stored member and ``with_keys``, and the label."""
     x = opts.x_keys or (*stored, *(k for k in opts.with_keys if k not in stored))
     y = opts.y_keys if opts.y_keys is not None else (("label",) if with_label else ())
     for key in (*x, *y):
@@ -280,22 +266,13 @@ def select_keys(
 def unselected_members(
     members: dict[str, set[str]], x_keys: tuple[str, ...], y_keys: tuple[str, ...]
 ) -> frozenset[str]:
-    """Member names whose key is neither an x key nor a y key: not stored."""
     return frozenset(
         e for key, exts in members.items() if key not in (*x_keys, *y_keys) for e in exts
     )
 
 
-def drop_unselected_members(
-    table: pa.Table, members: dict[str, set[str]], x_keys: tuple[str, ...], y_keys: tuple[str, ...]
-) -> pa.Table:
-    """Members whose key is neither an x key nor a y key are not stored."""
-    return drop_members(table, unselected_members(members, x_keys, y_keys))
-
-
 def drop_members(table: pa.Table, dropped: frozenset[str]) -> pa.Table:
-    """``table`` without the members named ``dropped`` (column by column: no member is
-    turned into a Python object)."""
+    """``table`` without the members named ``dropped`` (no Python object per member)."""
     if not dropped:
         return table
     column = table.column(MEMBERS)

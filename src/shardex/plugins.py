@@ -22,8 +22,8 @@ class Plugins:
         self._loaded = False
 
     def entry_points(self) -> Iterator[tuple[str, str, str]]:
-        """``(name, target, origin)`` of each installed plugin, in name order; only on the
-        first call (reading them costs ~10 ms, paid only where a plugin may be wanted)."""
+        """``(name, target, origin)`` of each installed plugin, on the first call only
+        (reading them costs ~10 ms)."""
         if self._loaded:
             return
         self._loaded = True
@@ -50,9 +50,8 @@ class Plugins:
         base: type,
         missing: Callable[[ImportError], Exception] | None = None,
     ) -> Any:
-        """The class ``target`` names (imported now), a subclass of ``base``. A module that
-        fails to import is named in one line (``missing`` makes the error of an
-        ImportError: a dependency not installed), not a traceback."""
+        """The ``base`` subclass ``target`` names, imported now; an import failure is one
+        line (``missing`` makes the error of an ImportError)."""
         module_name, _, cls_name = target.partition(":")
         try:
             module = importlib.import_module(module_name)

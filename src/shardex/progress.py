@@ -1,11 +1,7 @@
 """Progress reporting: rich bars for people, nothing for library calls that did not ask.
 
-An export's "writing shards" bar also shows samples, bytes and shards per second (averages
-since the bar started, so that their ratios are the export's true sample and shard sizes)
-and the estimated time left. On a terminal the bars redraw in place; elsewhere (a CI log,
-a file) rich prints them once at the end, and an export's bar adds one plain line at most
-every :data:`PLAIN_EVERY` seconds, so that a long export shows it is alive without
-flooding the log.
+Off a terminal (a CI log) an export's bar adds one plain line every :data:`PLAIN_EVERY`
+seconds, so a long export shows it is alive without flooding the log.
 """
 
 from __future__ import annotations
@@ -16,10 +12,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 if TYPE_CHECKING:
     from rich.console import Console
 
-#: The width of the bars' lines when they do not go to a terminal.
 _LOG_WIDTH: Final = 150
 
-#: Seconds between the plain progress lines of an export's bar when not on a terminal.
 PLAIN_EVERY: Final = 60.0
 
 
@@ -35,7 +29,7 @@ class ExportTask(Task, Protocol):
     """A bar of samples that also counts the bytes and shards written."""
 
     def shard(self, num_samples: int, num_bytes: int) -> None:
-        """One shard written: ``num_samples`` samples in ``num_bytes`` bytes."""
+        """One shard written."""
 
 
 class _NoTask:
@@ -75,8 +69,6 @@ def _rates_column() -> Any:
     from rich.text import Text
 
     class Rates(ProgressColumn):
-        """Samples, bytes and shards per second of an export's bar (blank on others)."""
-
         def render(self, task: Any) -> Text:
             if "bytes" not in task.fields:
                 return Text("")
@@ -87,11 +79,7 @@ def _rates_column() -> Any:
 
 
 class Progress:
-    """A set of progress bars; silent unless ``enabled``.
-
-    ``console``: where they go (default: rich's, on standard output); ``plain_every``:
-    seconds between an export bar's plain lines when that is not a terminal.
-    """
+    """A set of progress bars; silent unless ``enabled``."""
 
     def __init__(
         self,
@@ -137,23 +125,20 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         if self._bars is not None:
-            # rich's stop() only signals its refresh thread (a daemon) to end. One still
-            # running at interpreter exit is killed mid-call (pthread_exit while taking the
-            # GIL) and the process aborts with "terminate called without an active
-            # exception" after its work is done: join it here.
+            # rich's stop() only signals its daemon refresh thread; one still running at
+            # exit is killed taking the GIL and the process aborts: join it.
             thread = getattr(self._bars.live, "_refresh_thread", None)
             self._bars.stop()
             if thread is not None:
                 thread.join()
 
     def task(self, description: str, total: int | None) -> Task:
-        """Start a bar of ``total`` steps."""
         if self._bars is None:
             return _NoTask()
         return _Bar(self._bars, self._bars.add_task(description, total=total), None)
 
     def export_task(self, description: str, total: int | None) -> ExportTask:
-        """Start a bar of ``total`` samples that also shows bytes and shards per second."""
+        """Start a bar of samples that also shows bytes and shards per second."""
         if self._bars is None:
             return _NoTask()
         task_id = self._bars.add_task(description, total=total, bytes=0, shards=0)
@@ -190,7 +175,6 @@ class _Bar:
             self._bars.console.print(self._line(task), highlight=False)
 
     def _line(self, task: Any) -> str:
-        """The bar as one plain line (for logs)."""
         total = f"/{task.total:,}" if task.total is not None else ""
         left = task.time_remaining
         eta = "" if left is None else f", eta {_clock(left)}"

@@ -1,9 +1,5 @@
-"""Names from the input, made safe for text: valid UTF-8, and one line in messages.
-
-File names may hold bytes that are not UTF-8 (``os`` functions hand them back as lone
-surrogates, which Parquet, YAML and terminals refuse) and newlines or other line breaks
-(which would split a one-line ``error: ...`` message).
-"""
+"""Names from the input made safe for text: valid UTF-8 (not lone surrogates, which
+Parquet, YAML and terminals refuse), and one line in messages."""
 
 from __future__ import annotations
 
@@ -25,16 +21,14 @@ def printable(name: str) -> str:
 
 
 def quoted(name: str) -> str:
-    """A name quoted for a one-line message: control characters and line separators
-    escaped as repr() would, bytes that are not UTF-8 as ``\\xNN``; nothing else changed
-    (a backslash in the name stays one backslash)."""
+    """A name quoted for a one-line message: line breaks escaped as repr() would, nothing
+    else changed (a backslash stays one backslash)."""
     text = _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], printable(name))
     return f"'{text}'"
 
 
 def one_line(text: str) -> str:
-    """``text`` with every control or line-breaking character escaped, so that a message
-    quoting hostile names stays on one line (``\\n`` -> ``\\\\n``)."""
+    """``text`` with every control or line-breaking character escaped."""
     if text.isprintable():  # the common case, one C-level pass
         return text
     return "".join(
@@ -43,6 +37,5 @@ def one_line(text: str) -> str:
 
 
 def collapsed(text: object) -> str:
-    """``str(text)`` on one line, each run of whitespace one space: for third-party
-    messages that span lines (PyYAML's: the problem, then "in <string>, line L ...")."""
+    """``str(text)`` on one line (third-party messages that span lines, like PyYAML's)."""
     return " ".join(str(text).split())

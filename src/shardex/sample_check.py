@@ -1,6 +1,5 @@
-"""How the shard writer checks each image it reads (:class:`SampleCheck`,
-:func:`image_problem`) and words a refusal (:func:`refusal`): a leaf module, so backends
-use them without importing the export's checks and options."""
+"""How the shard writer checks each image it reads and words a refusal: a leaf module,
+so backends need not import the export's checks and options."""
 
 from __future__ import annotations
 
@@ -18,14 +17,12 @@ from shardex.codecs.images import (
 )
 from shardex.quoting import quoted
 
-#: What a bad sample does: refuse the export, or skip it (recorded in errors.parquet).
 OnError = Literal["error", "skip"]
 
 
 @dataclass(frozen=True, slots=True)
 class SampleCheck:
-    """How the writer checks each image it reads (``validate``) and what a bad one does
-    (``on_error``: refuse the export, or skip the sample and fill the shard with the next)."""
+    """How the writer checks each image it reads, and what a bad one does."""
 
     validate: Validate = "header"
     max_pixels: int = MAX_PIXELS
@@ -33,7 +30,7 @@ class SampleCheck:
 
 
 def refusal(original_path: str, reason: str, others: int = 0) -> str:
-    """The one-line message refusing a sample (the name quoted, as it may hold anything)."""
+    """The one-line message refusing a sample."""
     more = f" (and {others} more)" if others else ""
     return f"{quoted(original_path)}: {reason}{more}; fix the source or pass --on-error skip"
 
@@ -46,16 +43,12 @@ def image_problem(data: bytes | memoryview, check: SampleCheck) -> str | None:
     if check.validate == "none":
         return "empty file (0 bytes)" if size == 0 else None
     if size > 4 and data[:3] == b"\xff\xd8\xff" and data[-2:] == b"\xff\xd9":
-        # the common case, without copies: a JPEG that ends with its end-of-image marker
+        # the common case, without copies
         dims = jpeg_size(data, None, size)
         if dims is None or dims[0] * dims[1] <= check.max_pixels:
             return None
     head = bytes(data[:HEAD_BYTES])
     tail = head if size <= HEAD_BYTES else bytes(data[size - TAIL_BYTES :])
     return check_header(
-        head,
-        tail,
-        size,
-        read_at=lambda o, n: bytes(data[o : o + n]),
-        max_pixels=check.max_pixels,
+        head, tail, size, read_at=lambda o, n: bytes(data[o : o + n]), max_pixels=check.max_pixels
     )

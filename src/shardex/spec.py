@@ -13,13 +13,8 @@
     for inputs, targets in spec:  # dicts of tensors, by key
         ...
 
-The loader backends are records that build shardex's loaders: :class:`TorchLoader` (a
-``DataLoader`` with :class:`~shardex.torch.ShardexSampler`, any backend),
-:class:`TensorShardsLoader` (:class:`shardex.torch.TensorShardsLoader`, whole-shard
-windows) and :class:`DALILoader` (:func:`shardex.dali.pipeline`). ``preprocessing`` stages
-run in the loader's workers (:mod:`shardex.pipeline.onload`); :meth:`DataSpec.materialize`
-runs the same stages in an export instead, and ``skip_pipeline_stages`` leaves out what an
-export's config.yaml says it already ran.
+``preprocessing`` stages run in the loader's workers; :meth:`DataSpec.materialize` runs
+them in an export instead, and ``skip_pipeline_stages`` skips what the export already ran.
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class _Epochs:
-    """What both torch loaders share: batches, a seeded order per epoch, equal shares per
-    rank (``rank``/``world_size`` default to torch.distributed's), a resume ``state``."""
+    """Options both torch loaders share (``rank``/``world_size`` default to torch's)."""
 
     batch_size: int = 32
     shuffle: bool = True
@@ -63,14 +57,10 @@ class _Epochs:
 
 @dataclass(frozen=True, slots=True)
 class TorchLoader(_Epochs):
-    """A ``torch.utils.data.DataLoader`` over any backend, one read per sample.
+    """A ``DataLoader`` with a :class:`~shardex.torch.ShardexSampler`, over any backend.
 
-    ``shuffle``, ``seed``, ``rank``, ``world_size`` and ``drop_last`` go to its
-    :class:`~shardex.torch.ShardexSampler` (global seeded shuffle, equal shares per rank;
-    ``drop_last`` also drops a short last batch); ``state`` is a ``sampler.state_dict()``
-    to resume from (the loop calls ``loader.sampler.advance(n)`` after each batch).
-    ``collate_fn``: default :func:`shardex.torch.collate` (torch's batches, in reused
-    shared memory, and one line naming a field whose items differ in shape).
+    ``state`` is a ``sampler.state_dict()`` to resume from; ``collate_fn`` defaults to
+    :func:`shardex.torch.collate`.
     """
 
     num_workers: int = 0
@@ -104,9 +94,7 @@ class TorchLoader(_Epochs):
 
 @dataclass(frozen=True, slots=True)
 class TensorShardsLoader(_Epochs):
-    """:class:`shardex.torch.TensorShardsLoader`: batches from prefetched windows of whole
-    shards (backends declaring ``shard_windows``, e.g. ``tensor_shards``), one split;
-    ``state`` is its ``state_dict()``."""
+    """:class:`shardex.torch.TensorShardsLoader` (whole-shard windows, one split)."""
 
     shards_per_window: int = 6
     prefetch_windows: int = 2
@@ -138,10 +126,8 @@ class TensorShardsLoader(_Epochs):
 
 @dataclass(frozen=True, slots=True)
 class DALILoader:
-    """:func:`shardex.dali.pipeline` through DALI's ``DALIGenericIterator`` (exports of
-    tar shards, one split). ``image_size=(height, width)`` decodes and resizes images in
-    the pipeline; without it an image is its stored bytes. ``rank``/``world_size`` are
-    DALI's ``shard_id``/``num_shards``."""
+    """:func:`shardex.dali.batches` over one split; ``rank``/``world_size`` are DALI's
+    ``shard_id``/``num_shards``."""
 
     batch_size: int = 32
     num_threads: int = 4
@@ -181,7 +167,7 @@ Backend = TorchLoader | TensorShardsLoader | DALILoader
 
 @dataclass(frozen=True, slots=True)
 class LoaderSpec:
-    """Which loader reads the data (``backend``)."""
+    """Which loader reads the data."""
 
     backend: Backend = field(default_factory=TorchLoader)
 
@@ -191,12 +177,10 @@ class DataSpec:
     """An export, the loader that reads it and the stages run on what it loads.
 
     Args:
-        source: the export and the keys that are inputs (``feature_keys``) and targets
-            (``label_keys``); without ``split``, every split.
-        loader: the loader backend (default: :class:`TorchLoader` with its defaults).
-        preprocessing: stages (objects, or spec-file entries such as
-            ``{"stage": "resize", "size": 64}``), run on each loaded batch in the loader's
-            workers; keys may then name what they produce (``pixels``, an embedding).
+        source: the export and its input (``feature_keys``) and target keys.
+        loader: the loader backend (default: :class:`TorchLoader`).
+        preprocessing: stages (objects or spec-file entries), run on each loaded batch;
+            keys may name what they produce.
         skip_pipeline_stages: leave out the stages config.yaml records the export ran
             (they must be the first ones declared, with the same parameters).
     """
@@ -207,9 +191,8 @@ class DataSpec:
     skip_pipeline_stages: bool = False
 
     def dataloader(self) -> Any:
-        """What the training loop iterates: batches ``{"key", "split", "features",
-        "labels"}`` (DALI and window loaders: no ``split``), features and labels as
-        dicts of tensors by key."""
+        """Batches ``{"key", "split", "features", "labels"}`` (no ``split`` from DALI and
+        window loaders)."""
         return self.loader.backend.build(self)
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
@@ -219,7 +202,6 @@ class DataSpec:
 
     @cached_property
     def stages(self) -> list[Stage]:
-        """The stages the loader runs (after those the export already ran)."""
         from shardex.pipeline.onload import declared, stages_to_run
 
         stages = declared(self.preprocessing)
@@ -238,7 +220,6 @@ class DataSpec:
 
     @cached_property
     def items(self) -> SpecItems:
-        """The map-style dataset a :class:`TorchLoader` reads."""
         return SpecItems(self.source, self.stages, self._stored)
 
     def refuse_stages(self, loader: str) -> None:
@@ -260,8 +241,7 @@ class DataSpec:
         )
 
     def scenario(self) -> dict[str, Any]:
-        """The spec-file form of the preprocessing: ``yaml.safe_dump`` it to NAME.yaml and
-        ``shardex export-dataset NAME --preprocess -o OUT`` materialises it."""
+        """The spec-file form of the preprocessing (for ``export-dataset --preprocess``)."""
         entries = []
         for stage in self.preprocessing:
             if isinstance(stage, Stage):
@@ -282,11 +262,8 @@ class DataSpec:
         executor: Any = None,
         **options: Any,
     ) -> ExportConfig:
-        """Run the preprocessing stages in an export of the source to ``output`` (every
-        split; ``options`` as :class:`~shardex.pipeline.ImageWriterStage`'s), only until
-        ``until_keys`` exist, stored as features (``--preprocess-until-key``). config.yaml
-        records the stages run, so a ``DataSpec`` over ``output`` with
-        ``skip_pipeline_stages=True`` does not run them again."""
+        """Run the stages in an export of the source to ``output``, until ``until_keys``
+        exist (``options`` as :class:`~shardex.pipeline.ImageWriterStage`'s)."""
         from shardex.pipeline import ImageWriterStage, LocalExecutor, Pipeline, ReaderStage
         from shardex.pipeline.onload import declared
         from shardex.sources import open_source
@@ -303,9 +280,8 @@ class DataSpec:
 
 
 class SpecItems:
-    """A DataSpec's samples, map-style: ``{"key", "split", "features", "labels"}``. A
-    DataLoader fetches a batch with one :meth:`__getitems__` call, so the stages run once
-    per batch, in its worker; a filter stage may leave a batch shorter."""
+    """A DataSpec's samples, map-style; :meth:`__getitems__` runs the stages once per
+    batch (a filter stage may leave it shorter)."""
 
     def __init__(self, source: ExportedDataset, stages: list[Stage], stored: set[str]) -> None:
         from shardex.pipeline.onload import OnLoad
@@ -356,8 +332,7 @@ class SpecItems:
 
 
 class _Windows:
-    """A :class:`shardex.torch.TensorShardsLoader`'s batches by key (features, labels);
-    ``state_dict``, ``set_epoch`` and the rest are the loader's."""
+    """A TensorShardsLoader's batches by key; other attributes are the loader's."""
 
     def __init__(self, loader: Any, spec: DataSpec, split: str) -> None:
         self.loader, self.split = loader, split

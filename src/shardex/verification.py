@@ -1,12 +1,8 @@
 """``shardex verify``: check an export against its contract, byte for byte.
 
-Checks, in order: config.yaml against its schema; every split, as its backend says
-(:meth:`Backend.verify_split <shardex.backends.Backend.verify_split>`: index files, every
-shard and sample against its checksums, sidecars; the ``webdataset`` backend's in
-:mod:`shardex.backends.webdataset.verify`, the array backends' in
-:mod:`shardex.verify_arrays`); metadata.parquet and errors.parquet (whole-file checksums
-where recorded, row counts); with ``deep``, that every image decodes. Problems are
-collected, not raised: the report lists each with the file and, where known, the sample key.
+config.yaml, then every split as its backend says (``Backend.verify_split``), then
+metadata.parquet and errors.parquet; with ``deep``, every image decodes. Problems are
+collected, not raised, each with its file and, where known, its sample key.
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ def verify(
     progress: bool = False,
 ) -> VerifyReport:
     """Check an export; see the module docstring for what is checked."""
-
     storage = open_storage(location, storage_options)
     report = VerifyReport(storage.uri, deep=deep)
     try:
@@ -59,39 +54,30 @@ def verify(
         for name in config.splits:
             backend.verify_split(storage, config, name, Check(report, deep, bar))
             _verify_derived(storage, backend.derived_files(config, name), report)
-    _verify_table_file(
-        storage,
-        config.metadata_file,
-        "metadata",
-        config.metadata_checksum,
-        config.num_samples,
-        "samples",
-        report,
+    tables = (
+        (config.metadata_file, "metadata", config.metadata_checksum, config.num_samples, "samples"),
+        (
+            config.errors_file,
+            "errors",
+            config.errors_checksum,
+            config.num_skipped,
+            "samples were skipped",
+        ),
     )
-    _verify_table_file(
-        storage,
-        config.errors_file,
-        "errors",
-        config.errors_checksum,
-        config.num_skipped,
-        "samples were skipped",
-        report,
-    )
+    for path, kind, checksum, rows, what in tables:
+        _verify_table_file(storage, path, kind, checksum, rows, what, report)
     return report
 
 
 def _verify_derived(storage: Storage, files: dict[str, bytes], report: VerifyReport) -> None:
-    """Shard lists must say exactly what config.yaml gives (they follow from it alone)."""
     for path, want in files.items():
         try:
             found = storage.get(path)
         except ShardexError as exc:
             report.problems.append(Problem(path, "missing", f"cannot be read ({exc})"))
             continue
-        # An overwrite or append replaces the lists just after its config.yaml commits, and
-        # deletes the replaced export's files only after that: a writer at work or killed
-        # there (its intent file is still present) leaves lists naming the replaced
-        # export's tars, which are all still there; running it again finishes the job.
+        # A writer at work or killed just after its commit (its intent file is there) has
+        # not replaced the lists yet; they name the old tars, which are still there.
         if found != want and not storage.exists(_INTENT_FILE):
             report.problems.append(
                 Problem(
@@ -106,8 +92,7 @@ def _verify_derived(storage: Storage, files: dict[str, bytes], report: VerifyRep
 def check_file_checksum(
     path: str, kind: str, data: bytes, expected: str | None, report: VerifyReport
 ) -> None:
-    """A whole file against the checksum config.yaml records (exports written before
-    shardex recorded one have None: nothing to compare)."""
+    """A whole file against the checksum config.yaml records, if any."""
     if expected is None:
         return
     found = f"xxh3_64:{xxhash.xxh3_64_hexdigest(data)}"
@@ -128,8 +113,7 @@ def _verify_table_file(
     what: str,
     report: VerifyReport,
 ) -> None:
-    """A whole Parquet file of the export (metadata or errors): readable, its checksum,
-    and ``rows_expected`` rows (``what`` says in config.yaml's words what they count)."""
+    """A Parquet file of the export: readable, its checksum, ``rows_expected`` rows."""
     if not path:
         return
     try:

@@ -1,9 +1,5 @@
-"""What ``shardex verify`` reports, and the checks every backend's verification shares.
-
-:class:`Problem` and :class:`VerifyReport` are the report; :func:`verify_key_table` checks
-the key table that every backend writes. Kept apart from :mod:`shardex.verification` (the
-entry point, which asks each split's backend to verify it) so that a backend's checks use
-them without importing the module that dispatches to them.
+"""What ``shardex verify`` reports, and the checks every backend's verification shares;
+apart from :mod:`shardex.verification` so backends need not import the dispatcher.
 """
 
 from __future__ import annotations
@@ -58,7 +54,7 @@ class VerifyReport:
 
 
 def load_npy(storage: Storage, path: str, report: VerifyReport) -> np.ndarray | None:
-    """A ``.npy`` file of the export, or None with the problem recorded in ``report``."""
+    """A ``.npy`` file of the export, or None with the problem recorded."""
     try:
         return np.load(io.BytesIO(storage.get(path)), allow_pickle=False)  # type: ignore[no-any-return]
     except (ShardexError, ValueError, OSError) as exc:
@@ -69,8 +65,7 @@ def load_npy(storage: Storage, path: str, report: VerifyReport) -> np.ndarray | 
 def verify_key_table(
     storage: Storage, path: str, n: int, report: VerifyReport
 ) -> np.ndarray | None:
-    """The key table: uint64 (2, n), hashes sorted, sample numbers a permutation. Returns
-    the table when it has that shape and order (for the entries' hashes to be checked)."""
+    """The key table if it is uint64 (2, n), hashes sorted, sample numbers a permutation."""
     keys = load_npy(storage, path, report)
     if keys is None:
         return None

@@ -1,4 +1,3 @@
-"""The version of shardex (its own module: modules inside the package read it without
-importing the package's namespace back)."""
+"""The version of shardex, apart so modules read it without importing the package."""
 
 __version__ = "0.1.0"

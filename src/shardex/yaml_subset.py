@@ -1,13 +1,9 @@
 """Read the YAML that ``yaml.safe_dump`` writes for config.yaml, without importing PyYAML.
 
-Opening an export parses its config.yaml; importing PyYAML costs ~10 ms (more than the
-whole open), so the block-style subset shardex writes is read here in pure Python:
-block mappings and sequences, plain and single-quoted one-line scalars, ``[]`` and ``{}``.
-Anything else (flow collections, double quotes, folded lines, comments, anchors, tags, a
-duplicate key, odd indentation, a plain scalar YAML would read as a timestamp, an octal,
-hex or sexagesimal number, inf or nan, nesting deeper than the stack) raises
-:class:`Unsupported`, and the caller parses the text with PyYAML. So what this returns is what ``yaml.safe_load`` returns, or nothing:
-tests/test_yaml_subset.py compares the two on generated documents.
+Importing PyYAML costs ~10 ms, more than a whole open. Block mappings and sequences,
+one-line plain and single-quoted scalars, ``[]`` and ``{}`` are read here; anything else
+raises :class:`Unsupported` for PyYAML to parse, so this returns what ``yaml.safe_load``
+returns or nothing (tests/test_yaml_subset.py compares the two).
 """
 
 from __future__ import annotations
@@ -20,9 +16,7 @@ class Unsupported(ValueError):
     """The text uses YAML beyond this subset: parse it with PyYAML."""
 
 
-#: A plain scalar: not starting with an indicator ("- x" is a sequence entry; "-1" and
-#: "-.5" are numbers), printable ASCII, single inner spaces; ": " and a final ":" are
-#: refused where it is used, " #" (a comment) for the whole text.
+#: A plain scalar: no leading indicator ("-1" is a number), printable ASCII, single spaces.
 _PLAIN: Final = re.compile(r"(?:[A-Za-z0-9_./]|-(?=[0-9.]))[!-~]*(?: [!-~]+)*")
 _CONTROL: Final = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 _SINGLE_QUOTED: Final = re.compile(r"'((?:[^']|'')*)'")
@@ -34,8 +28,8 @@ _WORDS: Final[dict[str, Any]] = {
 }
 _INT: Final = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _FLOAT: Final = re.compile(r"-?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?")
-#: PyYAML's implicit resolvers for the plain scalars starting with a digit, sign or dot:
-#: one of these that is not a simple int or float above is left to PyYAML.
+#: PyYAML's implicit resolvers of scalars starting with a digit, sign or dot: any that is
+#: not a simple int or float is left to PyYAML.
 _RESOLVED: Final = re.compile(
     r"""[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
     |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
@@ -58,11 +52,7 @@ Lines = list[tuple[int, str]]
 
 
 def load(text: str | bytes) -> Any:
-    """The document in ``text``, as ``yaml.safe_load`` reads it.
-
-    Raises:
-        Unsupported: the text is not in the subset (parse it with PyYAML).
-    """
+    """The document in ``text``, as ``yaml.safe_load`` reads it, or :class:`Unsupported`."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -81,7 +71,7 @@ def load(text: str | bytes) -> Any:
         raise Unsupported("an indented first line")
     try:
         value, end = _block(lines, 0, 0)
-    except RecursionError:  # nesting deeper than the stack: PyYAML refuses it in one line
+    except RecursionError:
         raise Unsupported("nested too deeply") from None
     if end != len(lines):
         raise Unsupported(f"line {end + 1}: unexpected indentation")
@@ -133,7 +123,6 @@ def _mapping(lines: Lines, i: int, indent: int) -> tuple[dict[Any, Any], int]:
 
 
 def _entry(content: str) -> tuple[str, str] | None:
-    """``(key, value)`` of a ``key: value`` or ``key:`` line, else None."""
     cut = content.find(": ")
     if cut < 0:
         return (content[:-1], "") if content.endswith(":") else None

@@ -18,8 +18,7 @@ SPLIT_HELP = "Split to use (default: the only split, else each split in turn)."
 
 
 def make_console() -> Any:
-    """rich's console; on a pipe or file (``| grep``, a CI log) as wide as each line needs
-    (rich would lay tables out in 80 columns and fold words), unless COLUMNS says."""
+    """rich's console; off a terminal as wide as each line needs (not 80), unless COLUMNS."""
     from rich.console import Console
 
     console = Console()
@@ -28,7 +27,7 @@ def make_console() -> Any:
     return console
 
 
-#: The console width off a terminal: no line is that long, and rich pads nothing to it.
+#: No line is that long, and rich pads nothing to it.
 _UNWRAPPED: Final = 1 << 20
 
 
@@ -119,8 +118,7 @@ _SOURCE_S3_FLAGS: Final = (
         "Named AWS profile for an s3:// SOURCE (default: --s3-profile).",
     ),
 )
-#: Where these flags leave their values (ctx.meta is shared by a command's contexts), so
-#: that every command taking a location takes them without six more parameters each.
+#: Where these flags leave their values (ctx.meta), sparing each command six parameters.
 _OUTPUT: Final = "shardex.storage_options"
 _TIMES: Final = "shardex.storage_time_options"
 _SOURCE: Final = "shardex.source_storage_options"
@@ -129,8 +127,7 @@ _SOURCE: Final = "shardex.source_storage_options"
 def _flags(
     fn: Any, rows: tuple[tuple[str, str, str | None, str], ...], where: str, timed: bool = False
 ) -> Any:
-    """Adds ``rows`` as options that leave their values in ``ctx.meta[where]``, each
-    under the storage option it sets."""
+    """Adds ``rows`` as options that leave their values in ``ctx.meta[where]``."""
     for flag, option, metavar, text in reversed(rows):
 
         def keep(
@@ -168,8 +165,7 @@ def location_options() -> dict[str, Any] | None:
 
 
 def source_location_options() -> dict[str, Any] | None:
-    """A source's storage options: each --source-s3-* flag, else its --s3-* one; None
-    (the output's options) when no --source-s3-* flag is given."""
+    """A source's storage options (each --source-s3-* flag, else its --s3-* one), or None."""
     meta = click.get_current_context().meta
     if not meta.get(_SOURCE):
         return None

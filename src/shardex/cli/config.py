@@ -1,11 +1,7 @@
-"""``--config/-c FILE``: a command's options from a YAML file, flags given on the line win.
+"""``--config/-c FILE``: a command's options from a YAML file by long flag name.
 
-The file maps each option's long flag name (``samples-per-shard``, or ``samples_per_shard``
-as NexuML configs spell it) to a value of the flag's type: a list for a repeatable flag,
-``true``/``false`` for a ``--x/--no-x`` pair (``no-x: true`` works too), a mapping for
-``split-fractions`` and ``backend-option``; no value (YAML null) leaves the flag's default.
-The values become click's ``default_map``, so a
-flag on the command line overrides the file and every value passes the flag's own checks.
+The values become click's ``default_map``, so flags on the line win and every value passes
+the flag's own checks; YAML null leaves the flag's default.
 """
 
 from __future__ import annotations
@@ -48,8 +44,8 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
     """The file's options as ``{parameter name: value}``, each checked by its flag's type.
 
     Raises:
-        ConfigError: the file is missing or not YAML, is not a mapping, names an option the
-            command does not have, or gives a value the option refuses (one line, naming it).
+        ConfigError: the file is unreadable, not a mapping, or names or gives an option
+            the command refuses (one line, naming it).
     """
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -80,7 +76,7 @@ def read_config(command: click.Command, path: Path) -> dict[str, Any]:
                 "option; keep one"
             )
         spelled[name] = key
-        if value is None:  # `key:` with no value, as a template leaves it: not given
+        if value is None:  # `key:` with no value: not given
             continue
         if negated:
             if not isinstance(value, bool):
@@ -130,7 +126,6 @@ def _checked(
     else:
         value = _as_text(value)
     try:
-        # the flag's own type checks the value (a choice, a range, a path)
         with click.Context(command) as ctx:
             return param.type_cast_value(ctx, value)
     except click.BadParameter as exc:
@@ -142,6 +137,5 @@ def _is_scalar(value: object) -> bool:
 
 
 def _as_text(value: Any) -> Any:
-    """A YAML number or boolean as the text the flag would get, so its type checks it as
-    on the command line (``int(1.5)`` would truncate, ``int(True)`` would pass)."""
+    """A YAML scalar as the flag's text, checked as on the line (``int(1.5)`` truncates)."""
     return value if value is None or isinstance(value, str) else str(value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -240,21 +240,31 @@ def export_dataset(
     from shardex.pipeline.spec import find_scenario
 
     opts = _export_options(**option_params)
-    check_options(opts)  # what the backend cannot store: before the source is looked at
+    check_options(opts)  # before the source is looked at
     storage_options = location_options()
-    source_options = source_location_options()
     spec_file = find_scenario(source)
     if spec_file is None:
         _check_no_spec(source, preprocess, until_keys)
         config = _export_source(source, output, opts, executor, ray_address, not quiet)
-    elif source_options:
+    elif source_location_options():
         raise click.UsageError(
             "--source-s3-* flags work with a SOURCE that is not a spec file; with a spec "
             "file, give the source's store through AWS_* variables"
         )
-    else:
-        runs = _SpecRun(preprocess, until_keys, executor, ray_address, not quiet)
-        config = _export_spec(str(spec_file), output, opts, runs, storage_options)
+    else:  # the spec's source, options and stages, with the flags given on top
+        from shardex.pipeline.spec import Spec, run_spec
+
+        spec = Spec.load(str(spec_file))
+        config = run_spec(
+            spec,
+            output,
+            executor=spec.executor(executor, opts.workers, ray_address),
+            preprocess=preprocess,
+            until_keys=until_keys,
+            mode=opts.mode,
+            verbose=not quiet,
+            **_given_options(opts, storage_options),
+        )
     click.echo(_summary(output, config))
     if config.num_skipped:
         click.echo(_skipped_summary(output, config, storage_options))
@@ -270,9 +280,7 @@ def _export_options(
     backend_options: tuple[str, ...],
     **same: Any,
 ) -> ExportOptions:
-    """export-dataset's options as the export's record: the flags whose values
-    ExportOptions spells otherwise converted (and checked), the others (``same``: the
-    click.Choice ones hold one of the record's literals) as they are."""
+    """export-dataset's flags as ExportOptions, converting those it spells otherwise."""
     from shardex.codecs.images import MAX_PIXELS
     from shardex.errors import ConfigError
     from shardex.options import ExportOptions, parse_split_fractions
@@ -293,7 +301,6 @@ def _export_options(
 
 
 def _check_no_spec(source: str, preprocess: bool, until_keys: tuple[str, ...]) -> None:
-    """Refuses the flags that need a spec file SOURCE."""
     from shardex.pipeline.spec import is_scenario_name, scenario_not_found
 
     if preprocess or until_keys:
@@ -310,12 +317,10 @@ def _export_source(
     ray_address: str | None,
     progress: bool,
 ) -> ExportConfig:
-    """``export-dataset SOURCE``: SOURCE (not a spec file) exported with ``opts``."""
     from shardex.exporter import export
     from shardex.pipeline.spec import is_scenario_name, scenario_not_found
 
     try:
-        # on Ray, tasks write the shards; this process reads references, writes metadata
         return export(
             source,
             output,
@@ -333,7 +338,6 @@ def _export_source(
 
 
 def _summary(output: str, config: ExportConfig) -> str:
-    """The line an export ends with: samples per split, shards, bytes, where."""
     parts = ", ".join(f"{name} {info.num_samples}" for name, info in config.splits.items())
     shards = sum(len(s.shards) for s in config.splits.values())
     size = sum(s.num_bytes for s in config.splits.values())
@@ -374,73 +378,16 @@ def _skipped_summary(output: str, config: Any, storage_options: dict[str, Any] |
     return "\n".join(lines)
 
 
-@dataclass(frozen=True, slots=True)
-class _SpecRun:
-    """How ``export-dataset SPEC.yaml`` runs the spec: its flags besides the options."""
-
-    preprocess: bool
-    until_keys: tuple[str, ...]
-    executor: str | None
-    ray_address: str | None
-    progress: bool
-
-
-def _export_spec(
-    path: str,
-    output: str,
-    opts: ExportOptions,
-    run: _SpecRun,
-    storage_options: dict[str, Any] | None,
-) -> ExportConfig:
-    """``export-dataset SPEC.yaml``: the spec's source, options and (with --preprocess)
-    stages; -o, --mode/--overwrite and the executor flags apply on top."""
-    from shardex.pipeline.spec import Spec, run_spec
-
-    spec = Spec.load(path)
-    runner = spec.executor(run.executor, opts.workers, run.ray_address)
-    return run_spec(
-        spec,
-        output,
-        executor=runner,
-        preprocess=run.preprocess,
-        until_keys=run.until_keys,
-        mode=opts.mode,
-        verbose=run.progress,
-        **_given_options(opts, storage_options),
-    )
-
-
-#: export-dataset parameters -> the ExportOptions field each sets.
-_OPTION_PARAMS = {
-    "backend": "backend",
-    "splits": "splits",
-    "x_keys": "x_keys",
-    "y_keys": "y_keys",
-    "labels": "labels",
-    "samples_per_shard": "samples_per_shard",
-    "max_shard_bytes": "max_shard_bytes",
-    "deterministic_name": "deterministic_name",
-    "split_fractions": "split_fractions",
-    "seed": "seed",
-    "on_error": "on_error",
-    "validate": "validate",
-    "max_pixels": "max_pixels",
-    "dtype": "dtype",
-    "image_member": "image_member",
-    "backend_options": "backend_options",
-    "layout": "layout",
-}
-
-
 def _given_options(opts: ExportOptions, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """The options the command line set explicitly: they apply on top of a spec's."""
     from click.core import ParameterSource
 
     ctx = click.get_current_context()
     given = {
-        field: getattr(opts, field)
-        for param, field in _OPTION_PARAMS.items()
-        if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE
+        f.name: getattr(opts, f.name)
+        for f in dataclasses.fields(opts)
+        if f.name not in ("workers", "mode", "overwrite")  # run_spec takes these apart
+        and ctx.get_parameter_source(f.name) == ParameterSource.COMMANDLINE
     }
     if storage_options:
         given["storage_options"] = storage_options
@@ -448,8 +395,7 @@ def _given_options(opts: ExportOptions, storage_options: dict[str, Any] | None) 
 
 
 def _backend_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``NAME=VALUE`` pairs; values read as YAML scalars (``90`` is a number, ``true`` a
-    bool, anything else a string)."""
+    """``NAME=VALUE`` pairs, values read as YAML scalars."""
     import yaml
 
     out: dict[str, Any] = {}

@@ -24,10 +24,7 @@ from shardex.errors import SampleNotFoundError, ShardexError
 @click.argument("output")
 @click.option("--json", "as_json", is_flag=True, help="Print config.yaml as JSON.")
 @storage_flags
-def inspect(
-    output: str,
-    as_json: bool,
-) -> None:
+def inspect(output: str, as_json: bool) -> None:
     """Summarise the export at OUTPUT (config.yaml, splits, shards, keys)."""
     from rich.table import Table
 
@@ -105,12 +102,7 @@ _LS_COLUMNS: Final = ("split", "key", "shard", "offset", "length", "original_pat
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N rows.")
 @click.option("--no-header", is_flag=True, help="Leave out the header line.")
 @storage_flags
-def ls(
-    output: str,
-    split: str | None,
-    limit: int | None,
-    no_header: bool,
-) -> None:
+def ls(output: str, split: str | None, limit: int | None, no_header: bool) -> None:
     """List the samples of OUTPUT, one tab-separated line each, under a header line:
     split, key, shard, offset, length, original_path. Offset and length are the sample's
     byte range in its tar (empty for the array backends: their shards are no tars)."""
@@ -166,13 +158,7 @@ def _open(storage: Any, split: str) -> Any:
 )
 @click.option("--field", default=None, help="Field (extension) to write with -o, e.g. cls.")
 @storage_flags
-def get(
-    output: str,
-    key: str,
-    split: str | None,
-    dest: str | None,
-    field: str | None,
-) -> None:
+def get(output: str, key: str, split: str | None, dest: str | None, field: str | None) -> None:
     """Fetch the sample KEY from OUTPUT: show its fields, or write one with -o."""
     from shardex.api import read_config
     from shardex.codecs.images import IMAGE_EXTENSIONS
@@ -236,12 +222,7 @@ def get(
     help="Port to bind (0: any free port; the URL printed names it).",
 )
 @storage_flags
-def browse_command(
-    export: str,
-    split: str | None,
-    host: str,
-    port: int,
-) -> None:
+def browse_command(export: str, split: str | None, host: str, port: int) -> None:
     """Look at EXPORT in the browser: thumbnails, filters, plots, one sample in full.
 
     A local, read-only web app (needs `pip install 'shardex[browse]'`); Ctrl-C stops it.
@@ -258,23 +239,14 @@ def browse_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @storage_flags
-def verify_command(
-    output: str,
-    deep: bool,
-    as_json: bool,
-    quiet: bool,
-) -> None:
+def verify_command(output: str, deep: bool, as_json: bool, quiet: bool) -> None:
     """Check OUTPUT byte for byte: config, index, shards, every sample's checksum.
 
     Exits 1 when anything is wrong, listing each problem with its file and sample key.
     """
     from shardex.verification import verify
 
-    report = verify(
-        _location(output),
-        deep=deep,
-        progress=not (quiet or as_json),
-    )
+    report = verify(_location(output), deep=deep, progress=not (quiet or as_json))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -24,12 +24,10 @@ from shardex.contract import (
     SplitInfo,
 )
 from shardex.engine.prepare import Prepared
-from shardex.errors import UnverifiedOutputError, mode_hint
+from shardex.errors import ExportError, UnverifiedOutputError, mode_hint
 from shardex.format.tables import parquet_file, read_checked_table
 from shardex.options import ExportOptions
-from shardex.planning import (
-    key_specs,
-)
+from shardex.planning import key_specs
 from shardex.quoting import quoted
 from shardex.refs.members import JSON_COLUMN
 from shardex.sources import Source
@@ -39,8 +37,7 @@ from shardex.version import __version__
 
 
 def export_files(config: ExportConfig) -> list[str]:
-    """Every file of an export but config.yaml (a shard that is a folder, as the ``numpy``
-    backend's, is named by its folder), the :func:`derived_files` too."""
+    """Every file of an export but config.yaml (a folder shard by its folder), derived too."""
     files = [f for f in (config.metadata_file, config.errors_file) if f]
     for info in config.splits.values():
         files += [p for s in info.shards for p in (s.path, s.metadata, s.dali_index) if p]
@@ -57,8 +54,7 @@ def write_errors(
     previous: ExportConfig | None = None,
     taken: frozenset[str] = frozenset(),
 ) -> tuple[str | None, str | None]:
-    """errors.parquet: one row per skipped sample with the reason (when appending, the
-    export's earlier rows first); its name and whole-file checksum."""
+    """errors.parquet (an append's earlier rows first): its name and checksum."""
     if previous is not None and previous.errors_file:
         old = read_checked_table(storage, previous.errors_file, previous.errors_checksum)
         skipped = old.to_pylist() + skipped
@@ -88,13 +84,15 @@ class MetadataSink:
         self._file = parquet_file(self._out)
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
-        #: The file's whole-file checksum, once committed (for config.yaml).
         self.checksum: str | None = None
 
     def __call__(self, table: pa.Table) -> None:
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._file, table.schema, compression="zstd")
-        self._writer.write_table(table)
+        try:
+            self._writer.write_table(table)
+        except ValueError as exc:  # pyarrow: the schema differs from the rows before
+            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
         self.num_rows += table.num_rows
 
     def commit(self) -> None:
@@ -121,7 +119,7 @@ def contract(
     previous: ExportConfig | None = None,
     num_skipped: int = 0,
 ) -> ExportConfig:
-    """The config.yaml of what was written (``num_skipped``: samples skipped in all)."""
+    """The config.yaml of what was written."""
     num_classes = None
     if prep.with_label:
         top = prep.label_max
@@ -167,7 +165,7 @@ def contract(
 
 
 def _shard_options(opts: ExportOptions) -> dict[str, Any]:
-    """config.yaml's ``shard_options``: how the shards were made (defaults left out)."""
+    """config.yaml's ``shard_options`` (defaults left out)."""
     return {
         "samples_per_shard": opts.samples_per_shard,
         "max_shard_bytes": opts.max_shard_bytes,
@@ -182,8 +180,7 @@ def _shard_options(opts: ExportOptions) -> dict[str, Any]:
 
 
 def derived_files(config: ExportConfig) -> dict[str, bytes]:
-    """The files that follow from config.yaml alone (shard lists: see
-    :meth:`Backend.derived_files <shardex.backends.base.Backend.derived_files>`)."""
+    """The files that follow from config.yaml alone (shard lists)."""
     backend = REGISTRY.backend_class(config.backend)
     return {
         p: data
@@ -199,18 +196,13 @@ def write_derived(storage: Storage, files: dict[str, bytes]) -> None:
 
 
 def commit(storage: Storage, config: ExportConfig) -> None:
-    """Remove the temporary files of killed attempts, check every file is there (see
-    :func:`check_written`), make them durable, then write config.yaml: the commit point (one atomic put;
-    every file it names was written before and is never written again, derived files
-    aside).
+    """Check and sync every file, then put config.yaml: the commit point.
 
-    Derived files (shard lists) the output does not hold yet are written before it, so
-    they are there as soon as the export is; those it holds (the replaced export's) are
-    replaced just after it: until the commit they describe the committed export, and the
-    replaced export's files are deleted only after them (:func:`remove_stale`)."""
+    New derived files (shard lists) go before it; those of a replaced export just after,
+    as until the commit they describe the committed one (:func:`remove_stale` follows).
+    """
     derived = derived_files(config)
-    # every shard job is done: a temporary file left now is an attempt killed mid-write
-    # (a worker that died; Ray ran its task again), never a write still under way
+    # every shard job is done: a temporary file left now is a killed attempt's
     remove_leftovers(storage, config)
     check_written(storage, config, derived)
     later = {p: data for p, data in derived.items() if storage.exists(p)}
@@ -222,15 +214,9 @@ def commit(storage: Storage, config: ExportConfig) -> None:
 
 
 def check_written(storage: Storage, config: ExportConfig, derived: dict[str, bytes]) -> None:
-    """Refuse to commit unless every file config.yaml will name is in the output, each
-    shard file the size its writer (a worker, a Ray task) reported.
-
-    Checked from one listing of the output (a LIST page per 1,000 objects on object
-    storage; no byte is read): a shard lost or cut short between its write and the commit
-    (a task's retry racing a dead one, a store that dropped it, a hand in the folder) would
-    otherwise be committed. The bytes themselves are checked by their writers as they are
-    written, and by ``shardex verify``. Derived files are written by the commit itself.
-    """
+    """Refuse to commit unless every file config.yaml names is listed, each shard the size
+    its writer reported: one listing, no byte read, catches a shard lost or cut short
+    (a retry racing a dead task, a store that dropped it) before it is committed."""
     sizes = {name: size for page in storage.list_pages() for name, size in page}
     folders = {name[:i] for name in sizes for i, c in enumerate(name) if c == "/"}
     shards = {s.path: s.num_bytes for info in config.splits.values() for s in info.shards}
@@ -254,9 +240,7 @@ def check_written(storage: Storage, config: ExportConfig, derived: dict[str, byt
 
 
 def remove_leftovers(storage: Storage, config: ExportConfig) -> None:
-    """Delete the temporary files that killed attempts left at this export's names (its
-    split folders' shards, index and lists, its metadata); others, such as those of an
-    export written into a folder inside this output, are not this export's to remove."""
+    """Delete killed attempts' temporary files at this export's names (only its own)."""
     for path in storage.leftovers():
         target = temporary_target(path)
         if target is not None and export_owns(config, target):

@@ -1,8 +1,6 @@
-"""The planning pass of a streamed export: each split's spilled rows read back in order,
-made final (the joined column types, list columns of one length as fixed-size lists, the
-``.json`` member text, export numbers), sized by the backend and written to the split's
-final spill, which shard jobs read slices of. Field specs, member names and the label
-range are gathered on the way. One batch is in memory at a time.
+"""The planning pass of a streamed export: each split's spilled rows read back, made final
+as the whole-table path has them, sized by the backend and written to a final spill; field
+specs, member names and the label range gathered on the way, one batch at a time.
 """
 
 from __future__ import annotations
@@ -30,21 +28,18 @@ from shardex.refs.scan import MEMBERS
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The selected splits' final spills, and what the contract needs of every row."""
+    """The selected splits' final spills, and what the contract needs."""
 
     spilled: dict[str, SpilledRows]
     schema: pa.Schema
     merger: FieldMerger
-    #: Member names of the exported samples.
     exts: frozenset[str]
     label_max: int | None
-    #: The images' real encodings in the order first seen (``image_member``; else None).
     image_formats: tuple[str, ...] | None = None
 
 
 class _Final:
-    """Makes spilled rows final, as the whole-table path has them (see the module
-    docstring); ``start``: the export number of the first sample."""
+    """Makes spilled rows final; ``start``: the export number of the first sample."""
 
     def __init__(
         self,
@@ -58,7 +53,6 @@ class _Final:
         self.s, self.start = scanned, start
         self.dropped, self.labels, self.dtype = dropped, labels, dtype
         self.as_fields = as_fields
-        #: Each image format (``image_member``) and the first source row that has it.
         self.formats: dict[str, int] | None = None
         schema = scanned.schema
         self.casts: dict[str, pa.DataType] = {}
@@ -101,9 +95,9 @@ class _Final:
             base = base.append_column("split", split)
         if self.dropped:
             base = drop_members(base, self.dropped)
-        if self.as_fields:  # metadata columns asked for as keys: stored as fields too
+        if self.as_fields:
             base = add_members(base, [column_members(base.column(k), k) for k in self.as_fields])
-        if self.dtype is not None:  # the arrays' bytes read, cast ones kept inline
+        if self.dtype is not None:
             base = cast_members(base, self.dtype)
         if self.labels is not None and "label" in base.column_names:
             at = base.column_names.index("label")
@@ -114,9 +108,7 @@ class _Final:
         return base.append_column("export_index", pa.array(numbers, pa.int64()))
 
     def _formats(self, column: pa.ChunkedArray, rows: np.ndarray) -> None:
-        """The formats of these rows, each with the first source row that has it (the
-        splits are read one after another: the order is the source's, as in a whole
-        table)."""
+        """Each format with the first source row that has it (source order across splits)."""
         formats = self.formats = self.formats if self.formats is not None else {}
         for name in pc.unique(column).to_pylist():
             if name:
@@ -138,16 +130,11 @@ def finish(
     as_fields: tuple[str, ...] = (),
     put: Callable[[bytes], Any] | None = None,
 ) -> Finished:
-    """Read every split back once (see the module docstring); only ``selected`` splits
-    are spilled again and sized. ``start``: the export number of the first sample (an
-    append's); ``dropped``: member names not stored (x/y keys chose others); ``labels``:
-    the label number each source label number becomes (an append's, by the export's
-    label names); ``dtype``: what floating-point ``.npy`` members are cast to;
-    ``as_fields``: metadata columns also stored as sample fields (x/y keys name them);
-    ``put``: the final rows go into a remote runner's object store (see
-    :class:`FinalSpill`)."""
+    """Read every split back once; only ``selected`` ones are spilled again and sized.
+    ``dropped``: member names not stored; ``labels``: an append's label renumbering;
+    ``as_fields``: metadata columns also stored as fields; ``put``: see :class:`FinalSpill`."""
     final = _Final(scanned, start, dropped, labels, dtype, as_fields)
-    budget = memory_budget(put is not None)  # the splits' sizes held in memory, together
+    budget = memory_budget(put is not None)
     merger = FieldMerger()
     exts: set[str] = set()
     top: int | None = None

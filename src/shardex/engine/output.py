@@ -1,17 +1,11 @@
 """What the output holds, and what a writer records there.
 
-Replacing or extending a committed export follows one rule: nothing writes a file that the
-committed config.yaml names. (The one exception comes after the commit: shard lists, which
-follow from config.yaml alone, are replaced just after the new config.yaml commits and
-before the old export's files are deleted; see :func:`shardex.engine.commit.commit`.) New files take names the committed export does not use (a
-shard's second name, ``index-samples.2.npy``, ``metadata.2.parquet``: see
-:func:`shardex.backends.base.unused_name`), the new config.yaml commits in one atomic
-put, and the old export's files are deleted after it. The names depend only on the
-committed config.yaml and the input, so an export killed at any point and run again
-writes the same files. Every writer holds the output's lock (:mod:`shardex.storage.lock`)
-and records what it is doing in ``.shardex-intent.json`` (removed when it ends), so that a
-run after a kill knows whether the killed one had committed: then only its clean-up is
-left to do.
+Nothing writes a file the committed config.yaml names (except derived shard lists, just
+after the commit): new files take unused names (:func:`shardex.backends.base.unused_name`)
+that depend only on the committed config and the input, so a killed export run again writes
+the same files; config.yaml commits in one put and old files go after it. Every writer holds
+the output's lock and records ``.shardex-intent.json``, so a run after a kill knows whether
+the killed one had committed.
 """
 
 from __future__ import annotations
@@ -23,10 +17,7 @@ from typing import Any, Final
 import xxhash
 
 from shardex.backends.ownership import foreign_files, run_owns, shardex_files, writers
-from shardex.contract import (
-    CONFIG_FILE,
-    ExportConfig,
-)
+from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.engine.commit import (
     commit,
     derived_files,
@@ -34,12 +25,7 @@ from shardex.engine.commit import (
     remove_leftovers,
     write_derived,
 )
-from shardex.errors import (
-    ObjectNotFoundError,
-    OutputExistsError,
-    ShardexError,
-    mode_hint,
-)
+from shardex.errors import ObjectNotFoundError, OutputExistsError, ShardexError, mode_hint
 from shardex.options import ExportOptions, Mode
 from shardex.quoting import quoted
 from shardex.sources import Source
@@ -64,13 +50,9 @@ def check_root(storage: Storage) -> None:
 def check_output(storage: Storage, mode: Mode) -> list[str]:
     """Refuse what the mode does not allow; return the old files to replace or resume.
 
-    Temporary files (a local output's ``.NAME.tmp-RANDOM``, an unfinished write) count by
-    the file they were to become: those of shardex's names are a killed export's and are
-    deleted (the output's lock is held: no live export of this output writes them); any
-    other is someone else's (a program writing ``NAME`` the same way) and is refused like
-    a foreign file, never deleted. An export at work in a folder inside the output holds
-    its own lock and intent files there, which are foreign here: the output is refused
-    before any of its temporary files could be deleted."""
+    A temporary file counts as the file it was to become: shardex's are a killed export's
+    (deleted: we hold the lock), any other is foreign and refused, never deleted.
+    """
     listed = [p for p in storage.list() if p != LOCK_FILE]
     temporary = storage.leftovers()
     existing = [p for p in listed if not p.startswith(STAGING)]
@@ -122,8 +104,7 @@ def committed_files(storage: Storage, old_files: list[str]) -> frozenset[str]:
 def command_digest(
     src: Source, opts: ExportOptions, pipeline: tuple[dict[str, Any], ...], spec: str | None
 ) -> str:
-    """What makes two runs the same command: the source and every option that changes
-    the output (not the worker count, nor the mode)."""
+    """The source and every option that changes the output (not workers, nor mode)."""
     fields = {
         f.name: getattr(opts, f.name)
         for f in dataclasses.fields(opts)
@@ -145,10 +126,9 @@ def config_digest(storage: Storage) -> str | None:
 def record_intent(
     storage: Storage, mode: Mode, command: str, top_level: bool = False, backend: str = ""
 ) -> None:
-    """Before anything is written: which command writes, over which committed export;
-    ``top_level``: it writes or replaces a flat export, so files at the output's top level
-    are shardex's; ``backends``: ``backend`` (the one it writes with) and the backends
-    whose files the output may already hold (see :mod:`shardex.backends.ownership`)."""
+    """Before anything is written: which command writes over which committed export, whether
+    top-level files are shardex's (``top_level``) and which backends' files the output may
+    hold (:mod:`shardex.backends.ownership`)."""
     record: dict[str, Any] = {"mode": mode, "command": command, "base": config_digest(storage)}
     before = writers(storage)
     if backend and (before is not None or read_intent(storage) is None):  # else: unsaid
@@ -173,10 +153,8 @@ def undo(
     backend: str,
     flat: bool,
 ) -> None:
-    """Leave the output as this run found it: a sample refused while writing (one pass
-    over the bytes finds bad images only then) deletes the files this run wrote, and
-    only names it writes (``backend``'s; ``flat``: see :func:`record_intent`): an export
-    made meanwhile into a folder inside the output keeps its files."""
+    """Delete what this run wrote (only names ``backend`` writes, so an export made into a
+    folder inside the output keeps its files), leaving the output as the run found it."""
     before = set(old_files) | committed | CONTROL
     for path in storage.list():
         if not path.startswith(STAGING) and path not in before and run_owns(backend, flat, path):
@@ -202,9 +180,8 @@ def read_intent(storage: Storage) -> dict[str, Any] | None:
 def finish_committed(
     storage: Storage, mode: Mode, command: str, legacy: bool = False
 ) -> ExportConfig | None:
-    """When an earlier run of this command (or any run, for ``resume``) was killed after
-    its config.yaml committed, only its clean-up is left: do it and return its config.
-    (``legacy``: an older shardex's interrupted promotion was just finished.)"""
+    """Finish the clean-up of a run of this command (any, for ``resume``) killed after it
+    committed, and return its config (``legacy``: an old promotion was just finished)."""
     if not (legacy and mode == "resume"):
         intent = read_intent(storage)
         if intent is None:
@@ -224,9 +201,8 @@ def finish_committed(
 
 
 def promote_legacy(storage: Storage) -> ExportConfig | None:
-    """Repair the output of a shardex version that renamed ``.pending`` files after its
-    config.yaml committed: a kill between the two left a config.yaml naming files already
-    renamed. Commit a config.yaml naming the files that exist; None if nothing to do."""
+    """Repair an old shardex's kill between its commit and renaming ``.pending`` files:
+    commit a config.yaml naming the files that exist; None if nothing to do."""
     try:
         config = ExportConfig.read(storage)
     except ShardexError:
@@ -258,8 +234,7 @@ def promote_legacy(storage: Storage) -> ExportConfig | None:
 
 
 def resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOptions:
-    """``resume`` over a committed export finishes the overwrite or append that was
-    killed before it committed (given the same source and options)."""
+    """``resume`` over a committed export finishes a killed overwrite or append."""
     intent = read_intent(storage)
     if opts.mode != "resume" or intent is None or not storage.exists(CONFIG_FILE):
         return opts
@@ -278,8 +253,7 @@ def resumed(storage: Storage, opts: ExportOptions, command: str) -> ExportOption
 def remove_stale(storage: Storage, old_files: list[str], config: ExportConfig) -> None:
     """Delete files of a replaced export that the new one does not have."""
     keep = {CONFIG_FILE, *export_files(config)}
-    # A shard that is a folder of files config.yaml does not list (the numpy backend's)
-    # keeps what is under it; every other file must be listed itself.
+    # A shard folder whose files config.yaml does not list (numpy's) keeps what is under it.
     listed = [f for info in config.splits.values() for f in info.files]
     folders = {
         s.path

@@ -1,7 +1,4 @@
-"""A split's plan: its candidates over the shared members, their exact sizes in a shard
-(the backend's :meth:`~shardex.backends.base.Backend.sample_sizes`), the first guess of
-its shard boundaries and its deterministic name hash.
-"""
+"""A split's plan: its candidates, their exact sizes in a shard and its name hash."""
 
 from __future__ import annotations
 
@@ -11,28 +8,19 @@ import numpy as np
 import pyarrow as pa
 
 from shardex.backends.base import Backend, SplitPlan
-from shardex.contract import (
-    FORMAT_VERSION,
-    ExportConfig,
-    SplitInfo,
-)
+from shardex.contract import FORMAT_VERSION, ExportConfig, SplitInfo
 from shardex.engine.prepare import Prepared
 from shardex.options import ExportOptions
-from shardex.planning import (
-    content_digest,
-    name_hash,
-)
+from shardex.planning import content_digest, name_hash
 from shardex.refs.rows import SpilledRows, SplitRows
 from shardex.refs.scan import MEMBER_TYPE, MEMBERS
 from shardex.sample_check import SampleCheck
 
-#: A split's rows as pass 2 gets them (see :func:`split_rows`).
 Rows: TypeAlias = SplitRows | SpilledRows
 
 
 def split_rows(prep: Prepared, names: list[str], backend: Backend) -> list[Rows]:
-    """Each split's rows: candidates over the shared members, sized by the backend (no
-    sample bytes copied), or in spill files (a streamed pass 1: sized already)."""
+    """Each split's rows, sized by the backend (no sample bytes copied), or spilled."""
     if prep.spilled is not None:  # a split of an append without new samples: none
         empty = pa.table({MEMBERS: pa.array([], pa.list_(MEMBER_TYPE))})
         return [prep.spilled.get(s, empty) for s in names]

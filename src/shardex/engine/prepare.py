@@ -17,25 +17,18 @@ import pyarrow.compute as pc
 from shardex.backends.base import Backend
 from shardex.bfloat16 import BFLOAT16, mark
 from shardex.checks import check_samples
-from shardex.contract import (
-    LABEL_PREFIX,
-    ExportConfig,
-    FieldSpec,
-)
+from shardex.contract import LABEL_PREFIX, ExportConfig, FieldSpec
 from shardex.engine.finish import finish
 from shardex.engine.stream import scan_stream
 from shardex.engine.taken import TakenKeys
-from shardex.errors import (
-    ConfigError,
-    EmptySourceError,
-)
+from shardex.errors import ConfigError, EmptySourceError
 from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
 from shardex.format.tables import check_local_file, metadata_errors
 from shardex.image_member import IMAGE_FORMAT, one_image_member
 from shardex.options import ExportOptions
 from shardex.planning import (
     assign_splits,
-    drop_unselected_members,
+    drop_members,
     fixed_lists,
     member_keys,
     member_keys_of,
@@ -54,8 +47,8 @@ from shardex.storage import Storage
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """The checked, split samples and the decisions made about them: the whole table
-    (``table``), or each selected split's rows spilled to local scratch (``spilled``)."""
+    """The checked, split samples and the decisions made about them, as one ``table`` or
+    each split's rows ``spilled`` to local scratch."""
 
     table: pa.Table | None
     fields: tuple[FieldSpec, ...]
@@ -67,24 +60,18 @@ class Prepared:
     with_label: bool
     write_label: bool
     label_names: tuple[str, ...] | None
-    #: The columns of the samples' rows (``_members``, ``_json``, ``export_index`` too).
     schema: pa.Schema
-    #: Samples exported, all splits.
     num_rows: int
-    #: The largest label number (None: no label).
     label_max: int | None
     #: Logical key -> member names of the samples (see :func:`member_keys`).
     stored: dict[str, set[str]]
-    #: The members of ``table`` (None: spilled).
     members: Members | None = None
-    #: Each selected split's rows in a spill file (a streamed pass 1; ``table`` None).
     spilled: dict[str, SpilledRows] | None = None
     #: The images' real encodings when one member name holds them all (``image_member``).
     image_formats: tuple[str, ...] | None = None
 
     def in_memory(self) -> bool:
-        """Whether most of the samples' bytes are in this process (an in-memory source):
-        then they are written here, as pickling them to workers costs more."""
+        """Whether most bytes are in this process (then written here: pickling costs more)."""
         m = self.members
         return m is not None and m.inline_bytes() * 2 > int(m.size.sum())
 
@@ -97,11 +84,7 @@ def prepare(
     taken: frozenset[str] = frozenset(),
 ) -> Prepared:
     """Scan, check, split and select keys over the source's whole table; nothing is
-    written yet, and no image is read (the shard writer checks each image as it writes
-    it: one pass over the bytes).
-
-    When appending, ``previous`` is the committed export: its split rule, label names and
-    keys apply to the new samples, and ``taken`` are its keys.
+    written and no image read. ``previous``: the export appended to (``taken``: its keys).
     """
     scanning = bars.task(f"scanning {src.uri}", None)
     scan = src.scan()
@@ -121,12 +104,11 @@ def prepare(
     table = table.append_column("export_index", pa.array(np.arange(start, start + table.num_rows)))
     members = member_keys(table)
     keys = _Keys.of(opts, members, with_label, table.column_names)
-    table = drop_unselected_members(table, members, keys.x, keys.y)
+    table = drop_members(table, unselected_members(members, keys.x, keys.y))
     if keys.as_fields:
         table = add_members(table, [column_members(table.column(k), k) for k in keys.as_fields])
     if opts.dtype not in (None, BFLOAT16):  # bfloat16: cast by the array backends
         table = cast_members(table, opts.dtype)
-    # the members read once (a source's batches are joined here: one copy of their bytes)
     held = Members.of(table.column(MEMBERS))
     return Prepared(
         table=table,
@@ -150,8 +132,7 @@ def prepare(
 
 @dataclass(frozen=True, slots=True)
 class _Keys:
-    """The keys an export stores: ``x`` and ``y``, the metadata columns they name that are
-    stored as sample fields (NAME.npy / NAME.txt), and whether the label is written."""
+    """The x and y keys, the metadata columns stored as fields, and whether the label is."""
 
     x: tuple[str, ...]
     y: tuple[str, ...]
@@ -162,7 +143,6 @@ class _Keys:
     def of(
         cls, opts: ExportOptions, members: Iterable[str], with_label: bool, columns: Iterable[str]
     ) -> _Keys:
-        """Chosen among the source's members, its label and its metadata ``columns``."""
         seen = list(members)
         internal = {MEMBERS, JSON_COLUMN, "key", "original_path", "split", "label", "export_index"}
         available = [
@@ -177,25 +157,21 @@ class _Keys:
     def fields(
         self, fields: tuple[FieldSpec, ...], opts: ExportOptions, previous: ExportConfig | None
     ) -> tuple[FieldSpec, ...]:
-        """The field specs as config.yaml records them (label columns named as the
-        export appended to names them)."""
+        """The field specs as config.yaml records them."""
         prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
         return with_columns(mark(fields) if opts.dtype == BFLOAT16 else fields, self.y, prefix)
 
 
 def image_formats(table: pa.Table) -> tuple[str, ...] | None:
-    """The images' real encodings, from the ``image_format`` column ``image_member`` adds."""
+    """The images' real encodings (``image_member``'s ``image_format`` column)."""
     if IMAGE_FORMAT not in table.column_names:
         return None
     return tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
 
 
 def streamable(opts: ExportOptions) -> bool:
-    """Whether pass 1 can stream. Every option does: members that x/y keys leave out are
-    dropped, metadata columns they name made into fields and ``dtype`` casts applied as
-    the spilled rows are read back, and ``image_member`` renames images batch by batch.
-    (The whole-table pass is the path of sources whose bytes are in memory.)"""
-    del opts  # kept: callers ask with the export's options
+    """Whether pass 1 can stream: every option does (tests patch this seam)."""
+    del opts
     return True
 
 
@@ -210,11 +186,8 @@ def prepare_streamed(
     previous: ExportConfig | None = None,
     put: Callable[[bytes], Any] | None = None,
 ) -> Prepared:
-    """Pass 1 over a streaming source (see :mod:`shardex.engine.stream`), then the
-    planning pass (:mod:`shardex.engine.finish`); the selected splits' rows end in spill
-    files under ``folder`` (local scratch), or in a remote runner's object store
-    (``put``). When appending, ``previous`` is the committed export: its split rule,
-    label names and export numbers go on (``taken``: its keys)."""
+    """Pass 1 over a stream, then the planning pass; the splits' rows end in spill files
+    under ``folder``, or in a remote runner's object store (``put``)."""
     scanning = bars.task(f"scanning {uri}", None)
     scanned = scan_stream(stream, opts, folder, uri, taken, remote=put is not None)
     scanning.done()
@@ -277,8 +250,7 @@ def appending_options(opts: ExportOptions, previous: ExportConfig) -> ExportOpti
 def label_mapping(
     names: tuple[str, ...] | None, previous: ExportConfig
 ) -> tuple[tuple[str, ...] | None, pa.Array | None]:
-    """The label names of an append, and the export's label number of each of the new
-    samples' label numbers (None: they are the same)."""
+    """An append's label names, and the export's number for each new label (None: same)."""
     if not (names and previous.label_names) or names == previous.label_names:
         return previous.label_names or names, None
     number = {name: i for i, name in enumerate(previous.label_names)}
@@ -304,9 +276,7 @@ def relabel(
 
 
 def exported_keys(storage: Storage, previous: ExportConfig | None, folder: Path) -> frozenset[str]:
-    """The keys of the committed export (an append's; empty otherwise), held as hashes
-    (:class:`~shardex.engine.taken.TakenKeys`): its metadata.parquet checked against its
-    checksum (a copy under ``folder``, local scratch, when it is not a local file)."""
+    """The keys of the export appended to, as hashes, from its checked metadata.parquet."""
     if previous is None or not previous.metadata_file:
         return frozenset()
     name, where = previous.metadata_file, storage.join(previous.metadata_file)

@@ -1,11 +1,7 @@
-"""An export from start to commit: the output checked and locked, pass 1 (prepare), pass 2
-(write), then the commit. :func:`run_export` is the internal entry point (pipelines and Ray
-pass their runner, stages and spec fingerprint); :func:`shardex.export` calls it.
+"""An export from start to commit: output checked and locked, pass 1, pass 2, commit.
 
-The order of work makes a crash harmless: shards, Parquet files and index files are each
-written under a temporary name and renamed into place; ``config.yaml`` is written last and
-is the commit point, so a reader never takes a half-written folder for an export (see
-:mod:`shardex.engine.output` for replacing and extending a committed export).
+A crash is harmless: every file is renamed into place and ``config.yaml``, written last,
+is the commit point (:mod:`shardex.engine.output` covers replacing a committed export).
 """
 
 from __future__ import annotations
@@ -23,13 +19,7 @@ from shardex.backends.registry import check_options, get_backend
 from shardex.contract import ExportConfig
 from shardex.engine.commit import combined_digest, contract, write_errors
 from shardex.engine.output import check_root, command_digest
-from shardex.engine.prepare import (
-    Prepared,
-    exported_keys,
-    prepare,
-    prepare_streamed,
-    streamable,
-)
+from shardex.engine.prepare import Prepared, exported_keys, prepare, prepare_streamed, streamable
 from shardex.engine.transaction import Transaction
 from shardex.engine.write import Written, write_splits
 from shardex.errors import ConfigError, EmptySourceError, SourceError, mode_hint
@@ -48,8 +38,7 @@ from shardex.storage.staging import new_staging, remove_staging
 
 
 def export_options(options: ExportOptions | None, kwargs: dict[str, Any]) -> ExportOptions:
-    """The options, from ``options=`` or keyword arguments (NeMo's ``images_per_tar`` is
-    ``samples_per_shard``)."""
+    """The options, from ``options=`` or keyword arguments (NeMo's ``images_per_tar`` too)."""
     if "images_per_tar" in kwargs:
         kwargs["samples_per_shard"] = kwargs.pop("images_per_tar")
     if options is not None and kwargs:
@@ -70,16 +59,10 @@ def run_export(
     spec_fingerprint: str | None = None,
     lock: OutputLock | None = None,
 ) -> ExportConfig:
-    """Export a dataset and return the committed contract (see :func:`shardex.export`).
-
-    ``runner``: where parallel work runs (a pipeline executor's; default: ``workers``
-    local processes); ``pipeline``: the stages applied before export and
-    ``spec_fingerprint``: the hash of the spec file followed (both recorded).
-    ``source_storage_options``: those of a source on object storage (default: the
-    output's ``storage_options``). ``lock``: the output's lock, which the caller already
-    holds and gives back itself (``write_shardex`` holds it from staging to commit).
+    """:func:`shardex.export`, plus a ``runner`` (default: local processes), the
+    ``pipeline`` stages and ``spec_fingerprint`` to record, and a ``lock`` the caller holds.
     """
-    check_options(opts)  # what the backend cannot store: before the source is looked at
+    check_options(opts)  # before the source is looked at
     given = source_storage_options if source_storage_options is not None else storage_options
     src = open_source(source, given)
     backend = get_backend(opts.backend, opts.backend_options)
@@ -109,60 +92,39 @@ def run_export(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Job:
-    """One export run: its source, backend and runner, and its hold on the output."""
+    """One export run: its source, backend, runner and hold on the output."""
 
     src: Source
     backend: Backend
     runner: Runner | None
     out: Transaction
 
-    @property
-    def storage(self) -> Storage:
-        return self.out.storage
-
-    @property
-    def opts(self) -> ExportOptions:
-        return self.out.opts
-
-    @property
-    def previous(self) -> ExportConfig | None:
-        return self.out.previous
-
-    @property
-    def committed(self) -> frozenset[str]:
-        return self.out.committed
-
 
 def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
-    """Pass 1 and pass 2. A sample refused while writing (one pass over the bytes finds
-    bad images only then) undoes this run's files once the workers are done."""
-    storage, opts = job.storage, job.opts
-    # a remote runner's tasks hand their shards' rows and index arrays over through the
-    # output (see shardex.storage.staging): this run's parts, gone when it ends however it
-    # ends (a killed run's went when the lock was taken)
+    """Pass 1 and pass 2; a sample refused while writing undoes this run's files once the
+    workers are done."""
+    storage, opts = job.out.storage, job.out.opts
+    # remote tasks hand rows and index arrays over through the output's staging, and
+    # keep what their scan read for the shard tasks
     staging = new_staging() if job.runner is not None and job.runner.remote else None
-    # a remote runner's scan tasks keep what they read for its shard tasks (see
-    # shardex.storage.fetch.held): held from the scan until the shards are written
     held = tars_held() if staging is not None else contextlib.nullcontext()
     with scratch() as folder, _staged(storage, staging), held:
-        taken = exported_keys(storage, job.previous, folder)
+        taken = exported_keys(storage, job.out.previous, folder)
         started: list[Runner] = []
         with contextlib.ExitStack() as early:
 
             def start_workers() -> None:
-                """The source's bytes are not in this process: the workers start now,
-                while the rest of pass 1 runs, instead of after it."""
+                """Start the workers during pass 1 (the bytes are not in this process)."""
                 if job.runner is None and opts.workers != 1 and not started:
                     started.append(early.enter_context(_runner(job, opts.workers)))
 
             prep = _prepare_first(job, bars, taken, folder, start_workers)
-            # bytes in this process (an in-memory source) are written here: pickling
-            # costs more (most of a first batch's bytes were files, not of the rest)
+            # bytes in this process are written here: pickling them costs more
             workers = 1 if prep.in_memory() else opts.workers
             if workers == 1:
                 early.close()
                 started.clear()
-            # the workers started in pass 1 stop with the pool below: before an undo
+            # workers started in pass 1 stop with the pool below, before an undo
             kept = early.pop_all()
         try:
             runner = started[0] if started else job.runner or _runner(job, workers)
@@ -176,8 +138,8 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
                     opts,
                     pool,
                     bars,
-                    job.previous,
-                    job.committed,
+                    job.out.previous,
+                    job.out.committed,
                     staging,
                 )
             if sum(i.num_samples for i in written.splits.values()) == 0:
@@ -192,7 +154,7 @@ def _write(job: _Job, bars: Progress) -> tuple[Prepared, Written]:
 
 @contextlib.contextmanager
 def _staged(storage: Storage, staging: str | None) -> Iterator[None]:
-    """Remove the run's parts at the end (after the runner's tasks have all settled)."""
+    """Remove the run's staged parts once the runner's tasks have all settled."""
     try:
         yield
     finally:
@@ -201,9 +163,10 @@ def _staged(storage: Storage, staging: str | None) -> Iterator[None]:
 
 
 def _check_one_split(job: _Job, prep: Prepared) -> None:
-    """The flat layout holds one split: refuse more before anything is written."""
-    names = list(dict.fromkeys([*(job.previous.splits if job.previous else ()), *prep.splits]))
-    if job.opts.layout == "flat" and len(names) > 1:
+    names = list(
+        dict.fromkeys([*(job.out.previous.splits if job.out.previous else ()), *prep.splits])
+    )
+    if job.out.opts.layout == "flat" and len(names) > 1:
         raise ConfigError(
             f"layout='flat' holds one split, and {job.src.uri} gives {len(names)} "
             f"({', '.join(map(repr, names))}); export one split (--split NAME), or use the "
@@ -212,7 +175,6 @@ def _check_one_split(job: _Job, prep: Prepared) -> None:
 
 
 def _runner(job: _Job, workers: int | None) -> Runner:
-    """Local workers that import the shard writers as they start."""
     return Runner(workers, preload=("shardex.engine.shards", type(job.backend).__module__))
 
 
@@ -223,22 +185,17 @@ def _prepare_first(
     folder: Path,
     start_workers: Callable[[], None],
 ) -> Prepared:
-    """Pass 1 before the shards are written (the shard writers check images as they write
-    them): streamed, the splits spilled under ``folder`` (appends too), unless the
-    source's bytes are in memory (its first batch tells); ``start_workers`` is called once
-    the first batch shows that the bytes are not in memory. A remote runner (Ray) streams
-    too: its shard jobs carry their spill slices' rows, since its tasks may run on
-    machines that do not see this one's scratch."""
-    if not streamable(job.opts):
-        return prepare(job.src, job.opts, bars, job.previous, taken)
-    # a remote runner's tasks also scan the source's files (a tar source's headers: on
-    # object storage, else every tar's bytes would pass through this process)
+    """Pass 1: streamed, the splits spilled under ``folder``, unless the first batch shows
+    the bytes are in memory; else ``start_workers`` is called once the first batch is in."""
+    if not streamable(job.out.opts):
+        return prepare(job.src, job.out.opts, bars, job.out.previous, taken)
+    # remote tasks scan the source's files too, else every tar's bytes would pass here
     remote = job.runner if job.runner is not None and job.runner.remote else None
     with contextlib.ExitStack() as stack:
         if remote is not None:
             stack.enter_context(remote)  # entered again for pass 2: connecting is idempotent
-        else:  # shards are written on this machine: what a tar scan reads is kept for them
-            local = job.storage.root if isinstance(job.storage, LocalStorage) else None
+        else:  # what a local tar scan reads is kept for the shard writers
+            local = job.out.storage.root if isinstance(job.out.storage, LocalStorage) else None
             stack.enter_context(copies_kept(folder / "tars", local))
         stream = job.src.stream_on(remote)
         batches = iter(stream.batches)
@@ -248,17 +205,25 @@ def _prepare_first(
         )
         inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
         if inline and job.src.bytes_in_memory:
-            return prepare(_Replay(job.src, replay), job.opts, bars, job.previous, taken)
+            return prepare(_Replay(job.src, replay), job.out.opts, bars, job.out.previous, taken)
         if remote is None:
             start_workers()
         put = remote.put if remote is not None else None  # rows kept in its object store
         return prepare_streamed(
-            replay, job.src.uri, job.opts, job.backend, folder, bars, taken, job.previous, put
+            replay,
+            job.src.uri,
+            job.out.opts,
+            job.backend,
+            folder,
+            bars,
+            taken,
+            job.out.previous,
+            put,
         )
 
 
 class _Replay(Source):
-    """A source whose stream has begun: the rest of it, its first batch put back."""
+    """A begun stream with its first batch put back."""
 
     kind = "replay"
 
@@ -276,19 +241,18 @@ def _config(
     pipeline: tuple[dict[str, Any], ...],
     spec_fingerprint: str | None,
 ) -> ExportConfig:
-    """errors.parquet, then the contract of what was written."""
     errors_file, errors_checksum = write_errors(
-        job.storage, written.skipped, job.previous, job.committed
+        job.out.storage, written.skipped, job.out.previous, job.out.committed
     )
     config = contract(
         prep,
         job.src,
-        job.opts,
+        job.out.opts,
         job.backend,
         written.splits,
         combined_digest(written.digests),
         errors_file,
-        job.previous,
+        job.out.previous,
         num_skipped=len(written.skipped),
     )
     return dataclasses.replace(

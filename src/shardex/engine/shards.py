@@ -1,22 +1,11 @@
 """Pass 2 of an export: a split's shards written from its candidate samples.
 
-Each shard job names a run of candidates; the writer reads each candidate's bytes once
-(checks, hashes and appends them) and takes good candidates until the shard is full, so
-shards stay exactly filled when bad images are only found here. Jobs are planned
-speculatively from the sizes known before writing (every candidate good): when a shard
-used a different number of candidates than planned (it skipped some), the shards in
-flight after it are waited for and discarded, and planning starts again from the true
-position. Discarded shards have the same names as the ones that replace them, or are
-deleted; correct always, and costs only when bad samples exist.
-
-Samples whose bytes are in this process's memory (an in-memory source) are written here,
-inline: pickling them to a worker costs more than writing them. Workers get only
-references (paths, offsets, sizes) and read the bytes themselves. A worker that may run
-on another machine (a remote runner: Ray) fetches its job's reference rows from the
-runner's object store, where pass 1 put them (the job carries their handles; see
-:class:`shardex.engine.spill.FinalSpill`), or gets them in the job, read from this
-machine's spill file (rows not in the object store: a few dozen bytes a sample, never
-sample bytes).
+The writer reads each candidate once and takes good ones until the shard is full, so shards
+stay exactly filled when bad images are found only here. Jobs are planned speculatively
+(every candidate good); when a shard skipped some, the shards in flight after it are
+discarded and planning restarts from the true position: always correct, costly only with
+bad samples. In-memory samples are written inline (pickling costs more); workers get
+references only, remote ones carrying spilled rows or object-store handles.
 """
 
 from __future__ import annotations
@@ -42,7 +31,7 @@ _SLACK: Final = 8
 
 
 class _Job(Protocol):
-    """A shard job as :func:`write_shards` sees it (a dataclass carrying its candidates)."""
+    """A shard job (a dataclass carrying its candidates)."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
@@ -51,8 +40,6 @@ class _Job(Protocol):
 
 
 class _Done(Protocol):
-    """A written shard as :func:`write_shards` sees it."""
-
     @property
     def consumed(self) -> int: ...
 
@@ -74,10 +61,7 @@ MakeJob = Callable[[int, int, int, int], J]
 
 
 def _carried(jobs: Iterator[J]) -> Iterator[J]:
-    """Jobs for workers on other machines: each spill slice's rows read into its job,
-    each record batch of the spill read once (a job's slice mostly begins in the batch
-    where the one before ended); a slice of rows in the object store goes as it is
-    (handles: the task fetches them)."""
+    """Jobs for remote workers, carrying their spilled rows (each spill batch read once)."""
     read: dict[int, pa.RecordBatch] = {}
     for job in jobs:
         if job.candidates.spill is None:
@@ -96,9 +80,7 @@ def _jobs(
     extra: int,
     stop: list[bool],
 ) -> Iterator[J]:
-    """One round's jobs, made as the runner asks for them, until ``stop[0]`` is set (a
-    shard skipped candidates: the rest is planned again). Each carries ``extra``
-    candidates past its planned end, for skips."""
+    """One round's jobs, made lazily until ``stop[0]``, each ``extra`` candidates long."""
     for q, (a, b) in enumerate(bounds):
         if stop[0]:
             return
@@ -117,11 +99,8 @@ def write_shards(
     on_discard: Callable[[D], None],
     write: Callable[[J], D],
 ) -> Iterator[D]:
-    """The split's shards in order, each holding ``samples_per_shard`` good samples (or
-    up to the byte cap); only the last may be short, or even empty (no files written,
-    only its skipped samples to record). ``write`` writes a job (in a worker, or here
-    when ``inline``); ``on_discard`` gets each shard written speculatively and then
-    replaced (its files may need deleting)."""
+    """The split's shards in order, full but the last (which may be empty, holding only
+    skipped samples); ``on_discard`` gets each speculative shard that was replaced."""
     n = split.num_samples
     pos = sample = number = 0
     slack = _SLACK
@@ -143,8 +122,7 @@ def write_shards(
                 stop[0] = more = True
                 continue
             pos = round_pos + a + done.consumed
-            # yielded even when empty (the split's last candidates were all bad): its
-            # skipped samples still go to errors.parquet
+            # yielded even when empty: its skipped samples go to errors.parquet
             yield done
             if done.num_samples:
                 sample += done.num_samples
@@ -158,8 +136,7 @@ def write_shards(
 
 
 def writes_inline(split: SplitRows | SpilledRows, runner: Runner) -> bool:
-    """Whether this process writes the split's shards itself: samples in its memory, or
-    one local worker (a remote runner's tasks always write theirs)."""
+    """Whether this process writes the split's shards itself."""
     return split.inline() or (runner.workers == 1 and not runner.remote)
 
 
@@ -173,10 +150,7 @@ def write_plan(
     on_discard: Callable[[D], None],
     write: Callable[[J], D],
 ) -> Iterator[D]:
-    """:func:`write_shards` of ``plan``'s candidates ``split`` as a backend writes them:
-    ``make_job(candidates, first sample number, shard number offset)`` gets the
-    candidates (views when ``inline``), and each shard's skipped samples go to
-    ``plan.on_skip`` before the shard is yielded."""
+    """:func:`write_shards` of ``plan``; skipped samples go to ``plan.on_skip`` first."""
     pick = inline_candidates if inline else candidates
 
     def job(start: int, stop: int, first_sample: int, k: int) -> J:
@@ -204,20 +178,12 @@ def write_split(
     runner: Runner,
     on_shard: Callable[[pa.Table | StagedRows, int], None],
 ) -> SplitInfo:
-    """Write a split through the backend's :class:`~shardex.backends.base.SplitWriter`:
-    its shards planned, run and replanned here, each kept one handed to the backend and
-    its metadata rows and bytes to ``on_shard``, then the backend's finish step."""
+    """Write a split through the backend's :class:`~shardex.backends.base.SplitWriter`."""
     split = plan.candidates
     inline = writes_inline(split, runner)
     with backend.split_writer(storage, plan, remote=runner.remote and not inline) as out:
         for done in write_plan(
-            plan,
-            split,
-            out.job,
-            runner,
-            inline=inline,
-            on_discard=out.discard,
-            write=out.write,
+            plan, split, out.job, runner, inline=inline, on_discard=out.discard, write=out.write
         ):
             if done.num_samples:  # not the split's last candidates, all of them skipped
                 on_shard(*out.add(done))

@@ -1,11 +1,6 @@
 """Sample references spilled to local scratch, split by split, so that no process holds a
-whole dataset's references.
-
-Pass 1 appends each batch's rows of a split to a :class:`Spill` (Arrow IPC streams, a new
-segment when a batch's columns differ from the one before: a source's batches may); the
-planning pass reads them back in order and writes each split's final rows with
-:class:`FinalSpill`, an IPC file of small record batches that a shard job reads a slice
-of (see :class:`shardex.refs.rows.SpillSlice`).
+whole dataset's references: pass 1 appends to a :class:`Spill`, the planning pass writes
+each split's final rows to a :class:`FinalSpill` that shard jobs read slices of.
 """
 
 from __future__ import annotations
@@ -25,24 +20,18 @@ from shardex.refs.rows import PLANNED_SIZE, Sizes, SizesFile, SpilledRows
 from shardex.refs.scan import MEMBERS
 from shardex.storage.fetch.held import HeldTar, held_tars
 
-#: Rows per record batch of a final spill: a shard job reads whole batches, so they are
-#: about a shard's size (a job of 1,000 candidates reads 1-2 batches).
+#: Rows per record batch of a final spill: about a shard, as a job reads whole batches.
 FINAL_BATCH_ROWS: Final = 1024
-#: Spill files are mostly repeated paths and extensions: zstd (level 1) makes them about
-#: 5x smaller for little CPU (2.3x smaller than lz4, as fast to write; measured on
-#: object-store references): the scratch bytes this process writes and reads back.
+#: Spills are mostly repeated paths: zstd 1 makes them ~5x smaller (2.3x smaller than lz4,
+#: as fast; measured on object-store references).
 _OPTIONS: Final = pa.ipc.IpcWriteOptions(
     compression=pa.Codec("zstd", 1) if pa.Codec.is_available("zstd") else None
 )
 
 
-#: The first bytes of an export's pass-1 spills (zstd rows, about 20 B a sample of an
-#: image folder on object storage) are held in memory, all splits together: up to about
-#: 800,000 such samples the rows are not written and read back at all. The final spills'
-#: planned sizes have a budget of the same size (8 B a sample: 2M samples). Only the
-#: driver of a remote runner (Ray) holds them, as every byte it moves counts against the
-#: one machine a cluster's export funnels through; a local export spills from its first
-#: row, so that its memory does not grow with its source at all.
+#: Spill bytes held in memory (~800,000 samples of rows; the final spills' sizes get as
+#: much), only by a remote runner's driver, the one machine a cluster's export funnels
+#: through; a local export spills from its first row, so its memory never grows.
 MEMORY_BYTES: Final = 16 << 20
 #: Whether an export without a remote runner holds them too (tests set it).
 HELD_LOCALLY = False
@@ -56,20 +45,18 @@ class Budget:
 
 
 def holds(remote: bool) -> bool:
-    """Whether pass-1 scratch is held in memory first: by the driver of a ``remote``
-    runner (or where :data:`HELD_LOCALLY`)."""
+    """Whether pass-1 scratch is held in memory first."""
     return remote or HELD_LOCALLY
 
 
 def memory_budget(remote: bool = True) -> Budget:
-    """A budget of :data:`MEMORY_BYTES` where :func:`holds`, else none; read now: tests
-    lower it."""
+    """A budget of :data:`MEMORY_BYTES` (read now: tests lower it) where :func:`holds`."""
     return Budget(MEMORY_BYTES if holds(remote) else 0)
 
 
 class Spill:
-    """Rows appended in order, read back in the same order (one split's rows of pass 1):
-    in memory while ``budget`` (shared by an export's spills) lasts, then in files."""
+    """One split's pass-1 rows, read back in order: in memory while the shared ``budget``
+    lasts, then in files (a new segment when a batch's columns differ)."""
 
     def __init__(self, folder: Path, name: str, budget: Budget | None = None) -> None:
         self._folder, self._name = folder, name
@@ -118,7 +105,6 @@ class Spill:
             self._sink, self._counted = None, 0
 
     def tables(self) -> Iterator[pa.Table]:
-        """The rows appended, in order, a batch at a time."""
         self._close_writer()
         for segment in self._segments:
             if isinstance(segment, pa.Buffer):
@@ -138,16 +124,13 @@ class Spill:
 
 
 class FinalSpill:
-    """A split's final candidate rows (one schema) and their planned sizes, written in
-    order; :meth:`close` gives the :class:`SpilledRows` that shard jobs slice.
+    """A split's final candidate rows and planned sizes; :meth:`close` gives the
+    :class:`SpilledRows` that shard jobs slice.
 
-    ``put``: a remote runner's (Ray's ``put``): each record batch goes to its object
-    store, with its planned sizes, instead of the file, so that a shard task on any
-    machine fetches its own slice and this process never reads the rows back (nor
-    sends them in jobs). The sizes are kept here all the same (in memory while
-    ``budget`` lasts, shared by an export's final spills, then in a file), for the
-    digest and a byte-capped plan. Each such batch also names the tars its members come
-    from that Ray holds (see :mod:`shardex.storage.fetch.held`): their refs go with its rows."""
+    With ``put`` (a remote runner's), each batch goes to its object store instead, naming
+    the held tars its members come from, so a task anywhere fetches its own slice; the
+    sizes stay here for the digest and a byte-capped plan.
+    """
 
     def __init__(
         self,
@@ -167,7 +150,6 @@ class FinalSpill:
         self._writer = (
             pa.ipc.new_file(str(self._path), schema, options=_OPTIONS) if put is None else None
         )
-        # the sizes in memory while the budget lasts, then in the file
         self._held: list[npt.NDArray[np.int64]] | None = []
         self._sizes: Any = None
         self._starts = [0]
@@ -209,15 +191,13 @@ class FinalSpill:
         return self._put(sink.getvalue().to_pybytes())
 
     def _held_in(self, batch: pa.RecordBatch) -> tuple[HeldTar, ...]:
-        """The held tars that the batch's members come from."""
         if not self._tars:
             return ()
         paths = pc.struct_field(pc.list_flatten(batch.column(MEMBERS)), "path")
         return self._tars.named(pc.unique(paths).to_pylist())
 
     def close(self) -> SpilledRows:
-        """The split's rows; their content digest is :func:`shardex.planning.content_digest`'s
-        (the keys, then the sizes), computed as they were written."""
+        """The split's rows, with :func:`shardex.planning.content_digest`'s digest."""
         if self._writer is not None:
             self._writer.close()
         n = self._starts[-1]

@@ -1,13 +1,7 @@
-"""Pass 1 over a streaming source, batch by batch, in memory that does not grow with the
-dataset: each batch's references checked (what the source found unusable, split names,
-unsafe keys, keys already exported), split, and spilled split by split to local scratch
-(:mod:`shardex.engine.spill`). Repeated keys (also by case) are found across batches
-from hash runs on scratch (:mod:`shardex.format.runs`) once the source is read.
-
-What needs every batch (the columns' joined types, list columns of one length, export
-numbers after the samples left out) is decided at the end and applied as the spilled
-rows are read back (:mod:`shardex.engine.finish`), so the rows match those of the
-whole-table path exactly.
+"""Pass 1 over a streaming source in memory that does not grow with the dataset: each
+batch checked, split and spilled to scratch; repeated keys found across batches from hash
+runs at the end. What needs every batch is applied as the spills are read back
+(:mod:`shardex.engine.finish`), so rows match the whole-table path's exactly.
 """
 
 from __future__ import annotations
@@ -19,11 +13,11 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from shardex.checks import (
     check_repeated,
     check_splits,
+    folded_hashes,
     key_problem,
     refuse,
     refuse_left_out,
@@ -44,16 +38,13 @@ _KEY_RECORD: Final = np.dtype([("h", "<u8"), ("row", "<i8")])
 
 @dataclass(slots=True)
 class _Lists:
-    """What pass 1 saw of a list column: its lengths and the rows without a value."""
-
     lengths: set[int] = field(default_factory=set)
     missing: int = 0
 
 
 @dataclass(slots=True)
 class Scanned:
-    """What pass 1 found: each split's spilled rows, the source columns' joined schema,
-    the rows left out (their numbers, sorted), and the skipped samples' records."""
+    """What pass 1 found."""
 
     spills: dict[str, Spill]
     schema: pa.Schema
@@ -77,7 +68,6 @@ class Scanned:
 
     @property
     def assigned(self) -> bool:
-        """Whether the export assigned the splits (else the source named them)."""
         return self.split_method != "source"
 
 
@@ -99,19 +89,17 @@ class _Pass:
         self.exts: dict[str, None] = {}
 
     def add(self, table: pa.Table) -> None:
-        # one member name for every image: renamed sample by sample, as in a whole table
         table = one_image_member(table, self.opts.image_member)
         first = self.rows
         self.rows += table.num_rows
-        # a batch may lack a column another has: labels seen in any batch are kept (the
-        # batches without one have null labels, as in the whole table)
+        # labels seen in any batch are kept (null in batches without them)
         self.with_label = bool(self.with_label) or (
             self.opts.labels and "label" in table.column_names
         )
         table = self._split_column(table, first)
         self._list_stats(table)
         reasons: list[str | None] = [None] * table.num_rows
-        if INVALID in table.column_names:  # problems the source found while scanning
+        if INVALID in table.column_names:
             reasons = [r or None for r in table.column(INVALID).to_pylist()]
             table = table.drop_columns([INVALID])
         if "label" in table.column_names and not self.opts.labels:
@@ -134,10 +122,8 @@ class _Pass:
         self._spill(table.append_column(ROW, pa.array(rows, pa.int64())))
 
     def _split_column(self, table: pa.Table, first: int) -> pa.Table:
-        """The batch with a split column when the first batch had one (null where this
-        one lacks it: those samples have no split, as in the whole table). A split column
-        that appears only after the first batch is refused: the samples before it were
-        already given splits."""
+        """A null split column where the first batch had one; one appearing later is
+        refused, as the samples before it were already given splits."""
         has = "split" in table.column_names
         if self.source_split is None:
             self.source_split = has
@@ -155,7 +141,6 @@ class _Pass:
     def _drop_bad(
         self, table: pa.Table, keys: list[str], reasons: list[str | None], first: int
     ) -> tuple[pa.Table, list[str], np.ndarray]:
-        """The batch without its bad samples (recorded), their keys and row numbers."""
         bad = [i for i, r in enumerate(reasons) if r is not None]
         if not bad:
             return table, keys, np.arange(first, first + table.num_rows, dtype=np.int64)
@@ -175,8 +160,7 @@ class _Pass:
             self.schemas.append(schema)
 
     def _list_stats(self, table: pa.Table) -> None:
-        """Lengths of list columns (all rows, as the whole-table path sees them before
-        the checks), and rows without a value (a column a batch lacks counts as null)."""
+        """Lengths of list columns, and rows without a value (a missing column's count)."""
         for f in table.schema:
             if f.name != MEMBERS and (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)):
                 col = table.column(f.name)
@@ -189,13 +173,8 @@ class _Pass:
                 stats.missing += table.num_rows
 
     def _add_keys(self, keys: list[str], rows: np.ndarray) -> None:
-        """Each key's case-folded hash, for repeated keys across batches."""
         records = np.empty(len(keys), _KEY_RECORD)
-        records["h"] = np.fromiter(
-            (xxhash.xxh3_64_intdigest(k.casefold().encode("utf-8", "surrogatepass")) for k in keys),
-            np.uint64,
-            len(keys),
-        )
+        records["h"] = folded_hashes(keys)
         records["row"] = rows
         self.keys.add(records)
 
@@ -208,14 +187,13 @@ class _Pass:
             self.spills[name].append(table.filter(pc.equal(splits, name)))
 
     def discard(self) -> None:
-        """Close and remove what was spilled (the scan failed)."""
         self.keys.remove()
         for spill in self.spills.values():
             spill.remove()
 
     def repeated(self) -> tuple[np.ndarray, list[tuple[int, dict[str, str]]]]:
-        """Rows whose key repeats an earlier one (exactly or by case), with their records:
-        only rows whose hashes repeat are read back from the spills and compared."""
+        """Rows whose key repeats an earlier one (also by case), with their records; only
+        rows whose hashes repeat are read back and compared."""
         suspects = [
             run["row"][np.r_[same, False] | np.r_[False, same]]
             for run in self.keys.sorted_runs()
@@ -256,9 +234,7 @@ def scan_stream(
     *,
     remote: bool = False,
 ) -> Scanned:
-    """Pass 1 over ``stream`` (see the module docstring). Refuses the export as the
-    whole-table path does: what the source left out first, then the first bad sample (in
-    source order; the others counted), then an export with nothing left."""
+    """Pass 1 over ``stream``, refusing as the whole-table path does."""
     work = _Pass(opts, folder, taken, remote)
     try:
         return _scan(stream, opts, uri, work)
@@ -304,7 +280,6 @@ def _scan(stream: SampleStream, opts: ExportOptions, uri: str, work: _Pass) -> S
 
 
 def _joined(schemas: list[pa.Schema], uri: str) -> pa.Schema:
-    """The batches' columns with the types joined (as concatenating them would)."""
     try:
         return pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
@@ -312,7 +287,7 @@ def _joined(schemas: list[pa.Schema], uri: str) -> pa.Schema:
 
 
 def _counts(work: _Pass, repeated: np.ndarray) -> dict[str, int]:
-    """Samples per split, repeated keys not counted (a split left empty is gone)."""
+    """Samples per split, repeated keys not counted (empty splits gone)."""
     counts = {name: spill.num_rows for name, spill in work.spills.items()}
     if len(repeated):
         for name, spill in work.spills.items():

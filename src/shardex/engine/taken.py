@@ -1,7 +1,5 @@
-"""The keys already in an export, for an append: held as sorted 64-bit hashes (8 bytes a
-key, not a Python string each), read from metadata.parquet row group by row group. A
-hash that a new key matches (a true duplicate, or rarely a collision) is confirmed
-against the export's keys themselves, read back once for all the matches of a batch.
+"""The keys already in an export, for an append, as sorted 64-bit hashes (8 bytes a key,
+not a Python string); a hash match is confirmed against the keys, read back once a batch.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ def _hashes(keys: Iterable[str]) -> npt.NDArray[np.uint64]:
 
 
 class TakenKeys(frozenset[str]):
-    """Keys of the export at ``path`` (a local copy of its metadata.parquet, kept for the
-    export's run). A frozenset to the key checks, which ask only ``in`` and
-    :meth:`isdisjoint`: it holds no key itself."""
+    """Keys of the export whose metadata.parquet is at ``path``: a frozenset to the key
+    checks (``in``, :meth:`isdisjoint`), holding no key itself."""
 
     _hashes: npt.NDArray[np.uint64]
     _path: Path
@@ -56,7 +53,6 @@ class TakenKeys(frozenset[str]):
         return np.asarray(self._hashes[at] == hashes)
 
     def _resolve(self, hashes: Iterable[int]) -> None:
-        """Read the export's keys whose hashes are ``hashes`` (one pass over the file)."""
         wanted = {h for h in hashes if h not in self._found}
         if not wanted:
             return
@@ -79,8 +75,7 @@ class TakenKeys(frozenset[str]):
         return key in self._found[h]
 
     def isdisjoint(self, keys: Iterable[object]) -> bool:
-        """Whether none of ``keys`` is taken (the matches of all of them confirmed with
-        one read: asked first for a batch, ``in`` then finds them resolved)."""
+        """Whether none of ``keys`` is taken (all matches confirmed in one read)."""
         strings = [k for k in keys if isinstance(k, str)]
         hashes = _hashes(strings)
         hits = self._hit(hashes)

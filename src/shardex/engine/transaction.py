@@ -1,7 +1,5 @@
-"""The output as one export run writes it: one object for the lock, the killed runs'
-leftovers, the committed export (its config, the files no new file may replace), the
-intent record, the undo of a refused run and the commit. :func:`run_export` enters it
-once; the rules it keeps are :mod:`shardex.engine.output`'s."""
+"""The output as one export run writes it: lock, leftovers, committed export, intent,
+undo and commit in one object, entered once (rules: :mod:`shardex.engine.output`)."""
 
 from __future__ import annotations
 
@@ -32,15 +30,10 @@ from shardex.storage.staging import remove_killed_parts
 
 
 class Transaction:
-    """One run's hold on the output. Entering it takes the lock (or uses ``lock``, held
-    by the caller, as ``write_shardex`` does), removes what killed runs left, and either
-    finds the run already done (:attr:`done`: an earlier run of this command committed
-    before it was killed; its clean-up is finished) or checks the output for ``opts``'
-    mode: :attr:`opts` (a ``resume`` of a killed overwrite or append becomes it; an append
-    takes the export's options), :attr:`old_files`, :attr:`committed` (the files the
-    committed config.yaml names) and :attr:`previous` (the export appended to).
-    :meth:`begin` records the intent before the first write; :meth:`undo` removes what
-    the run wrote; :meth:`commit` commits and removes the replaced export's files."""
+    """One run's hold on the output. Entering takes the lock (or uses the caller's),
+    removes killed runs' leftovers, and either finds the run :attr:`done` (killed after
+    it committed) or checks the output for the mode, setting :attr:`opts`,
+    :attr:`old_files`, :attr:`committed` and :attr:`previous` (the export appended to)."""
 
     def __init__(
         self,
@@ -59,7 +52,7 @@ class Transaction:
         self.committed: frozenset[str] = frozenset()
         self.previous: ExportConfig | None = None
         self._intent: bytes | None = None
-        self._flat: bool | None = None  # set by begin
+        self._flat: bool | None = None
 
     def __enter__(self) -> Transaction:
         storage, opts = self.storage, self.opts
@@ -67,8 +60,8 @@ class Transaction:
             storage.lock(holder_text(f"export --mode {opts.mode}"))
         )
         try:
-            # what killed Ray runs staged goes whatever runs now (this run holds the lock,
-            # so no live run stages any but the write_shardex that gave it its lock)
+            # killed Ray runs' staged parts go (we hold the lock: no live run stages any,
+            # but a write_shardex that gave us its lock)
             remove_killed_parts(storage, rows=self._given is None)
             repaired = promote_legacy(storage) if opts.mode != "error" else None
             self.done = finish_committed(storage, opts.mode, self.command, repaired is not None)
@@ -90,14 +83,12 @@ class Transaction:
         self._stack.close()
 
     def begin(self) -> None:
-        """Before the first write: record which command writes, over which export (a run
-        that writes or replaces a flat export owns the top level's shards)."""
+        """Record the intent before the first write."""
         self._intent = read_intent_bytes(self.storage)
         self._flat = self.opts.layout == "flat" or committed_is_flat(self.storage)
         record_intent(self.storage, self.opts.mode, self.command, self._flat, self.backend.name)
 
     def undo(self) -> None:
-        """Leave the output as this run found it (nothing to do before :meth:`begin`)."""
         if self._flat is not None:
             undo(
                 self.storage,
@@ -109,8 +100,7 @@ class Transaction:
             )
 
     def commit(self, config: ExportConfig) -> None:
-        """Commit ``config`` (unless the lock was taken over: an object-store lease), then
-        delete the replaced export's files and the intent record."""
+        """Commit (unless the lock was taken over), then delete the replaced files."""
         assert self.lock is not None  # entered
         self.lock.check()
         commit(self.storage, config)

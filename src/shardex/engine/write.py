@@ -10,19 +10,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.backends.base import Backend, StagedRows, unused_name
-from shardex.contract import (
-    METADATA_FILE,
-    ExportConfig,
-    SplitInfo,
-)
+from shardex.contract import METADATA_FILE, ExportConfig, SplitInfo
 from shardex.engine.commit import MetadataSink, old_metadata
 from shardex.engine.parts import MetadataJob, write_metadata
 from shardex.engine.plan import plan_split, split_rows
 from shardex.engine.prepare import Prepared
 from shardex.engine.shards import write_split
-from shardex.errors import (
-    ExportError,
-)
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
 from shardex.progress import Progress
@@ -32,8 +25,7 @@ from shardex.storage.staging import put_part
 
 @dataclass(frozen=True, slots=True)
 class Written:
-    """What pass 2 wrote: the splits as config.yaml records them, their content digests,
-    metadata.parquet's name and checksum, and every skipped sample (pass 1's first)."""
+    """What pass 2 wrote (skipped samples: pass 1's first)."""
 
     splits: dict[str, SplitInfo]
     digests: list[str]
@@ -51,16 +43,12 @@ class _Metadata:
         self.checksum: str | None = None
 
     def old(self, split: str) -> None:
-        """The committed rows of ``split`` (when appending)."""
         if self._old is not None:
             self._sink(self._old.filter(pc.equal(self._old.column("split"), split)))
 
     def __call__(self, rows: pa.Table | StagedRows) -> None:
         assert isinstance(rows, pa.Table)  # a backend stages only when told where
-        try:
-            self._sink(rows)
-        except ValueError as exc:  # pyarrow: the schema differs from the rows before
-            raise ExportError(f"the new samples' columns differ from the export's: {exc}") from exc
+        self._sink(rows)
 
     def commit(self, runner: Runner) -> None:
         del runner
@@ -72,8 +60,7 @@ class _Metadata:
 
 
 class _StagedMetadata(_Metadata):
-    """metadata.parquet written by a task from the parts staged under ``staging`` (shard
-    tasks on other machines stage their rows: this process never holds them)."""
+    """metadata.parquet written by a task from the parts remote shard tasks staged."""
 
     def __init__(
         self, storage: Storage, name: str, previous: ExportConfig | None, staging: str
@@ -101,15 +88,6 @@ class _StagedMetadata(_Metadata):
         pass  # nothing written yet: the parts go with the run's staging
 
 
-def _metadata(
-    storage: Storage, name: str, previous: ExportConfig | None, staging: str | None
-) -> _Metadata:
-    """metadata.parquet's sink: streamed here, or by a task from staged parts."""
-    if staging is None:
-        return _Metadata(storage, name, previous)
-    return _StagedMetadata(storage, name, previous, staging)
-
-
 def write_splits(
     storage: Storage,
     backend: Backend,
@@ -123,11 +101,8 @@ def write_splits(
 ) -> Written:
     """Write every selected split through the backend, streaming metadata.parquet.
 
-    When appending, the export's splits come first in their order, each followed by its
-    new samples; its metadata rows are copied into the new metadata file. ``committed``:
-    the files of the committed export, which no new file may replace. ``staging``: where
-    a remote runner's tasks stage per-shard rows and index arrays in the output (see
-    :mod:`shardex.storage.staging`); tasks then write metadata.parquet and the index files.
+    An append's splits come first, each followed by its new samples. ``committed``: files
+    no new file may replace; ``staging``: where remote tasks stage rows and index arrays.
     """
     names = [
         *(previous.splits if previous else ()),
@@ -135,7 +110,11 @@ def write_splits(
     ]
     bar = bars.export_task("writing shards", prep.num_rows)
     metadata_file = unused_name(METADATA_FILE, committed)
-    sink = _metadata(storage, metadata_file, previous, staging)
+    sink = (
+        _Metadata(storage, metadata_file, previous)
+        if staging is None
+        else _StagedMetadata(storage, metadata_file, previous, staging)
+    )
     skipped = list(prep.skipped)
 
     def on_shard(shard_table: pa.Table | StagedRows, num_bytes: int = 0, /) -> None:
