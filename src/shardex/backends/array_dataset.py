@@ -1,5 +1,4 @@
-"""The dataset of a split of an array backend: its runs' columns read a block at a
-time, a few runs kept open, keys looked up in the split's key-hash table."""
+"""The dataset of an array backend's split: blocks of columns, a few runs kept open."""
 
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ from shardex.errors import ChecksumError, FormatError, SampleNotFoundError, Shar
 from shardex.format.index import key_hash
 from shardex.format.tables import shard_checksum
 
-#: Samples read together when iterating (one read per array per block).
-_BLOCK = 256
-#: Runs a dataset keeps open (or loaded, for one-file shards) for random access.
+_BLOCK = 256  # samples read together when iterating
 _CACHED_RUNS = 4
 
 
@@ -45,7 +42,7 @@ class ArrayDataset(ReopenedDataset):
 
     @abstractmethod
     def _load(self, shard: ShardInfo) -> Columns:
-        """The columns of one run (memory-mapped or lazily read where the format allows)."""
+        """The columns of one run (mapped or lazily read where the format allows)."""
 
     def _open_run(self, shard: ShardInfo) -> ColumnReader:
         return ColumnReader(self.layout, self._load(shard))
@@ -55,7 +52,7 @@ class ArrayDataset(ReopenedDataset):
         return tuple(s.num_samples for s in self.shards)
 
     def shard_columns(self, shard: int) -> Columns:
-        """A run's columns, loaded whole (see :class:`~shardex.dataset.ShardWindows`)."""
+        """A run's columns (see :class:`~shardex.dataset.ShardWindows`)."""
         return self._open_run(self.shards[shard]).columns
 
     def _reader(self, shard: int) -> ColumnReader:
@@ -70,7 +67,6 @@ class ArrayDataset(ReopenedDataset):
         return reader
 
     def _checked(self, shard: ShardInfo, data: bytes) -> bytes:
-        """The bytes of a one-file run, checked against config.yaml when ``verify``."""
         if self.verify:
             found = shard_checksum(xxhash.xxh3_64(data))
             if found != shard.checksum:
@@ -144,11 +140,9 @@ class ArrayDataset(ReopenedDataset):
                     yield sample
 
     def _block(self, reader: ColumnReader, start: int, count: int) -> ColumnReader:
-        """Samples ``start .. start + count`` of a run, read with one read per array."""
         return ColumnReader(self.layout, slice_columns(reader.columns, start, count))
 
     def keys(self) -> Iterator[str]:
-        """Sample keys in sample order."""
         for shard in range(len(self.shards)):
             reader = self._reader(shard)
             for local in range(len(reader)):

@@ -1,15 +1,5 @@
-"""``numpy_mmap``: one ``.npy`` file per column per split, memory-mapped for reading.
-
-Layout of a split ``S`` (see :mod:`shardex.backends.columns` for the column names)::
-
-    S/arrays-{hash}/{column}.npy            fixed fields: shape (N, ...)
-    S/arrays-{hash}/{column}.data.npy       ragged fields: values back to back
-    S/arrays-{hash}/{column}.offsets.npy    ... and N + 1 offsets (int64)
-    S/arrays-{hash}/{column}.shapes.npy     ... and per-sample shapes (arrays)
-    S/arrays-{hash}-keys.npy                sorted key hashes -> sample number
-
-Every file opens with ``numpy.load(path, mmap_mode="r")``; sample ``i`` costs O(1).
-"""
+"""``numpy_mmap``: ``S/arrays-{hash}/{column}.npy`` per column per split, opened with
+``numpy.load(path, mmap_mode="r")``; see docs/backends.md."""
 
 from __future__ import annotations
 
@@ -32,8 +22,6 @@ from shardex.storage.base import Storage
 
 
 class NumpyMmapDataset(ArrayDataset):
-    """A split of a ``numpy_mmap`` export: every column memory-mapped (local) or read once."""
-
     def _load(self, shard: ShardInfo) -> Columns:
         out = {}
         for path in self.config.split(self.split).files:
@@ -55,8 +43,6 @@ class NumpyMmapDataset(ArrayDataset):
 
 
 class NumpyMmapBackend(ArrayBackend):
-    """One memory-mappable ``(N, ...)`` array per fixed field; ragged fields as data + offsets."""
-
     name: ClassVar[str] = "numpy_mmap"
     description: ClassVar[str] = "one .npy per key per split, memory-mapped (N, ...)"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -84,9 +70,8 @@ class NumpyMmapBackend(ArrayBackend):
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
     ) -> Written:
-        """Each column's ``.npy`` file as the runs' parts back to back behind one header,
-        copied a chunk at a time (offsets re-based): the split's columns are never held,
-        and the bytes are those :meth:`write_run` writes for the joined columns."""
+        """Each column's parts copied behind one header, a chunk at a time: the bytes
+        :meth:`write_run` would write, without holding a column."""
         hasher = xxhash.xxh3_64()
         files: list[str] = []
         num_bytes = 0
@@ -102,14 +87,11 @@ class NumpyMmapBackend(ArrayBackend):
         return Written(stem, tuple(files), num_bytes, shard_checksum(hasher), tuple(files))
 
 
-#: Bytes of a part copied at once.
 _COPY: Final = 4 << 20
 
 
 def _joined(storage: Storage, parts: list[str], name: str) -> Iterator[bytes]:
-    """The ``.npy`` bytes of the parts' arrays joined along the first axis: one header
-    (what ``numpy.save`` writes for the whole array), then each part's data; an
-    ``.offsets`` array's values re-based on the data before it (its first 0 once)."""
+    """The ``.npy`` bytes of the parts joined along the first axis (offsets re-based)."""
     heads = [npy_header(storage, p) for p in parts]
     dtype, first, _ = heads[0]
     offsets = name.endswith(".offsets.npy")

@@ -1,6 +1,5 @@
-"""Writing a split of tar shards: each shard's job and its two possible names, the shards
-kept in order, the discarded ones removed, and the split's index files built from the
-shards' records (here, or by a task from the parts staged by tasks on other machines)."""
+"""Writing a split of tar shards: jobs and their two possible names, kept and discarded
+shards, and the split's index files."""
 
 from __future__ import annotations
 
@@ -31,11 +30,8 @@ if TYPE_CHECKING:
 
 
 class TarSplit(SplitWriter):
-    """A split's tar shards (see :class:`~shardex.backends.base.SplitWriter`). Appended
-    shards continue the committed split's numbering and sample numbers; shards written by
-    tasks on other machines (``remote`` with a staging prefix) stage their rows and index
-    arrays in the output, and a task merges them: none of those bytes pass through this
-    process."""
+    """A split's tar shards. Appends continue the committed numbering; remote tasks stage
+    their rows and index arrays, merged by a task (never through this process)."""
 
     def __init__(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> None:
         self.storage, self.plan = storage, plan
@@ -129,9 +125,7 @@ def _remove_discarded(
     shards: list[ShardInfo],
     committed: frozenset[str],
 ) -> None:
-    """Delete the files of shards written speculatively and then replaced, unless a kept
-    shard now has their name (or the committed export names them: a shard kept on resume
-    is the committed one)."""
+    """Delete replaced shards' files, unless kept or committed under that name."""
     kept = {p for s in shards for p in (s.path, s.metadata, s.dali_index) if p}
     for done in discarded:
         if not done.num_samples:
@@ -149,10 +143,9 @@ def _job(
     first_sample: int,
     candidates: Candidates,
 ) -> ShardJob:
-    """The job of one shard. A shard has two possible names: its usual one and one with
-    :func:`second_hash`. When the committed export names one of them, the job first keeps
-    that shard if it holds exactly these samples; otherwise it writes the other name, so
-    that nothing the committed config.yaml names is ever written over."""
+    """The job of one shard. Of its two names (usual, :func:`second_hash`), one the
+    committed export names is kept if it holds exactly these samples, else the other is
+    written: nothing committed is written over."""
     usual, second = (shard_stem(plan.prefix, h, number) for h in (plan.name_hash, other_hash))
     committed = second if f"{second}.tar" in plan.existing else usual
     other = second if committed == usual else usual
