@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,25 @@ class ArrayWriter:
         )
 
 
+def put_npys(storage: Storage, stem: str, columns: Mapping[str, np.ndarray]) -> Written:
+    """Write each column as ``{stem}/{name}.npy``, in name order."""
+    out = ArrayWriter(storage, stem, listed=True)
+    for name in sorted(columns):
+        out.put_npy(f"{stem}/{name}.npy", columns[name])
+    return out.written()
+
+
 def load_part(storage: Storage, run: Written) -> dict[str, np.ndarray]:
     """A run's parts: column name -> array (mapped when local)."""
     return {path[len(run.path) + 1 : -len(".npy")]: load_npy(storage, path) for path in run.files}
+
+
+def npy_header_bytes(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for this dtype and shape."""
+    out = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()
 
 
 def npy_header(storage: Storage, path: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:

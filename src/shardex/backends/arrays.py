@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from shardex.backends.array_files import ArrayWriter, Written, load_part, remove_run
+from shardex.backends.array_files import Written, load_part, put_npys, remove_run
 from shardex.backends.base import Backend, Check, SplitPlan, SplitWriter
 from shardex.backends.columns import Columns, Layout, columns_of, concat_columns
 from shardex.codecs.images import IMAGE_EXTENSIONS
@@ -158,10 +158,7 @@ def _write_run(job: RunJob) -> RunDone:
     consumed = got.consumed
     del got  # the fields' bytes: the columns hold them now
     if job.part:
-        out = ArrayWriter(job.storage, job.stem, listed=True)
-        for name in sorted(columns):
-            out.put_npy(f"{job.stem}/{name}.npy", columns[name])
-        written = out.written()
+        written = put_npys(job.storage, job.stem, columns)
     else:
         written = job.backend.write_run(job.storage, job.stem, columns, job.layout)
     hashes = np.fromiter((key_hash(k) for k in keys), np.uint64, count)

@@ -153,7 +153,7 @@ class ColumnReader:
                 value = np.asarray(self._slice(name, i))
                 if spec.kind == "array":
                     value = value.reshape(tuple(int(d) for d in self.columns[f"{name}.shapes"][i]))
-            out[spec.name] = as_tensor(value) if is_bfloat16(spec) else _native(spec, value)
+            out[spec.name] = as_tensor(value) if is_bfloat16(spec) else native_value(spec, value)
         return out
 
     def sample(self, i: int, decode: bool) -> dict[str, Any]:
@@ -161,7 +161,8 @@ class ColumnReader:
         return {"__key__": self.key(i), **as_sample(self._kinds, self.native(i), decode)}
 
 
-def _native(spec: FieldSpec, value: np.ndarray) -> Any:
+def native_value(spec: FieldSpec, value: np.ndarray) -> Any:
+    """A stored value as a sample holds it: an int label, bytes, or the array."""
     if spec.kind == "label":
         return int(value)
     if spec.kind == "bytes":

@@ -13,7 +13,7 @@ from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.array_files import ArrayWriter, Written
 from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
-from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout
+from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout, native_value
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
@@ -46,13 +46,7 @@ class _SampleFiles(ColumnReader):
                 if spec.optional:
                     continue
                 raise
-            out[spec.name] = (
-                int(value)
-                if spec.kind == "label"
-                else value.tobytes()
-                if spec.kind == "bytes"
-                else value
-            )
+            out[spec.name] = native_value(spec, value)
         return out
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from typing import ClassVar, Final
 
@@ -11,7 +10,7 @@ import numpy as np
 import xxhash
 
 from shardex.backends.array_dataset import ArrayDataset
-from shardex.backends.array_files import ArrayWriter, Written, npy_header
+from shardex.backends.array_files import Written, load_npy, npy_header, npy_header_bytes, put_npys
 from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
@@ -28,12 +27,8 @@ class NumpyMmapDataset(ArrayDataset):
             if not path.startswith(f"{shard.path}/"):
                 continue
             name = path[len(shard.path) + 1 : -len(".npy")]
-            local = self.storage.local_path(path)
             try:
-                if local is not None:
-                    out[name] = np.load(local, mmap_mode="r", allow_pickle=False)
-                else:
-                    out[name] = np.load(io.BytesIO(self.storage.get(path)), allow_pickle=False)
+                out[name] = load_npy(self.storage, path)
             except FileNotFoundError as exc:
                 raise ObjectNotFoundError(f"{self.storage.join(path)} is missing") from exc
             except (ValueError, OSError, EOFError) as exc:
@@ -62,10 +57,7 @@ class NumpyMmapBackend(ArrayBackend):
         return f"numpy.load({where!r} + COLUMN + '.npy', mmap_mode='r')  # COLUMN: {', '.join(columns)}"
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
-        out = ArrayWriter(storage, stem, listed=True)
-        for name in sorted(columns):
-            out.put_npy(f"{stem}/{name}.npy", columns[name])
-        return out.written()
+        return put_npys(storage, stem, columns)
 
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
@@ -96,16 +88,7 @@ def _joined(storage: Storage, parts: list[str], name: str) -> Iterator[bytes]:
     dtype, first, _ = heads[0]
     offsets = name.endswith(".offsets.npy")
     rows = sum(shape[0] for _, shape, _ in heads) - (len(parts) - 1 if offsets else 0)
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        header,
-        {
-            "descr": np.lib.format.dtype_to_descr(dtype),
-            "fortran_order": False,
-            "shape": (rows, *first[1:]),
-        },
-    )
-    yield header.getvalue()
+    yield npy_header_bytes(dtype, (rows, *first[1:]))
     base = 0
     for k, (path, (_, shape, at)) in enumerate(zip(parts, heads, strict=True)):
         if offsets:  # n + 1 int64s a run: small, read whole

@@ -6,6 +6,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
+import xxhash
+
 from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.array_files import ArrayWriter, Written
 from shardex.backends.arrays import ArrayBackend, shard_numbers
@@ -13,6 +15,8 @@ from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import ShardWindows
+from shardex.errors import ChecksumError
+from shardex.format.tables import shard_checksum
 from shardex.storage.base import Storage
 
 
@@ -25,7 +29,14 @@ class OneFileDataset(ArrayDataset, ShardWindows):
         """A shard's columns from its bytes (``where`` names it in errors)."""
 
     def _load(self, shard: ShardInfo) -> Columns:
-        data = self._checked(shard, self.storage.get(shard.path))
+        data = self.storage.get(shard.path)
+        if self.verify:
+            found = shard_checksum(xxhash.xxh3_64(data))
+            if found != shard.checksum:
+                raise ChecksumError(
+                    f"{self.storage.join(shard.path)}: checksum {found} differs from "
+                    f"{shard.checksum} in config.yaml; the shard is damaged (shardex verify)"
+                )
         return self.decode_shard(data, self.storage.join(shard.path))
 
 

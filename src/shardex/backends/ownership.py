@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 from shardex.backends.registry import REGISTRY
 from shardex.contract import CONFIG_FILE, ExportConfig
@@ -65,10 +65,7 @@ def run_owns(backend: str, flat: bool, path: str) -> bool:
 
 def _top_level_ours(storage: Storage, paths: list[str]) -> bool:
     if INTENT_FILE in paths:
-        try:
-            record = json.loads(storage.get(INTENT_FILE))
-        except (ShardexError, OSError, ValueError):
-            record = None
+        record = _intent(storage)
         if isinstance(record, dict) and record.get("top_level") is True:
             return True
     return CONFIG_FILE in paths and committed_is_flat(storage)
@@ -124,10 +121,7 @@ def _order(committed: str | None) -> list[str]:
 def writers(storage: Storage) -> list[str] | None:
     """The backends whose files the output may hold; None when it does not say."""
     committed = _committed_backend(storage)
-    try:
-        record = json.loads(storage.get(INTENT_FILE))
-    except (ShardexError, OSError, ValueError):  # none, or unreadable
-        record = None
+    record = _intent(storage)
     named = record.get("backends") if isinstance(record, dict) else None
     if record is not None and not (
         isinstance(named, list) and all(isinstance(n, str) for n in named)
@@ -136,6 +130,13 @@ def writers(storage: Storage) -> list[str] | None:
     if committed is None and named is None:
         return None
     return list(dict.fromkeys([*([committed] if committed else []), *(named or [])]))
+
+
+def _intent(storage: Storage) -> Any:
+    try:
+        return json.loads(storage.get(INTENT_FILE))
+    except (ShardexError, OSError, ValueError):  # none, or unreadable
+        return None
 
 
 def _committed_backend(storage: Storage) -> str | None:

@@ -180,13 +180,6 @@ def _files_under(folder: Path) -> Iterator[Path]:
     return (p for p in sorted(folder.rglob("*")) if p.is_file())
 
 
-def _move_into(tmp: Path, root: Path) -> None:
-    for path in _files_under(tmp):
-        target = root / path.relative_to(tmp)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
-
-
 def _written(root: Path, stem: str, names: list[str]) -> Written:
     """The files, their size and checksum, read back (from the page cache)."""
     files = sorted(f"{stem}/{name}" for name in names)
@@ -198,14 +191,6 @@ def _written(root: Path, stem: str, names: list[str]) -> Written:
                 hasher.update(chunk)
                 num_bytes += len(chunk)
     return Written(stem, tuple(files), num_bytes, shard_checksum(hasher))
-
-
-def _upload(storage: Storage, staged: Path, stem: str, names: list[str]) -> None:
-    """Upload each staged file under ``stem/``, streamed."""
-    for name in sorted(names):
-        with open(staged / name, "rb") as f, storage.open_writer(f"{stem}/{name}") as out:
-            while chunk := f.read(_CHUNK):
-                out.write(chunk)
 
 
 #: Readers' download folders, locked while written; a dead reader's is removed by the next.
@@ -301,6 +286,8 @@ class TensorDictDataset(ArrayDataset):
 
 
 class TensorDictBackend(ArrayBackend):
+    """Each split one memory-mapped TensorDict folder."""
+
     name: ClassVar[str] = "tensordict_memmap"
     description: ClassVar[str] = "one memory-mapped TensorDict per split (TensorDict.load_memmap)"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -332,7 +319,10 @@ class TensorDictBackend(ArrayBackend):
                 run = staged / "run"  # (beside the scratch folder's .lock)
                 names = _memmap(run, columns, layout)
                 written = _written(run, stem, names)
-                _upload(storage, run, stem, names)
+                for name in sorted(names):  # streamed: a column may outgrow memory
+                    with open(run / name, "rb") as f, storage.open_writer(f"{stem}/{name}") as out:
+                        while chunk := f.read(_CHUNK):
+                            out.write(chunk)
             return written
         # A killed attempt may have left an empty .tmp folder no file names; this export
         # holds the output's lock, and only this job writes this run.
@@ -341,7 +331,10 @@ class TensorDictBackend(ArrayBackend):
         tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
         try:
             names = _memmap(tmp, columns, layout)
-            _move_into(tmp, root)
+            for path in _files_under(tmp):  # each move atomic
+                target = root / path.relative_to(tmp)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return _written(root, stem, names)

@@ -96,24 +96,17 @@ def _chunking(name: str, array: np.ndarray, image: bool, samples: int) -> tuple[
     """(rows per chunk, rows per shard) of a run of ``samples``."""
     row = max(1, array.dtype.itemsize * math.prod(array.shape[1:]))
     if image:
-        rows = 1
+        target = row
     elif name.endswith(".data") and not name.startswith(f"{KEY_COLUMN}."):
         want = array.nbytes / max(1, samples) * RAGGED_SAMPLES_PER_CHUNK
         target = min(
             max(1 << math.ceil(math.log2(max(want, 1))), RAGGED_CHUNK_MIN), RAGGED_CHUNK_MAX
         )
-        rows = max(1, target // row)
     else:
         target = BULK_CHUNK_BYTES if is_eager(name, array.dtype, array.shape) else CHUNK_BYTES
-        rows = max(1, target // row)
-    rows = min(rows, max(1, len(array)))
+    rows = min(max(1, target // row), max(1, len(array)))
     per_shard = min(MAX_CHUNKS_PER_SHARD, max(1, SHARD_BYTES // (rows * row)))
     return rows, min(rows * per_shard, rows * math.ceil(max(1, len(array)) / rows))
-
-
-def _attributes(nodes: dict[str, str], layout: Layout, samples: int) -> dict[str, Any]:
-    fields = [{**dataclasses.asdict(spec), "shape": list(spec.shape)} for spec in layout]
-    return {"shardex": {"num_samples": samples, "columns": nodes, "fields": fields}}
 
 
 def _encoded(
@@ -124,7 +117,28 @@ def _encoded(
     shape = tuple(int(d) for d in array.shape)
     like = np.broadcast_to(np.zeros((1,) * len(shape), array.dtype), shape)
     rows, shard = _chunking(name, like, serializer is not None, samples)
-    created = _created(files, like, rows, shard, serializer)
+    tail = shape[1:]
+    # the shard index first: a reader gets it without knowing the object's size
+    shards: ShardsConfigParam = {
+        "shape": (shard, *tail),
+        "index_location": ShardingCodecIndexLocation.start,
+    }
+    created = zarr.create_array(
+        MemoryStore(files),
+        shape=shape,
+        dtype=array.dtype,
+        chunks=(rows, *tail),
+        shards=shards,
+        serializer=serializer if serializer is not None else "auto",
+        # crc32c: every chunk self-checking on read
+        compressors=[Crc32cCodec()]
+        if serializer is not None
+        else [ZstdCodec(level=3), Crc32cCodec()],
+        fill_value=0,
+        # every chunk written: a missing object is damage, not zeros
+        config={"write_empty_chunks": True},
+        zarr_format=3,
+    )
     # shard objects are named c/K[/0...]: written in name order (the checksum's order)
     count = math.ceil(shape[0] / shard) if math.prod(shape) else 0
     for k in sorted(range(count), key=str):
@@ -139,36 +153,13 @@ def _encoded(
         raise FormatError(f"zarr array {name!r}: unexpected files {sorted(files)}")
 
 
-def _created(
-    files: dict[str, Buffer], array: np.ndarray, rows: int, shard: int, serializer: Any
-) -> zarr.Array[Any]:
-    tail = tuple(int(d) for d in array.shape[1:])
-    # index first: a reader gets it without knowing the object's size
-    shards: ShardsConfigParam = {
-        "shape": (shard, *tail),
-        "index_location": ShardingCodecIndexLocation.start,
-    }
-    return zarr.create_array(
-        MemoryStore(files),
-        shape=array.shape,
-        dtype=array.dtype,
-        chunks=(rows, *tail),
-        shards=shards,
-        serializer=serializer if serializer is not None else "auto",
-        # crc32c: every chunk self-checking on read
-        compressors=[Crc32cCodec()]
-        if serializer is not None
-        else [ZstdCodec(level=3), Crc32cCodec()],
-        fill_value=0,
-        # every chunk written: a missing object is damage, not zeros
-        config={"write_empty_chunks": True},
-        zarr_format=3,
-    )
-
-
 class StorageStore(Store):
     """A read-only zarr store over a shardex storage folder (fork-safe, countable I/O).
     Local reads run inline (a pread beats a thread hop); remote ones in threads."""
+
+    supports_writes: bool = False
+    supports_deletes: bool = False
+    supports_listing: bool = True
 
     def __init__(self, storage: Storage, root: str) -> None:
         super().__init__(read_only=True)
@@ -225,18 +216,6 @@ class StorageStore(Store):
 
     async def exists(self, key: str) -> bool:
         return self.storage.exists(self._path(key))
-
-    @property
-    def supports_writes(self) -> bool:
-        return False
-
-    @property
-    def supports_deletes(self) -> bool:
-        return False
-
-    @property
-    def supports_listing(self) -> bool:
-        return True
 
     async def set(self, key: str, value: Buffer) -> None:
         self._check_writable()
@@ -310,6 +289,8 @@ class ZarrDataset(ArrayDataset):
 
 
 class ZarrBackend(ArrayBackend):
+    """Every column of a split as a sharded zarr v3 array in one group."""
+
     name: ClassVar[str] = "zarr"
     description: ClassVar[str] = "one zarr v3 group per split, sharded arrays (N, ...)"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -378,7 +359,8 @@ class ZarrBackend(ArrayBackend):
         codecs = {spec.column: self._serializer(spec) for spec in layout if is_fixed(spec)}
         samples = len(columns[f"{KEY_COLUMN}.offsets"]) - 1
         group: dict[str, Buffer] = {}
-        attributes = _attributes(nodes, layout, samples)
+        fields = [{**dataclasses.asdict(spec), "shape": list(spec.shape)} for spec in layout]
+        attributes = {"shardex": {"num_samples": samples, "columns": nodes, "fields": fields}}
         zarr.create_group(MemoryStore(group), zarr_format=3, attributes=attributes)
         # name order (the checksum's): "{node}/" prefixes never interleave
         blocks = sorted([("zarr.json", ""), *((f"{nodes[n]}/", n) for n in columns)])

@@ -232,19 +232,15 @@ class Access:
             sample = self._cut(buf, start, number, checksum, stop)
             if sample is not None:
                 return sample
-            self._check_row(number, checksum)
+            at = number * self._msize
+            row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
+            if _xxh3(self._mraw[at + 8 : at + self._msize], checksum) != row[0]:
+                raise FormatError(
+                    f"row {number} of {self.storage.join(self._members_file or '')} fails its "
+                    "check: the file is damaged, or was not written for these samples; "
+                    "`shardex verify` reports it, a re-export repairs it"
+                )
         return parsed(buf, self._paths[shard], start, stop, self.decode)
-
-    def _check_row(self, number: int, checksum: int) -> None:
-        """Raise FormatError if sample ``number``'s members row fails its check."""
-        at, size = number * self._msize, self._msize
-        assert self._munpack is not None  # called with members only
-        if _xxh3(self._mraw[at + 8 : at + size], checksum) != self._munpack(self._mraw, at)[0]:
-            raise FormatError(
-                f"row {number} of {self.storage.join(self._members_file or '')} fails its "
-                "check: the file is damaged, or was not written for these samples; "
-                "`shardex verify` reports it, a re-export repairs it"
-            )
 
     def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
         if self.verify and _xxh3(buf, number * self.seed) != checksum:

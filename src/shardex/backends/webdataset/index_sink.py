@@ -4,13 +4,13 @@ bytes are those of ``np.save`` of the whole arrays."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import BinaryIO, Final
 
 import numpy as np
 import numpy.typing as npt
 
+from shardex.backends.array_files import npy_header_bytes
 from shardex.format.index import (
     SAMPLE_DTYPE,
     MemberSpans,
@@ -24,14 +24,6 @@ from shardex.storage.scratch import scratch
 
 _KEY: Final = np.dtype([("h", "<u8"), ("sample", "<u8")])
 _COPY: Final = 1 << 20
-
-
-def npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` header ``np.save`` writes for this dtype and shape."""
-    out = io.BytesIO()
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_1_0(out, header)
-    return out.getvalue()
 
 
 class IndexSink:
@@ -82,7 +74,7 @@ class IndexSink:
         exts = self.member_columns()
         total = sum(n for _, _, n in self._members)
         with storage.open_writer(members_path) as out:
-            out.write(npy_header(members_dtype(exts), (total,)))
+            out.write(npy_header_bytes(members_dtype(exts), (total,)))
             for part_exts, path, n in self._members:
                 raw = np.fromfile(path, np.uint8)
                 checksums = raw[: 8 * n].view(np.uint64)
@@ -95,12 +87,12 @@ class IndexSink:
         self._samples.close()
         n = self.num_samples
         with storage.open_writer(samples_path) as out, open(self._samples_path, "rb") as f:
-            out.write(npy_header(SAMPLE_DTYPE, (n,)))
+            out.write(npy_header_bytes(SAMPLE_DTYPE, (n,)))
             while chunk := f.read(_COPY):
                 out.write(chunk)
         samples = self._folder / "key-samples.bin"
         with storage.open_writer(keys_path) as out, open(samples, "wb") as rows:
-            out.write(npy_header(np.dtype(np.uint64), (2, n)))
+            out.write(npy_header_bytes(np.dtype(np.uint64), (2, n)))
             for run in self._keys.sorted_runs():  # row 0: sorted hashes
                 out.write(np.ascontiguousarray(run["h"]).tobytes())
                 rows.write(np.ascontiguousarray(run["sample"]).tobytes())

@@ -24,8 +24,6 @@ from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members
 Ints = npt.NDArray[np.int64]
 Bytes = npt.NDArray[np.uint8]
 
-#: C++ ``isspace()`` (see shardex.format.dali_index).
-_WHITESPACE: Final = np.frombuffer(b" \t\n\v\f\r", np.uint8)
 _REUSED_BYTES: Final = 16 << 20
 _scratch = threading.local()
 
@@ -262,10 +260,6 @@ class ShardLayout:
         np.cumsum(lengths, out=offsets[1:])
         data = self.name_data[spread(self.name_offsets[which], lengths)]
         return string_array(data, offsets).cast(pa.string())
-
-    def names_have_whitespace(self, members: Ints) -> bool:
-        data, _ = gathered(self.name_data, self.name_offsets, members)
-        return bool(np.isin(data, _WHITESPACE).any())
 
 
 def tar_sizes(

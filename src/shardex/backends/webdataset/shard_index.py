@@ -20,6 +20,9 @@ from shardex.format.dali_index import VERSION, VERSION_WITHOUT_NAMES, Component
 from shardex.format.dali_index import WHITESPACE as DALI_WHITESPACE
 from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 
+#: C++ ``isspace()`` (see shardex.format.dali_index).
+_WHITESPACE = np.frombuffer(b" \t\n\v\f\r", np.uint8)
+
 
 def member_indexes(
     layout: ShardLayout, taken: Ints, offsets: list[int], *, dali: bool
@@ -77,7 +80,8 @@ def _dali_index(layout: ShardLayout, offsets: list[int], counts: Ints, flat: Int
         space,
         pc.cast(int_array(layout.sizes[flat], pa.int64()), pa.large_string()),
     ]
-    if layout.names_have_whitespace(flat):
+    names_data, _ = gathered(layout.name_data, layout.name_offsets, flat)
+    if np.isin(names_data, _WHITESPACE).any():
         version = VERSION_WITHOUT_NAMES
     else:
         version = VERSION

@@ -13,7 +13,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -203,6 +203,8 @@ def _sample(
     return StoredSample(names.pop() if len(names) == 1 else "", members)
 
 
+#: What a task's scan ends with: the shard's URL, its samples by number, the parts' spans.
+_Scanned = tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]
 #: A sample's place in a task's messages (the driver knows its key).
 _WHERE: Final = "\x00where\x00"
 
@@ -226,7 +228,7 @@ def _samples_held(
 ) -> Iterator[StoredSample]:
     """:func:`_samples` with each run read by a task (:func:`_scan_run`) into ``held``."""
     for result, parts in runner.imap_kept(_scan_run, _runs(ds)):
-        url, samples, spans = _scanned(result)
+        url, samples, spans = cast(_Scanned, result)  # what _scan_run yields last
         held.add(url, parts, spans)
         for number, sample in samples:
             if sample.invalid is not None and _WHERE in sample.invalid:
@@ -235,10 +237,6 @@ def _samples_held(
                     sample.key, sample.members, sample.invalid.replace(_WHERE, where)
                 )
             yield sample
-
-
-def _scanned(result: object) -> tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]:
-    return result  # type: ignore[return-value]  # what _scan_run yields last
 
 
 def _runs(ds: ShardDataset) -> Iterator[_Run]:
@@ -269,9 +267,7 @@ def _runs(ds: ShardDataset) -> Iterator[_Run]:
         yield cut()
 
 
-def _scan_run(
-    run: _Run,
-) -> Iterator[Part | tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]]:
+def _scan_run(run: _Run) -> Iterator[Part | _Scanned]:
     """In a task: a run's samples read as :func:`_sample` reads them, their members'
     bytes kept in parts (yielded as they fill); last, the URL, samples and spans."""
     hold = TarHold()

@@ -209,8 +209,10 @@ def _verify_shard(
         keys.append(_verify_sample(shard, off, sample, checksum, seed, report, deep))
         found = _members(sample)
         members[number + k] = found
-        if dali is not None:
-            dali = None if found is None else _add_members(dali, off, found)
+        if found is None:
+            dali = None
+        elif dali is not None:
+            dali.add(off, [(split_name(name)[1], at, size, name) for name, at, size in found])
     for chunk in chunks:
         whole.update(chunk)
     report.bytes += shard.num_bytes
@@ -218,7 +220,11 @@ def _verify_shard(
         report.add(shard.path, "shard", "whole-file checksum differs from config.yaml")
     _verify_sidecar(storage, shard, keys, report)
     if shard.dali_index and dali is not None:
-        _verify_dali_index(storage, shard.dali_index, dali.to_bytes(), report)
+        try:
+            if storage.get(shard.dali_index) != dali.to_bytes():
+                report.add(shard.dali_index, "dali-index", "differs from the members of its shard")
+        except ShardexError as exc:
+            report.add(shard.dali_index, "dali-index", f"cannot be read: {exc}")
     return keys
 
 
@@ -228,25 +234,6 @@ def _members(sample: bytes) -> list[tuple[str, int, int]] | None:
         return [(m.name, m.data_offset, m.size) for m in iter_members(sample, strict=False)]
     except FormatError:
         return None
-
-
-def _add_members(
-    dali: DaliIndex, offset: int, members: list[tuple[str, int, int]]
-) -> DaliIndex | None:
-    dali.add(offset, [(split_name(name)[1], at, size, name) for name, at, size in members])
-    return dali
-
-
-def _verify_dali_index(
-    storage: Storage, path: str, expected: bytes | None, report: VerifyReport
-) -> None:
-    try:
-        found = storage.get(path)
-    except ShardexError as exc:
-        report.add(path, "dali-index", f"cannot be read: {exc}")
-        return
-    if found != expected:
-        report.add(path, "dali-index", "differs from the members of its shard")
 
 
 def _verify_sample(
