@@ -37,29 +37,21 @@ class BackendEntry:
         return all(importlib.util.find_spec(mod) is not None for mod in self.requires)
 
 
+def _extra(name: str, target: str, extra: str) -> BackendEntry:
+    """A built-in that needs the package ``extra``, installed by the extra of that name."""
+    return BackendEntry(name, target, (extra,), f"pip install 'shardex[{extra}]'")
+
+
 _BUILTINS: Final = (
     BackendEntry("webdataset", "shardex.backends.webdataset:WebDatasetBackend"),
     BackendEntry("numpy", "shardex.backends.numpy_files:NumpyBackend"),
     BackendEntry("numpy_mmap", "shardex.backends.numpy_mmap:NumpyMmapBackend"),
     BackendEntry("tensor_shards", "shardex.backends.tensor_shards:TensorShardsBackend"),
-    BackendEntry(
-        "torch",
-        "shardex.backends.torch_files:TorchBackend",
-        requires=("torch",),
-        install_hint="pip install 'shardex[torch]'",
+    _extra("torch", "shardex.backends.torch_files:TorchBackend", "torch"),
+    _extra(
+        "tensordict_memmap", "shardex.backends.tensordict_memmap:TensorDictBackend", "tensordict"
     ),
-    BackendEntry(
-        "tensordict_memmap",
-        "shardex.backends.tensordict_memmap:TensorDictBackend",
-        requires=("tensordict",),
-        install_hint="pip install 'shardex[tensordict]'",
-    ),
-    BackendEntry(
-        "zarr",
-        "shardex.backends.zarr_store:ZarrBackend",
-        requires=("zarr",),
-        install_hint="pip install 'shardex[zarr]'",
-    ),
+    _extra("zarr", "shardex.backends.zarr_store:ZarrBackend", "zarr"),
 )
 
 
