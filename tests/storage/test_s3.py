@@ -89,9 +89,7 @@ def test_reads_cost_one_ranged_get_per_sample_and_no_list(s3: S3Location) -> Non
     proxy.reset()
     ds[0]  # the first read also fetches the first page of index-members.npy, once
     proxy.wait_idle()
-    assert [r.key.removeprefix(prefix).rpartition("/")[2] for r in mine()][0] == (
-        "index-members.npy"
-    ), seen()
+    assert mine()[0].key.endswith("/index-members.npy"), seen()
     assert [r.range is None for r in mine()] == [False, False], seen()
     for i in random.Random(0).sample(range(len(ds)), k=15):
         proxy.reset()
@@ -133,7 +131,8 @@ def test_a_cold_open_and_one_read_fetch_pages_of_the_index_not_all_of_it(
     proxy.wait_idle()
     index = [r for r in proxy.requests if "/index-" in r.key]
     assert sum(r.body_bytes for r in proxy.requests) <= 256 << 10, proxy.requests
-    assert index and all(r.range is not None and r.body_bytes <= PAGE for r in index)
+    assert index
+    assert all(r.range is not None and r.body_bytes <= PAGE for r in index)
     picks = random.Random(3).sample(range(n), k=200)
     assert [s["txt"] for s in ds.get_many(picks)] == [b"%d" % i for i in picks]
     assert ds.get("s00042")["txt"] == b"42"

@@ -1,5 +1,4 @@
-"""The dataset of a split of an array backend: its runs' columns read a block at a
-time, a few runs kept open, keys looked up in the split's key-hash table."""
+"""The dataset of an array backend's split: blocks of columns, a few runs kept open."""
 
 from __future__ import annotations
 
@@ -11,20 +10,16 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from shardex.backends.array_files import load_npy
 from shardex.backends.columns import ColumnReader, Columns, Layout, slice_columns
 from shardex.backends.metadata import read_metadata
 from shardex.contract import ShardInfo, SplitInfo
 from shardex.dataset import ReopenedDataset, Sample
-from shardex.errors import ChecksumError, FormatError, SampleNotFoundError, ShardexError
+from shardex.errors import FormatError, SampleNotFoundError, ShardexError
 from shardex.format.index import key_hash
-from shardex.format.tables import shard_checksum
 
-#: Samples read together when iterating (one read per array per block).
-_BLOCK = 256
-#: Runs a dataset keeps open (or loaded, for one-file shards) for random access.
+_BLOCK = 256  # samples read together when iterating
 _CACHED_RUNS = 4
 
 
@@ -45,7 +40,7 @@ class ArrayDataset(ReopenedDataset):
 
     @abstractmethod
     def _load(self, shard: ShardInfo) -> Columns:
-        """The columns of one run (memory-mapped or lazily read where the format allows)."""
+        """The columns of one run (mapped or lazily read where the format allows)."""
 
     def _open_run(self, shard: ShardInfo) -> ColumnReader:
         return ColumnReader(self.layout, self._load(shard))
@@ -55,7 +50,7 @@ class ArrayDataset(ReopenedDataset):
         return tuple(s.num_samples for s in self.shards)
 
     def shard_columns(self, shard: int) -> Columns:
-        """A run's columns, loaded whole (see :class:`~shardex.dataset.ShardWindows`)."""
+        """A run's columns (see :class:`~shardex.dataset.ShardWindows`)."""
         return self._open_run(self.shards[shard]).columns
 
     def _reader(self, shard: int) -> ColumnReader:
@@ -68,17 +63,6 @@ class ArrayDataset(ReopenedDataset):
                 self._cached.popitem(last=False)
         self._cached.move_to_end(shard)
         return reader
-
-    def _checked(self, shard: ShardInfo, data: bytes) -> bytes:
-        """The bytes of a one-file run, checked against config.yaml when ``verify``."""
-        if self.verify:
-            found = shard_checksum(xxhash.xxh3_64(data))
-            if found != shard.checksum:
-                raise ChecksumError(
-                    f"{self.storage.join(shard.path)}: checksum {found} differs from "
-                    f"{shard.checksum} in config.yaml; the shard is damaged (shardex verify)"
-                )
-        return data
 
     def _locate(self, index: int) -> tuple[int, int]:
         n = self._n
@@ -118,37 +102,33 @@ class ArrayDataset(ReopenedDataset):
             try:
                 reader = self._reader(shard)
             except ShardexError as exc:
-                if self.on_error == "raise":
-                    raise
-                for number in range(start, start + info.num_samples):
-                    self.skipped.append((number, str(exc)))
+                self._lost(range(start, start + info.num_samples), exc)
                 continue
             for offset in range(0, info.num_samples, _BLOCK):
                 count = min(_BLOCK, info.num_samples - offset)
+                first = start + offset
                 try:
                     block = self._block(reader, offset, count)
                 except ShardexError as exc:  # a damaged array chunk: the block is lost
-                    if self.on_error == "raise":
-                        raise
-                    first = start + offset
-                    self.skipped.extend((first + k, str(exc)) for k in range(count))
+                    self._lost(range(first, first + count), exc)
                     continue
                 for local in range(count):
                     try:
                         sample = block.sample(local, self.decode)
                     except ShardexError as exc:
-                        if self.on_error == "raise":
-                            raise
-                        self.skipped.append((start + offset + local, str(exc)))
+                        self._lost(range(first + local, first + local + 1), exc)
                         continue
                     yield sample
 
+    def _lost(self, numbers: range, exc: ShardexError) -> None:
+        if self.on_error == "raise":
+            raise exc
+        self.skipped.extend((number, str(exc)) for number in numbers)
+
     def _block(self, reader: ColumnReader, start: int, count: int) -> ColumnReader:
-        """Samples ``start .. start + count`` of a run, read with one read per array."""
         return ColumnReader(self.layout, slice_columns(reader.columns, start, count))
 
     def keys(self) -> Iterator[str]:
-        """Sample keys in sample order."""
         for shard in range(len(self.shards)):
             reader = self._reader(shard)
             for local in range(len(reader)):

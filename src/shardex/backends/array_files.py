@@ -1,10 +1,9 @@
-"""The files of an array backend's runs: writing them (:class:`ArrayWriter`, what it
-:class:`Written`), and reading a per-split backend's run parts back (:class:`PartColumn`:
-a split's column joined from its parts, never held whole)."""
+"""The files of an array backend's runs: writing them, and reading run parts back."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,24 +26,22 @@ def load_npy(storage: Storage, path: str) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Written:
-    """What writing one run produced: the run's path (a file, or the folder its files are
-    under), its other files (those config.yaml lists), their size and a checksum."""
+    """A run's path (file or folder), the files config.yaml lists, size and checksum."""
 
     path: str
     files: tuple[str, ...]
     num_bytes: int
     checksum: str
-    #: Every file written, listed or not (empty: ``path`` and ``files``).
     paths: tuple[str, ...] = ()
 
 
 class ArrayWriter:
-    """Streams named arrays into ``.npy`` files, checksumming what it writes."""
+    """Writes a run's files, checksumming them."""
 
     def __init__(self, storage: Storage, path: str, *, listed: bool) -> None:
         self.storage, self.path, self.listed = storage, path, listed
         self.files: list[str] = []
-        self.paths: list[str] = []  # everything written, listed or not
+        self.paths: list[str] = []
         self.num_bytes = 0
         self._hash = xxhash.xxh3_64()
 
@@ -69,13 +66,29 @@ class ArrayWriter:
         )
 
 
+def put_npys(storage: Storage, stem: str, columns: Mapping[str, np.ndarray]) -> Written:
+    """Write each column as ``{stem}/{name}.npy``, in name order."""
+    out = ArrayWriter(storage, stem, listed=True)
+    for name in sorted(columns):
+        out.put_npy(f"{stem}/{name}.npy", columns[name])
+    return out.written()
+
+
 def load_part(storage: Storage, run: Written) -> dict[str, np.ndarray]:
-    """A run's parts (see ``arrays.RunJob``): column name -> array (mapped when local)."""
+    """A run's parts: column name -> array (mapped when local)."""
     return {path[len(run.path) + 1 : -len(".npy")]: load_npy(storage, path) for path in run.files}
 
 
+def npy_header_bytes(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for this dtype and shape."""
+    out = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()
+
+
 def npy_header(storage: Storage, path: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    """The dtype, shape and data offset of a ``.npy`` file (only its header is read)."""
+    """The dtype, shape and data offset of a ``.npy`` file, from its header."""
     head = io.BytesIO(storage.get_range(path, 0, min(storage.size(path), 4096)))
     version = np.lib.format.read_magic(head)
     if version != (1, 0):
@@ -87,9 +100,8 @@ def npy_header(storage: Storage, path: str) -> tuple[np.dtype[Any], tuple[int, .
 
 
 class PartColumn:
-    """One column of a split as its runs' parts joined along the first axis (``.offsets``
-    re-based on the data before them), read a row range at a time from the part files:
-    the split's column is never held (see :meth:`ArrayBackend.join_runs`)."""
+    """A split's column as its runs' parts joined (offsets re-based), read a row range
+    at a time: the column is never held."""
 
     def __init__(self, storage: Storage, paths: list[str], offsets: bool) -> None:
         self.storage, self.paths, self.offsets = storage, paths, offsets
@@ -124,7 +136,6 @@ class PartColumn:
         return np.frombuffer(data, self.dtype).reshape(count, *self.tail)
 
     def rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start .. stop`` of the joined column."""
         pieces = []
         k = int(np.searchsorted(self._first, start, side="right")) - 1
         while start < stop and k < len(self.paths):
@@ -139,7 +150,7 @@ class PartColumn:
 
 
 def part_columns(storage: Storage, runs: list[Written]) -> dict[str, PartColumn]:
-    """A split's columns as its runs' parts (see ``arrays.RunJob``), none of them read yet."""
+    """A split's columns as its runs' parts, none read yet."""
     names = [p[len(runs[0].path) + 1 : -len(".npy")] for p in runs[0].files]
     return {
         name: PartColumn(
@@ -150,7 +161,7 @@ def part_columns(storage: Storage, runs: list[Written]) -> dict[str, PartColumn]
 
 
 def remove_run(storage: Storage, written: Written | None) -> None:
-    """Delete what a run wrote (one written again, or the parts of a joined split)."""
+    """Delete what a run wrote."""
     if written is not None:
         for path in written.paths or (written.path, *written.files):
             storage.delete(path)

@@ -1,17 +1,7 @@
-"""What the array backends share: writing runs of columns, and the dataset that reads them.
-
-Two shapes of backend build on :class:`ArrayBackend`:
-
-* **sharded** (``torch``, ``tensor_shards``, ``numpy``): each shard's rows become one run of
-  columns, written by a worker as one or more files (:meth:`ArrayBackend.write_run`);
-* **per split** (``numpy_mmap``, ``tensordict_memmap``, ``zarr``): the runs of a split are
-  joined into one, written once as ``(N, ...)`` arrays.
-
-Every file name carries the split's content hash, so replacing an export never writes over
-a file the committed config.yaml still names: the old files stay readable until the new
-config.yaml commits, then they are removed. Keys are looked up through a sorted key-hash
-table (``S/{stem_name}-{hash}-keys.npy``, the same table as the ``webdataset`` backend's).
-"""
+"""Writing runs of columns for the array backends: one run per shard (``torch``,
+``tensor_shards``, ``numpy``) or runs joined into one per split (``numpy_mmap``,
+``tensordict_memmap``, ``zarr``). Names carry a content hash, so a replacing export never
+writes over a file the committed config.yaml names."""
 
 from __future__ import annotations
 
@@ -27,7 +17,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from shardex.backends.array_files import ArrayWriter, Written, load_part, remove_run
+from shardex.backends.array_files import Written, load_part, put_npys, remove_run
 from shardex.backends.base import Backend, Check, SplitPlan, SplitWriter
 from shardex.backends.columns import Columns, Layout, columns_of, concat_columns
 from shardex.codecs.images import IMAGE_EXTENSIONS
@@ -51,11 +41,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class RunJob:
-    """One run to write from its candidate samples (their ``sizes``: the bytes each adds,
-    see :meth:`ArrayBackend.sample_sizes`): the run takes good candidates in order until
-    it holds ``samples_per_shard`` samples or the next would pass ``max_shard_bytes``.
-    ``part``: a per-split backend's run, written as one ``.npy`` file per column under
-    ``stem`` for :meth:`ArrayBackend.join_runs`."""
+    """One run to write from its candidates; ``part``: a per-split backend's run, written
+    as ``.npy`` parts for :meth:`ArrayBackend.join_runs`."""
 
     backend: ArrayBackend
     storage: Storage
@@ -72,25 +59,19 @@ class RunJob:
 
 @dataclass(frozen=True, slots=True)
 class RunDone:
-    """What writing one run produced: its files (None: nothing written), its samples'
-    metadata rows and key hashes, and the candidates it took and skipped."""
+    """What writing one run produced (a :class:`~shardex.backends.base.ShardDone`)."""
 
     written: Written | None
     meta: pa.Table | None
     key_hashes: npt.NDArray[np.uint64]
     num_samples: int
-    #: Candidates taken (written or skipped) from the job's first one.
     consumed: int
-    #: False when the run ran out of candidates before it was full (not the split's end).
     complete: bool
-    #: errors.parquet rows of the candidates skipped as bad.
     skipped: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(slots=True)
 class _Taken:
-    """The candidates a run took (their numbers and fields), and what it skipped."""
-
     picked: list[int] = dataclasses.field(default_factory=list)
     fields: list[list[tuple[str, bytes | memoryview]]] = dataclasses.field(default_factory=list)
     skipped: list[dict[str, str]] = dataclasses.field(default_factory=list)
@@ -99,8 +80,7 @@ class _Taken:
 
 
 def _take(job: RunJob, candidates: Candidates) -> _Taken:
-    """Take good candidates in order until the run is full. Each member's bytes are read
-    once: an image is checked from the bytes that are then stored (one pass)."""
+    """Take good candidates in order until the run is full, reading each member once."""
     from shardex.format.tar import END_OF_ARCHIVE  # the planner counts it in every shard
 
     got = _Taken()
@@ -161,7 +141,7 @@ def _take(job: RunJob, candidates: Candidates) -> _Taken:
 
 
 def _write_run(job: RunJob) -> RunDone:
-    """Read, check and write one run (in a worker, or inline); hand back small results."""
+    """Read, check and write one run; hand back small results."""
     candidates = job.candidates.loaded()
     got = _take(job, candidates)
     complete = got.full or candidates.last
@@ -178,10 +158,7 @@ def _write_run(job: RunJob) -> RunDone:
     consumed = got.consumed
     del got  # the fields' bytes: the columns hold them now
     if job.part:
-        out = ArrayWriter(job.storage, job.stem, listed=True)
-        for name in sorted(columns):
-            out.put_npy(f"{job.stem}/{name}.npy", columns[name])
-        written = out.written()
+        written = put_npys(job.storage, job.stem, columns)
     else:
         written = job.backend.write_run(job.storage, job.stem, columns, job.layout)
     hashes = np.fromiter((key_hash(k) for k in keys), np.uint64, count)
@@ -189,7 +166,7 @@ def _write_run(job: RunJob) -> RunDone:
 
 
 def metadata_rows(rows: pa.Table) -> pa.Table:
-    """metadata.parquet rows of samples: NeMo's columns and every metadata column."""
+    """metadata.parquet rows: NeMo's columns and every metadata column."""
     front = {
         "key": rows.column("key"),
         "image_id": rows.column("key"),
@@ -203,13 +180,11 @@ def metadata_rows(rows: pa.Table) -> pa.Table:
 
 
 class ArrayBackend(Backend):
-    """An array backend writes runs of columns; subclasses say how (and how to read them)."""
+    """A backend that writes runs of columns; subclasses say how, and how to read them."""
 
-    #: One run per split (``(N, ...)`` arrays) instead of one per shard.
-    per_split: ClassVar[bool] = False
-    #: The run's path prefix: ``S/{stem_name}-{hash}`` (+ ``-NNNNNN`` for shards).
+    per_split: ClassVar[bool] = False  # one run per split instead of one per shard
+    #: Runs are ``S/{stem_name}-{hash}`` (+ ``-NNNNNN`` for shards).
     stem_name: ClassVar[str]
-    #: The dataset class that reads it.
     dataset: ClassVar[type[ArrayDataset]]
     #: Whether the library :meth:`reader_call` names reads local files only.
     local_reader: ClassVar[bool] = True
@@ -225,20 +200,16 @@ class ArrayBackend(Backend):
 
     @classmethod
     def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
-        """:meth:`plain_reader` of a split that has shards, at a ``location`` the library
-        reads (None: no single call does)."""
+        """:meth:`plain_reader` of a split that has shards (None: no single call)."""
         return None
 
     @classmethod
     def owns(cls, path: str) -> bool:
-        """Its files, declared by :attr:`stem_name`: every path under a split starts with
-        the run's stem (``S/{stem_name}-{hash}``, then ``-NNNNNN``, ``-keys.npy``, ``.npz``,
-        ``/...``), or matches :attr:`files`."""
+        """Paths under a split that start with a run's stem, or match :attr:`files`."""
         return super().owns(path) or _runs_of(cls.stem_name).fullmatch(path) is not None
 
     def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
-        """The samples of runs whose files do not match their checksum in config.yaml, when
-        the dataset does not check what it reads (``capabilities.checked_reads``)."""
+        """The samples of runs whose files fail their checksum (unchecked datasets only)."""
         if self.capabilities.checked_reads:
             return {}
         from shardex.verification import VerifyReport
@@ -269,10 +240,7 @@ class ArrayBackend(Backend):
     def sample_sizes(
         self, rows: pa.Table, members: Members, member_rows: Ints, *, with_label: bool
     ) -> Ints:
-        """The bytes a sample adds to a run, known before writing: its key, its members'
-        bytes (a ``.npy`` member's header included), 8 for a label and its ``.json`` text
-        (tar headers and padding play no part: ``max_shard_bytes`` caps what runs hold,
-        and the names' content digest covers these sizes)."""
+        """Key, member bytes, 8 for a label and the ``.json`` text of each sample."""
         import pyarrow.compute as pc  # writing code: opening an export does not load it
 
         rows_at = np.asarray(member_rows, np.int64)
@@ -291,21 +259,18 @@ class ArrayBackend(Backend):
 
     @abstractmethod
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
-        """Write one run of columns under ``stem``; return the files written."""
+        """Write one run of columns under ``stem``."""
 
     def finish_split(
         self, storage: Storage, base: str, plan: SplitPlan, shards: list[ShardInfo]
     ) -> list[str]:
-        """Write files that describe the whole split (a manifest); return their paths."""
+        """Write split-wide files (a manifest); return their paths."""
         return []
 
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
     ) -> Written:
-        """A per-split backend's split from its runs' parts (``.npy`` files, one per column,
-        see :class:`RunJob`), written under ``stem``. The default loads them all and
-        writes one run (the split's columns in memory); a backend that can append them
-        without holding them overrides it."""
+        """A per-split backend's run joined from its parts (the default holds them all)."""
         parts = [load_part(storage, run) for run in runs]
         return self.write_run(storage, stem, concat_columns(parts), layout)
 
@@ -314,8 +279,7 @@ class ArrayBackend(Backend):
 
 
 class ArraySplit(SplitWriter):
-    """A split of an array backend (see :class:`~shardex.backends.base.SplitWriter`): its
-    runs (one per shard, or parts joined into one per split), then its key table."""
+    """A split of an array backend: its runs, then its key table."""
 
     write = staticmethod(_write_run)
 
@@ -397,9 +361,7 @@ def _runs_of(stem_name: str) -> re.Pattern[str]:
 
 
 def shard_numbers(shards: tuple[ShardInfo, ...], suffix: str = "") -> tuple[str, str]:
-    """(the path stem, the numbers) of a split's shards ``{stem}NNNNNN{suffix}``, for a
-    :meth:`~shardex.backends.base.Backend.plain_reader` call: ``"000000 to 000003"``
-    when they follow each other (as written), else listed."""
+    """(path stem, ``"000000 to 000003"`` or a list) of shards ``{stem}NNNNNN{suffix}``."""
     stem = shards[0].path[: len(shards[0].path) - len(suffix) - 6]
     numbers = [s.path[len(stem) : len(s.path) - len(suffix)] for s in shards]
     if len(numbers) > 1 and numbers == [f"{int(numbers[0]) + k:06d}" for k in range(len(numbers))]:
@@ -408,11 +370,8 @@ def shard_numbers(shards: tuple[ShardInfo, ...], suffix: str = "") -> tuple[str,
 
 
 def _fresh_base(prefix: str, name_hash: str, existing: frozenset[str]) -> str:
-    """``{prefix}-{hash}``, re-hashed until no file of the output uses it. The name hash
-    covers keys and sizes, not every byte: a replaced export whose labels or pixels
-    changed could get the same names, and array runs are rewritten whole, so writing them
-    over the files the committed config.yaml names would expose a mix. Into an empty
-    output the first name is taken: the same input still gives the same names."""
+    """``{prefix}-{hash}``, re-hashed until no file of the output uses it: the hash covers
+    keys and sizes only, so a changed export could otherwise overwrite committed files."""
     base = f"{prefix}-{name_hash}"
     while any(p == base or p.startswith((f"{base}-", f"{base}/", f"{base}.")) for p in existing):
         name_hash = xxhash.xxh3_64(name_hash.encode()).hexdigest()[:12]

@@ -39,34 +39,23 @@ class Capabilities:
     random_access: bool
     streaming: bool
     remote: bool
-    #: Whether ``mode="append"`` can add shards to an export of this backend.
-    append: bool = False
-    #: Whether its dataset checks every byte it reads against a checksum (a re-export then
-    #: needs no other check; see :meth:`Backend.damaged_samples`).
+    append: bool = False  # mode="append" can add shards
+    #: Its dataset checks every byte it reads (a re-export needs no other check).
     checked_reads: bool = False
-    #: Whether its shards are tars with DALI index files (``shardex.dali`` reads them).
-    dali: bool = False
-    #: Whether its shards are runs of whole samples that ``TensorShardsLoader`` loads whole
-    #: (its dataset is an :class:`~shardex.backends.array_dataset.ArrayDataset`).
+    dali: bool = False  # tar shards with DALI index files
+    #: Shards are runs of whole samples that ``TensorShardsLoader`` loads whole.
     shard_windows: bool = False
-    #: Whether it stores ``--dtype bfloat16`` fields (see :mod:`shardex.bfloat16`).
-    bfloat16: bool = False
-    #: Whether it can write a one-split export at the output's top level (``layout="flat"``).
-    flat_layout: bool = False
+    bfloat16: bool = False  # stores --dtype bfloat16 fields
+    flat_layout: bool = False  # can write layout="flat"
 
 
 @dataclass(frozen=True, slots=True)
 class SplitPlan:
     """One split, ready to write.
 
-    ``candidates`` are the split's samples in order (their references and planned sizes:
-    the writers number the samples they keep, skipping bad ones); ``fields`` are its
-    samples' fields (names, kinds, dtypes, shapes, column names); ``name_hash`` is the 12
-    hex digits shared by its shard names; ``resume`` keeps shards of an interrupted
-    export that verify; ``previous`` is the split as already committed when appending
-    (new shards continue its numbering and the index covers old and new samples);
-    ``existing`` are the files the committed config.yaml names, which the export must not
-    write (see :func:`unused_name`).
+    ``candidates``: its samples in order (refs and planned sizes); ``name_hash``: the 12 hex
+    digits its shard names share; ``resume``: keep an interrupted export's shards that
+    verify; ``previous``: the committed split being appended to.
     """
 
     split: str
@@ -76,47 +65,40 @@ class SplitPlan:
     fields: tuple[FieldSpec, ...] = ()
     resume: bool = False
     previous: SplitInfo | None = None
-    #: Files the committed config.yaml names (an export being replaced or appended to):
-    #: nothing may change them before the new config.yaml commits, so a backend writes
-    #: every new file under a name none of these use (readers of the old config.yaml
-    #: find its files unchanged until they are deleted after the commit).
+    #: Files the committed config.yaml names: readers of it may still use them until the
+    #: new one commits, so every new file gets a name none of these use.
     existing: frozenset[str] = frozenset()
-    #: The export's format version (an append keeps the version of what it extends).
-    format_version: int = FORMAT_VERSION
-    #: How shards fill, how images are checked, and where skipped samples are reported.
+    format_version: int = FORMAT_VERSION  # an append keeps what it extends
     samples_per_shard: int = 1000
     max_shard_bytes: int | None = None
     check: SampleCheck = dataclasses.field(default_factory=lambda: _default_check())
     on_skip: Callable[[list[dict[str, str]]], None] | None = None
-    #: ``layout="flat"``: the split's files go to the output's top level (see :attr:`prefix`).
-    flat: bool = False
-    #: Set when shards are written by tasks on other machines (a remote runner): a
-    #: backend may stage each shard's metadata rows and index arrays in the output under
-    #: this prefix (see :mod:`shardex.storage.parts`) and hand back a
-    #: :class:`StagedRows` instead of the rows.
+    flat: bool = False  # layout="flat": files at the output's top level
+    #: Set when remote tasks write the shards: where they may stage rows and index arrays
+    #: (returning :class:`StagedRows`).
     staging: str | None = None
 
     @property
     def prefix(self) -> str:
-        """What the paths of the split's files start with: ``"{split}/"``, or ``""`` (flat)."""
+        """``"{split}/"``, or ``""`` in the flat layout."""
         return "" if self.flat else f"{self.split}/"
 
 
 def _default_check() -> SampleCheck:
-    from shardex.sample_check import SampleCheck  # writing code: opening does not load it
+    from shardex.sample_check import SampleCheck  # opening an export does not load it
 
     return SampleCheck()
 
 
-#: What goes before the extension of a file's second name (see :func:`unused_name`).
 SECOND: str = ".2"
 
 
 def unused_name(path: str, taken: frozenset[str]) -> str:
-    """``path`` (a usual name), or its second name (``index-samples.npy`` -> ``index-samples.2.npy``)
-    when the committed export names ``path``. Exports that replace each other alternate
-    between the two, and the choice depends only on the committed config.yaml, so a
-    killed export run again picks the same names."""
+    """``path``, or its second name (``a.npy`` -> ``a.2.npy``) when ``taken`` holds it.
+
+    Replacing exports alternate between the two; the choice depends only on the committed
+    config.yaml, so a killed export run again picks the same names.
+    """
     if path not in taken:
         return path
     folder, _, name = path.rpartition("/")
@@ -127,15 +109,14 @@ def unused_name(path: str, taken: frozenset[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StagedRows:
-    """A shard's metadata rows staged in the output (``part``: see :attr:`SplitPlan.staging`)."""
+    """A shard's metadata rows staged in the output (see :attr:`SplitPlan.staging`)."""
 
     part: str
     num_rows: int
 
 
 class StoredMember(NamedTuple):
-    """A member of a stored sample: ``size`` bytes at ``offset`` of ``path`` (a local
-    file, or an object named by URL), or its bytes themselves (``data``; ``path`` None)."""
+    """A stored member: ``size`` bytes at ``offset`` of ``path`` (file or URL), or ``data``."""
 
     ext: str
     path: str | None
@@ -146,8 +127,7 @@ class StoredMember(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class StoredSample:
-    """A sample of a committed export as a re-export reads it: its key and its members,
-    or why it cannot be used (``invalid``; then no members)."""
+    """A committed sample as a re-export reads it, or why it cannot (``invalid``)."""
 
     key: str
     members: tuple[StoredMember, ...]
@@ -156,8 +136,7 @@ class StoredSample:
 
 @dataclass(slots=True)
 class Check:
-    """What :meth:`Backend.verify_split` reports to: the report, whether to decode every
-    image (``deep``), and the progress bar to advance by each sample checked."""
+    """Where :meth:`Backend.verify_split` reports; ``deep``: decode every image."""
 
     report: VerifyReport
     deep: bool
@@ -165,16 +144,15 @@ class Check:
 
 
 class ShardDone(Protocol):
-    """A written shard as the engine sees it (a backend's record of it carries more)."""
+    """A written shard as the engine sees it."""
 
     @property
     def consumed(self) -> int:
-        """Candidates taken (written or skipped) from the job's first one."""
+        """Candidates taken (written or skipped)."""
 
     @property
     def complete(self) -> bool:
-        """False when the shard ran out of candidates before it was full (not the split's
-        end): the engine discards it and writes it again with more."""
+        """False when candidates ran out before the shard was full: the engine rewrites it."""
 
     @property
     def num_samples(self) -> int: ...
@@ -185,40 +163,32 @@ class ShardDone(Protocol):
 
 
 class SplitWriter(ABC):
-    """A backend's part in writing one split. The engine plans the shards, runs each
-    job where it decides (in this process or a worker, on this machine or another),
-    replans after skipped samples and hands each shard back here in order:
+    """A backend's part in writing one split.
 
-    * :meth:`job` makes the picklable job of one shard from its candidates;
-    * :attr:`write` (a picklable callable: a module-level function or a frozen
-      dataclass) writes a job and returns its :class:`ShardDone` record;
-    * :meth:`add` takes each kept shard that holds samples, and returns its
-      metadata.parquet rows (or where they are staged) and the bytes it holds;
-    * :meth:`discard` takes each shard written speculatively and then replaced;
-    * :meth:`finish` writes what describes the whole split (indexes, key tables) and
-      returns what config.yaml records; :meth:`close` removes what a failed split left.
+    The engine plans the shards, runs each :meth:`job` with the picklable :attr:`write`
+    wherever it decides, and hands each shard back in order: :meth:`add` for kept shards,
+    :meth:`discard` for speculative ones replaced; then :meth:`finish` and :meth:`close`.
     """
 
     write: Callable[[Any], Any]
 
     @abstractmethod
     def job(self, candidates: Candidates, first_sample: int, number: int) -> Any:
-        """The job of the split's shard ``number`` (counted from the first new one),
-        whose first sample is number ``first_sample`` of the new samples."""
+        """The picklable job of new shard ``number``, starting at new sample ``first_sample``."""
 
     @abstractmethod
     def add(self, done: Any) -> tuple[pa.Table | StagedRows, int]:
-        """A shard kept (in order): its metadata rows, and the bytes it holds."""
+        """A kept shard: its metadata rows (or where they are staged) and its bytes."""
 
     def discard(self, done: Any) -> None:  # noqa: B027  (most backends have nothing to do)
-        """A shard written speculatively and then replaced (its files may need deleting)."""
+        """A shard written speculatively and then replaced."""
 
     @abstractmethod
     def finish(self, runner: Runner) -> SplitInfo:
-        """The split's closing step, once every shard is added."""
+        """Write split-wide files (indexes, key tables); return what config.yaml records."""
 
     def close(self) -> None:  # noqa: B027  (most backends have nothing to do)
-        """Called when the split ends, written or failed."""
+        """Remove what a failed split left; called written or failed."""
 
     def __enter__(self) -> SplitWriter:
         return self
@@ -228,26 +198,20 @@ class SplitWriter(ABC):
 
 
 class Backend(ABC):
-    """An export format. Subclasses set the class attributes (``dataset``: the reader;
-    ``files``: the names of what it writes) and implement :meth:`sample_sizes` and
+    """An export format: set the class attributes, implement :meth:`sample_sizes` and
     :meth:`split_writer`."""
 
     name: ClassVar[str]
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
-    #: The dataset class :meth:`open` builds (or override :meth:`open`).
-    dataset: ClassVar[type[ReopenedDataset]]
-    #: Categories as NexuML lists them: "data-export", "data-loader".
+    dataset: ClassVar[type[ReopenedDataset]]  # what the default open() builds
     categories: ClassVar[tuple[str, ...]] = ("data-export", "data-loader")
-    #: Backend options (``--backend-option NAME=VALUE``) -> what each does.
+    #: ``--backend-option NAME=VALUE`` names -> what each does.
     option_help: ClassVar[dict[str, str]] = {}
-    #: Every file the backend writes, as regular expressions over its path in the export
-    #: (``r"[^/]+/blobs-[0-9a-f]+\.bin"``; a split is the first folder), second names and
-    #: names of older versions included. An output that holds anything else (beside the
-    #: export's own files) is not overwritten or resumed: it is refused as foreign.
+    #: Regexes over every path it writes (second and older names included); anything else
+    #: in an output is foreign, and the output is not overwritten or resumed.
     files: ClassVar[tuple[str, ...]] = ()
-    #: What config.yaml's key specs name as a stored field's place, before the colon
-    #: (``tar:jpg``); None: the backend's name (``zarr:image``). See :meth:`field_storage`.
+    #: The prefix of a field's place in key specs (``tar:jpg``); None: the backend's name.
     key_storage: ClassVar[str | None] = None
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
@@ -262,28 +226,24 @@ class Backend(ABC):
 
     @classmethod
     def owns(cls, path: str) -> bool:
-        """Whether ``path`` (relative to the export's root) is a name this backend writes."""
+        """Whether ``path`` (relative to the export's root) is a file this backend writes."""
         return _any_of(cls.files).fullmatch(path) is not None
 
     @classmethod
     def field_storage(cls, field: FieldSpec) -> str:
-        """Where config.yaml's key specs say ``field``'s values live: ``{key_storage}:{column}``
-        (a backend that stores fields under their own names overrides it)."""
+        """Where key specs say ``field``'s values live: ``{key_storage}:{column}``."""
         return f"{cls.key_storage or cls.name}:{field.column}"
 
     @abstractmethod
     def sample_sizes(
         self, rows: pa.Table, members: Members, member_rows: Ints, *, with_label: bool
     ) -> Ints:
-        """The bytes each sample (``rows``, its members ``member_rows`` of ``members``)
-        takes in a shard, known before writing: shard boundaries under
-        ``max_shard_bytes`` and the shard names' content digest come from these."""
+        """The bytes each sample takes in a shard, known before writing (shard boundaries
+        and the names' content digest come from these)."""
 
     @abstractmethod
     def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
-        """The parts that write one split (see :class:`SplitWriter`); ``remote``: its
-        shards are written by tasks that may run on other machines (``plan.staging`` is
-        then where they can stage what the split's finish step needs)."""
+        """The writer of one split; ``remote``: tasks on other machines write its shards."""
 
     def open(
         self,
@@ -295,39 +255,28 @@ class Backend(ABC):
         verify: bool,
         on_error: OnReadError = "raise",
     ) -> Dataset:
-        """Open a committed split for reading.
-
-        ``on_error="skip"`` makes iteration pass over damaged samples (recorded in
-        ``dataset.skipped``) instead of raising. The default builds :attr:`dataset`.
-        """
+        """Open a committed split; ``on_error="skip"``: iteration skips damaged samples."""
         return self.dataset(storage, config, split, decode=decode, verify=verify, on_error=on_error)
 
     @classmethod
     def plain_reader(
         cls, config: ExportConfig, split: str, location: str, storage: Storage
     ) -> str | None:
-        """Python that opens split ``split`` of the export at ``location`` (its root: a
-        folder or URL; ``storage`` opens it) with the library its files are made for,
-        without shardex (``shardex inspect`` prints it). It must run as printed: None
-        where it could not (the default: no single call does). A call over many files
-        names the varying part of the path in capitals (``SHARD``, ``COLUMN``) and ends
-        with a comment giving each one's values (``  # SHARD: 000000 to 000003``)."""
+        """Python that opens the split at ``location`` without shardex (``shardex
+        inspect``), or None. Varying path parts are in capitals, with a closing comment
+        giving their values (``  # SHARD: 000000 to 000003``)."""
         return None
 
     @classmethod
     def derived_files(cls, config: ExportConfig, split: str) -> dict[str, bytes]:
-        """Files of a split that follow from config.yaml alone (``path -> content``): the
-        ``webdataset`` backend's shard lists. The engine writes them around the commit (see
-        :func:`shardex.engine.commit.commit`) and ``shardex verify`` compares them with what
-        config.yaml gives; their names must be in :attr:`files`. The default has none."""
+        """Files that follow from config.yaml alone (path -> content), written around the
+        commit; their names must be in :attr:`files`."""
         return {}
 
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
     ) -> None:
-        """Check a committed split byte for byte against config.yaml, adding what is wrong
-        to ``check.report`` (``shardex verify``). The default reports that this backend
-        cannot be verified."""
+        """Check a committed split against config.yaml into ``check.report``."""
         check.report.add(
             CONFIG_FILE,
             "backend",
@@ -338,22 +287,16 @@ class Backend(ABC):
     def stored_samples(
         self, dataset: Dataset, key: Callable[[int], str], runner: MapRunner | None = None
     ) -> Iterator[StoredSample] | None:
-        """A committed split's samples for a new export (a re-export) as byte ranges of
-        its files (local paths, or object URLs), each read once and checked, in sample
-        order, one at a time (``key``: the key of sample number N as the split's metadata
-        lists it, to name a damaged one; ``runner``: where the reading may run, a
-        :meth:`~shardex.sources.base.Source.stream_on`'s). None (the default): the
-        samples are read through ``dataset``, batch by batch."""
+        """A committed split's samples for a re-export, as checked byte ranges of its files,
+        in order; ``key(n)`` names a damaged one. None: read them through ``dataset``."""
         return None
 
     def damaged_samples(self, storage: Storage, config: ExportConfig, split: str) -> dict[int, str]:
-        """Samples of a split that its dataset would return although their bytes differ from
-        what was exported (``sample number -> reason``), for a re-export to refuse or skip.
-        The default trusts the dataset (its reads are checked: ``capabilities.checked_reads``)."""
+        """Samples the dataset would return although their bytes differ from the export
+        (number -> reason), for a re-export to refuse or skip."""
         return {}
 
 
 @cache
 def _any_of(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    """One compiled pattern matching any of ``patterns`` (none: matches nothing)."""
     return re.compile("|".join(f"(?:{p})" for p in patterns) if patterns else "(?!)")

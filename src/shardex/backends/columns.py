@@ -1,18 +1,8 @@
-"""Fields as columns: the shared layout of the array backends.
+"""Fields as columns, the layout every array backend stores its own way.
 
-A run of samples (a shard, or a whole split) becomes a set of named arrays:
-
-* a **fixed** field (same dtype and shape in every sample: an embedding, a label, a
-  0-d score) is one array ``NAME`` of shape ``(n, *shape)``;
-* a **ragged** field (encoded images, text, arrays whose shape varies) is ``NAME.data``
-  (every sample's values flattened, back to back), ``NAME.offsets`` (``n + 1`` int64
-  element offsets: sample ``i`` is ``data[offsets[i]:offsets[i + 1]]``) and, for arrays,
-  ``NAME.shapes`` (``(n, ndim)`` int64), so that sample ``i`` costs O(1) to find;
-* a field that some samples lack also has ``NAME.present`` (bool, ``n``);
-* the sample keys are the ragged byte field ``__key__``.
-
-Backends store these arrays their way (``.npy`` files, ``.pt``/``.npz`` shards, a
-TensorDict, zarr arrays) and read samples back through :class:`ColumnReader`.
+A fixed field is ``NAME`` ``(n, *shape)``; a ragged one is ``NAME.data`` (values back to
+back), ``NAME.offsets`` (``n + 1``) and, for arrays, ``NAME.shapes``; an optional field
+adds ``NAME.present``; keys are the ragged bytes ``__key__`` (see docs/backends.md).
 """
 
 from __future__ import annotations
@@ -21,19 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
-import pyarrow as pa
 
 from shardex.bfloat16 import as_tensor, is_bfloat16, storage_dtype, to_bits, widened
 from shardex.codecs.fields import decode_fields
 from shardex.contract import FieldSpec
 from shardex.fields import is_fixed, load_npy, npy_bytes
-from shardex.storage.base import Storage
-from shardex.storage.fetch.bytes import MemberReader, iter_fields
 
 KEY_COLUMN: Final = "__key__"
 Columns = Mapping[str, Any]  # name -> array-like (ndarray, memmap, tensor, zarr array)
-
-
 Layout = tuple[FieldSpec, ...]  # with their column names set (fields.with_columns)
 
 
@@ -52,29 +37,10 @@ def array_names(layout: Layout) -> list[str]:
     return out
 
 
-def build_columns(
-    rows: pa.Table,
-    layout: Layout,
-    with_label: bool,
-    stores: tuple[tuple[str, Storage], ...] | None = None,
-) -> dict[str, np.ndarray]:
-    """The arrays of a run of rows (member bytes are read here; ``stores``: those of
-    members on object storage, see :class:`shardex.storage.fetch.bytes.MemberReader`)."""
-    reader = MemberReader(stores)
-    try:
-        fields = list(iter_fields(rows, with_label, reader))
-    finally:
-        reader.close()
-    return columns_of(rows.column("key").to_pylist(), fields, layout)
-
-
 def columns_of(
-    keys: list[str],
-    samples: Sequence[Sequence[tuple[str, bytes | memoryview]]],
-    layout: Layout,
+    keys: list[str], samples: Sequence[Sequence[tuple[str, bytes | memoryview]]], layout: Layout
 ) -> dict[str, np.ndarray]:
-    """The arrays of a run of samples: their keys, and each one's fields in member order
-    (``(name, bytes)``: source members, ``cls``, ``json``)."""
+    """The arrays of a run of samples from their keys and ``(name, bytes)`` fields."""
     n = len(keys)
     index = {spec.name: k for k, spec in enumerate(layout)}
     values: list[list[Any]] = [[None] * n for _ in layout]
@@ -140,8 +106,7 @@ def concat_columns(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def slice_columns(columns: Columns, start: int, count: int) -> dict[str, np.ndarray]:
-    """Rows ``start .. start + count`` of a run as numpy arrays, offsets re-based: one
-    read per array (a zarr array reads its chunks once, a memory map pages in once)."""
+    """Rows ``start .. start + count`` of a run, offsets re-based, one read per array."""
     out: dict[str, np.ndarray] = {}
     for name in columns:
         if name.endswith(".data"):
@@ -176,8 +141,7 @@ class ColumnReader:
         return bytes(np.asarray(self._slice(KEY_COLUMN, i))).decode()
 
     def native(self, i: int) -> dict[str, Any]:
-        """Field name -> stored value: ndarray (arrays; a ``torch.bfloat16`` tensor for a
-        bfloat16 field), int (label), bytes (the rest)."""
+        """Field name -> stored value (ndarray or bfloat16 tensor, int label, or bytes)."""
         out: dict[str, Any] = {}
         for spec in self.layout:
             name = spec.column
@@ -189,7 +153,7 @@ class ColumnReader:
                 value = np.asarray(self._slice(name, i))
                 if spec.kind == "array":
                     value = value.reshape(tuple(int(d) for d in self.columns[f"{name}.shapes"][i]))
-            out[spec.name] = as_tensor(value) if is_bfloat16(spec) else _native(spec, value)
+            out[spec.name] = as_tensor(value) if is_bfloat16(spec) else native_value(spec, value)
         return out
 
     def sample(self, i: int, decode: bool) -> dict[str, Any]:
@@ -197,7 +161,8 @@ class ColumnReader:
         return {"__key__": self.key(i), **as_sample(self._kinds, self.native(i), decode)}
 
 
-def _native(spec: FieldSpec, value: np.ndarray) -> Any:
+def native_value(spec: FieldSpec, value: np.ndarray) -> Any:
+    """A stored value as a sample holds it: an int label, bytes, or the array."""
     if spec.kind == "label":
         return int(value)
     if spec.kind == "bytes":
@@ -206,10 +171,8 @@ def _native(spec: FieldSpec, value: np.ndarray) -> Any:
 
 
 def as_sample(kinds: dict[str, str], native: dict[str, Any], decode: bool) -> dict[str, Any]:
-    """Stored values (``kinds``: field name -> kind) as sample fields: raw bytes (``.npy``
-    bytes for arrays, ASCII digits for the label), or decoded like the ``webdataset``
-    backend decodes. A bfloat16 tensor's raw bytes are float32 ``.npy`` (the same values:
-    ``.npy`` has no bfloat16)."""
+    """Stored values as the ``webdataset`` backend returns fields: raw (``.npy`` bytes,
+    label digits; bfloat16 as float32 ``.npy``) or decoded."""
     if not decode:
         return {
             name: (
@@ -222,7 +185,4 @@ def as_sample(kinds: dict[str, str], native: dict[str, Any], decode: bool) -> di
             for name, v in native.items()
         }
     encoded = {n: v for n, v in native.items() if kinds[n] == "bytes"}
-    return {
-        **{n: v for n, v in native.items() if kinds[n] != "bytes"},
-        **decode_fields(encoded),
-    }
+    return {**{n: v for n, v in native.items() if kinds[n] != "bytes"}, **decode_fields(encoded)}

@@ -11,8 +11,7 @@ from shardex.storage.base import Storage
 
 
 def read_metadata(storage: Storage, config: ExportConfig, split: str) -> pa.Table:
-    """The metadata.parquet rows of a split, in sample order, checked against the file's
-    checksum in config.yaml where it has one.
+    """A split's metadata.parquet rows in sample order, checked against config.yaml.
 
     Raises:
         ObjectNotFoundError: the file is missing.

@@ -1,16 +1,5 @@
-"""``numpy``: one ``.npy`` file per sample per field.
-
-Layout of a split ``S`` (a folder per shard keeps folders small at millions of samples)::
-
-    S/samples-{hash}-000000/000000.{column}.npy     sample 0 of shard 0, one field
-    S/samples-{hash}-000000/000001.{column}.npy
-    S/samples-{hash}-000000/__key__.data.npy        the shard's keys (ragged bytes)
-    S/samples-{hash}-000000/__key__.offsets.npy
-    S/samples-{hash}-keys.npy                       sorted key hashes -> sample number
-
-Byte fields (encoded images, text) are 1-d uint8 arrays, the label a 0-d int64; a field a
-sample lacks has no file. Files load with ``numpy.load(path, allow_pickle=False)``.
-"""
+"""``numpy``: ``S/samples-{hash}-NNNNNN/{sample}.{column}.npy``, one file per sample per
+field (a folder per shard keeps folders small); see docs/backends.md."""
 
 from __future__ import annotations
 
@@ -24,14 +13,14 @@ from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.array_files import ArrayWriter, Written
 from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
-from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout
+from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout, native_value
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import FormatError, ObjectNotFoundError
 from shardex.storage.base import Storage
 
 
 class _SampleFiles(ColumnReader):
-    """One shard folder: keys read at open, each sample's fields read on demand."""
+    """One shard folder: keys read at open, fields read on demand."""
 
     def __init__(self, layout: Layout, storage: Storage, folder: str) -> None:
         keys = {n: _load(storage, f"{folder}/{KEY_COLUMN}.{n}.npy") for n in ("data", "offsets")}
@@ -57,13 +46,7 @@ class _SampleFiles(ColumnReader):
                 if spec.optional:
                     continue
                 raise
-            out[spec.name] = (
-                int(value)
-                if spec.kind == "label"
-                else value.tobytes()
-                if spec.kind == "bytes"
-                else value
-            )
+            out[spec.name] = native_value(spec, value)
         return out
 
 
@@ -78,8 +61,6 @@ def _load(storage: Storage, path: str) -> np.ndarray:
 
 
 class NumpyDataset(ArrayDataset):
-    """A split of a ``numpy`` export: one read per field of a sample."""
-
     def _load(self, shard: ShardInfo) -> Columns:
         raise NotImplementedError  # _open_run reads per sample instead
 
@@ -92,8 +73,6 @@ class NumpyDataset(ArrayDataset):
 
 
 class NumpyBackend(ArrayBackend):
-    """One ``.npy`` per sample per field, in a folder per shard."""
-
     name: ClassVar[str] = "numpy"
     description: ClassVar[str] = "one .npy file per sample per key"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -104,9 +83,8 @@ class NumpyBackend(ArrayBackend):
 
     @classmethod
     def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
-        shards = info.shards
-        stem, numbers = shard_numbers(shards)
-        most = max(s.num_samples for s in shards) - 1
+        stem, numbers = shard_numbers(info.shards)
+        most = max(s.num_samples for s in info.shards) - 1
         columns = ", ".join(sorted({f.column for f in config.fields}))
         return (
             f"numpy.load({location + '/' + stem!r} + SHARD + '/' + SAMPLE + '.' + COLUMN"
@@ -129,7 +107,6 @@ class NumpyBackend(ArrayBackend):
                     np.frombuffer(value, np.uint8) if spec.kind == "bytes" else np.asarray(value)
                 )
                 out.put_npy(f"{stem}/{i:06d}.{spec.column}.npy", array)
-        # config.yaml names the folder, not its files: they are made durable here, before
-        # the commit (the exporter syncs what config.yaml lists)
+        # the exporter syncs only what config.yaml lists: the folder, not its files
         storage.sync(out.paths)
         return out.written()

@@ -1,19 +1,8 @@
-"""``numpy_mmap``: one ``.npy`` file per column per split, memory-mapped for reading.
-
-Layout of a split ``S`` (see :mod:`shardex.backends.columns` for the column names)::
-
-    S/arrays-{hash}/{column}.npy            fixed fields: shape (N, ...)
-    S/arrays-{hash}/{column}.data.npy       ragged fields: values back to back
-    S/arrays-{hash}/{column}.offsets.npy    ... and N + 1 offsets (int64)
-    S/arrays-{hash}/{column}.shapes.npy     ... and per-sample shapes (arrays)
-    S/arrays-{hash}-keys.npy                sorted key hashes -> sample number
-
-Every file opens with ``numpy.load(path, mmap_mode="r")``; sample ``i`` costs O(1).
-"""
+"""``numpy_mmap``: ``S/arrays-{hash}/{column}.npy`` per column per split, opened with
+``numpy.load(path, mmap_mode="r")``; see docs/backends.md."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from typing import ClassVar, Final
 
@@ -21,7 +10,7 @@ import numpy as np
 import xxhash
 
 from shardex.backends.array_dataset import ArrayDataset
-from shardex.backends.array_files import ArrayWriter, Written, npy_header
+from shardex.backends.array_files import Written, load_npy, npy_header, npy_header_bytes, put_npys
 from shardex.backends.arrays import ArrayBackend
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
@@ -32,20 +21,14 @@ from shardex.storage.base import Storage
 
 
 class NumpyMmapDataset(ArrayDataset):
-    """A split of a ``numpy_mmap`` export: every column memory-mapped (local) or read once."""
-
     def _load(self, shard: ShardInfo) -> Columns:
         out = {}
         for path in self.config.split(self.split).files:
             if not path.startswith(f"{shard.path}/"):
                 continue
             name = path[len(shard.path) + 1 : -len(".npy")]
-            local = self.storage.local_path(path)
             try:
-                if local is not None:
-                    out[name] = np.load(local, mmap_mode="r", allow_pickle=False)
-                else:
-                    out[name] = np.load(io.BytesIO(self.storage.get(path)), allow_pickle=False)
+                out[name] = load_npy(self.storage, path)
             except FileNotFoundError as exc:
                 raise ObjectNotFoundError(f"{self.storage.join(path)} is missing") from exc
             except (ValueError, OSError, EOFError) as exc:
@@ -55,8 +38,6 @@ class NumpyMmapDataset(ArrayDataset):
 
 
 class NumpyMmapBackend(ArrayBackend):
-    """One memory-mappable ``(N, ...)`` array per fixed field; ragged fields as data + offsets."""
-
     name: ClassVar[str] = "numpy_mmap"
     description: ClassVar[str] = "one .npy per key per split, memory-mapped (N, ...)"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -76,17 +57,13 @@ class NumpyMmapBackend(ArrayBackend):
         return f"numpy.load({where!r} + COLUMN + '.npy', mmap_mode='r')  # COLUMN: {', '.join(columns)}"
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
-        out = ArrayWriter(storage, stem, listed=True)
-        for name in sorted(columns):
-            out.put_npy(f"{stem}/{name}.npy", columns[name])
-        return out.written()
+        return put_npys(storage, stem, columns)
 
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
     ) -> Written:
-        """Each column's ``.npy`` file as the runs' parts back to back behind one header,
-        copied a chunk at a time (offsets re-based): the split's columns are never held,
-        and the bytes are those :meth:`write_run` writes for the joined columns."""
+        """Each column's parts copied behind one header, a chunk at a time: the bytes
+        :meth:`write_run` would write, without holding a column."""
         hasher = xxhash.xxh3_64()
         files: list[str] = []
         num_bytes = 0
@@ -102,28 +79,16 @@ class NumpyMmapBackend(ArrayBackend):
         return Written(stem, tuple(files), num_bytes, shard_checksum(hasher), tuple(files))
 
 
-#: Bytes of a part copied at once.
 _COPY: Final = 4 << 20
 
 
 def _joined(storage: Storage, parts: list[str], name: str) -> Iterator[bytes]:
-    """The ``.npy`` bytes of the parts' arrays joined along the first axis: one header
-    (what ``numpy.save`` writes for the whole array), then each part's data; an
-    ``.offsets`` array's values re-based on the data before it (its first 0 once)."""
+    """The ``.npy`` bytes of the parts joined along the first axis (offsets re-based)."""
     heads = [npy_header(storage, p) for p in parts]
     dtype, first, _ = heads[0]
     offsets = name.endswith(".offsets.npy")
     rows = sum(shape[0] for _, shape, _ in heads) - (len(parts) - 1 if offsets else 0)
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        header,
-        {
-            "descr": np.lib.format.dtype_to_descr(dtype),
-            "fortran_order": False,
-            "shape": (rows, *first[1:]),
-        },
-    )
-    yield header.getvalue()
+    yield npy_header_bytes(dtype, (rows, *first[1:]))
     base = 0
     for k, (path, (_, shape, at)) in enumerate(zip(parts, heads, strict=True)):
         if offsets:  # n + 1 int64s a run: small, read whole

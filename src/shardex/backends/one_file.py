@@ -1,13 +1,12 @@
-"""What ``torch`` and ``tensor_shards`` share: each shard is one file of its run's columns,
-read whole (and checked against config.yaml as it is read), so the window loader batches
-across shards. A backend says only how a run's columns become the file's bytes
-(:meth:`OneFileBackend.encode_run`) and back (:meth:`OneFileDataset.decode_shard`).
-"""
+"""Shards that are one file of a run's columns, read whole and checked (``torch``,
+``tensor_shards``): a backend says only how columns become bytes and back."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from typing import ClassVar
+
+import xxhash
 
 from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.array_files import ArrayWriter, Written
@@ -16,6 +15,8 @@ from shardex.backends.base import Capabilities
 from shardex.backends.columns import Columns, Layout
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.dataset import ShardWindows
+from shardex.errors import ChecksumError
+from shardex.format.tables import shard_checksum
 from shardex.storage.base import Storage
 
 
@@ -25,10 +26,17 @@ class OneFileDataset(ArrayDataset, ShardWindows):
     @staticmethod
     @abstractmethod
     def decode_shard(data: bytes, where: str) -> Columns:
-        """The columns of a shard from its bytes (``where``: the shard, for errors)."""
+        """A shard's columns from its bytes (``where`` names it in errors)."""
 
     def _load(self, shard: ShardInfo) -> Columns:
-        data = self._checked(shard, self.storage.get(shard.path))
+        data = self.storage.get(shard.path)
+        if self.verify:
+            found = shard_checksum(xxhash.xxh3_64(data))
+            if found != shard.checksum:
+                raise ChecksumError(
+                    f"{self.storage.join(shard.path)}: checksum {found} differs from "
+                    f"{shard.checksum} in config.yaml; the shard is damaged (shardex verify)"
+                )
         return self.decode_shard(data, self.storage.join(shard.path))
 
 
@@ -44,16 +52,14 @@ class OneFileBackend(ArrayBackend):
         bfloat16=True,  # torch: bfloat16 tensors; tensor_shards: their bits (uint16)
     )
     stem_name: ClassVar[str] = "tensors"
-    #: The shard file's extension, without the dot.
-    extension: ClassVar[str]
-    #: The stock call that loads a shard file, ``{}`` its path (see :meth:`plain_reader`).
+    extension: ClassVar[str]  # without the dot
+    #: The stock call that loads a shard file, ``{}`` its path.
     loader: ClassVar[str]
 
     @classmethod
     def reader_call(cls, config: ExportConfig, info: SplitInfo, location: str) -> str | None:
-        shards = info.shards
         suffix = f".{cls.extension}"
-        stem, numbers = shard_numbers(shards, suffix)
+        stem, numbers = shard_numbers(info.shards, suffix)
         path = f"{location + '/' + stem!r} + SHARD + {suffix!r}"
         return f"{cls.loader.format(path)}  # SHARD: {numbers}"
 
@@ -63,7 +69,6 @@ class OneFileBackend(ArrayBackend):
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         path = f"{stem}.{self.extension}"
-        data = self.encode_run(columns, layout)
         out = ArrayWriter(storage, path, listed=False)
-        out.put(path, data)
+        out.put(path, self.encode_run(columns, layout))
         return out.written()

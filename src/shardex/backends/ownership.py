@@ -1,26 +1,11 @@
-"""Which files of an output shardex wrote: the export's own files, and what each backend
-declares it writes (:attr:`Backend.files <shardex.backends.base.Backend.files>`).
+"""Which files of an output shardex wrote, so an overwrite or resume never touches a
+foreign file (the export is refused instead).
 
-An overwrite or a resume replaces only what shardex wrote; anything else in the output
-means the user pointed shardex at the wrong folder, and the export is refused. A plugin
-backend's files count as shardex's as soon as it is registered.
-
-Files at the output's top level (the flat layout's shards and index) count as a backend's
-only where a flat export is or was at work: the committed config.yaml says
-``layout: flat``, or the intent file of a run says it writes or replaces a flat export
-(``top_level``). A NeMo Curator output (``images-{hash}-000000.tar`` ... at the top level,
-named like a flat export's shards) is someone else's, and is neither overwritten nor
-deleted, also beside a split-folder export.
-
-Which backends may own files follows the backends that wrote the output: the one the
-committed config.yaml names, and those the intent file of a run at work records
-(``backends``: the backend it writes with and those whose files it found), so an array
-export does not own a ``train/shards.txt`` because the webdataset backend writes one. An
-output that tells neither (shardex versions before this record) is claimed by any backend.
-
-Backends are asked lazily, cheapest first: the one config.yaml names, then those already
-imported (the one being exported with), then the others, so a folder holding one
-backend's export does not import every backend's dependencies (torch, zarr) to be checked.
+Top-level files count as a backend's only where a flat export is committed or a run's
+intent file says ``top_level``: a NeMo Curator output's ``images-{hash}-000000.tar`` is
+named like a flat shard. Only the backends that wrote the output (config.yaml's, and the
+intent file's ``backends``) may own files; with neither recorded, any may. Backends are
+asked cheapest first, so checking a folder does not import torch or zarr needlessly.
 """
 
 from __future__ import annotations
@@ -29,16 +14,14 @@ import json
 import re
 import sys
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 from shardex.backends.registry import REGISTRY
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.errors import ShardexError
 from shardex.storage.base import Storage
 
-#: The files of an export that no backend writes: its contract, the writer's control files
-#: and the top-level tables, under their second names too (and ``.pending``: the leftovers
-#: of shardex versions that renamed after committing).
+#: The export's own files (``.pending``: left by versions that renamed after committing).
 _EXPORT_FILES: Final = re.compile(
     r"config\.yaml|\.shardex-intent\.json|\.shardex-lock"
     r"|metadata(?:\.pending|\.2)?\.parquet|errors(?:\.2)?\.parquet"
@@ -46,13 +29,11 @@ _EXPORT_FILES: Final = re.compile(
 
 
 def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
-    """The ``paths`` of the output at ``storage`` (relative to its root) that neither the
-    export itself nor any registered backend writes.
+    """The ``paths`` (relative to the root) that neither the export nor a backend writes.
 
     Raises:
-        BackendError, MissingDependencyError: some paths are claimed by no backend, and the
-            committed config.yaml names a backend that is not registered or not installed
-            here (its files cannot be told from foreign ones).
+        BackendError, MissingDependencyError: some paths are unclaimed and the committed
+            backend is not available here to claim them.
     """
     paths = list(paths)
     rest = [p for p in paths if _EXPORT_FILES.fullmatch(p) is None]
@@ -66,14 +47,12 @@ def foreign_files(storage: Storage, paths: Iterable[str]) -> list[str]:
 
 
 def export_owns(config: ExportConfig, path: str) -> bool:
-    """Whether ``path`` is a name the export that ``config`` describes writes: its own
-    files, or its backend's (at the output's top level only when the export is flat)."""
+    """Whether the export ``config`` describes writes ``path``."""
     return run_owns(config.backend, config.flat, path)
 
 
 def run_owns(backend: str, flat: bool, path: str) -> bool:
-    """Whether ``path`` is a name an export with ``backend`` writes (``flat``: one that
-    writes or replaces a flat export, so the top level's shards are its too)."""
+    """Whether an export with ``backend`` writes ``path`` (``flat``: top-level files too)."""
     if _EXPORT_FILES.fullmatch(path) is not None:
         return True
     if "/" not in path and not flat:
@@ -85,13 +64,8 @@ def run_owns(backend: str, flat: bool, path: str) -> bool:
 
 
 def _top_level_ours(storage: Storage, paths: list[str]) -> bool:
-    """Whether files at the top level may be a backend's: a flat export is committed there,
-    or a run that writes or replaces one recorded its intent."""
     if INTENT_FILE in paths:
-        try:
-            record = json.loads(storage.get(INTENT_FILE))
-        except (ShardexError, OSError, ValueError):
-            record = None
+        record = _intent(storage)
         if isinstance(record, dict) and record.get("top_level") is True:
             return True
     return CONFIG_FILE in paths and committed_is_flat(storage)
@@ -104,7 +78,7 @@ def committed_is_flat(storage: Storage) -> bool:
 
 
 def _owned(storage: Storage, rest: list[str], owners: list[str] | None) -> list[str]:
-    """The ``rest`` that none of ``owners`` (None: no registered backend) writes."""
+    """The ``rest`` that none of ``owners`` (None: any registered backend) writes."""
     if not rest:
         return rest
     committed = _committed_backend(storage)
@@ -112,7 +86,7 @@ def _owned(storage: Storage, rest: list[str], owners: list[str] | None) -> list[
     for name in _order(committed) if owners is None else owners:
         try:
             backend = REGISTRY.backend_class(name)
-        except ShardexError as exc:  # not installed here, or a plugin that fails to import
+        except ShardexError as exc:  # not installed, or a plugin that fails to import
             unknown = exc if name == committed or owners is not None else unknown
             continue
         rest = [p for p in rest if not backend.owns(p)]
@@ -123,7 +97,7 @@ def _owned(storage: Storage, rest: list[str], owners: list[str] | None) -> list[
     return rest
 
 
-#: The intent file of a run at work (see :func:`shardex.engine.output.record_intent`).
+#: See :func:`shardex.engine.output.record_intent`.
 INTENT_FILE: Final = ".shardex-intent.json"
 
 
@@ -135,7 +109,7 @@ def shardex_files(storage: Storage, paths: Iterable[str]) -> list[str]:
 
 
 def _order(committed: str | None) -> list[str]:
-    """Backend names in the order to ask them (see the module docstring)."""
+    """Backend names, cheapest to ask first."""
     entries = REGISTRY.entries()
     imported = [e.name for e in entries if e.target.partition(":")[0] in sys.modules]
     cheap = [e.name for e in entries if not e.requires and e.available]
@@ -145,21 +119,24 @@ def _order(committed: str | None) -> list[str]:
 
 
 def writers(storage: Storage) -> list[str] | None:
-    """The backends whose files the output may hold: the committed export's, and those the
-    intent file of a run at work names; None when the output tells neither (any backend's)."""
+    """The backends whose files the output may hold; None when it does not say."""
     committed = _committed_backend(storage)
-    try:
-        record = json.loads(storage.get(INTENT_FILE))
-    except (ShardexError, OSError, ValueError):  # none, or unreadable
-        record = None
+    record = _intent(storage)
     named = record.get("backends") if isinstance(record, dict) else None
     if record is not None and not (
         isinstance(named, list) and all(isinstance(n, str) for n in named)
     ):
-        return None  # a run of an earlier version at work: it did not say
+        return None  # a run of an earlier version
     if committed is None and named is None:
         return None
     return list(dict.fromkeys([*([committed] if committed else []), *(named or [])]))
+
+
+def _intent(storage: Storage) -> Any:
+    try:
+        return json.loads(storage.get(INTENT_FILE))
+    except (ShardexError, OSError, ValueError):  # none, or unreadable
+        return None
 
 
 def _committed_backend(storage: Storage) -> str | None:
@@ -170,5 +147,5 @@ def _committed_backend(storage: Storage) -> str | None:
 def _committed(storage: Storage) -> ExportConfig | None:
     try:
         return ExportConfig.from_yaml(storage.get(CONFIG_FILE), where=CONFIG_FILE)
-    except (ShardexError, OSError):  # none, or unreadable: every backend is asked anyway
+    except (ShardexError, OSError):  # none, or unreadable
         return None

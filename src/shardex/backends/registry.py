@@ -1,12 +1,6 @@
-"""The backend registry: lazy, explicit, and the same for built-ins and plugins.
-
-Built-in backends are ``"module:Class"`` strings, imported only when used. Third-party
-backends register through the ``shardex.backends`` entry-point group (read on first use
-of a name not registered yet, or of the list)
-or by calling :func:`register_backend`. A name registered twice raises; an unknown name
-lists the known ones; a backend whose optional dependency is missing names the extra to
-install.
-"""
+"""The backend registry: lazy ``"module:Class"`` entries, built-in or from the
+``shardex.backends`` entry-point group; a name registered twice raises, a missing
+dependency names its extra."""
 
 from __future__ import annotations
 
@@ -39,8 +33,13 @@ class BackendEntry:
 
     @property
     def available(self) -> bool:
-        """Whether its optional dependencies are importable (checked without importing)."""
+        """Whether its optional dependencies are importable (without importing them)."""
         return all(importlib.util.find_spec(mod) is not None for mod in self.requires)
+
+
+def _extra(name: str, target: str, extra: str) -> BackendEntry:
+    """A built-in that needs the package ``extra``, installed by the extra of that name."""
+    return BackendEntry(name, target, (extra,), f"pip install 'shardex[{extra}]'")
 
 
 _BUILTINS: Final = (
@@ -48,29 +47,16 @@ _BUILTINS: Final = (
     BackendEntry("numpy", "shardex.backends.numpy_files:NumpyBackend"),
     BackendEntry("numpy_mmap", "shardex.backends.numpy_mmap:NumpyMmapBackend"),
     BackendEntry("tensor_shards", "shardex.backends.tensor_shards:TensorShardsBackend"),
-    BackendEntry(
-        "torch",
-        "shardex.backends.torch_files:TorchBackend",
-        requires=("torch",),
-        install_hint="pip install 'shardex[torch]'",
+    _extra("torch", "shardex.backends.torch_files:TorchBackend", "torch"),
+    _extra(
+        "tensordict_memmap", "shardex.backends.tensordict_memmap:TensorDictBackend", "tensordict"
     ),
-    BackendEntry(
-        "tensordict_memmap",
-        "shardex.backends.tensordict_memmap:TensorDictBackend",
-        requires=("tensordict",),
-        install_hint="pip install 'shardex[tensordict]'",
-    ),
-    BackendEntry(
-        "zarr",
-        "shardex.backends.zarr_store:ZarrBackend",
-        requires=("zarr",),
-        install_hint="pip install 'shardex[zarr]'",
-    ),
+    _extra("zarr", "shardex.backends.zarr_store:ZarrBackend", "zarr"),
 )
 
 
 class Registry:
-    """Name -> backend entry. One instance, :data:`REGISTRY`, serves the package."""
+    """Name -> backend entry (one instance: :data:`REGISTRY`)."""
 
     def __init__(self, entries: tuple[BackendEntry, ...] = _BUILTINS) -> None:
         self._entries = {e.name: e for e in entries}
@@ -103,15 +89,14 @@ class Registry:
         return self.backend_class(name)(options)
 
     def backend_class(self, name: str) -> type[Backend]:
-        """The class of the named backend (imported now: its declarations are class-level).
+        """The class of the named backend (imported now).
 
         Raises:
             BackendError: no backend has this name, its module fails to import, or its
                 target is not a Backend.
             MissingDependencyError: it needs a package that is not installed.
         """
-        # Entry points are read only for a name not registered yet: reading them costs
-        # ~20 ms, which every process that opens a built-in backend's export would pay.
+        # Entry points cost ~20 ms: read only for a name not registered yet.
         entry = self._entries.get(name)
         if entry is None:
             self._load_plugins()
@@ -121,8 +106,7 @@ class Registry:
             raise BackendError(f"unknown backend {name!r}; known backends: {known}")
         module_name = entry.target.partition(":")[0]
         hint = entry.install_hint or f"install the package that provides {module_name}"
-        # a backend importing its dependency lazily must be refused here all the same,
-        # before an export reads its source or writes anything
+        # refused before any work even where the backend imports its dependency lazily
         missing = [m for m in entry.requires if importlib.util.find_spec(m) is None]
         if missing:
             raise MissingDependencyError(
@@ -161,8 +145,7 @@ def backend_for(config: ExportConfig) -> Backend:
 
 
 def check_options(opts: ExportOptions) -> None:
-    """Refuse options the backend cannot honour, before any work: ``dtype="bfloat16"``
-    where the backend cannot store it."""
+    """Refuse ``dtype="bfloat16"`` before any work where the backend cannot store it."""
     backend = opts.backend
     if opts.dtype != "bfloat16" or REGISTRY.backend_class(backend).capabilities.bfloat16:
         return

@@ -1,20 +1,7 @@
-"""``tensor_shards``: fixed-size sample shards of column arrays, for window loading.
-
-Layout of a split ``S``::
-
-    S/tensors-{hash}-000000.npz       exactly ``samples_per_shard`` samples (the last one
-    S/tensors-{hash}-000001.npz       short, never padded): the columns of
-    ...                               :mod:`shardex.backends.columns`, uncompressed
-    S/tensors-{hash}-manifest.json    shards, sample counts, checksums and fields
-    S/tensors-{hash}-keys.npy         sorted key hashes -> sample number
-
-``--dtype bfloat16`` fields are stored as their bit patterns (``uint16``; numpy has no
-bfloat16) and read back as ``torch.bfloat16`` (see :mod:`shardex.bfloat16`).
-
-A shard is one object read whole: this is the layout for
-:class:`shardex.torch.TensorShardsLoader`, which keeps a window of shards in memory and
-batches across them, so batch size and shard size are independent.
-"""
+"""``tensor_shards``: uncompressed ``.npz`` shards of exactly ``samples_per_shard``
+samples (the last short), plus ``-manifest.json`` and ``-keys.npy``: the layout for
+:class:`shardex.torch.TensorShardsLoader`, which batches across a window of whole shards.
+bfloat16 fields are stored as ``uint16`` bits (see :mod:`shardex.bfloat16`)."""
 
 from __future__ import annotations
 
@@ -36,7 +23,6 @@ from shardex.storage.base import Storage
 
 
 def load_npz(data: bytes, where: str) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` shard (no pickles)."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
@@ -45,14 +31,10 @@ def load_npz(data: bytes, where: str) -> dict[str, np.ndarray]:
 
 
 class TensorShardsDataset(OneFileDataset):
-    """A split of a ``tensor_shards`` export; ``ds[i]`` reads (and caches) its whole shard."""
-
     decode_shard = staticmethod(load_npz)
 
 
 class TensorShardsBackend(OneFileBackend):
-    """Shards of exactly ``samples_per_shard`` rows of every column, plus a manifest."""
-
     name: ClassVar[str] = "tensor_shards"
     description: ClassVar[str] = "fixed-size .npz sample shards + manifest (window loader)"
     extension: ClassVar[str] = "npz"
@@ -61,8 +43,7 @@ class TensorShardsBackend(OneFileBackend):
 
     def encode_run(self, columns: Columns, layout: Layout) -> bytes:
         buf = io.BytesIO()
-        # What np.savez writes, without its keyword arguments: a field may be named `file`
-        # or `allow_pickle`. Stored, not deflated: the shard is read whole, fast.
+        # np.savez, without its keywords (a field may be named `file`); stored: read fast
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as npz:
             for name, array in columns.items():
                 with npz.open(f"{name}.npy", "w", force_zip64=True) as member:

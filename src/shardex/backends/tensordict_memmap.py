@@ -1,56 +1,11 @@
-"""``tensordict_memmap``: each split is one TensorDict, memory-mapped the way tensordict writes it.
+"""``tensordict_memmap``: each split one folder that ``TensorDict.load_memmap`` opens
+without shardex (layout, keys, dtypes: docs/backends.md).
 
-A split ``S`` is a folder that ``tensordict.TensorDict.load_memmap`` opens without shardex
-(see :mod:`shardex.backends.columns` for the column names)::
-
-    S/tensordict-{hash}/meta.json             the root TensorDict, batch_size []
-    S/tensordict-{hash}/{field}.memmap        a fixed field: (N, ...)
-    S/tensordict-{hash}/{field}/meta.json     a ragged or optional field: a nested TensorDict
-    S/tensordict-{hash}/{field}/data.memmap   ... its values back to back
-    S/tensordict-{hash}/{field}/offsets.memmap, shapes.memmap, present.memmap, values.memmap
-    S/tensordict-{hash}-keys.npy              sorted key hashes -> sample number (shardex's)
-
-**Keys.** A column ``NAME.SUFFIX`` (``SUFFIX`` one of ``data``, ``offsets``, ``shapes``,
-``present``) is the nested key ``(NAME, SUFFIX)``; a fixed column ``NAME`` is the leaf
-``NAME``, or ``(NAME, "values")`` when the field also has a ``NAME.present`` column (a key
-cannot be a tensor and a TensorDict at once). tensordict's ``meta.json`` keeps its own entries
-``shape``, ``device`` and ``_type`` beside the keys, so a field named like one of them (or
-like one of them followed by underscores) gets one more trailing underscore: ``shape`` is
-stored as ``shape_``. :func:`tensordict_key` and :func:`column_name` are the two directions.
-
-**Batch size.** The root and the nested TensorDicts have ``batch_size=[]``: ragged ``data``
-columns, the ``N + 1`` offsets and the ``(N, ...)`` fixed columns have different first
-dimensions, and tensordict requires every entry to start with the batch size.
-
-**Dtypes.** Every dtype that torch tensors hold is stored as it is: bool, (u)int8/16/32/64,
-float16/32/64 and complex64/128 (uint16/32/64 are torch's limited-support dtypes: they store
-and load faithfully); ``--dtype bfloat16`` fields are ``torch.bfloat16`` tensors. Arrays in non-native byte order are stored in native order (same
-values). Other dtypes (strings, datetimes, structured) are refused with a ConfigError before
-anything is written.
-
-**Writes and reads.** The workers write each run's columns as ``.npy`` parts; this process
-joins them (:meth:`TensorDictBackend.join_runs`) into ``S/tensordict-{hash}.tmp-RANDOM/``:
-tensordict lays the folder out (``memmap_like``: its meta.json files, each column's file
-at its final size), then each file is filled from the parts a 16 MiB chunk at a time with
-plain writes, so no process holds a split's column (the bytes are those that
-``TensorDict(...).memmap`` writes). Each file is then moved to its final name, so that a
-file under the final name is always whole (as :meth:`Storage.put` gives the other
-backends) and a reader mapping a previous export's file keeps its old copy. config.yaml, written last, is the commit point. Reading maps every file
-(``load_memmap`` with tensordict's default mode: shared, because a copy-on-write mapping counts
-against the memory commit limit and fails for a column larger than RAM plus swap) and hands
-out read-only numpy views.
-
-**Object storage.** tensordict maps local files, so an export to ``s3://...`` is staged: the
-split's folder is written in an export scratch folder under ``$TMPDIR`` (room for one
-split's arrays), checksummed, then each file is uploaded (each object whole or absent) and
-the staging folder removed; a killed export's staging is removed by the next export
-(:mod:`shardex.storage.scratch`). Reading downloads the split's folder once into shardex's cache
-(``$SHARDEX_CACHE_DIR/tensordict/``, named by the run's checksum, so a replaced export never
-meets a stale copy), checks its bytes against config.yaml, and maps the copy. A reader
-downloads into a folder of its own there, locked while it writes (see
-:func:`shardex.storage.scratch.locked_folder`); one killed mid-download leaves it, and the
-next reader to download removes it (its lock is free).
-"""
+Files are laid out by tensordict (``memmap_like``) in a ``.tmp-RANDOM`` folder, filled 16
+MiB at a time from the workers' parts (no process holds a column), then each moved into
+place: a file under its final name is always whole, and a reader mapping an older file
+keeps it. Object storage is staged in a scratch folder and uploaded; readers download a
+checked copy into the cache (a locked ``download-`` folder while in progress)."""
 
 from __future__ import annotations
 
@@ -87,15 +42,14 @@ if TYPE_CHECKING:
 
     import torch
 
-# torch and tensordict are imported where they are used: the registry reads this
-# backend's capabilities (a refused --dtype names the backends that can) without the
-# seconds their import takes.
+# torch and tensordict are imported where used: the registry reads capabilities without
+# the seconds their import takes.
 
 #: The suffixes of the columns that are nested keys ``(NAME, SUFFIX)``.
 SUFFIXES: Final = frozenset({"data", "offsets", "shapes", "present"})
 #: The nested key of a fixed column whose field also has a ``present`` column.
 VALUES: Final = "values"
-#: Entries of tensordict's meta.json that would overwrite a key of the same name.
+#: meta.json's own entries: a key of the same name gets a trailing ``_``.
 _META_ENTRIES: Final = frozenset({"shape", "device", "_type"})
 _CHUNK: Final = 16 << 20
 
@@ -134,9 +88,8 @@ def column_name(key: tuple[str, ...]) -> str:
 
 
 def _like(column: str, array: Any, bfloat16: bool = False) -> torch.Tensor:
-    """A tensor of the column's shape and dtype (native byte order) that holds one value,
-    seen through a stride-0 view: what ``memmap_like`` lays a file out from, without the
-    column's values; ``bfloat16``: the column holds bfloat16 bit patterns."""
+    """A stride-0 tensor of the column's shape and dtype: what ``memmap_like`` lays a
+    file out from, without the values."""
     import torch
 
     dtype = np.dtype(array.dtype)
@@ -151,8 +104,7 @@ def _like(column: str, array: Any, bfloat16: bool = False) -> torch.Tensor:
 
 
 def _rows(array: Any, start: int, stop: int) -> npt.NDArray[Any]:
-    """Rows ``start .. stop`` of a column (an array or a :class:`PartColumn`), contiguous
-    and in native byte order: the bytes its file holds for them."""
+    """Rows ``start .. stop`` of a column as its file holds them (contiguous, native)."""
     values = np.asarray(
         array.rows(start, stop) if isinstance(array, PartColumn) else array[start:stop]
     )
@@ -160,9 +112,8 @@ def _rows(array: Any, start: int, stop: int) -> npt.NDArray[Any]:
 
 
 def _fill(filename: str, array: Any) -> None:
-    """The file ``memmap_like`` made for a column (its final size), filled from the column
-    a chunk at a time. Plain writes, not the mapping: pages written through a mapping
-    count in this process's memory until it unmaps them, a whole column's worth."""
+    """Fill a column's file a chunk at a time with plain writes: pages written through a
+    mapping count in this process's memory until unmapped."""
     shape = tuple(int(d) for d in array.shape)
     row = np.dtype(array.dtype).itemsize * math.prod(shape[1:])
     if not row * shape[0]:  # tensordict writes no file for an empty tensor
@@ -195,8 +146,7 @@ def _check_dtype(column: str, dtype: str) -> None:
 
 
 def _tree(columns: Columns, bfloat16: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The columns' layout as nested dicts of :func:`_like` tensors, keys in sorted order (a
-    stable meta.json); ``bfloat16``: the columns that hold bfloat16 bit patterns."""
+    """The columns as nested dicts of :func:`_like` tensors, sorted (a stable meta.json)."""
     grouped = frozenset(_split(c)[0] for c in columns if _split(c)[1] is not None)
     tree: dict[str, Any] = {}
     for column in sorted(columns):
@@ -210,10 +160,7 @@ def _tree(columns: Columns, bfloat16: frozenset[str] = frozenset()) -> dict[str,
 
 
 def _memmap(folder: Path, columns: Columns, layout: Layout) -> list[str]:
-    """The columns as tensordict's memmap folder: tensordict lays it out (its meta.json
-    files, each column's file at its final size, not yet written), then each file is
-    filled from its column a chunk at a time (:func:`_fill`: a column is never held).
-    Returns the files' names under ``folder``."""
+    """Write the columns as tensordict's memmap folder; return the files' names."""
     from tensordict import MemoryMappedTensor, TensorDict
 
     tree = _tree(columns, bfloat16_columns(layout))
@@ -233,19 +180,8 @@ def _files_under(folder: Path) -> Iterator[Path]:
     return (p for p in sorted(folder.rglob("*")) if p.is_file())
 
 
-def _move_into(tmp: Path, root: Path) -> None:
-    """Move every file tensordict wrote to its final name (each move atomic)."""
-    for path in _files_under(tmp):
-        target = root / path.relative_to(tmp)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
-
-
 def _written(root: Path, stem: str, names: list[str]) -> Written:
-    """What was written: the files by name (relative to the storage root), their total
-    size and the checksum of their bytes in that order (read back: the meta.json files are
-    tensordict's bytes, and the column files were just written, so they come from the page
-    cache)."""
+    """The files, their size and checksum, read back (from the page cache)."""
     files = sorted(f"{stem}/{name}" for name in names)
     hasher = xxhash.xxh3_64()
     num_bytes = 0
@@ -257,23 +193,12 @@ def _written(root: Path, stem: str, names: list[str]) -> Written:
     return Written(stem, tuple(files), num_bytes, shard_checksum(hasher))
 
 
-def _upload(storage: Storage, staged: Path, stem: str, names: list[str]) -> None:
-    """Each staged file put under ``stem/`` (streamed: a column may be larger than memory)."""
-    for name in sorted(names):
-        with open(staged / name, "rb") as f, storage.open_writer(f"{stem}/{name}") as out:
-            while chunk := f.read(_CHUNK):
-                out.write(chunk)
-
-
-#: The folders that readers download runs into (``{DOWNLOAD}{pid}-{digest}-...``, beside
-#: the finished copies): locked while a reader writes one, removed by the next reader to
-#: download once the process that made it is gone (killed mid-download).
+#: Readers' download folders, locked while written; a dead reader's is removed by the next.
 DOWNLOAD: Final = "download-"
 
 
 def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
-    """A local copy of a run on object storage: downloaded once, checked against the run's
-    checksum in config.yaml, then renamed into place (a reader never maps a partial copy)."""
+    """A local copy of a remote run, checked, then renamed into place (never partial)."""
     digest = hashlib.sha256(f"{storage.uri}\0{shard.path}\0{shard.checksum}".encode())
     target = cache_dir() / "tensordict" / digest.hexdigest()[:16]
     if target.is_dir():
@@ -297,7 +222,7 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
                 f"{storage.join(shard.path)}: checksum {found} differs from {shard.checksum} "
                 "in config.yaml; the export is damaged (shardex verify)"
             )
-        # not part of the copy; the folder stays this process's (its ID is in the name)
+        # not part of the copy (the folder's name still says whose it is)
         (tmp / LOCK_FILE).unlink()
         try:
             os.replace(tmp, target)
@@ -311,8 +236,7 @@ def _cached_copy(storage: Storage, shard: ShardInfo, paths: list[str]) -> Path:
 
 
 def _load_memmap(root: Path) -> TensorDictBase:
-    # An export may come from elsewhere: never unpickle what its folder holds (a shardex
-    # export has tensors only). tensordict versions before allow_pickle have no such switch.
+    # never unpickle what an export holds (older tensordict versions have no switch)
     from tensordict import TensorDict
 
     params = inspect.signature(TensorDict.load_memmap).parameters
@@ -324,8 +248,6 @@ def _load_memmap(root: Path) -> TensorDictBase:
 
 
 class TensorDictDataset(ArrayDataset):
-    """A split of a ``tensordict_memmap`` export: every column memory-mapped."""
-
     def _load(self, shard: ShardInfo) -> Columns:
         info = self.config.split(self.split)
         paths = [p for p in info.files if p.startswith(f"{shard.path}/") and p != info.keys]
@@ -340,7 +262,7 @@ class TensorDictDataset(ArrayDataset):
             if not isinstance(tensor, torch.Tensor):
                 raise FormatError(f"{root}: entry {key!r} is not a tensor; not a shardex export")
             view = from_tensor(tensor) if tensor.dtype == torch.bfloat16 else tensor.numpy()
-            # the mapping is shared with the file: a sample's array must not write to it
+            # a shared mapping: a sample's array must not write to the file
             view.flags.writeable = False
             columns[column_name(key if isinstance(key, tuple) else (key,))] = view
         missing = [n for n in array_names(self.layout) if n not in columns]
@@ -349,9 +271,7 @@ class TensorDictDataset(ArrayDataset):
         return columns
 
     def _check_sizes(self, shard: ShardInfo, root: Path, paths: list[str]) -> None:
-        """Refuse a run whose files (under ``root``, the run's folder or its cached copy)
-        are missing or not their recorded size, before mapping them: tensordict would grow
-        a short file with zeros instead of failing."""
+        """Refuse missing or short files before mapping: tensordict grows them with zeros."""
         found = 0
         for path in paths:
             local = root / path[len(shard.path) + 1 :]
@@ -366,7 +286,7 @@ class TensorDictDataset(ArrayDataset):
 
 
 class TensorDictBackend(ArrayBackend):
-    """Each split one TensorDict memory-mapped folder (``TensorDict.load_memmap`` reads it)."""
+    """Each split one memory-mapped TensorDict folder."""
 
     name: ClassVar[str] = "tensordict_memmap"
     description: ClassVar[str] = "one memory-mapped TensorDict per split (TensorDict.load_memmap)"
@@ -390,29 +310,31 @@ class TensorDictBackend(ArrayBackend):
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
     ) -> Written:
-        """The split's folder from its runs' parts, each file filled a chunk at a time
-        from the parts (:func:`_memmap`): the split's columns are never held."""
         return self.write_run(storage, stem, part_columns(storage, runs), layout)
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         root = storage.local_path(stem)
-        if root is None:  # object storage: staged locally, then uploaded
-            # in a scratch folder: a killed export's staging goes with the next export
+        if root is None:  # staged (a killed export's scratch goes with the next), uploaded
             with scratch("tensordict") as staged:
                 run = staged / "run"  # (beside the scratch folder's .lock)
                 names = _memmap(run, columns, layout)
                 written = _written(run, stem, names)
-                _upload(storage, run, stem, names)
+                for name in sorted(names):  # streamed: a column may outgrow memory
+                    with open(run / name, "rb") as f, storage.open_writer(f"{stem}/{name}") as out:
+                        while chunk := f.read(_CHUNK):
+                            out.write(chunk)
             return written
-        # A killed attempt at this run may have left its folder, empty if the kill came
-        # before tensordict's first file (so no file names it for the next export to
-        # remove). This export holds the output's lock and only this job writes this run.
+        # A killed attempt may have left an empty .tmp folder no file names; this export
+        # holds the output's lock, and only this job writes this run.
         for stale in root.parent.glob(f"{glob.escape(root.name)}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root.with_name(f"{root.name}.tmp-{secrets.token_hex(4)}")
         try:
             names = _memmap(tmp, columns, layout)
-            _move_into(tmp, root)
+            for path in _files_under(tmp):  # each move atomic
+                target = root / path.relative_to(tmp)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return _written(root, stem, names)

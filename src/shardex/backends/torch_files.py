@@ -1,14 +1,5 @@
-"""``torch``: one ``.pt`` file per shard holding exactly that shard's tensors.
-
-Layout of a split ``S``::
-
-    S/tensors-{hash}-000000.pt     {column name: tensor} of the shard's samples only
-    S/tensors-{hash}-keys.npy      sorted key hashes -> sample number
-
-Each tensor owns its storage (``torch.save`` writes a tensor's whole storage, so a view
-of a larger batch would drag the batch into every file); files load with
-``torch.load(path, weights_only=True)``.
-"""
+"""``torch``: one ``.pt`` file per shard, ``{column: tensor}``, loaded with
+``torch.load(path, weights_only=True)``; ``S/tensors-{hash}-keys.npy`` maps keys."""
 
 from __future__ import annotations
 
@@ -36,15 +27,14 @@ def _torch() -> Any:
 
 def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:
     """The columns of a ``.pt`` shard as numpy arrays (``weights_only``: no pickled code)."""
-    torch = _torch()
-    buf = io.BytesIO(data)
+    torch, buf = _torch(), io.BytesIO(data)
     try:
         tensors = torch.load(buf, weights_only=True, map_location="cpu")
     except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError ...
         raise FormatError(f"{where}: not a readable torch shard ({exc})") from exc
     if not isinstance(tensors, dict):
         raise FormatError(f"{where}: expected a dict of tensors, found {type(tensors).__name__}")
-    # bfloat16 tensors (--dtype bfloat16) become their bit patterns (numpy has no bfloat16)
+    # numpy has no bfloat16: those tensors become their bit patterns
     return {
         name: from_tensor(t) if t.dtype == torch.bfloat16 else t.numpy()
         for name, t in tensors.items()
@@ -52,14 +42,10 @@ def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:
 
 
 class TorchDataset(OneFileDataset):
-    """A split of a ``torch`` export; ``ds[i]`` loads (and caches) its whole shard."""
-
     decode_shard = staticmethod(load_pt)
 
 
 class TorchBackend(OneFileBackend):
-    """Per-shard ``.pt`` files of the shard's own tensors."""
-
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "one .pt of tensors per shard (torch.load weights_only)"
     extension: ClassVar[str] = "pt"
@@ -68,7 +54,7 @@ class TorchBackend(OneFileBackend):
 
     def encode_run(self, columns: Columns, layout: Layout) -> bytes:
         torch = _torch()
-        # copy=True: a tensor that owns exactly its bytes, never a view of a larger buffer
+        # torch.save writes a tensor's whole storage: a view would drag its batch along
         tensors = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in columns.items()}
         for name in bfloat16_columns(layout) & set(tensors):
             tensors[name] = tensors[name].view(torch.int16).view(torch.bfloat16)

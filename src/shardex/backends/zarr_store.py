@@ -1,28 +1,7 @@
-"""``zarr``: one zarr v3 group per split, one sharded array per column.
-
-Layout of a split ``S`` (column names as in :mod:`shardex.backends.columns`)::
-
-    S/zarr-{hash}/zarr.json                  the group (attributes: shardex column -> array)
-    S/zarr-{hash}/{column}/zarr.json         fixed fields: arrays of shape (N, ...)
-    S/zarr-{hash}/{column}.data/...          ragged fields: values back to back (flat)
-    S/zarr-{hash}/{column}.offsets/...       ... N + 1 int64 offsets, and .shapes / .present
-    S/zarr-{hash}/key.data, key.offsets      the sample keys (shardex's ``__key__`` column)
-    S/zarr-{hash}-keys.npy                   sorted key hashes -> sample number (not zarr)
-
-Array names keep their dots (zarr v3 allows them); only ``__key__`` becomes ``key``, as v3
-reserves names that start with ``__``. Every array is sharded (``sharding_indexed``, index
-at the start of the shard, so a reader needs no object size) with zstd and a crc32c per
-chunk; plain ``zarr.open_group(path)[name][:]`` reads them. Encoded images (``jpg``,
-``png`` ... fields) stay byte-exact as flat ``uint8`` ``.data`` + ``.offsets``: zarr's
-variable-length bytes type has no v3 specification (zarr-python warns that other readers
-may not open it), while ``uint8`` arrays are core v3. With ``image_codec``, fixed-shape
-``uint8`` image arrays (``(H, W)`` or ``(H, W, C)``) are stored one image per chunk through
-an imagecodecs codec (see :mod:`shardex.codecs.zarr_images`).
-
-Files are written through the storage (local or object store): zarr encodes each array a
-zarr shard at a time (read from the runs' parts the workers wrote: the split's columns are
-never held), and every file is put atomically, in name order, checksummed as it goes.
-"""
+"""``zarr``: one zarr v3 group per split, one sharded array per column (layout:
+docs/backends.md). ``__key__`` becomes ``key`` (v3 reserves ``__`` names); encoded images
+stay flat ``uint8`` (zarr's variable-length bytes have no v3 spec). Each array is encoded
+a zarr shard at a time from the runs' parts, and its files put in name order."""
 
 from __future__ import annotations
 
@@ -32,7 +11,7 @@ import math
 import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import zarr
@@ -59,9 +38,6 @@ from shardex.errors import (
 )
 from shardex.fields import is_fixed
 from shardex.storage.base import Storage
-
-if TYPE_CHECKING:
-    pass
 
 KEY_NODE: Final = "key"
 #: Target chunk size of arrays read one sample at a time: small reads, still compressible.
@@ -99,7 +75,7 @@ def _nodes(layout: Layout) -> dict[str, str]:
 
 
 def is_eager(name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> bool:
-    """Whether a reader loads the whole array on open instead of one sample at a time."""
+    """Whether a reader loads the whole array on open."""
     if name.startswith(f"{KEY_COLUMN}.") or name.endswith((".offsets", ".shapes", ".present")):
         return True
     if name.endswith(".data"):
@@ -117,42 +93,52 @@ def _image_channels(spec: FieldSpec) -> tuple[bool, int | None]:
 
 
 def _chunking(name: str, array: np.ndarray, image: bool, samples: int) -> tuple[int, int]:
-    """(rows per chunk, rows per shard) along the first axis of a run of ``samples``."""
+    """(rows per chunk, rows per shard) of a run of ``samples``."""
     row = max(1, array.dtype.itemsize * math.prod(array.shape[1:]))
     if image:
-        rows = 1
+        target = row
     elif name.endswith(".data") and not name.startswith(f"{KEY_COLUMN}."):
         want = array.nbytes / max(1, samples) * RAGGED_SAMPLES_PER_CHUNK
         target = min(
             max(1 << math.ceil(math.log2(max(want, 1))), RAGGED_CHUNK_MIN), RAGGED_CHUNK_MAX
         )
-        rows = max(1, target // row)
     else:
         target = BULK_CHUNK_BYTES if is_eager(name, array.dtype, array.shape) else CHUNK_BYTES
-        rows = max(1, target // row)
-    rows = min(rows, max(1, len(array)))
+    rows = min(max(1, target // row), max(1, len(array)))
     per_shard = min(MAX_CHUNKS_PER_SHARD, max(1, SHARD_BYTES // (rows * row)))
     return rows, min(rows * per_shard, rows * math.ceil(max(1, len(array)) / rows))
-
-
-def _attributes(nodes: dict[str, str], layout: Layout, samples: int) -> dict[str, Any]:
-    """What a plain zarr reader needs to make sense of the arrays (the group's attributes)."""
-    fields = [{**dataclasses.asdict(spec), "shape": list(spec.shape)} for spec in layout]
-    return {"shardex": {"num_samples": samples, "columns": nodes, "fields": fields}}
 
 
 def _encoded(
     array: np.ndarray | PartColumn, name: str, serializer: Any, samples: int
 ) -> Iterator[tuple[str, bytes]]:
-    """The files of one zarr array holding ``array``, in name order under the array's
-    folder, encoded a zarr shard at a time (a :class:`PartColumn` is read a shard's rows
-    at a time: the whole array is never held)."""
+    """The files of one zarr array in name order, encoded a zarr shard at a time."""
     files: dict[str, Buffer] = {}
     shape = tuple(int(d) for d in array.shape)
-    # what the chunking reads of the array (length, row bytes, total bytes), not its values
     like = np.broadcast_to(np.zeros((1,) * len(shape), array.dtype), shape)
     rows, shard = _chunking(name, like, serializer is not None, samples)
-    created = _created(files, like, rows, shard, serializer)
+    tail = shape[1:]
+    # the shard index first: a reader gets it without knowing the object's size
+    shards: ShardsConfigParam = {
+        "shape": (shard, *tail),
+        "index_location": ShardingCodecIndexLocation.start,
+    }
+    created = zarr.create_array(
+        MemoryStore(files),
+        shape=shape,
+        dtype=array.dtype,
+        chunks=(rows, *tail),
+        shards=shards,
+        serializer=serializer if serializer is not None else "auto",
+        # crc32c: every chunk self-checking on read
+        compressors=[Crc32cCodec()]
+        if serializer is not None
+        else [ZstdCodec(level=3), Crc32cCodec()],
+        fill_value=0,
+        # every chunk written: a missing object is damage, not zeros
+        config={"write_empty_chunks": True},
+        zarr_format=3,
+    )
     # shard objects are named c/K[/0...]: written in name order (the checksum's order)
     count = math.ceil(shape[0] / shard) if math.prod(shape) else 0
     for k in sorted(range(count), key=str):
@@ -167,42 +153,13 @@ def _encoded(
         raise FormatError(f"zarr array {name!r}: unexpected files {sorted(files)}")
 
 
-def _created(
-    files: dict[str, Buffer], array: np.ndarray, rows: int, shard: int, serializer: Any
-) -> zarr.Array[Any]:
-    """An empty zarr array of ``array``'s shape and dtype in ``files``."""
-    tail = tuple(int(d) for d in array.shape[1:])
-    # The index first: a reader gets it with a plain range read, without the object size.
-    shards: ShardsConfigParam = {
-        "shape": (shard, *tail),
-        "index_location": ShardingCodecIndexLocation.start,
-    }
-    created = zarr.create_array(
-        MemoryStore(files),
-        shape=array.shape,
-        dtype=array.dtype,
-        chunks=(rows, *tail),
-        shards=shards,
-        serializer=serializer if serializer is not None else "auto",
-        # Image codecs compress already; crc32c makes every chunk self-checking on read.
-        compressors=[Crc32cCodec()]
-        if serializer is not None
-        else [ZstdCodec(level=3), Crc32cCodec()],
-        fill_value=0,
-        # Every chunk is written, so a missing object is damage, not an all-zero chunk.
-        config={"write_empty_chunks": True},
-        zarr_format=3,
-    )
-    return created
-
-
 class StorageStore(Store):
-    """A read-only zarr store over a shardex storage, rooted at one folder.
+    """A read-only zarr store over a shardex storage folder (fork-safe, countable I/O).
+    Local reads run inline (a pread beats a thread hop); remote ones in threads."""
 
-    Reads go through the storage, so object stores keep shardex's fork-safe I/O and every
-    request can be counted. A local storage is read inline (a pread is cheaper than a hop
-    to a thread); a remote one from worker threads, so that zarr's concurrent reads overlap.
-    """
+    supports_writes: bool = False
+    supports_deletes: bool = False
+    supports_listing: bool = True
 
     def __init__(self, storage: Storage, root: str) -> None:
         super().__init__(read_only=True)
@@ -238,8 +195,7 @@ class StorageStore(Store):
                 start = byte_range.offset
             return self.storage.get_range(path, start, size - start)
         except ObjectNotFoundError:
-            # Only metadata may be absent (zarr probes for it); every chunk is written,
-            # so a missing chunk is damage and must not read back as zeros.
+            # only metadata may be absent (zarr probes); a missing chunk is damage
             if key.rpartition("/")[2] in _METADATA_FILES:
                 return None
             raise
@@ -260,18 +216,6 @@ class StorageStore(Store):
 
     async def exists(self, key: str) -> bool:
         return self.storage.exists(self._path(key))
-
-    @property
-    def supports_writes(self) -> bool:
-        return False
-
-    @property
-    def supports_deletes(self) -> bool:
-        return False
-
-    @property
-    def supports_listing(self) -> bool:
-        return True
 
     async def set(self, key: str, value: Buffer) -> None:
         self._check_writable()
@@ -300,7 +244,6 @@ class StorageStore(Store):
 
 @contextmanager
 def _zarr_errors(where: str) -> Iterator[None]:
-    """zarr's and the codecs' errors as shardex errors naming the array."""
     try:
         yield
     except ShardexError:
@@ -330,8 +273,6 @@ class _Column:
 
 
 class ZarrDataset(ArrayDataset):
-    """A split of a ``zarr`` export: small arrays read on open, the others per sample."""
-
     def _load(self, shard: ShardInfo) -> Columns:
         options = self.config.shard_options.get("backend_options") or {}
         if options.get("image_codec", "none") != "none":
@@ -385,7 +326,7 @@ class ZarrBackend(ArrayBackend):
             raise ConfigError(f"zarr backend: image_quality {self.image_quality} is not in 1-100")
 
     def _serializer(self, spec: FieldSpec) -> Any:
-        """The image codec of a fixed field's array, or None for plain bytes + zstd."""
+        """A fixed field's image codec, or None (plain bytes + zstd)."""
         if self.image_codec == "none":
             return None
         image, channels = _image_channels(spec)
@@ -397,8 +338,6 @@ class ZarrBackend(ArrayBackend):
 
     def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
         if self.image_codec != "none" and not any(_image_channels(f)[0] for f in plan.fields):
-            # encoded images (bytes of varying sizes) are stored as they are: say so, not
-            # leave the user to find the option did nothing
             warnings.warn(
                 f"zarr backend: image_codec={self.image_codec} applies to fixed-shape uint8 "
                 f"pixel arrays (H, W[, C]), and split {plan.split!r} has none: its images "
@@ -412,21 +351,18 @@ class ZarrBackend(ArrayBackend):
     def join_runs(
         self, storage: Storage, stem: str, runs: list[Written], layout: Layout, num_samples: int
     ) -> Written:
-        """The split's group from its runs' parts, each array encoded a zarr shard at a
-        time (the rows of one shard read from the parts): the bytes :meth:`write_run`
-        writes for the joined columns, without holding them."""
         return self.write_run(storage, stem, part_columns(storage, runs), layout)
 
     def write_run(self, storage: Storage, stem: str, columns: Columns, layout: Layout) -> Written:
         nodes = _nodes(layout)
-        # Codecs first: a field the codec cannot store is refused before any file is written.
+        # codecs first: a field they cannot store is refused before any file is written
         codecs = {spec.column: self._serializer(spec) for spec in layout if is_fixed(spec)}
         samples = len(columns[f"{KEY_COLUMN}.offsets"]) - 1
         group: dict[str, Buffer] = {}
-        attributes = _attributes(nodes, layout, samples)
+        fields = [{**dataclasses.asdict(spec), "shape": list(spec.shape)} for spec in layout]
+        attributes = {"shardex": {"num_samples": samples, "columns": nodes, "fields": fields}}
         zarr.create_group(MemoryStore(group), zarr_format=3, attributes=attributes)
-        # Files go out in name order (the checksum's order): the group's zarr.json, and each
-        # array's files as one run, since "{node}/" prefixes never interleave.
+        # name order (the checksum's): "{node}/" prefixes never interleave
         blocks = sorted([("zarr.json", ""), *((f"{nodes[n]}/", n) for n in columns)])
         out = ArrayWriter(storage, stem, listed=True)
         for prefix, name in blocks:

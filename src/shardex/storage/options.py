@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import re
 from datetime import timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from shardex.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shardex.storage.batch import BatchPolicy
 
 SCHEMES: Final = ("s3://", "s3a://", "gs://", "az://", "abfs://", "abfss://", "http://", "https://")
 #: Every URL scheme a storage opens: the object stores' and ``memory://`` (tests).
@@ -70,8 +73,9 @@ _OPTION_NAMES: Final = {"endpoint_url": "endpoint", "region": "region"}
 #: request (see :func:`byte_size`), ``read_concurrency`` the ranged GETs of a batch in
 #: flight at once and ``hedge`` whether slow ones get a second request (:mod:`.batch`).
 _BATCH_OPTIONS: Final = frozenset({"coalesce_gap", "read_concurrency", "hedge"})
-_SHARDEX_OPTIONS: Final = frozenset({"endpoint_url", "region", "profile", "retry_timeout"})
-_SHARDEX_OPTIONS |= _BATCH_OPTIONS
+_SHARDEX_OPTIONS: Final = (
+    frozenset({"endpoint_url", "region", "profile", "retry_timeout"}) | _BATCH_OPTIONS
+)
 #: The default ``coalesce_gap`` of object storage: 0 still merges the reads of adjacent
 #: samples (a batch in shard order is one GET per run), and a uniformly random batch
 #: fetches no byte it did not ask for (64 KiB cost 3-5% more bytes for ~1% fewer GETs).
@@ -241,7 +245,7 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
             batch_policy({bare: value})
 
 
-def batch_policy(options: dict[str, Any]) -> Any:
+def batch_policy(options: dict[str, Any]) -> BatchPolicy:
     """The :class:`~shardex.storage.batch.BatchPolicy` of a store's options."""
     from shardex.storage.batch import DEFAULT_CONCURRENCY, BatchPolicy
 

@@ -1,7 +1,5 @@
-"""What every way of reading a split's tar shards shares (:class:`Access`): the index
-records and members rows, the checked way a sample is read and parsed, ranged batches,
-and telling an overwritten export from a damaged one. Ranged GETs read this way
-(:mod:`.ranged`); local shards add descriptors and fast paths (:mod:`.local`)."""
+"""What every way of reading a split's tar shards shares (:class:`Access`): the index,
+the checked read of a sample, ranged batches, and telling an overwrite from damage."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ if TYPE_CHECKING:  # numpy loads on first use: opening and reads need none
     from pathlib import Path
 
 
-# The process id, kept current by a fork hook: os.getpid() is a system call, too dear for
-# every read, and descriptors opened before a fork must not be shared with the child.
+# The pid, kept current by a fork hook: os.getpid() is too dear for every read.
 PROCESS = [os.getpid()]
 
 # Threads that read a dataset's first samples at once load its index-members.npy once.
@@ -52,9 +49,7 @@ if hasattr(os, "register_at_fork"):
 def check_sample_bytes(
     buf: bytes | memoryview, checksum: int, seed: int, number: int, offset: int, tar: str
 ) -> None:
-    """Raise ChecksumError unless ``buf``, read at ``offset`` of the shard ``tar``, is
-    sample ``number`` as exported (``checksum``: its index record's; ``seed``: see
-    :attr:`ShardDataset.seed`)."""
+    """Raise ChecksumError unless ``buf`` is sample ``number`` as exported."""
     if _xxh3(buf, number * seed) != checksum:
         raise ChecksumError(
             f"checksum mismatch for sample {number} at byte {offset} of {tar}: the bytes "
@@ -70,8 +65,7 @@ def cut(
     columns: list[tuple[str, int]],
     decode: bool,
 ) -> Sample:
-    """The sample at ``buf[start:]`` sliced by its (checked) index-members ``row``: one
-    copy per field, no tar header parsed."""
+    """The sample at ``buf[start:]`` sliced by its index-members ``row`` (no header parsed)."""
     sample: Sample = {}
     for name, j in columns:
         size = row[j + 1]
@@ -86,7 +80,7 @@ def cut(
 
 
 def parsed(buf: bytes, where: str, start: int, stop: int | None, decode: bool) -> Sample:
-    """The sample at ``buf[start:stop]`` parsed from its tar headers (raises FormatError)."""
+    """The sample at ``buf[start:stop]`` parsed from its tar headers."""
     key, fields = parse_sample(buf, where=where, start=start, stop=stop)
     sample = decode_fields(fields) if decode else cast(Sample, fields)
     sample["__key__"] = key
@@ -94,20 +88,16 @@ def parsed(buf: bytes, where: str, start: int, stop: int | None, decode: bool) -
 
 
 class Access:
-    """Reading one split's samples by their index records, the checked way: every read
-    bounded by config.yaml's shard sizes, checked against its checksum, then sliced by
-    its members row or parsed. Fetches bytes with ranged GETs; subclasses read local
-    shards (:meth:`_fetch`) and add fast paths in front of :meth:`get`."""
+    """A split's samples read the checked way: bounded by config.yaml's shard sizes,
+    checked, then sliced by members row or parsed. Subclasses add fast paths."""
 
     def __init__(self, ds: ReopenedDataset, info: SplitInfo) -> None:
-        """Read ``info``'s split for ``ds`` (its settings are copied: no reference to the
-        dataset is kept, so dropping it closes the shards at once)."""
+        # settings copied, no reference kept: dropping the dataset closes the shards
         storage, self.config, self.split = ds.storage, ds.config, ds.split
         self.storage, self.verify, self.decode = storage, ds.verify, ds.decode
         self.on_error, self.skipped = ds.on_error, ds.skipped
         assert info.index is not None  # the dataset checked
-        # Cached copies of remote index files are keyed by the shards' checksums, so a
-        # rewritten export never meets a stale index.
+        # remote index copies are keyed by the shards' checksums: never a stale index
         fp = self._fingerprint = "\n".join(s.checksum for s in info.shards)
         keys = info.index.keys
         self.index = SplitIndex(
@@ -120,9 +110,7 @@ class Access:
         self._first = list(accumulate((s.num_samples for s in info.shards), initial=0))
         self._n = info.num_samples
         self._unpack, self._raw = RECORD.unpack_from, self.index.raw
-        #: Where each sample's members lie (format version 3): reads slice the fields
-        #: out of the sample's bytes instead of parsing its tar headers. Loaded by the
-        #: first read, so that opening costs no request for it.
+        #: index-members.npy (format 3), loaded by the first read: opening costs no request.
         self.members: MemberIndex | None = None
         self._members_file = info.index.members
         self._pending = info.index.members is not None
@@ -130,7 +118,7 @@ class Access:
         self._columns: list[tuple[str, int]] = []
         self._mraw, self._msize = memoryview(b""), 0
         self._munpack: Callable[[memoryview, int], tuple[int, ...]] | None = None
-        # Format 2 seeds each sample's checksum with its number (0 x number: format 1).
+        # checksums are seeded with number * seed (format 1: unseeded)
         self.seed = 1 if checksum_seeds(self.config.format_version) else 0
         self._same_config: bytes | None = None
 
@@ -142,7 +130,7 @@ class Access:
         """Make the whole index local (Ranged reads it by pages)."""
 
     def _load_members(self) -> None:
-        """Map index-members.npy (on object storage: fetch it once, into the cache)."""
+        """Map index-members.npy (remote: fetched once into the cache)."""
         assert self._members_file is not None  # pending only when config.yaml names one
         with _LOADING[0]:
             if not self._pending:
@@ -157,12 +145,11 @@ class Access:
             self._munpack, self.members, self._pending = m.unpack, m, False
 
     def check_replaced(self, exc: ShardexError) -> None:
-        """Raise ExportReplacedError (from ``exc``) when config.yaml changed since the
-        dataset was opened: a missing file or bytes that fail their checksum then mean an
-        overwrite or append replaced the files this dataset reads, not damage."""
+        """Raise ExportReplacedError from ``exc`` when config.yaml changed since opening:
+        then a missing file or bad bytes mean an overwrite, not damage."""
         try:
             text = self.storage.get(CONFIG_FILE)
-            if text == self._same_config:  # seen before, and it was the opened config
+            if text == self._same_config:
                 return
             where = self.storage.join(CONFIG_FILE)
             changed = ExportConfig.from_yaml(text, where=where) != self.config
@@ -173,12 +160,11 @@ class Access:
                 f"export at {self.storage.uri} was replaced since it was opened; reopen it "
                 f"(the read failed with: {exc})"
             ) from exc
-        # Remembered so that skipping many damaged samples re-reads, but never re-parses.
+        # skipping many damaged samples re-reads config.yaml, but never re-parses it
         self._same_config = text
 
     def _read(self, shard: int, offset: int, length: int) -> bytes:
-        # The index is checked against the shard sizes of config.yaml on every read, so
-        # a damaged index cannot make a read leave its shard.
+        # checked on every read: a damaged index cannot make a read leave its shard
         if shard >= len(self._sizes):
             raise FormatError(
                 f"index entry names shard {shard} but split {self.split!r} has "
@@ -203,8 +189,7 @@ class Access:
     def check_sample(
         self, buf: bytes | memoryview, checksum: int, shard: int, offset: int, number: int
     ) -> None:
-        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported (read at
-        ``offset`` of shard number ``shard``; ``checksum`` is its index record's)."""
+        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported."""
         where = self.storage.join(self._paths[shard])
         check_sample_bytes(buf, checksum, self.seed, number, offset, where)
 
@@ -218,12 +203,9 @@ class Access:
     def _cut(
         self, buf: bytes | mmap.mmap, start: int, number: int, checksum: int, stop: int
     ) -> Sample | None:
-        """Sample ``number`` sliced out of ``buf[start:stop]`` (its bytes, already
-        checked against ``checksum``, its record's) by its row of ``index-members.npy``;
-        None when the row fails its check, says to parse, or (unverified) points outside
-        the sample: the caller goes the checked way. With ``verify`` the row is checked
-        first: its check is seeded with the sample's checksum, so only the row written for
-        these very bytes passes."""
+        """Sample ``number`` sliced out of its checked bytes by its members row; None
+        when the row fails its check (seeded with the sample's checksum), says to parse,
+        or points outside the sample: the caller then goes the checked way."""
         at = number * self._msize
         row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
         if self.verify:
@@ -236,8 +218,7 @@ class Access:
         return cut(buf, start, row, self._columns, self.decode)
 
     def _inside(self, row: tuple[int, ...], length: int) -> bool:
-        """Whether an unchecked row's key and fields lie inside a sample of ``length``
-        bytes (verify=False: a damaged row must not slice the shard's other bytes)."""
+        """Whether an unchecked row stays inside the sample (not slicing other bytes)."""
         if row[2] != ABSENT and row[1] + row[2] > length:
             return False
         for _, j in self._columns:  # a loop: all() over a generator cost ~0.4 us a sample
@@ -249,9 +230,7 @@ class Access:
     def _fields(
         self, buf: bytes, start: int, stop: int, shard: int, number: int, checksum: int
     ) -> Sample:
-        """Sample ``number`` out of ``buf[start:stop]`` (its checked bytes): sliced by its
-        index-members row, or parsed from its tar headers (exports before format 3, a row
-        that says to parse).
+        """Sample ``number`` from its checked bytes: sliced by its row, or parsed.
 
         Raises:
             FormatError: the row is damaged, or the tar headers are.
@@ -260,20 +239,15 @@ class Access:
             sample = self._cut(buf, start, number, checksum, stop)
             if sample is not None:
                 return sample
-            self._check_row(number, checksum)
+            at = number * self._msize
+            row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set with members
+            if _xxh3(self._mraw[at + 8 : at + self._msize], checksum) != row[0]:
+                raise FormatError(
+                    f"row {number} of {self.storage.join(self._members_file or '')} fails its "
+                    "check: the file is damaged, or was not written for these samples; "
+                    "`shardex verify` reports it, a re-export repairs it"
+                )
         return parsed(buf, self._paths[shard], start, stop, self.decode)
-
-    def _check_row(self, number: int, checksum: int) -> None:
-        """Raise FormatError if sample ``number``'s row of index-members.npy fails its check
-        (``checksum``: the sample's, which seeds it)."""
-        at, size = number * self._msize, self._msize
-        assert self._munpack is not None  # called with members only
-        if _xxh3(self._mraw[at + 8 : at + size], checksum) != self._munpack(self._mraw, at)[0]:
-            raise FormatError(
-                f"row {number} of {self.storage.join(self._members_file or '')} fails its "
-                "check: the file is damaged, or was not written for these samples; "
-                "`shardex verify` reports it, a re-export repairs it"
-            )
 
     def _sample(self, buf: bytes, checksum: int, shard: int, offset: int, number: int) -> Sample:
         if self.verify and _xxh3(buf, number * self.seed) != checksum:
@@ -281,8 +255,7 @@ class Access:
         return self._fields(buf, 0, len(buf), shard, number, checksum)
 
     def _number(self, index: int) -> int:
-        """A sample number from a negative ``index`` (counting from the end); raises
-        IndexError when out of range (``get``'s check, off its hot path)."""
+        """``index`` counted from the end, or IndexError (off the hot path)."""
         n = self._n
         if index < 0:
             index += n
@@ -291,7 +264,6 @@ class Access:
         return index
 
     def get(self, index: int) -> Sample:
-        """Sample number ``index`` (``ds[index]``)."""
         if not 0 <= index < self._n:
             index = self._number(index)
         if self._pending:
@@ -299,8 +271,7 @@ class Access:
         return self._checked(index, *self._unpack(self._raw, index * 24))
 
     def _checked(self, index: int, offset: int, checksum: int, shard: int, length: int) -> Sample:
-        """Sample ``index`` read and checked the checked way, which raises the error that
-        fits (ExportReplacedError when the export was overwritten since it was opened)."""
+        """Sample ``index`` read the checked way, which raises the error that fits."""
         try:
             return self._sample(self._read(shard, offset, length), checksum, shard, offset, index)
         except (FormatError, ObjectNotFoundError) as exc:
@@ -308,8 +279,7 @@ class Access:
             raise
 
     def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
-        """Samples in the order asked (see ``ShardDataset.get_many``), read in blocks:
-        reads sorted per shard, two merged when at most ``gap`` bytes apart."""
+        """Samples in the order asked, read in per-shard blocks merged across ``gap``."""
         if self._pending:
             self._load_members()
         import numpy as np  # here: a batch from object storage sorts its reads with it
@@ -350,7 +320,7 @@ class Access:
         return out  # type: ignore[return-value]
 
     def _read_blocks(self, blocks: list[tuple[int, int, int]]) -> list[bytes]:
-        """Read (shard, offset, length) blocks as one concurrent batch of ranged GETs."""
+        """(shard, offset, length) blocks as one concurrent batch of ranged GETs."""
         for shard, off, n in blocks:
             if off + n > self._sizes[shard]:
                 self._read(shard, off, n)  # raises the out-of-shard error
@@ -369,8 +339,7 @@ class Access:
     def _read_checked(
         self, shard: int, off: int, length: int, checksum: int, number: int
     ) -> Sample | None:
-        """A sample the fast way could not take, read and checked the checked way; None:
-        it was damaged and is skipped (on_error="skip")."""
+        """A sample read the checked way; None when damaged and skipped."""
         try:
             return self._sample(self._read(shard, off, length), checksum, shard, off, number)
         except FormatError as exc:
@@ -378,8 +347,7 @@ class Access:
             return None
 
     def _skip(self, number: int, exc: FormatError | ObjectNotFoundError) -> None:
-        """Raise, or (on_error="skip") record and log a damaged sample; a replaced export
-        is never skipped over (ExportReplacedError)."""
+        """Raise, or record and log a damaged sample (never a replaced export)."""
         self.check_replaced(exc)
         if self.on_error != "skip":
             raise exc

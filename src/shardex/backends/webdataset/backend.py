@@ -1,37 +1,19 @@
-"""The default backend: WebDataset tar shards + Parquet sidecars + a random-access index.
-
-Layout of a split ``S`` (see docs/format.md; ``layout="flat"``: the one split's files at
-the top level, without ``S/``)::
-
-    S/images-{hash}-000000.tar        plain POSIX tar, a sample's members consecutive
-    S/images-{hash}-000000.parquet    one row per sample: NeMo columns, metadata, byte range
-    S/images-{hash}-000000.idx        DALI's index of the tar's members (wds2idx format)
-    S/index-samples.npy               24 bytes per sample: offset, checksum, shard, length
-    S/index-keys.npy                  sorted key hashes -> sample number
-    S/index-members.npy               where each sample's members lie (format version 3)
-    S/shards.wids.json, S/shards.txt  the tars' names, for wids and webdataset (lists.py)
-"""
+"""The default backend: tar shards + Parquet sidecars + a random-access index (layout:
+docs/format.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ClassVar
 
-from shardex.backends.base import (
-    Backend,
-    Capabilities,
-    Check,
-    SplitPlan,
-    SplitWriter,
-    StoredSample,
-)
+from shardex.backends.base import Backend, Capabilities, Check, SplitPlan, SplitWriter, StoredSample
 from shardex.backends.webdataset.reader import ShardDataset
 from shardex.contract import ExportConfig, FieldSpec
 from shardex.dataset import Dataset, ReopenedDataset
 from shardex.errors import ShardexError
 from shardex.storage.base import Storage
 
-if TYPE_CHECKING:  # for writing only: opening an export imports none of these
+if TYPE_CHECKING:  # writing only
     import pyarrow as pa
 
     from shardex.backends.base import Ints
@@ -54,9 +36,9 @@ class WebDatasetBackend(Backend):
         flat_layout=True,
     )
     files: ClassVar[tuple[str, ...]] = (
-        # (no folder: the flat layout; see shardex.backends.ownership for when those count)
+        # (no folder: the flat layout)
         r"(?:[^/]+/)?images-[0-9a-f]+-\d{6}\.(?:tar|parquet|idx)",
-        # (".pending" names: the leftovers of shardex versions that renamed after committing)
+        # (".pending": left by versions that renamed after committing)
         r"(?:[^/]+/)?index-(?:samples|keys|members)(?:\.pending|\.2)?\.npy",
         r"(?:[^/]+/)?shards\.(?:wids\.json|txt)",
     )
@@ -73,14 +55,13 @@ class WebDatasetBackend(Backend):
     ) -> str | None:
         from shardex.backends.webdataset.lists import LIST_FILE, WIDS_FILE
 
-        # wids and webdataset parse their argument as a URL: "#" or "?" in a path cuts it
+        # wids and webdataset parse a URL: "#" or "?" would cut the path
         if not config.split(split).shards or "#" in location or "?" in location:
             return None
         folder = f"{location}/{config.split_prefix(split)}"
         if _longest_member(storage, config, split) <= 100:
             return f"wids.ShardListDataset({folder + WIDS_FILE!r})"
-        # wids reads ustar's 100-byte name field alone (no GNU long name, no prefix):
-        # webdataset reads the tars with tarfile, which applies them
+        # wids reads only ustar's 100-byte name field; webdataset (tarfile) reads long names
         if "://" in location:  # a URL needs webdataset's "pipe:" commands
             return None
         return (
@@ -97,7 +78,6 @@ class WebDatasetBackend(Backend):
     def verify_split(
         self, storage: Storage, config: ExportConfig, split: str, check: Check
     ) -> None:
-        # imported here: it loads pyarrow, which opening an export does not need
         from shardex.backends.webdataset.verify import verify_split
 
         verify_split(storage, config, split, check.report, check.deep, check.bar)
@@ -105,7 +85,7 @@ class WebDatasetBackend(Backend):
     def stored_samples(
         self, dataset: Dataset, key: Callable[[int], str], runner: MapRunner | None = None
     ) -> Iterator[StoredSample] | None:
-        assert isinstance(dataset, ShardDataset)  # what open() builds
+        assert isinstance(dataset, ShardDataset)
         from shardex.backends.webdataset.stored import stored_samples
 
         return stored_samples(dataset, key, runner)
@@ -113,20 +93,18 @@ class WebDatasetBackend(Backend):
     def sample_sizes(
         self, rows: pa.Table, members: Members, member_rows: Ints, *, with_label: bool
     ) -> Ints:
-        """Tar bytes: headers, data and padding of each member."""
-        from shardex.backends.webdataset.layout import tar_sizes  # writing code
+        from shardex.backends.webdataset.layout import tar_sizes
 
         return tar_sizes(rows, members, member_rows, with_label=with_label)
 
     def split_writer(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> SplitWriter:
-        from shardex.backends.webdataset.split import TarSplit  # writing code
+        from shardex.backends.webdataset.split import TarSplit
 
         return TarSplit(storage, plan, remote=remote)
 
 
 def _longest_member(storage: Storage, config: ExportConfig, split: str) -> int:
-    """The longest tar member name of a split, in bytes, at most (its longest key, a dot
-    and its longest extension); past any name's length where the metadata is unreadable."""
+    """An upper bound on a split's tar member names' length in bytes."""
     import pyarrow.compute as pc
 
     from shardex.backends.metadata import read_metadata

@@ -1,21 +1,16 @@
-"""A split's random-access index (``index-samples.npy``, ``index-keys.npy``,
-``index-members.npy``; the format is
-:mod:`shardex.format.index`'s) built as shards complete, in memory that does not grow
-with the split: records are appended to local scratch and streamed out under their
-``.npy`` header, and the key table is sorted from hash runs (:mod:`shardex.format.runs`)
-merged run by run. The files written are byte for byte those of ``np.save`` of the
-whole arrays.
-"""
+"""A split's index files built as shards complete, in flat memory: records go to local
+scratch and stream out under their ``.npy`` header, keys are merged from sorted runs. The
+bytes are those of ``np.save`` of the whole arrays."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import BinaryIO, Final
 
 import numpy as np
 import numpy.typing as npt
 
+from shardex.backends.array_files import npy_header_bytes
 from shardex.format.index import (
     SAMPLE_DTYPE,
     MemberSpans,
@@ -31,17 +26,8 @@ _KEY: Final = np.dtype([("h", "<u8"), ("sample", "<u8")])
 _COPY: Final = 1 << 20
 
 
-def npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` header that ``np.save`` writes for an array of this dtype and shape."""
-    out = io.BytesIO()
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_1_0(out, header)
-    return out.getvalue()
-
-
 class IndexSink:
-    """Collects a split's index records in sample order; :meth:`put` writes both files.
-    Use as a context manager: its scratch space goes whatever happens."""
+    """A split's index records in sample order (a context manager: scratch goes with it)."""
 
     def __init__(self) -> None:
         self._scratch = scratch("index")
@@ -51,7 +37,6 @@ class IndexSink:
         self._keys = HashRuns(folder, "keys", _KEY, 0)  # in files: memory flat locally
         self._folder: Path = folder
         self.num_samples = 0
-        #: Each shard's member spans: their extensions, and their rows on scratch.
         self._members: list[tuple[tuple[str, ...], Path, int]] = []
 
     def __enter__(self) -> IndexSink:
@@ -66,7 +51,6 @@ class IndexSink:
         self._scratch.__exit__(None, None, None)
 
     def add(self, records: npt.NDArray[np.void], key_hashes: npt.NDArray[np.uint64]) -> None:
-        """The next samples' records (:data:`SAMPLE_DTYPE`) and key hashes."""
         keys = np.empty(len(key_hashes), _KEY)
         keys["h"] = key_hashes
         keys["sample"] = np.arange(self.num_samples, self.num_samples + len(key_hashes))
@@ -75,8 +59,7 @@ class IndexSink:
         self.num_samples += len(records)
 
     def add_members(self, spans: MemberSpans, checksums: npt.NDArray[np.uint64]) -> None:
-        """The next samples' member spans (``index-members.npy``) and the samples'
-        checksums (which seed the rows' checks), kept on scratch."""
+        """The next samples' member spans and checksums (which seed the rows' checks)."""
         path = self._folder / f"members-{len(self._members)}.bin"
         with open(path, "wb") as f:
             f.write(np.ascontiguousarray(checksums, np.uint64).tobytes())
@@ -84,15 +67,14 @@ class IndexSink:
         self._members.append((spans.exts, path, len(spans.spans)))
 
     def member_columns(self) -> list[str]:
-        """The columns ``index-members.npy`` gets for the spans added so far."""
         return member_columns([exts for exts, _, _ in self._members])
 
     def put_members(self, storage: Storage, members_path: str) -> None:
-        """Write ``index-members.npy`` (atomically) from the spans added, part by part."""
+        """Write ``index-members.npy`` part by part."""
         exts = self.member_columns()
         total = sum(n for _, _, n in self._members)
         with storage.open_writer(members_path) as out:
-            out.write(npy_header(members_dtype(exts), (total,)))
+            out.write(npy_header_bytes(members_dtype(exts), (total,)))
             for part_exts, path, n in self._members:
                 raw = np.fromfile(path, np.uint8)
                 checksums = raw[: 8 * n].view(np.uint64)
@@ -105,13 +87,13 @@ class IndexSink:
         self._samples.close()
         n = self.num_samples
         with storage.open_writer(samples_path) as out, open(self._samples_path, "rb") as f:
-            out.write(npy_header(SAMPLE_DTYPE, (n,)))
+            out.write(npy_header_bytes(SAMPLE_DTYPE, (n,)))
             while chunk := f.read(_COPY):
                 out.write(chunk)
         samples = self._folder / "key-samples.bin"
         with storage.open_writer(keys_path) as out, open(samples, "wb") as rows:
-            out.write(npy_header(np.dtype(np.uint64), (2, n)))
-            for run in self._keys.sorted_runs():  # row 0: the hashes, sorted
+            out.write(npy_header_bytes(np.dtype(np.uint64), (2, n)))
+            for run in self._keys.sorted_runs():  # row 0: sorted hashes
                 out.write(np.ascontiguousarray(run["h"]).tobytes())
                 rows.write(np.ascontiguousarray(run["sample"]).tobytes())
             rows.close()

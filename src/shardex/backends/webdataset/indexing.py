@@ -1,10 +1,5 @@
-"""A split's index files (``index-samples.npy``, ``index-keys.npy``,
-``index-members.npy``) built from its shards as they complete: in this process from the
-shards' records (:class:`IndexOut`), or, when shards are written by tasks on other
-machines, by one task that reads the parts those tasks staged in the output
-(:func:`merge_index`; :class:`StageShard` is what a shard task runs). Either way the
-files are byte for byte the same.
-"""
+"""A split's index files from its shards' records: here (:class:`IndexOut`), or by one
+task from parts remote shard tasks staged (:func:`merge_index`); the same bytes either way."""
 
 from __future__ import annotations
 
@@ -36,9 +31,8 @@ from shardex.storage.staging import put_part, read_parts
 
 
 class IndexOut:
-    """A split's index records, key hashes and member spans, collected shard by shard
-    after the committed split's (when appending); :meth:`put` writes the files. Use as a
-    context manager: its scratch space goes whatever happens."""
+    """A split's index, collected shard by shard after the committed split's (appending).
+    A context manager: its scratch goes with it."""
 
     def __init__(self, storage: Storage, before: SplitInfo | None, format_version: int) -> None:
         self._sink = IndexSink()
@@ -51,7 +45,6 @@ class IndexOut:
         except BaseException:
             self._sink.close()
             raise
-        #: False once the split gets no ``index-members.npy`` (see :func:`_members_of`).
         self.members = members is not None
 
     def __enter__(self) -> IndexOut:
@@ -73,17 +66,15 @@ class IndexOut:
         key_hashes: npt.NDArray[np.uint64],
         spans: MemberSpans | None,
     ) -> None:
-        """The samples of the split's shard number ``shard``."""
         number = np.full(len(offsets), shard, np.uint32)
         self._sink.add(build_samples(number, offsets, lengths, checksums), key_hashes)
         if spans is None:
-            self.members = False  # more extensions than rows have columns for
+            self.members = False  # too many extensions for a row
         elif self.members:
             self._sink.add_members(spans, checksums)
 
     def put(self, storage: Storage, index: IndexInfo) -> bool:
-        """Write the files (``index-members.npy`` only where the split gets one, which is
-        returned: reads parse the headers past :data:`MAX_MEMBER_COLUMNS` columns)."""
+        """Write the files; return whether ``index-members.npy`` was among them."""
         members = self.members and len(self._sink.member_columns()) <= MAX_MEMBER_COLUMNS
         self._sink.put(storage, index.samples, index.keys)
         if members and index.members is not None:
@@ -93,9 +84,7 @@ class IndexOut:
 
 @dataclass(frozen=True, slots=True)
 class StagedShard(ShardWritten):
-    """What a shard task on another machine returns: the shard's files and checksums,
-    and where its metadata rows and index arrays are staged (``part``, None where it
-    wrote no sample); its arrays and rows are empty."""
+    """A remote shard task's result: files and checksums, and the staged ``part``."""
 
     count: int = 0
     part: str | None = None
@@ -110,8 +99,7 @@ _EMPTY_U64 = np.zeros(0, np.uint64)
 
 @dataclass(frozen=True, slots=True)
 class StageShard:
-    """Write a shard (:func:`write_shard`), stage its rows and arrays under ``staging``,
-    and return only a :class:`StagedShard`."""
+    """Write a shard, stage its rows and arrays under ``staging``, return a :class:`StagedShard`."""
 
     staging: str
 
@@ -150,7 +138,7 @@ class StageShard:
 
 @dataclass(frozen=True, slots=True)
 class IndexJob:
-    """A split's index files from its staged parts: ``parts`` are (shard number, part)."""
+    """A split's index files from its staged (shard number, part) ``parts``."""
 
     storage: Storage
     before: SplitInfo | None
@@ -160,8 +148,7 @@ class IndexJob:
 
 
 def merge_index(job: IndexJob) -> tuple[int, bool]:
-    """Write the job's index files (a part in memory at a time); the samples they index,
-    and whether ``index-members.npy`` was written."""
+    """Write the job's index files, a part at a time; (samples, members written)."""
     with (
         read_parts(job.storage, (name for _, name in job.parts), table=False) as parts,
         IndexOut(job.storage, job.before, job.format_version) as out,
@@ -183,10 +170,8 @@ def with_members(index: IndexInfo, members: bool) -> IndexInfo:
 def _members_of(
     storage: Storage, before: SplitInfo | None, format_version: int
 ) -> list[tuple[MemberSpans, npt.NDArray[np.uint64]]] | None:
-    """The member spans (with their samples' checksums) to extend with each written
-    shard's: the committed split's, or none yet; None where the split gets no
-    ``index-members.npy`` (format versions before 3, and an append to a split written
-    without one)."""
+    """The committed member spans and checksums to extend ([] if none yet); None where
+    the split gets no ``index-members.npy`` (format < 3, or appending to one without)."""
     if format_version < MEMBERS_VERSION:
         return None
     if before is None or before.index is None:
@@ -202,8 +187,7 @@ def _members_of(
             f"{storage.join(before.index.samples)}: expected {before.num_samples} records of "
             f"{SAMPLE_DTYPE}, found {records.dtype} {records.shape}"
         )
-    # The new file seals every row again: a damaged row carried over would pass its new
-    # check, and reads would slice wrong fields out of good bytes without an error.
+    # rows are sealed again: a damaged row carried over would pass its new check
     bad = first_damaged_row(rows, records["checksum"])
     if bad is not None:
         raise FormatError(
@@ -215,8 +199,8 @@ def _members_of(
 
 
 def _load_npy(storage: Storage, path: str, what: str) -> npt.NDArray[Any]:
-    """A committed ``.npy`` file read whole; a hostile header is a one-line FormatError."""
-    data = storage.get(path)  # its storage errors stay storage errors
+    """A committed ``.npy`` file; a hostile header is a one-line FormatError."""
+    data = storage.get(path)
     try:
         return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
     except Exception as exc:  # numpy raises what it meets: ValueError, TokenError, ...
@@ -226,9 +210,8 @@ def _load_npy(storage: Storage, path: str, what: str) -> npt.NDArray[Any]:
 def _old_index(
     storage: Storage, index: IndexInfo
 ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
-    """The committed records of a split, and its key hashes in sample order. Files that
-    do not hold one record and one key per sample are refused: the append would carry
-    them into the new index (a hostile header must not become a huge allocation)."""
+    """The committed records and key hashes in sample order, refused unless one of each
+    per sample (an append would carry damage into the new index)."""
     where = storage.join(index.keys)
     samples = _load_npy(storage, index.samples, "sample index")
     table = _load_npy(storage, index.keys, "key index")

@@ -1,13 +1,9 @@
 """The tar layout of a shard's candidates, built for all of them at once with numpy.
 
-Every byte of the shard that is not a source member's own bytes (headers, padding, the
-members the writer adds: ``KEY.cls``, ``KEY.json``) is laid out in one zeroed buffer, the
-*skeleton*, in tar order, with one change: the padding after a source member ends a
-512-byte block of its own, so that every header starts on a block boundary there and
-the headers go in as rows of one ``(n, 512)`` array. The tar is then the skeleton's runs
-between source members, interleaved with the members' own buffers: a shard of JPEGs
-with labels is two pieces per sample (the image; its padding, its label member and the
-next sample's header), taken as views, never copied.
+Every byte that is not a source member's (headers, padding, ``KEY.cls``, ``KEY.json``) is
+laid out in one zeroed *skeleton*, where each header starts a block (so headers go in as
+rows of one ``(n, 512)`` array). The tar is then skeleton runs interleaved with the
+members' own buffers, taken as views, never copied.
 """
 
 from __future__ import annotations
@@ -28,20 +24,14 @@ from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members
 Ints = npt.NDArray[np.int64]
 Bytes = npt.NDArray[np.uint8]
 
-#: The bytes C++ ``isspace()`` takes for separators (see shardex.format.dali_index).
-_WHITESPACE: Final = np.frombuffer(b" \t\n\v\f\r", np.uint8)
-
-
-#: Skeletons up to this size reuse one buffer per thread (no page faults on fresh memory).
 _REUSED_BYTES: Final = 16 << 20
 _scratch = threading.local()
 
 
 def zeroed(size: int) -> Bytes:
-    """``size`` zero bytes to write into: a thread's buffer, reused from one shard to the
-    next while no view of it is left (a bytearray that views hold cannot be resized:
-    that is the test), else fresh memory. On a busy machine the page faults of fresh
-    memory cost more than building the skeleton."""
+    """``size`` zero bytes: the thread's buffer when no view of it is left (a held
+    bytearray cannot resize: the test), else fresh memory. Fresh memory's page faults
+    cost more than building the skeleton."""
     buf: bytearray | None = getattr(_scratch, "buf", None)
     if size > _REUSED_BYTES:
         return np.zeros(size, np.uint8)
@@ -60,15 +50,14 @@ def zeroed(size: int) -> Bytes:
 
 
 def spread(starts: Ints, lengths: Ints) -> Ints:
-    """The positions ``starts[i] + 0 .. starts[i] + lengths[i] - 1`` of every ``i``, back
-    to back (a ragged arange: gathers and scatters of many short runs in one call)."""
+    """A ragged arange: ``starts[i] .. starts[i] + lengths[i]`` of every ``i``, back to back."""
     ends = np.cumsum(lengths)
     total = int(ends[-1]) if len(ends) else 0
     return np.arange(total, dtype=np.int64) - np.repeat(ends - lengths - starts, lengths)
 
 
 def binary_buffers(values: pa.Array) -> tuple[Bytes, Ints]:
-    """The bytes and the ``len + 1`` offsets of a large_binary or large_string array."""
+    """The bytes and offsets of a large_binary or large_string array."""
     n = len(values)
     buffers = values.buffers()
     if buffers[1] is None:
@@ -79,7 +68,7 @@ def binary_buffers(values: pa.Array) -> tuple[Bytes, Ints]:
 
 
 def string_array(data: Bytes, offsets: Ints) -> pa.Array:
-    """A large_string array over UTF-8 bytes and offsets (no Python object per value)."""
+    """A large_string array over UTF-8 bytes and offsets."""
     n = len(offsets) - 1
     return pa.Array.from_buffers(
         pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
@@ -87,7 +76,7 @@ def string_array(data: Bytes, offsets: Ints) -> pa.Array:
 
 
 def gathered(data: Bytes, offsets: Ints, which: Ints) -> tuple[Bytes, Ints]:
-    """The values ``which`` of ``(data, offsets)``, back to back, with their offsets."""
+    """The values ``which`` of ``(data, offsets)``, back to back."""
     lengths = offsets[which + 1] - offsets[which]
     out = np.zeros(len(which) + 1, np.int64)
     np.cumsum(lengths, out=out[1:])
@@ -95,16 +84,13 @@ def gathered(data: Bytes, offsets: Ints, which: Ints) -> tuple[Bytes, Ints]:
 
 
 def int_array(values: npt.NDArray[Any], kind: pa.DataType) -> pa.Array:
-    """A primitive Arrow array over a numpy array's memory (``values`` already of the
-    matching dtype): ``pa.array`` would import pandas to look for pandas objects."""
+    """An Arrow array over a numpy array's memory (``pa.array`` would import pandas)."""
     values = np.ascontiguousarray(values)
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
 def member_bytes(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A column's values as member bytes (large_binary; null: no member): bytes as they
-    are, text as UTF-8, integers as their ASCII digits, anything else as ``str()``
-    writes it (one Python call per value only there)."""
+    """A column as member bytes (null: no member): bytes, UTF-8, digits, else ``str()``."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     kind = values.type
@@ -122,8 +108,7 @@ def member_bytes(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def _extra_columns(rows: pa.Table, with_label: bool) -> list[tuple[str, pa.Array]]:
-    """The members the writer adds after a sample's own (``KEY.cls``, then
-    ``KEY.json``): their extension and bytes per candidate (null: no member)."""
+    """The members the writer adds (``cls``, ``json``) and their bytes per candidate."""
     out: list[tuple[str, pa.Array]] = []
     if with_label:
         out.append((LABEL_FIELD, member_bytes(rows.column("label"))))
@@ -133,9 +118,8 @@ def _extra_columns(rows: pa.Table, with_label: bool) -> list[tuple[str, pa.Array
 
 
 class ShardLayout:
-    """The tar members of a shard's candidates (``rows`` of a job; candidate ``i``'s
-    source members are those of sample ``member_rows[i]`` of ``members``): names,
-    headers, sizes and positions as arrays over every member, and the skeleton."""
+    """The tar members of a shard's candidates as arrays over every member, and the
+    skeleton."""
 
     def __init__(self, candidates: Candidates, with_label: bool) -> None:
         rows, m, member_rows = candidates.rows, candidates.members, candidates.member_rows
@@ -180,13 +164,11 @@ class ShardLayout:
         self._skeleton(placed)
         image = np.array([e.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for e in names], bool)
         self.is_image = image[codes] & own if total else np.zeros(0, bool)
-        #: The source members in tar order, and where each candidate's begin among them.
         self.own_members = np.flatnonzero(own)
         self.own_from = np.searchsorted(self.own_members, firsts)
         self._lists: tuple[list[int], ...] | None = None
 
     def _names(self, codes: Ints, owner: Ints) -> None:
-        """Each member's name ``KEY.EXT``, as UTF-8 bytes back to back."""
         ext_raw = [e.encode() for e in self.ext_names]
         ext_len = np.array([len(e) for e in ext_raw], np.int64)
         ext_data = np.frombuffer(b"".join(ext_raw), np.uint8)
@@ -228,13 +210,10 @@ class ShardLayout:
             skeleton[spread(bstart[where] * BLOCK + hlen[where], size)] = data[spread(start, size)]
         self.skeleton = skeleton
         self.view: memoryview = skeleton.data
-        #: Skeleton positions: the block where each member (and each candidate) starts,
-        #: its header's end, and where a source member's padding starts.
+        #: Skeleton positions of each member's block, header end and padding.
         self.block_start = bstart
         self.header_end = bstart[:-1] * BLOCK + hlen
         self.pad_start = bstart[1:] * BLOCK - pad
-        #: Tar positions: each member's data from its sample's first byte, and each
-        #: candidate's bytes (headers, data, padding).
         length = hlen + sizes + pad
         before = np.zeros(self.total + 1, np.int64)
         np.cumsum(length, out=before[1:])
@@ -244,10 +223,9 @@ class ShardLayout:
         self.sample_bytes = before[firsts[1:]] - before[firsts[:-1]]
 
     def pieces(self, i: int) -> list[memoryview | int]:
-        """Candidate ``i``'s tar bytes as the writer puts them out: skeleton runs between
-        its source members, which stand as their numbers in ``members`` (``~j`` for an
-        image, which is checked as it is read)."""
-        if self._lists is None:  # Python lists once: the sample-by-sample loop's lookups
+        """Candidate ``i``'s tar bytes: skeleton runs between its source members' numbers
+        (``~j`` for an image)."""
+        if self._lists is None:  # Python lists once, for the per-sample loop
             self._lists = (
                 self.firsts.tolist(),
                 (self.block_start * BLOCK).tolist(),
@@ -275,7 +253,7 @@ class ShardLayout:
         return str(self.key_texts[i].as_py())
 
     def names_of(self, members: Ints) -> pa.Array:
-        """The names of the given members (-1: an empty name) as a string array."""
+        """The members' names (-1: empty) as a string array."""
         which = np.maximum(members, 0)
         lengths = np.where(members >= 0, self.name_len[which], 0)
         offsets = np.zeros(len(members) + 1, np.int64)
@@ -283,16 +261,11 @@ class ShardLayout:
         data = self.name_data[spread(self.name_offsets[which], lengths)]
         return string_array(data, offsets).cast(pa.string())
 
-    def names_have_whitespace(self, members: Ints) -> bool:
-        data, _ = gathered(self.name_data, self.name_offsets, members)
-        return bool(np.isin(data, _WHITESPACE).any())
-
 
 def tar_sizes(
     rows: pa.Table, members: Members, member_rows: npt.NDArray[np.int64], *, with_label: bool
 ) -> npt.NDArray[np.int64]:
-    """Exact tar bytes of each sample (headers, data, padding) before it is written:
-    computed over all samples at once from member sizes and name lengths."""
+    """Exact tar bytes of each sample before it is written, all samples at once."""
     n = rows.num_rows
     keys = rows.column("key")
     key_len = pc.binary_length(keys).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -327,8 +300,7 @@ def _header_bytes(
     flat: npt.NDArray[np.int64] | None = None,
     members: Members | None = None,
 ) -> npt.NDArray[np.int64]:
-    """Header bytes before each member's data: one block, more for the rare names past
-    ustar's 100 bytes (computed one by one)."""
+    """Header bytes of each member: one block, more for names past ustar's 100 bytes."""
     out = np.full(len(name_len), BLOCK, np.int64)
     for t in np.flatnonzero(name_len > 100).tolist():
         i = t if owner is None else int(owner[t])

@@ -1,13 +1,5 @@
-"""Shard lists of a split, for readers that take a list of tars instead of a glob::
-
-    S/shards.wids.json    wids' shard index: wids.ShardListDataset("out/S/shards.wids.json")
-    S/shards.txt          one tar name per line, for webdataset.WebDataset([...])
-
-Both name the tars relative to their own folder (wids resolves a relative ``url`` against
-the folder of the JSON file it loaded), so an export that is moved or copied, locally or to
-object storage, keeps working lists. They follow from config.yaml alone, and the engine
-writes them around the commit (:func:`shardex.engine.commit.commit`).
-"""
+"""A split's shard lists for wids (``shards.wids.json``) and webdataset (``shards.txt``),
+naming tars relative to their folder so a moved export keeps working lists."""
 
 from __future__ import annotations
 
@@ -16,15 +8,12 @@ from typing import Final
 
 from shardex.contract import ExportConfig
 
-#: wids' shard index (the ``wids-shard-index-v1`` format its ``widsindex`` tool writes).
-WIDS_FILE: Final = "shards.wids.json"
-#: The tar names, one a line.
+WIDS_FILE: Final = "shards.wids.json"  # wids-shard-index-v1, as widsindex writes
 LIST_FILE: Final = "shards.txt"
 
 
 def shard_lists(config: ExportConfig, split: str) -> dict[str, bytes]:
-    """``{prefix}shards.wids.json`` and ``{prefix}shards.txt`` of a split (none for a split
-    without shards: wids refuses an empty list)."""
+    """A split's two list files (none without shards: wids refuses an empty list)."""
     prefix = config.split_prefix(split)
     shards = config.split(split).shards
     if not shards:

@@ -1,6 +1,5 @@
-"""Local shards: read with one ``pread`` a sample (:class:`Pread`, exports before format
-3), or mapped, each sample checked in place and its fields sliced out of the mapping
-(:class:`Mapped`, format 3: no system call, one copy a field)."""
+"""Local shards: one ``pread`` a sample (:class:`Pread`, before format 3), or mapped and
+sliced by members rows (:class:`Mapped`: no system call, one copy a field)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import mmap
 import os
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xxhash import xxh3_64_intdigest as _xxh3
 
@@ -18,9 +17,6 @@ from shardex.codecs.fields import decode_fields
 from shardex.dataset import Sample
 from shardex.errors import FormatError, ObjectNotFoundError, ShardexError, StorageError
 from shardex.format.mapped import ABSENT
-
-if TYPE_CHECKING:
-    pass
 
 _pread = os.pread
 
@@ -35,26 +31,22 @@ def _close_descriptors(fds: list[int | None], owner: list[int]) -> None:
 
 
 class Pread(Access):
-    """Local shards, each opened once per process; a sample is one ``pread`` parsed from
-    its tar headers, iteration one ``pread`` of ``read_chunk`` bytes for many samples."""
+    """Local shards opened once per process; a sample is one ``pread``, parsed."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         count = self._count = len(self._paths)
         self._files = [str(self.storage.local_path(p)) for p in self._paths]
         self._fds: list[int | None] = [None] * count
-        # Plain ints that nothing else closes (a loop opening datasets ran out of them):
-        # closed when the reader goes or at exit (a __del__ at interpreter shutdown finds
-        # the module globals gone); a pickled copy reopens its own, a fork leaves them.
-        self._owner = [os.getpid()]  # the process whose descriptors _fds holds
+        # Closed by a finalizer (a __del__ at shutdown finds the globals gone): a loop
+        # opening datasets ran out of descriptors. A fork leaves the parent's alone.
+        self._owner = [os.getpid()]
         weakref.finalize(self, _close_descriptors, self._fds, self._owner)
-        #: Each open shard mapped (Mapped), or None.
         self._maps: list[mmap.mmap | None] = [None] * count
         self._views: list[memoryview | None] = [None] * count
         self._pid = PROCESS[0]
 
     def _open(self, shard: int) -> int:
-        """The descriptor of a shard (opened once per process)."""
         if self._pid != PROCESS[0]:  # forked: descriptors are per process
             self._fds[:] = [None] * self._count
             self._pid = self._owner[0] = PROCESS[0]
@@ -75,7 +67,7 @@ class Pread(Access):
         return fd
 
     def _map(self, shard: int, fd: int) -> None:
-        """Map an opened shard (Mapped); here its samples are parsed from a pread's bytes."""
+        """Map an opened shard (:class:`Mapped` does)."""
 
     def _fetch(self, shard: int, offset: int, length: int) -> bytes:
         fd = self._fds[shard] if self._pid == PROCESS[0] else None
@@ -85,8 +77,7 @@ class Pread(Access):
         return [self._read(shard, off, n) for shard, off, n in blocks]
 
     def get(self, index: int) -> Sample:
-        """Sample ``index`` the short way (an open shard, a whole read, good checksum and
-        headers), else the checked way, which raises the error that fits."""
+        """Sample ``index`` the short way, else the checked way (which raises)."""
         if not 0 <= index < self._n:
             index = self._number(index)
         offset, checksum, shard, length = self._unpack(self._raw, index * 24)
@@ -106,13 +97,11 @@ class Pread(Access):
     def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
         if gap:
             return super().get_many(indices, gap)
-        # ds[i] per sample: each read verified and parsed while its bytes are in the CPU
-        # cache; gathering the records with numpy first measured ~15 % slower
+        # ds[i] per sample, parsed while in the CPU cache: numpy gathering was ~15 % slower
         get, tolist = self.get, getattr(indices, "tolist", None)  # numpy: its ints
         return [get(int(i)) for i in (tolist() if tolist is not None else indices)]
 
     def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
-        """Samples in shard order, read sample by sample (the kernel reads ahead)."""
         if self._pending:
             self._load_members()
         for shard in range(self._count):
@@ -126,10 +115,8 @@ class Pread(Access):
             yield from self._shard(shard, lo, hi, read_chunk)
 
     def _shard(self, shard: int, first: int, end: int, chunk: int) -> Iterator[Sample]:
-        """Samples ``first`` to ``end`` (excluded) of an open shard, read ``chunk`` bytes
-        at a time and parsed in place: one system call and no copy per sample. A sample
-        that fails any check is read again the checked way, which raises (or skips) with
-        the error of ``ds[i]``."""
+        """Samples ``first .. end`` of an open shard, read ``chunk`` bytes at a time and
+        parsed in place; one that fails a check goes the checked way."""
         ranges = [(off, n, checksum) for off, checksum, _, n in self.index.records(first, end)]
         fd, size, where = self._fds[shard], self._sizes[shard], self._paths[shard]
         seed, verify, decode = self.seed, self.verify, self.decode
@@ -159,18 +146,13 @@ class Pread(Access):
 
 
 class Mapped(Pread):
-    """Local shards of format 3, each mapped when opened: ``ds[i]`` checks the sample in
-    place and slices its fields out of the mapping by its index-members row (no system
-    call, one copy a field). A shard that cannot be mapped is read as :class:`Pread`
-    reads, with its fields sliced by the rows all the same."""
+    """Local format-3 shards, mapped: ``ds[i]`` checks in place and slices by its row.
+    A shard that cannot be mapped is read as :class:`Pread` reads."""
 
     def _map(self, shard: int, fd: int) -> None:
-        """Map an opened shard when it holds at least the bytes config.yaml lists: a
-        shorter one is read with ``pread``, which raises the error that names it. shardex
-        never changes a written file in place (writes go to a temporary name, then
-        rename), so a mapping stays valid after an overwrite; a shard truncated in place
-        by something else while mapped ends the process with SIGBUS, as a mapped index
-        file always could."""
+        """Map a shard holding at least its listed bytes (a short one is preaded, which
+        names the error). shardex never writes a file in place, so a mapping survives
+        an overwrite; truncation by something else means SIGBUS."""
         size = self._sizes[shard]
         try:
             if size == 0 or os.fstat(fd).st_size < size:
@@ -190,9 +172,7 @@ class Mapped(Pread):
             view = self._views[shard]
             stop = offset + length
             if view is not None and stop <= self._sizes[shard]:
-                # The sample checked in place, its row checked (seeded with the sample's
-                # checksum), its fields sliced out of the mapping: cut() inlined, as the
-                # call and its attribute loads cost ~0.25 us a sample (5 % of a read).
+                # cut() inlined: the call cost ~0.25 us a sample (5 % of a read)
                 at = index * self._msize
                 row = self._munpack(self._mraw, at)  # type: ignore[misc]  # set by the load
                 key_len = row[2]
@@ -229,17 +209,14 @@ class Mapped(Pread):
         return self._mapped_shard(shard, first, end)
 
     def _mapped_shard(self, shard: int, first: int, end: int) -> Iterator[Sample]:
-        """Samples ``first`` to ``end`` (excluded) of a mapped shard, in one pass over
-        their records and members rows: what ``ds[i]`` does, inlined without its
-        per-call work. A sample that fails a check, or whose row says to parse, goes the
-        checked way."""
+        """Samples ``first .. end`` of a mapped shard: ``ds[i]`` inlined, in one pass."""
         mapped, view, size = self._maps[shard], self._views[shard], self._sizes[shard]
         assert mapped is not None  # called for mapped shards only
         assert view is not None
         assert self.members is not None
         seed, verify, decode, inside = self.seed, self.verify, self.decode, self._inside
         mraw, msize, columns = self._mraw, self._msize, self._columns
-        at = first * msize + 8 - msize  # the checked part of the row: [at, at + msize - 8)
+        at = first * msize + 8 - msize  # a row's checked part: [at, at + msize - 8)
         for number, (off, checksum, _, length), row in zip(
             range(first, end),
             self.index.records(first, end),

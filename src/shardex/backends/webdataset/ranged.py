@@ -1,6 +1,4 @@
-"""Shards on object storage: ``ds[i]`` is one ranged GET (the checked way of
-:class:`~shardex.backends.webdataset.access.Access`), a batch one concurrent batch of
-them, and iteration streams each shard with one GET."""
+"""Shards on object storage: ``ds[i]`` is one ranged GET, iteration one GET a shard."""
 
 from __future__ import annotations
 
@@ -18,24 +16,21 @@ from shardex.storage.paged import PagedCopy, fetch_pages
 
 
 def _close(stream: object) -> None:
-    """End a stream's request now, not when it is collected (stopped early)."""
     close = getattr(stream, "close", None)
     if close is not None:
         close()
 
 
 class _Window:
-    """A shard's stream (``chunks``: the ``bytes`` obstore made for each chunk) seen
-    through its last chunk, ``window``: the shard's bytes [base, top)."""
+    """A shard's stream seen through its last chunk, ``window``: bytes [base, top)."""
 
     def __init__(self, chunks: Iterator[bytes], where: str) -> None:
         self.chunks, self.where = chunks, where
         self.window, self.view, self.base, self.top = b"", memoryview(b""), 0, 0
 
     def take(self, off: int, length: int) -> tuple[bytes, memoryview, int]:
-        """(buffer, a view of it, where the sample starts in it) of a sample that runs
-        past the window: only its own bytes are joined, the last chunk becomes the window.
-        Raises FormatError (the stream ends first) or ObjectNotFoundError (no shard)."""
+        """(buffer, view, start) of a sample past the window: only its bytes are joined,
+        and the last chunk becomes the window."""
         parts = [self.window[off - self.base :]]
         have = len(parts[0])
         while have < length:
@@ -48,7 +43,7 @@ class _Window:
         base = self.base = off + have - len(window)
         view = self.view = memoryview(window)
         self.top = base + len(window)
-        if base == off:  # the sample starts the window: nothing to join
+        if base == off:
             return window, view, 0
         parts[-1] = window[: off + length - base]
         buf = b"".join(parts)
@@ -106,14 +101,11 @@ class Ranged(Access):
         return super().get_many(indices, gap)
 
     def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
-        """Samples in shard order, streamed, one GET per shard, holding one chunk of the
-        stream (256 KiB and what else had arrived, ~1 MiB at most seen; 4 MiB through the
-        helper process of a forked worker) and the shard's records and members rows
-        (~0.2 KB a sample)."""
+        """Samples in shard order, holding one chunk of the stream (~1 MiB) and the
+        shard's records and rows (~0.2 KB a sample)."""
         if self._pending:
             self._load_members()
         paths = self._paths
-        # each shard's GET sent as the one before it is read (see iter_objects)
         streams = self.storage.iter_objects(paths, stream_chunk) if paths else iter([])
         try:
             for shard, path in enumerate(paths):
@@ -130,20 +122,14 @@ class Ranged(Access):
     def _samples_of_stream(
         self, shard: int, path: str, chunks: Iterator[bytes], first: int, end: int
     ) -> Iterator[Sample]:
-        """Samples ``first`` to ``end`` (excluded) of a shard's stream, in one pass over
-        their records and members rows as ``Mapped`` iterates: each sample checked in
-        place (through a view), its row checked, its fields sliced straight out of the
-        chunk (one copy a field; a slice of ``bytes`` is that copy, where a view's slice
-        and ``tobytes`` cost ~0.4 us a sample more). A sample that fails a check, or whose
-        row says to parse, is copied out and goes the checked way.
-        """
+        """Samples ``first .. end`` of a shard's stream, as ``Mapped`` iterates: fields
+        sliced from the chunk's ``bytes`` (a view's slice + ``tobytes`` costs ~0.4 us
+        more); a sample that fails a check goes the checked way."""
         stream = _Window(chunks, self.storage.join(path))
         window, view, base, top = stream.window, stream.view, stream.base, stream.top
         seed, verify, decode, inside = self.seed, self.verify, self.decode, self._inside
-        # Lists, not the iterators over the index mappings: a struct iterator left in a
-        # frame that an error's traceback keeps alive crashed the garbage collector.
+        # lists: a struct iterator kept alive by a traceback crashed the garbage collector
         records = list(self.index.records(first, end))
-        # Without members every sample goes the checked way (as a row that says to parse).
         members = self.members
         rows: list[tuple[int, ...]] = (
             list(members.unpacked(first, end))
@@ -151,7 +137,7 @@ class Ranged(Access):
             else [(0, 0, ABSENT)] * len(records)
         )
         mraw, msize, columns = self._mraw, self._msize, self._columns
-        checked = msize - 8  # the checked part of a row: [at, at + checked)
+        checked = msize - 8
         at = first * msize + 8 - msize
         for number, (off, checksum, _, length), row in zip(
             range(first, end), records, rows, strict=True

@@ -1,6 +1,5 @@
-"""Reading a split of tar shards through its index: one ``pread``, slice of a mapped
-shard, or ranged GET per sample. How is picked once, at open (:func:`pick`); ``ds[i]``
-calls the picked strategy's ``get`` straight away."""
+"""Reading a split of tar shards: the strategy (mapped, pread, ranged GETs) is picked
+once at open, and ``ds[i]`` calls its ``get`` straight away."""
 
 from __future__ import annotations
 
@@ -24,14 +23,12 @@ if TYPE_CHECKING:  # pyarrow and numpy load on first use: opening and reads need
     import numpy.typing as npt
     import pyarrow as pa
 
-#: get_many merges two reads of one local shard when the gap between them is at most
-#: this (object storage: its ``coalesce_gap`` option).
+#: get_many's merge gap for local shards (object storage: its ``coalesce_gap`` option).
 DEFAULT_COALESCE_GAP = 0
 
 
 def pick(storage: Storage, info: SplitInfo) -> type[Access]:
-    """The way to read a split: its shards mapped (local, format 3), read with ``pread``
-    (local, before format 3), or fetched with ranged GETs (object storage)."""
+    """Mapped (local, format 3), pread (local, older) or ranged GETs (object storage)."""
     if not all(storage.local_path(s.path) is not None for s in info.shards):
         return Ranged
     assert info.index is not None  # checked by the caller
@@ -41,10 +38,8 @@ def pick(storage: Storage, info: SplitInfo) -> type[Access]:
 class ShardDataset(SampleRanges):
     """A split of a tar-shard export (the ``webdataset`` backend)."""
 
-    #: Bytes per chunk when remote shards are streamed for iteration.
     stream_chunk_size = 4 << 20
-    #: Bytes per read when local shards are iterated: large enough that a system call
-    #: serves many samples, small enough to stay in the CPU cache while they are parsed.
+    #: Per read when iterating local shards: many samples a call, still in the CPU cache.
     read_chunk_size = 1 << 20
 
     def _open_split(self, info: SplitInfo) -> None:
@@ -53,28 +48,23 @@ class ShardDataset(SampleRanges):
         self._paths, self._keys_file = [s.path for s in info.shards], info.index.keys
         access = self._access = pick(self.storage, info)(self, info)
         self.index, self._n = access.index, info.num_samples
-        #: What a sample's number is multiplied by to seed its checksum (0: format 1).
         self.seed = access.seed
         self._item = access.get  # ds[i]: one attribute load, then the strategy's own code
 
     def __len__(self) -> int:
         return self._n
 
-    # ds[i] calls the strategy's get with no Python frame of its own: CPython looks
-    # __getitem__ up on the type, and this property's getter is C (a wrapper method
-    # calling self._item cost ~0.1 us a sample, ~5 % of a mapped read).
+    # ds[i] with no Python frame of its own: a C property getter (a wrapper cost ~5 %).
     __getitem__ = property(attrgetter("_item"))
 
     @property
     def members(self) -> MemberIndex | None:
-        """Where each sample's members lie (format 3's index-members.npy), once a read
-        has loaded it; None before, and for exports before format 3."""
+        """index-members.npy once a read loaded it; None before, and before format 3."""
         return self._access.members
 
     def check_sample(
         self, buf: bytes | memoryview, checksum: int, shard: int, offset: int, number: int
     ) -> None:
-        """Raise ChecksumError unless ``buf`` is sample ``number`` as exported."""
         self._access.check_sample(buf, checksum, shard, offset, number)
 
     @property
@@ -99,14 +89,12 @@ class ShardDataset(SampleRanges):
 
         Raises:
             SampleNotFoundError: no sample has it.
-            FormatError: the key table is damaged (an entry names a sample of another key
-                hash, or the hashes are out of order), so the answer cannot be trusted.
+            FormatError: the key table is damaged.
         """
         try:
             return self._get(key)
         except (ObjectNotFoundError, FormatError, SampleNotFoundError) as exc:
-            # the key table is read lazily by name: after an overwrite it may be gone, or
-            # another export's (second names alternate), so an answer waits on the config
+            # after an overwrite the lazily read key table may be gone or another export's
             self._access.check_replaced(exc)
             raise
 
@@ -135,27 +123,18 @@ class ShardDataset(SampleRanges):
     def get_many(self, indices: Sequence[int], *, coalesce_gap: int | None = None) -> list[Sample]:
         """Samples in the order asked, read as one batch.
 
-        Local reads (``coalesce_gap`` 0, the default there) go one by one in the order
-        asked. Otherwise reads are sorted per shard; two reads of a shard merge when the
-        gap between them is at most ``coalesce_gap`` bytes (default: 0 locally; on object
-        storage its ``coalesce_gap`` storage option, 64 KiB unless set: 0 fetches only the
-        samples' bytes, a larger gap makes fewer requests). Whole shards are never
-        fetched. On object storage the reads run concurrently.
+        Reads are sorted per shard, two merged when at most ``coalesce_gap`` bytes apart
+        (default: 0 locally, where reads go one by one; the storage's option, 64 KiB,
+        remotely, where reads run concurrently).
         """
         gap = coalesce_gap if coalesce_gap is not None else self.storage.coalesce_gap
         return self._access.get_many(indices, DEFAULT_COALESCE_GAP if gap is None else gap)
 
     def __iter__(self) -> Iterator[Sample]:
-        """Samples in shard order.
-
-        Local shards are read sample by sample (the kernel reads ahead); remote shards are
-        streamed, one GET per shard, holding one chunk of the stream and the shard's
-        records and members rows (~0.2 KB a sample).
-        """
+        """Samples in shard order (remote shards streamed, one GET each)."""
         return self._access.iterate(self.read_chunk_size, self.stream_chunk_size)
 
     def keys(self) -> Iterator[str]:
-        """Sample keys in sample order (from the metadata)."""
         yield from self.metadata.column("key").to_pylist()
 
     @cached_property

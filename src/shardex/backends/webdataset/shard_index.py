@@ -1,6 +1,5 @@
-"""The indexes of a written shard's members, built with numpy and Arrow over all of its
-samples at once: DALI's index file (see :mod:`shardex.format.dali_index`) and the
-member spans of the split's ``index-members.npy`` (see :class:`MemberSpans`)."""
+"""A written shard's member indexes, all samples at once: DALI's index file and the
+member spans of ``index-members.npy``."""
 
 from __future__ import annotations
 
@@ -21,12 +20,14 @@ from shardex.format.dali_index import VERSION, VERSION_WITHOUT_NAMES, Component
 from shardex.format.dali_index import WHITESPACE as DALI_WHITESPACE
 from shardex.format.index import ABSENT, MAX_MEMBER_COLUMNS, MemberSpans, member_row
 
+#: C++ ``isspace()`` (see shardex.format.dali_index).
+_WHITESPACE = np.frombuffer(b" \t\n\v\f\r", np.uint8)
+
 
 def member_indexes(
     layout: ShardLayout, taken: Ints, offsets: list[int], *, dali: bool
 ) -> tuple[bytes | None, MemberSpans | None]:
-    """The DALI index file (when ``dali``) and the member spans of the ``taken``
-    candidates, written at ``offsets`` (None: they cannot describe them)."""
+    """The DALI index file and member spans of the ``taken`` candidates (None: cannot)."""
     firsts = layout.firsts
     counts = firsts[taken + 1] - firsts[taken]
     flat = spread(firsts[taken], counts)  # their members, sample after sample
@@ -35,8 +36,7 @@ def member_indexes(
 
 
 def _components(layout: ShardLayout, taken: Ints) -> list[list[Component]]:
-    """The members of each taken sample: extension, data offset from the sample's first
-    byte (past the header lengths), size and name."""
+    """Each taken sample's members: extension, data offset, size and name."""
     firsts, sizes, at = layout.firsts.tolist(), layout.sizes.tolist(), layout.data_at.tolist()
     codes = layout.ext_codes.tolist()
     data, offsets = layout.name_data, layout.name_offsets.tolist()
@@ -55,9 +55,7 @@ def _components(layout: ShardLayout, taken: Ints) -> list[list[Component]]:
 
 
 def _dali_index(layout: ShardLayout, offsets: list[int], counts: Ints, flat: Ints) -> bytes | None:
-    """The DALI index file of the taken samples (None: it cannot describe them): the
-    bytes of :func:`~shardex.format.dali_index.dali_index_bytes`, each line's text built
-    by Arrow over all members at once."""
+    """:func:`~shardex.format.dali_index.dali_index_bytes` built by Arrow (None: cannot)."""
     if not len(counts) or int(counts.min()) == 0:
         return None
     exts = [layout.ext_names[c] for c in np.unique(layout.ext_codes[flat]).tolist()]
@@ -82,7 +80,8 @@ def _dali_index(layout: ShardLayout, offsets: list[int], counts: Ints, flat: Int
         space,
         pc.cast(int_array(layout.sizes[flat], pa.int64()), pa.large_string()),
     ]
-    if layout.names_have_whitespace(flat):
+    names_data, _ = gathered(layout.name_data, layout.name_offsets, flat)
+    if np.isin(names_data, _WHITESPACE).any():
         version = VERSION_WITHOUT_NAMES
     else:
         version = VERSION
@@ -96,8 +95,7 @@ def _dali_index(layout: ShardLayout, offsets: list[int], counts: Ints, flat: Int
 
 
 def _member_spans(layout: ShardLayout, taken: Ints, counts: Ints, flat: Ints) -> MemberSpans | None:
-    """Where each taken sample's key and members lie (the split's index-members rows);
-    None when they hold too many extensions for one (see MAX_MEMBER_COLUMNS)."""
+    """The taken samples' index-members rows; None past MAX_MEMBER_COLUMNS extensions."""
     if _plain_names(layout, taken, flat):
         return _plain_spans(layout, taken, counts, flat)
     return MemberSpans.of(
@@ -109,11 +107,8 @@ def _member_spans(layout: ShardLayout, taken: Ints, counts: Ints, flat: Ints) ->
 
 
 def _plain_names(layout: ShardLayout, taken: Ints, flat: Ints) -> bool:
-    """Whether every taken member's name is ``KEY.EXT`` as a reader splits it (see
-    :func:`~shardex.format.index.member_row`): within ustar's 100-byte name field, the
-    key's last path part without a dot, the extension not empty and without a slash.
-    Then a sample's key lies at 0 in its first member's name, and each member's
-    extension is its own (what member_row finds, without a Python loop per member)."""
+    """Whether every member's name splits as ``KEY.EXT`` the way
+    :func:`~shardex.format.index.member_row` would (so numpy can build the rows)."""
     if len(flat) and int(layout.name_len[flat].max()) > 100:
         return False
     codes = np.unique(layout.ext_codes[flat]).tolist()
@@ -127,7 +122,7 @@ def _plain_names(layout: ShardLayout, taken: Ints, flat: Ints) -> bool:
 def _plain_spans(layout: ShardLayout, taken: Ints, counts: Ints, flat: Ints) -> MemberSpans | None:
     """:meth:`MemberSpans.of` for samples of :func:`_plain_names`, with numpy."""
     n = len(taken)
-    # one column per extension, in order of first appearance (equal names share one)
+    # a column per extension, in order of first appearance
     ext_ids = {e: k for k, e in enumerate(dict.fromkeys(layout.ext_names))}
     ids = np.array([ext_ids[e] for e in layout.ext_names], np.int64)[layout.ext_codes[flat]]
     seen, first = np.unique(ids, return_index=True)

@@ -1,6 +1,5 @@
-"""Writing a split of tar shards: each shard's job and its two possible names, the shards
-kept in order, the discarded ones removed, and the split's index files built from the
-shards' records (here, or by a task from the parts staged by tasks on other machines)."""
+"""Writing a split of tar shards: jobs and their two possible names, kept and discarded
+shards, and the split's index files."""
 
 from __future__ import annotations
 
@@ -31,11 +30,8 @@ if TYPE_CHECKING:
 
 
 class TarSplit(SplitWriter):
-    """A split's tar shards (see :class:`~shardex.backends.base.SplitWriter`). Appended
-    shards continue the committed split's numbering and sample numbers; shards written by
-    tasks on other machines (``remote`` with a staging prefix) stage their rows and index
-    arrays in the output, and a task merges them: none of those bytes pass through this
-    process."""
+    """A split's tar shards. Appends continue the committed numbering; remote tasks stage
+    their rows and index arrays, merged by a task (never through this process)."""
 
     def __init__(self, storage: Storage, plan: SplitPlan, *, remote: bool) -> None:
         self.storage, self.plan = storage, plan
@@ -54,13 +50,30 @@ class TarSplit(SplitWriter):
             self._index = self._stack.enter_context(IndexOut(storage, before, plan.format_version))
 
     def job(self, candidates: Candidates, first_sample: int, number: int) -> ShardJob:
-        return _job(
+        """Of a shard's two names (usual, :func:`second_hash`), one the committed export
+        names is kept if it holds exactly these samples, else the other is written:
+        nothing committed is written over."""
+        plan, number = self.plan, self._first + number
+        hashes = (plan.name_hash, self._other_hash)
+        usual, second = (shard_stem(plan.prefix, h, number) for h in hashes)
+        committed = second if f"{second}.tar" in plan.existing else usual
+        other = second if committed == usual else usual
+        held = f"{committed}.tar" in plan.existing
+        stem = committed if held else usual
+        return ShardJob(
             self.storage,
-            self.plan,
-            self._first + number,
-            self._other_hash,
-            self._base + first_sample,
+            f"{stem}.tar",
+            f"{stem}.parquet",
             candidates,
+            with_label=plan.with_label,
+            samples_per_shard=plan.samples_per_shard,
+            max_shard_bytes=plan.max_shard_bytes,
+            first_sample=self._base + first_sample,
+            check=plan.check,
+            resume=plan.resume,
+            dali_index_path=f"{stem}.idx",
+            alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
+            seeded=checksum_seeds(plan.format_version),
         )
 
     def add(self, done: ShardWritten) -> tuple[pa.Table | StagedRows, int]:
@@ -91,7 +104,12 @@ class TarSplit(SplitWriter):
 
     def finish(self, runner: Runner) -> SplitInfo:
         plan, shards = self.plan, self.shards
-        _remove_discarded(self.storage, self._discarded, shards, plan.existing)
+        # replaced shards' files go, unless a kept or committed shard has their name
+        kept = {p for s in shards for p in (s.path, s.metadata, s.dali_index) if p}
+        for done in self._discarded:
+            for path in (done.tar_path, done.parquet_path, done.dali_index):
+                if done.num_samples and path and path not in kept and path not in plan.existing:
+                    self.storage.delete(path)
         num_samples = sum(s.num_samples for s in shards)
         if not num_samples:  # every sample skipped: the split is not exported
             return SplitInfo(num_samples=0, num_bytes=0, shards=(), index=None)
@@ -121,55 +139,3 @@ class TarSplit(SplitWriter):
 
     def close(self) -> None:
         self._stack.close()
-
-
-def _remove_discarded(
-    storage: Storage,
-    discarded: list[ShardWritten],
-    shards: list[ShardInfo],
-    committed: frozenset[str],
-) -> None:
-    """Delete the files of shards written speculatively and then replaced, unless a kept
-    shard now has their name (or the committed export names them: a shard kept on resume
-    is the committed one)."""
-    kept = {p for s in shards for p in (s.path, s.metadata, s.dali_index) if p}
-    for done in discarded:
-        if not done.num_samples:
-            continue
-        for path in (done.tar_path, done.parquet_path, done.dali_index):
-            if path and path not in kept and path not in committed:
-                storage.delete(path)
-
-
-def _job(
-    storage: Storage,
-    plan: SplitPlan,
-    number: int,
-    other_hash: str,
-    first_sample: int,
-    candidates: Candidates,
-) -> ShardJob:
-    """The job of one shard. A shard has two possible names: its usual one and one with
-    :func:`second_hash`. When the committed export names one of them, the job first keeps
-    that shard if it holds exactly these samples; otherwise it writes the other name, so
-    that nothing the committed config.yaml names is ever written over."""
-    usual, second = (shard_stem(plan.prefix, h, number) for h in (plan.name_hash, other_hash))
-    committed = second if f"{second}.tar" in plan.existing else usual
-    other = second if committed == usual else usual
-    held = f"{committed}.tar" in plan.existing
-    stem = committed if held else usual
-    return ShardJob(
-        storage,
-        f"{stem}.tar",
-        f"{stem}.parquet",
-        candidates,
-        with_label=plan.with_label,
-        samples_per_shard=plan.samples_per_shard,
-        max_shard_bytes=plan.max_shard_bytes,
-        first_sample=first_sample,
-        check=plan.check,
-        resume=plan.resume,
-        dali_index_path=f"{stem}.idx",
-        alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
-        seeded=checksum_seeds(plan.format_version),
-    )

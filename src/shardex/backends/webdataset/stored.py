@@ -1,18 +1,10 @@
-"""A ``webdataset`` export read again as a source (a re-export), local or on object
-storage: each sample read once through the split's index and checked against its
-checksum, its members described as byte ranges of the source tar (read again only when
-the new shards are written), so memory stays bounded whatever the export's size.
+"""A ``webdataset`` export read as a re-export's source: each sample read once and
+checked, its members described as byte ranges of the tar, so memory stays bounded.
 
-A shard on object storage is read front to back in windows of :data:`WINDOW` bytes (one
-ranged GET each). Its members name the object by URL (the shard writer fetches them, see
-:mod:`shardex.storage.fetch.objects`), or, where the export keeps copies of what a scan reads
-(:func:`shardex.storage.fetch.tars.copies_kept`: its shards are written on this machine),
-the local copy of the bytes just checked: then each byte is fetched once. On Ray
-(a runner that keeps objects, in an export's :func:`~shardex.storage.fetch.held.tars_held`
-context) each run of a shard's samples is read and checked by a task instead, which
-keeps the bytes of their members in Ray's object store for the shard tasks (as a tar
-source's scan does, see :mod:`shardex.storage.fetch.held`): the driver gets the samples'
-references only, and each byte is fetched once there too.
+Remote shards are read in :data:`WINDOW`-byte ranged GETs; members name the object by
+URL, or a kept local copy (:func:`shardex.storage.fetch.tars.copies_kept`). On Ray each
+run of a shard's samples is read by a task that keeps the bytes in the object store
+(:mod:`shardex.storage.fetch.held`). Either way each byte is fetched once.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -37,15 +29,13 @@ from shardex.storage.fetch.held import HeldTars, Part, TarHold, held_tars
 from shardex.storage.fetch.objects import register
 from shardex.storage.fetch.tars import TarCopy, kept_copies
 
-#: Index records read at a time (their offsets, lengths, checksums and shards as lists).
-_RECORDS: Final = 1 << 16
-#: The bytes of a shard on object storage one ranged GET reads (whole samples after the
-#: first: a window always starts at a sample).
+_RECORDS: Final = 1 << 16  # index records read at a time
+#: Bytes per ranged GET of a remote shard (a window starts at a sample).
 WINDOW: Final = 8 << 20
 
 
 class _Unreadable(Exception):
-    """A shard that cannot be read at all (its samples are lost, like a damaged run's)."""
+    """A shard that cannot be read at all."""
 
 
 class _LocalShard:
@@ -67,7 +57,7 @@ class _LocalShard:
 
 
 class _ObjectShard:
-    """A shard on object storage read in windows (see the module docstring)."""
+    """A shard on object storage read in windows."""
 
     def __init__(
         self, storage: Storage, path: str, size: int, copy: TarCopy | TarHold | None
@@ -77,14 +67,14 @@ class _ObjectShard:
         self._copy = copy
         self._buf = b""
         self._start = 0
-        self._end: int | None = None  # where the object ends, once a read came back short
+        self._end: int | None = None  # set when a read came back short
 
     def read(self, offset: int, length: int) -> bytes:
         lo = offset - self._start
         if lo >= 0 and offset + length <= self._start + len(self._buf):
             return self._buf[lo : lo + length]
         if self._end is not None and offset >= self._end:
-            return b""  # past a truncated object's end: nothing to fetch
+            return b""  # past a truncated object's end
         want = min(max(length, WINDOW), max(self._size - offset, length))
         try:
             data = self._storage.get_range(self._path, offset, want)
@@ -98,7 +88,7 @@ class _ObjectShard:
         return data[:length]
 
     def where(self, offset: int, size: int) -> str:
-        """The member's bytes' place: the local copy when it holds them, else the object."""
+        """Where the member's bytes are: the local copy when it holds them, else the object."""
         if isinstance(self._copy, TarCopy) and self._copy.holds(offset, size):
             self._copy.used = True
             return str(self._copy.path)
@@ -113,11 +103,9 @@ class _ObjectShard:
 def stored_samples(
     ds: ShardDataset, key: Callable[[int], str], runner: MapRunner | None = None
 ) -> Iterator[StoredSample]:
-    """The split's samples in sample order (``key``: the key of sample number N as the
-    metadata lists it, to name damaged ones), read here, or on Ray by ``runner``'s tasks
-    (see the module docstring)."""
+    """The split's samples in order, read here or by ``runner``'s Ray tasks."""
     if any(ds.storage.local_path(s.path) is None for s in ds.config.split(ds.split).shards):
-        register(ds.storage)  # its URLs are fetched with the source's own options
+        register(ds.storage)  # URLs fetched with the source's own options
         held = held_tars()
         if held is not None and isinstance(runner, KeepingRunner):
             return _samples_held(ds, key, runner, held)
@@ -136,8 +124,7 @@ def _open(ds: ShardDataset, shard: int) -> _LocalShard | _ObjectShard:
 
 
 def _records(ds: ShardDataset) -> Iterator[tuple[int, int, int, int, int]]:
-    """The split's index records (number, offset, checksum, shard, length), a block of
-    them read at a time."""
+    """The index records (number, offset, checksum, shard, length), a block at a time."""
     records = ds.records
     for lo in range(0, len(records), _RECORDS):
         part = records[lo : lo + _RECORDS]
@@ -153,9 +140,7 @@ def _samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSamp
             where = f"sample {number} ({key(number)!r})"
             if shard >= len(shards) or offset + length > shards[shard].num_bytes:
                 yield StoredSample(
-                    key(number),
-                    (),
-                    f"source {where}: its index entry is damaged (shardex verify)",
+                    key(number), (), f"source {where}: its index entry is damaged (shardex verify)"
                 )
                 continue
             if current is None or current[0] != shard:
@@ -163,7 +148,7 @@ def _samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSamp
                     current[1].close()
                 try:
                     current = (shard, _open(ds, shard))
-                except _Unreadable as exc:  # its samples are lost, like a damaged run's
+                except _Unreadable as exc:  # its samples are lost
                     current = (shard, str(exc))
             check = ds.check_sample
             yield _sample(check, current[1], where, number, offset, length, expected, shard)
@@ -172,7 +157,7 @@ def _samples(ds: ShardDataset, key: Callable[[int], str]) -> Iterator[StoredSamp
             current[1].close()
 
 
-#: What checks a sample's bytes: ``(bytes, checksum, shard, offset, number)``.
+#: ``(bytes, checksum, shard, offset, number)`` -> raises ChecksumError.
 Check = Callable[[bytes, int, int, int, int], None]
 
 
@@ -186,7 +171,7 @@ def _sample(
     expected: int,
     shard: int,
 ) -> StoredSample:
-    """Sample ``number`` read, checked and described as byte ranges of its shard."""
+    """Sample ``number`` read, checked and described as byte ranges."""
     if isinstance(reader, str):
         return StoredSample("", (), f"source {where}: {reader}")
     try:
@@ -197,7 +182,7 @@ def _sample(
         return StoredSample(
             "", (), f"source {where} at byte {offset} of {reader.tar!r}: the shard is truncated"
         )
-    try:  # the reader's own check: seeded with the sample number where the format is
+    try:
         check(data, expected, shard, offset, number)
     except ChecksumError as exc:
         return StoredSample("", (), f"source {where}: {exc}")
@@ -218,15 +203,16 @@ def _sample(
     return StoredSample(names.pop() if len(names) == 1 else "", members)
 
 
-#: Stands for a sample's place in the messages of a task's scan (the driver knows its key).
+#: What a task's scan ends with: the shard's URL, its samples by number, the parts' spans.
+_Scanned = tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]
+#: A sample's place in a task's messages (the driver knows its key).
 _WHERE: Final = "\x00where\x00"
 
 
 @dataclass(frozen=True, slots=True)
 class _Run:
-    """Consecutive samples of one shard on object storage, for a task to read and check:
-    their numbers and index records, and the damaged index entries before them (the
-    driver's: handed back in order)."""
+    """Consecutive samples of one remote shard for a task, and the damaged entries
+    before them (handed back in order)."""
 
     storage: Storage
     path: str
@@ -240,10 +226,9 @@ class _Run:
 def _samples_held(
     ds: ShardDataset, key: Callable[[int], str], runner: KeepingRunner, held: HeldTars
 ) -> Iterator[StoredSample]:
-    """:func:`_samples`, each run of a shard's samples read and checked by a task that
-    keeps their members' bytes (:func:`_scan_run`); the parts' refs go to ``held``."""
+    """:func:`_samples` with each run read by a task (:func:`_scan_run`) into ``held``."""
     for result, parts in runner.imap_kept(_scan_run, _runs(ds)):
-        url, samples, spans = _scanned(result)
+        url, samples, spans = cast(_Scanned, result)  # what _scan_run yields last
         held.add(url, parts, spans)
         for number, sample in samples:
             if sample.invalid is not None and _WHERE in sample.invalid:
@@ -254,13 +239,8 @@ def _samples_held(
             yield sample
 
 
-def _scanned(result: object) -> tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]:
-    return result  # type: ignore[return-value]  # what _scan_run yields last
-
-
 def _runs(ds: ShardDataset) -> Iterator[_Run]:
-    """The split's records as runs of one shard each, in sample order (a damaged index
-    entry goes with the next run; an empty run ends the split if any is left)."""
+    """The records as runs of one shard each (damaged entries go with the next run)."""
     shards = ds.config.split(ds.split).shards
     bad: list[tuple[int, StoredSample]] = []
     run: list[tuple[int, int, int, int]] = []
@@ -287,13 +267,9 @@ def _runs(ds: ShardDataset) -> Iterator[_Run]:
         yield cut()
 
 
-def _scan_run(
-    run: _Run,
-) -> Iterator[Part | tuple[str, list[tuple[int, StoredSample]], list[tuple[int, int]]]]:
-    """In a task: a run's samples read, checked and described (as :func:`_sample`),
-    the bytes of their members kept in parts (yielded as they fill), then the shard's
-    URL, the samples by number (the damaged index entries before them first) and the
-    parts' tar ranges."""
+def _scan_run(run: _Run) -> Iterator[Part | _Scanned]:
+    """In a task: a run's samples read as :func:`_sample` reads them, their members'
+    bytes kept in parts (yielded as they fill); last, the URL, samples and spans."""
     hold = TarHold()
     url = run.storage.join(run.path)
     samples = list(run.before)
@@ -305,7 +281,7 @@ def _scan_run(
         reader = _ObjectShard(run.storage, run.path, run.size, hold)
         for number, offset, length, expected in run.records.tolist():
             sample = _sample(check, reader, _WHERE, number, offset, length, expected, run.shard)
-            # the labels and metadata come from metadata.parquet: not kept
+            # labels and metadata come from metadata.parquet
             kept = [m for m in sample.members if m.ext not in ("cls", "json")]
             hold.take((m.ext, m.offset, m.size, None) for m in kept)
             samples.append((number, sample))

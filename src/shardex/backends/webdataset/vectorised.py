@@ -1,6 +1,5 @@
-"""The parts of the vectorised shard writer (``writer._fill_inline``): source members'
-bytes as views of their buffers, images checked with numpy, and each sample's tar pieces
-and checksum, over all of a shard's samples at once (no Python frame per sample)."""
+"""The vectorised shard writer's parts (``writer._fill_inline``): member views, images
+checked with numpy, and each sample's pieces and checksum, all samples at once."""
 
 from __future__ import annotations
 
@@ -17,17 +16,15 @@ from shardex.refs.members import Members
 from shardex.sample_check import SampleCheck, image_problem
 from shardex.storage.fetch.bytes import ByteSource
 
-#: Per buffer: its bytes, and the members in it (their numbers and byte ranges).
+#: A buffer's bytes, and its members' numbers and byte ranges.
 Spot = tuple[Bytes, Ints, Ints, Ints]
 Views = tuple[list[memoryview], list[Spot]]
 
-#: The most bytes of local files a shard reads into one buffer to be written at once.
 FILES_BYTES: Final = 64 << 20
 
 
 def file_views(source: ByteSource, js: Ints, sizes: Ints) -> Views | None:
-    """:func:`member_views` for members in local files: read into one buffer (None when
-    they cannot all be read as listed, or hold more than :data:`FILES_BYTES`)."""
+    """:func:`member_views` for local files read into one buffer (None: not possible)."""
     read = source.read_files(js, FILES_BYTES)
     if read is None:
         return None
@@ -36,8 +33,7 @@ def file_views(source: ByteSource, js: Ints, sizes: Ints) -> Views | None:
 
 
 def member_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
-    """Views of inline members' bytes in their Arrow chunks, and per member its chunk's
-    bytes (numpy) and start; None when a member's bytes are not its recorded size."""
+    """Views of inline members' bytes in their Arrow chunks; None on a size mismatch."""
     chunks = members.data.chunks
     bounds = np.zeros(len(chunks) + 1, np.int64)
     np.cumsum([len(c) for c in chunks], out=bounds[1:])
@@ -52,7 +48,7 @@ def member_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
         lo, hi = offsets[local], offsets[local + 1]
         if not np.array_equal(hi - lo, sizes[at]):
             return None
-        # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
+        # unsigned (Arrow's buffers are signed chars): views compare as bytes
         mv: memoryview = data.data
         got = list(map(mv.__getitem__, map(slice, lo.tolist(), hi.tolist())))
         if len(at) == len(js):
@@ -67,9 +63,8 @@ def member_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
 def images_good(
     views: list[memoryview], spots: list[Spot], images: Ints, check: SampleCheck
 ) -> bool:
-    """Whether every image among the members passes ``check`` (``header`` or ``none``):
-    JPEGs that end with their end-of-image marker are checked with numpy, all at once
-    (the marker walk of :func:`~shardex.codecs.images.jpeg_size`); the rest one by one."""
+    """Whether every image passes ``check``: JPEGs all at once with numpy, the rest
+    one by one."""
     mask = np.zeros(len(views), bool)
     mask[images] = True
     for data, at, lo, hi in spots:
@@ -86,19 +81,18 @@ def images_good(
     return True
 
 
-#: JPEG frame markers (start of frame), as :func:`~shardex.codecs.images.jpeg_size` knows.
+#: JPEG start-of-frame markers, as :func:`~shardex.codecs.images.jpeg_size` knows.
 _FRAMES: Final = np.array(
     [0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF], np.uint8
 )
 
 
 def jpegs_good(data: Bytes, lo: Ints, hi: Ints, limit: int) -> npt.NDArray[np.bool_]:
-    """Per image ``data[lo:hi]``: True where :func:`~shardex.sample_check.image_problem`'s
-    fast JPEG test passes (JPEG start, end-of-image marker, pixel size within ``limit``
-    or not found); False: to check one by one."""
+    """Per image ``data[lo:hi]``: whether :func:`~shardex.sample_check.image_problem`'s
+    fast JPEG test passes (False: check it one by one)."""
     size = hi - lo
     ok = size > 4
-    if len(data) < 5:  # the images too short to test: their stand-in indices must exist
+    if len(data) < 5:  # the stand-in indices of too-short images must exist
         data = np.pad(data, (0, 5 - len(data)))
     safe_lo = np.where(ok, lo, 0)
     safe_hi = np.where(ok, hi, 5)
@@ -127,9 +121,8 @@ def jpegs_good(data: Bytes, lo: Ints, hi: Ints, limit: int) -> npt.NDArray[np.bo
 
 
 def sample_pieces(layout: ShardLayout, k: int, views: list[memoryview]) -> list[list[memoryview]]:
-    """The first ``k`` candidates' tar bytes as columns of pieces, one piece per
-    candidate in each: its first skeleton run, its first source member, the run after
-    it, ... (empty pieces where a candidate has fewer source members than another)."""
+    """The first ``k`` candidates' tar bytes as columns of pieces, one per candidate:
+    skeleton run, source member, run, ... (empty where a candidate has fewer)."""
     view = layout.view
     first, own_from, ts = layout.firsts, layout.own_from, layout.own_members
     counts = own_from[1 : k + 1] - own_from[:k]
@@ -162,9 +155,7 @@ def sample_pieces(layout: ShardLayout, k: int, views: list[memoryview]) -> list[
 
 
 def sample_sums(columns: list[list[memoryview]], first_sample: int | None) -> list[int]:
-    """Each sample's checksum over its pieces (seeded with its sample number from
-    ``first_sample``, as ``writer._fill`` seeds it; None: unseeded): one ``map`` a
-    column, no Python frame a sample."""
+    """Each sample's checksum over its pieces, seeded as ``writer._fill`` seeds it."""
     k = len(columns[0])
     seeds = [0] * k if first_sample is None else range(first_sample, first_sample + k)
     hashers = list(map(xxhash.xxh3_64, columns[0], seeds))

@@ -1,11 +1,5 @@
-"""``shardex verify`` for the ``webdataset`` backend: a split's index files (shape, every
-record inside its shard, samples tiling each shard exactly, the key table sorted, a
-permutation of the samples, and each entry's hash that of its sample's key); every shard
-(present, size, whole-file checksum) and every sample in it (checksum, seeded with the
-sample number from format 2 on, tar members, key); the Parquet sidecars (whole-file
-checksum where config.yaml records one, keys), the DALI index files (the same bytes as
-the shard's members give) and ``index-members.npy`` (format 3: every row as the samples'
-members give it, its check included); with ``deep``, that every image decodes."""
+"""``shardex verify`` for the ``webdataset`` backend: index files, every shard and
+sample, sidecars, DALI indexes and ``index-members.npy``; ``deep`` decodes images."""
 
 from __future__ import annotations
 
@@ -36,39 +30,34 @@ from shardex.format.tables import arrow_reader
 from shardex.format.tar import END_OF_ARCHIVE, iter_members, parse_sample, split_name
 from shardex.storage import Storage
 from shardex.verification import check_file_checksum
-from shardex.verify_report import Problem, VerifyReport, load_npy, verify_key_table
+from shardex.verify_report import VerifyReport, load_npy, verify_key_table
 
 
 def verify_split(
     storage: Storage, config: ExportConfig, name: str, report: VerifyReport, deep: bool, bar: Any
 ) -> None:
-    """Check split ``name`` (see the module docstring), advancing ``bar`` by each shard's
-    samples."""
+    """Check split ``name``, advancing ``bar`` by each shard's samples."""
     split = config.split(name)
     if split.index is None:
-        report.problems.append(Problem(CONFIG_FILE, "index", f"split {name!r} has no index"))
+        report.add(CONFIG_FILE, "index", f"split {name!r} has no index")
         return
     samples = load_npy(storage, split.index.samples, report)
     if samples is None:
         return
     if samples.dtype != SAMPLE_DTYPE or samples.shape != (split.num_samples,):
-        report.problems.append(
-            Problem(
-                split.index.samples,
-                "index",
-                f"expected {split.num_samples} records of {SAMPLE_DTYPE}, found {samples.dtype} "
-                f"{samples.shape}",
-            )
+        report.add(
+            split.index.samples,
+            "index",
+            f"expected {split.num_samples} records of {SAMPLE_DTYPE}, found {samples.dtype} "
+            f"{samples.shape}",
         )
         return
     table = verify_key_table(storage, split.index.keys, split.num_samples, report)
-    # The key hash of every sample as read from its shard (0 where it could not be read),
-    # to check the key table's entries against.
+    # each sample's key hash as read, to check the key table against
     hashes = np.zeros(split.num_samples, dtype=np.uint64)
     read = np.zeros(split.num_samples, dtype=bool)
     seeded = checksum_seeds(config.format_version)
     first = 0
-    # each sample's members (name, data offset, size) as read, None where unread
     members: list[list[tuple[str, int, int]] | None] = [None] * split.num_samples
     for number, shard in enumerate(split.shards):
         records = samples[first : first + shard.num_samples]
@@ -96,80 +85,65 @@ def _verify_members(
     checksums: npt.NDArray[np.uint64],
     report: VerifyReport,
 ) -> None:
-    """``index-members.npy`` holds, row for row, what the samples' members give, each row
-    sealed with its sample's checksum (``checksums``)."""
+    """``index-members.npy`` holds what the samples' members give, row for row."""
     found = load_npy(storage, path, report)
     if found is None:
         return
     names = found.dtype.names == ("check", "key", "members") and found.dtype["members"].names
     if found.ndim != 1 or not isinstance(names, tuple) or found.dtype != members_dtype(names):
-        report.problems.append(
-            Problem(path, "index", f"not index-members rows: {found.dtype} {found.shape}")
-        )
+        report.add(path, "index", f"not index-members rows: {found.dtype} {found.shape}")
         return
     if len(found) != len(members):
-        report.problems.append(
-            Problem(path, "index", f"holds {len(found)} rows for {len(members)} samples")
-        )
+        report.add(path, "index", f"holds {len(found)} rows for {len(members)} samples")
         return
     read = np.array([m is not None for m in members], bool)
     spans = MemberSpans.of([member_row(m or []) for m in members])
-    if spans is None:  # the writer makes no file for these samples: this one is not its
-        report.problems.append(
-            Problem(path, "index", f"the samples hold more than {MAX_MEMBER_COLUMNS} extensions")
-        )
+    if spans is None:  # the writer makes no file for these samples
+        report.add(path, "index", f"the samples hold more than {MAX_MEMBER_COLUMNS} extensions")
         return
     expected = build_members([spans], checksums)
     if expected.dtype != found.dtype:
         if read.all():
-            report.problems.append(
-                Problem(
-                    path,
-                    "index",
-                    f"member columns {names} differ from the samples' "
-                    f"{expected.dtype['members'].names}",
-                )
+            report.add(
+                path,
+                "index",
+                f"member columns {names} differ from the samples' "
+                f"{expected.dtype['members'].names}",
             )
         return
     size = found.dtype.itemsize
     bad = read & np.any(
-        found.view(np.uint8).reshape(-1, size) != expected.view(np.uint8).reshape(-1, size),
-        axis=1,
+        found.view(np.uint8).reshape(-1, size) != expected.view(np.uint8).reshape(-1, size), axis=1
     )
     if np.any(bad):
-        report.problems.append(
-            Problem(
-                path,
-                "index",
-                f"{int(bad.sum())} rows differ from their samples' members (the first: row "
-                f"{int(np.argmax(bad))}): reads of those samples fail",
-            )
+        report.add(
+            path,
+            "index",
+            f"{int(bad.sum())} rows differ from their samples' members (the first: row "
+            f"{int(np.argmax(bad))}): reads of those samples fail",
         )
 
 
 def _check_key_hashes(
     path: str, table: np.ndarray, hashes: np.ndarray, read: np.ndarray, report: VerifyReport
 ) -> None:
-    """Each key-table entry's hash is the hash of the key its sample holds."""
     numbers = table[1].astype(np.int64)
     bad = read[numbers] & (hashes[numbers] != table[0])
     if np.any(bad):
         first = int(np.argmax(bad))
-        report.problems.append(
-            Problem(
-                path,
-                "index",
-                f"{int(bad.sum())} key table entries do not match their samples' keys (the "
-                f"first at position {first} names sample {int(numbers[first])}): "
-                "lookups by key would miss",
-            )
+        report.add(
+            path,
+            "index",
+            f"{int(bad.sum())} key table entries do not match their samples' keys (the "
+            f"first at position {first} names sample {int(numbers[first])}): "
+            "lookups by key would miss",
         )
 
 
 def _check_records(
     shard: ShardInfo, number: int, records: np.ndarray, report: VerifyReport
 ) -> bool:
-    """Records of one shard: the right shard number, inside it, tiling it exactly."""
+    """A shard's records name it, stay inside it and tile it exactly."""
     offsets = records["offset"].astype(np.int64)
     ends = offsets + records["length"].astype(np.int64)
     problems = []
@@ -184,7 +158,7 @@ def _check_records(
     ):
         problems.append("index entries do not tile the shard")
     for message in problems:
-        report.problems.append(Problem(shard.path, "index", message))
+        report.add(shard.path, "index", message)
     return not problems
 
 
@@ -192,12 +166,10 @@ def _chunks(storage: Storage, shard: ShardInfo, report: VerifyReport) -> Iterato
     try:
         size = storage.size(shard.path)
     except ShardexError as exc:
-        report.problems.append(Problem(shard.path, "shard", f"missing ({exc})"))
+        report.add(shard.path, "shard", f"missing ({exc})")
         return None
     if size != shard.num_bytes:
-        report.problems.append(
-            Problem(shard.path, "shard", f"is {size} bytes, config.yaml says {shard.num_bytes}")
-        )
+        report.add(shard.path, "shard", f"is {size} bytes, config.yaml says {shard.num_bytes}")
         return None
     return storage.iter_chunks(shard.path)
 
@@ -212,9 +184,8 @@ def _verify_shard(
     members: list[list[tuple[str, int, int]] | None],
     number: int,
 ) -> list[str | None]:
-    """Check a shard and its samples (``first``: the number of its first sample, whose
-    checksums are seeded with their numbers; None in format 1); the samples' keys.
-    ``members[number + k]`` gets sample k's members as read."""
+    """Check a shard and its samples (``first``: the checksum seed, None in format 1);
+    return their keys. ``members[number + k]`` gets sample k's members."""
     chunks = _chunks(storage, shard, report)
     if chunks is None:
         return []
@@ -238,48 +209,31 @@ def _verify_shard(
         keys.append(_verify_sample(shard, off, sample, checksum, seed, report, deep))
         found = _members(sample)
         members[number + k] = found
-        if dali is not None:
-            dali = None if found is None else _add_members(dali, off, found)
+        if found is None:
+            dali = None
+        elif dali is not None:
+            dali.add(off, [(split_name(name)[1], at, size, name) for name, at, size in found])
     for chunk in chunks:
         whole.update(chunk)
     report.bytes += shard.num_bytes
     if f"xxh3_64:{whole.hexdigest()}" != shard.checksum:
-        report.problems.append(
-            Problem(shard.path, "shard", "whole-file checksum differs from config.yaml")
-        )
+        report.add(shard.path, "shard", "whole-file checksum differs from config.yaml")
     _verify_sidecar(storage, shard, keys, report)
     if shard.dali_index and dali is not None:
-        _verify_dali_index(storage, shard.dali_index, dali.to_bytes(), report)
+        try:
+            if storage.get(shard.dali_index) != dali.to_bytes():
+                report.add(shard.dali_index, "dali-index", "differs from the members of its shard")
+        except ShardexError as exc:
+            report.add(shard.dali_index, "dali-index", f"cannot be read: {exc}")
     return keys
 
 
 def _members(sample: bytes) -> list[tuple[str, int, int]] | None:
-    """A sample's members: (name, data offset, size); None when it is damaged (reported
-    on its own)."""
+    """A sample's (name, data offset, size) members; None when damaged."""
     try:
         return [(m.name, m.data_offset, m.size) for m in iter_members(sample, strict=False)]
     except FormatError:
         return None
-
-
-def _add_members(
-    dali: DaliIndex, offset: int, members: list[tuple[str, int, int]]
-) -> DaliIndex | None:
-    """Add a sample's members to the index expected beside the shard."""
-    dali.add(offset, [(split_name(name)[1], at, size, name) for name, at, size in members])
-    return dali
-
-
-def _verify_dali_index(
-    storage: Storage, path: str, expected: bytes | None, report: VerifyReport
-) -> None:
-    try:
-        found = storage.get(path)
-    except ShardexError as exc:
-        report.problems.append(Problem(path, "dali-index", f"cannot be read: {exc}"))
-        return
-    if found != expected:
-        report.problems.append(Problem(path, "dali-index", "differs from the members of its shard"))
 
 
 def _verify_sample(
@@ -294,18 +248,16 @@ def _verify_sample(
     try:
         key, fields = parse_sample(sample, where=f"{shard.path}@{offset}")
     except FormatError as exc:
-        report.problems.append(Problem(shard.path, "sample", str(exc)))
+        report.add(shard.path, "sample", str(exc))
         return None
     if xxhash.xxh3_64_intdigest(sample, seed) != checksum:
-        report.problems.append(
-            Problem(shard.path, "sample", f"checksum mismatch at byte {offset}", key)
-        )
+        report.add(shard.path, "sample", f"checksum mismatch at byte {offset}", key)
     if deep:
         for ext, data in fields.items():
             if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS:
                 reason = check_decode(data)
                 if reason:
-                    report.problems.append(Problem(shard.path, "image", f"{ext}: {reason}", key))
+                    report.add(shard.path, "image", f"{ext}: {reason}", key)
     return key
 
 
@@ -318,10 +270,8 @@ def _verify_sidecar(
         data = storage.get(shard.metadata)
         table = pq.read_table(arrow_reader(data), columns=["key"])
     except (ShardexError, pa.ArrowException, OSError) as exc:
-        report.problems.append(Problem(shard.metadata, "sidecar", f"cannot be read: {exc}"))
+        report.add(shard.metadata, "sidecar", f"cannot be read: {exc}")
         return
     check_file_checksum(shard.metadata, "sidecar", data, shard.metadata_checksum, report)
     if table.column("key").to_pylist() != keys:
-        report.problems.append(
-            Problem(shard.metadata, "sidecar", "keys differ from the samples in the shard")
-        )
+        report.add(shard.metadata, "sidecar", "keys differ from the samples in the shard")
