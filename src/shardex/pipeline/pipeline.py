@@ -8,11 +8,7 @@
     pipeline.add_stage(ImageWriterStage("out", images_per_tar=1000))
     config = pipeline.run(executor=LocalExecutor(workers=4))
 
-The driver checks that every stage's inputs exist before anything runs, cuts the source
-into batch jobs, has the executor run the stages over them (in order of the jobs, whatever
-the number of workers), applies the stages' driver-side steps (de-duplication) in sample
-order, and has the writer export the result. The same pipeline gives byte-identical
-exports on any executor and any number of workers.
+The same pipeline gives byte-identical exports on any executor and number of workers.
 """
 
 from __future__ import annotations
@@ -54,9 +50,7 @@ class Pipeline:
         return self
 
     def plan(self, until_keys: tuple[str, ...] = ()) -> Plan:
-        """Check the chain (readers first, writer last, every key a stage needs produced
-        earlier) and cut it once ``until_keys`` all exist and the next stage does more than
-        change them in place (a resize or crop of ``pixels`` still runs)."""
+        """Check the chain and cut it once ``until_keys`` exist (see :meth:`run`)."""
         if not self.stages or not isinstance(self.stages[0], ReaderStage):
             raise ConfigError(f"pipeline {self.name!r}: the first stage must be a ReaderStage")
         if not isinstance(self.stages[-1], ImageWriterStage):
@@ -104,9 +98,7 @@ class Pipeline:
         plan = self.plan(tuple(until_keys))
         executor = executor or LocalExecutor()
         chain = [*plan.stages, plan.writer]
-        # With no stage between reader and writer there is nothing to parallelise: shipping
-        # every image to a worker and back would only add copies (the export's own work
-        # still runs on the executor). The output is the same either way.
+        # No stage between reader and writer: shipping images to workers would only copy.
         stages_on = executor if plan.stages else LocalExecutor(1)
         states: list[dict[str, Any]] = [{} for _ in chain]
         scan = plan.reader.scan()
@@ -131,9 +123,7 @@ class Pipeline:
 
 
 def _refines(stage: Stage, keys: set[str]) -> bool:
-    """Whether a stage only changes some of ``keys`` in place (a resize or crop of
-    ``pixels``): it still runs after the keys exist, so the view holds their final values.
-    (A filter on the keys also needs only them, and adds nothing, but drops samples.)"""
+    """Whether a stage only changes some of ``keys`` in place (it still runs after them)."""
     return stage.changes_in_place and bool(stage.needs) and set(stage.needs) <= keys
 
 

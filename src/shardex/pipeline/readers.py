@@ -1,7 +1,6 @@
 """Readers: the first stage of a pipeline, a source cut into batches of samples.
 
-A reader scans its source in the driver (no image bytes read); each batch job carries its
-rows, and the worker that runs the batch reads the bytes and builds the samples.
+The driver only scans; the worker that runs a batch job reads its bytes.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ class ReaderStage(Stage):
         return {"source": self.source.uri, "kind": self.source.kind, "batch_size": self.batch_size}
 
     def scan(self) -> ScanResult:
-        """The source's sample table (once). Rows the source marked unusable are left out
-        here: no stage reads them (a symlink out of the source must not be read)."""
+        """The source's sample table (once), without the rows it marked unusable."""
         if self._scan is None:
             self._scan = _without_invalid(self.source.scan())
         return self._scan

@@ -13,12 +13,9 @@
       - {stage: encode, format: webp, quality: 90}
     executor: {kind: local, workers: 4}
 
-A stage is a built-in name (``shardex pipeline stages`` lists them) or an import path
-``module:Class`` with keyword arguments. A spec file is also a *scenario*: a bare name
-(``my-scenario``, no such file or folder) names ``my-scenario.yaml`` (or ``.yml``) in the
-current folder, then in each folder of ``SHARDEX_SCENARIO_PATH`` (:func:`find_scenario`). The spec's fingerprint (a hash of everything but
-``output`` and ``executor``, which do not change the result) goes into config.yaml;
-:func:`materialize` reuses an export only when the fingerprints match.
+A bare name is a *scenario*: ``NAME.yaml`` in the current folder or
+``SHARDEX_SCENARIO_PATH``. :func:`materialize` reuses an export whose recorded spec
+fingerprint matches.
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ from shardex.quoting import collapsed
 SCENARIO_PATH: Final = "SHARDEX_SCENARIO_PATH"
 _SPEC_SUFFIXES: Final = (".yaml", ".yml")
 
-#: Spec keys that say where and how to run, not what to produce (not fingerprinted).
+#: Keys and options that say where and how to run, not what to produce.
 _NOT_FINGERPRINTED = ("output", "executor", "name")
-#: Options that change how an export runs, not what it holds.
 _NOT_OUTPUT = frozenset({"mode", "overwrite", "verbose", "workers", "storage_options"})
 
 
@@ -94,8 +90,7 @@ class Spec:
         until_keys: Iterable[str] = (),
         overrides: dict[str, Any] | None = None,
     ) -> str:
-        """What the export depends on, hashed: the spec, the stages run and the options
-        given on top of it (not where or how verbosely it runs)."""
+        """A hash of what the export's content depends on."""
         basis = {k: v for k, v in self.raw.items() if k not in _NOT_FINGERPRINTED}
         changes = {k: v for k, v in (overrides or {}).items() if k not in _NOT_OUTPUT}
         basis["_run"] = {"preprocess": preprocess, "until": sorted(until_keys), **changes}
@@ -150,8 +145,7 @@ class Spec:
 
 
 def is_scenario_name(source: str) -> bool:
-    """Whether ``source`` can only be a scenario's name: no path separator, no scheme or
-    glob, and no such file or folder."""
+    """Whether ``source`` can only be a scenario's name (no path, scheme, glob or file)."""
     separators = {"/", os.sep, *(os.altsep or "")}
     return (
         bool(source)
@@ -168,10 +162,7 @@ def scenario_places(name: str) -> list[Path]:
 
 
 def find_scenario(source: str) -> Path | None:
-    """The spec file ``source`` names: a ``.yaml``/``.yml`` path as given, or, for a bare
-    name, the first ``NAME.yaml``/``NAME.yml`` of :func:`scenario_places`; None when
-    ``source`` is no spec file (or a bare name with no scenario: see
-    :func:`scenario_not_found`)."""
+    """The spec file ``source`` names (a YAML path, or a scenario's); None if none."""
     if source.endswith(_SPEC_SUFFIXES):
         return Path(source)
     if not is_scenario_name(source):
@@ -200,13 +191,9 @@ def _validator() -> Any:
 @cache
 def builtin_stages() -> dict[str, type[Stage]]:
     """Built-in stage classes by name."""
-    from shardex.pipeline import stages
+    from shardex.pipeline.stages import BUILTIN_STAGES
 
-    found = {}
-    for value in vars(stages).values():
-        if isinstance(value, type) and issubclass(value, Stage) and "name" in vars(value):
-            found[value.name] = value
-    return found
+    return BUILTIN_STAGES
 
 
 def build_stage(entry: dict[str, Any], where: str = "spec") -> Stage:
@@ -240,29 +227,29 @@ def run_spec(
     until_keys: Iterable[str] = (),
     **overrides: Any,
 ) -> ExportConfig:
-    """Export as a spec says: with its stages (``preprocess``), only until ``until_keys``
-    exist (stored as features beside the default ones, unless ``x_keys`` names them
-    all), or without stages (the source exported as is, with the spec's options).
-    ``overrides`` are export options given on top of the spec's (recorded in the
-    fingerprint when they change the output)."""
+    """Export as a spec says.
+
+    Args:
+        preprocess: run the spec's stages (False: export the source as is).
+        until_keys: run stages only until these keys exist; they are stored as features.
+        overrides: export options on top of the spec's.
+    """
     spec = load_spec(spec)
     until = tuple(until_keys)
     preprocess = preprocess or bool(until)
     fingerprint = spec.fingerprint(preprocess, until, overrides)
     if until:
-        # the keys a view was asked for are stored as features beside the default ones
-        # (a function of ``until``, already in the fingerprint); x_keys given win
         overrides = {**overrides, "with_keys": until}
     pipeline = spec.pipeline(output, fingerprint, **overrides)
     if not preprocess:
         pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
-    made = executor is None  # a caller's executor (and a Ray it started) is the caller's
+    made = executor is None  # a caller's executor is the caller's to close
     executor = executor or spec.executor()
     try:
         return pipeline.run(executor, until_keys=until)
     finally:
         if made:
-            executor.close()  # a Ray it started
+            executor.close()
 
 
 def materialize(
@@ -272,8 +259,7 @@ def materialize(
     executor: Executor | None = None,
     until_keys: Iterable[str] = (),
 ) -> ExportConfig:
-    """The export ``spec`` describes at ``output``: the existing one when its recorded spec
-    fingerprint matches, else rebuilt (replacing what is there)."""
+    """The export ``spec`` describes at ``output``: reused if its fingerprint matches, else rebuilt."""
     from shardex.api import read_config
 
     spec = load_spec(spec)

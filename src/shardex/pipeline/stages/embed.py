@@ -36,32 +36,13 @@ _TORCH_HINT = "EmbedStage needs torch: pip install 'shardex[torch]'"
 class EmbedStage(Stage):
     """Run a user-provided model on ``pixels`` and store one float32 vector per sample.
 
-    **Model**: ``model`` is an import path ``"package.module:factory"``; ``factory()``
-    returns a ``torch.nn.Module`` (put in eval mode, moved to ``device``) or any callable
-    taking a float32 tensor ``(B, 3, H, W)`` and returning ``(B, D)``. The module must be
-    importable in every worker. The model is built in :meth:`setup` (once per worker),
-    never pickled.
-
-    **Weights**: ``weights`` is a local state-dict file, loaded into the module with
-    ``load_state_dict`` (strict): ``*.safetensors`` through the ``safetensors`` package,
-    anything else with ``torch.load(path, weights_only=True)`` (no pickled code runs).
-
-    **Preprocessing** (in this order): the pixels are made RGB uint8 with the
-    :class:`DecodeStage` ``"RGB"`` policy (alpha on white, gray replicated, 16-bit high
-    byte); with ``crop`` the shorter side is resized to ``input_size`` and the centre
-    ``input_size`` square cut out, without ``crop`` the image is resized to the square;
-    values are scaled to [0, 1]; with ``mean``/``std`` each channel becomes
-    ``(x - mean) / std``.
-
-    **Determinism**: inference runs under ``torch.inference_mode()`` with
-    ``torch.set_num_threads(cpus)``; with ``pad_batches`` every call gets exactly
-    ``batch_size`` images (zero-padded), so a sample's vector does not depend on which
-    samples share its batch (BLAS picks its kernels by batch size). Together this gives the
-    same bits whatever the executor or number of workers, on the same machine type.
+    See docs/pipeline.md, "Embeddings", for the model, weights and preprocessing.
 
     Args:
-        model: ``"module:factory"``.
-        weights: path of a state-dict file, or None to use the factory's weights.
+        model: ``"module:factory"``; ``factory()`` gives a ``torch.nn.Module`` or a callable
+            from a float32 ``(B, 3, H, W)`` tensor to ``(B, D)``.
+        weights: path of a state-dict file (``.safetensors`` or ``torch.load``-able), or
+            None to use the factory's weights.
         key: the sample key written (a float32 numpy array of shape (D,)).
         batch_size: images per model call.
         input_size: side of the square model input.
@@ -72,7 +53,8 @@ class EmbedStage(Stage):
         cpus: CPU cores per worker (Ray resources and torch threads).
         gpus: GPUs per worker (Ray resources); > 0 puts the model on ``"cuda"``.
         device: torch device; default ``"cuda"`` when ``gpus > 0``, else ``"cpu"``.
-        pad_batches: pad short batches to ``batch_size`` (see Determinism).
+        pad_batches: pad short batches to ``batch_size``, so a vector does not depend on
+            its batch (BLAS picks kernels by batch size).
     """
 
     name: ClassVar[str] = "embed"
@@ -120,11 +102,10 @@ class EmbedStage(Stage):
         return params
 
     def __getstate__(self) -> dict[str, Any]:
-        # the model is built in each worker's setup(), never shipped
         return {**self.__dict__, "_model": None, "_threads_before": None}
 
     def check(self) -> None:
-        """torch is installed (found, not imported: the driver does not load it)."""
+        """torch is installed (found, not imported)."""
         if importlib.util.find_spec("torch") is None:
             raise MissingDependencyError(_TORCH_HINT)
 
@@ -310,7 +291,7 @@ def _read_state(file: Path) -> Any:
         return safetensors_torch.load_file(str(file), device="cpu")
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # UnpicklingError for pickled code, RuntimeError for bad files
+    except Exception as exc:  # UnpicklingError, RuntimeError ...
         raise ConfigError(
             f"cannot load weights {str(file)!r} with torch.load(weights_only=True): {exc}. "
             "Save a state dict: torch.save(model.state_dict(), path)"

@@ -1,8 +1,7 @@
 """The filter stage: keep the samples for which a metadata expression holds.
 
-The expression is parsed with :mod:`ast` and compiled into closures over a whitelist of
-node types; nothing is ever passed to ``eval``, so no call, attribute, subscript or import
-can run.
+The expression is compiled into closures over whitelisted :mod:`ast` nodes, never
+``eval``-ed, so no call, attribute, subscript or import can run.
 """
 
 from __future__ import annotations
@@ -51,19 +50,14 @@ _UNARY: Final[dict[type[ast.unaryop], Callable[[Any], Any]]] = {
 
 
 class FilterStage(Stage):
-    """Keep the samples whose metadata satisfy ``expr``; drop the others.
-
-    Examples: ``"aesthetic_score > 5"``, ``"width >= 64 and label != 3"``,
-    ``"caption is not None"``, ``"label in (1, 2, 7)"``, ``"0.2 < nsfw_score <= 0.5"``.
-    Names are sample keys; a sample lacking one is an error that lists its keys.
+    """Keep the samples whose metadata satisfy ``expr``, e.g. ``"0.2 < nsfw_score <= 0.5"``.
 
     Args:
-        expr: a Python expression restricted to comparisons, boolean logic, arithmetic,
-            sample keys and constants (no calls, attributes, subscripts or imports).
+        expr: comparisons, boolean logic, arithmetic, sample keys and constants.
 
     Raises:
-        ConfigError: at construction for an expression outside that subset; from
-            :meth:`process` when a sample lacks a name or a comparison fails (type errors).
+        ConfigError: an expression outside that subset; from :meth:`process`, a sample
+            lacking a name or a failing comparison.
     """
 
     name: ClassVar[str] = "filter"
@@ -142,11 +136,8 @@ class _Compiler:
             unary, operand = _UNARY[type(node.op)], self.compile(node.operand)
             return lambda s: unary(operand(s))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            binary, left, right = (
-                _BINARY[type(node.op)],
-                self.compile(node.left),
-                self.compile(node.right),
-            )
+            binary, left = _BINARY[type(node.op)], self.compile(node.left)
+            right = self.compile(node.right)
             return lambda s: binary(left(s), right(s))
         if isinstance(node, ast.Compare):
             return self._compare(node)
