@@ -1,9 +1,7 @@
-"""What the browser knows of a split without reading an image: its metadata table, the kind
-of each column, filtered and ordered selections, pages of rows, counts and plot data.
+"""What the browser knows of a split without reading an image: column kinds, selections,
+pages of rows, counts and plot data, vectorised over the metadata.
 
-Everything here is vectorised over the metadata (numpy and Arrow compute): a 1M-row split
-answers a first page in milliseconds once its table is loaded. Sort orders and the last few
-selections are kept, so paging through a filtered grid never filters again.
+Sort orders and the last few selections are kept: paging a filtered grid never refilters.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from shardex.contract import ExportConfig
 from shardex.errors import SampleNotFoundError
 
 Indices = npt.NDArray[np.int64]
-#: Columns shardex adds to every export's metadata: shown on the sample page, not offered
-#: as filters (byte offsets and checksums are not something to curate by).
+#: Columns shardex adds to every export: shown on the sample page, not offered as filters.
 INTERNAL: Final = frozenset(
     {
         "image_id",
@@ -41,17 +38,13 @@ INTERNAL: Final = frozenset(
         "sample_checksum",
     }
 )
-#: What a grid row carries beside its columns (the sample's number, its label's name): a
-#: metadata column of one of these names (``df.reset_index()`` makes ``index``) is filtered
-#: on and shown on the sample page, but not offered under the thumbnails, where it would
-#: show the row's own value instead of the column's.
+#: Names a grid row uses for itself: a column so named (``index`` from
+#: ``df.reset_index()``) is not offered under the thumbnails, where the row's value shows.
 ROW_FIELDS: Final = frozenset({"index", "label_name"})
-#: Bins of each histogram, and of each axis of the width x height plot.
 BINS: Final = 30
 SIZE_BINS: Final = 24
-#: Selections kept (a filtered 1M-row split holds up to 8 MB of indices each).
+#: A filtered 1M-row selection holds up to 8 MB of indices.
 SELECTIONS_KEPT: Final = 8
-#: Strings longer than this are cut in the grid (the sample page shows them whole).
 GRID_TEXT: Final = 200
 #: Integers past this lose precision as JavaScript numbers: they are sent as strings.
 _JS_SAFE: Final = 2**53
@@ -187,13 +180,11 @@ class Catalog:
         return int(found)
 
     def plots(self, selection: Selection) -> dict[str, Any]:
-        """Data of the plots over a selection: label counts, one histogram per numeric
-        column, width x height counts, and the split's shard sizes."""
-        mask: Mask | None = np.zeros(self.num_rows, dtype=bool)
-        assert mask is not None
-        mask[selection.indices] = True
-        if selection.indices.size == self.num_rows:
-            mask = None  # everything: no copy of each column through a mask
+        """Data of the plots over a selection: labels, histograms, sizes, shards."""
+        mask: Mask | None = None  # everything: no copy of each column through a mask
+        if selection.indices.size != self.num_rows:
+            mask = np.zeros(self.num_rows, dtype=bool)
+            mask[selection.indices] = True
         histograms = {name: self._histogram(name, mask) for name in self.columns.numeric}
         shards = self.config.split(self.split).shards
         return {
@@ -253,8 +244,7 @@ class Catalog:
         ]
 
     def _bounds(self, column: str) -> tuple[float, float] | None:
-        """The finite range of a numeric column (made once): bins span the whole column,
-        so a filtered plot compares with the unfiltered one."""
+        """The finite range of a numeric column: bins span it, filtered or not."""
         with self._lock:
             if column in self._ranges:
                 return self._ranges[column]
@@ -305,8 +295,8 @@ def _bin(values: npt.NDArray[np.float64], bounds: tuple[float, float]) -> npt.ND
 
 
 def json_value(value: Any, cut: int | None) -> Any:
-    """A metadata value as JSON can carry it: NaN and infinities as text, integers past
-    2**53 as text (JavaScript would round them), bytes by size, long strings cut."""
+    """A metadata value as JSON carries it (NaN and integers past 2**53 as text, bytes by
+    size, long strings cut)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _JS_SAFE:

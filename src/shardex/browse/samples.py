@@ -1,10 +1,7 @@
 """Reading samples for the browser: thumbnails, full images and the sample page's details.
 
-A thumbnail costs one read of its sample (one ``pread``, or one ranged GET on object
-storage) with the checksum verified, and a reduced-size decode: libjpeg scales a JPEG by
-1/2, 1/4 or 1/8 while decoding (Pillow's draft mode), several times faster than decoding
-in full and shrinking. Thumbnails are kept in a bounded LRU cache; the sample page's
-bytes are kept briefly too, so its details and its image cost one read together.
+A thumbnail is one read and a reduced-size decode (libjpeg's draft mode, several times
+faster); thumbnails sit in an LRU cache, and a sample page's bytes are kept briefly.
 """
 
 from __future__ import annotations
@@ -27,12 +24,9 @@ _LARGE_PIXELS: Final = 16 << 20
 _LARGE_DECODES: Final = threading.BoundedSemaphore(2)
 #: Thumbnail sizes the grid asks for (longest side, pixels); any other is refused.
 THUMB_SIZES: Final = (96, 160, 256)
-#: Bytes of encoded thumbnails kept in memory.
 THUMB_CACHE_BYTES: Final = 64 << 20
-#: Samples whose bytes are kept for the sample page (details, then its image).
 SAMPLES_KEPT: Final = 8
-#: Image encodings sent with their own media type (``image/ENCODING``); anything else
-#: (TIFF: browsers do not show it) is never served inline.
+#: Encodings served inline as ``image/ENCODING`` (not TIFF: browsers do not show it).
 _INLINE_ENCODINGS: Final = frozenset({"jpeg", "png", "webp", "gif", "bmp"})
 
 
@@ -84,8 +78,7 @@ class SampleReader:
         """A JPEG of at most ``size`` x ``size`` pixels of sample ``index``'s image.
 
         Raises:
-            ShardexError: the sample cannot be read (ChecksumError, FormatError, ...) or
-                its image cannot be decoded (BadImageError).
+            ShardexError: the sample cannot be read, or its image decoded (BadImageError).
         """
         with self._lock:
             cached = self._thumbs.get((index, size))
@@ -133,8 +126,7 @@ class SampleReader:
         return read
 
     def _read_ranges(self, index: int) -> _Read:
-        """A sample that is a byte range of its shard, from one ranged read, its checksum
-        checked, its fields located in the shard (where the backend says)."""
+        """A sample that is a byte range of its shard: one ranged read, checksum checked."""
         ds = self.dataset
         assert isinstance(ds, SampleRanges)
         record = ds.records[index]
@@ -156,16 +148,11 @@ class SampleReader:
             for name, start, size in ds.field_spans(buf, shard)
         )
         checked = f"xxh3_64:{checksum:016x}"
-        detail = Detail(key, path, offset, length, checked, ds.verify, members)
-        return _Read(key, fields, detail)
+        return _Read(key, fields, Detail(key, path, offset, length, checked, ds.verify, members))
 
 
 def image_field(sample: dict[str, Any], index: int) -> tuple[str, bytes]:
-    """``(extension, bytes)`` of a sample's first image field.
-
-    Raises:
-        BadImageError: the sample has no image field.
-    """
+    """``(extension, bytes)`` of a sample's first image field, or BadImageError."""
     for ext, data in sample.items():
         if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS and isinstance(data, bytes):
             return ext, data
@@ -189,11 +176,7 @@ def _reduced(opened: Any, size: int, what: str) -> Any:
 
 
 def make_thumbnail(data: bytes, size: int, what: str) -> bytes:
-    """A JPEG thumbnail (quality 80) of encoded image bytes, decoded at reduced size.
-
-    Raises:
-        BadImageError: the bytes are not a decodable image, or too large to decode.
-    """
+    """A JPEG thumbnail (quality 80) of encoded image bytes, or BadImageError."""
     from PIL import Image
 
     try:
