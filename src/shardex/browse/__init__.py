@@ -35,8 +35,7 @@ def open_browser(
 
     Args:
         location: the export's folder or URL (``s3://...``), or a storage.
-        split: the split shown first; default: the only split, else the first in config.yaml.
-        storage_options: options for object storage (see docs/storage.md).
+        split: the split shown first; default: the first in config.yaml.
     """
     _require()
     from shardex.api import read_config
@@ -75,10 +74,9 @@ def browse(
 
     Args:
         location: the export's folder or URL, or a storage.
-        split: the split shown first; default: the only split, else the first.
+        split: the split shown first; default: the first in config.yaml.
         host: address to bind (another than loopback shows the export to whoever can reach it).
-        port: port to bind; 0 picks a free one (the URL printed names it).
-        storage_options: options for object storage.
+        port: port to bind; 0 picks a free one.
         out: where to print the URL (default: standard output).
 
     Raises:

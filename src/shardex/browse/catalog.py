@@ -21,23 +21,11 @@ from shardex.browse.query import Mask, Query, query_mask
 from shardex.browse.table import SplitTable
 from shardex.contract import ExportConfig
 from shardex.errors import SampleNotFoundError
+from shardex.refs.scan import INVALID, MEMBERS, RESERVED
 
 Indices = npt.NDArray[np.int64]
 #: Columns shardex adds to every export: shown on the sample page, not offered as filters.
-INTERNAL: Final = frozenset(
-    {
-        "image_id",
-        "tar_file",
-        "member_name",
-        "metadata",
-        "split",
-        "export_index",
-        "sample_index",
-        "sample_offset",
-        "sample_length",
-        "sample_checksum",
-    }
-)
+INTERNAL: Final = RESERVED - {"key", "original_path", "label", MEMBERS, INVALID}
 #: Names a grid row uses for itself: a column so named (``index`` from
 #: ``df.reset_index()``) is not offered under the thumbnails, where the row's value shows.
 ROW_FIELDS: Final = frozenset({"index", "label_name"})
@@ -72,7 +60,9 @@ class Columns:
             None,
         )
         user = [f for f in schema if f.name not in INTERNAL and f.name not in (label, "key")]
-        numeric = [f.name for f in user if _is_number(f.type)]
+        numeric = [
+            f.name for f in user if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+        ]
         text = [f.name for f in user if pa.types.is_string(f.type)]
         embeddings = [
             f.name
@@ -312,10 +302,6 @@ def json_value(value: Any, cut: int | None) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)  # dates, decimals
-
-
-def _is_number(kind: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
 
 
 def _as_numpy(column: pa.ChunkedArray, missing: Any, dtype: Any) -> Any:

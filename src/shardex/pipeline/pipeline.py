@@ -21,7 +21,7 @@ from shardex.contract import ExportConfig
 from shardex.errors import ConfigError
 from shardex.pipeline.executors import Executor, LocalExecutor
 from shardex.pipeline.readers import READER_KEYS, ReaderStage
-from shardex.pipeline.stage import Batch, Stage
+from shardex.pipeline.stage import Stage
 from shardex.pipeline.writer import ImageWriterStage
 from shardex.progress import Progress
 
@@ -57,7 +57,7 @@ class Pipeline:
             raise ConfigError(f"pipeline {self.name!r}: the last stage must be an ImageWriterStage")
         reader, writer = self.stages[0], self.stages[-1]
         middle = self.stages[1:-1]
-        available = set(_reader_keys(reader))
+        available = {*READER_KEYS[:2], "image", "image_ext", *reader.scan().table.column_names}
         wanted = set(until_keys)
         kept: list[Stage] = []
         for stage in middle:
@@ -87,13 +87,11 @@ class Pipeline:
 
         Args:
             executor: where the stages run (default: :class:`LocalExecutor`).
-            until_keys: run stages in order only until these keys exist (and the
-                stages right after that only change them in place), then write that
-                view (``--preprocess-until-key``).
+            until_keys: run stages only until these keys exist (stages that then only
+                change them in place still run), and write that view.
 
         Raises:
-            ConfigError: the chain is malformed or a wanted key is never produced
-                (before anything runs).
+            ConfigError: (before anything runs) a malformed chain or a key never produced.
         """
         plan = self.plan(tuple(until_keys))
         executor = executor or LocalExecutor()
@@ -107,7 +105,10 @@ class Pipeline:
                 bar = bars.task(f"pipeline {self.name}", scan.table.num_rows)
                 for batch in stages_on.map_batches(chain, plan.reader.jobs()):
                     bar.advance(len(batch))
-                    _reduce(chain, states, batch)
+                    for stage, state in zip(chain, states, strict=True):
+                        if not batch:
+                            break
+                        batch = stage.reduce(batch, state)
             applied = tuple(s.describe() for s in (plan.reader, *plan.stages))
             return plan.writer.write(
                 states[-1],
@@ -125,15 +126,3 @@ class Pipeline:
 def _refines(stage: Stage, keys: set[str]) -> bool:
     """Whether a stage only changes some of ``keys`` in place (it still runs after them)."""
     return stage.changes_in_place and bool(stage.needs) and set(stage.needs) <= keys
-
-
-def _reduce(chain: list[Stage], states: list[dict[str, Any]], batch: Batch) -> None:
-    for stage, state in zip(chain, states, strict=True):
-        if not batch:
-            return
-        batch = stage.reduce(batch, state)
-
-
-def _reader_keys(reader: ReaderStage) -> list[str]:
-    table = reader.scan().table
-    return [*READER_KEYS[:2], "image", "image_ext", *table.column_names]

@@ -78,15 +78,8 @@ def _without_invalid(scan: ScanResult) -> ScanResult:
         return scan
     invalid = table.column(INVALID)
     bad = table.filter(invalid.is_valid())
-    left_out = tuple(
-        LeftOut(str(path), str(reason), str(key))
-        for key, path, reason in zip(
-            bad.column("key").to_pylist(),
-            bad.column("original_path").to_pylist(),
-            bad.column(INVALID).to_pylist(),
-            strict=True,
-        )
-    )
+    columns = [bad.column(c).to_pylist() for c in ("original_path", INVALID, "key")]
+    left_out = tuple(LeftOut(str(p), str(r), str(k)) for p, r, k in zip(*columns, strict=True))
     kept = table.filter(invalid.is_null()).drop_columns([INVALID])
     return ScanResult(kept, scan.label_names, scan.left_out + left_out)
 

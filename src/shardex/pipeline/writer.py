@@ -91,10 +91,7 @@ class ImageWriterStage(Stage):
         images_per_tar: samples per shard; only the last shard of a split may hold fewer.
         remove_image_data: drop image bytes and pixels from the samples passed on (the
             export keeps them).
-        verbose: show progress bars.
         deterministic_name: shard names from a hash of the content, else random.
-        backend: any shardex backend.
-        storage_options: options for object storage.
         spec_fingerprint: the spec file's hash, recorded in config.yaml.
         name: NeMo's stage name, recorded as ``stage_name``.
         **options: more export options (``layout="flat"``, ``split_fractions``, ``seed``,
@@ -163,17 +160,11 @@ class ImageWriterStage(Stage):
         return out
 
     def process(self, batch: Batch) -> Batch:
-        keys = self._stored_keys()
+        x_keys = self.options.get("x_keys")  # None: every member is stored
+        keys = frozenset((*x_keys, *(self.options.get("y_keys") or ()))) if x_keys else None
         for sample in batch:
             _finish_pixels(sample, keys)
         return batch
-
-    def _stored_keys(self) -> frozenset[str] | None:
-        """The x and y keys asked for (None: x keys not given, every member is stored)."""
-        x_keys = self.options.get("x_keys")
-        if not x_keys:
-            return None
-        return frozenset((*x_keys, *(self.options.get("y_keys") or ())))
 
     def reduce(self, batch: Batch, state: dict[str, Any]) -> Batch:
         """Collect the samples, their bytes spooled to disk (the driver holds no images)."""

@@ -58,7 +58,6 @@ class ShardexDatasource(Datasource):
         split: which split (None: the only one).
         decode: decode fields as :func:`shardex.open_dataset` does; default: stored bytes.
         columns: the columns to return, in this order; naming no field reads no shard.
-        storage_options: options for object storage.
     """
 
     def __init__(
@@ -160,11 +159,7 @@ def read_shardex(
     metadata columns with their Arrow types.
 
     Args:
-        uri: the export's folder or URL.
-        split: which split (None: the only one).
-        decode: decode fields as :func:`shardex.open_dataset` does.
-        columns: the columns to return, in this order; naming no field reads no shard.
-        storage_options: options for object storage.
+        uri, split, decode, columns, storage_options: as :class:`ShardexDatasource`.
         parallelism: the number of read tasks (at most one per shard); -1 lets Ray choose.
         preserve_order: keep sample order through every later step; False lets blocks
             pass as tasks finish (Ray's default: more throughput).

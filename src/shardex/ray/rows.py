@@ -16,24 +16,12 @@ import pyarrow.compute as pc
 
 from shardex.errors import SourceError
 from shardex.refs.members import LABEL_FIELD
-from shardex.refs.scan import MEMBER_TYPE, MEMBERS
+from shardex.refs.scan import INVALID, MEMBER_TYPE, MEMBERS, RESERVED
 from shardex.storage.base import ObjectWriter
 
 KEY_COLUMNS: Final = ("key", "__key__")
 #: Columns of an export's metadata that shardex fills itself: recomputed when writing.
-BOOKKEEPING: Final = frozenset(
-    {
-        "image_id",
-        "tar_file",
-        "member_name",
-        "metadata",
-        "export_index",
-        "sample_index",
-        "sample_offset",
-        "sample_length",
-        "sample_checksum",
-    }
-)
+BOOKKEEPING: Final = RESERVED - {"key", "original_path", "split", "label", MEMBERS, INVALID}
 _SPECIAL: Final = frozenset({*KEY_COLUMNS, "image", "image_ext", "label", "split", "original_path"})
 
 

@@ -117,10 +117,8 @@ class ShardexDatasink(Datasink[StagedPart | None]):
     Args:
         output: the export's folder or URL (or a Storage).
         label_names: class names of the ``label`` numbers, recorded in config.yaml.
-        storage_options: options for object storage (see docs/storage.md).
         progress: show the export's progress bars on the driver.
-        **export_options: fields of :class:`shardex.ExportOptions` (``samples_per_shard``
-            or NeMo's ``images_per_tar``, ``backend``, ``split_fractions``, ``mode`` ...).
+        **export_options: fields of :class:`shardex.ExportOptions` (or ``images_per_tar``).
     """
 
     def __init__(
@@ -245,9 +243,6 @@ def write_shardex(
         dataset: rows as :class:`ShardexDatasink` describes them.
         output: the export's folder or URL (or a Storage).
         **options: :class:`ShardexDatasink`'s keyword arguments and export options.
-
-    Returns:
-        The committed contract (config.yaml).
 
     Raises:
         SourceError: rows without a key or encoded data (Ray's ``RayTaskError`` is one too).

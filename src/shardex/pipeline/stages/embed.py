@@ -43,16 +43,11 @@ class EmbedStage(Stage):
             from a float32 ``(B, 3, H, W)`` tensor to ``(B, D)``.
         weights: path of a state-dict file (``.safetensors`` or ``torch.load``-able), or
             None to use the factory's weights.
-        key: the sample key written (a float32 numpy array of shape (D,)).
-        batch_size: images per model call.
+        key: the sample key written (a float32 array of shape (D,)).
         input_size: side of the square model input.
-        interpolation: the resize filter (see :class:`ResizeStage`).
         crop: resize the shorter side and centre-crop (True) or squash to the square.
-        mean: per-channel mean (3 floats on the [0, 1] scale), or None for none.
-        std: per-channel standard deviation, with ``mean``.
-        cpus: CPU cores per worker (Ray resources and torch threads).
-        gpus: GPUs per worker (Ray resources); > 0 puts the model on ``"cuda"``.
-        device: torch device; default ``"cuda"`` when ``gpus > 0``, else ``"cpu"``.
+        mean, std: per-channel normalisation (3 floats each, on the [0, 1] scale), or None.
+        cpus, gpus: per worker (Ray resources, torch threads); ``gpus > 0`` means ``"cuda"``.
         pad_batches: pad short batches to ``batch_size``, so a vector does not depend on
             its batch (BLAS picks kernels by batch size).
     """
@@ -111,8 +106,10 @@ class EmbedStage(Stage):
 
     def setup(self) -> None:
         """Import torch, set its threads to ``cpus``, build the model, load the weights."""
-        _check_torch()
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise MissingDependencyError(_TORCH_HINT) from exc
 
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.cpus)
@@ -228,13 +225,6 @@ def _normalisation(
         )
     m, s = tuple(float(v) for v in mean), tuple(float(v) for v in std)
     return (m[0], m[1], m[2]), (s[0], s[1], s[2])
-
-
-def _check_torch() -> None:
-    try:
-        importlib.import_module("torch")
-    except ImportError as exc:
-        raise MissingDependencyError(_TORCH_HINT) from exc
 
 
 def load_factory(spec: str) -> Callable[[], Any]:

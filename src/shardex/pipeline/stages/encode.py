@@ -14,7 +14,6 @@ from shardex.pipeline.stage import Batch, Sample, Stage
 from shardex.pipeline.stages._common import require, sample_name
 from shardex.pipeline.stages.pixels import Pixels, channels, check_choice
 
-EncodeFormat = Literal["webp", "jpeg", "png"]
 ENCODE_FORMATS: Final = ("webp", "jpeg", "png")
 Subsampling = Literal["4:4:4", "4:2:2", "4:2:0"]
 SUBSAMPLINGS: Final = ("4:4:4", "4:2:2", "4:2:0")

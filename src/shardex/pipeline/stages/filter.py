@@ -131,7 +131,10 @@ class _Compiler:
         if isinstance(node, ast.Name):
             return self._name(node.id)
         if isinstance(node, ast.BoolOp):
-            return self._boolean(node)
+            parts = [self.compile(v) for v in node.values]
+            if isinstance(node.op, ast.And):
+                return lambda s: all(part(s) for part in parts)
+            return lambda s: any(part(s) for part in parts)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             unary, operand = _UNARY[type(node.op)], self.compile(node.operand)
             return lambda s: unary(operand(s))
@@ -167,15 +170,10 @@ class _Compiler:
 
         return lookup
 
-    def _boolean(self, node: ast.BoolOp) -> Evaluate:
-        parts = [self.compile(v) for v in node.values]
-        if isinstance(node.op, ast.And):
-            return lambda s: all(part(s) for part in parts)
-        return lambda s: any(part(s) for part in parts)
-
     def _compare(self, node: ast.Compare) -> Evaluate:
         for op, right in zip(node.ops, node.comparators, strict=True):
-            if isinstance(op, ast.Is | ast.IsNot) and not _is_none(right):
+            none = isinstance(right, ast.Constant) and right.value is None
+            if isinstance(op, ast.Is | ast.IsNot) and not none:
                 raise self.refuse(node, "'is' / 'is not' compare only with None (use == or !=)")
         ops = [_COMPARE[type(op)] for op in node.ops]
         operands = [self.compile(node.left), *(self.compile(c) for c in node.comparators)]
@@ -197,7 +195,3 @@ def _number(value: Any) -> Any:
     if isinstance(value, str | bytes | tuple | list):
         raise TypeError("'*' and '%' take numbers only")
     return value
-
-
-def _is_none(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value is None
