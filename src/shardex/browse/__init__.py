@@ -54,8 +54,7 @@ def create_app(
     host: str = DEFAULT_HOST,
     storage_options: dict[str, Any] | None = None,
 ) -> Starlette:
-    """The ASGI app of :func:`browse`; requests naming a host other than ``host`` are
-    refused (DNS rebinding)."""
+    """The ASGI app of :func:`browse`; requests naming another host are refused."""
     from shardex.browse.app import create_app as _create_app
 
     return _create_app(open_browser(location, split, storage_options=storage_options), host=host)

@@ -154,8 +154,6 @@ def create_app(splits: Splits, *, host: str = "127.0.0.1") -> Starlette:
 
 
 class _SecurityHeaders:
-    """Adds the headers of :data:`SECURITY_HEADERS` to every response."""
-
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -247,8 +245,7 @@ class _Pages:
         )
 
     def _around(self, request: Request, catalog: Catalog, index: int) -> dict[str, Any]:
-        """Previous, next and back links within the grid the page was opened from (its URL
-        carries that grid's query)."""
+        """Previous, next and back links within the grid (whose query the URL carries)."""
         params = _params(request)
         params.pop("offset", None)
         back = {"back": _url("/", params)}

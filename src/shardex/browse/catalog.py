@@ -285,8 +285,7 @@ def _bin(values: npt.NDArray[np.float64], bounds: tuple[float, float]) -> npt.ND
 
 
 def json_value(value: Any, cut: int | None) -> Any:
-    """A metadata value as JSON carries it (NaN and integers past 2**53 as text, bytes by
-    size, long strings cut)."""
+    """A metadata value as JSON carries it (NaN and ints past 2**53 as text, strings cut)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _JS_SAFE:

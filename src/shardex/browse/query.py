@@ -58,8 +58,7 @@ def parse_query(
     text: Sequence[str],
     orderable: Sequence[str] = (),
 ) -> Query:
-    """A :class:`Query` from URL parameters (``label``, ``min.COL``, ``max.COL``, ``q``,
-    ``in``, ``expr``, ``order``, ``desc``); ConfigError for unknown columns or bad numbers."""
+    """A :class:`Query` from URL parameters; ConfigError for unknown columns, bad numbers."""
     labels = tuple(_int64("label", integer_param("label", v)) for v in params.get("label", ()))
     bounds: dict[str, list[float | None]] = {}
     for name, values in params.items():

@@ -29,7 +29,6 @@ def _setup(stages: list[Stage]) -> None:
 
 
 def run_stages(stages: list[Stage], job: BatchJob) -> tuple[int, Batch]:
-    """Read a batch job's samples and pass them through the stages, in order."""
     batch: Batch | None = read_batch(job.rows)
     for stage in stages:
         if not batch:

@@ -88,8 +88,7 @@ class RayRunner(Runner):
         self._settle()
 
     def _settle(self) -> None:
-        """Cancel the tasks not started and wait for the rest, so no task writes a shard
-        after a failed export undid its files and gave the lock back."""
+        """Cancel or await every task, so none writes after a failed export gave up the lock."""
         pending, self._pending = list(self._pending), deque()
         if not pending:
             return
@@ -115,8 +114,7 @@ class RayRunner(Runner):
     def imap_kept(
         self, fn: Callable[[T], Iterator[object]], items: Iterable[T]
     ) -> Iterator[tuple[object, tuple[Any, ...]]]:
-        """:meth:`imap` of generator functions (see :class:`shardex.sources.base.KeepingRunner`):
-        what a task yields before its result stays on its node; only refs come here."""
+        """:meth:`imap` of generator functions: yielded objects stay on their node (refs here)."""
         ray = _ray()
 
         def kept(objects: Any) -> tuple[object, tuple[Any, ...]]:
@@ -167,7 +165,6 @@ class RayExecutor(Executor):
         self._started = False
 
     def connect(self) -> None:
-        """Join (or start) the cluster unless this process already has."""
         from shardex.pipeline import ray_connect
 
         self._started = ray_connect.init(_ray(), self.address, self.init_options) or self._started

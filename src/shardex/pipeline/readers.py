@@ -25,8 +25,6 @@ READER_KEYS: tuple[str, ...] = ("key", "original_path", "split", "label", "image
 
 @dataclass(frozen=True, slots=True)
 class BatchJob:
-    """One batch of a source: its number and its scan rows."""
-
     number: int
     rows: pa.Table
 

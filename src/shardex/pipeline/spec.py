@@ -1,21 +1,8 @@
 """Spec files: the reproducible form of an export, validated against a shipped schema.
 
-.. code-block:: yaml
-
-    source: images/
-    output: out
-    backend: webdataset
-    options: {samples_per_shard: 1000, split_fractions: {train: 0.9, val: 0.1}, seed: 0}
-    stages:
-      - {stage: decode}
-      - {stage: resize, size: 224, interpolation: bicubic}
-      - {stage: filter, expr: "aesthetic_score > 5"}
-      - {stage: encode, format: webp, quality: 90}
-    executor: {kind: local, workers: 4}
-
-A bare name is a *scenario*: ``NAME.yaml`` in the current folder or
-``SHARDEX_SCENARIO_PATH``. :func:`materialize` reuses an export whose recorded spec
-fingerprint matches.
+See docs/pipeline.md, "Spec files". A bare name is a *scenario*: ``NAME.yaml`` in the
+current folder or ``SHARDEX_SCENARIO_PATH``. :func:`materialize` reuses an export whose
+recorded spec fingerprint matches.
 """
 
 from __future__ import annotations
@@ -155,7 +142,6 @@ def is_scenario_name(source: str) -> bool:
 
 
 def scenario_places(name: str) -> list[Path]:
-    """Where a scenario ``name`` is looked for, in order."""
     folders = [Path.cwd()]
     folders += [Path(p) for p in os.environ.get(SCENARIO_PATH, "").split(os.pathsep) if p]
     return [folder / f"{name}{suffix}" for folder in folders for suffix in _SPEC_SUFFIXES]
@@ -171,7 +157,6 @@ def find_scenario(source: str) -> Path | None:
 
 
 def scenario_not_found(name: str) -> SourceNotFoundError:
-    """The error for a bare name that is neither a source nor a scenario."""
     folders = dict.fromkeys(str(p.parent) for p in scenario_places(name))
     return SourceNotFoundError(
         f"source {name!r} is no file, folder or built-in source, and no scenario "
@@ -190,7 +175,6 @@ def _validator() -> Any:
 
 @cache
 def builtin_stages() -> dict[str, type[Stage]]:
-    """Built-in stage classes by name."""
     from shardex.pipeline.stages import BUILTIN_STAGES
 
     return BUILTIN_STAGES

@@ -282,16 +282,13 @@ def _inline(ext: str, data: bytes | _Ref) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Ref:
-    """Where a sample's bytes are in the spool file."""
-
     path: str
     offset: int
     size: int
 
 
 class _Spool:
-    """An append-only file of sample bytes, beside a local output (same filesystem) or in
-    the temporary folder."""
+    """An append-only file of sample bytes, beside a local output or in the temp folder."""
 
     def __init__(self, output: str | os.PathLike[str] | Storage) -> None:
         local = output.local_path("") if isinstance(output, Storage) else None

@@ -37,7 +37,6 @@ class Layout:
 
 
 def is_binary(t: pa.DataType) -> bool:
-    """Binary (any width) columns are sample fields."""
     return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
@@ -67,8 +66,7 @@ def layout(schema: pa.Schema, where: str) -> Layout:
 
 
 def scan_rows(table: pa.Table, data: ObjectWriter, data_path: str, where: str) -> pa.Table:
-    """Scan-table rows of ``table``: member bytes appended to ``data`` (at ``data_path``)
-    and referenced by offset; other columns in the rows' order."""
+    """Scan-table rows of ``table``, member bytes appended to ``data`` (at ``data_path``)."""
     lay = layout(table.schema, where)
     table = table.combine_chunks()
     keys = table.column(lay.key)

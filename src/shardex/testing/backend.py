@@ -26,7 +26,6 @@ _FRACTIONS = {"train": 0.7, "val": 0.3}
 
 
 def image_of(sample: Sample) -> bytes:
-    """The image field of a raw sample."""
     found = [v for k, v in sample.items() if k.rpartition(".")[2] in IMAGE_EXTENSIONS]
     assert len(found) == 1, f"expected one image field in {sorted(sample)}"
     return found[0]  # type: ignore[no-any-return]
@@ -171,8 +170,7 @@ def array_data(n: int = 11) -> dict[str, Any]:
 
 
 class ArrayBackendTests:
-    """Arrays of every dtype, strings, bytes and labels round-trip with true dtypes and
-    shapes; shards are exact; re-export is atomic and leaves no stale files."""
+    """Arrays, strings, bytes and labels round-trip exactly; re-export is atomic."""
 
     backend_name: ClassVar[str]
     samples_per_shard: ClassVar[int] = 4

@@ -38,8 +38,7 @@ class SampleFolder:
 
 
 def make_sample_folder(root: Path, n: int = 23, *, classes: int = 3) -> SampleFolder:
-    """An image folder ``root/images/CLASS/NNNN.ext`` (JPEG, PNG, WebP in turn) and
-    ``root/table.parquet`` over it, with typed metadata."""
+    """``root/images/CLASS/NNNN.{jpg,png,webp}`` and a typed ``root/table.parquet`` over it."""
     names = tuple(f"class{c}" for c in range(classes))
     images: dict[str, bytes] = {}
     labels: dict[str, int] = {}

@@ -140,7 +140,6 @@ _POPCOUNT8: Final = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
 def hamming(hashes: npt.NDArray[np.uint64], value: int) -> npt.NDArray[np.intp]:
-    """Hamming distance of each of ``hashes`` to ``value``."""
     diff = np.ascontiguousarray(hashes ^ np.uint64(value))
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0: one pass, no lookup table
         return np.bitwise_count(diff).astype(np.intp)

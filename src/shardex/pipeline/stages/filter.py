@@ -75,7 +75,6 @@ class FilterStage(Stage):
         return [sample for sample in batch if self.holds(sample)]
 
     def holds(self, sample: Sample) -> bool:
-        """Whether ``expr`` holds for ``sample``."""
         try:
             return bool(self._evaluate(sample))
         except ConfigError:

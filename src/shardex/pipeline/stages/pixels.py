@@ -39,7 +39,6 @@ _SIXTEEN_BIT_MODES: Final = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    """Raise ConfigError unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
 
@@ -120,7 +119,6 @@ def _stored_array(img: Image.Image) -> Pixels:
 
 
 def channels(pixels: Pixels) -> int:
-    """The number of channels of an HWC array (1 for a 2-D array)."""
     return 1 if pixels.ndim == 2 else int(pixels.shape[2])
 
 
