@@ -51,14 +51,8 @@ class Columns:
 
     @classmethod
     def of(cls, schema: pa.Schema, config: ExportConfig) -> Columns:
-        label = next(
-            (
-                k
-                for k in config.y_keys
-                if k in schema.names and pa.types.is_integer(schema.field(k).type)
-            ),
-            None,
-        )
+        integers = {f.name for f in schema if pa.types.is_integer(f.type)}
+        label = next((k for k in config.y_keys if k in integers), None)
         user = [f for f in schema if f.name not in INTERNAL and f.name not in (label, "key")]
         numeric = [
             f.name for f in user if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
@@ -103,14 +97,9 @@ class Catalog:
         self.table = table = metadata.table
         self.num_rows = table.num_rows
         self.columns = Columns.of(metadata.schema, config)
-        self._keys: pa.ChunkedArray | None = (
-            table.column("key") if "key" in table.column_names else None
-        )
-        self._labels = (
-            _as_numpy(table.column(self.columns.label), -1, np.int64)
-            if self.columns.label
-            else None
-        )
+        self._keys = table.column("key") if "key" in table.column_names else None
+        label = self.columns.label
+        self._labels = _as_numpy(table.column(label), -1, np.int64) if label else None
         self._lock = threading.Lock()
         self._orders: dict[tuple[str, bool], Indices] = {}
         self._selections: OrderedDict[Query, Selection] = OrderedDict()

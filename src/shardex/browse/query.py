@@ -33,6 +33,11 @@ _COMPARE: Final[dict[type[ast.cmpop], Callable[[Any, Any], Any]]] = {
     ast.Gt: pc.greater,
     ast.GtE: pc.greater_equal,
 }
+_CHECKED: Final = {
+    ast.Add: pc.add_checked,
+    ast.Sub: pc.subtract_checked,
+    ast.Mult: pc.multiply_checked,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +185,8 @@ class _Columns:
 
     def _arithmetic(self, node: ast.BinOp) -> Any:
         left, right = self.evaluate(node.left), self.evaluate(node.right)
-        # checked kernels: an integer overflow is an error, as Python's ints never wrap
-        if isinstance(node.op, ast.Add):
-            return pc.add_checked(left, right)
-        if isinstance(node.op, ast.Sub):
-            return pc.subtract_checked(left, right)
-        if isinstance(node.op, ast.Mult):
-            return pc.multiply_checked(left, right)
+        if type(node.op) in _CHECKED:  # an integer overflow is an error: Python's never wrap
+            return _CHECKED[type(node.op)](left, right)
         # Python's true division; a zero divisor stops, as in the stage (Arrow: inf or NaN)
         divisor = _float(right)
         zero = (

@@ -112,8 +112,9 @@ class SampleReader:
         with self._lock:
             if index in self._recent:
                 return self._recent[index]
-        read = self._read_ranges(index) if isinstance(self.dataset, SampleRanges) else None
-        if read is None:
+        if isinstance(self.dataset, SampleRanges):
+            read = _read_range(self.dataset, index)
+        else:
             sample = dict(self.dataset[index])
             key = str(sample.pop("__key__"))
             fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
@@ -125,30 +126,29 @@ class SampleReader:
                 self._recent.popitem(last=False)
         return read
 
-    def _read_ranges(self, index: int) -> _Read:
-        """A sample that is a byte range of its shard: one ranged read, checksum checked."""
-        ds = self.dataset
-        assert isinstance(ds, SampleRanges)
-        record = ds.records[index]
-        offset, length = int(record["offset"]), int(record["length"])
-        checksum, shard = int(record["checksum"]), int(record["shard"])
-        shards = ds.config.split(ds.split).shards
-        if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-            raise FormatError(
-                f"index record of sample {index} points outside the shards of split "
-                f"{ds.split!r} (shard {shard}, bytes {offset}+{length}): the index is damaged"
-            )
-        path = shards[shard].path
-        buf = ds.storage.get_range(path, offset, length)
-        sample = dict(ds.from_bytes(buf, checksum, shard, offset, index))  # ChecksumError
-        key = str(sample.pop("__key__"))
-        fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
-        members = tuple(
-            Field(name, size, offset + start, offset + start + size)
-            for name, start, size in ds.field_spans(buf, shard)
+
+def _read_range(ds: SampleRanges, index: int) -> _Read:
+    """A sample that is a byte range of its shard: one ranged read, checksum checked."""
+    record = ds.records[index]
+    offset, length = int(record["offset"]), int(record["length"])
+    checksum, shard = int(record["checksum"]), int(record["shard"])
+    shards = ds.config.split(ds.split).shards
+    if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+        raise FormatError(
+            f"index record of sample {index} points outside the shards of split "
+            f"{ds.split!r} (shard {shard}, bytes {offset}+{length}): the index is damaged"
         )
-        checked = f"xxh3_64:{checksum:016x}"
-        return _Read(key, fields, Detail(key, path, offset, length, checked, ds.verify, members))
+    path = shards[shard].path
+    buf = ds.storage.get_range(path, offset, length)
+    sample = dict(ds.from_bytes(buf, checksum, shard, offset, index))  # ChecksumError
+    key = str(sample.pop("__key__"))
+    fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
+    members = tuple(
+        Field(name, size, offset + start, offset + start + size)
+        for name, start, size in ds.field_spans(buf, shard)
+    )
+    checked = f"xxh3_64:{checksum:016x}"
+    return _Read(key, fields, Detail(key, path, offset, length, checked, ds.verify, members))
 
 
 def image_field(sample: dict[str, Any], index: int) -> tuple[str, bytes]:

@@ -149,11 +149,8 @@ class ImageWriterStage(Stage):
 
     def params(self) -> dict[str, Any]:
         out = super().params()
-        out["output_dir"] = (
-            str(self.output_dir)
-            if not isinstance(self.output_dir, Storage)
-            else self.output_dir.uri
-        )
+        target = self.output_dir
+        out["output_dir"] = target.uri if isinstance(target, Storage) else str(target)
         if self.stage_name is None:
             # an unnamed stage records what it always did (config.yaml stays byte-identical)
             del out["stage_name"]
@@ -239,15 +236,11 @@ def _finish_pixels(sample: dict[str, Any], keys: frozenset[str] | None = None) -
 
 def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
     """A scan table of pipeline samples: image and other members inline, metadata typed."""
-    members = []
-    for s in samples:
-        row = []
-        if "image" in s:
-            row.append(_inline(s["image_ext"], s["image"]))
-        row += [
-            _inline(k.removeprefix("member:"), v) for k, v in s.items() if k.startswith("member:")
-        ]
-        members.append(row)
+    members = [
+        ([_inline(s["image_ext"], s["image"])] if "image" in s else [])
+        + [_inline(k.removeprefix("member:"), v) for k, v in s.items() if k.startswith("member:")]
+        for s in samples
+    ]
     names = sorted(
         {k for s in samples for k in s if k not in _NOT_METADATA and not k.startswith("member:")}
     )
@@ -256,13 +249,12 @@ def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
         {name: _column([s.get(name) for s in samples], name, types.get(name)) for name in names}
     )
     has = {k: any(k in s for s in samples) for k in ("split", "label")}
+    splits = [None if s.get("split") is None else str(s["split"]) for s in samples]
     return build_table(
         [str(s["key"]) for s in samples],
         [str(s.get("original_path", s["key"])) for s in samples],
         members,
-        splits=[None if s.get("split") is None else str(s["split"]) for s in samples]
-        if has["split"]
-        else None,
+        splits=splits if has["split"] else None,
         labels=[s.get("label") for s in samples] if has["label"] else None,
         metadata=metadata,
     )

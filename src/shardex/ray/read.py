@@ -267,13 +267,8 @@ def _parquet(
 
 def _schema(columns: tuple[str, ...], fields: tuple[str, ...], metadata: pa.Schema) -> pa.Schema:
     """The rows' schema: the key, raw fields as bytes, metadata with its own types."""
-
-    def field(name: str) -> pa.Field:
-        if name == KEY:
-            return pa.field(KEY, pa.string())
-        return pa.field(name, pa.binary()) if name in fields else metadata.field(name)
-
-    return pa.schema([field(c) for c in columns])
+    types = {KEY: pa.string(), **dict.fromkeys(fields, pa.binary())}
+    return pa.schema([pa.field(c, types[c]) if c in types else metadata.field(c) for c in columns])
 
 
 def _metadata_schema(
