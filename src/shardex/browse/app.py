@@ -1,8 +1,7 @@
 """The browser's web app (Starlette): pages, a JSON API, thumbnails and images.
 
-Read-only by construction: GET routes only, samples reached by number or key, never a
-client path. Autoescaped templates, ``textContent`` in scripts and a strict CSP keep
-markup in metadata inert; a foreign ``Host`` (DNS rebinding) is refused.
+Read-only by construction (GET only, samples by number or key); autoescaping, a strict CSP
+and a Host check (DNS rebinding) keep markup in metadata inert.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""What the browser knows of a split without reading an image: column kinds, selections,
-pages of rows, counts and plot data, vectorised over the metadata.
+"""What the browser knows of a split without reading an image, vectorised over the metadata.
 
 Sort orders and the last few selections are kept: paging a filtered grid never refilters.
 """

@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from shardex.errors import ConfigError
 
-#: The most neighbours one query returns.
 MAX_NEIGHBOURS: Final = 100
 
 Matrix = npt.NDArray[np.float32]

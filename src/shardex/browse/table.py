@@ -1,9 +1,5 @@
 """A split's metadata as the browser reads it: the light columns at once, the heavy ones
-when asked.
-
-``Dataset.metadata`` decodes every column (half a GB at 1M samples with a 64-d embedding);
-the grid needs scalars only. Embeddings and copies are decoded whole for the
-similar-images search, and one row group at a time for a sample page.
+when asked (``Dataset.metadata`` decodes all: half a GB at 1M samples with embeddings).
 """
 
 from __future__ import annotations

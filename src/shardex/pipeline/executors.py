@@ -1,8 +1,7 @@
 """Where a pipeline runs: local processes (default) or a Ray cluster.
 
-Both jobs of an executor (the stage chain over batch jobs, and a
-:class:`~shardex.parallel.Runner` for the export) are ordered maps, so the output never
-depends on where or on how many workers the work ran.
+Both jobs of an executor (stages over batch jobs, a Runner for the export) are ordered
+maps: the output never depends on where or on how many workers the work ran.
 """
 
 from __future__ import annotations

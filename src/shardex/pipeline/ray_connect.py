@@ -15,7 +15,6 @@ from typing import Any, Final
 
 from shardex.errors import ClusterUnreachableError, ConfigError
 
-#: The environment variable that bounds the check of a cluster's address (seconds).
 TIMEOUT_ENV: Final = "SHARDEX_RAY_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT: Final = 10.0
 #: Ports Ray listens on when an address names none: the GCS, and the Ray Client server.

@@ -1,8 +1,7 @@
 """Spec files: the reproducible form of an export, validated against a shipped schema.
 
 See docs/pipeline.md, "Spec files". A bare name is a *scenario*: ``NAME.yaml`` in the
-current folder or ``SHARDEX_SCENARIO_PATH``. :func:`materialize` reuses an export whose
-recorded spec fingerprint matches.
+current folder or ``SHARDEX_SCENARIO_PATH``.
 """
 
 from __future__ import annotations

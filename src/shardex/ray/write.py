@@ -1,9 +1,8 @@
 """Write a Ray Dataset as a shardex export: :class:`ShardexDatasink`, :func:`write_shardex`.
 
-No sample byte passes through the driver: write tasks stage rows and bytes under
-``OUT/.shardex-staging/RUN/`` (a retried task writes new names), then the driver runs the
-export engine over them in task order, under the lock taken in ``on_write_start``, with
-Ray tasks writing the shards. docs/pipeline.md ("Writing") walks through the steps.
+No sample byte passes through the driver: write tasks stage rows and bytes in the output,
+then the driver exports them in task order, under the lock it took first (docs/pipeline.md,
+"Writing", walks through the steps).
 """
 
 from __future__ import annotations
