@@ -1,9 +1,7 @@
 """``shardex browse``: look at an export in the browser (a local, read-only web app).
 
-Needs the ``browse`` extra (Starlette, uvicorn, Jinja2): ``pip install 'shardex[browse]'``.
-Importing this package imports none of them; :func:`browse` and :func:`create_app` do.
-The page's scripts, styles and templates ship inside the package: nothing is fetched from
-the network.
+Needs the ``browse`` extra; importing this package imports none of it. The page's assets
+ship inside the package: nothing is fetched from the network.
 """
 
 from __future__ import annotations
@@ -33,13 +31,11 @@ def open_browser(
     *,
     storage_options: dict[str, Any] | None = None,
 ) -> Splits:
-    """Open an export for browsing: ``split`` (its dataset and metadata, loaded once) at
-    once, every other split of the export when first asked for.
+    """Open an export for browsing: ``split`` now, the other splits when first asked for.
 
     Args:
         location: the export's folder or URL (``s3://...``), or a storage.
-        split: the split shown first; default: the only split, else the first in config.yaml.
-        storage_options: options for object storage (see docs/storage.md).
+        split: the split shown first; default: the first in config.yaml.
     """
     _require()
     from shardex.api import read_config
@@ -58,9 +54,7 @@ def create_app(
     host: str = DEFAULT_HOST,
     storage_options: dict[str, Any] | None = None,
 ) -> Starlette:
-    """The ASGI app of :func:`browse`, to serve with any ASGI server (or test with
-    Starlette's ``TestClient``). ``host`` is the address it will be served on: requests
-    naming another host are refused (DNS rebinding)."""
+    """The ASGI app of :func:`browse`; requests naming another host are refused."""
     from shardex.browse.app import create_app as _create_app
 
     return _create_app(open_browser(location, split, storage_options=storage_options), host=host)
@@ -75,25 +69,20 @@ def browse(
     storage_options: dict[str, Any] | None = None,
     out: TextIO | None = None,
 ) -> None:
-    """Serve an export in the browser until interrupted (Ctrl-C); the page switches
-    between its splits.
-
-    The app is read-only and binds the loopback address unless ``host`` says otherwise
-    (another address shows the export to whoever can reach it).
+    """Serve an export, read-only, in the browser until interrupted (Ctrl-C).
 
     Args:
         location: the export's folder or URL, or a storage.
-        split: the split shown first; default: the only split, else the first.
-        host: address to bind.
-        port: port to bind; 0 picks a free one (the URL printed names it).
-        storage_options: options for object storage.
+        split: the split shown first; default: the first in config.yaml.
+        host: address to bind (another than loopback shows the export to whoever can reach it).
+        port: port to bind; 0 picks a free one.
         out: where to print the URL (default: standard output).
 
     Raises:
         MissingDependencyError: the ``browse`` extra is not installed.
         ConfigError: the address cannot be bound (port taken?).
     """
-    _require()  # before any import of them: one line, not uvicorn's ModuleNotFoundError
+    _require()
     import uvicorn
 
     app = create_app(location, split, host=host, storage_options=storage_options)
@@ -110,15 +99,14 @@ def browse(
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    import socket  # here: `import shardex` loads this package, and only serving binds
+    import socket  # `import shardex` loads this package; only serving binds
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        # listening before the URL is printed: a browser or script that opens it at once
-        # waits in the backlog until the server accepts, never "connection refused"
+        # listen before the URL is printed: an early client waits in the backlog, not refused
         sock.listen(128)
     except (OSError, OverflowError) as exc:
         sock.close()

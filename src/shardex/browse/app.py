@@ -1,11 +1,7 @@
 """The browser's web app (Starlette): pages, a JSON API, thumbnails and images.
 
-Read-only by construction: every route answers GET (and HEAD) only, and a sample is reached
-by its number in the split or by its key, never by a path from the client. Pages are
-Jinja2 templates with autoescape on, and the scripts build the page with ``textContent``;
-a Content-Security-Policy allows scripts and styles from this server only, so a metadata
-value holding markup is shown as text and never runs. Requests whose ``Host`` is not this
-server's (DNS rebinding) are refused.
+Read-only by construction (GET only, samples by number or key); autoescaping, a strict CSP
+and a Host check (DNS rebinding) keep markup in metadata inert.
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ log = logging.getLogger(__name__)
 
 #: The most label values the filter lists when config.yaml does not name the labels.
 MAX_LABELS: Final = 1000
-#: Samples on one page of the grid unless the page asks for another number.
 DEFAULT_PAGE: Final = 48
 SECURITY_HEADERS: Final = (
     (
@@ -95,8 +90,7 @@ class Browser:
 
 
 class Splits:
-    """Every split of an export, each opened (its metadata loaded) when first asked for;
-    the split named at start is opened at once and is the one shown by default."""
+    """Every split of an export, each opened when first asked for (``default`` at once)."""
 
     def __init__(self, storage: Storage, names: Sequence[str], default: str) -> None:
         self.storage, self.names, self.default = storage, tuple(names), default
@@ -123,8 +117,7 @@ class Splits:
 
 
 def create_app(splits: Splits, *, host: str = "127.0.0.1") -> Starlette:
-    """The ASGI app serving ``splits``; ``host`` is the address it is bound to (requests
-    must name it, or a loopback name, in their Host header)."""
+    """The ASGI app serving ``splits``; requests must name ``host`` (or loopback) as Host."""
     templates = Jinja2Templates(
         env=Environment(loader=PackageLoader("shardex.browse", "templates"), autoescape=True)
     )
@@ -160,8 +153,6 @@ def create_app(splits: Splits, *, host: str = "127.0.0.1") -> Starlette:
 
 
 class _SecurityHeaders:
-    """Adds the headers of :data:`SECURITY_HEADERS` to every response."""
-
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -179,8 +170,7 @@ class _SecurityHeaders:
 
 
 def _error(request: Request, exc: Exception) -> Response:
-    """Errors as JSON with a status: 400 bad parameters, 404 no such sample, 500 a
-    sample that cannot be read (the server goes on)."""
+    """Errors as JSON: 400 bad parameters, 404 no such sample, 500 an unreadable sample."""
     if isinstance(exc, ConfigError):
         status = 400
     elif isinstance(exc, SampleNotFoundError | IndexError):
@@ -192,8 +182,7 @@ def _error(request: Request, exc: Exception) -> Response:
 
 
 class _Pages:
-    """The route handlers (sync ones run in Starlette's thread pool). Every route takes
-    ``split=NAME`` (default: the split named at start)."""
+    """The route handlers; every route takes ``split=NAME``."""
 
     def __init__(self, splits: Splits, templates: Jinja2Templates) -> None:
         self.splits, self.templates = splits, templates
@@ -201,11 +190,12 @@ class _Pages:
     def _split(self, request: Request) -> Browser:
         return self.splits.get(request.query_params.get("split"))
 
-    def _index(self, request: Request, catalog: Catalog) -> int:
-        index = int(request.path_params["index"])
-        if not 0 <= index < catalog.num_rows:
-            raise HTTPException(404, f"no sample {index} (the split has {catalog.num_rows})")
-        return index
+    def _sample(self, request: Request) -> tuple[Browser, int]:
+        browser = self._split(request)
+        index, rows = int(request.path_params["index"]), browser.catalog.num_rows
+        if not 0 <= index < rows:
+            raise HTTPException(404, f"no sample {index} (the split has {rows})")
+        return browser, index
 
     def _page(
         self, request: Request, browser: Browser, name: str, status: int = 200, **context: Any
@@ -227,9 +217,8 @@ class _Pages:
         return self._page(request, self._split(request), "plots.html")
 
     def sample(self, request: Request) -> Response:
-        browser = self._split(request)
+        browser, index = self._sample(request)
         catalog = browser.catalog
-        index = self._index(request, catalog)
         detail, error = None, None
         try:
             detail = browser.reader.detail(index)
@@ -255,9 +244,7 @@ class _Pages:
         )
 
     def _around(self, request: Request, catalog: Catalog, index: int) -> dict[str, Any]:
-        """Where the sample page leads: the previous and next samples of the grid it was
-        opened from (the page's URL carries that grid's filters and order) and back to
-        the grid's page that holds it. Without a place in that grid, back to the grid."""
+        """Previous, next and back links within the grid (whose query the URL carries)."""
         params = _params(request)
         params.pop("offset", None)
         back = {"back": _url("/", params)}
@@ -339,14 +326,12 @@ class _Pages:
         return JSONResponse(catalog.plots(catalog.select(query)))
 
     def sample_data(self, request: Request) -> Response:
-        browser = self._split(request)
-        index = self._index(request, browser.catalog)
+        browser, index = self._sample(request)
         detail = asdict(browser.reader.detail(index))
         return JSONResponse({"index": index, **detail, "metadata": browser.catalog.row(index)})
 
     def similar(self, request: Request) -> Response:
-        browser = self._split(request)
-        index = self._index(request, browser.catalog)
+        browser, index = self._sample(request)
         name = request.query_params.get("column") or next(iter(browser.neighbours), "")
         if name not in browser.neighbours:
             raise ConfigError(
@@ -361,8 +346,7 @@ class _Pages:
         return JSONResponse({"column": name, "rows": rows})
 
     def thumb(self, request: Request) -> Response:
-        browser = self._split(request)
-        index = self._index(request, browser.catalog)
+        browser, index = self._sample(request)
         size = integer_param("size", request.query_params.get("size", "160"))
         if size not in THUMB_SIZES:
             raise ConfigError(f"thumbnail size {size} is not one of {THUMB_SIZES}")
@@ -370,8 +354,8 @@ class _Pages:
         return Response(data, media_type="image/jpeg", headers={"cache-control": "max-age=3600"})
 
     def image(self, request: Request) -> Response:
-        browser = self._split(request)
-        data, media_type = browser.reader.image(self._index(request, browser.catalog))
+        browser, index = self._sample(request)
+        data, media_type = browser.reader.image(index)
         headers = {"cache-control": "max-age=3600"}
         if not media_type.startswith("image/"):
             headers["content-disposition"] = "attachment"

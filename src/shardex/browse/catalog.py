@@ -1,9 +1,6 @@
-"""What the browser knows of a split without reading an image: its metadata table, the kind
-of each column, filtered and ordered selections, pages of rows, counts and plot data.
+"""What the browser knows of a split without reading an image, vectorised over the metadata.
 
-Everything here is vectorised over the metadata (numpy and Arrow compute): a 1M-row split
-answers a first page in milliseconds once its table is loaded. Sort orders and the last few
-selections are kept, so paging through a filtered grid never filters again.
+Sort orders and the last few selections are kept: paging a filtered grid never refilters.
 """
 
 from __future__ import annotations
@@ -23,35 +20,18 @@ from shardex.browse.query import Mask, Query, query_mask
 from shardex.browse.table import SplitTable
 from shardex.contract import ExportConfig
 from shardex.errors import SampleNotFoundError
+from shardex.refs.scan import INVALID, MEMBERS, RESERVED
 
 Indices = npt.NDArray[np.int64]
-#: Columns shardex adds to every export's metadata: shown on the sample page, not offered
-#: as filters (byte offsets and checksums are not something to curate by).
-INTERNAL: Final = frozenset(
-    {
-        "image_id",
-        "tar_file",
-        "member_name",
-        "metadata",
-        "split",
-        "export_index",
-        "sample_index",
-        "sample_offset",
-        "sample_length",
-        "sample_checksum",
-    }
-)
-#: What a grid row carries beside its columns (the sample's number, its label's name): a
-#: metadata column of one of these names (``df.reset_index()`` makes ``index``) is filtered
-#: on and shown on the sample page, but not offered under the thumbnails, where it would
-#: show the row's own value instead of the column's.
+#: Columns shardex adds to every export: shown on the sample page, not offered as filters.
+INTERNAL: Final = RESERVED - {"key", "original_path", "label", MEMBERS, INVALID}
+#: Names a grid row uses for itself: a column so named (``index`` from
+#: ``df.reset_index()``) is not offered under the thumbnails, where the row's value shows.
 ROW_FIELDS: Final = frozenset({"index", "label_name"})
-#: Bins of each histogram, and of each axis of the width x height plot.
 BINS: Final = 30
 SIZE_BINS: Final = 24
-#: Selections kept (a filtered 1M-row split holds up to 8 MB of indices each).
+#: A filtered 1M-row selection holds up to 8 MB of indices.
 SELECTIONS_KEPT: Final = 8
-#: Strings longer than this are cut in the grid (the sample page shows them whole).
 GRID_TEXT: Final = 200
 #: Integers past this lose precision as JavaScript numbers: they are sent as strings.
 _JS_SAFE: Final = 2**53
@@ -70,16 +50,12 @@ class Columns:
 
     @classmethod
     def of(cls, schema: pa.Schema, config: ExportConfig) -> Columns:
-        label = next(
-            (
-                k
-                for k in config.y_keys
-                if k in schema.names and pa.types.is_integer(schema.field(k).type)
-            ),
-            None,
-        )
+        integers = {f.name for f in schema if pa.types.is_integer(f.type)}
+        label = next((k for k in config.y_keys if k in integers), None)
         user = [f for f in schema if f.name not in INTERNAL and f.name not in (label, "key")]
-        numeric = [f.name for f in user if _is_number(f.type)]
+        numeric = [
+            f.name for f in user if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+        ]
         text = [f.name for f in user if pa.types.is_string(f.type)]
         embeddings = [
             f.name
@@ -120,14 +96,9 @@ class Catalog:
         self.table = table = metadata.table
         self.num_rows = table.num_rows
         self.columns = Columns.of(metadata.schema, config)
-        self._keys: pa.ChunkedArray | None = (
-            table.column("key") if "key" in table.column_names else None
-        )
-        self._labels = (
-            _as_numpy(table.column(self.columns.label), -1, np.int64)
-            if self.columns.label
-            else None
-        )
+        self._keys = table.column("key") if "key" in table.column_names else None
+        label = self.columns.label
+        self._labels = _as_numpy(table.column(label), -1, np.int64) if label else None
         self._lock = threading.Lock()
         self._orders: dict[tuple[str, bool], Indices] = {}
         self._selections: OrderedDict[Query, Selection] = OrderedDict()
@@ -187,13 +158,11 @@ class Catalog:
         return int(found)
 
     def plots(self, selection: Selection) -> dict[str, Any]:
-        """Data of the plots over a selection: label counts, one histogram per numeric
-        column, width x height counts, and the split's shard sizes."""
-        mask: Mask | None = np.zeros(self.num_rows, dtype=bool)
-        assert mask is not None
-        mask[selection.indices] = True
-        if selection.indices.size == self.num_rows:
-            mask = None  # everything: no copy of each column through a mask
+        """Data of the plots over a selection: labels, histograms, sizes, shards."""
+        mask: Mask | None = None  # everything: no copy of each column through a mask
+        if selection.indices.size != self.num_rows:
+            mask = np.zeros(self.num_rows, dtype=bool)
+            mask[selection.indices] = True
         histograms = {name: self._histogram(name, mask) for name in self.columns.numeric}
         shards = self.config.split(self.split).shards
         return {
@@ -253,8 +222,7 @@ class Catalog:
         ]
 
     def _bounds(self, column: str) -> tuple[float, float] | None:
-        """The finite range of a numeric column (made once): bins span the whole column,
-        so a filtered plot compares with the unfiltered one."""
+        """The finite range of a numeric column: bins span it, filtered or not."""
         with self._lock:
             if column in self._ranges:
                 return self._ranges[column]
@@ -305,8 +273,7 @@ def _bin(values: npt.NDArray[np.float64], bounds: tuple[float, float]) -> npt.ND
 
 
 def json_value(value: Any, cut: int | None) -> Any:
-    """A metadata value as JSON can carry it: NaN and infinities as text, integers past
-    2**53 as text (JavaScript would round them), bytes by size, long strings cut."""
+    """A metadata value as JSON carries it (NaN and ints past 2**53 as text, strings cut)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _JS_SAFE:
@@ -322,10 +289,6 @@ def json_value(value: Any, cut: int | None) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)  # dates, decimals
-
-
-def _is_number(kind: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
 
 
 def _as_numpy(column: pa.ChunkedArray, missing: Any, dtype: Any) -> Any:

@@ -1,11 +1,7 @@
 """The browser's filters, evaluated over the metadata table with Arrow compute.
 
-Filtering never reads an image: labels, numeric ranges, text match and a filter expression
-all run as vectorised kernels over ``metadata.parquet``'s columns. The expression language is
-the pipeline filter stage's (:mod:`shardex.pipeline.stages.filter`): it is checked by that
-stage's own compiler (same whitelist, same errors), then the same syntax tree is evaluated
-column-wise here instead of sample by sample. A value that is missing (null) makes its
-comparison false, where the pipeline would stop with a type error.
+The expression language is the filter stage's, checked by its own compiler, then evaluated
+column-wise here; a null makes its comparison false (the stage would stop).
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ from shardex.errors import ConfigError
 from shardex.pipeline.stages.filter import compile_expression
 
 Mask = npt.NDArray[np.bool_]
-#: The most samples one page of the grid shows.
 MAX_PAGE: Final = 200
-#: Texts longer than this are refused (a text match or a column name).
 MAX_TEXT: Final = 500
-#: The largest integer a query may hold: metadata columns (and Arrow's scalars) are 64-bit.
+#: Metadata columns (and Arrow's scalars) are 64-bit.
 MAX_INT: Final = 2**63 - 1
 
 _COMPARE: Final[dict[type[ast.cmpop], Callable[[Any, Any], Any]]] = {
@@ -38,6 +32,11 @@ _COMPARE: Final[dict[type[ast.cmpop], Callable[[Any, Any], Any]]] = {
     ast.LtE: pc.less_equal,
     ast.Gt: pc.greater,
     ast.GtE: pc.greater_equal,
+}
+_CHECKED: Final = {
+    ast.Add: pc.add_checked,
+    ast.Sub: pc.subtract_checked,
+    ast.Mult: pc.multiply_checked,
 }
 
 
@@ -54,8 +53,7 @@ class Query:
     descending: bool = False
 
     def filters(self) -> Query:
-        """The same query without its label filter (label counts are shown for every
-        label under the other filters) and without an order."""
+        """The query without labels and order (label counts are shown under the others)."""
         return Query((), self.ranges, self.text, self.text_column, self.expr)
 
 
@@ -65,12 +63,7 @@ def parse_query(
     text: Sequence[str],
     orderable: Sequence[str] = (),
 ) -> Query:
-    """A :class:`Query` from URL parameters: ``label`` (repeatable), ``min.COL`` /
-    ``max.COL``, ``q`` and ``in`` (text and its column), ``expr``, ``order``, ``desc``.
-
-    Raises:
-        ConfigError: a parameter names an unknown column or is not a number.
-    """
+    """A :class:`Query` from URL parameters; ConfigError for unknown columns, bad numbers."""
     labels = tuple(_int64("label", integer_param("label", v)) for v in params.get("label", ()))
     bounds: dict[str, list[float | None]] = {}
     for name, values in params.items():
@@ -123,14 +116,9 @@ def query_mask(table: pa.Table, query: Query, label_column: str | None) -> Mask:
 
 
 def expression_mask(table: pa.Table, expr: str) -> Mask:
-    """Rows for which the filter-stage expression ``expr`` holds (names are columns).
-
-    Raises:
-        ConfigError: the expression is outside the filter stage's language, names a
-            column the table lacks, or applies an operation to columns of the wrong type.
-    """
+    """Rows for which the filter-stage expression ``expr`` holds (names are columns)."""
     names: set[str] = set()
-    compile_expression(expr, names)  # the filter stage's checks and messages, verbatim
+    compile_expression(expr, names)  # the filter stage's checks and messages
     missing = sorted(names - set(table.column_names))
     if missing:
         raise ConfigError(
@@ -197,15 +185,9 @@ class _Columns:
 
     def _arithmetic(self, node: ast.BinOp) -> Any:
         left, right = self.evaluate(node.left), self.evaluate(node.right)
-        # checked kernels: an integer overflow is an error, as Python's ints never wrap
-        if isinstance(node.op, ast.Add):
-            return pc.add_checked(left, right)
-        if isinstance(node.op, ast.Sub):
-            return pc.subtract_checked(left, right)
-        if isinstance(node.op, ast.Mult):
-            return pc.multiply_checked(left, right)
-        # '/' is true division, as in Python (Arrow divides integers as integers); a zero
-        # divisor is an error, as the filter stage stops there (Arrow would give inf or NaN)
+        if type(node.op) in _CHECKED:  # an integer overflow is an error: Python's never wrap
+            return _CHECKED[type(node.op)](left, right)
+        # Python's true division; a zero divisor stops, as in the stage (Arrow: inf or NaN)
         divisor = _float(right)
         zero = (
             pc.any(pc.equal(divisor, 0.0)).as_py()
@@ -254,8 +236,7 @@ class _Columns:
 
 
 def _widened(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Narrow integers as int64, so that arithmetic on them overflows no sooner than
-    Python's (where it would not at all) for any value a metadata column holds."""
+    """Narrow integers as int64, so arithmetic overflows no sooner than it must."""
     kind = column.type
     if pa.types.is_integer(kind) and kind not in (pa.int64(), pa.uint64()):
         return pc.cast(column, pa.int64())

@@ -1,10 +1,7 @@
 """Reading samples for the browser: thumbnails, full images and the sample page's details.
 
-A thumbnail costs one read of its sample (one ``pread``, or one ranged GET on object
-storage) with the checksum verified, and a reduced-size decode: libjpeg scales a JPEG by
-1/2, 1/4 or 1/8 while decoding (Pillow's draft mode), several times faster than decoding
-in full and shrinking. Thumbnails are kept in a bounded LRU cache; the sample page's
-bytes are kept briefly too, so its details and its image cost one read together.
+A thumbnail is one read and a reduced-size decode (libjpeg's draft mode, several times
+faster); thumbnails sit in an LRU cache, and a sample page's bytes are kept briefly.
 """
 
 from __future__ import annotations
@@ -27,12 +24,9 @@ _LARGE_PIXELS: Final = 16 << 20
 _LARGE_DECODES: Final = threading.BoundedSemaphore(2)
 #: Thumbnail sizes the grid asks for (longest side, pixels); any other is refused.
 THUMB_SIZES: Final = (96, 160, 256)
-#: Bytes of encoded thumbnails kept in memory.
 THUMB_CACHE_BYTES: Final = 64 << 20
-#: Samples whose bytes are kept for the sample page (details, then its image).
 SAMPLES_KEPT: Final = 8
-#: Image encodings sent with their own media type (``image/ENCODING``); anything else
-#: (TIFF: browsers do not show it) is never served inline.
+#: Encodings served inline as ``image/ENCODING`` (not TIFF: browsers do not show it).
 _INLINE_ENCODINGS: Final = frozenset({"jpeg", "png", "webp", "gif", "bmp"})
 
 
@@ -84,8 +78,7 @@ class SampleReader:
         """A JPEG of at most ``size`` x ``size`` pixels of sample ``index``'s image.
 
         Raises:
-            ShardexError: the sample cannot be read (ChecksumError, FormatError, ...) or
-                its image cannot be decoded (BadImageError).
+            ShardexError: the sample cannot be read, or its image decoded (BadImageError).
         """
         with self._lock:
             cached = self._thumbs.get((index, size))
@@ -119,8 +112,9 @@ class SampleReader:
         with self._lock:
             if index in self._recent:
                 return self._recent[index]
-        read = self._read_ranges(index) if isinstance(self.dataset, SampleRanges) else None
-        if read is None:
+        if isinstance(self.dataset, SampleRanges):
+            read = _read_range(self.dataset, index)
+        else:
             sample = dict(self.dataset[index])
             key = str(sample.pop("__key__"))
             fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
@@ -132,40 +126,33 @@ class SampleReader:
                 self._recent.popitem(last=False)
         return read
 
-    def _read_ranges(self, index: int) -> _Read:
-        """A sample that is a byte range of its shard, from one ranged read, its checksum
-        checked, its fields located in the shard (where the backend says)."""
-        ds = self.dataset
-        assert isinstance(ds, SampleRanges)
-        record = ds.records[index]
-        offset, length = int(record["offset"]), int(record["length"])
-        checksum, shard = int(record["checksum"]), int(record["shard"])
-        shards = ds.config.split(ds.split).shards
-        if shard >= len(shards) or offset + length > shards[shard].num_bytes:
-            raise FormatError(
-                f"index record of sample {index} points outside the shards of split "
-                f"{ds.split!r} (shard {shard}, bytes {offset}+{length}): the index is damaged"
-            )
-        path = shards[shard].path
-        buf = ds.storage.get_range(path, offset, length)
-        sample = dict(ds.from_bytes(buf, checksum, shard, offset, index))  # ChecksumError
-        key = str(sample.pop("__key__"))
-        fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
-        members = tuple(
-            Field(name, size, offset + start, offset + start + size)
-            for name, start, size in ds.field_spans(buf, shard)
+
+def _read_range(ds: SampleRanges, index: int) -> _Read:
+    """A sample that is a byte range of its shard: one ranged read, checksum checked."""
+    record = ds.records[index]
+    offset, length = int(record["offset"]), int(record["length"])
+    checksum, shard = int(record["checksum"]), int(record["shard"])
+    shards = ds.config.split(ds.split).shards
+    if shard >= len(shards) or offset + length > shards[shard].num_bytes:
+        raise FormatError(
+            f"index record of sample {index} points outside the shards of split "
+            f"{ds.split!r} (shard {shard}, bytes {offset}+{length}): the index is damaged"
         )
-        checked = f"xxh3_64:{checksum:016x}"
-        detail = Detail(key, path, offset, length, checked, ds.verify, members)
-        return _Read(key, fields, detail)
+    path = shards[shard].path
+    buf = ds.storage.get_range(path, offset, length)
+    sample = dict(ds.from_bytes(buf, checksum, shard, offset, index))  # ChecksumError
+    key = str(sample.pop("__key__"))
+    fields = {k: v for k, v in sample.items() if isinstance(v, bytes)}
+    members = tuple(
+        Field(name, size, offset + start, offset + start + size)
+        for name, start, size in ds.field_spans(buf, shard)
+    )
+    checked = f"xxh3_64:{checksum:016x}"
+    return _Read(key, fields, Detail(key, path, offset, length, checked, ds.verify, members))
 
 
 def image_field(sample: dict[str, Any], index: int) -> tuple[str, bytes]:
-    """``(extension, bytes)`` of a sample's first image field.
-
-    Raises:
-        BadImageError: the sample has no image field.
-    """
+    """``(extension, bytes)`` of a sample's first image field, or BadImageError."""
     for ext, data in sample.items():
         if ext.rpartition(".")[2].lower() in IMAGE_EXTENSIONS and isinstance(data, bytes):
             return ext, data
@@ -189,11 +176,7 @@ def _reduced(opened: Any, size: int, what: str) -> Any:
 
 
 def make_thumbnail(data: bytes, size: int, what: str) -> bytes:
-    """A JPEG thumbnail (quality 80) of encoded image bytes, decoded at reduced size.
-
-    Raises:
-        BadImageError: the bytes are not a decodable image, or too large to decode.
-    """
+    """A JPEG thumbnail (quality 80) of encoded image bytes, or BadImageError."""
     from PIL import Image
 
     try:

@@ -1,9 +1,7 @@
 """Nearest neighbours of a sample by cosine similarity over an embedding column (numpy).
 
-The column's values are used in place (a view of the Arrow buffer where it is float32 and
-in one chunk); only the row norms are made, once. A query is one matrix-vector product and
-one partial sort, with temporaries of N floats: timings for 1M and 3M rows are in
-docs/browse.md.
+A query is one matrix-vector product and one partial sort, with temporaries of N floats
+(timings in docs/browse.md).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import pyarrow as pa
 
 from shardex.errors import ConfigError
 
-#: The most neighbours one query returns.
 MAX_NEIGHBOURS: Final = 100
 
 Matrix = npt.NDArray[np.float32]
@@ -35,8 +32,7 @@ class Neighbours:
         self._norms: npt.NDArray[np.float32] | None = None
 
     def nearest(self, index: int, k: int) -> list[tuple[int, float]]:
-        """The ``k`` samples most similar to sample ``index`` (itself left out), best
-        first, as ``(sample number, cosine similarity)``."""
+        """``(sample number, cosine similarity)`` of the ``k`` nearest to ``index``, best first."""
         if not 1 <= k <= MAX_NEIGHBOURS:
             raise ConfigError(f"k={k} neighbours is out of bounds (1 to {MAX_NEIGHBOURS})")
         matrix, norms = self._prepared()
@@ -57,7 +53,7 @@ class Neighbours:
         return [(int(i), float(scores[i])) for i in top if np.isfinite(scores[i])]
 
     def prepare(self) -> None:
-        """Read the column and make the row norms now (the first query does otherwise)."""
+        """Read the column and make the row norms now, not at the first query."""
         self._prepared()
 
     def _prepared(self) -> tuple[Matrix, npt.NDArray[np.float32]]:
@@ -72,8 +68,7 @@ class Neighbours:
 
 def embedding_matrix(column: pa.ChunkedArray) -> Matrix:
     """An (N, D) float32 matrix of a fixed-size-list column; missing rows are zeros."""
-    kind = column.type
-    width = kind.list_size
+    width = column.type.list_size
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if array.null_count == 0:
         values = array.flatten().to_numpy(zero_copy_only=False)

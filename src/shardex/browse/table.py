@@ -1,13 +1,5 @@
 """A split's metadata as the browser reads it: the light columns at once, the heavy ones
-when asked.
-
-``Dataset.metadata`` decodes every column of ``metadata.parquet``; on a 1M-sample export
-with a 64-d embedding that is half a gigabyte and most of the time it takes to open. The
-grid filters and shows scalar columns only, so those are decoded when the browser opens;
-embeddings (lists) and the copies kept for other tools (the JSON ``metadata``, NeMo's
-``image_id``, ``tar_file``, ``member_name``) are decoded whole only for the similar-images
-search, and for one sample page from the one row group that holds its row. The file's
-bytes are checked against config.yaml's checksum first, as ``Dataset.metadata`` does.
+when asked (``Dataset.metadata`` decodes all: half a GB at 1M samples with embeddings).
 """
 
 from __future__ import annotations
@@ -53,7 +45,6 @@ class SplitTable:
         everything = len(self.rows) == table.num_rows and bool(
             np.all(self.rows == np.arange(len(self.rows)))
         )
-        #: The light columns, one row per sample.
         self.table = table if everything else table.take(pa.array(self.rows))
         self._starts = np.cumsum(
             [0]

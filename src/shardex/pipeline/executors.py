@@ -1,10 +1,7 @@
 """Where a pipeline runs: local processes (default) or a Ray cluster.
 
-An executor does two things, both as ordered maps so that output never depends on where
-or on how many workers the work ran: it runs the stage chain over batch jobs (each worker
-sets the stages up once), and it gives the exporter a :class:`~shardex.parallel.Runner`
-for its own parallel steps (checking samples, writing whole shards under deterministic
-names). The driver collects results in order and commits config.yaml.
+Both jobs of an executor (stages over batch jobs, a Runner for the export) are ordered
+maps: the output never depends on where or on how many workers the work ran.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ _STAGES: list[Stage] = []
 
 
 def _setup(stages: list[Stage]) -> None:
-    """Worker initialiser: set each stage of the chain up once (the pool hands each worker
-    its own copy; inline, with one worker, the driver's own stage objects are used)."""
+    """Worker initialiser: set each stage of the chain up once."""
     global _STAGES
     for stage in _STAGES:
         stage.teardown()
@@ -32,7 +28,6 @@ def _setup(stages: list[Stage]) -> None:
 
 
 def run_stages(stages: list[Stage], job: BatchJob) -> tuple[int, Batch]:
-    """Read a batch job's samples and pass them through the stages, in order."""
     batch: Batch | None = read_batch(job.rows)
     for stage in stages:
         if not batch:
@@ -63,7 +58,7 @@ class Executor(ABC):
         return {"executor": self.kind}
 
     def close(self) -> None:  # noqa: B027 (most executors hold nothing between runs)
-        """Release what the runs set up (Ray that the executor itself started)."""
+        """Release what the runs set up (a Ray the executor started)."""
 
 
 class LocalExecutor(Executor):
@@ -89,10 +84,8 @@ class LocalExecutor(Executor):
                         stage.teardown()
 
     def runner(self) -> Runner:
-        # The writer's work is reading spooled bytes back and concatenating them into
-        # tars: I/O, not CPU. A second process pool costs more than it saves (measured on
-        # 5,000 JPEGs, 2 workers: passthrough 0.76 of a plain loop with a pool, 1.58
-        # without; decode+resize+webp 1.51 with, 1.68 without).
+        # The writer's work is I/O (spooled bytes into tars): a pool costs more than it
+        # saves (5,000 JPEGs, 2 workers: passthrough 0.76x with a pool, 1.58x without).
         return Runner(1)
 
     def describe(self) -> dict[str, Any]:

@@ -1,10 +1,6 @@
 """Stages on loaded samples: a spec's ``preprocessing`` run by a loader, not an export.
 
-:class:`OnLoad` turns stored samples back into pipeline samples (``image`` bytes with
-``image_ext``, ``label``, arrays, metadata columns) and runs the stages over each batch
-in the process that loads it (a DataLoader worker). :func:`stages_to_run` compares the
-stages declared with those config.yaml records (``pipeline:``) so that an export made by
-some of them is not given them twice.
+:func:`stages_to_run` skips the stages config.yaml records as already run.
 """
 
 from __future__ import annotations
@@ -50,16 +46,14 @@ def _normal(entry: Mapping[str, Any]) -> Any:
 def stages_to_run(
     stages: list[Stage], config: ExportConfig, stored: set[str], asked: set[str], where: str
 ) -> list[Stage]:
-    """The declared ``stages`` minus those the export's recorded pipeline already ran (a
-    prefix of them, each with the same parameters). A skipped decode whose ``pixels`` a
-    later stage or the keys ``asked`` need but the export does not store runs again: it
-    decodes the stored image, which is what the export kept of those pixels (losslessly
-    when they changed).
+    """The declared ``stages`` minus the prefix the export's recorded pipeline already ran.
+
+    A skipped decode whose ``pixels`` are needed but not stored runs again (the stored
+    image is what the export kept of those pixels).
 
     Raises:
-        ConfigError: the export ran a stage with other parameters, another stage, or a
-            stage not declared; or a later stage needs a key that a skipped stage made
-            and the export does not store.
+        ConfigError: the recorded and declared stages differ, or a needed key made by a
+            skipped stage is not stored.
     """
     recorded = [e for e in config.pipeline if e.get("stage") != ReaderStage.name]
     for number, entry in enumerate(recorded, 1):
@@ -123,9 +117,7 @@ class OnLoad:
 
 
 def pipeline_sample(stored: Mapping[str, Any], split: str, meta: pa.Table, row: int) -> Sample:
-    """A stored sample (raw fields, as a backend reads them with ``decode=False``) and its
-    metadata row as the pipeline sees a sample: ``image`` bytes and ``image_ext``,
-    ``label``, arrays by key, metadata columns by name."""
+    """A stored sample (``decode=False`` fields) and its metadata row as a pipeline sample."""
     sample: Sample = {"key": stored["__key__"], "split": split}
     for column in meta.column_names:
         if column not in _BOOKKEEPING and not column.startswith("sample_"):

@@ -8,11 +8,7 @@
     pipeline.add_stage(ImageWriterStage("out", images_per_tar=1000))
     config = pipeline.run(executor=LocalExecutor(workers=4))
 
-The driver checks that every stage's inputs exist before anything runs, cuts the source
-into batch jobs, has the executor run the stages over them (in order of the jobs, whatever
-the number of workers), applies the stages' driver-side steps (de-duplication) in sample
-order, and has the writer export the result. The same pipeline gives byte-identical
-exports on any executor and any number of workers.
+The same pipeline gives byte-identical exports on any executor and number of workers.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from shardex.contract import ExportConfig
 from shardex.errors import ConfigError
 from shardex.pipeline.executors import Executor, LocalExecutor
 from shardex.pipeline.readers import READER_KEYS, ReaderStage
-from shardex.pipeline.stage import Batch, Stage
+from shardex.pipeline.stage import Stage
 from shardex.pipeline.writer import ImageWriterStage
 from shardex.progress import Progress
 
@@ -54,16 +50,14 @@ class Pipeline:
         return self
 
     def plan(self, until_keys: tuple[str, ...] = ()) -> Plan:
-        """Check the chain (readers first, writer last, every key a stage needs produced
-        earlier) and cut it once ``until_keys`` all exist and the next stage does more than
-        change them in place (a resize or crop of ``pixels`` still runs)."""
+        """Check the chain and cut it once ``until_keys`` exist (see :meth:`run`)."""
         if not self.stages or not isinstance(self.stages[0], ReaderStage):
             raise ConfigError(f"pipeline {self.name!r}: the first stage must be a ReaderStage")
         if not isinstance(self.stages[-1], ImageWriterStage):
             raise ConfigError(f"pipeline {self.name!r}: the last stage must be an ImageWriterStage")
         reader, writer = self.stages[0], self.stages[-1]
         middle = self.stages[1:-1]
-        available = set(_reader_keys(reader))
+        available = {*READER_KEYS[:2], "image", "image_ext", *reader.scan().table.column_names}
         wanted = set(until_keys)
         kept: list[Stage] = []
         for stage in middle:
@@ -93,20 +87,16 @@ class Pipeline:
 
         Args:
             executor: where the stages run (default: :class:`LocalExecutor`).
-            until_keys: run stages in order only until these keys exist (and the
-                stages right after that only change them in place), then write that
-                view (``--preprocess-until-key``).
+            until_keys: run stages only until these keys exist (stages that then only
+                change them in place still run), and write that view.
 
         Raises:
-            ConfigError: the chain is malformed or a wanted key is never produced
-                (before anything runs).
+            ConfigError: (before anything runs) a malformed chain or a key never produced.
         """
         plan = self.plan(tuple(until_keys))
         executor = executor or LocalExecutor()
         chain = [*plan.stages, plan.writer]
-        # With no stage between reader and writer there is nothing to parallelise: shipping
-        # every image to a worker and back would only add copies (the export's own work
-        # still runs on the executor). The output is the same either way.
+        # No stage between reader and writer: shipping images to workers would only copy.
         stages_on = executor if plan.stages else LocalExecutor(1)
         states: list[dict[str, Any]] = [{} for _ in chain]
         scan = plan.reader.scan()
@@ -115,7 +105,10 @@ class Pipeline:
                 bar = bars.task(f"pipeline {self.name}", scan.table.num_rows)
                 for batch in stages_on.map_batches(chain, plan.reader.jobs()):
                     bar.advance(len(batch))
-                    _reduce(chain, states, batch)
+                    for stage, state in zip(chain, states, strict=True):
+                        if not batch:
+                            break
+                        batch = stage.reduce(batch, state)
             applied = tuple(s.describe() for s in (plan.reader, *plan.stages))
             return plan.writer.write(
                 states[-1],
@@ -131,19 +124,5 @@ class Pipeline:
 
 
 def _refines(stage: Stage, keys: set[str]) -> bool:
-    """Whether a stage only changes some of ``keys`` in place (a resize or crop of
-    ``pixels``): it still runs after the keys exist, so the view holds their final values.
-    (A filter on the keys also needs only them, and adds nothing, but drops samples.)"""
+    """Whether a stage only changes some of ``keys`` in place (it still runs after them)."""
     return stage.changes_in_place and bool(stage.needs) and set(stage.needs) <= keys
-
-
-def _reduce(chain: list[Stage], states: list[dict[str, Any]], batch: Batch) -> None:
-    for stage, state in zip(chain, states, strict=True):
-        if not batch:
-            return
-        batch = stage.reduce(batch, state)
-
-
-def _reader_keys(reader: ReaderStage) -> list[str]:
-    table = reader.scan().table
-    return [*READER_KEYS[:2], "image", "image_ext", *table.column_names]

@@ -1,16 +1,8 @@
 """Joining a Ray cluster for an export, and leaving it again.
 
-``ray.init(address=...)`` with an address where no cluster answers retries for minutes,
-printing its own log lines; shardex first checks the address, within
-``SHARDEX_RAY_CONNECT_TIMEOUT`` seconds (default 10), and refuses one where Ray does not
-answer in one line (:class:`~shardex.errors.ClusterUnreachableError`). Ray's GCS and its
-Ray Client server both speak gRPC, which is HTTP/2: the check opens a TCP connection, sends
-an HTTP/2 client preface and waits for the server's first frame, which HTTP/2 requires to be
-SETTINGS (RFC 9113, section 3.4). A port that accepts and closes, an HTTP/1 server, or one
-that never answers is not Ray. (With Ray's TLS on, ``RAY_USE_TLS``, the server expects a TLS
-handshake first: only the TCP connection is checked.) A Ray that shardex
-started (``ray.init`` called because this process had none) is shut down when the export
-ends; a Ray the caller had initialised is left as it was.
+``ray.init`` retries a dead address for minutes, so shardex probes it first: Ray speaks
+gRPC (HTTP/2), whose server must answer a client preface with SETTINGS (RFC 9113, 3.4).
+With ``RAY_USE_TLS`` only the TCP connection is checked.
 """
 
 from __future__ import annotations
@@ -23,7 +15,6 @@ from typing import Any, Final
 
 from shardex.errors import ClusterUnreachableError, ConfigError
 
-#: The environment variable that bounds the check of a cluster's address (seconds).
 TIMEOUT_ENV: Final = "SHARDEX_RAY_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT: Final = 10.0
 #: Ports Ray listens on when an address names none: the GCS, and the Ray Client server.
@@ -44,8 +35,7 @@ def connect_timeout() -> float:
 
 
 def host_port(address: str) -> tuple[str, int] | None:
-    """The TCP endpoint of a Ray address (``host:port`` or ``ray://host:port``); None for
-    what Ray resolves itself (``auto``, ``local``)."""
+    """The TCP endpoint of a Ray address; None for what Ray resolves (``auto``, ``local``)."""
     if address in ("auto", "local"):
         return None
     client = address.startswith("ray://")
@@ -63,22 +53,18 @@ def host_port(address: str) -> tuple[str, int] | None:
     return host, port or (_CLIENT_PORT if client else _GCS_PORT)
 
 
-#: What a gRPC client sends first: the HTTP/2 connection preface, then an empty SETTINGS
-#: frame (length 0, type 4, no flags, stream 0).
+#: The HTTP/2 connection preface, then an empty SETTINGS frame.
 _PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-#: An HTTP/2 frame header's length, and the type of a SETTINGS frame.
 _FRAME_HEADER: Final = 9
 _SETTINGS: Final = 4
 
 
 def check_reachable(address: str | None) -> None:
-    """Raise ClusterUnreachableError, within the connect timeout, when Ray does not
-    answer at ``address`` (nothing listens, or something that is not Ray)."""
+    """Raise ClusterUnreachableError when Ray does not answer at ``address`` in time."""
     endpoint = None if address is None else host_port(address)
     if endpoint is None:
         return
-    timeout = connect_timeout()
-    reason = _probe(endpoint, timeout)
+    reason = _probe(endpoint, connect_timeout())
     if reason is None:
         return
     raise ClusterUnreachableError(
@@ -89,7 +75,7 @@ def check_reachable(address: str | None) -> None:
 
 
 def _probe(endpoint: tuple[str, int], timeout: float) -> str | None:
-    """Why Ray does not answer at ``endpoint`` within ``timeout`` seconds; None if it does."""
+    """Why Ray does not answer at ``endpoint`` in time; None if it does."""
     deadline = time.monotonic() + timeout
     try:
         with socket.create_connection(endpoint, timeout=timeout) as conn:
@@ -115,8 +101,7 @@ def _probe(endpoint: tuple[str, int], timeout: float) -> str | None:
 
 
 def init(ray: Any, address: str | None, options: dict[str, Any]) -> bool:
-    """Join (or start) the cluster unless this process already has; whether it called
-    ``ray.init`` (so the caller shuts Ray down when done)."""
+    """Join (or start) the cluster unless already joined; whether it called ``ray.init``."""
     if ray.is_initialized():
         return False
     check_reachable(address)

@@ -1,10 +1,7 @@
-"""``RayExecutor``: the same pipeline on a Ray cluster.
+"""``RayExecutor``: the same pipeline on a Ray cluster, byte-identical to local runs.
 
-Stages run in a pool of Ray actors (each sets the stage chain up once, with the largest
-CPU and GPU needs among the stages as its Ray resources); batches go out in order through
-``ray.util.ActorPool`` and come back in order. The export's own parallel work (checking
-samples, writing whole shards under deterministic names) runs as Ray tasks; the driver
-commits config.yaml. Output is byte-identical to :class:`LocalExecutor`'s.
+Stages run in Ray actors (in order, through ``ray.util.ActorPool``); the export's own
+parallel work runs as Ray tasks.
 """
 
 from __future__ import annotations
@@ -53,15 +50,15 @@ def _call(fn: Callable[[T], R], item: T) -> R:
 
 
 def _call_kept(fn: Callable[[T], Iterator[object]], item: T) -> Iterator[object]:
-    # a generator task: Ray stores each object it yields (and sends values in: ``fn``
-    # is a generator function, whose generators take them)
+    # a generator task: Ray stores each object it yields
     yield from fn(item)
 
 
 class RayRunner(Runner):
-    """The exporter's ordered parallel map as Ray tasks (at most 2 per cluster CPU in
-    flight, which bounds memory; ``limit`` tasks at most, when given). Tasks may run on any node: jobs carry what they read
-    (reference rows, never sample bytes), and write straight to the output storage."""
+    """The exporter's ordered parallel map as Ray tasks on any node.
+
+    At most 2 per cluster CPU (or ``limit``) are in flight, which bounds memory.
+    """
 
     remote = True
 
@@ -78,9 +75,8 @@ class RayRunner(Runner):
         resources = _ray().cluster_resources()
         cpus = max(1, int(resources.get("CPU", 1)))
         self._store = int(resources.get("object_store_memory", 0))
-        # ``limit``: the export's ``workers``, at most that many tasks at once (Ray runs
-        # every task it is given that a CPU is free for: fewer are given); else two per
-        # CPU in flight, so a CPU never waits for the next task
+        # Ray runs every task a CPU is free for: ``limit`` is kept by giving fewer; else
+        # two per CPU in flight, so a CPU never waits for the next task
         limit = self._limit
         if limit is not None and limit < cpus:
             self.workers = self._ahead = max(1, limit)
@@ -92,9 +88,7 @@ class RayRunner(Runner):
         self._settle()
 
     def _settle(self) -> None:
-        """Cancel the tasks not started and wait for the rest: when a shard fails, the
-        export undoes this run's files and gives the output's lock back only after this,
-        so no task still in flight writes a shard into the output afterwards."""
+        """Cancel or await every task, so none writes after a failed export gave up the lock."""
         pending, self._pending = list(self._pending), deque()
         if not pending:
             return
@@ -110,8 +104,7 @@ class RayRunner(Runner):
                         pass
 
     def put(self, data: bytes) -> Any:
-        """``data`` in the object store of this process's node (its primary copy, owned
-        by this process: a worker node that dies does not take it)."""
+        """``data`` in this node's object store, owned by this process (survives workers)."""
         return _ray().put(data)
 
     def store_bytes(self) -> int:
@@ -121,10 +114,7 @@ class RayRunner(Runner):
     def imap_kept(
         self, fn: Callable[[T], Iterator[object]], items: Iterable[T]
     ) -> Iterator[tuple[object, tuple[Any, ...]]]:
-        """:meth:`imap` of generator functions (see
-        :class:`shardex.sources.base.KeepingRunner`): each object a task yields before
-        its result is stored on the task's node, owned by this process (lost with its
-        node, Ray makes it again by running the task again); only its ref comes here."""
+        """:meth:`imap` of generator functions: yielded objects stay on their node (refs here)."""
         ray = _ray()
 
         def kept(objects: Any) -> tuple[object, tuple[Any, ...]]:
@@ -140,8 +130,7 @@ class RayRunner(Runner):
     def _ordered(
         self, task: Any, fn: Any, items: Iterable[Any], result: Callable[[Any], R]
     ) -> Iterator[R]:
-        """``task.remote(fn, item)`` for each item, at most ``_ahead`` in flight, and
-        each one's ``result``, in order."""
+        """``result`` of ``task.remote(fn, item)`` per item, in order, ``_ahead`` in flight."""
         pending = self._pending = deque()
         for item in items:
             pending.append(task.remote(fn, item))
@@ -176,15 +165,12 @@ class RayExecutor(Executor):
         self._started = False
 
     def connect(self) -> None:
-        """Join (or start) the cluster unless this process already has (an address where
-        no cluster answers: ClusterUnreachableError within seconds, see ray_connect)."""
         from shardex.pipeline import ray_connect
 
         self._started = ray_connect.init(_ray(), self.address, self.init_options) or self._started
 
     def close(self) -> None:
-        """Shut Ray down if :meth:`connect` started it; a Ray the caller had initialised
-        stays."""
+        """Shut Ray down if :meth:`connect` started it."""
         started, self._started = self._started, False
         if started:
             _ray().shutdown()

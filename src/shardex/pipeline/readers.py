@@ -1,7 +1,6 @@
 """Readers: the first stage of a pipeline, a source cut into batches of samples.
 
-A reader scans its source in the driver (no image bytes read); each batch job carries its
-rows, and the worker that runs the batch reads the bytes and builds the samples.
+The driver only scans; the worker that runs a batch job reads its bytes.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ READER_KEYS: tuple[str, ...] = ("key", "original_path", "split", "label", "image
 
 @dataclass(frozen=True, slots=True)
 class BatchJob:
-    """One batch of a source: its number and its scan rows."""
-
     number: int
     rows: pa.Table
 
@@ -54,8 +51,7 @@ class ReaderStage(Stage):
         return {"source": self.source.uri, "kind": self.source.kind, "batch_size": self.batch_size}
 
     def scan(self) -> ScanResult:
-        """The source's sample table (once). Rows the source marked unusable are left out
-        here: no stage reads them (a symlink out of the source must not be read)."""
+        """The source's sample table (once), without the rows it marked unusable."""
         if self._scan is None:
             self._scan = _without_invalid(self.source.scan())
         return self._scan
@@ -80,15 +76,8 @@ def _without_invalid(scan: ScanResult) -> ScanResult:
         return scan
     invalid = table.column(INVALID)
     bad = table.filter(invalid.is_valid())
-    left_out = tuple(
-        LeftOut(str(path), str(reason), str(key))
-        for key, path, reason in zip(
-            bad.column("key").to_pylist(),
-            bad.column("original_path").to_pylist(),
-            bad.column(INVALID).to_pylist(),
-            strict=True,
-        )
-    )
+    columns = [bad.column(c).to_pylist() for c in ("original_path", INVALID, "key")]
+    left_out = tuple(LeftOut(str(p), str(r), str(k)) for p, r, k in zip(*columns, strict=True))
     kept = table.filter(invalid.is_null()).drop_columns([INVALID])
     return ScanResult(kept, scan.label_names, scan.left_out + left_out)
 

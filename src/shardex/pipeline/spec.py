@@ -1,24 +1,7 @@
 """Spec files: the reproducible form of an export, validated against a shipped schema.
 
-.. code-block:: yaml
-
-    source: images/
-    output: out
-    backend: webdataset
-    options: {samples_per_shard: 1000, split_fractions: {train: 0.9, val: 0.1}, seed: 0}
-    stages:
-      - {stage: decode}
-      - {stage: resize, size: 224, interpolation: bicubic}
-      - {stage: filter, expr: "aesthetic_score > 5"}
-      - {stage: encode, format: webp, quality: 90}
-    executor: {kind: local, workers: 4}
-
-A stage is a built-in name (``shardex pipeline stages`` lists them) or an import path
-``module:Class`` with keyword arguments. A spec file is also a *scenario*: a bare name
-(``my-scenario``, no such file or folder) names ``my-scenario.yaml`` (or ``.yml``) in the
-current folder, then in each folder of ``SHARDEX_SCENARIO_PATH`` (:func:`find_scenario`). The spec's fingerprint (a hash of everything but
-``output`` and ``executor``, which do not change the result) goes into config.yaml;
-:func:`materialize` reuses an export only when the fingerprints match.
+See docs/pipeline.md, "Spec files". A bare name is a *scenario*: ``NAME.yaml`` in the
+current folder or ``SHARDEX_SCENARIO_PATH``.
 """
 
 from __future__ import annotations
@@ -49,9 +32,8 @@ from shardex.quoting import collapsed
 SCENARIO_PATH: Final = "SHARDEX_SCENARIO_PATH"
 _SPEC_SUFFIXES: Final = (".yaml", ".yml")
 
-#: Spec keys that say where and how to run, not what to produce (not fingerprinted).
+#: Keys and options that say where and how to run, not what to produce.
 _NOT_FINGERPRINTED = ("output", "executor", "name")
-#: Options that change how an export runs, not what it holds.
 _NOT_OUTPUT = frozenset({"mode", "overwrite", "verbose", "workers", "storage_options"})
 
 
@@ -94,8 +76,7 @@ class Spec:
         until_keys: Iterable[str] = (),
         overrides: dict[str, Any] | None = None,
     ) -> str:
-        """What the export depends on, hashed: the spec, the stages run and the options
-        given on top of it (not where or how verbosely it runs)."""
+        """A hash of what the export's content depends on."""
         basis = {k: v for k, v in self.raw.items() if k not in _NOT_FINGERPRINTED}
         changes = {k: v for k, v in (overrides or {}).items() if k not in _NOT_OUTPUT}
         basis["_run"] = {"preprocess": preprocess, "until": sorted(until_keys), **changes}
@@ -150,8 +131,7 @@ class Spec:
 
 
 def is_scenario_name(source: str) -> bool:
-    """Whether ``source`` can only be a scenario's name: no path separator, no scheme or
-    glob, and no such file or folder."""
+    """Whether ``source`` can only be a scenario's name (no path, scheme, glob or file)."""
     separators = {"/", os.sep, *(os.altsep or "")}
     return (
         bool(source)
@@ -161,17 +141,13 @@ def is_scenario_name(source: str) -> bool:
 
 
 def scenario_places(name: str) -> list[Path]:
-    """Where a scenario ``name`` is looked for, in order."""
     folders = [Path.cwd()]
     folders += [Path(p) for p in os.environ.get(SCENARIO_PATH, "").split(os.pathsep) if p]
     return [folder / f"{name}{suffix}" for folder in folders for suffix in _SPEC_SUFFIXES]
 
 
 def find_scenario(source: str) -> Path | None:
-    """The spec file ``source`` names: a ``.yaml``/``.yml`` path as given, or, for a bare
-    name, the first ``NAME.yaml``/``NAME.yml`` of :func:`scenario_places`; None when
-    ``source`` is no spec file (or a bare name with no scenario: see
-    :func:`scenario_not_found`)."""
+    """The spec file ``source`` names (a YAML path, or a scenario's); None if none."""
     if source.endswith(_SPEC_SUFFIXES):
         return Path(source)
     if not is_scenario_name(source):
@@ -180,7 +156,6 @@ def find_scenario(source: str) -> Path | None:
 
 
 def scenario_not_found(name: str) -> SourceNotFoundError:
-    """The error for a bare name that is neither a source nor a scenario."""
     folders = dict.fromkeys(str(p.parent) for p in scenario_places(name))
     return SourceNotFoundError(
         f"source {name!r} is no file, folder or built-in source, and no scenario "
@@ -199,14 +174,9 @@ def _validator() -> Any:
 
 @cache
 def builtin_stages() -> dict[str, type[Stage]]:
-    """Built-in stage classes by name."""
-    from shardex.pipeline import stages
+    from shardex.pipeline.stages import BUILTIN_STAGES
 
-    found = {}
-    for value in vars(stages).values():
-        if isinstance(value, type) and issubclass(value, Stage) and "name" in vars(value):
-            found[value.name] = value
-    return found
+    return BUILTIN_STAGES
 
 
 def build_stage(entry: dict[str, Any], where: str = "spec") -> Stage:
@@ -240,29 +210,29 @@ def run_spec(
     until_keys: Iterable[str] = (),
     **overrides: Any,
 ) -> ExportConfig:
-    """Export as a spec says: with its stages (``preprocess``), only until ``until_keys``
-    exist (stored as features beside the default ones, unless ``x_keys`` names them
-    all), or without stages (the source exported as is, with the spec's options).
-    ``overrides`` are export options given on top of the spec's (recorded in the
-    fingerprint when they change the output)."""
+    """Export as a spec says.
+
+    Args:
+        preprocess: run the spec's stages (False: export the source as is).
+        until_keys: run stages only until these keys exist; they are stored as features.
+        overrides: export options on top of the spec's.
+    """
     spec = load_spec(spec)
     until = tuple(until_keys)
     preprocess = preprocess or bool(until)
     fingerprint = spec.fingerprint(preprocess, until, overrides)
     if until:
-        # the keys a view was asked for are stored as features beside the default ones
-        # (a function of ``until``, already in the fingerprint); x_keys given win
         overrides = {**overrides, "with_keys": until}
     pipeline = spec.pipeline(output, fingerprint, **overrides)
     if not preprocess:
         pipeline.stages = [pipeline.stages[0], pipeline.stages[-1]]
-    made = executor is None  # a caller's executor (and a Ray it started) is the caller's
+    made = executor is None  # a caller's executor is the caller's to close
     executor = executor or spec.executor()
     try:
         return pipeline.run(executor, until_keys=until)
     finally:
         if made:
-            executor.close()  # a Ray it started
+            executor.close()
 
 
 def materialize(
@@ -272,8 +242,7 @@ def materialize(
     executor: Executor | None = None,
     until_keys: Iterable[str] = (),
 ) -> ExportConfig:
-    """The export ``spec`` describes at ``output``: the existing one when its recorded spec
-    fingerprint matches, else rebuilt (replacing what is there)."""
+    """The export ``spec`` describes at ``output``: reused if its fingerprint matches, else rebuilt."""
     from shardex.api import read_config
 
     spec = load_spec(spec)

@@ -1,20 +1,7 @@
 """The unit of a pipeline: a :class:`Stage` turns a batch of samples into a batch.
 
-A pipeline sample is a plain dict:
-
-* ``key`` (str), ``original_path`` (str), and, when the source has them, ``split`` (str)
-  and ``label`` (int);
-* ``image`` (bytes): the encoded image as stored, with ``image_ext`` (``jpg``, ``png``,
-  ``webp`` ...). Passthrough pipelines keep these bytes exactly;
-* ``pixels`` (numpy uint8/uint16 array, HWC): the decoded image, present after a decode
-  stage. A stage that changes pixels sets ``pixels_changed`` to True; an encode stage turns
-  ``pixels`` back into ``image`` bytes;
-* any other key: metadata (numbers, strings, numpy arrays such as embeddings), kept with
-  its type and written as typed Parquet columns.
-
-Stages run in worker processes (or Ray actors), one batch at a time, in the order the
-pipeline lists them; a stage that needs to see every sample (de-duplication) also
-implements :meth:`Stage.reduce`, which the driver calls on each batch in sample order.
+A sample is a plain dict (``key``, ``image`` bytes, ``pixels``, metadata): see
+docs/pipeline.md, "A sample".
 """
 
 from __future__ import annotations
@@ -36,26 +23,22 @@ class Resources:
 
 
 class Stage(ABC):
-    """One step of a pipeline.
+    """One step of a pipeline: set ``name``, ``needs``, ``produces``; implement :meth:`process`.
 
-    Subclasses set ``name`` and implement :meth:`process`; ``needs`` are the sample keys
-    it reads (checked before anything runs), ``produces`` the keys it adds. Stages are
-    pickled to workers, so keep heavy state (models) out of ``__init__``: load it in
-    :meth:`setup`, which each worker calls once before its first batch.
+    Stages are pickled to workers: load heavy state (models) in :meth:`setup`, not
+    ``__init__``.
     """
 
     name: ClassVar[str]
     needs: tuple[str, ...] = ()
     produces: tuple[str, ...] = ()
     resources: Resources = Resources()
-    #: Whether it only rewrites its ``needs`` keys, keeping every sample (a resize of
-    #: ``pixels``): ``--preprocess-until-key`` runs it on once those keys exist, so the
-    #: view holds their final values. A filter on them drops samples: it stays False.
+    #: Only rewrites its ``needs`` keys, keeping every sample (a resize, not a filter):
+    #: ``--preprocess-until-key`` still runs it once those keys exist.
     changes_in_place: ClassVar[bool] = False
 
     def check(self) -> None:  # noqa: B027 - optional hook
-        """Raise (MissingDependencyError, ConfigError) when :meth:`setup` could not work
-        here: called in the driver by :meth:`Pipeline.plan`, before any worker starts."""
+        """Raise when :meth:`setup` could not work here; called by :meth:`Pipeline.plan`."""
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Prepare in the worker (load a model); called once before the first batch."""
@@ -68,8 +51,7 @@ class Stage(ABC):
         """The batch after this stage: samples changed, fewer samples, or None for none."""
 
     def reduce(self, batch: Batch, state: dict[str, Any]) -> Batch:
-        """Driver-side, in sample order, after every stage's :meth:`process`: drop samples
-        by what earlier batches held (``state`` persists across batches). Default: keep."""
+        """Driver-side, in sample order: drop samples by what earlier batches held."""
         return batch
 
     def params(self) -> dict[str, Any]:

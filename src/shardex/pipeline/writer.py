@@ -1,11 +1,7 @@
 """``ImageWriterStage``: the end of a pipeline, writing the shardex format.
 
-It takes NeMo Curator's parameters (``output_dir``, ``images_per_tar``,
-``remove_image_data``, ``verbose``, ``deterministic_name``) and writes through
-:func:`shardex.export`, so tars are filled to exactly ``images_per_tar`` across batches and
-workers (one short tar per split at most), original bytes are kept unless a stage changed
-the pixels, scores and embeddings become typed Parquet columns, and ``config.yaml``
-commits the export last.
+It takes NeMo Curator's parameters and writes through the exporter, so tars are filled to
+exactly ``images_per_tar`` across batches and workers, whatever the executor.
 """
 
 from __future__ import annotations
@@ -33,13 +29,10 @@ from shardex.sources.arrays import npy_bytes
 from shardex.sources.base import Source
 from shardex.storage import Storage
 
-#: The member of ``pixels`` stored as a key (``--x-key pixels``): an array field.
+#: The member of ``pixels`` stored as a key (``--x-key pixels``).
 PIXELS_MEMBER = "pixels.npy"
-#: Keys of a pipeline sample that are not metadata columns.
 _NOT_METADATA = frozenset({*READER_KEYS, "pixels", "pixels_changed"})
-
-
-#: Export options ``**options`` may name (the three NeMo names above map to the others).
+#: Export options ``**options`` may name (NeMo's names map to the others).
 _OPTION_NAMES: frozenset[str] = frozenset(
     f.name for f in fields(ExportOptions) if f.name not in ("samples_per_shard", "backend")
 ) - {"deterministic_name"}
@@ -52,7 +45,7 @@ def _check_params(
     verbose: object,
     deterministic_name: object,
 ) -> None:
-    """NeMo's parameters, checked by type at construction (not after the pipeline ran)."""
+    """NeMo's parameters, checked at construction (not after the pipeline ran)."""
     if not isinstance(output_dir, str | os.PathLike | Storage) or output_dir == "":
         raise ConfigError(
             f"ImageWriterStage: output_dir must be a folder, URL or Storage, got {output_dir!r}"
@@ -84,8 +77,7 @@ class _Collected(Source):
         uri: str,
         left_out: tuple[LeftOut, ...] = (),
     ) -> None:
-        self.table, self.label_names, self.uri = table, label_names, uri
-        self.left_out = left_out
+        self.table, self.label_names, self.uri, self.left_out = table, label_names, uri, left_out
 
     def scan(self) -> ScanResult:
         return ScanResult(self.table, self.label_names, self.left_out)
@@ -97,19 +89,13 @@ class ImageWriterStage(Stage):
     Args:
         output_dir: the export's folder or URL (``s3://`` with ``storage_options``).
         images_per_tar: samples per shard; only the last shard of a split may hold fewer.
-        remove_image_data: drop image bytes and pixels from the samples this stage passes on
-            (what NeMo does to save memory); the export keeps them.
-        verbose: show progress bars (per shard while writing).
-        deterministic_name: shard names from a hash of the content (the same input gives
-            byte-identical shards and names), else random.
-        backend: any shardex backend (default ``webdataset``).
-        storage_options: options for object storage.
-        spec_fingerprint: the spec file's hash, recorded in config.yaml (spec runs set it).
-        name: NeMo's stage name (shown in ``repr`` and recorded as ``stage_name``); the
-            stage's kind in config.yaml stays ``image_writer``.
-        **options: more export options (``layout="flat"``: the one split's files at the
-            top level, as NeMo writes ``output_dir/images-*.tar``; ``split_fractions``,
-            ``seed``, ``mode``, ``max_shard_bytes`` ...; see :class:`shardex.ExportOptions`).
+        remove_image_data: drop image bytes and pixels from the samples passed on (the
+            export keeps them).
+        deterministic_name: shard names from a hash of the content, else random.
+        spec_fingerprint: the spec file's hash, recorded in config.yaml.
+        name: NeMo's stage name, recorded as ``stage_name``.
+        **options: more export options (``layout="flat"``, ``split_fractions``, ``seed``,
+            ``mode`` ...; see :class:`shardex.ExportOptions`).
     """
 
     name: ClassVar[str] = "image_writer"
@@ -144,7 +130,7 @@ class ImageWriterStage(Stage):
         self.storage_options = storage_options
         self.spec_fingerprint = spec_fingerprint
         self.options = options
-        # bad options (an unsafe split name, an unknown keyword) fail here, before any stage runs
+        # bad options fail here, before any stage runs
         unknown = sorted(set(options) - _OPTION_NAMES)
         if unknown:
             raise ConfigError(
@@ -163,32 +149,22 @@ class ImageWriterStage(Stage):
 
     def params(self) -> dict[str, Any]:
         out = super().params()
-        out["output_dir"] = (
-            str(self.output_dir)
-            if not isinstance(self.output_dir, Storage)
-            else self.output_dir.uri
-        )
+        target = self.output_dir
+        out["output_dir"] = target.uri if isinstance(target, Storage) else str(target)
         if self.stage_name is None:
             # an unnamed stage records what it always did (config.yaml stays byte-identical)
             del out["stage_name"]
         return out
 
     def process(self, batch: Batch) -> Batch:
-        keys = self._stored_keys()
+        x_keys = self.options.get("x_keys")  # None: every member is stored
+        keys = frozenset((*x_keys, *(self.options.get("y_keys") or ()))) if x_keys else None
         for sample in batch:
             _finish_pixels(sample, keys)
         return batch
 
-    def _stored_keys(self) -> frozenset[str] | None:
-        """The x and y keys asked for (None: x keys not given, every member is stored)."""
-        x_keys = self.options.get("x_keys")
-        if not x_keys:
-            return None
-        return frozenset((*x_keys, *(self.options.get("y_keys") or ())))
-
     def reduce(self, batch: Batch, state: dict[str, Any]) -> Batch:
-        """Keep each sample's metadata; its bytes go to a spool file on disk, so that the
-        driver's memory holds references, not images (the exporter reads them back)."""
+        """Collect the samples, their bytes spooled to disk (the driver holds no images)."""
         spool = state.get("spool")
         if spool is None:
             spool = state["spool"] = _Spool(self.output_dir)
@@ -213,9 +189,7 @@ class ImageWriterStage(Stage):
         schema: pa.Schema | None = None,
         left_out: tuple[LeftOut, ...] = (),
     ) -> ExportConfig:
-        """Export what :meth:`reduce` collected (the driver calls this once, at the end);
-        metadata columns the source had keep its Arrow ``schema`` types; what the source
-        left out is refused or recorded as the export's options say."""
+        """Export what :meth:`reduce` collected; source columns keep their ``schema`` types."""
         from shardex.engine.run import export_options, run_export
 
         samples: Batch = state.get("samples", [])
@@ -246,10 +220,7 @@ class ImageWriterStage(Stage):
 
 
 def _finish_pixels(sample: dict[str, Any], keys: frozenset[str] | None = None) -> None:
-    """``pixels`` asked for as a key (``keys``) are stored as the array field
-    ``pixels.npy`` (their dtype and shape kept); pixels a stage changed but nobody
-    encoded are stored as lossless PNG, unless the ``image`` key is not stored anyway;
-    other pixels are dropped (the original bytes are the image)."""
+    """Store ``pixels`` as ``pixels.npy`` if asked for, changed pixels as PNG; drop the rest."""
     pixels = sample.pop("pixels", None)
     if pixels is not None and keys is not None and "pixels" in keys:
         sample[f"member:{PIXELS_MEMBER}"] = npy_bytes(pixels)
@@ -265,15 +236,11 @@ def _finish_pixels(sample: dict[str, Any], keys: frozenset[str] | None = None) -
 
 def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
     """A scan table of pipeline samples: image and other members inline, metadata typed."""
-    members = []
-    for s in samples:
-        row = []
-        if "image" in s:
-            row.append(_inline(s["image_ext"], s["image"]))
-        row += [
-            _inline(k.removeprefix("member:"), v) for k, v in s.items() if k.startswith("member:")
-        ]
-        members.append(row)
+    members = [
+        ([_inline(s["image_ext"], s["image"])] if "image" in s else [])
+        + [_inline(k.removeprefix("member:"), v) for k, v in s.items() if k.startswith("member:")]
+        for s in samples
+    ]
     names = sorted(
         {k for s in samples for k in s if k not in _NOT_METADATA and not k.startswith("member:")}
     )
@@ -282,14 +249,12 @@ def samples_table(samples: Batch, schema: pa.Schema | None = None) -> pa.Table:
         {name: _column([s.get(name) for s in samples], name, types.get(name)) for name in names}
     )
     has = {k: any(k in s for s in samples) for k in ("split", "label")}
+    splits = [None if s.get("split") is None else str(s["split"]) for s in samples]
     return build_table(
         [str(s["key"]) for s in samples],
         [str(s.get("original_path", s["key"])) for s in samples],
         members,
-        # a sample without a split is refused by check_samples ("no split"), not a KeyError
-        splits=[None if s.get("split") is None else str(s["split"]) for s in samples]
-        if has["split"]
-        else None,
+        splits=splits if has["split"] else None,
         labels=[s.get("label") for s in samples] if has["label"] else None,
         metadata=metadata,
     )
@@ -309,16 +274,13 @@ def _inline(ext: str, data: bytes | _Ref) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Ref:
-    """Where a sample's bytes are in the spool file."""
-
     path: str
     offset: int
     size: int
 
 
 class _Spool:
-    """An append-only file of the pipeline's sample bytes, beside a local output (same
-    filesystem) or in the temporary folder, removed when the export is done."""
+    """An append-only file of sample bytes, beside a local output or in the temp folder."""
 
     def __init__(self, output: str | os.PathLike[str] | Storage) -> None:
         local = output.local_path("") if isinstance(output, Storage) else None
@@ -350,27 +312,19 @@ class _Spool:
 
 
 def _column(values: list[Any], name: str, hint: pa.DataType | None) -> pa.Array:
-    """Typed: the source's type when it had the column (``hint``); numpy arrays of one
-    shape become fixed-size lists of their dtype."""
+    """The source's type (``hint``) if it fits; 1-D arrays of one shape as fixed-size lists."""
     if hint is not None:
         try:
             return pa.array([v.tolist() if isinstance(v, np.ndarray) else v for v in values], hint)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass  # a stage changed the column's type: infer it below
     arrays = [v for v in values if isinstance(v, np.ndarray)]
-    if arrays and len(arrays) == len([v for v in values if v is not None]):
-        shapes = {a.shape for a in arrays}
-        if len(shapes) == 1 and len(arrays[0].shape) == 1:
-            dtype = arrays[0].dtype
-            width = arrays[0].shape[0]
-            flat = np.concatenate([np.zeros(width, dtype) if v is None else v for v in values])
-            mask = pa.array([v is None for v in values])
-            out = pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
-            return (
-                out
-                if not any(v is None for v in values)
-                else pa.FixedSizeListArray.from_arrays(pa.array(flat), width, mask=mask)
-            )
+    one_shape = len({a.shape for a in arrays}) == 1 and arrays[0].ndim == 1
+    if one_shape and len(arrays) == sum(v is not None for v in values):
+        width, dtype = arrays[0].shape[0], arrays[0].dtype
+        flat = np.concatenate([np.zeros(width, dtype) if v is None else v for v in values])
+        mask = pa.array([v is None for v in values]) if len(arrays) < len(values) else None
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat), width, mask=mask)
     plain = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
     try:
         return pa.array(plain)

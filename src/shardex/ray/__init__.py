@@ -1,12 +1,6 @@
 """Ray Data: read a shardex export as a Ray Dataset, write a Ray Dataset as an export.
 
-Needs the ``ray`` extra (``pip install 'shardex[ray]'``); ``import shardex`` itself never
-imports Ray.
-
-* :func:`read_shardex` / :class:`ShardexDatasource`: one row per sample, in sample order;
-  each read task reads a contiguous run of whole shards.
-* :func:`write_shardex` / :class:`ShardexDatasink`: write tasks stage their rows, the driver
-  exports them in order with :func:`shardex.export` and commits ``config.yaml`` last.
+Needs the ``ray`` extra; ``import shardex`` itself never imports Ray.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Read a split of a shardex export as a Ray Dataset: :func:`read_shardex`.
 
-Each read task reads a contiguous run of whole shards, so its reads are sequential and
-local to those shards, and its metadata comes from the shards' Parquet sidecars (or, for
-backends without sidecars, from the rows of ``metadata.parquet`` in its range). Rows are
-in the split's sample order: task after task, block after block.
+Each read task reads a contiguous run of whole shards (sequential reads), its metadata
+from their sidecars or ``metadata.parquet``; rows come in sample order.
 """
 
 from __future__ import annotations
@@ -33,16 +31,14 @@ if TYPE_CHECKING:
     from ray.data.context import DataContext
 
 KEY: Final = "__key__"
-#: Block size when Ray's data context does not say (Ray's own default).
-_BLOCK_BYTES: Final = 128 << 20
+_BLOCK_BYTES: Final = 128 << 20  # Ray's own default
 #: A guess of a metadata row's in-memory size, for Ray's planning when no field is read.
 _METADATA_ROW_BYTES: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What every read task needs: put in Ray's object store once, fetched by each task
-    (the dataset pickles as a few names and reopens in the worker)."""
+    """What every read task needs, put in Ray's object store once."""
 
     storage: Storage
     config: ExportConfig
@@ -60,11 +56,8 @@ class ShardexDatasource(Datasource):
     Args:
         uri: the export's folder or URL (or a Storage).
         split: which split (None: the only one).
-        decode: decode fields as :func:`shardex.open_dataset` does (images to arrays,
-            which Ray stores as tensor columns); default: the exact stored bytes.
-        columns: the columns to return, in this order (default: ``__key__``, every field,
-            every metadata column). Naming no field reads no shard, only Parquet.
-        storage_options: options for object storage.
+        decode: decode fields as :func:`shardex.open_dataset` does; default: stored bytes.
+        columns: the columns to return, in this order; naming no field reads no shard.
     """
 
     def __init__(
@@ -93,16 +86,9 @@ class ShardexDatasource(Datasource):
                 f"{storage.uri} split {split!r} has {list(available)}"
             )
         read_fields = tuple(c for c in chosen if c in fields)
-        self._plan = _Plan(
-            storage=storage,
-            config=config,
-            split=split,
-            dataset=open_dataset(storage, split, decode=decode) if read_fields else None,
-            columns=chosen,
-            fields=read_fields,
-            metadata=tuple(c for c in chosen if c in meta),
-            decode=decode,
-        )
+        dataset = open_dataset(storage, split, decode=decode) if read_fields else None
+        metadata = tuple(c for c in chosen if c in meta)
+        self._plan = _Plan(storage, config, split, dataset, chosen, read_fields, metadata, decode)
         # decoded fields: Ray picks their Arrow types (tensors) when it builds the blocks
         self._schema = None if decode and read_fields else _schema(chosen, fields, meta_schema)
 
@@ -130,8 +116,7 @@ class ShardexDatasource(Datasource):
             return []
         starts = np.concatenate([[0], np.cumsum([s.num_samples for s in shards])])
         target = getattr(data_context, "target_max_block_size", None) or _BLOCK_BYTES
-        # one copy in the object store: the contract lists every shard (MBs at 10k shards),
-        # and a copy pickled into each task would be sent once per task
+        # one copy in the object store, not one per task (MBs of contract at 10k shards)
         plan = ray.put(self._plan)
         tasks = []
         for group in np.array_split(np.arange(len(shards)), max(1, min(parallelism, len(shards)))):
@@ -170,21 +155,14 @@ def read_shardex(
 ) -> ray.data.Dataset:
     """A split of a shardex export as a Ray Dataset, one row per sample, in sample order.
 
-    Rows hold ``__key__``, the stored fields (``jpg``, ``cls``, ``json``, ``x.npy`` ...;
-    exact bytes, null where a sample lacks an optional field) and the split's metadata
-    columns with their Arrow types (scores, ``label``, embeddings as fixed-size lists,
-    ``original_path``, ``split`` and shardex's bookkeeping such as ``tar_file``).
+    Rows hold ``__key__``, the stored fields (exact bytes, null where absent) and the
+    metadata columns with their Arrow types.
 
     Args:
-        uri: the export's folder or URL.
-        split: which split (None: the only one).
-        decode: decode fields as :func:`shardex.open_dataset` does.
-        columns: the columns to return, in this order; naming no field reads no shard.
-        storage_options: options for object storage.
+        uri, split, decode, columns, storage_options: as :class:`ShardexDatasource`.
         parallelism: the number of read tasks (at most one per shard); -1 lets Ray choose.
-        preserve_order: set Ray's ``preserve_order`` on the dataset (its execution options)
-            so that rows come in sample order through every later step; False lets
-            blocks pass as tasks finish (Ray's default: more throughput, any order).
+        preserve_order: keep sample order through every later step; False lets blocks
+            pass as tasks finish (Ray's default: more throughput).
 
     Returns:
         A lazy ``ray.data.Dataset``; ``ds.iter_rows()`` gives the samples in order.
@@ -195,8 +173,7 @@ def read_shardex(
     dataset: ray.data.Dataset = ray.data.read_datasource(
         source, override_num_blocks=parallelism if parallelism > 0 else None
     )
-    # Ray passes blocks on as tasks finish unless asked; this dataset (and those made
-    # from it) has a context of its own, so the setting stays with it
+    # this dataset (and those made from it) has a context of its own: the setting stays
     dataset.context.execution_options.preserve_order = preserve_order
     return dataset
 
@@ -245,15 +222,13 @@ def _field_columns(
 
 
 def _metadata_rows(plan: _Plan, shards: Sequence[ShardInfo], start: int, stop: int) -> pa.Table:
-    """The metadata rows of samples ``start`` to ``stop``, in order: the shards' sidecars,
-    else the matching rows of metadata.parquet."""
+    """The metadata rows of samples ``start`` to ``stop``, from sidecars or metadata.parquet."""
     columns = ["key", *plan.metadata]
     if all(s.metadata for s in shards):
-        tables = [
+        rows = pa.concat_tables(
             _parquet(plan.storage, str(s.metadata), columns, checksum=s.metadata_checksum)
             for s in shards
-        ]
-        rows = pa.concat_tables(tables)
+        )
     else:
         name = plan.config.metadata_file or METADATA_FILE
         where = [
@@ -280,8 +255,7 @@ def _parquet(
     *,
     checksum: str | None = None,
 ) -> pa.Table:
-    """Some rows of a Parquet file of the export, checked against ``checksum`` when given
-    (a shard's sidecar: small, so it is hashed whole each time)."""
+    """Some rows of a Parquet file of the export, checked against ``checksum`` if given."""
     local = storage.local_path(path)
     if local is not None:
         check_local_file(local, checksum, storage.join(path))
@@ -293,13 +267,8 @@ def _parquet(
 
 def _schema(columns: tuple[str, ...], fields: tuple[str, ...], metadata: pa.Schema) -> pa.Schema:
     """The rows' schema: the key, raw fields as bytes, metadata with its own types."""
-
-    def field(name: str) -> pa.Field:
-        if name == KEY:
-            return pa.field(KEY, pa.string())
-        return pa.field(name, pa.binary()) if name in fields else metadata.field(name)
-
-    return pa.schema([field(c) for c in columns])
+    types = {KEY: pa.string(), **dict.fromkeys(fields, pa.binary())}
+    return pa.schema([pa.field(c, types[c]) if c in types else metadata.field(c) for c in columns])
 
 
 def _metadata_schema(

@@ -1,27 +1,7 @@
 """Rows of a table (a Ray block) as scan-table rows, their bytes moved to a data file.
 
-The row conventions of :class:`shardex.ray.ShardexDatasink`:
-
-* ``key`` or ``__key__`` (string, required): the sample key;
-* ``image`` (binary) with ``image_ext`` (string, e.g. ``"jpg"``): an encoded image whose
-  extension varies by row;
-* every other binary column is a sample field named by the column (``jpg``, ``png``,
-  ``x.npy``, ``caption.txt`` ...), kept byte-exact; a null is a field the sample lacks;
-* ``label`` (integer), ``split`` and ``original_path`` (strings): what shardex calls them;
-* ``cls`` (binary): the label as ASCII digits, used when there is no ``label`` column
-  (shardex writes ``cls`` from ``label`` itself);
-* ``json`` (binary): kept as a field only when there is no scalar metadata column;
-  otherwise shardex writes each sample's ``json`` from those columns, as it always does;
-* the bookkeeping columns shardex fills itself (``image_id``, ``tar_file``,
-  ``member_name``, ``metadata``, ``export_index``, ``sample_*``; what
-  :func:`shardex.ray.read_shardex` returns) are recomputed, so they are dropped;
-* any other column is metadata, kept with its Arrow type; a fixed-shape tensor column
-  (Ray's ``ArrowTensorType``, e.g. an embedding from ``map_batches``) becomes a
-  fixed-size list of its dtype.
-
-Member bytes are appended to a staged data object (in the output's storage) and referenced
-by offset, so the scan table the driver assembles holds no sample bytes: the tasks that
-write the shards read them by range.
+The row conventions are tabled in docs/pipeline.md ("Writing"). Member bytes go to a staged
+data object and are referenced by offset, so the driver's scan table holds no sample bytes.
 """
 
 from __future__ import annotations
@@ -36,24 +16,12 @@ import pyarrow.compute as pc
 
 from shardex.errors import SourceError
 from shardex.refs.members import LABEL_FIELD
-from shardex.refs.scan import MEMBER_TYPE, MEMBERS
+from shardex.refs.scan import INVALID, MEMBER_TYPE, MEMBERS, RESERVED
 from shardex.storage.base import ObjectWriter
 
 KEY_COLUMNS: Final = ("key", "__key__")
 #: Columns of an export's metadata that shardex fills itself: recomputed when writing.
-BOOKKEEPING: Final = frozenset(
-    {
-        "image_id",
-        "tar_file",
-        "member_name",
-        "metadata",
-        "export_index",
-        "sample_index",
-        "sample_offset",
-        "sample_length",
-        "sample_checksum",
-    }
-)
+BOOKKEEPING: Final = RESERVED - {"key", "original_path", "split", "label", MEMBERS, INVALID}
 _SPECIAL: Final = frozenset({*KEY_COLUMNS, "image", "image_ext", "label", "split", "original_path"})
 
 
@@ -69,16 +37,11 @@ class Layout:
 
 
 def is_binary(t: pa.DataType) -> bool:
-    """Binary (any width) columns are sample fields."""
     return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
 def layout(schema: pa.Schema, where: str) -> Layout:
-    """Sort a row schema's columns into key, fields, label and metadata.
-
-    Raises:
-        SourceError: no key column, or no field to store.
-    """
+    """Sort a row schema's columns into key, fields, label and metadata (or SourceError)."""
     names = schema.names
     key = next((k for k in KEY_COLUMNS if k in names), None)
     if key is None:
@@ -99,22 +62,11 @@ def layout(schema: pa.Schema, where: str) -> Layout:
             f"{where}: rows need encoded data: binary columns named like WebDataset fields "
             f"('jpg', 'png', 'x.npy' ...) or 'image' with 'image_ext'; found columns {names}"
         )
-    return Layout(
-        key=key,
-        fields=tuple(fields),
-        image=image,
-        label_from_cls=label_from_cls,
-        metadata=tuple(metadata),
-    )
+    return Layout(key, tuple(fields), image, label_from_cls, tuple(metadata))
 
 
 def scan_rows(table: pa.Table, data: ObjectWriter, data_path: str, where: str) -> pa.Table:
-    """Scan-table rows of ``table``: member bytes appended to ``data`` (the object that
-    ``data_path`` names: a local path or a URL) and referenced by offset.
-
-    Columns: ``key``, ``original_path``, ``_members``, then ``label``, ``split`` and the
-    metadata in the rows' column order (the order metadata.parquet will have).
-    """
+    """Scan-table rows of ``table``, member bytes appended to ``data`` (at ``data_path``)."""
     lay = layout(table.schema, where)
     table = table.combine_chunks()
     keys = table.column(lay.key)
@@ -122,13 +74,11 @@ def scan_rows(table: pa.Table, data: ObjectWriter, data_path: str, where: str) -
         first = keys.to_pylist().index(None)
         raise SourceError(f"{where}: row {first} of a block has no sample key (null {lay.key!r})")
     keys = keys.cast(pa.string())
-    columns: dict[str, Any] = {"key": keys}
     names = table.column_names
-    columns["original_path"] = (
-        pc.coalesce(table.column("original_path").cast(pa.string()), keys)
-        if "original_path" in names
-        else keys
-    )
+    paths = keys
+    if "original_path" in names:
+        paths = pc.coalesce(table.column("original_path").cast(pa.string()), keys)
+    columns: dict[str, Any] = {"key": keys, "original_path": paths}
     columns[MEMBERS] = _members(table, lay, data, data_path)
     for name in names:
         if name == "label":
@@ -153,8 +103,7 @@ def _labels(column: pa.ChunkedArray, where: str) -> pa.Array:
 
 
 def _members(table: pa.Table, lay: Layout, data: ObjectWriter, data_path: str) -> pa.Array:
-    """One member list per row, members in column order; each column's bytes are written
-    in one piece (no per-sample copies)."""
+    """One member list per row; each column's bytes are written in one piece."""
     n = table.num_rows
     columns: list[tuple[str, str | None]] = [("image", None)] if lay.image else []
     columns += [(name, name) for name in lay.fields]
@@ -190,8 +139,7 @@ def _members(table: pa.Table, lay: Layout, data: ObjectWriter, data_path: str) -
 def _append(
     array: pa.LargeBinaryArray, data: ObjectWriter
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-    """Write a binary array's values to ``data``; their offsets in the file, sizes and
-    validity."""
+    """Write a binary array's values to ``data``; their offsets, sizes and validity."""
     n = len(array)
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + n + 1]
     if n == 0:

@@ -1,29 +1,8 @@
 """Write a Ray Dataset as a shardex export: :class:`ShardexDatasink`, :func:`write_shardex`.
 
-No sample byte passes through the driver, and no file system needs to be shared when the
-output is on object storage:
-
-1. ``on_write_start`` (driver): takes the output's lock, refuses an output the mode does
-   not allow, and removes what killed runs staged (``OUT/.shardex-staging/``).
-2. ``write`` (each write task): turns its blocks into scan-table rows (see
-   :mod:`shardex.ray.rows`) and stages them in the output's own storage, under
-   ``OUT/.shardex-staging/RUN/``: ``task-NNNNNN-ATTEMPT.bin`` (the member bytes) and
-   ``task-NNNNNN-ATTEMPT.parquet`` (keys, labels, metadata and references to byte ranges
-   of that ``.bin``: a path, or an ``s3://`` URL). A retried task writes new names, so an
-   attempt that died never mixes with the one that finished.
-3. ``on_write_complete`` (driver, after every task): runs the export engine
-   (:func:`shardex.engine.run.run_export`, under the lock taken in step 1: another writer
-   that starts meanwhile is refused, and never takes this run's staging for a killed
-   run's) on a source made of the staged rows, in task order, with a :class:`RayRunner`: the shards
-   are written by Ray tasks that read the staged bytes by range; the driver handles only
-   references and metadata (shard plans, counts, checksums, metadata.parquet, the index)
-   and commits ``config.yaml`` last. The run's staging is removed, whether the export
-   succeeded or not.
-
-The global order is task order, then row order within a task: Ray numbers write tasks in
-the order their input arrives, which is the dataset's order when ``preserve_order`` is set
-(:func:`write_shardex` sets it). The engine plans shards over all rows at once, so the
-export does not depend on how rows were spread over blocks or tasks.
+No sample byte passes through the driver: write tasks stage rows and bytes in the output,
+then the driver exports them in task order, under the lock it took first (docs/pipeline.md,
+"Writing", walks through the steps).
 """
 
 from __future__ import annotations
@@ -71,8 +50,7 @@ SOURCE_URI: Final = "ray.data.Dataset"
 
 @dataclass(frozen=True, slots=True)
 class StagedPart:
-    """What one write task staged: its task number, its rows' Parquet object (relative
-    to the output), their number and schema."""
+    """What one write task staged: its rows' Parquet object (in the output) and schema."""
 
     task: int
     rows: str
@@ -81,9 +59,7 @@ class StagedPart:
 
 
 class _StagedRows(Source):
-    """The rows the write tasks staged, in task order, as a source for the export engine:
-    one part at a time (references and metadata only; the bytes stay where they were
-    staged), every part given the schema of all of them."""
+    """The staged rows, in task order, as a source (references only), in one schema."""
 
     kind: ClassVar[str] = "ray"
 
@@ -133,27 +109,15 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 class ShardexDatasink(Datasink[StagedPart | None]):
     """A Ray Data sink that writes a shardex export (``ds.write_datasink(sink)``).
 
-    Rows follow the conventions of :mod:`shardex.ray.rows`: a ``key`` (or ``__key__``),
-    encoded bytes in binary columns named like WebDataset fields (``jpg``, ``x.npy``) or in
-    ``image`` + ``image_ext``, and typed metadata, ``label`` and ``split`` columns. The
-    export equals what :func:`shardex.export` writes from the same rows in the same order
-    (shards, index and Parquet files byte for byte), whatever the blocks and write tasks.
-    Use :func:`write_shardex`, which keeps the dataset's order; with ``write_datasink``
-    directly, set ``ds.context.execution_options.preserve_order = True`` for a
-    deterministic export.
-
-    Write tasks stage rows and bytes in the output's storage (``OUT/.shardex-staging/``);
-    Ray tasks write the shards from there. A local output on a cluster of several machines
-    must therefore be on a file system every node mounts at the same path; object storage
-    needs nothing shared.
+    Rows follow :mod:`shardex.ray.rows`; the export equals :func:`shardex.export`'s of the
+    same rows in the same order. Prefer :func:`write_shardex`, which keeps the order (else
+    set ``preserve_order``). A local output on several machines must be mounted by all.
 
     Args:
         output: the export's folder or URL (or a Storage).
         label_names: class names of the ``label`` numbers, recorded in config.yaml.
-        storage_options: options for object storage (see docs/storage.md).
         progress: show the export's progress bars on the driver.
-        **export_options: fields of :class:`shardex.ExportOptions` (``samples_per_shard``
-            or NeMo's ``images_per_tar``, ``backend``, ``split_fractions``, ``mode`` ...).
+        **export_options: fields of :class:`shardex.ExportOptions` (or ``images_per_tar``).
     """
 
     def __init__(
@@ -176,25 +140,19 @@ class ShardexDatasink(Datasink[StagedPart | None]):
         self.storage = open_storage(output, storage_options)
         self.label_names = tuple(label_names) if label_names is not None else None
         self.progress = progress
-        #: This run's staging prefix in the output.
         self.staging = f"{STAGING}{secrets.token_hex(6)}/"
-        #: The committed contract, once the write is complete.
         self.result: ExportConfig | None = None
         self._lock: OutputLock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What write tasks get: not the driver's lock (a thread, or a file descriptor)."""
-        state = dict(self.__dict__)
-        state["_lock"] = None
-        return state
+        return {**self.__dict__, "_lock": None}
 
     def get_name(self) -> str:
         return "Shardex"
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
-        """On the driver, before any write task: take the output's lock (kept while the
-        tasks stage), refuse an output the mode does not allow, remove what killed runs
-        staged (a run that is alive holds the lock)."""
+        """Driver: take the output's lock, check the mode, remove what killed runs staged."""
         del schema  # the schema before a fused map step: not the rows the tasks will see
         check_root(self.storage)
         self._lock = self.storage.lock(holder_text("write_shardex"))
@@ -232,8 +190,7 @@ class ShardexDatasink(Datasink[StagedPart | None]):
         return StagedPart(ctx.task_idx, rows_name, rows.num_rows, rows.schema)
 
     def on_write_complete(self, write_result: WriteResult[StagedPart | None]) -> None:
-        """Export the staged rows in task order with Ray tasks (config.yaml commits last),
-        then remove this run's staging."""
+        """Export the staged rows in task order, then remove this run's staging."""
         from shardex.engine.run import run_export
         from shardex.pipeline.ray_executor import RayExecutor
 
@@ -284,23 +241,17 @@ def write_shardex(
     Args:
         dataset: rows as :class:`ShardexDatasink` describes them.
         output: the export's folder or URL (or a Storage).
-        **options: :class:`ShardexDatasink`'s keyword arguments and export options
-            (``samples_per_shard=1000``, ``backend="webdataset"``, ``label_names=...``,
-            ``mode="overwrite"`` ...).
-
-    Returns:
-        The committed contract (config.yaml).
+        **options: :class:`ShardexDatasink`'s keyword arguments and export options.
 
     Raises:
-        SourceError: rows without a key or without encoded data (raised by the write task,
-            wrapped by Ray as a ``RayTaskError`` that is also a SourceError).
+        SourceError: rows without a key or encoded data (Ray's ``RayTaskError`` is one too).
         OutputExistsError: the output holds an export and ``mode`` does not replace it.
         OutputLockedError: another export is writing the output.
     """
     sink = ShardexDatasink(output, **options)
     execution = dataset.context.execution_options
     saved = execution.preserve_order
-    # tasks are numbered in the order their input arrives; in order only when preserved
+    # tasks are numbered as their input arrives: in the dataset's order only when preserved
     execution.preserve_order = True
     try:
         dataset.write_datasink(sink)
@@ -318,9 +269,7 @@ def _location(storage: Storage, name: str) -> str:
 
 
 def _remove_killed_runs(storage: Storage) -> None:
-    """Delete what killed runs staged (a run that is alive holds the lock), refusing,
-    before anything is deleted, a ``.shardex-staging/`` that holds files no run staged
-    (someone's own folder of that name)."""
+    """Delete what killed runs staged; refuse first if files no run staged are there."""
     found = [p for p in (*storage.list(STAGING), *storage.leftovers()) if p.startswith(STAGING)]
     foreign = [p for p in found if not (STAGED_ROWS.fullmatch(p) or STAGED_PART.fullmatch(p))]
     if foreign:
@@ -335,8 +284,7 @@ def _remove_killed_runs(storage: Storage) -> None:
 
 
 def _remove(storage: Storage, prefix: str) -> None:
-    """Delete everything under ``prefix`` (a folder of the output), temporary files of
-    killed writers included."""
+    """Delete everything under ``prefix``, killed writers' temporary files included."""
     folder = storage.local_path(prefix.rstrip("/"))
     if folder is None:
         for path in list(storage.list(prefix)):

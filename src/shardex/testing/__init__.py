@@ -1,9 +1,7 @@
 """Conformance suites shipped with shardex, for its own tests and third-party plugins.
 
-Subclass :class:`StorageTests` or :class:`BackendTests` in a test file and provide the one
-fixture each asks for; every shared test then runs against your implementation. The suites
-need pytest (the ``test`` extra) and are imported on first use, so that the rest of this
-package (test data, :mod:`shardex.testing.models` in the pipeline guide) works without it.
+Subclass :class:`StorageTests` or :class:`BackendTests` and provide the fixture it asks for.
+The suites need pytest and are imported on first use, so test data works without it.
 """
 
 from __future__ import annotations

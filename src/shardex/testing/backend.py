@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,17 +14,18 @@ import pyarrow as pa
 import pytest
 
 import shardex
+import shardex.engine.transaction
 from shardex.backends.registry import get_backend
 from shardex.codecs.images import IMAGE_EXTENSIONS
 from shardex.dataset import Dataset, Sample
 from shardex.errors import ConfigError, NotAnExportError, OutputExistsError, SampleNotFoundError
+from shardex.exporter import export_files
 from shardex.testing.data import SampleFolder, make_sample_folder
 
 _FRACTIONS = {"train": 0.7, "val": 0.3}
 
 
 def image_of(sample: Sample) -> bytes:
-    """The image field of a raw sample."""
     found = [v for k, v in sample.items() if k.rpartition(".")[2] in IMAGE_EXTENSIONS]
     assert len(found) == 1, f"expected one image field in {sorted(sample)}"
     return found[0]  # type: ignore[no-any-return]
@@ -136,8 +138,6 @@ class FolderBackendTests:
         assert clone[len(ds) // 2] == ds[len(ds) // 2]
 
     def test_uncommitted_export_is_not_an_export(self, exported: Path, tmp_path: Path) -> None:
-        import shutil
-
         copy = tmp_path / "copy"
         shutil.copytree(exported, copy)
         (copy / "config.yaml").unlink()
@@ -170,14 +170,12 @@ def array_data(n: int = 11) -> dict[str, Any]:
 
 
 class ArrayBackendTests:
-    """Arrays of every dtype, strings, bytes and labels round-trip with true dtypes and
-    shapes; shards are exact; re-export is atomic and leaves no stale files."""
+    """Arrays, strings, bytes and labels round-trip exactly; re-export is atomic."""
 
     backend_name: ClassVar[str]
     samples_per_shard: ClassVar[int] = 4
-    #: Whether the backend writes files inside its shard folders that config.yaml does not
-    #: list one by one (``numpy``: a file per sample per field); else every file it writes
-    #: beside its shards is listed in the split's ``files``.
+    #: Whether files inside its shard folders are not listed one by one in config.yaml
+    #: (``numpy``: a file per sample per field).
     files_inside_shard_folders: ClassVar[bool] = False
 
     @pytest.fixture(scope="class")
@@ -262,8 +260,6 @@ class ArrayBackendTests:
             shardex.export(data, out, backend=self.backend_name)
         smaller = {k: v[:5] for k, v in data.items()}
         config = shardex.export(smaller, out, backend=self.backend_name, overwrite=True)
-        from shardex.exporter import export_files
-
         listed = set(export_files(config)) | {"config.yaml"}
         on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
         assert all(p in listed or any(p.startswith(f"{d}/") for d in listed) for p in on_disk)
@@ -272,8 +268,6 @@ class ArrayBackendTests:
     def test_a_failed_overwrite_leaves_the_committed_export_intact(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        import shardex.engine.transaction
-
         out, data = tmp_path / "o", array_data(9)
         shardex.export(data, out, backend=self.backend_name, samples_per_shard=4)
         before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -290,8 +284,6 @@ class ArrayBackendTests:
         ds = shardex.open_dataset(out, decode=True)
         assert sorted(int(s["cls"]) for s in ds) == sorted(data["label"])
         config = shardex.export(changed, out, backend=self.backend_name, overwrite=True)
-        from shardex.exporter import export_files
-
         listed = {*export_files(config), "config.yaml"}
         on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
         unlisted = {p for p in on_disk if p not in listed}

@@ -38,18 +38,11 @@ class SampleFolder:
 
 
 def make_sample_folder(root: Path, n: int = 23, *, classes: int = 3) -> SampleFolder:
-    """An image folder ``root/images/CLASS/NNNN.ext`` and ``root/table.parquet`` over it.
-
-    Formats rotate JPEG, PNG, WebP; the table has typed metadata: an int64 ``rank``, a
-    float64 ``score``, a string ``caption``, a float32 ``embedding`` of 4 values and string
-    labels.
-    """
+    """``root/images/CLASS/NNNN.{jpg,png,webp}`` and a typed ``root/table.parquet`` over it."""
     names = tuple(f"class{c}" for c in range(classes))
     images: dict[str, bytes] = {}
     labels: dict[str, int] = {}
-    rows: dict[str, list[object]] = {
-        k: [] for k in ("path", "label", "rank", "score", "caption", "embedding")
-    }
+    paths: list[str] = []
     for i in range(n):
         fmt, ext = [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")][i % 3]
         label = i % classes
@@ -59,20 +52,17 @@ def make_sample_folder(root: Path, n: int = 23, *, classes: int = 3) -> SampleFo
         (root / rel).write_bytes(data)
         key = rel.rsplit(".", 1)[0]
         images[key], labels[key] = data, label
-        rows["path"].append(rel)
-        rows["label"].append(names[label])
-        rows["rank"].append(i)
-        rows["score"].append(i / 7)
-        rows["caption"].append(f"sample {i} ünïcode")
-        rows["embedding"].append([float(i), 0.5, -1.0, i / 3])
+        paths.append(rel)
     table = pa.table(
         {
-            "path": pa.array(rows["path"], pa.string()),
-            "label": pa.array(rows["label"], pa.string()),
-            "rank": pa.array(rows["rank"], pa.int64()),
-            "score": pa.array(rows["score"], pa.float64()),
-            "caption": pa.array(rows["caption"], pa.string()),
-            "embedding": pa.array(rows["embedding"], pa.list_(pa.float32())),
+            "path": pa.array(paths, pa.string()),
+            "label": pa.array([names[i % classes] for i in range(n)], pa.string()),
+            "rank": pa.array(list(range(n)), pa.int64()),
+            "score": pa.array([i / 7 for i in range(n)], pa.float64()),
+            "caption": pa.array([f"sample {i} ünïcode" for i in range(n)], pa.string()),
+            "embedding": pa.array(
+                [[float(i), 0.5, -1.0, i / 3] for i in range(n)], pa.list_(pa.float32())
+            ),
         }
     )
     pq.write_table(table, root / "table.parquet")

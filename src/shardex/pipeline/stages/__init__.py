@@ -1,8 +1,7 @@
 """Built-in pipeline stages: decode, resize, center-crop, encode, filter, dedup, embed.
 
-Each stage's ``params()`` are its constructor's keyword arguments, so
-``BUILTIN_STAGES[d["stage"]](**{k: v for k, v in d.items() if k != "stage"})`` rebuilds
-a stage from its ``describe()`` entry in config.yaml. None of these modules imports torch.
+Each stage's ``params()`` are its constructor's keyword arguments, so a config.yaml
+``describe()`` entry rebuilds the stage. None of these modules imports torch.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from shardex.pipeline.stages.encode import EncodeStage
 from shardex.pipeline.stages.filter import FilterStage
 from shardex.pipeline.stages.images import CenterCropStage, DecodeStage, ResizeStage
 
-#: Stage name (``Stage.name``, as in config.yaml and spec files) -> class.
+#: Stage name (as in config.yaml and spec files) -> class.
 BUILTIN_STAGES: Final[dict[str, type[Stage]]] = {
     cls.name: cls
     for cls in (

@@ -34,7 +34,6 @@ def positive_size(name: str, size: int | Sequence[int]) -> tuple[int, int]:
 
 
 def bad_sample(sample: Sample, stage: str, exc: Exception) -> BadSampleError:
-    """The error for a sample whose image cannot be decoded (``path`` set for skip lists)."""
     path = str(sample.get("original_path") or sample.get("key", ""))
     return BadSampleError(
         f"{stage} stage: sample {sample_name(sample)} ({path}): cannot decode its image: {exc}",

@@ -1,8 +1,7 @@
 """De-duplication: exact (a content hash of the original bytes) and near (perceptual hash).
 
-Hashes are computed in the workers (:meth:`DedupStage.process`); the driver drops repeats
-in sample order (:meth:`DedupStage.reduce`), so the first occurrence is the one kept,
-whatever the executor or the number of workers.
+Workers hash; the driver drops repeats in sample order, so the first occurrence is kept
+whatever the executor.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from shardex.pipeline.stages.pixels import Pixels, check_choice, decode_image, t
 
 DedupMethod = Literal["exact", "phash"]
 DEDUP_METHODS: Final = ("exact", "phash")
-#: Default Hamming distance for near duplicates (of 64 bits). Re-encodes, small resizes
-#: and brightness changes stay within it; unrelated images are ~32 apart.
+#: Re-encodes, small resizes and brightness changes stay within it; unrelated images ~32.
 DEFAULT_THRESHOLD: Final = 4
 MAX_THRESHOLD: Final = 16
 _HASH_SIDE: Final = 32
@@ -34,22 +32,12 @@ _LOW_SIDE: Final = 8
 class DedupStage(Stage):
     """Drop duplicate images, keeping the first in sample order.
 
-    * ``method="exact"``: ``content_hash`` = xxh3-128 (hex) of the original ``image``
-      bytes; byte-identical files are duplicates (the same picture re-encoded is not).
-    * ``method="phash"``: ``phash`` = a 64-bit DCT perceptual hash (an int 0..2**64-1) of
-      the image (its original bytes when present, else ``pixels``); a sample within
-      Hamming distance ``threshold`` of a kept one is dropped. Lookups use multi-index
-      hashing (:class:`NeighbourIndex`), so each sample is compared with a few candidates,
-      not with every kept sample.
-
-    The driver-side ``state`` dict records ``kept`` and ``dropped`` counts and
-    ``duplicates`` (dropped key -> key of the kept sample it matched); it also holds the
-    hashes of kept samples (about 100 bytes each, with the key).
+    ``state`` records ``kept``, ``dropped`` and ``duplicates`` (dropped key -> kept key).
 
     Args:
-        method: ``"exact"`` or ``"phash"``.
-        threshold: phash only: the largest Hamming distance (0-16) still a duplicate;
-            default :data:`DEFAULT_THRESHOLD`.
+        method: ``"exact"`` (xxh3-128 of the original bytes, as ``content_hash``) or
+            ``"phash"`` (64-bit DCT perceptual hash, as ``phash``).
+        threshold: phash only: the largest Hamming distance (0-16) still a duplicate.
     """
 
     name: ClassVar[str] = "dedup"
@@ -134,11 +122,9 @@ def _dct_matrix(n: int) -> npt.NDArray[np.float64]:
 
 
 def perceptual_hash(gray: Pixels) -> int:
-    """The 64-bit DCT perceptual hash of a grayscale (H, W) uint8 image.
+    """The 64-bit DCT perceptual hash of a grayscale uint8 image (``imagehash.phash``'s layout).
 
-    The image is resized to 32x32 (Lanczos), transformed with a 2-D DCT-II, and each of
-    the 8x8 lowest frequencies gives one bit: 1 where it is above their median. Bits are
-    row-major, the first the most significant (the layout of ``imagehash.phash``).
+    32x32 Lanczos, 2-D DCT-II; each of the 8x8 lowest frequencies above their median is a 1.
     """
     from PIL import Image
 
@@ -154,7 +140,6 @@ _POPCOUNT8: Final = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
 def hamming(hashes: npt.NDArray[np.uint64], value: int) -> npt.NDArray[np.intp]:
-    """Hamming distance of each of ``hashes`` to ``value``."""
     diff = np.ascontiguousarray(hashes ^ np.uint64(value))
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0: one pass, no lookup table
         return np.bitwise_count(diff).astype(np.intp)
@@ -166,12 +151,8 @@ def hamming(hashes: npt.NDArray[np.uint64], value: int) -> npt.NDArray[np.intp]:
 class NeighbourIndex:
     """64-bit hashes, searched for one within Hamming distance ``threshold``.
 
-    Multi-index hashing: the 64 bits are cut into ``threshold + 1`` chunks, each with a
-    table from chunk value to hash ids. Two hashes at most ``threshold`` apart differ in at
-    most ``threshold`` chunks, so they agree exactly on at least one (pigeonhole): a query
-    checks only the ids sharing one of its chunks, never all N hashes. With uniformly
-    spread hashes that is about ``N * (threshold + 1) / 2 ** (64 / (threshold + 1))``
-    candidates per query (~0.08% of N at threshold 4), compared in one numpy pass.
+    Multi-index hashing: hashes ``threshold`` apart agree on one of ``threshold + 1``
+    chunks (pigeonhole), so a query checks only ids sharing a chunk (~0.08% of N at 4).
     """
 
     def __init__(self, threshold: int) -> None:
@@ -191,8 +172,7 @@ class NeighbourIndex:
         return [(value >> shift) & mask for shift, mask in self._chunks]
 
     def nearest(self, value: int) -> tuple[int, int] | None:
-        """``(id, distance)`` of the nearest hash within the threshold (the lowest id among
-        equally near ones), or None."""
+        """``(id, distance)`` of the nearest hash within the threshold (lowest id on ties)."""
         buckets = [
             np.frombuffer(bucket, np.int64)
             for table, k in zip(self._tables, self._keys(value), strict=True)

@@ -36,43 +36,20 @@ _TORCH_HINT = "EmbedStage needs torch: pip install 'shardex[torch]'"
 class EmbedStage(Stage):
     """Run a user-provided model on ``pixels`` and store one float32 vector per sample.
 
-    **Model**: ``model`` is an import path ``"package.module:factory"``; ``factory()``
-    returns a ``torch.nn.Module`` (put in eval mode, moved to ``device``) or any callable
-    taking a float32 tensor ``(B, 3, H, W)`` and returning ``(B, D)``. The module must be
-    importable in every worker. The model is built in :meth:`setup` (once per worker),
-    never pickled.
-
-    **Weights**: ``weights`` is a local state-dict file, loaded into the module with
-    ``load_state_dict`` (strict): ``*.safetensors`` through the ``safetensors`` package,
-    anything else with ``torch.load(path, weights_only=True)`` (no pickled code runs).
-
-    **Preprocessing** (in this order): the pixels are made RGB uint8 with the
-    :class:`DecodeStage` ``"RGB"`` policy (alpha on white, gray replicated, 16-bit high
-    byte); with ``crop`` the shorter side is resized to ``input_size`` and the centre
-    ``input_size`` square cut out, without ``crop`` the image is resized to the square;
-    values are scaled to [0, 1]; with ``mean``/``std`` each channel becomes
-    ``(x - mean) / std``.
-
-    **Determinism**: inference runs under ``torch.inference_mode()`` with
-    ``torch.set_num_threads(cpus)``; with ``pad_batches`` every call gets exactly
-    ``batch_size`` images (zero-padded), so a sample's vector does not depend on which
-    samples share its batch (BLAS picks its kernels by batch size). Together this gives the
-    same bits whatever the executor or number of workers, on the same machine type.
+    See docs/pipeline.md, "Embeddings", for the model, weights and preprocessing.
 
     Args:
-        model: ``"module:factory"``.
-        weights: path of a state-dict file, or None to use the factory's weights.
-        key: the sample key written (a float32 numpy array of shape (D,)).
-        batch_size: images per model call.
+        model: ``"module:factory"``; ``factory()`` gives a ``torch.nn.Module`` or a callable
+            from a float32 ``(B, 3, H, W)`` tensor to ``(B, D)``.
+        weights: path of a state-dict file (``.safetensors`` or ``torch.load``-able), or
+            None to use the factory's weights.
+        key: the sample key written (a float32 array of shape (D,)).
         input_size: side of the square model input.
-        interpolation: the resize filter (see :class:`ResizeStage`).
         crop: resize the shorter side and centre-crop (True) or squash to the square.
-        mean: per-channel mean (3 floats on the [0, 1] scale), or None for none.
-        std: per-channel standard deviation, with ``mean``.
-        cpus: CPU cores per worker (Ray resources and torch threads).
-        gpus: GPUs per worker (Ray resources); > 0 puts the model on ``"cuda"``.
-        device: torch device; default ``"cuda"`` when ``gpus > 0``, else ``"cpu"``.
-        pad_batches: pad short batches to ``batch_size`` (see Determinism).
+        mean, std: per-channel normalisation (3 floats each, on the [0, 1] scale), or None.
+        cpus, gpus: per worker (Ray resources, torch threads); ``gpus > 0`` means ``"cuda"``.
+        pad_batches: pad short batches to ``batch_size``, so a vector does not depend on
+            its batch (BLAS picks kernels by batch size).
     """
 
     name: ClassVar[str] = "embed"
@@ -120,18 +97,19 @@ class EmbedStage(Stage):
         return params
 
     def __getstate__(self) -> dict[str, Any]:
-        # the model is built in each worker's setup(), never shipped
         return {**self.__dict__, "_model": None, "_threads_before": None}
 
     def check(self) -> None:
-        """torch is installed (found, not imported: the driver does not load it)."""
+        """torch is installed (found, not imported)."""
         if importlib.util.find_spec("torch") is None:
             raise MissingDependencyError(_TORCH_HINT)
 
     def setup(self) -> None:
         """Import torch, set its threads to ``cpus``, build the model, load the weights."""
-        _check_torch()
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise MissingDependencyError(_TORCH_HINT) from exc
 
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.cpus)
@@ -249,13 +227,6 @@ def _normalisation(
     return (m[0], m[1], m[2]), (s[0], s[1], s[2])
 
 
-def _check_torch() -> None:
-    try:
-        importlib.import_module("torch")
-    except ImportError as exc:
-        raise MissingDependencyError(_TORCH_HINT) from exc
-
-
 def load_factory(spec: str) -> Callable[[], Any]:
     """The callable named by ``"module:attr"`` (``attr`` may be dotted)."""
     module_name, _, attr = spec.partition(":")
@@ -310,7 +281,7 @@ def _read_state(file: Path) -> Any:
         return safetensors_torch.load_file(str(file), device="cpu")
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # UnpicklingError for pickled code, RuntimeError for bad files
+    except Exception as exc:  # UnpicklingError, RuntimeError ...
         raise ConfigError(
             f"cannot load weights {str(file)!r} with torch.load(weights_only=True): {exc}. "
             "Save a state dict: torch.save(model.state_dict(), path)"

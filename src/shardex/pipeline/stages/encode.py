@@ -14,7 +14,6 @@ from shardex.pipeline.stage import Batch, Sample, Stage
 from shardex.pipeline.stages._common import require, sample_name
 from shardex.pipeline.stages.pixels import Pixels, channels, check_choice
 
-EncodeFormat = Literal["webp", "jpeg", "png"]
 ENCODE_FORMATS: Final = ("webp", "jpeg", "png")
 Subsampling = Literal["4:4:4", "4:2:2", "4:2:0"]
 SUBSAMPLINGS: Final = ("4:4:4", "4:2:2", "4:2:0")
@@ -25,28 +24,14 @@ _PIL_FORMATS: Final = {"webp": "WEBP", "jpeg": "JPEG", "png": "PNG"}
 class EncodeStage(Stage):
     """Encode ``pixels`` into ``image`` bytes, keeping original bytes where possible.
 
-    **Passthrough**: when ``passthrough`` is on, the sample's pixels are unchanged
-    (``pixels_changed`` is not true) and its ``image`` is already in ``format`` (for WebP:
-    also lossless exactly when ``lossless`` is asked), ``image`` is kept byte for byte,
-    whatever its quality. Otherwise ``pixels`` is encoded and ``image_ext`` set
-    (``webp``, ``jpg``, ``png``). Either way ``pixels`` and ``pixels_changed`` are removed
-    from the sample.
-
-    Encoding is deterministic (same pixels and options, same bytes): no timestamps, no
-    progressive or optimised JPEG, fixed libwebp method and PNG compression level.
-
-    Channels: JPEG takes gray (H, W) or RGB uint8 and refuses alpha with a ConfigError
-    (choose ``DecodeStage(mode="RGB")``, which composites alpha on a background, or
-    another format); WebP takes uint8 gray/RGB (stored as RGB) and gray+alpha/RGBA
-    (stored as RGBA); PNG takes every uint8 layout and 16-bit grayscale.
+    With ``passthrough``, unchanged pixels whose ``image`` is already in ``format`` (and,
+    for WebP, as lossless as asked) keep their bytes. Encoding is deterministic. See
+    docs/pipeline.md, "Encoding and passthrough", for the channels each format takes.
 
     Args:
         format: ``"webp"``, ``"jpeg"`` (``"jpg"`` accepted) or ``"png"``.
-        quality: 0-100. JPEG and lossy WebP: the usual quality. Lossless WebP: the
-            compression effort (0 fastest, 100 smallest file; pixels are exact either
-            way). PNG: ignored (see ``png_compress_level``).
-        lossless: WebP only: lossless (VP8L) when True, lossy (VP8) when False; never
-            switched silently. ``lossless=True`` with JPEG is a ConfigError.
+        quality: 0-100; for lossless WebP the compression effort; ignored for PNG.
+        lossless: WebP only: lossless (VP8L) or lossy (VP8); a ConfigError with JPEG.
         passthrough: keep unchanged originals already in ``format``; False re-encodes all.
         webp_method: libwebp's speed/size trade-off, 0 (fast) to 6 (small).
         jpeg_subsampling: chroma subsampling of JPEG output.
@@ -112,28 +97,27 @@ class EncodeStage(Stage):
 
         self._check_layout(pixels, sample)
         out = io.BytesIO()
-        image = Image.fromarray(np.ascontiguousarray(pixels))
+        options: dict[str, Any]
         if self.format == "jpeg":
-            image.save(
-                out,
-                "JPEG",
-                quality=self.quality,
-                subsampling=self.jpeg_subsampling,
-                optimize=False,
-                progressive=False,
-            )
+            options = {
+                "subsampling": self.jpeg_subsampling,
+                "progressive": False,
+                "optimize": False,
+            }
         elif self.format == "webp":
             # exact: lossless keeps the colour under fully transparent pixels too
-            image.save(
-                out,
-                "WEBP",
-                quality=self.quality,
-                lossless=self.lossless,
-                method=self.webp_method,
-                exact=self.lossless,
-            )
+            options = {
+                "lossless": self.lossless,
+                "method": self.webp_method,
+                "exact": self.lossless,
+            }
         else:
-            image.save(out, "PNG", compress_level=self.png_compress_level, optimize=False)
+            options = {"compress_level": self.png_compress_level, "optimize": False}
+        if self.format != "png":
+            options["quality"] = self.quality
+        Image.fromarray(np.ascontiguousarray(pixels)).save(
+            out, _PIL_FORMATS[self.format], **options
+        )
         return out.getvalue()
 
     def _check_layout(self, pixels: Any, sample: Sample) -> None:
@@ -161,10 +145,9 @@ class EncodeStage(Stage):
 
 
 def webp_is_lossless(head: bytes) -> bool | None:
-    """True for a lossless (VP8L) WebP, False for lossy (VP8), None if not found in ``head``.
+    """True for a lossless (VP8L) WebP, False for lossy (VP8), None if not in ``head``.
 
-    Walks the RIFF chunks (VP8X, ICCP, ALPH ... come before the image chunk); an animated
-    WebP (frames in ANMF chunks) gives None.
+    Walks the RIFF chunks (VP8X, ICCP, ALPH ... come first); animated WebP gives None.
     """
     pos = 12
     while pos + 8 <= len(head):

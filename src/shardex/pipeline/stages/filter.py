@@ -1,8 +1,7 @@
 """The filter stage: keep the samples for which a metadata expression holds.
 
-The expression is parsed with :mod:`ast` and compiled into closures over a whitelist of
-node types; nothing is ever passed to ``eval``, so no call, attribute, subscript or import
-can run.
+The expression is compiled into closures over whitelisted :mod:`ast` nodes, never
+``eval``-ed, so no call, attribute, subscript or import can run.
 """
 
 from __future__ import annotations
@@ -51,19 +50,14 @@ _UNARY: Final[dict[type[ast.unaryop], Callable[[Any], Any]]] = {
 
 
 class FilterStage(Stage):
-    """Keep the samples whose metadata satisfy ``expr``; drop the others.
-
-    Examples: ``"aesthetic_score > 5"``, ``"width >= 64 and label != 3"``,
-    ``"caption is not None"``, ``"label in (1, 2, 7)"``, ``"0.2 < nsfw_score <= 0.5"``.
-    Names are sample keys; a sample lacking one is an error that lists its keys.
+    """Keep the samples whose metadata satisfy ``expr``, e.g. ``"0.2 < nsfw_score <= 0.5"``.
 
     Args:
-        expr: a Python expression restricted to comparisons, boolean logic, arithmetic,
-            sample keys and constants (no calls, attributes, subscripts or imports).
+        expr: comparisons, boolean logic, arithmetic, sample keys and constants.
 
     Raises:
-        ConfigError: at construction for an expression outside that subset; from
-            :meth:`process` when a sample lacks a name or a comparison fails (type errors).
+        ConfigError: an expression outside that subset; from :meth:`process`, a sample
+            lacking a name or a failing comparison.
     """
 
     name: ClassVar[str] = "filter"
@@ -81,7 +75,6 @@ class FilterStage(Stage):
         return [sample for sample in batch if self.holds(sample)]
 
     def holds(self, sample: Sample) -> bool:
-        """Whether ``expr`` holds for ``sample``."""
         try:
             return bool(self._evaluate(sample))
         except ConfigError:
@@ -137,16 +130,16 @@ class _Compiler:
         if isinstance(node, ast.Name):
             return self._name(node.id)
         if isinstance(node, ast.BoolOp):
-            return self._boolean(node)
+            parts = [self.compile(v) for v in node.values]
+            if isinstance(node.op, ast.And):
+                return lambda s: all(part(s) for part in parts)
+            return lambda s: any(part(s) for part in parts)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             unary, operand = _UNARY[type(node.op)], self.compile(node.operand)
             return lambda s: unary(operand(s))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            binary, left, right = (
-                _BINARY[type(node.op)],
-                self.compile(node.left),
-                self.compile(node.right),
-            )
+            binary, left = _BINARY[type(node.op)], self.compile(node.left)
+            right = self.compile(node.right)
             return lambda s: binary(left(s), right(s))
         if isinstance(node, ast.Compare):
             return self._compare(node)
@@ -176,15 +169,10 @@ class _Compiler:
 
         return lookup
 
-    def _boolean(self, node: ast.BoolOp) -> Evaluate:
-        parts = [self.compile(v) for v in node.values]
-        if isinstance(node.op, ast.And):
-            return lambda s: all(part(s) for part in parts)
-        return lambda s: any(part(s) for part in parts)
-
     def _compare(self, node: ast.Compare) -> Evaluate:
         for op, right in zip(node.ops, node.comparators, strict=True):
-            if isinstance(op, ast.Is | ast.IsNot) and not _is_none(right):
+            none = isinstance(right, ast.Constant) and right.value is None
+            if isinstance(op, ast.Is | ast.IsNot) and not none:
                 raise self.refuse(node, "'is' / 'is not' compare only with None (use == or !=)")
         ops = [_COMPARE[type(op)] for op in node.ops]
         operands = [self.compile(node.left), *(self.compile(c) for c in node.comparators)]
@@ -206,7 +194,3 @@ def _number(value: Any) -> Any:
     if isinstance(value, str | bytes | tuple | list):
         raise TypeError("'*' and '%' take numbers only")
     return value
-
-
-def _is_none(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value is None

@@ -1,8 +1,4 @@
-"""Pixel stages: decode encoded bytes to ``pixels``, resize, center-crop.
-
-See the conversion table in docs/pipeline.md for what :class:`DecodeStage` gives for
-each stored image mode.
-"""
+"""Pixel stages: decode encoded bytes to ``pixels``, resize, center-crop."""
 
 from __future__ import annotations
 
@@ -35,24 +31,14 @@ _NEEDS_DECODE: Final = "put a DecodeStage before this stage"
 class DecodeStage(Stage):
     """Decode ``image`` bytes (JPEG, PNG, WebP, TIFF, GIF, BMP) into ``pixels``.
 
-    ``pixels`` is an HWC numpy array, converted by the policy of ``mode``:
-
-    * ``"RGB"`` (default): ``uint8`` (H, W, 3). Alpha is composited on ``background``
-      (white by default) rather than dropped, gray is replicated, 16-bit keeps its high
-      byte (``v >> 8``), CMYK/YCbCr/palette/1-bit are converted by Pillow.
-    * ``"RGBA"``: ``uint8`` (H, W, 4); images without alpha get an opaque alpha channel.
-    * ``"L"``: ``uint8`` (H, W); colour becomes ITU-R 601-2 luma (after compositing alpha).
-    * ``"keep"``: the stored mode, made representable: L (H, W), LA (H, W, 2), RGB, RGBA,
-      16-bit grayscale as ``uint16`` (H, W); palette becomes RGB (RGBA if it has
-      transparency), CMYK becomes RGB, 1-bit becomes L with values 0/255.
-
-    ``image`` is left untouched and ``pixels_changed`` is not set: decoding (and the mode
-    conversion, a view of the stored image) does not change the image, so an
-    :class:`EncodeStage` to the same format keeps the original bytes. EXIF orientation is
-    not applied (the pixels are as stored, as shardex's loaders read them).
+    ``pixels`` is an HWC numpy array; ``image`` stays and ``pixels_changed`` is not set,
+    so an :class:`EncodeStage` to the same format keeps the original bytes. EXIF
+    orientation is not applied. docs/pipeline.md, "Decoding: the conversion policy",
+    tables what each ``mode`` gives.
 
     Args:
-        mode: ``"RGB"``, ``"RGBA"``, ``"L"`` or ``"keep"``.
+        mode: ``"RGB"`` (alpha composited on ``background``), ``"RGBA"``, ``"L"`` or
+            ``"keep"`` (the stored mode, made representable).
         background: (r, g, b) that transparent pixels are composited on for RGB and L.
         max_pixels: larger images (width x height) are refused as decompression bombs.
 
@@ -103,19 +89,14 @@ class DecodeStage(Stage):
 
 
 class ResizeStage(Stage):
-    """Resize ``pixels`` with an explicit interpolation filter.
-
-    Sizes are rounded to the nearest integer (at least 1). A sample already at the target
-    size is left as it was; a resized one gets ``pixels_changed = True``.
+    """Resize ``pixels``; a resized sample gets ``pixels_changed = True``.
 
     Args:
-        size: the target: an int side for ``"shorter"``/``"longer"``; an int (square) or
+        size: an int side for ``"shorter"``/``"longer"``; an int (square) or
             (width, height) for ``"exact"``.
-        mode: ``"shorter"`` (the shorter side becomes ``size``, aspect kept), ``"longer"``
-            (the longer side becomes ``size``) or ``"exact"`` (aspect not kept).
+        mode: which side becomes ``size`` (aspect kept), or ``"exact"``.
         interpolation: ``"bicubic"``, ``"bilinear"``, ``"lanczos"``, ``"nearest"``,
-            ``"area"`` (= ``"box"``, pixel-area averaging) or ``"hamming"``: Pillow's filters,
-            with antialiasing when shrinking.
+            ``"area"`` (= ``"box"``) or ``"hamming"`` (Pillow's, antialiased).
     """
 
     name: ClassVar[str] = "resize"
@@ -160,14 +141,10 @@ class ResizeStage(Stage):
 
 
 class CenterCropStage(Stage):
-    """Crop ``pixels`` to a centred window of ``size``.
+    """Crop ``pixels`` to a centred window of ``size`` (an int or (width, height)).
 
-    With an odd margin the extra row/column is cut at the bottom/right. An image smaller
-    than ``size`` is an error (resize first, e.g. ``ResizeStage(size, "shorter")``); one
-    exactly ``size`` is left as it was. A cropped sample gets ``pixels_changed = True``.
-
-    Args:
-        size: an int (square) or (width, height).
+    An odd margin's extra row/column is cut at the bottom/right; a smaller image is a
+    BadSampleError. A cropped sample gets ``pixels_changed = True``.
     """
 
     name: ClassVar[str] = "center_crop"

@@ -1,8 +1,6 @@
-"""Array-level image operations behind the built-in stages.
+"""Array-level image operations behind the built-in stages (decode, convert, resize, crop).
 
-Decoding with an explicit conversion policy, mode conversion, resize and crop. Pillow (or
-numpy) does the pixel work, never a Python loop over pixels. Arrays are HWC: ``(H, W)``
-for one channel, ``(H, W, C)`` otherwise; ``uint8``, or ``uint16`` for 16-bit grayscale.
+Arrays are HWC (``(H, W)`` for one channel), ``uint8`` or ``uint16`` for 16-bit gray.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ Pixels = npt.NDArray[np.generic]
 DecodeMode = Literal["RGB", "RGBA", "L", "keep"]
 DECODE_MODES: Final = ("RGB", "RGBA", "L", "keep")
 Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "area", "hamming"]
-#: Pillow's resampling filter for each interpolation name; "area" is Pillow's BOX filter
-#: (pixel-area averaging, what OpenCV's INTER_AREA does when shrinking).
+#: Pillow's filter per name; "area" is BOX (what OpenCV's INTER_AREA does when shrinking).
 INTERPOLATIONS: Final = {
     "nearest": "NEAREST",
     "bilinear": "BILINEAR",
@@ -42,7 +39,6 @@ _SIXTEEN_BIT_MODES: Final = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    """Raise ConfigError unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
 
@@ -66,8 +62,7 @@ def decode_image(
     """Decode encoded bytes and convert them by the policy of ``mode``.
 
     Raises:
-        ValueError: the bytes are not an image Pillow can decode, or one shardex cannot
-            represent (floating point, 32-bit integer values beyond 16 bits).
+        ValueError: not a decodable image, or one shardex cannot represent (float, >16 bit).
     """
     return to_mode(
         decode_stored(data, max_pixels=max_pixels, size_hint=size_hint), mode, background
@@ -79,15 +74,12 @@ def decode_stored(
 ) -> Pixels:
     """The image as stored, made representable: L, LA, RGB, RGBA (uint8) or 16-bit L.
 
-    Palette images become RGB, or RGBA when they carry transparency; CMYK, YCbCr, LAB and
-    HSV become RGB; 1-bit becomes L (0 or 255); every 16-bit grayscale flavour becomes
-    native-order uint16. Animated images give their first frame.
+    Animated images give their first frame.
     """
     from PIL import Image, UnidentifiedImageError
 
     try:
         if sniff(data[:16]) == "jpeg":
-            # shardex's JPEG decoder: libjpeg-turbo via simplejpeg when installed, same pixels
             return decode_jpeg(data, max_pixels=max_pixels, size_hint=size_hint)
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
@@ -127,18 +119,11 @@ def _stored_array(img: Image.Image) -> Pixels:
 
 
 def channels(pixels: Pixels) -> int:
-    """The number of channels of an HWC array (1 for a 2-D array)."""
     return 1 if pixels.ndim == 2 else int(pixels.shape[2])
 
 
 def to_mode(pixels: Pixels, mode: DecodeMode, background: tuple[int, int, int] = WHITE) -> Pixels:
-    """Convert a stored array to ``mode``; see the conversion table in docs/pipeline.md.
-
-    ``keep`` returns the array unchanged. Otherwise 16-bit values become 8-bit by keeping
-    the high byte (``v >> 8``); an alpha channel is composited on ``background`` for
-    ``RGB`` and ``L``; gray is replicated for ``RGB``/``RGBA``; ``L`` from colour is
-    ITU-R 601-2 luma, exactly as Pillow's ``convert("L")``.
-    """
+    """Convert a stored array to ``mode``; see the conversion table in docs/pipeline.md."""
     if mode == "keep":
         return pixels
     if pixels.dtype == np.uint16:
@@ -174,11 +159,7 @@ def luma(rgb: Pixels) -> Pixels:
 
 
 def resize(pixels: Pixels, size: tuple[int, int], interpolation: Interpolation) -> Pixels:
-    """Resize to ``size`` = (width, height) with Pillow's ``interpolation`` filter.
-
-    RGBA and LA are resized with premultiplied alpha (Pillow does this), so transparent
-    pixels do not bleed their colour into opaque neighbours.
-    """
+    """Resize to ``size`` = (width, height) (Pillow premultiplies alpha: no colour bleed)."""
     from PIL import Image
 
     if (pixels.shape[1], pixels.shape[0]) == size:
@@ -188,8 +169,7 @@ def resize(pixels: Pixels, size: tuple[int, int], interpolation: Interpolation) 
 
 
 def center_crop(pixels: Pixels, size: tuple[int, int]) -> Pixels:
-    """The centred ``size`` = (width, height) window; odd margins put the extra pixel at
-    the bottom/right. The caller checks the image is at least ``size``."""
+    """The centred ``size`` = (width, height) window; the caller checks it fits."""
     height, width = pixels.shape[:2]
     top, left = (height - size[1]) // 2, (width - size[0]) // 2
     return np.ascontiguousarray(pixels[top : top + size[1], left : left + size[0]])
