@@ -63,8 +63,12 @@ class ReadStats:
         """Seconds after which a request is hedged; None until enough were seen."""
         return self._threshold
 
-    def reset(self) -> None:
+    def reset(self, *, latencies: bool = False) -> None:
+        """Zero the counters (and forget the latencies seen: ``latencies``)."""
         self.requests = self.hedged = self.hedges_won = 0
+        if latencies:
+            self.latencies.clear()
+            self._threshold, self._since = None, 0
 
 
 #: This process's batched-read counters (a forked worker starts from its parent's).

@@ -1,0 +1,165 @@
+"""Random reads at an object store's latency, where no server is the bottleneck.
+
+An export held in memory is read through :class:`shardex.storage.latency.LatencyStorage`:
+every ranged read answers after ``delay`` (10 and 40 ms), and with a tail, 2% of them
+300 ms later still. For each setting, in one run:
+
+* a PyTorch DataLoader over ``MapDataset`` (2 workers, batches of 64 in a uniformly random
+  order, raw bytes): samples/s against the ideal of the same setting, every request of a
+  batch in flight at once and no tail (workers x 64 / delay);
+* batches of 64 read in this process with ``get_many``, hedging on and off: p50 and p99
+  batch time, the extra requests hedging sent, GETs and bytes per sample;
+* ``ds[i]`` one at a time (``batch_size=None``): GETs per sample;
+* opening the export with an empty index cache and reading one sample: GETs and bytes.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_s3_latency.py [--samples 10000] [--size-kb 16]
+        [--batches 60] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import shardex
+from shardex.storage.batch import BatchPolicy, read_stats
+from shardex.storage.latency import LatencyStorage
+from shardex.storage.memory import MemoryStorage
+
+BATCH = 64
+WORKERS = 2
+TAIL, TAIL_DELAY = 0.02, 0.300
+
+
+def _export(samples: int, size_kb: int) -> MemoryStorage:
+    rng = random.Random(0)
+    data = {
+        "key": [f"s{i:07d}" for i in range(samples)],
+        "bin": [rng.randbytes(size_kb * 1000) for _ in range(samples)],
+    }
+    shardex.export(data, "memory://bench/export", workers=1)
+    return MemoryStorage("memory://bench/export")
+
+
+def _loader_rate(slow: LatencyStorage, batches: int) -> float:
+    """Samples/s of a DataLoader over ``MapDataset`` (after one warm-up batch a worker)."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from shardex.torch import MapDataset
+
+    ds = MapDataset(slow, decode=False)
+    n = len(ds)
+    sampler = RandomSampler(range(n), num_samples=BATCH * (batches + 2 * WORKERS))
+    loader = DataLoader(
+        ds, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, collate_fn=lambda b: b
+    )
+    it = iter(loader)
+    for _ in range(2 * WORKERS):  # workers started, their index pages fetched
+        next(it)
+    start = time.perf_counter()
+    got = sum(len(batch) for batch in it)
+    return got / (time.perf_counter() - start)
+
+
+def _batches(slow: LatencyStorage, batches: int, hedge: bool) -> dict[str, float]:
+    """Batches of 64 read here: batch times, extra requests, GETs and bytes per sample."""
+    slow.policy = BatchPolicy(hedge=hedge)
+    ds = shardex.open_dataset(slow)
+    ds.records  # the whole index local: what follows counts sample reads only
+    rng = random.Random(1)
+    for _ in range(3):  # latencies seen, so that hedging has a threshold
+        ds.get_many(rng.sample(range(len(ds)), BATCH))
+    read_stats.reset()
+    gets, read = slow.gets, slow.bytes_read
+    payload, times = 0, []
+    for _ in range(batches):
+        picks = rng.sample(range(len(ds)), BATCH)
+        start = time.perf_counter()
+        out = ds.get_many(picks)
+        times.append(time.perf_counter() - start)
+        payload += sum(len(s["bin"]) for s in out)
+    times.sort()
+    samples = batches * BATCH
+    return {
+        "p50_ms": 1000 * times[len(times) // 2],
+        "p99_ms": 1000 * times[min(len(times) - 1, int(len(times) * 0.99))],
+        "extra_requests": read_stats.hedged / max(1, read_stats.requests - read_stats.hedged),
+        "gets_per_sample": (slow.gets - gets) / samples,
+        "bytes_per_payload": (slow.bytes_read - read) / payload,
+    }
+
+
+def _one_at_a_time(slow: LatencyStorage, reads: int) -> float:
+    ds = shardex.open_dataset(slow)
+    ds.records
+    rng = random.Random(2)
+    gets = slow.gets
+    for i in rng.sample(range(len(ds)), reads):
+        ds[i]
+    return (slow.gets - gets) / reads
+
+
+def _cold_open(mem: MemoryStorage) -> dict[str, int]:
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["SHARDEX_CACHE_DIR"] = cache
+        slow = LatencyStorage(mem)
+        ds = shardex.open_dataset(slow)
+        ds[len(ds) // 2]
+        return {"gets": slow.gets, "bytes": slow.bytes_read}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument("--size-kb", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs", flush=True)
+    mem = _export(args.samples, args.size_kb)
+    results: dict[str, Any] = {"cold_open": _cold_open(mem)}
+    print(f"cold open + one sample: {results['cold_open']}", flush=True)
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["SHARDEX_CACHE_DIR"] = cache
+        for delay in (0.010, 0.040):
+            for tail in (0.0, TAIL):
+                name = f"{delay * 1000:.0f} ms" + (
+                    f", {TAIL:.0%} +{TAIL_DELAY * 1000:.0f} ms" if tail else ""
+                )
+                slow = LatencyStorage(mem, delay, tail=tail, tail_delay=TAIL_DELAY)
+                ideal = WORKERS * BATCH / delay
+                rate = _loader_rate(slow, args.batches)
+                row: dict[str, Any] = {"loader_samples_per_s": rate, "ideal": ideal}
+                row["vs_ideal"] = rate / ideal
+                for hedge in (False, True):
+                    row[f"hedge_{hedge}"] = _batches(slow, args.batches, hedge)
+                row["one_at_a_time_gets_per_sample"] = _one_at_a_time(slow, 200)
+                results[name] = row
+                off, on = row["hedge_False"], row["hedge_True"]
+                print(
+                    f"{name:>20}: DataLoader {rate:7.0f} samples/s = {rate / ideal:.2f} of ideal "
+                    f"{ideal:.0f}; batch p50/p99 {off['p50_ms']:.0f}/{off['p99_ms']:.0f} ms "
+                    f"unhedged, {on['p50_ms']:.0f}/{on['p99_ms']:.0f} ms hedged "
+                    f"(p99 x{off['p99_ms'] / on['p99_ms']:.2f}, +{on['extra_requests']:.1%} "
+                    f"requests); {on['gets_per_sample']:.3f} GETs and "
+                    f"{on['bytes_per_payload']:.3f}x bytes a sample; one at a time "
+                    f"{row['one_at_a_time_gets_per_sample']:.2f} GETs a sample",
+                    flush=True,
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print(f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
