@@ -1,21 +1,7 @@
-"""A Hugging Face ``datasets.Dataset`` / ``DatasetDict`` (in memory or a ``save_to_disk``
-folder) as a source.
-
-* the ``Image`` column (else a column of ``{bytes, path}`` structs: what ``datasets``
-  writes for images given without features): its original encoded bytes (read as Arrow,
-  never decoded and re-encoded), or the file it names when the dataset holds only a path;
-* a ``ClassLabel`` column (the one named ``label`` first), else an integer column named
-  ``label``: the labels, with the ClassLabel's names;
-* the splits of a ``DatasetDict``: the splits (a saved split of no rows is left out);
-* a column named ``key``: the keys, as the table sources take theirs (an unsafe one is
-  refused or skipped as any source's is);
-* every other column: typed metadata (its Arrow type as ``datasets`` stores it); a column
-  named like one that shardex fills (``original_path``, ``split``, ``label`` when it is not
-  the labels) is kept as ``hf_<name>``, as tar ``.json`` fields are kept as ``json_<name>``.
-
-Without a ``key`` column, keys are ``{split}/{row:08d}`` (``{row:08d}`` for a single
-Dataset): stable for a given dataset, unique across splits. Needs ``pip install
-datasets``; importing shardex does not.
+"""A Hugging Face ``Dataset``/``DatasetDict`` (or ``save_to_disk`` folder) as a source: the
+``Image`` column's encoded bytes (never decoded), ``ClassLabel`` labels, its splits, and
+the other columns as metadata (``hf_<name>`` where shardex uses the name). Needs
+``pip install datasets``; importing shardex does not.
 """
 
 from __future__ import annotations
@@ -36,12 +22,8 @@ from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, batch_table, mem
 from shardex.sources.base import Source, check_batch_size, check_metadata_names, quoted, safe_key
 from shardex.sources.probe import SourceSpec
 
-#: Inline bytes per batch at most: the member ``data`` column has 32-bit offsets.
-_BATCH_BYTES: Final = 1 << 30
-#: ``sniff`` names -> member extensions.
+_BATCH_BYTES: Final = 1 << 30  # the member data column has 32-bit offsets
 _EXT: Final = {"jpeg": "jpg", "tiff": "tif"}
-#: Metadata columns named like a column shardex fills, kept as ``hf_<name>`` (the other
-#: reserved names are refused by check_metadata_names; ``key`` gives the keys).
 _RENAMED: Final = ("original_path", "split", "label")
 
 
@@ -121,7 +103,6 @@ class HFSource(Source):
         keys = [f"{prefix}{i:08d}" for i in rows]
         origin = [f"{self.uri}[{split or ''}][{i}]" for i in rows]
         left_out: list[LeftOut] = []
-        # the dataset's own keys, taken as a table source takes them (None: row numbers)
         given = table.column(self.key).to_pylist() if self.key else [None] * len(keys)
         ext: list[str] = []
         path: list[str | None] = []
@@ -169,9 +150,8 @@ class HFSource(Source):
 def _roles(
     features: Any, datasets: Any, uri: str
 ) -> tuple[str, str | None, tuple[str, ...] | None]:
-    """The image column, the label column and its names."""
     images = [n for n, f in features.items() if isinstance(f, datasets.Image)]
-    if not images:  # images given without features: datasets stores {bytes, path} structs
+    if not images:
         images = [n for n, f in features.items() if _is_image_struct(f, datasets)]
     if not images:
         raise SourceError(
@@ -192,7 +172,6 @@ def _roles(
 
 
 def _is_image_struct(feature: Any, datasets: Any) -> bool:
-    """Whether a feature is the ``{bytes, path}`` struct of an image without features."""
     return (
         isinstance(feature, dict)
         and set(feature) == {"bytes", "path"}
@@ -202,8 +181,7 @@ def _is_image_struct(feature: Any, datasets: Any) -> bool:
 
 
 def _load_saved(datasets: Any, path: Path) -> Any:
-    """``datasets.load_from_disk``, but a saved split of no rows is left out: ``datasets``
-    writes it without a data file, then fails to load it (IndexError)."""
+    """``datasets.load_from_disk``, leaving out saved splits of no rows (which it fails to load)."""
     try:
         if (path / "dataset_dict.json").is_file():
             names = json.loads((path / "dataset_dict.json").read_text())["splits"]
