@@ -267,7 +267,7 @@ def _simplejpeg() -> ModuleType | None:
 
 
 def draft_scale(width: int, height: int, size_hint: tuple[int, int] | None) -> int:
-    """The reduced-size decode factor (1, 2, 4 or 8) Pillow's ``draft()`` picks for ``size_hint``."""
+    """The reduced-size decode factor (1, 2, 4 or 8) Pillow's ``draft()`` picks."""
     if size_hint is None:
         return 1
     scale = min(width // size_hint[0], height // size_hint[1])

@@ -196,7 +196,7 @@ def build_members(
 
 
 def seal_members(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> None:
-    """Set each row's ``check``: xxh3-64 of the rest of the row seeded with its sample's checksum."""
+    """Set each row's ``check``: xxh3 of the rest of the row, seeded with the sample's checksum."""
     rows["check"] = _checks(rows, checksums)
 
 

@@ -238,7 +238,7 @@ class SplitIndex:
 
 
 def _members_width(descr: str, names: list[str]) -> int | None:
-    """The row size of an ``index-members.npy`` header of shardex's form (extensions into ``names``)."""
+    """The row size of an ``index-members.npy`` header of shardex's form, or None."""
     found = _MEMBERS_DESCR.fullmatch(descr)
     if found is None:
         return None
@@ -274,7 +274,7 @@ class MemberIndex:
         self.unpack: Callable[[memoryview, int], tuple[int, ...]] = self.row.unpack_from
 
     def unpacked(self, lo: int, hi: int) -> Iterator[tuple[int, ...]]:
-        """The rows of samples ``lo`` to ``hi`` (excluded), unpacked, from a copy (see :meth:`SplitIndex.records`)."""
+        """The rows of samples ``lo`` to ``hi``, unpacked from a copy (see ``records``)."""
         size = self.row_size
         return self.row.iter_unpack(self.raw[lo * size : hi * size].tobytes())
 

@@ -19,7 +19,7 @@ MEMORY_RECORDS: Final = 1 << 20  # 16 MB of 16-byte key records: a million sampl
 
 
 class HashRuns:
-    """Records of ``dtype`` sorted by their uint64 field ``h``: in memory up to ``memory``, then in run files."""
+    """Records sorted by their uint64 field ``h``: in memory up to ``memory``, then in run files."""
 
     def __init__(
         self, folder: Path, name: str, dtype: np.dtype[Any], memory: int | None = None

@@ -68,7 +68,7 @@ def checked_file(storage: Files, name: str, checksum: str | None) -> bytes:
 
 
 def check_local_file(path: Path, checksum: str | None, where: str) -> None:
-    """Raise ChecksumError unless the local copy of ``where`` at ``path`` has ``checksum`` (read in chunks)."""
+    """Raise ChecksumError unless the file at ``path`` has ``checksum`` (read in chunks)."""
     if checksum is None:
         return
     whole = xxh3_64()

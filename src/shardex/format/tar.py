@@ -282,10 +282,6 @@ def split_name(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1 :]
 
 
-def _member_size(buf: bytes, pos: int) -> int:
-    return int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
-
-
 _EXTENSIONS: dict[bytes, str] = {}
 
 
@@ -310,7 +306,7 @@ def parse_sample(
             try:  # shardex writes 11 octal digits and a NUL; other writers pad otherwise
                 size = int(buf[pos + 124 : pos + 135], 8)
             except ValueError:
-                size = _member_size(buf, pos)
+                size = int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
             data, stop_at = pos + 512, pos + 512 + size
             if stop_at > end:
                 raise FormatError(

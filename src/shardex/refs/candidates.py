@@ -50,7 +50,7 @@ class Candidates:
 
 
 def spilled_candidates(split: SpilledRows, start: int, stop: int) -> Candidates:
-    """The candidates ``[start, stop)`` of a spilled split: a slice of its spill file, and the sizes."""
+    """The candidates ``[start, stop)`` of a spilled split: a spill-file slice, and sizes."""
     return Candidates(
         _NO_ROWS,
         _NO_MEMBERS,
@@ -63,7 +63,7 @@ def spilled_candidates(split: SpilledRows, start: int, stop: int) -> Candidates:
 
 
 def candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> Candidates:
-    """The candidates ``[start, stop)`` as compact copies of their references (pickled to a worker)."""
+    """The candidates ``[start, stop)`` as compact copies of their references (for a worker)."""
     if isinstance(split, SpilledRows):
         return spilled_candidates(split, start, stop)
     index = np.arange(start, stop, dtype=np.int64)

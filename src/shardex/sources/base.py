@@ -83,7 +83,7 @@ class KeepingRunner(MapRunner, Protocol):
     def imap_kept(
         self, fn: Callable[[_T], Iterator[object]], items: Iterable[_T]
     ) -> Iterator[tuple[object, tuple[Any, ...]]]:
-        """``fn(item)`` per item, in order, in tasks: each result with the handles of what ``fn`` kept."""
+        """``fn(item)`` per item in tasks, in order; each result with handles of what it kept."""
         ...
 
 
@@ -183,7 +183,7 @@ def check_batch_size(batch_size: int) -> int:
 
 
 def safe_key(key: str) -> str:
-    """A WebDataset-safe key: dots in the last path component become '_' (WebDataset splits there)."""
+    """A WebDataset-safe key: dots in its last path component become '_'."""
     head, slash, name = key.replace(os.sep, "/").rpartition("/")
     # a leading "/" stays: "/abs" is refused as an unsafe key, never made "abs"
     return f"{head}{slash}{_BAD_KEY_CHARS.sub('_', name)}"
@@ -209,7 +209,7 @@ def check_metadata_names(names: list[str], where: str) -> None:
 def hand_over(
     handed: queue.Queue[tuple[str, Any]], item: tuple[str, Any], stop: threading.Event
 ) -> bool:
-    """Put ``item`` on ``handed``; False once ``stop`` is set (the reader gave up), never blocking for good."""
+    """Put ``item`` on ``handed``; False once ``stop`` is set (the reader gave up)."""
     while not stop.is_set():
         try:
             handed.put(item, timeout=0.2)

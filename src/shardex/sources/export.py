@@ -63,7 +63,7 @@ class _Samples:
         self.offsets.append(len(self.ext))
 
     def restore_images(self, member: str, formats: list[str | None]) -> None:
-        """Give images stored as ``KEY.<member>`` their format's extension back (``image_format``)."""
+        """Give images stored as ``KEY.<member>`` their ``image_format``'s extension back."""
         for i, image_format in enumerate(formats):
             for m in range(self.offsets[i], self.offsets[i + 1]):
                 if self.ext[m] == member:
@@ -75,7 +75,7 @@ class _Samples:
 
 
 class _Keys:
-    """The keys of the metadata rows being matched (sample ``start`` on): they name damaged samples."""
+    """The keys of the metadata rows being matched (sample ``start`` on), naming damaged samples."""
 
     def __init__(self) -> None:
         self.start = 0
@@ -99,7 +99,7 @@ class ExportSource(StoredSource):
         return cls(spec.location)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """The samples in batches; with a Ray ``runner``, a remote webdataset export is read by its tasks."""
+        """The samples in batches; a Ray ``runner``'s tasks read a remote webdataset export."""
         storage = open_storage(self.uri, self.storage_options)
         config = ExportConfig.read(storage)
         return SampleStream(self._batches(storage, config, runner), config.label_names)
@@ -199,7 +199,7 @@ def _metadata_name(config: ExportConfig) -> str:
 
 @contextlib.contextmanager
 def _checked_metadata(storage: Storage, config: ExportConfig) -> Iterator[Path]:
-    """The local path of the export's metadata.parquet (a scratch copy if remote), checksum checked."""
+    """The local path of the checksum-checked metadata.parquet (a scratch copy if remote)."""
     name = _metadata_name(config)
     where = storage.join(name)
     with _source_errors(where), contextlib.ExitStack() as stack:
@@ -248,7 +248,7 @@ def _row_batches(path: Path, split: str, where: str, size: int) -> Iterator[pa.T
 
 
 def _split_rows(path: Path, split: str, where: str) -> Iterator[pa.Table]:
-    """The split's metadata rows in sample order: by row group where statistics allow, else at once."""
+    """The split's metadata rows in sample order: by row group where statistics allow."""
     with _source_errors(where), metadata_errors(where):
         file = pq.ParquetFile(path)
         names = file.schema_arrow.names

@@ -99,7 +99,6 @@ def _probe(job: tuple[Storage, str]) -> _Probe:
 
 
 def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) -> list[_Probe]:
-    """The probes of some folders, made at once (by ``runner``'s tasks, or threads)."""
     jobs = [(storage, folder) for folder in folders]
     if runner is not None:
         return list(runner.imap(_probe, jobs))
@@ -166,7 +165,7 @@ def _next_folder(storage: Storage, after: str | None, found: _Found) -> str | No
 
 @dataclass(slots=True)
 class _Found:
-    """The top folders holding images (-> their class folders, for splits); images in the prefix itself."""
+    """Top folders holding images (-> their class folders, for splits); images in the prefix."""
 
     folders: dict[str, set[str]] = field(default_factory=dict)
     top_files: bool = False
@@ -183,9 +182,6 @@ def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout,
     top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
     check_splits(uri, set(holding), top_files)
     split_dirs = sorted(holding & SPLIT_DIRS)
-    if not split_dirs:
-        parts = parts_in_order([(f, [Part(f, table=probes[f].table)]) for f in folders], objects)
-        return Layout(False, tuple(sorted(holding))), parts
     classes: set[str] = set()
     inside: dict[str, list[Part]] = {}
     for split in split_dirs:
@@ -203,11 +199,12 @@ def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout,
     parts = parts_in_order(
         [(f, inside.get(f, [Part(f, table=probes[f].table)])) for f in folders], objects
     )
+    if not split_dirs:
+        return Layout(False, tuple(sorted(holding))), parts
     return Layout(True, tuple(sorted(classes))), parts
 
 
 def _layout_by_jumps(uri: str, storage: Storage) -> Layout:
-    """Split folders and class names, as the local folder source finds them."""
     found = _Found()
     after = _next_folder(storage, None, found)
     while after is not None:
@@ -221,7 +218,6 @@ def _layout_by_jumps(uri: str, storage: Storage) -> Layout:
 
 
 def _objects(uri: str, entries: Iterable[Entry]) -> Iterator[File | LeftOut]:
-    """The image files and left-out objects of a listing, in key order."""
     last = ""
     for rel, size in entries:
         if rel < last:  # the order of keys is the order of the samples

@@ -58,7 +58,7 @@ def unexported(rel: str, ext: str) -> LeftOut | None:
 
 
 def scan(uri: str) -> tuple[Layout, Iterator[File | LeftOut]]:
-    """The layout of the local folder ``uri`` and its image files in path order, with what is left out."""
+    """The layout of the local folder ``uri``; its images in path order, and what is left out."""
     if not Path(uri).is_dir():
         raise SourceNotFoundError(f"source folder {uri} does not exist")
     check_utf8_path(uri)
@@ -69,7 +69,7 @@ def scan(uri: str) -> tuple[Layout, Iterator[File | LeftOut]]:
 
 @dataclass(frozen=True, slots=True)
 class _Folder:
-    """A folder to walk; ``above``: the real paths of it and its parents (a symlink to one is a loop)."""
+    """A folder to walk; ``above``: real paths of it and its parents (a link to one is a loop)."""
 
     path: str
     rel: str
@@ -132,7 +132,6 @@ def _listing(real_root: str, folder: _Folder) -> Iterator[_Found]:
 
 
 def _walk(real_root: str, top: _Folder) -> Iterator[File | LeftOut]:
-    """Every image file under ``top`` in path order, and what is left out."""
     stack = [_listing(real_root, top)]
     while stack:
         found = next(stack[-1], None)
@@ -142,10 +141,6 @@ def _walk(real_root: str, top: _Folder) -> Iterator[File | LeftOut]:
             stack.append(_listing(real_root, found))
         else:
             yield found
-
-
-def _holds_images(real_root: str, folder: _Folder) -> bool:
-    return any(not isinstance(found, LeftOut) for found in _walk(real_root, folder))
 
 
 def _visit(real_root: str, entry: os.DirEntry[str], rel: str, parent: _Folder) -> _Found | None:
@@ -191,7 +186,7 @@ def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
             continue
         found = _visit(real_root, entry, f"{folder.rel}{entry.name}", folder)
         if isinstance(found, _Folder):
-            if _holds_images(real_root, found):
+            if any(not isinstance(f, LeftOut) for f in _walk(real_root, found)):
                 holding.append(found)
         elif isinstance(found, tuple):
             has_file = True
@@ -199,7 +194,7 @@ def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
 
 
 def _layout(uri: str, real_root: str, root: _Folder) -> Layout:
-    """Split folders and class names from the first levels (SourceError: splits mixed with others)."""
+    """Split folders and class names from the first levels (SourceError: splits mixed in)."""
     top, top_files = _subfolders(real_root, root)
     names = {f.rel.rstrip("/") for f in top}
     check_splits(uri, names, top_files)

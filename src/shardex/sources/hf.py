@@ -104,9 +104,7 @@ class HFSource(Source):
         origin = [f"{self.uri}[{split or ''}][{i}]" for i in rows]
         left_out: list[LeftOut] = []
         given = table.column(self.key).to_pylist() if self.key else [None] * len(keys)
-        ext: list[str] = []
-        path: list[str | None] = []
-        data: list[bytes | None] = []
+        found: list[tuple[str, str | None, bytes | None]] = []
         offsets = [0]
         for i, image in enumerate(table.column(self.image).to_pylist()):
             if given[i] is not None:
@@ -115,20 +113,17 @@ class HFSource(Source):
             if isinstance(member, str):
                 left_out.append(LeftOut(origin[i], member, key=keys[i]))
             elif member is not None:
-                ext.append(member[0])
-                path.append(member[1])
-                data.append(member[2])
-                if member[1]:
-                    origin[i] = member[1]
-            offsets.append(len(ext))
+                found.append(member)
+                origin[i] = member[1] or origin[i]
+            offsets.append(len(found))
         kept = [i for i in range(len(keys)) if offsets[i + 1] > offsets[i]]
         if len(kept) < len(keys):  # rows left out have no member: drop them from the table
             table = table.take(pa.array(kept, pa.int64()))
             keys, origin = [keys[i] for i in kept], [origin[i] for i in kept]
             offsets = [0, *[offsets[i + 1] for i in kept]]
-        member_offset = [-1] * len(ext)
-        size = [len(d) if d is not None else _file_size(p) for d, p in zip(data, path, strict=True)]
-        members = members_array(offsets, ext, path, member_offset, size, data)
+        ext, path, data = (list(c) for c in zip(*found, strict=True)) if found else ([], [], [])
+        size = [os.path.getsize(p) if d is None and p else len(d or b"") for _, p, d in found]
+        members = members_array(offsets, ext, path, [-1] * len(found), size, data)
         labels = None
         if self.label:
             # datasets writes -1 for "no label" (unlabelled test splits): shardex's null
@@ -213,10 +208,6 @@ def _member(image: dict[str, Any] | None) -> tuple[str, str | None, bytes | None
             return f"{quoted(path)} is not a known image format"
         return _EXT.get(kind, kind), path, None
     return f"the image file {quoted(str(path))} does not exist"
-
-
-def _file_size(path: str | None) -> int:
-    return os.path.getsize(path) if path else 0
 
 
 def _within_bytes(table: pa.Table, image: str | None) -> pa.Table:

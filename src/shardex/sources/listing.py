@@ -35,7 +35,7 @@ _HELD_PAGES: Final = 2
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """A contiguous range of a listing: every object below ``folder`` (``table``: known already), or ``objects``."""
+    """A run of a listing: all objects below ``folder`` (its ``table`` if known), or ``objects``."""
 
     folder: str | None = None
     objects: tuple[Entry, ...] = ()
@@ -66,7 +66,7 @@ def parts_in_order(
 
 
 def folder_table(job: tuple[Storage, str]) -> bytes:
-    """Every object below a folder as a zstd Arrow stream of (name below it, size): a task's answer."""
+    """Every object below a folder as a zstd Arrow stream of (name below it, size)."""
     storage, folder = job
     return encode_table(folder, [e for page in storage.list_pages(folder) for e in page])
 
@@ -149,7 +149,6 @@ def _pages_ahead(
 def _list_into(
     storage: Storage, folder: str, handed: queue.Queue[tuple[str, Any]], stop: threading.Event
 ) -> None:
-    """List one folder in a thread, handing over its pages, then its end (or what it raised)."""
 
     try:
         for page in storage.list_pages(folder):

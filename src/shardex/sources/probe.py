@@ -138,20 +138,6 @@ def _holds_only_tars(root: Path) -> bool:
     return has_tar
 
 
-def _first_page_only_tars(storage: Storage) -> bool:
-    first = next(storage.list_pages(""), [])
-    names = [p.rpartition("/")[2] for p, _ in first if not p.rpartition("/")[2].startswith(".")]
-    return bool(names) and all(n.lower().endswith(".tar") for n in names)
-
-
-def _is_hf_dataset(value: object) -> bool:
-    """Whether ``value`` is a ``datasets.Dataset``/``DatasetDict`` (without importing it)."""
-    return type(value).__module__.split(".")[0] == "datasets" and type(value).__name__ in (
-        "Dataset",
-        "DatasetDict",
-    )
-
-
 # The built-in probes, in the order the registry asks them (see shardex.sources.registry).
 
 
@@ -172,7 +158,8 @@ def export(spec: SourceSpec) -> bool:
 
 
 def hf(spec: SourceSpec) -> bool:
-    if _is_hf_dataset(spec.value):
+    kind = type(spec.value)  # a datasets.Dataset/DatasetDict, without importing datasets
+    if kind.__module__.split(".")[0] == "datasets" and kind.__name__ in ("Dataset", "DatasetDict"):
         return True
     return spec.is_dir and bool(spec.in_folder(lambda: is_saved_dataset(spec.path)))
 
@@ -186,7 +173,11 @@ def tars(spec: SourceSpec) -> bool:
     if spec.glob:
         return True
     if spec.is_url:
-        return spec.object_name.endswith(".tar") or _first_page_only_tars(spec.storage)
+        if spec.object_name.endswith(".tar"):
+            return True
+        first = next(spec.storage.list_pages(""), [])
+        names = [n for p, _ in first if not (n := p.rpartition("/")[2]).startswith(".")]
+        return bool(names) and all(n.lower().endswith(".tar") for n in names)
     if spec.is_dir:
         spec.in_folder(lambda: os.listdir(spec.path))  # (os.walk ignores an unreadable folder)
         return _holds_only_tars(spec.path)

@@ -17,7 +17,7 @@ __all__ = ["TableFile"]
 
 
 class TableFile:
-    """A Parquet or CSV file read in batches; ``data``: its bytes, for a table fetched from object storage."""
+    """A Parquet or CSV file read in batches; ``data``: its bytes if fetched from object storage."""
 
     def __init__(self, path: Path | str, batch_size: int, data: bytes | None = None) -> None:
         self.path = path

@@ -243,7 +243,11 @@ def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: 
     if problem is not None:
         s.refuse(problem)
     elif ext == "cls":
-        s.label = _read_label(raw, info, name, s)
+        text = _read(raw, info).strip()
+        try:
+            s.label = int(text)
+        except ValueError:
+            s.refuse(f"member {name!r} is not an integer class ({text[:40]!r})")
     elif ext == "json":
         s.meta, problem = json_member(_read(raw, info), name)
         if problem is not None:
@@ -270,12 +274,3 @@ def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) 
 def _read(raw: IO[bytes], info: tarfile.TarInfo) -> bytes:
     raw.seek(info.offset_data)
     return raw.read(info.size)
-
-
-def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: TarSample) -> int | None:
-    text = _read(raw, info).strip()
-    try:
-        return int(text)
-    except ValueError:
-        s.refuse(f"member {name!r} is not an integer class ({text[:40]!r})")
-        return None

@@ -85,8 +85,8 @@ class _Batcher:
         self.meta: list[dict[str, Any]] = []
         self.invalid: list[str | None] = []
 
-    def add(self, sample: TarSample, path: str, original: str, key_prefix: str) -> None:
-        self.keys.append(safe_key(key_prefix + sample.key))
+    def add(self, sample: TarSample, path: str, original: str) -> None:
+        self.keys.append(safe_key(sample.key))
         self.originals.append(original)
         for ext, offset, size, copy in sample.members:
             self.ext.append(ext)
@@ -99,9 +99,6 @@ class _Batcher:
         self.meta.append(sample.meta if sample.problem is None else {})
         self.invalid.append(sample.problem)
         self.samples += 1
-
-    def full(self) -> bool:
-        return len(self.keys) >= self.batch_size
 
     def flush(self) -> pa.Table:
         meta = metadata_columns(self.meta, self.keys, self.originals, self.where)
@@ -182,8 +179,8 @@ class TarSource(StoredSource):
             where = tar.where
             for sample in samples:
                 whole = not sample.members and sample.key == tar.rel  # an unreadable tar
-                out.add(sample, where, tar.rel if whole else f"{tar.rel}:{sample.key}", "")
-                if out.full():
+                out.add(sample, where, tar.rel if whole else f"{tar.rel}:{sample.key}")
+                if len(out.keys) >= out.batch_size:
                     yield ScanBatch(out.flush())
         if not out.samples:
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
@@ -194,7 +191,7 @@ class TarSource(StoredSource):
 def _scanned_held(
     runner: KeepingRunner, held: HeldTars, tars: list[TarRef]
 ) -> Iterator[tuple[TarRef, list[TarSample]]]:
-    """Each tar and its samples, scanned by tasks keeping what they read (within :data:`HOLD_SHARE`)."""
+    """Each tar and its samples, scanned by tasks that keep what they read (up to HOLD_SHARE)."""
     room = int(HOLD_SHARE * runner.store_bytes())
     marked = []
     for tar in tars:
@@ -226,7 +223,7 @@ _HANDOVER: Final = 1024  # samples per handover (a thread holds two at most)
 def _scanned_ahead(
     tars: list[TarRef], threads: int
 ) -> Iterator[tuple[TarRef, Iterator[TarSample]]]:
-    """Each tar and its samples, in order, while the next ``threads - 1`` tars are scanned by threads."""
+    """Each tar and its samples, in order, the next ``threads - 1`` tars scanned by threads."""
     stop = threading.Event()
     copies = tars[0].copies
     if copies is not None:  # their end (the export's scan over, or failed) stops the threads
@@ -257,7 +254,6 @@ def _scanned_ahead(
 
 
 def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
-    """Scan one tar in a thread, handing over its samples in lists, then its end (or what it raised)."""
 
     try:
         chunk: list[TarSample] = []
