@@ -38,17 +38,6 @@ TAIL_BYTES: Final = 4096
 _SIMPLEJPEG_SPACES: Final = frozenset({"YCbCr", "RGB", "Gray"})
 MAX_PIXELS: Final = 178_956_970  # Pillow's bomb warning's order
 
-_ENCODING_OF_EXT: Final = {
-    "jpg": "jpeg",
-    "jpeg": "jpeg",
-    "png": "png",
-    "webp": "webp",
-    "gif": "gif",
-    "bmp": "bmp",
-    "tif": "tiff",
-    "tiff": "tiff",
-}
-
 
 def unexported_image_reason(ext: str) -> str | None:
     """Why a file of an image format shardex does not export is left out; else None."""
@@ -63,7 +52,8 @@ def unexported_image_reason(ext: str) -> str | None:
 
 def encoding_of_extension(ext: str) -> str | None:
     """The image encoding a file extension stands for, e.g. ``jpg`` -> ``jpeg``."""
-    return _ENCODING_OF_EXT.get(ext.lower())
+    ext = ext.lower()
+    return {"jpg": "jpeg", "tif": "tiff"}.get(ext, ext) if ext in IMAGE_EXTENSIONS else None
 
 
 def sniff(head: bytes) -> str | None:

@@ -31,9 +31,7 @@ from shardex.format.mapped import (
     members_dtype,
     sample_dtype,
 )
-from shardex.format.mapped import (
-    key_hash as key_hash,
-)
+from shardex.format.mapped import key_hash as key_hash
 from shardex.format.tar import BLOCK, fits_ustar, split_name
 
 __all__ = [

@@ -124,12 +124,7 @@ def file_member(path: str, size: int, ext: str) -> dict[str, Any]:
 
 
 def members_array(
-    offsets: Any,
-    ext: Any,
-    path: Any,
-    offset: Any,
-    size: Any,
-    data: Any = None,
+    offsets: Any, ext: Any, path: Any, offset: Any, size: Any, data: Any = None
 ) -> pa.Array | pa.ChunkedArray:
     """The ``_members`` column built column by column (no dict per member); ``offsets`` (n + 1)
     locate each sample's members in the flat columns. Inline bytes past

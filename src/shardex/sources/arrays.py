@@ -71,12 +71,7 @@ class ArraySource(Source):
         return SampleStream(self._batches(n, fields, keys, labels, splits), self.label_names)
 
     def _batches(
-        self,
-        n: int,
-        fields: list[_Field],
-        keys: Any,
-        labels: Any,
-        splits: Any,
+        self, n: int, fields: list[_Field], keys: Any, labels: Any, splits: Any
     ) -> Iterator[ScanBatch]:
         label_column = None if labels is None else _labels(labels)
         sizes = sum((f.sizes for f in fields), np.zeros(n, np.int64))

@@ -26,14 +26,7 @@ from shardex.sources.folderwalk import (
     left_out,
     unexported,
 )
-from shardex.sources.listing import (
-    LIST_THREADS,
-    Entry,
-    Part,
-    encode_table,
-    listed,
-    parts_in_order,
-)
+from shardex.sources.listing import LIST_THREADS, Entry, Part, encode_table, listed, parts_in_order
 from shardex.storage import Storage
 
 

@@ -130,7 +130,8 @@ class MetadataTypes:
             if pa.types.is_integer(known) and pa.types.is_floating(column.type):
                 self.types[name] = column.type
                 continue
-            at = _first_valid(column)
+            valid = column.is_valid().to_pylist()
+            at = valid.index(True) if True in valid else 0
             sample = f"{keys[at]!r} ({originals[at]!r})"
             if _widens_to(known, column.type):  # one JSON type, narrower in the first batch
                 raise SourceError(
@@ -157,11 +158,6 @@ def _widens_to(found: pa.DataType, known: pa.DataType) -> bool:
     except _ARROW_ERRORS:
         return False
     return bool(merged.field("x").type == known)
-
-
-def _first_valid(column: pa.ChunkedArray) -> int:
-    valid = column.is_valid().to_pylist()
-    return valid.index(True) if True in valid else 0
 
 
 def _type_error(name: str, values: list[Any], i: int, sample: str, where: str) -> SourceError:

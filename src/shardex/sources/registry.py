@@ -100,8 +100,7 @@ def register_source(name: str, target: str, probe: Probe | None = None) -> None:
 
 
 def open_source(
-    spec: str | Any | Source | Mapping[str, Any],
-    storage_options: dict[str, Any] | None = None,
+    spec: str | Any | Source | Mapping[str, Any], storage_options: dict[str, Any] | None = None
 ) -> Source:
     """The source a user names (``storage_options``: those of a source on object
     storage, see :class:`shardex.storage.ObjectStorage`).
