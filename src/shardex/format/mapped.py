@@ -136,7 +136,6 @@ class SplitIndex:
     def __init__(
         self, samples_path: Path, keys_path: Path | Callable[[], Path], *, num_samples: int
     ) -> None:
-        self._path = samples_path
         self._samples: Any = None
         npy = _Npy.open(samples_path, lambda d: 24 if d == _SAMPLES_DESCR else None)
         if npy is not None and npy.shape == (num_samples,):
@@ -151,7 +150,6 @@ class SplitIndex:
     def _checked(self, samples_path: Path, num_samples: int) -> memoryview:
         """The records through numpy.load, for what the fast path did not take."""
         dtype = sample_dtype()
-
         samples = _load(samples_path, "sample")
         if samples.dtype != dtype or samples.ndim != 1:
             raise FormatError(

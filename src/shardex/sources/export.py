@@ -298,19 +298,13 @@ def _dataset_samples(
     """The samples read through the dataset; those it skips, and the ``damaged`` ones, invalid."""
     skipped: list[tuple[int, str]] = ds.skipped  # type: ignore[attr-defined]
     reasons: dict[int, str] = {}
-    seen = 0
-
-    def absorb() -> None:
-        nonlocal seen
-        for n, message in skipped[seen:]:
-            reasons[n] = f"source sample {n}: {message}"
-        seen = len(skipped)
-
     got = iter(ds)
     pending = next(got, None)
-    absorb()
-    number = 0
+    seen = number = 0
     while True:
+        for n, message in skipped[seen:]:  # skipped before the sample it just gave
+            reasons[n] = f"source sample {n}: {message}"
+        seen = len(skipped)
         reason = reasons.pop(number, None)
         if reason is not None:
             yield StoredSample(key(number), (), reason)
@@ -324,5 +318,4 @@ def _dataset_samples(
             )
             yield StoredSample(str(pending["__key__"]), members, damaged.get(number))
             pending = next(got, None)
-            absorb()
         number += 1

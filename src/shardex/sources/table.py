@@ -349,7 +349,7 @@ class TableSource(Source):
             start += batch.num_rows
 
     def _batch(self, table: pa.Table, plan: _Plan, start: int) -> ScanBatch:
-        used = {c for c in (plan.bcol, plan.pcol, plan.kcol) if c}
+        used = {c for c in (plan.bcol, plan.pcol, plan.kcol, plan.label) if c}
         raw_keys = (
             None if plan.kcol is None else [str(k) for k in table.column(plan.kcol).to_pylist()]
         )
@@ -368,8 +368,6 @@ class TableSource(Source):
             # a null stays null (refused as "no split"), not a split named "None"
             splits = [None if s is None else str(s) for s in table.column("split").to_pylist()]
             used.add("split")
-        if plan.label is not None:
-            used.add(plan.label)
         meta = table.drop_columns(sorted(used))
         check_metadata_names(meta.column_names, self.uri)
         samples = batch_table(
@@ -385,7 +383,7 @@ class TableSource(Source):
         bcol = plan.bcol
         keys = raw_keys or [str(start + i).zfill(plan.width) for i in range(len(blobs))]
         for i, blob in enumerate(blobs):
-            if blob is None or not blob:
+            if not blob:
                 rows.leave_out(keys[i], f"row {start + i}: no image bytes in column {bcol!r}")
                 continue
             fmt = sniff(blob[:16])
@@ -421,13 +419,12 @@ class TableSource(Source):
                 continue
             member, why = found[i] if i in found else _file_member(full)
             if member is None:
-                missing = why == MISSING
                 kind = "object" if i in urls else "image file"
                 rows.leave_out(
                     keys[i],
                     f"row {start + i}: {kind} {quoted(urls.get(i) or str(full))} {why}",
                     printable(rel),
-                    SourceNotFoundError if missing else BadSampleError,
+                    SourceNotFoundError if why == MISSING else BadSampleError,
                 )
                 continue
             rows.add(i, safe_key(keys[i]) if raw_keys else keys[i], printable(rel), member)

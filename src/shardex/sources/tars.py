@@ -136,18 +136,14 @@ class TarSource(StoredSource):
         """The samples in batches; with a ``runner`` each tar is scanned by one of its tasks."""
         tars = self._tars()
         scanned: Iterator[tuple[TarRef, Iterable[TarSample]]]
-        held = held_tars()
+        held, remote = held_tars(), tars[0].storage is not None
         if runner is not None:  # its tasks may run on other machines: no local copies
             tars = [dataclasses.replace(tar, copies=None) for tar in tars]
-            if (
-                held is not None
-                and isinstance(runner, KeepingRunner)
-                and tars[0].storage is not None
-            ):
+            if held is not None and remote and isinstance(runner, KeepingRunner):
                 scanned = _scanned_held(runner, held, tars)
             else:
                 scanned = runner.imap(tar_sample_list, tars)
-        elif tars[0].storage is not None:
+        elif remote:
             scanned = _scanned_ahead(tars, SCAN_THREADS)
         else:
             scanned = ((tar, tar_samples(tar)) for tar in tars)
