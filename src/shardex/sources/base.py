@@ -229,7 +229,9 @@ def handed_over(
             kind, value = handed.get(timeout=0.2)
         except queue.Empty:
             if stop is not None and stop.is_set() and handed.empty():
-                raise RuntimeError("read from a producer thread after it was stopped") from None
+                raise RuntimeError(
+                    "a thread's items were read after its scan was stopped"
+                ) from None
             continue
         if kind == "error":
             raise value
