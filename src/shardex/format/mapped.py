@@ -40,7 +40,6 @@ MEMBERS_FILE: Final = "index-members.npy"
 MEMBERS_VERSION: Final = 3  # the first format with index-members.npy
 #: The size of a member a sample lacks; as a key length: parse the sample.
 ABSENT: Final = 0xFFFFFFFF
-#: The most member extensions a split's ``index-members.npy`` has columns for. Every row
 #: Past this many extensions a split gets no index-members.npy (reads parse headers):
 #: samples bringing their own extensions would grow it by samples x extensions.
 MAX_MEMBER_COLUMNS: Final = 64
