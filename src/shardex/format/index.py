@@ -87,8 +87,7 @@ def build_samples(
 
 def build_keys(keys: Sequence[str]) -> npt.NDArray[np.uint64]:
     """The sorted (hash, sample) table of a split's keys."""
-    hashes = np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
-    return build_keys_from_hashes(hashes)
+    return build_keys_from_hashes(np.fromiter(map(key_hash, keys), np.uint64, len(keys)))
 
 
 def build_keys_from_hashes(hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

@@ -45,9 +45,7 @@ ABSENT: Final = 0xFFFFFFFF
 MAX_MEMBER_COLUMNS: Final = 64
 SEEDED_VERSION: Final = 2  # the first format seeding checksums with the sample number
 
-_SAMPLES_DESCR: Final = (
-    "[('offset', '<u8'), ('checksum', '<u8'), ('shard', '<u4'), ('length', '<u4')]"
-)
+_SAMPLES_DESCR: Final = str(SAMPLE_FIELDS)  # as numpy.save writes it in the header
 _HEADER: Final = re.compile(
     r"\{'descr': (.*), 'fortran_order': False, 'shape': \((\d+,|\d+, \d+)\), \}"
 )
