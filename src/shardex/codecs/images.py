@@ -1,13 +1,6 @@
-"""Recognise, check and decode encoded images without re-encoding them.
-
-Two levels of checking, picked with ``validate``:
-
-* ``"header"`` (default, cheap): the magic bytes name a known image format and the end of
-  the file has the format's terminator (JPEG end-of-image marker, PNG ``IEND`` chunk,
-  RIFF/BMP sizes match the file size). Catches empty, truncated and non-image files while
-  reading only the first and last few KiB.
-* ``"decode"``: full decode with Pillow under a pixel limit; catches damage inside the
-  compressed data too, at the cost of decoding every image once.
+"""Recognise, check and decode encoded images without re-encoding them: ``validate="header"``
+checks magic bytes and terminators from the first and last few KiB; ``"decode"`` decodes
+every image once under a pixel limit.
 """
 
 from __future__ import annotations
@@ -27,10 +20,9 @@ if TYPE_CHECKING:  # numpy loads with the first decode: reading raw bytes needs 
 Validate = Literal["none", "header", "decode"]
 VALIDATE_CHOICES: Final = ("none", "header", "decode")
 IMAGE_EXTENSIONS: Final = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
-#: Other names of JPEG files: shardex exports JPEGs as .jpg or .jpeg only.
+#: Other JPEG names (exported as .jpg or .jpeg only) and formats shardex cannot decode:
+#: left out with the reason, not taken for non-image files.
 _JPEG_ALIASES: Final = frozenset({"jfif", "jpe", "jif", "pjpeg", "pjp"})
-#: Image formats shardex does not export (its readers cannot decode them): such files are
-#: reported as left out, not taken for non-image files.
 _UNEXPORTED_IMAGES: Final = frozenset(
     {
         *("heic", "heif", "hif", "avif", "jxl", "jp2", "j2k", "jpf", "jpx", "jpm", "qoi"),
@@ -42,26 +34,13 @@ _UNEXPORTED_IMAGES: Final = frozenset(
 )
 HEAD_BYTES: Final = 4096
 TAIL_BYTES: Final = 4096
-#: JPEG colour spaces simplejpeg decodes to what Pillow gives (RGB, or L for "Gray").
+#: Colour spaces simplejpeg decodes as Pillow does (RGB, or L for "Gray").
 _SIMPLEJPEG_SPACES: Final = frozenset({"YCbCr", "RGB", "Gray"})
-#: Default pixel limit for decoding (the same order as Pillow's bomb warning).
-MAX_PIXELS: Final = 178_956_970
-
-_ENCODING_OF_EXT: Final = {
-    "jpg": "jpeg",
-    "jpeg": "jpeg",
-    "png": "png",
-    "webp": "webp",
-    "gif": "gif",
-    "bmp": "bmp",
-    "tif": "tiff",
-    "tiff": "tiff",
-}
+MAX_PIXELS: Final = 178_956_970  # Pillow's bomb warning's order
 
 
 def unexported_image_reason(ext: str) -> str | None:
-    """Why a file with this extension, an image format shardex does not export, is left
-    out; None when the extension is exported or not an image's."""
+    """Why a file of an image format shardex does not export is left out; else None."""
     ext = ext.lower()
     if ext in _JPEG_ALIASES:
         return f"'.{ext}' is a JPEG name shardex does not export: rename the file .jpg"
@@ -73,7 +52,8 @@ def unexported_image_reason(ext: str) -> str | None:
 
 def encoding_of_extension(ext: str) -> str | None:
     """The image encoding a file extension stands for, e.g. ``jpg`` -> ``jpeg``."""
-    return _ENCODING_OF_EXT.get(ext.lower())
+    ext = ext.lower()
+    return {"jpg": "jpeg", "tif": "tiff"}.get(ext, ext) if ext in IMAGE_EXTENSIONS else None
 
 
 def sniff(head: bytes) -> str | None:
@@ -94,8 +74,7 @@ def sniff(head: bytes) -> str | None:
 
 
 ReadAt = Callable[[int, int], bytes]
-#: A JPEG marker's 9 bytes: 0xFF, its kind, its length; in a frame header, then the
-#: sample precision (skipped), height and width.
+#: 0xFF, kind, length; in a frame header then precision (skipped), height, width.
 _MARKER: Final = struct.Struct(">BBHxHH")
 _JPEG_FRAMES: Final = frozenset(
     {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
@@ -166,10 +145,8 @@ def check_header(
     read_at: ReadAt | None = None,
     max_pixels: int = MAX_PIXELS,
 ) -> str | None:
-    """Cheap structural check; returns the reason the bytes are not a whole image, or None.
-
-    Besides magic bytes and end markers it reads the pixel size from the header (a few
-    more small reads for JPEGs with large metadata) and refuses decompression bombs.
+    """Cheap structural check: why the bytes are not a whole image, or None; also refuses
+    decompression bombs by the header's pixel size.
 
     Args:
         head: the first :data:`HEAD_BYTES` (or all) bytes.
@@ -237,21 +214,14 @@ def decode(
 ) -> npt.NDArray[np.generic]:
     """Decode an encoded image to an array (H, W) or (H, W, C).
 
-    Conversion policy: palette images become RGB (RGBA if they carry transparency), CMYK
-    and YCbCr become RGB, 1-bit becomes 8-bit L; every other mode (L, LA, RGB, RGBA, I;16)
-    is kept as stored.
-
-    JPEGs are decoded with `simplejpeg <https://gitlab.com/jfolz/simplejpeg>`_ when it is
-    installed (the ``fast-jpeg`` extra: libjpeg-turbo without Pillow's per-image object
-    overhead; the same pixels); Pillow decodes everything else, and any JPEG simplejpeg
-    refuses (CMYK/YCCK, unusual subsampling, damaged data), so the output and the errors
-    are the same either way.
+    Palette images become RGB (RGBA with transparency), CMYK and YCbCr RGB, 1-bit L; other
+    modes are kept. JPEGs go through simplejpeg when installed (``fast-jpeg`` extra: the same
+    pixels, less overhead), falling back to Pillow for anything it refuses, so output and
+    errors are the same either way.
 
     Args:
-        size_hint: ``(width, height)`` the caller will resize to. JPEGs are then decoded
-            at the smallest of 1/2, 1/4 or 1/8 scale that stays at least that large
-            (libjpeg's reduced-size decode: several times faster on large photos); other
-            formats decode at full size.
+        size_hint: ``(width, height)`` the caller will resize to: JPEGs then decode at the
+            smallest 1/2, 1/4 or 1/8 scale at least that large (several times faster).
     """
     if data[:3] == b"\xff\xd8\xff":
         pixels = _decode_jpeg_fast(data, max_pixels, size_hint)
@@ -287,8 +257,7 @@ def _simplejpeg() -> ModuleType | None:
 
 
 def draft_scale(width: int, height: int, size_hint: tuple[int, int] | None) -> int:
-    """The reduced-size decode factor (1, 2, 4 or 8) Pillow's ``draft()`` picks: the largest
-    that keeps the image at least ``size_hint`` in both sides."""
+    """The reduced-size decode factor (1, 2, 4 or 8) Pillow's ``draft()`` picks."""
     if size_hint is None:
         return 1
     scale = min(width // size_hint[0], height // size_hint[1])

@@ -1,27 +1,6 @@
-"""Image codecs for zarr v3 arrays: PNG, lossless WebP and JPEG from ``imagecodecs``.
-
-``imagecodecs`` ships numcodecs codecs (``imagecodecs_png`` ...) but no zarr v3 codecs, and
-zarr v3 resolves a codec by the ``name`` in an array's metadata. zarr-python names wrapped
-numcodecs codecs ``numcodecs.<id>`` (its own ``numcodecs.zstd`` ... wrappers), so the arrays
-the ``zarr`` backend writes name their image codec ``numcodecs.imagecodecs_png`` (``_webp``,
-``_jpeg``) with the numcodecs configuration. :func:`register_image_codecs` makes both
-registries know them. With shardex installed, zarr finds these classes by itself: they are
-declared in the ``zarr.codecs`` entry-point group (pyproject.toml), which zarr reads the
-first time it resolves a codec name, so a plain ``zarr.open_group(...)`` decodes the images
-without importing shardex (a class registers the numcodecs codec it wraps when it first
-encodes or decodes). Plain zarr + imagecodecs users without shardex do the same in a few
-lines::
-
-    import imagecodecs.numcodecs, zarr.registry
-    from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
-
-    imagecodecs.numcodecs.register_codecs(verbose=False)
-    for cid in ("imagecodecs_png", "imagecodecs_webp", "imagecodecs_jpeg"):
-        cls = type(cid, (_NumcodecsArrayBytesCodec,), {}, codec_name=cid)
-        zarr.registry.register_codec(f"numcodecs.{cid}", cls)
-
-Each zarr chunk is one image ``(1, H, W[, C])``; ``squeeze`` drops only the leading axis,
-so a 1-pixel-high image is not mistaken for a grey one.
+"""zarr v3 image codecs (PNG, lossless WebP, JPEG) around imagecodecs' numcodecs codecs,
+named ``numcodecs.imagecodecs_*`` and declared as ``zarr.codecs`` entry points, so plain
+zarr decodes them (docs/backends.md). A chunk is one image ``(1, H, W[, C])``.
 """
 
 from __future__ import annotations

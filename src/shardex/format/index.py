@@ -1,32 +1,7 @@
-"""The consolidated random-access index of one split.
-
-Two memory-mappable ``.npy`` files per split:
-
-* ``index-samples.npy``: one 24-byte record per sample, in sample order:
-  ``offset`` (u8, byte offset of the sample's first tar header in its shard),
-  ``checksum`` (u8, xxh3-64 of the sample's bytes, seeded with the sample number from
-  format version 2 on, so a record moved to another position fails its read), ``shard`` (u4, shard number in the
-  split), ``length`` (u4, bytes from the first header to the end of the last member's
-  padding). One ``pread`` of ``length`` bytes at ``offset`` returns every member.
-* ``index-keys.npy``: a (2, N) uint64 array; row 0 holds xxh3-64 hashes of the keys, sorted,
-  row 1 the sample number of each. A key is found by binary search in O(log N) page reads,
-  then confirmed against the key stored in the sample's tar header (hash collisions are
-  handled by checking each candidate).
-* ``index-members.npy`` (format version 3 on): one row per sample, in sample order, saying
-  where each member lies inside the sample's bytes, so that a read slices its fields
-  instead of parsing tar headers. A structured array: ``check`` (u8, xxh3-64 of the rest
-  of the row seeded with the sample's checksum in ``index-samples.npy``, itself seeded
-  with the sample number: a damaged or moved row, or one written for other samples, fails
-  its read),
-  ``key`` (u4 x 2: offset and length of the key's bytes in the first member's name) and
-  ``members``, one (u4 x 2) column per member extension of the split, named by it: the
-  offset of the member's data from the sample's first byte and its size, :data:`ABSENT`
-  as size where the sample has no such member. A key length of :data:`ABSENT` means
-  "parse this sample's headers" (a key split over ustar's prefix and name fields, an
-  empty or repeated extension). The tar shards are unchanged.
-
-Opening maps the files (:mod:`shardex.format.mapped`, the read side, which needs no
-numpy): O(1) time and memory whatever the size.
+"""The consolidated random-access index of one split, written here (read by
+:mod:`shardex.format.mapped`): ``index-samples.npy`` (offset, seeded checksum, shard,
+length per sample), ``index-keys.npy`` (sorted key hashes, sample numbers) and
+``index-members.npy`` (member spans per sample, format 3 on); see docs/format.md.
 """
 
 from __future__ import annotations
@@ -56,9 +31,7 @@ from shardex.format.mapped import (
     members_dtype,
     sample_dtype,
 )
-from shardex.format.mapped import (
-    key_hash as key_hash,
-)
+from shardex.format.mapped import key_hash as key_hash
 from shardex.format.tar import BLOCK, fits_ustar, split_name
 
 __all__ = [
@@ -94,10 +67,9 @@ SAMPLE_DTYPE: Final = sample_dtype()
 
 
 def checksum(data: bytes | bytearray | memoryview, seed: int = 0) -> int:
-    """Per-sample checksum: xxh3-64 of the sample's bytes, seeded with its sample number
-    (0 in format version 1). The seed binds each index record to its position: two
-    swapped records (or a record copied over another) fail the checksum of the read,
-    at no cost, as seeded xxh3 is as fast as unseeded."""
+    """Per-sample checksum: xxh3-64 seeded with the sample number (0 in format 1), so
+    swapped or copied records fail their read, at no cost.
+    """
     return int(xxhash.xxh3_64_intdigest(data, seed))
 
 
@@ -107,7 +79,6 @@ def build_samples(
     length: npt.NDArray[np.integer],
     sample_checksum: npt.NDArray[np.integer],
 ) -> npt.NDArray[np.void]:
-    """Pack per-sample columns into the on-disk record array."""
     out = np.empty(len(offset), dtype=SAMPLE_DTYPE)
     out["shard"], out["offset"] = shard, offset
     out["length"], out["checksum"] = length, sample_checksum
@@ -116,12 +87,10 @@ def build_samples(
 
 def build_keys(keys: Sequence[str]) -> npt.NDArray[np.uint64]:
     """The sorted (hash, sample) table of a split's keys."""
-    hashes = np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
-    return build_keys_from_hashes(hashes)
+    return build_keys_from_hashes(np.fromiter(map(key_hash, keys), np.uint64, len(keys)))
 
 
 def build_keys_from_hashes(hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """The sorted (hash, sample) table from per-sample key hashes."""
     order = np.argsort(hashes, kind="stable")
     table = np.empty((2, len(hashes)), dtype=np.uint64)
     table[0] = hashes[order]
@@ -130,7 +99,6 @@ def build_keys_from_hashes(hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.uin
 
 
 def to_npy_bytes(array: npt.NDArray[np.generic]) -> bytes:
-    """Serialise an array as ``.npy`` bytes (no pickle)."""
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
@@ -138,9 +106,10 @@ def to_npy_bytes(array: npt.NDArray[np.generic]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class MemberSpans:
-    """Where the members of consecutive samples lie (one shard's, as its writer laid them
-    out): ``spans[i]`` is the key's (offset, length), then (offset, size) per extension of
-    ``exts`` (size :data:`ABSENT` where missing), counted from the sample's first byte."""
+    """Where the members of one shard's consecutive samples lie: ``spans[i]`` is the key's
+    (offset, length), then (offset, size) per extension of ``exts`` (size :data:`ABSENT`
+    where missing), from the sample's first byte.
+    """
 
     exts: tuple[str, ...]
     spans: npt.NDArray[np.uint32]
@@ -149,10 +118,10 @@ class MemberSpans:
     def of(
         cls, samples: Sequence[tuple[int, int, Sequence[tuple[str, int, int]]]]
     ) -> MemberSpans | None:
-        """From ``(key offset, key length, [(extension, data offset, size), ...])`` per
-        sample; a sample with an empty or repeated extension (or a key length of
-        :data:`ABSENT`) gets a key length of ABSENT: readers parse it. None when the
-        samples hold more than :data:`MAX_MEMBER_COLUMNS` extensions."""
+        """From ``(key offset, key length, [(ext, data offset, size), ...])`` per sample; an empty
+        or repeated extension makes the key length ABSENT (readers parse). None past
+        :data:`MAX_MEMBER_COLUMNS` extensions.
+        """
         columns: dict[str, int] = {}
         for _, _, members in samples:
             for ext, _, _ in members:
@@ -173,11 +142,10 @@ class MemberSpans:
 def member_row(
     members: Sequence[tuple[str, int, int]],
 ) -> tuple[int, int, list[tuple[str, int, int]]]:
-    """One sample's ``(key offset, key length, [(extension, data offset, size), ...])``
-    for :meth:`MemberSpans.of`, from its members' (name, data offset, size) as a reader
-    parsing the headers finds them: ``split_name`` of each name; the key lies in the first
-    member's name field, or in the data of its GNU long-name record; ABSENT (parse) when
-    it is split over ustar's prefix and name or the members hold more than one key."""
+    """One sample's row for :meth:`MemberSpans.of`, from its members' (name, data offset, size):
+    the key lies in the first member's name field or its GNU long-name record; ABSENT
+    (parse) when it is split over ustar's prefix and name or the members hold two keys.
+    """
     if not members:
         return 0, ABSENT, []
     key, _ = split_name(members[0][0])
@@ -190,9 +158,7 @@ def member_row(
 
 
 def member_columns(parts: Sequence[tuple[str, ...]]) -> list[str]:
-    """The columns of ``index-members.npy`` for parts with these extensions: the
-    extensions in order of first appearance; an empty one (readers parse those samples)
-    gets none."""
+    """The columns of ``index-members.npy``: extensions in order of first appearance, none empty."""
     exts: dict[str, None] = {}
     for part in parts:
         exts.update((e, None) for e in part if e)
@@ -204,10 +170,10 @@ def build_members(
     checksums: npt.NDArray[np.uint64],
     exts: Sequence[str] | None = None,
 ) -> npt.NDArray[np.void]:
-    """The rows of ``index-members.npy`` for a split's samples, from its shards' spans in
-    sample order (see :func:`member_columns`); ``checksums``: the samples' (their
-    ``index-samples.npy`` records'), which seed the rows' checks. ``exts`` (the columns of
-    the whole file) builds a file part by part: the parts' rows joined are the whole's."""
+    """The rows of ``index-members.npy`` from a split's shards' spans in sample order, checks
+    seeded with the samples' ``checksums``. ``exts`` (the whole file's columns) builds a file
+    part by part.
+    """
     if exts is None:
         exts = member_columns([p.exts for p in parts])
     out = np.zeros(sum(len(p.spans) for p in parts), members_dtype(exts))
@@ -227,15 +193,13 @@ def build_members(
 
 
 def seal_members(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> None:
-    """Set each row's ``check``: xxh3-64 of the row after it, seeded with its sample's
-    checksum (so that a row passes only beside the bytes it was written for)."""
+    """Set each row's ``check``: xxh3 of the rest of the row, seeded with the sample's checksum."""
     rows["check"] = _checks(rows, checksums)
 
 
 def _checks(
     rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]
 ) -> npt.NDArray[np.uint64]:
-    """What each row's ``check`` should be (``checksums``: the samples')."""
     if not len(rows):
         return np.zeros(0, np.uint64)
     size = rows.dtype.itemsize
@@ -249,8 +213,7 @@ def _checks(
 
 
 def first_damaged_row(rows: npt.NDArray[np.void], checksums: npt.NDArray[np.uint64]) -> int | None:
-    """The number of the first row whose ``check`` fails, or None (``checksums``: the
-    samples')."""
+    """The number of the first row whose ``check`` fails, or None."""
     bad = np.flatnonzero(rows["check"] != _checks(rows, checksums))
     return int(bad[0]) if len(bad) else None
 

@@ -1,11 +1,7 @@
-"""The read side of a split's index, without numpy: its ``.npy`` files mapped and read
-through ``struct`` and ``memoryview`` (see :mod:`shardex.format.index` for the layout).
-
-Opening an export and reading a sample need nothing more, so neither imports numpy
-(120-170 ms on a loaded machine, most of ``import shardex`` before). A header of exactly
-the form shardex writes is parsed here; any other goes to ``numpy.load``, which accepts
-what it accepts and refuses the rest with the errors it always gave. numpy loads on first
-use of the whole arrays (:attr:`SplitIndex.samples`, :attr:`MemberIndex.rows`).
+"""The read side of a split's index without numpy: its ``.npy`` files mapped and read
+through ``struct`` (numpy costs 120-170 ms to import). A header of exactly shardex's form
+is parsed here; any other goes to ``numpy.load``, with its usual errors. numpy loads on
+first use of the whole arrays (:attr:`SplitIndex.samples`, :attr:`MemberIndex.rows`).
 """
 
 from __future__ import annotations
@@ -28,12 +24,11 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 RECORD: Final = struct.Struct("<QQII")
-#: The record's fields, as :data:`shardex.format.index.SAMPLE_DTYPE` (numpy) has them.
 SAMPLE_FIELDS: Final = [("offset", "<u8"), ("checksum", "<u8"), ("shard", "<u4"), ("length", "<u4")]
 
 
 def sample_dtype() -> np.dtype[np.void]:
-    """The numpy dtype of a record (numpy imported here, on first use)."""
+    """The numpy dtype of a record (numpy imported on first use)."""
     import numpy as np
 
     return np.dtype(SAMPLE_FIELDS)
@@ -42,23 +37,15 @@ def sample_dtype() -> np.dtype[np.void]:
 SAMPLES_FILE: Final = "index-samples.npy"
 KEYS_FILE: Final = "index-keys.npy"
 MEMBERS_FILE: Final = "index-members.npy"
-#: The first format version with ``index-members.npy``.
-MEMBERS_VERSION: Final = 3
-#: The size of a member a sample lacks; as a key length: the sample must be parsed.
+MEMBERS_VERSION: Final = 3  # the first format with index-members.npy
+#: The size of a member a sample lacks; as a key length: parse the sample.
 ABSENT: Final = 0xFFFFFFFF
-#: The most member extensions a split's ``index-members.npy`` has columns for. Every row
-#: has a column per extension of the split, so samples that each bring extensions of
-#: their own (a hostile source, keys cut at an unexpected dot) would grow the file, and
-#: the writer's memory, with samples x extensions; such a split gets no index-members.npy
-#: and its reads parse the tar headers, as in format 2.
+#: Past this many extensions a split gets no index-members.npy (reads parse headers):
+#: samples bringing their own extensions would grow it by samples x extensions.
 MAX_MEMBER_COLUMNS: Final = 64
-#: The first format version whose per-sample checksums are seeded with the sample number.
-SEEDED_VERSION: Final = 2
+SEEDED_VERSION: Final = 2  # the first format seeding checksums with the sample number
 
-#: ``index-samples.npy``'s record type as ``numpy.save`` writes it in the header.
-_SAMPLES_DESCR: Final = (
-    "[('offset', '<u8'), ('checksum', '<u8'), ('shard', '<u4'), ('length', '<u4')]"
-)
+_SAMPLES_DESCR: Final = str(SAMPLE_FIELDS)  # as numpy.save writes it in the header
 _HEADER: Final = re.compile(
     r"\{'descr': (.*), 'fortran_order': False, 'shape': \((\d+,|\d+, \d+)\), \}"
 )
@@ -79,16 +66,15 @@ def checksum_seeds(format_version: int) -> bool:
 
 
 class _Npy:
-    """A ``.npy`` file of shardex's own form, mapped: its header's ``descr`` text, its
-    shape, and its data as a read-only memoryview. None from :meth:`open` for any other
-    form (a header numpy writes otherwise, a hostile one, a file of the wrong size)."""
+    """A ``.npy`` file of shardex's own form, mapped: ``descr``, shape and read-only data;
+    :meth:`open` gives None for any other form (left to numpy).
+    """
 
     def __init__(self, descr: str, shape: tuple[int, ...], data: memoryview) -> None:
         self.descr, self.shape, self.data = descr, shape, data
 
     @classmethod
     def open(cls, path: Path, itemsize: Callable[[str], int | None]) -> _Npy | None:
-        """``itemsize(descr)``: the bytes per item of that record type, None if not ours."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -142,12 +128,11 @@ def _bytes_of(arr: Any) -> memoryview:
 
 
 class SplitIndex:
-    """Memory-mapped index of one split (see :mod:`shardex.format.index` for the layout)."""
+    """Memory-mapped index of one split."""
 
     def __init__(
         self, samples_path: Path, keys_path: Path | Callable[[], Path], *, num_samples: int
     ) -> None:
-        self._path = samples_path
         self._samples: Any = None
         npy = _Npy.open(samples_path, lambda d: 24 if d == _SAMPLES_DESCR else None)
         if npy is not None and npy.shape == (num_samples,):
@@ -160,10 +145,8 @@ class SplitIndex:
         self.num_samples = num_samples
 
     def _checked(self, samples_path: Path, num_samples: int) -> memoryview:
-        """The records through numpy.load, which refuses (or accepts) what the short way
-        did not take."""
+        """The records through numpy.load, for what the fast path did not take."""
         dtype = sample_dtype()
-
         samples = _load(samples_path, "sample")
         if samples.dtype != dtype or samples.ndim != 1:
             raise FormatError(
@@ -186,16 +169,15 @@ class SplitIndex:
         return self._raw
 
     def record(self, i: int) -> tuple[int, int, int, int]:
-        """``(offset, checksum, shard, length)`` of sample ``i`` (0 <= i < len)."""
+        """``(offset, checksum, shard, length)`` of sample ``i``."""
         return RECORD.unpack_from(self._raw, i * 24)
 
     def records(self, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
         """``(offset, checksum, shard, length)`` of samples ``lo`` to ``hi`` (excluded).
 
-        From a copy of the records (24 bytes a sample): an ``iter_unpack`` over a slice of
-        the mapping is that slice's only owner, and CPython's collector, clearing the slice
-        while the iterator holds its buffer (both left in a reference cycle: a suspended
-        iteration kept by a traceback), makes the process crash with SIGSEGV later."""
+        From a copy: an ``iter_unpack`` over a slice of the mapping, left in a reference cycle
+        (a traceback), lets the collector clear the slice under it and crash the process later.
+        """
         return RECORD.iter_unpack(self._raw[lo * 24 : hi * 24].tobytes())
 
     @property
@@ -208,7 +190,7 @@ class SplitIndex:
         return self._samples  # type: ignore[no-any-return]
 
     def _key_table(self) -> memoryview:
-        """The key table as a (2 x N) memoryview of uint64 (row 0 hashes, row 1 samples)."""
+        """The key table as a (2 x N) uint64 memoryview (hashes, then sample numbers)."""
         if self._keys is None:
             path = self._keys_path if isinstance(self._keys_path, Path) else self._keys_path()
             n = self.num_samples
@@ -231,8 +213,7 @@ class SplitIndex:
         return self._keys
 
     def keys_sorted(self) -> bool:
-        """Whether the key table's hashes are sorted (one pass over them, done once): a
-        damaged table can make a binary search miss a key that is there."""
+        """Whether the key hashes are sorted (checked once): a damaged table can hide a key."""
         if self._sorted is None:
             import numpy as np
 
@@ -252,8 +233,7 @@ class SplitIndex:
 
 
 def _members_width(descr: str, names: list[str]) -> int | None:
-    """The row size of an ``index-members.npy`` header of shardex's form (its member
-    extensions appended to ``names``), or None."""
+    """The row size of an ``index-members.npy`` header of shardex's form, or None."""
     found = _MEMBERS_DESCR.fullmatch(descr)
     if found is None:
         return None
@@ -268,7 +248,7 @@ def _members_width(descr: str, names: list[str]) -> int | None:
 
 
 class MemberIndex:
-    """Memory-mapped ``index-members.npy`` of a split (see :mod:`shardex.format.index`)."""
+    """Memory-mapped ``index-members.npy`` of a split."""
 
     def __init__(self, path: Path, *, num_samples: int) -> None:
         self.path = path
@@ -282,18 +262,14 @@ class MemberIndex:
             names = list(check_member_rows(rows, str(path), num_samples))
             self._rows = rows
             self.raw = _bytes_of(rows)
-        #: The member extensions, in column order.
         self.names: tuple[str, ...] = tuple(names)
         self.row_size = 16 + 8 * len(names)
-        #: A row: check, key offset, key length, then offset and size per member.
+        # check, key offset, key length, then offset and size per member
         self.row = struct.Struct("<Q" + "I" * (2 + 2 * len(names)))
-        #: Unpacks the row at a byte offset of :attr:`raw`.
         self.unpack: Callable[[memoryview, int], tuple[int, ...]] = self.row.unpack_from
 
     def unpacked(self, lo: int, hi: int) -> Iterator[tuple[int, ...]]:
-        """The rows of samples ``lo`` to ``hi`` (excluded), unpacked as :attr:`unpack`
-        does, in one pass (iteration reads them in order). From a copy of the rows, for
-        the reason :meth:`SplitIndex.records` gives."""
+        """The rows of samples ``lo`` to ``hi``, unpacked from a copy (see ``records``)."""
         size = self.row_size
         return self.row.iter_unpack(self.raw[lo * size : hi * size].tobytes())
 
@@ -317,8 +293,7 @@ def members_dtype(exts: Sequence[str]) -> np.dtype[np.void]:
 
 
 def check_member_rows(rows: Any, where: str, num_samples: int) -> tuple[str, ...]:
-    """The member extensions of ``rows`` (an ``index-members.npy`` of a split of
-    ``num_samples`` samples, found at ``where``).
+    """The member extensions of the ``index-members.npy`` rows found at ``where``.
 
     Raises:
         FormatError: it is not a 1-d array of index-members rows, or not one per sample.

@@ -1,12 +1,6 @@
-"""Fixed-size records partitioned into runs on local scratch by the top bits of a 64-bit
-hash, then read back run by run, each sorted: how an export finds repeated keys and
-builds a split's key table without holding every key of the dataset in memory (the
-first :data:`MEMORY_RECORDS` are held in memory: a smaller dataset never writes them).
-
-A record's run is its hash's top :data:`RUN_BITS` bits, so run ``r`` holds only hashes
-below those of run ``r + 1``: the runs read in order and each sorted give all records
-sorted (a merge without a heap). Records keep their order of arrival within a run, so a
-stable sort keeps ties in that order.
+"""Fixed-size records partitioned into runs by the top bits of a 64-bit hash, read back
+run by run, each stably sorted: all records sorted with no heap and no full copy in memory
+(repeated keys, key tables). The first :data:`MEMORY_RECORDS` never touch the disk.
 """
 
 from __future__ import annotations
@@ -21,14 +15,11 @@ import numpy.typing as npt
 #: 64 runs: a 100M-sample split puts about 1.6M records (26 MB) in each.
 RUN_BITS: Final = 6
 _RUNS: Final = 1 << RUN_BITS
-#: Records held in memory before any is written: up to this many (16 MB of the keys'
-#: 16-byte records: a million samples) the runs never touch the disk.
-MEMORY_RECORDS: Final = 1 << 20
+MEMORY_RECORDS: Final = 1 << 20  # 16 MB of 16-byte key records: a million samples
 
 
 class HashRuns:
-    """Records of ``dtype`` whose field ``"h"`` (uint64) is the hash they are sorted by:
-    in memory up to ``memory`` records, then all of them in run files."""
+    """Records sorted by their uint64 field ``h``: in memory up to ``memory``, then in run files."""
 
     def __init__(
         self, folder: Path, name: str, dtype: np.dtype[Any], memory: int | None = None
@@ -55,13 +46,10 @@ class HashRuns:
 
     def _write(self, records: npt.NDArray[Any]) -> None:
         self._written = True
-        run = (records["h"] >> np.uint64(64 - RUN_BITS)).astype(np.intp)
-        order = np.argsort(run, kind="stable")
-        bounds = np.searchsorted(run[order], np.arange(_RUNS + 1))
-        for r in np.flatnonzero(np.diff(bounds)).tolist():
+        for r, part in _by_run(records):
             if self._files[r] is None:
                 self._files[r] = open(self._paths[r], "ab")  # noqa: SIM115  # closed in close()
-            self._files[r].write(records[order[bounds[r] : bounds[r + 1]]].tobytes())
+            self._files[r].write(part.tobytes())
 
     def close(self) -> None:
         for f in self._files:
@@ -74,12 +62,7 @@ class HashRuns:
         held = np.concatenate(self._held) if self._held else None
         if held is not None and not self._written:
             # nothing written: the runs from memory (the same records, the same order)
-            of = (held["h"] >> np.uint64(64 - RUN_BITS)).astype(np.intp)
-            order = np.argsort(of, kind="stable")
-            ordered = held[order]
-            bounds = np.searchsorted(of[order], np.arange(_RUNS + 1))
-            for r in np.flatnonzero(np.diff(bounds)).tolist():
-                part = ordered[int(bounds[r]) : int(bounds[r + 1])]
+            for _, part in _by_run(held):
                 yield part[np.argsort(part["h"], kind="stable")]
             return
         if held is not None:  # after those written: arrived last
@@ -96,3 +79,12 @@ class HashRuns:
         self._held, self._held_count = [], 0
         for path in self._paths:
             path.unlink(missing_ok=True)
+
+
+def _by_run(records: npt.NDArray[Any]) -> Iterator[tuple[int, npt.NDArray[Any]]]:
+    """Each run's records (in arrival order), by run number."""
+    run = (records["h"] >> np.uint64(64 - RUN_BITS)).astype(np.intp)
+    order = np.argsort(run, kind="stable")
+    bounds = np.searchsorted(run[order], np.arange(_RUNS + 1))
+    for r in np.flatnonzero(np.diff(bounds)).tolist():
+        yield r, records[order[bounds[r] : bounds[r + 1]]]

@@ -1,6 +1,6 @@
-"""Parquet files read from bytes: checked against their checksum, and pyarrow's errors
-mapped to shardex's, naming the file. A leaf codec: it reads through any object with
-``get`` and ``join`` (a storage)."""
+"""Parquet files read from bytes, checked against their checksum, pyarrow's errors mapped
+to shardex's; and checksummed Parquet writing. Reads through any :class:`Files`.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ from shardex.errors import ChecksumError, FormatError, ObjectNotFoundError, Shar
 class Files(Protocol):
     """What these functions read with (a :class:`~shardex.storage.base.Storage` is one)."""
 
-    def get(self, path: str) -> bytes:
-        """The bytes of the file at ``path``."""
-        ...
+    def get(self, path: str) -> bytes: ...
 
     def join(self, path: str) -> str:
         """``path`` as the user knows it (for messages)."""
@@ -30,14 +28,11 @@ class Files(Protocol):
 
 
 def arrow_reader(data: bytes) -> pa.BufferReader:
-    """A reader for pyarrow over a copy of ``data`` in memory Arrow owns.
+    """A pyarrow reader over a copy of ``data`` in Arrow-owned memory.
 
-    ``pa.BufferReader(data)`` wraps the Python bytes themselves; whichever thread drops
-    the last reference releases them, taking the GIL. ``pq.read_table`` hands the reader
-    to Arrow's thread pool, which may drop it while the interpreter exits: the thread is
-    then ended inside a C++ destructor and the process aborts ("terminate called without
-    an active exception", SIGABRT, after all its work is done). Arrow-owned memory needs
-    no GIL to free.
+    ``pa.BufferReader(data)`` would hold the Python bytes, and Arrow's thread pool may drop the
+    last reference while the interpreter exits: freeing them takes the GIL inside a C++
+    destructor and the process aborts (SIGABRT). Arrow-owned memory needs no GIL to free.
     """
     buf = pa.allocate_buffer(len(data))
     memoryview(buf).cast("B")[:] = data
@@ -47,8 +42,7 @@ def arrow_reader(data: bytes) -> pa.BufferReader:
 def read_checked_table(
     storage: Files, name: str, checksum: str | None, columns: list[str] | None = None
 ) -> pa.Table:
-    """A whole Parquet file of the export (metadata or errors), checked against its
-    checksum in config.yaml where it has one.
+    """A whole Parquet file of the export, checked against its config.yaml checksum if any.
 
     Raises:
         ObjectNotFoundError: the file is missing.
@@ -61,8 +55,7 @@ def read_checked_table(
 
 
 def checked_file(storage: Files, name: str, checksum: str | None) -> bytes:
-    """The bytes of ``name``, which must have ``checksum`` (``xxh3_64:HEX``; None: not
-    recorded, as in older exports).
+    """The bytes of ``name``, checked against ``checksum`` (``xxh3_64:HEX``; None: not recorded).
 
     Raises:
         ObjectNotFoundError: the file is missing.
@@ -75,8 +68,7 @@ def checked_file(storage: Files, name: str, checksum: str | None) -> bytes:
 
 
 def check_local_file(path: Path, checksum: str | None, where: str) -> None:
-    """Raise ChecksumError unless the file at ``path`` (a local copy of ``where``) has
-    ``checksum``; read in chunks, so a large metadata file is never held whole."""
+    """Raise ChecksumError unless the file at ``path`` has ``checksum`` (read in chunks)."""
     if checksum is None:
         return
     whole = xxh3_64()
@@ -95,8 +87,7 @@ def _same_checksum(found: str, expected: str, where: str) -> None:
 
 @contextlib.contextmanager
 def metadata_errors(where: str) -> Iterator[None]:
-    """Map what pyarrow raises for a missing or malformed metadata table to shardex's
-    errors naming the file (``where``)."""
+    """Map pyarrow's errors for a missing or malformed table to shardex's, naming ``where``."""
     try:
         yield
     except ShardexError:
@@ -107,17 +98,13 @@ def metadata_errors(where: str) -> Iterator[None]:
         raise FormatError(f"{where} is not a readable metadata table: {exc}") from exc
 
 
-# ---------------------------------------------------------------- checksummed writing
-
-
 def shard_checksum(hasher: Any) -> str:
     """The config.yaml form of a whole-file checksum."""
     return f"xxh3_64:{hasher.hexdigest()}"
 
 
 class _WriterFile:
-    """The file-like face of an ObjectWriter that pyarrow's writers need; it hashes what
-    passes through, so config.yaml can record the file's checksum without reading it back."""
+    """The file face of an ObjectWriter for pyarrow, hashing what passes (no read-back)."""
 
     def __init__(self, writer: Any) -> None:
         self._w = writer
@@ -126,7 +113,6 @@ class _WriterFile:
 
     @property
     def checksum(self) -> str:
-        """The whole-file checksum of the bytes written so far (``xxh3_64:HEX``)."""
         return shard_checksum(self._hash)
 
     def write(self, data: Any) -> int:
@@ -152,6 +138,5 @@ class _WriterFile:
 
 
 def parquet_file(writer: Any) -> Any:
-    """Wrap an ObjectWriter for ``pq.write_table`` / ``pq.ParquetWriter`` (its
-    ``checksum`` is the whole-file checksum of what was written)."""
+    """Wrap an ObjectWriter for ``pq.write_table`` (its ``checksum``: of what was written)."""
     return _WriterFile(writer)

@@ -1,9 +1,6 @@
-"""Deterministic POSIX (ustar) tar members, and parsing of member headers.
-
-Shards are plain tars that stock ``tarfile``, WebDataset and DALI read unchanged. Every
-header is fixed except name and size (mode 0644, uid/gid 0, mtime 0, no user names), so the
-same members always give the same bytes. Names longer than ustar's 100 + 155 bytes get a GNU
-``L`` long-name record in front (tarfile, GNU tar and libarchive read it); no PAX headers.
+"""Deterministic ustar tar members, and parsing of member headers: every header field but
+name and size is fixed, so the same members give the same bytes; names past 100 + 155
+bytes get a GNU ``L`` record (no PAX). Stock tarfile, WebDataset and DALI read the shards.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ BLOCK: Final = 512
 END_OF_ARCHIVE: Final = bytes(2 * BLOCK)
 MAX_MEMBER_SIZE: Final = 8**11 - 1  # 11 octal digits
 
-_NAME, _PREFIX = slice(0, 100), slice(345, 500)
-_SIZE, _CHKSUM, _TYPE, _MAGIC = slice(124, 136), slice(148, 156), 156, slice(257, 263)
+_SIZE, _CHKSUM, _TYPE = slice(124, 136), slice(148, 156), 156
 _GNU_LONGNAME: Final = ord("L")
 _REGULAR: Final = (ord("0"), 0)
 
@@ -118,9 +114,9 @@ def encode_member(name: bytes, size: int) -> bytes:
 def long_headers(
     values: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
 ) -> dict[int, bytes]:
-    """The whole header bytes (:func:`encode_member`), by member number, of the few
-    members whose name (``values[offsets[j]:offsets[j + 1]]``) is past ustar's 100
-    bytes; :func:`header_blocks` builds the others."""
+    """The whole headers (:func:`encode_member`), by member number, of the few members whose
+    name (``values[offsets[j]:offsets[j + 1]]``) is past ustar's 100 bytes.
+    """
     import numpy as np
 
     long = np.flatnonzero(np.diff(offsets) > 100).tolist()
@@ -136,11 +132,12 @@ def header_blocks(
     into: npt.NDArray[np.uint8],
     rows: npt.NDArray[np.int64],
 ) -> None:
-    """The headers of many members at once, from their names back to back (member ``j``'s
-    name is ``values[offsets[j]:offsets[j + 1]]``), built with numpy (one Python call per
-    header costs more than writing its member) into the 512-byte rows ``into[rows[j]]``;
-    names past ustar's 100 bytes are left out (see :func:`long_headers`). The same bytes
-    as :func:`encode_member` for each."""
+    """The headers of many members at once, built with numpy into the 512-byte rows
+    ``into[rows[j]]`` (one Python call a header costs more than writing its member).
+
+    Member ``j``'s name is ``values[offsets[j]:offsets[j + 1]]``; names past 100 bytes are
+    left to :func:`long_headers`. The same bytes as :func:`encode_member`.
+    """
     import numpy as np
 
     if len(sizes) and int(sizes.max()) > MAX_MEMBER_SIZE:
@@ -214,8 +211,7 @@ def iter_members(
 ) -> Iterator[Member]:
     """Yield the regular-file members of tar bytes, in order.
 
-    Directories and other non-file entries are skipped; GNU long names are applied; PAX
-    headers (written by other tools) are honoured for ``path`` and ``size``.
+    Other entries are skipped; GNU long names and PAX ``path``/``size`` are honoured.
 
     Raises:
         FormatError: a header is malformed or a member runs past the end of ``buf``.
@@ -243,21 +239,16 @@ def iter_members(
                 pax = _parse_pax(bytes(view[data : data + size]), where)
         else:
             if kind in _REGULAR:
-                name = long_name or pax.get("path") or _ustar_name(header)
+                name = (
+                    long_name
+                    or pax.get("path")
+                    or _ustar_raw_name(header, 0).decode("utf-8", "replace")
+                )
                 yield Member(name, pos, data, size)
             long_name, pax = None, {}
         pos = nxt
     if pos < end and strict:
         raise FormatError(f"{where}: {end - pos} trailing bytes are not a tar header")
-
-
-def _ustar_name(header: bytes) -> str:
-    name = header[_NAME].split(b"\0", 1)[0]
-    if header[_MAGIC] == b"ustar\0":
-        prefix = header[_PREFIX].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return name.decode("utf-8", "replace")
 
 
 def _parse_pax(data: bytes, where: str) -> dict[str, str]:
@@ -281,10 +272,8 @@ def _parse_pax(data: bytes, where: str) -> dict[str, str]:
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """Split a member name into (key, extension) the way WebDataset does.
-
-    The key runs to the first dot of the last path component: ``a/b.c/x.seg.png`` gives
-    ``("a/b.c/x", "seg.png")``.
+    """Split a member name into (key, extension) the way WebDataset does: at the first dot of
+    the last path component, ``a/b.c/x.seg.png`` -> ``("a/b.c/x", "seg.png")``.
     """
     slash = name.rfind("/") + 1
     dot = name.find(".", slash)
@@ -293,24 +282,17 @@ def split_name(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1 :]
 
 
-def _member_size(buf: bytes, pos: int) -> int:
-    return int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
-
-
 _EXTENSIONS: dict[bytes, str] = {}
 
 
 def parse_sample(
     buf: bytes, *, where: str = "sample", start: int = 0, stop: int | None = None
 ) -> tuple[str, dict[str, bytes]]:
-    """Split one sample's bytes (consecutive members of one key) into ``(key, {ext: data})``.
+    """Split one sample's bytes (members of one key) into ``(key, {ext: data})``.
 
-    ``buf[start:stop]`` is the sample (default: all of ``buf``: iteration parses samples out
-    of one large read without copying each); offsets in errors count from ``start``. The
-    hot path of reads before format 3, written for CPython's speed: locals and literals (512
-    the block size, 76 the "L" long-name type, 47 "/"), no header checksums (the sample's
-    covers the bytes), one slice a member; members after the first are matched against
-    ``key + "."`` in place.
+    ``buf[start:stop]`` is the sample; error offsets count from ``start``. The hot path of
+    reads before format 3, tuned for CPython (literals: 512 block, 76 "L", 47 "/"; no header
+    checksums: the sample's covers them).
 
     Raises:
         FormatError: the bytes are not whole members, or hold more than one key.
@@ -324,7 +306,7 @@ def parse_sample(
             try:  # shardex writes 11 octal digits and a NUL; other writers pad otherwise
                 size = int(buf[pos + 124 : pos + 135], 8)
             except ValueError:
-                size = _member_size(buf, pos)
+                size = int(buf[pos + 124 : pos + 136].rstrip(b"\0 ") or b"0", 8)
             data, stop_at = pos + 512, pos + 512 + size
             if stop_at > end:
                 raise FormatError(
@@ -364,9 +346,9 @@ def parse_sample(
 def _key_and_ext(
     buf: bytes, pos: int, long_name: bytes | None, key: bytes, where: str
 ) -> tuple[bytes, bytes]:
-    """The key and extension of the member at ``pos`` (``long_name``: a GNU long name
-    read before it) where :func:`parse_sample` cannot match a short ustar name in place:
-    a sample's first member, a long name, a ustar prefix (``key``: b"" before the first)."""
+    """The key and extension of the member at ``pos`` where :func:`parse_sample` cannot match
+    in place: a first member, a long name, a ustar prefix (``key``: b"" before the first).
+    """
     if long_name is not None:
         name = long_name
     elif buf[pos + 345]:
@@ -385,7 +367,6 @@ def _key_and_ext(
 
 
 def _other_key(buf: bytes, pos: int, key: bytes, where: str) -> None:
-    """Raise the error of a member whose name is not ``key`` + "." + an extension."""
     name = _ustar_raw_name(buf, pos).decode("utf-8", "replace")
     raise FormatError(f"{where}: holds members of two keys ({key!r}, {name!r})")
 

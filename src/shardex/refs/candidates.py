@@ -1,10 +1,5 @@
-"""A shard job's candidate samples: a run of a split's rows, as the job carries them.
-
-Both writers (a webdataset shard, an array backend's run) take good candidates in order
-until they are full, so both jobs carry the same record. Written in this process, the
-candidates are views of the split (no copy); pickled to a worker, compact copies of
-their references; from a spilled split, only the slice of its spill file (the writer
-reads it, see :meth:`Candidates.loaded`).
+"""A shard job's candidate samples: views of the split in this process, compact copies
+pickled to a worker, or a spill-file slice the writer reads (:meth:`Candidates.loaded`).
 """
 
 from __future__ import annotations
@@ -27,24 +22,20 @@ _NO_SIZES: Final = np.zeros(0, np.int64)
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """A job's candidates, in order: their metadata (``rows``: ``key``,
-    ``original_path``, ``label``, ``_json``, metadata columns; no members), their members
-    (candidate ``i`` is sample ``member_rows[i]`` of ``members``) and their planned
-    sizes. ``last``: they run to the end of the split (else more exist beyond them, and a
-    shard that runs out of them before it is full reports itself incomplete)."""
+    """A job's candidates, in order: ``rows`` (no members), members (candidate ``i`` is sample
+    ``member_rows[i]``), planned sizes; ``last``: they end the split; ``spill``: a slice the
+    writer reads itself when the job does not carry them.
+    """
 
     rows: pa.Table
     members: Members
     member_rows: npt.NDArray[np.int64]
     sizes: npt.NDArray[np.int64]
     last: bool
-    #: Where the candidates are when the job does not carry them (``rows`` and
-    #: ``members`` are then empty): a slice of a spill file the writer reads itself.
     spill: SpillSlice | None = None
 
     def loaded(self) -> Candidates:
-        """These candidates with their spill slice read, where the job is written (rows
-        from a remote runner's object store bring their sizes: the job carried none)."""
+        """These candidates with their spill slice read (rows kept by Ray bring their sizes)."""
         if self.spill is None:
             return self
         rows, members, sizes = self.spill.read_sized()
@@ -52,16 +43,14 @@ class Candidates:
         return Candidates(rows, members, every, self.sizes if sizes is None else sizes, self.last)
 
     def carried(self, read: dict[int, pa.RecordBatch]) -> Candidates:
-        """These candidates for a worker on another machine: the spill slice's rows read
-        into them (see :meth:`shardex.refs.rows.SpillSlice.carried`)."""
+        """These candidates with the spill slice's rows read in, for a worker on another machine."""
         if self.spill is None:
             return self
         return dataclasses.replace(self, spill=self.spill.carried(read))
 
 
 def spilled_candidates(split: SpilledRows, start: int, stop: int) -> Candidates:
-    """The candidates ``[start, stop)`` of a spilled split: the slice of its spill file
-    that the writer reads (inline or in a worker), and the sizes."""
+    """The candidates ``[start, stop)`` of a spilled split: a spill-file slice, and sizes."""
     return Candidates(
         _NO_ROWS,
         _NO_MEMBERS,
@@ -74,8 +63,7 @@ def spilled_candidates(split: SpilledRows, start: int, stop: int) -> Candidates:
 
 
 def candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> Candidates:
-    """The candidates ``[start, stop)`` as compact copies of their references (pickled
-    to a worker)."""
+    """The candidates ``[start, stop)`` as compact copies of their references (for a worker)."""
     if isinstance(split, SpilledRows):
         return spilled_candidates(split, start, stop)
     index = np.arange(start, stop, dtype=np.int64)

@@ -1,10 +1,6 @@
-"""A scan table's members read as flat columns (:class:`Members`).
-
-A scan table (see :mod:`shardex.refs.scan`) holds each sample's members in one list
-column. The export engine reads that column once into :class:`Members`: flat arrays over
-every member of every sample, so that sizes, extensions and bytes are reached by index,
-without one Python dict per member (a 20k-sample export spent seconds building and
-reading such dicts).
+"""A scan table's members read as flat columns (:class:`Members`): sizes, extensions and
+bytes reached by index, not one dict per member (a 20k-sample export spent seconds on
+such dicts).
 """
 
 from __future__ import annotations
@@ -24,19 +20,16 @@ from shardex.storage.fetch.objects import registered
 
 JSON_COLUMN: Final = "_json"
 
-#: The field that holds the class label (ASCII digits), as WebDataset names it.
-LABEL_FIELD: Final = "cls"
+LABEL_FIELD: Final = "cls"  # the class label field, as WebDataset names it
 
 
 @dataclass(frozen=True, slots=True)
 class Members:
-    """Every member of some samples. Sample ``i`` holds members ``starts[i]`` to
-    ``starts[i + 1]``; member ``j`` is ``data[j]`` (inline bytes) when ``inline[j]``, else
-    ``size[j]`` bytes of the local file ``path(j)`` at ``offset[j]`` (-1: the whole file),
-    or of the object ``path(j)`` names by URL (a source on object storage; ``stores`` are
-    the storages such URLs are read from, see :mod:`shardex.storage.fetch.objects`).
-    Extensions and paths are dictionary-coded: a million members of one tar hold one
-    path string, not a million."""
+    """Every member of some samples: sample ``i`` holds members ``starts[i]:starts[i + 1]``,
+    member ``j`` inline ``data[j]`` or ``size[j]`` bytes at ``offset[j]`` (-1: whole) of file or
+    URL ``path(j)``. Paths and extensions are dictionary-coded (a million members of one tar
+    hold one path); ``data`` stays chunked as it came (no bytes copied).
+    """
 
     starts: npt.NDArray[np.int64]
     ext_codes: npt.NDArray[np.int32]
@@ -47,13 +40,8 @@ class Members:
     offset: npt.NDArray[np.int64]
     size: npt.NDArray[np.int64]
     inline: npt.NDArray[np.bool_]
-    #: Inline bytes, one row per member (null: none): chunked as the source's batches
-    #: came, so that joining them copies no image bytes (see :class:`ByteSource`).
     data: pa.ChunkedArray
-    #: Storages by root URL for members named by URL (empty when none is).
     stores: tuple[tuple[str, Storage], ...] = ()
-    #: Tars whose members a Ray task's scan kept in the object store (read from there
-    #: rather than fetched again: see :mod:`shardex.storage.fetch.held`).
     held: tuple[HeldTar, ...] = ()
 
     @classmethod
@@ -63,10 +51,9 @@ class Members:
         stores: tuple[tuple[str, Storage], ...] | None = None,
         held: tuple[HeldTar, ...] = (),
     ) -> Members:
-        """Read a ``_members`` column (one pass over its references; no bytes copied:
-        a column of several chunks keeps its bytes in them). ``stores``: those that serve
-        its URLs (default: the ones registered in this process); ``held``: tars that
-        some of them hold."""
+        """Read a ``_members`` column (one pass, no bytes copied). ``stores``: those serving its
+        URLs (default: the ones registered here); ``held``: tars that some of them hold.
+        """
         if isinstance(column, pa.Array):
             column = pa.chunked_array([column], column.type)
         if len(column) == 0:
@@ -121,8 +108,7 @@ class Members:
         return self.inline_bytes() * 2 > int(self.size.sum())
 
     def subset(self, rows: npt.NDArray[np.int64]) -> Members:
-        """The members of the given samples, in that order (for a worker's job: only its
-        own references travel)."""
+        """The members of the given samples, in that order (only a job's own references travel)."""
         counts = self.starts[rows + 1] - self.starts[rows]
         starts = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(counts, out=starts[1:])
@@ -152,7 +138,6 @@ class Members:
 
 
 def _joined(values: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """One array of a (small) chunked column."""
     if isinstance(values, pa.ChunkedArray):
         return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
     return values

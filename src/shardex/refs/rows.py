@@ -1,6 +1,7 @@
 """A split's rows as pass 2 gets them: candidates over shared members (:class:`SplitRows`),
-or spilled to a local file (:class:`SpilledRows`, read a slice at a time: :class:`SpillSlice`),
-with their planned sizes in memory or in a file (:class:`SizesFile`)."""
+or spilled (:class:`SpilledRows`, read a :class:`SpillSlice` at a time), with their
+planned sizes in memory or in a file (:class:`SizesFile`).
+"""
 
 from __future__ import annotations
 
@@ -18,20 +19,18 @@ from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldTar
 from shardex.storage.fetch.objects import registered
 
-#: A carried slice's rows are mostly repeated paths: zstd (level 1) makes them about 5x
-#: smaller (2.3x smaller than lz4, measured on object-store references) for little CPU.
+# carried rows are mostly repeated paths: zstd 1 makes them ~5x smaller (2.3x vs lz4)
 _CARRIED: Final = pa.ipc.IpcWriteOptions(
     compression=pa.Codec("zstd", 1) if pa.Codec.is_available("zstd") else None
 )
-#: The column of a spilled batch in the object store that holds the planned sizes.
 PLANNED_SIZE: Final = "_planned_size"
 
 
 @dataclass(frozen=True, slots=True)
 class SizesFile:
-    """Planned sample sizes kept in a local file (``<i8`` each), read only where sliced:
-    a split's sizes are not held in memory (nor mapped, which would count its pages in
-    the process's resident memory as they are touched)."""
+    """Planned sample sizes in a local file (``<i8`` each), read only where sliced: not held
+    (nor mapped, which would count the pages touched as resident).
+    """
 
     path: str
     begin: int
@@ -52,33 +51,24 @@ class SizesFile:
         return (out if out is not None else np.zeros(0, np.int64)).astype(np.int64)
 
 
-#: Sizes of a split: in memory, or in a local file.
 Sizes: TypeAlias = npt.NDArray[np.int64] | SizesFile
 
 
 @dataclass(frozen=True, slots=True)
 class SpillSlice:
-    """Candidates ``[offset, offset + count)`` of the record batches ``batches`` of a
-    split's spill file (an Arrow IPC file on local scratch, see
-    :mod:`shardex.engine.spill`): what a worker's job names instead of carrying rows."""
+    """Candidates ``[offset, offset + count)`` of record batches ``batches`` of a split's spill
+    file: what a worker's job names instead of rows. ``stores``: the source's object stores
+    (a forked worker has none); ``rows_ipc``: the rows, for a remote worker; ``refs``: Ray
+    handles of the batches (with :data:`PLANNED_SIZE`); ``held``: the tars Ray holds.
+    """
 
     path: str
     batches: tuple[int, ...]
     offset: int
     count: int
-    #: The stores of a source on object storage, registered where the job was made: a
-    #: worker (forked from shardex's fork server, not from the exporting process) has
-    #: none of its own.
     stores: tuple[tuple[str, Storage], ...] = ()
-    #: The slice's rows themselves (an Arrow IPC stream: keys, metadata and member
-    #: references, never sample bytes), for a worker on another machine, which cannot
-    #: see this one's scratch (see :meth:`carried`); None: read from ``path``.
     rows_ipc: bytes | None = None
-    #: The split's rows kept in Ray's object store instead of a file (see
-    #: :class:`SpilledRows`): the handles of ``batches``, each an Arrow IPC stream of
-    #: the batch's rows and their planned sizes (column :data:`PLANNED_SIZE`).
     refs: tuple[Any, ...] = ()
-    #: The tars its members come from whose bytes Ray holds (see :class:`Members`).
     held: tuple[HeldTar, ...] = ()
 
     def _table(self, read: dict[int, pa.RecordBatch] | None = None) -> pa.Table:
@@ -100,14 +90,12 @@ class SpillSlice:
         return pa.Table.from_batches(batches).slice(self.offset, self.count)
 
     def read(self) -> tuple[pa.Table, Members]:
-        """The candidates' rows (no members) and their members: only these batches are
-        read (no memory map of the whole file)."""
+        """The candidates' rows (no members) and their members; only these batches are read."""
         rows, members, _ = self.read_sized()
         return rows, members
 
     def read_sized(self) -> tuple[pa.Table, Members, npt.NDArray[np.int64] | None]:
-        """:meth:`read`, and the candidates' planned sizes when the slice holds them
-        (rows in the object store: the job carries none)."""
+        """:meth:`read`, and the planned sizes when the slice holds them (rows kept by Ray)."""
         table = self._table()
         sizes = None
         if PLANNED_SIZE in table.column_names:
@@ -117,9 +105,9 @@ class SpillSlice:
         return table.drop_columns([MEMBERS]), members, sizes
 
     def carried(self, read: dict[int, pa.RecordBatch] | None = None) -> SpillSlice:
-        """This slice with its rows read into the job (zstd Arrow IPC), so that the worker
-        needs nothing from this machine's disk. ``read``: the batches the slice before
-        read (consecutive slices share one), replaced by this slice's."""
+        """This slice with its rows in the job (zstd Arrow IPC), needing nothing from this disk.
+        ``read``: the batches the slice before read (consecutive slices share one).
+        """
         if self.rows_ipc is not None or self.refs:  # carried, or fetched by the worker
             return self
         table = self._table(read)
@@ -131,22 +119,15 @@ class SpillSlice:
 
 @dataclass(frozen=True, slots=True)
 class SpilledRows:
-    """A split's candidate samples in a spill file on local scratch: ``starts`` are the
-    first rows of its record batches (and the number of rows last), ``sizes`` their
-    planned sizes. Workers read their own slices (see :class:`SpillSlice`)."""
+    """A split's candidates in a spill file: ``starts`` are its record batches' first rows (then
+    the count), ``sizes`` their planned sizes; ``refs``/``held``: batches kept by Ray instead.
+    """
 
     path: str
     starts: npt.NDArray[np.int64]
-    #: In memory (up to a million samples), or in a file.
     sizes: Sizes
-    #: :func:`shardex.planning.content_digest` of its keys and sizes.
     digest: str
-    #: The record batches held in Ray's object store instead of ``path`` (a remote
-    #: runner's export: a task on any machine fetches its own slice, the exporting
-    #: process never reads them back), with their planned sizes.
     refs: tuple[Any, ...] = ()
-    #: Per record batch of ``refs``: the held tars its members come from (see
-    #: :mod:`shardex.storage.fetch.held`), whose refs a shard job carries.
     held: tuple[tuple[HeldTar, ...], ...] = ()
 
     @property
@@ -178,9 +159,9 @@ class SpilledRows:
 
 @dataclass(frozen=True, slots=True)
 class SplitRows:
-    """A split's candidate samples, in order: their metadata (``rows``, no members),
-    their members (candidate ``i`` is sample ``member_rows[i]`` of ``members``) and their
-    planned tar sizes."""
+    """A split's candidates, in order: metadata ``rows``, their members (candidate ``i`` is
+    sample ``member_rows[i]``) and planned tar sizes.
+    """
 
     rows: pa.Table
     members: Members
@@ -193,5 +174,4 @@ class SplitRows:
 
     def inline(self) -> bool:
         """Whether most bytes are in memory (then written in this process)."""
-        sizes = self.members.size
-        return bool(self.members.inline_bytes() * 2 > int(sizes.sum()))
+        return self.members.mostly_inline()

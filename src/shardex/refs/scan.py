@@ -1,22 +1,7 @@
-"""The scan table: what every source yields, one row per sample.
-
-* ``key`` (string): the sample key, unique in the source; WebDataset rules apply (no dot in
-  its last path component, no empty key);
-* ``original_path`` (string): where the sample came from, for people;
-* ``split`` (string, optional): the split the source puts it in;
-* ``label`` (int64, optional): the class number (``label_names`` gives the names);
-* ``_members`` (:data:`MEMBERS`, list of struct ``ext, path, offset, size, data``): the
-  sample's stored fields, in member order. Each is a byte range of a local file
-  (``offset`` -1 for the whole file), an object named by URL, or inline ``data``. Bytes
-  are read only when the shard is written;
-* ``_invalid`` (:data:`INVALID`, string, optional): why the source cannot use the sample
-  (a symlink that leaves the source folder, ...); such samples are refused or skipped
-  like corrupt ones;
-* any other column: metadata, kept with its type.
-
-What a source finds but cannot export is a :class:`LeftOut`, never dropped without a word.
-Only this package names the member column: the rest of shardex reads it through
-:class:`~shardex.refs.members.Members` and builds it with :func:`members_array`.
+"""The scan table every source yields, one row per sample: ``key``, ``original_path``,
+optional ``split`` and ``label``, ``_members`` (:data:`MEMBER_TYPE`: byte ranges of files,
+object URLs or inline bytes, read only when shards are written), optional ``_invalid``
+(why a sample cannot be used), then metadata. Only this package names ``_members``.
 """
 
 from __future__ import annotations
@@ -33,11 +18,7 @@ from shardex.errors import BadSampleError, SourceError
 from shardex.quoting import quoted
 
 MEMBERS: Final = "_members"
-#: The most inline bytes one piece of a ``_members`` column holds, well inside the 2 GiB
-#: that Arrow's 32-bit binary offsets address (a batch with more is cut into pieces of
-#: whole samples).
-MAX_INLINE_BYTES: Final = 1 << 30
-#: Optional column: why the source could not use a sample (None when fine).
+MAX_INLINE_BYTES: Final = 1 << 30  # per piece: well inside 32-bit binary offsets
 INVALID: Final = "_invalid"
 MEMBER_TYPE: Final[pa.StructType] = pa.struct(
     [
@@ -51,9 +32,7 @@ MEMBER_TYPE: Final[pa.StructType] = pa.struct(
 
 
 class MemberRow(TypedDict):
-    """One member of a ``_members`` list as Arrow's ``to_pylist`` gives it
-    (:data:`MEMBER_TYPE`): bytes inline (``data``), or ``size`` bytes at ``offset`` of the
-    file or object ``path`` (offset -1: the whole object)."""
+    """One member of a ``_members`` list as ``to_pylist`` gives it (see :data:`MEMBER_TYPE`)."""
 
     ext: str
     path: str | None
@@ -62,7 +41,7 @@ class MemberRow(TypedDict):
     data: bytes | None
 
 
-#: Columns that shardex fills itself; a source's metadata may not use these names.
+#: Columns shardex fills itself: not for a source's metadata.
 RESERVED: Final = frozenset(
     {
         "key",
@@ -88,14 +67,13 @@ RESERVED: Final = frozenset(
 class LeftOut:
     """A file, folder or row a source found but cannot export, and why.
 
-    ``original_path`` and ``key`` are printable (see :func:`printable`): they go into
-    errors.parquet and into one-line error messages.
+    ``original_path`` and ``key`` are printable: they go into errors.parquet and one-line
+    messages; ``error`` is what refusing it raises.
     """
 
     original_path: str
     reason: str
     key: str = ""
-    #: What refusing it raises (``on_error="error"``).
     error: type[SourceError] = BadSampleError
 
     def record(self) -> dict[str, str]:
@@ -105,8 +83,7 @@ class LeftOut:
 
 @dataclass(frozen=True, slots=True)
 class ScanResult:
-    """What a scan found: the sample table, the label names (if labelled), and what it
-    found but cannot export."""
+    """What a scan found: the sample table, the label names, and what it cannot export."""
 
     table: pa.Table
     label_names: tuple[str, ...] | None = None
@@ -115,8 +92,7 @@ class ScanResult:
 
 @dataclass(frozen=True, slots=True)
 class ScanBatch:
-    """Some of a source's samples (rows as in a scan table) and what it left out while
-    finding them."""
+    """Some of a source's samples (scan-table rows) and what it left out finding them."""
 
     table: pa.Table
     left_out: tuple[LeftOut, ...] = ()
@@ -124,15 +100,9 @@ class ScanBatch:
 
 @dataclass(frozen=True, slots=True)
 class SampleStream:
-    """A source's samples, batch by batch, as it finds them.
-
-    ``label_names`` is known before the first batch. Every batch has ``key``,
-    ``original_path`` and ``_members``; ``split`` and ``label`` are in every batch or in
-    none; ``_invalid`` may be missing (every sample usable); metadata columns may differ
-    between batches (a column a batch lacks is null for its rows); a column has one type
-    in every batch that has it, but for integers that a later batch widens to floats (a
-    source refuses any other change in one line): consumers join batches with Arrow's
-    permissive promotion, as :meth:`Source.scan` does.
+    """A source's samples, batch by batch, as it finds them; ``label_names`` known first.
+    Metadata columns may differ between batches and widen from int to float: consumers join
+    batches with Arrow's permissive promotion.
     """
 
     batches: Iterator[ScanBatch]
@@ -140,8 +110,7 @@ class SampleStream:
 
 
 def batch_types_error(uri: str, exc: Exception) -> SourceError:
-    """The error for batches of a source whose columns' types cannot be joined (a column
-    of text in one batch and of numbers in another)."""
+    """The error for batches whose columns' types cannot be joined."""
     why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return SourceError(
         f"source {quoted(uri)} gives a column different types in different batches "
@@ -155,19 +124,11 @@ def file_member(path: str, size: int, ext: str) -> dict[str, Any]:
 
 
 def members_array(
-    offsets: Any,
-    ext: Any,
-    path: Any,
-    offset: Any,
-    size: Any,
-    data: Any = None,
+    offsets: Any, ext: Any, path: Any, offset: Any, size: Any, data: Any = None
 ) -> pa.Array | pa.ChunkedArray:
-    """The ``_members`` column built column by column (no dict per member).
-
-    ``offsets`` (n + 1 numbers) says where each sample's members start in the flat member
-    columns ``ext``, ``path``, ``offset``, ``size`` and ``data`` (lists or Arrow arrays;
-    ``data`` None when no member is inline). Inline bytes (a list) of more than
-    :data:`MAX_INLINE_BYTES` come back as a ChunkedArray, each piece whole samples.
+    """The ``_members`` column built column by column (no dict per member); ``offsets`` (n + 1)
+    locate each sample's members in the flat columns. Inline bytes past
+    :data:`MAX_INLINE_BYTES` come back as a ChunkedArray of whole samples.
     """
     if isinstance(data, list):
         cuts = _inline_cuts(offsets, data)
@@ -183,8 +144,7 @@ def members_array(
 
 
 def _inline_cuts(offsets: Any, data: list[bytes | None]) -> list[int]:
-    """Sample numbers that cut a batch into pieces of at most :data:`MAX_INLINE_BYTES`
-    inline bytes (first 0, last the number of samples)."""
+    """Sample numbers cutting a batch into pieces of at most :data:`MAX_INLINE_BYTES` (0 ... n)."""
     sizes = np.fromiter((0 if d is None else len(d) for d in data), np.int64, len(data))
     before = np.concatenate([[0], np.cumsum(sizes)])[np.asarray(offsets, np.int64)]
     samples = len(before) - 1
@@ -227,8 +187,7 @@ def batch_table(
     metadata: pa.Table | None = None,
     invalid: Any = None,
 ) -> pa.Table:
-    """Assemble a scan table from columns (lists or Arrow arrays) and a ``_members``
-    column (see :func:`members_array`)."""
+    """Assemble a scan table from columns (lists or Arrow arrays) and a ``_members`` column."""
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
         "key": _as_array(keys, pa.string()),
         "original_path": _as_array(original_paths, pa.string()),

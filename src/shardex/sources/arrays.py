@@ -1,17 +1,6 @@
-"""In-memory arrays as a source: ``shardex.export({"x": xs, "y": ys}, out)``.
-
-Each entry of the mapping is one field of every sample:
-
-* a numpy array of shape ``(N, ...)``: sample ``i`` stores ``array[i]`` (0-d for ``(N,)``)
-  with its dtype, as the field ``NAME.npy``;
-* a sequence of N numpy arrays (ragged: shapes may differ, dtype and number of
-  dimensions may not): stored as ``NAME.npy``;
-* a sequence of N ``bytes``: encoded data kept byte-exact, the field named ``NAME``
-  (name it by its extension: ``jpg``, ``webp``, ``json`` ...);
-* a sequence of N ``str``: stored as ``NAME.txt`` (UTF-8).
-
-Reserved names: ``label`` (class numbers), ``split`` (split names) and ``key`` (sample
-keys; default ``000000``, ``000001`` ...).
+"""In-memory arrays as a source: ``shardex.export({"x": xs, "y": ys}, out)``. Each entry is
+a field: arrays (or ragged ones) as ``NAME.npy``, bytes kept as ``NAME``, str as
+``NAME.txt``; ``label``, ``split`` and ``key`` are reserved.
 """
 
 from __future__ import annotations
@@ -31,12 +20,9 @@ from shardex.refs.scan import SampleStream, ScanBatch, batch_table, members_arra
 from shardex.sources.base import DEFAULT_BATCH_SIZE, Source, check_batch_size
 from shardex.sources.probe import SourceSpec
 
-#: Most inline bytes in one batch: Arrow's binary offsets are 32-bit.
-_BATCH_BYTES: Final = 1 << 30
-#: Most bytes of one ``binary`` array (32-bit offsets).
+_BATCH_BYTES: Final = 1 << 30  # Arrow's binary offsets are 32-bit
 _BINARY_MAX: Final = (1 << 31) - 1
-#: A transparent huge page: the array source's own mappings start at this size.
-_HUGE_PAGE: Final = 1 << 21
+_HUGE_PAGE: Final = 1 << 21  # below this, a mapping of our own gains nothing
 
 
 class ArraySource(Source):
@@ -80,18 +66,12 @@ class ArraySource(Source):
         keys = data.pop("key", None)
         labels = data.pop("label", None)
         splits = data.pop("split", None)
-        # every field is encoded up front (fails early, in one line); the bytes stay
-        # referenced, not copied, until a batch is built
+        # encoded up front: fails early, in one line
         fields = [_encode(name, values) for name, values in data.items()]
         return SampleStream(self._batches(n, fields, keys, labels, splits), self.label_names)
 
     def _batches(
-        self,
-        n: int,
-        fields: list[_Field],
-        keys: Any,
-        labels: Any,
-        splits: Any,
+        self, n: int, fields: list[_Field], keys: Any, labels: Any, splits: Any
     ) -> Iterator[ScanBatch]:
         label_column = None if labels is None else _labels(labels)
         sizes = sum((f.sizes for f in fields), np.zeros(n, np.int64))
@@ -132,20 +112,19 @@ def _keys(keys: Any, start: int, stop: int) -> list[str]:
 
 
 def _labels(labels: Any) -> pa.Array:
-    """Class numbers as int64, vectorised for an integer array."""
     if isinstance(labels, np.ndarray) and labels.dtype.kind in "iub":
         return pa.array(labels.astype(np.int64, copy=False))
     return pa.array([int(v) for v in labels], pa.int64())
 
 
 def _members(exts: list[str], blobs: list[pa.Array], count: int) -> pa.Array:
-    """Each sample's members (one per field, in field order) from each field's bytes."""
+    """Each sample's members (one per field, in field order)."""
     if not blobs:
         return members_array(np.zeros(count + 1, np.int32), [], [], [], [])
     width = len(blobs)
     if width == 1:
         data = blobs[0]
-    else:  # interleave: sample i's members are rows i*width .. i*width+width-1
+    else:
         order = np.arange(count * width).reshape(width, count).T.ravel()
         data = pa.concat_arrays(blobs).take(pa.array(order))
     data = data.combine_chunks() if isinstance(data, pa.ChunkedArray) else data
@@ -160,19 +139,13 @@ def _members(exts: list[str], blobs: list[pa.Array], count: int) -> pa.Array:
 
 
 def binary_array(values: Sequence[bytes], sizes: np.ndarray) -> pa.Array:
-    """A ``binary`` array of ``values`` (``sizes``: their lengths), their bytes copied into
-    one anonymous mapping that asks the kernel for huge pages.
-
-    ``pa.array`` copies them into fresh memory of Arrow's pool, and touching it costs a
-    page fault per 4 KiB: on the 2-core VM 2.3-2.5 CPU s for 324 MB of JPEGs in a fresh
-    process, against 0.1-0.5 s here (one fault per 2 MiB). The bytes are the same. Under
-    one huge page (small batches) Arrow's pool serves: a mapping takes at least a page
-    per batch, which many tiny batches would turn into most of the memory held.
+    """A ``binary`` array of ``values`` copied into one anonymous mapping in huge pages: Arrow's
+    pool faults a page per 4 KiB (2.3-2.5 CPU s for 324 MB of JPEGs, against 0.1-0.5 s). Under
+    one huge page Arrow's pool serves (a mapping per tiny batch would waste memory).
     """
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     total = int(offsets[-1])
-    # over 32-bit offsets Arrow cuts it into chunks; under a huge page there is no gain
     if total > _BINARY_MAX or total < _HUGE_PAGE:
         return pa.array(values, pa.binary())
     memory = _anonymous(total)
@@ -189,8 +162,7 @@ def binary_array(values: Sequence[bytes], sizes: np.ndarray) -> pa.Array:
 
 
 def _anonymous(size: int) -> mmap.mmap:
-    """Private anonymous memory of ``size`` bytes, in huge pages where the kernel has
-    them on request (Linux transparent huge pages in ``madvise`` mode)."""
+    """Private anonymous memory, in huge pages where the kernel gives them on request."""
     private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     memory = mmap.mmap(-1, max(size, 1), **({"flags": private} if private else {}))
     hugepage = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -213,9 +185,7 @@ class _Field:
     """One entry of the mapping, ready to be cut into batches."""
 
     ext: str
-    #: bytes per sample (exact, or an upper estimate for ragged arrays)
     sizes: np.ndarray
-    #: the encoded bytes of samples [start, stop)
     blobs: Callable[[int, int], pa.Array]
 
 
@@ -257,8 +227,7 @@ def _encode(name: str, values: Any) -> _Field:
 
 
 def _npy_rows(ext: str, values: np.ndarray) -> _Field:
-    """``.npy`` bytes of each row of one array, built as one buffer: every row has the
-    same header (dtype and shape), so the bytes are the header then the row's data."""
+    """``.npy`` bytes of each row as one buffer: every row has the same header."""
     n = len(values)
     rows = np.ascontiguousarray(values) if values.ndim > 1 else values
     row = rows.dtype.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))

@@ -1,10 +1,6 @@
-"""What a source is: a :class:`Source` yields a scan table of sample references,
-metadata and labels (its columns: :mod:`shardex.refs.scan`, whose builders this module
-re-exports for source authors), whole (:meth:`Source.scan`) or batch by batch
-(:meth:`Source.stream`). What a source finds but cannot export (a broken symlink, a
-``.heic`` file, an unreadable folder, a table row naming a missing file ...) is listed as
-a :class:`LeftOut`, never dropped without a word: the export refuses it, or records it in
-``errors.parquet`` under ``on_error="skip"``.
+"""What a source is: a :class:`Source` yields scan tables of sample references (columns:
+:mod:`shardex.refs.scan`, re-exported here for source authors). What it finds but cannot
+export is listed as a :class:`LeftOut`, never dropped without a word.
 """
 
 from __future__ import annotations
@@ -60,8 +56,6 @@ __all__ = [
     "safe_key",
 ]
 
-#: Samples per batch of a source's stream (a batch's references, not its bytes, stay in
-#: memory: about 100 bytes per sample).
 DEFAULT_BATCH_SIZE: Final = 8192
 _BAD_KEY_CHARS: Final = re.compile(r"[.]")
 
@@ -71,17 +65,16 @@ _R = TypeVar("_R")
 
 
 class MapRunner(Protocol):
-    """Where a source may run its scan's work: ``imap(fn, items)`` is ``map(fn, items)``
-    in order, each call perhaps in another process or machine (``fn`` and the items
-    pickle). :class:`shardex.parallel.Runner` and the Ray executor's runner are ones."""
+    """Where a source may run its scan's work: ``imap(fn, items)`` is ``map`` in order, each
+    call perhaps in another process (``fn`` and the items pickle).
+    """
 
     def imap(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]: ...
 
 
 @runtime_checkable
 class KeepingRunner(MapRunner, Protocol):
-    """A runner whose tasks can leave objects in a store that its later tasks read, on
-    any machine (Ray's object store; see :mod:`shardex.storage.fetch.held`)."""
+    """A runner whose tasks can leave objects in a store its later tasks read (Ray)."""
 
     def store_bytes(self) -> int:
         """The store's size (all machines together)."""
@@ -90,27 +83,19 @@ class KeepingRunner(MapRunner, Protocol):
     def imap_kept(
         self, fn: Callable[[_T], Iterator[object]], items: Iterable[_T]
     ) -> Iterator[tuple[object, tuple[Any, ...]]]:
-        """``fn(item)`` for each item, in order, each in a task: ``fn`` yields objects to
-        keep, then its result; each result comes with the handles of what its task
-        kept (the objects stay in the store, not in this process)."""
+        """``fn(item)`` per item in tasks, in order; each result with handles of what it kept."""
         ...
 
 
 class Source(ABC):
-    """A dataset to export. Subclasses implement :meth:`stream` (the samples batch by
-    batch, with memory that does not grow with the dataset) or :meth:`scan` (the whole
-    table at once); each has a default built from the other."""
+    """A dataset to export. Subclasses implement :meth:`stream` (batch by batch, bounded
+    memory) or :meth:`scan` (the whole table); each defaults to the other.
+    """
 
-    #: Short name of the kind of source, recorded in config.yaml.
     kind: ClassVar[str]
-    #: Where it is (path, glob, ``demo``).
     uri: str
-    #: Samples per batch of :meth:`stream` (the last batch may be shorter; a source may
-    #: cut a batch shorter to keep its inline bytes addressable).
     batch_size: int = DEFAULT_BATCH_SIZE
-    #: Whether inline bytes in its batches are memory the source holds anyway (arrays in
-    #: memory: an export writes them from this process), rather than bytes made batch by
-    #: batch from files (an array backend's export re-exported: spilled to scratch).
+    #: False where inline bytes are made batch by batch from files (an export spills them)
     bytes_in_memory: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -122,8 +107,7 @@ class Source(ABC):
 
     @classmethod
     def probe(cls, spec: SourceSpec) -> bool:
-        """Whether this source reads what the user named (asked of a plugin source; the
-        built-ins' probes are the registry's, see :mod:`shardex.sources.registry`)."""
+        """Whether this plugin source reads what the user named."""
         return False
 
     @classmethod
@@ -137,10 +121,10 @@ class Source(ABC):
         return SampleStream(iter([ScanBatch(scan.table, scan.left_out)]), scan.label_names)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """:meth:`stream`, its scan's work perhaps done by ``runner``'s tasks (a source
-        that scans many files: tars); the batches are the same, in the same order,
-        whatever the runner. The default ignores the runner. The caller keeps the runner
-        open until the stream is read."""
+        """The same batches as :meth:`stream`, the scan's work perhaps done by ``runner``'s tasks.
+
+        The default ignores the runner. The caller keeps the runner open until the stream is read.
+        """
         return self.stream()
 
     def scan(self) -> ScanResult:
@@ -168,9 +152,7 @@ class Source(ABC):
 
 
 class StoredSource(Source):
-    """A source at a path, glob or URL (local or on object storage) whose scan a
-    runner's tasks may share: subclasses implement :meth:`stream_on`, and
-    :meth:`stream` is that without a runner."""
+    """A source at a path, glob or URL: subclasses implement :meth:`stream_on`."""
 
     @classmethod
     def from_spec(cls, spec: SourceSpec) -> Source:
@@ -195,28 +177,20 @@ class StoredSource(Source):
 
 
 def check_batch_size(batch_size: int) -> int:
-    """A stream's batch size, refused in one line unless a positive int."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
     return batch_size
 
 
 def safe_key(key: str) -> str:
-    """A WebDataset-safe key: dots in the last path component become '_'.
-
-    WebDataset splits a member name at the first dot of its last component, so a key may
-    not hold one there.
-    """
+    """A WebDataset-safe key: dots in its last path component become '_'."""
     head, slash, name = key.replace(os.sep, "/").rpartition("/")
-    # (a leading "/" stays: "/abs" is refused as an unsafe key, never made "abs")
+    # a leading "/" stays: "/abs" is refused as an unsafe key, never made "abs"
     return f"{head}{slash}{_BAD_KEY_CHARS.sub('_', name)}"
 
 
 def key_from_relpath(rel: str) -> str:
-    """A key from a relative path: drop the extension; ``cat/img.v2.jpg`` -> ``cat/img_v2``.
-
-    The original name stays in ``original_path``.
-    """
+    """A key from a relative path without its extension: ``cat/img.v2.jpg`` -> ``cat/img_v2``."""
     rel = rel.replace(os.sep, "/")
     stem = rel.rsplit(".", 1)[0] if "." in rel.rpartition("/")[2] else rel
     return safe_key(stem)
@@ -235,8 +209,7 @@ def check_metadata_names(names: list[str], where: str) -> None:
 def hand_over(
     handed: queue.Queue[tuple[str, Any]], item: tuple[str, Any], stop: threading.Event
 ) -> bool:
-    """Put a producer thread's ``item`` on ``handed``; False once ``stop`` is set (the
-    reader gave up), so the thread never blocks for good on a queue nobody reads."""
+    """Put ``item`` on ``handed``; False once ``stop`` is set (the reader gave up)."""
     while not stop.is_set():
         try:
             handed.put(item, timeout=0.2)
@@ -246,11 +219,20 @@ def hand_over(
     return False
 
 
-def handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[Any]:
-    """What a producer thread hands over with :func:`hand_over`, until its end; what it
-    raised is raised here."""
+def handed_over(
+    handed: queue.Queue[tuple[str, Any]], stop: threading.Event | None = None
+) -> Iterator[Any]:
+    """What a producer thread hands over with :func:`hand_over`, raising what it raised;
+    an error, not a wait for good, once ``stop`` is set and nothing is left."""
     while True:
-        kind, value = handed.get()
+        try:
+            kind, value = handed.get(timeout=0.2)
+        except queue.Empty:
+            if stop is not None and stop.is_set() and handed.empty():
+                raise RuntimeError(
+                    "a thread's items were read after its scan was stopped"
+                ) from None
+            continue
         if kind == "error":
             raise value
         if kind == "end":

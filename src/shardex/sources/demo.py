@@ -1,12 +1,5 @@
-"""The embedded demo dataset: labelled shape images drawn by shardex itself, no download.
-
-Ten classes of filled shapes (circle, square, triangle, ...) on random gradient
-backgrounds with sensor-like noise; JPEG mostly, some PNG and WebP, sizes that vary per
-image. Each sample has a caption, an ``aesthetic_score`` (float), width/height (int) and a
-16-dimensional ``embedding`` (a normalised intensity histogram, fixed-size float32 list).
-
-The images are generated once per (count, size, seed) into the cache directory
-(``$SHARDEX_CACHE_DIR``, default ``~/.cache/shardex``) and read from there afterwards.
+"""The embedded demo dataset: labelled shape images drawn by shardex itself, no download;
+generated once per (count, size, seed) into ``$SHARDEX_CACHE_DIR`` (``~/.cache/shardex``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """An existing shardex export as a source: splits, labels, keys and metadata are kept.
-
-Every sample is checked against the source export's checksums as it is read, so damage
-in the source is never copied into a new export that would then verify: a damaged sample
-is marked invalid (``_invalid``), and the export refuses it with a one-line error naming
-the source shard and sample, or skips it into ``errors.parquet`` under
-``on_error="skip"``.
-
-Nothing is held for a whole split: metadata.parquet is checked against its checksum
-(read in chunks; a copy on local scratch when the export is on object storage) and read
-row group by row group, and the samples come in batches of at most ``batch_size`` samples.
-A ``webdataset`` export (local or on object storage) is read once, shard by shard,
-through its sample index: each sample's bytes are checked against its per-sample
-checksum and its members become byte ranges of the source tar (or of the local copy of
-what was fetched), read again only when the new shards are written. Any other export is
-read through :func:`shardex.open_dataset` (which checks what it reads), its fields held
-per batch (at most :data:`INLINE_BYTES` of them); array runs whose reader does not check
-their bytes (``numpy``, ``numpy_mmap``, ``tensordict_memmap``) are checked against their
-run checksum in config.yaml first.
+Every sample is checked against the source's checksums as it is read (a damaged one is
+marked ``_invalid``), so damage never passes into a new export that would then verify.
+Memory stays bounded: metadata.parquet is read row group by row group.
 """
 
 from __future__ import annotations
@@ -46,17 +31,13 @@ from shardex.storage import Storage, open_storage
 if TYPE_CHECKING:
     from shardex.dataset import Dataset
 
-#: Fields that come back from metadata.parquet rather than from the samples.
-_FROM_METADATA: Final = ("cls", "json")
-#: The inline bytes a batch of an export read through its dataset holds at most (an array
-#: backend's samples are made from its arrays: bytes, not references).
+_FROM_METADATA: Final = ("cls", "json")  # fields restored from metadata.parquet
 INLINE_BYTES: Final = 16 << 20
 
 
 @dataclass
 class _Samples:
-    """Some samples of a split, column by column: keys, members, and why each damaged one
-    cannot be used."""
+    """Some samples of a split, column by column, and why each damaged one cannot be used."""
 
     keys: list[str] = field(default_factory=list)
     invalid: list[str | None] = field(default_factory=list)
@@ -82,23 +63,19 @@ class _Samples:
         self.offsets.append(len(self.ext))
 
     def restore_images(self, member: str, formats: list[str | None]) -> None:
-        """Give each sample's image stored as ``KEY.<member>`` (``image_member``) its own
-        format's extension back, from its ``image_format`` metadata: a re-export sees the
-        source's files as they were, whatever options it is made with."""
+        """Give images stored as ``KEY.<member>`` their ``image_format``'s extension back."""
         for i, image_format in enumerate(formats):
             for m in range(self.offsets[i], self.offsets[i + 1]):
                 if self.ext[m] == member:
                     self.ext[m] = original_extension(image_format, member)
 
     def members(self) -> pa.Array:
-        """The ``_members`` column."""
         data = self.data if any(d is not None for d in self.data) else None
         return members_array(self.offsets, self.ext, self.path, self.offset, self.size, data)
 
 
 class _Keys:
-    """The keys of the metadata rows being matched with samples (sample numbers
-    ``start`` on): what names a damaged sample in its message."""
+    """The keys of the metadata rows being matched (sample ``start`` on), naming damaged samples."""
 
     def __init__(self) -> None:
         self.start = 0
@@ -113,7 +90,6 @@ class ExportSource(StoredSource):
     """Samples of a committed export, every split, with their metadata."""
 
     kind: ClassVar[str] = "shardex-export"
-    # inline bytes (an array backend's samples) are made batch by batch from its files
     bytes_in_memory: ClassVar[bool] = False
 
     @classmethod
@@ -123,11 +99,7 @@ class ExportSource(StoredSource):
         return cls(spec.location)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """The samples in batches (see :meth:`Source.stream`); with a Ray ``runner``, a
-        ``webdataset`` export's samples on object storage are read and checked by its
-        tasks (see :mod:`shardex.backends.webdataset.stored`)."""
-        from shardex.contract import ExportConfig
-
+        """The samples in batches; a Ray ``runner``'s tasks read a remote webdataset export."""
         storage = open_storage(self.uri, self.storage_options)
         config = ExportConfig.read(storage)
         return SampleStream(self._batches(storage, config, runner), config.label_names)
@@ -147,7 +119,6 @@ class ExportSource(StoredSource):
         meta_file: Path,
         runner: MapRunner | None,
     ) -> Iterator[ScanBatch]:
-        """A split's samples in batches, checked against its metadata rows as they come."""
         from shardex.api import open_dataset
 
         ds = open_dataset(storage, split=split, on_error="skip")
@@ -199,8 +170,7 @@ class ExportSource(StoredSource):
 
 
 def _take(samples: Iterator[StoredSample], most: int) -> _Samples:
-    """Up to ``most`` samples, fewer where their inline bytes reach :data:`INLINE_BYTES`
-    (none only when the samples have run out)."""
+    """Up to ``most`` samples, fewer once their inline bytes reach :data:`INLINE_BYTES`."""
     chunk = _Samples()
     while len(chunk.keys) < most and chunk.inline < INLINE_BYTES:
         sample = next(samples, None)
@@ -211,7 +181,6 @@ def _take(samples: Iterator[StoredSample], most: int) -> _Samples:
 
 
 def _table(samples: _Samples, meta: pa.Table) -> pa.Table:
-    """A batch's scan table: the samples' members, the rest from their metadata rows."""
     user = meta.drop_columns([c for c in meta.column_names if c in RESERVED or c == MEMBERS])
     return batch_table(
         samples.keys,
@@ -230,8 +199,7 @@ def _metadata_name(config: ExportConfig) -> str:
 
 @contextlib.contextmanager
 def _checked_metadata(storage: Storage, config: ExportConfig) -> Iterator[Path]:
-    """The local path of the export's metadata.parquet, checked against its checksum (a
-    copy on local scratch when it is not a local file), or a one-line error naming it."""
+    """The local path of the checksum-checked metadata.parquet (a scratch copy if remote)."""
     name = _metadata_name(config)
     where = storage.join(name)
     with _source_errors(where), contextlib.ExitStack() as stack:
@@ -249,7 +217,6 @@ def _checked_metadata(storage: Storage, config: ExportConfig) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _source_errors(where: str) -> Iterator[None]:
-    """What reading the source's metadata.parquet raises, as one-line SourceErrors."""
     try:
         yield
     except FormatError as exc:  # damaged (its checksum): a source that cannot be read as asked
@@ -266,7 +233,6 @@ def _source_errors(where: str) -> Iterator[None]:
 
 
 def _row_batches(path: Path, split: str, where: str, size: int) -> Iterator[pa.Table]:
-    """The split's metadata rows in sample order, at most ``size`` at a time."""
     pending: list[pa.Table] = []
     held = 0
     for table in _split_rows(path, split, where):
@@ -282,9 +248,7 @@ def _row_batches(path: Path, split: str, where: str, size: int) -> Iterator[pa.T
 
 
 def _split_rows(path: Path, split: str, where: str) -> Iterator[pa.Table]:
-    """The split's metadata rows in sample order, row group by row group where the row
-    groups' statistics show that they follow each other in sample order (an export
-    writes one per shard), else all at once (an older export's file)."""
+    """The split's metadata rows in sample order: by row group where statistics allow."""
     with _source_errors(where), metadata_errors(where):
         file = pq.ParquetFile(path)
         names = file.schema_arrow.names
@@ -305,8 +269,7 @@ def _split_rows(path: Path, split: str, where: str) -> Iterator[pa.Table]:
 
 
 def _ordered_groups(file: pq.ParquetFile, split: str) -> list[int] | None:
-    """The row groups holding rows of ``split``, in sample order, or None when their
-    statistics do not say (or their sample numbers interleave)."""
+    """The row groups of ``split`` in sample order, or None when their statistics do not say."""
     meta = file.metadata
     names = file.schema_arrow.names
     if "sample_index" not in names:
@@ -332,24 +295,16 @@ def _ordered_groups(file: pq.ParquetFile, split: str) -> list[int] | None:
 def _dataset_samples(
     ds: Dataset, damaged: dict[int, str], key: Callable[[int], str]
 ) -> Iterator[StoredSample]:
-    """The samples read through the dataset (which checks what it reads) one at a time;
-    samples it skips as damaged come back invalid, with its message, as do the
-    ``damaged`` ones (sample number -> reason)."""
+    """The samples read through the dataset; those it skips, and the ``damaged`` ones, invalid."""
     skipped: list[tuple[int, str]] = ds.skipped  # type: ignore[attr-defined]
     reasons: dict[int, str] = {}
-    seen = 0
-
-    def absorb() -> None:  # what the dataset skipped before the sample it just gave
-        nonlocal seen
-        for n, message in skipped[seen:]:
-            reasons[n] = f"source sample {n}: {message}"
-        seen = len(skipped)
-
     got = iter(ds)
     pending = next(got, None)
-    absorb()
-    number = 0
+    seen = number = 0
     while True:
+        for n, message in skipped[seen:]:  # skipped before the sample it just gave
+            reasons[n] = f"source sample {n}: {message}"
+        seen = len(skipped)
         reason = reasons.pop(number, None)
         if reason is not None:
             yield StoredSample(key(number), (), reason)
@@ -363,5 +318,4 @@ def _dataset_samples(
             )
             yield StoredSample(str(pending["__key__"]), members, damaged.get(number))
             pending = next(got, None)
-            absorb()
         number += 1

@@ -1,19 +1,7 @@
-"""An image folder: ``[split/][class/]name.ext``, a local folder or an object-store
-prefix (``s3://bucket/images``), the same samples, keys, labels and order for both.
-
-Top-level folders named ``train``, ``val``, ``validation``, ``valid``, ``test`` or
-``predict`` become splits. Below them (or below the root), first-level folders become
-classes: their sorted names are ``label_names`` and a sample's label is its folder's
-position there. Keys are the paths without extension, in sorted order of the paths (a
-folder sorting as its name and a ``/``).
-
-Nothing found is dropped without a word. Files whose names are not images (``.txt``,
-``.csv`` ...) are not samples; everything else that cannot be exported is listed as left
-out, with the reason (refused by default, recorded in errors.parquet under
-``on_error="skip"``): an image format shardex does not export (``.heic``, ``.avif``,
-``.jfif``), and what each scan cannot take in: a local folder is walked with ``os.scandir``
-(:mod:`~shardex.sources.folderwalk`: symlinks, hostile names), a prefix's folders are
-listed at once, by threads or a runner's tasks (:mod:`~shardex.sources.folderlist`).
+"""An image folder ``[split/][class/]name.ext``, local or below an object-store prefix, with
+the same samples, keys, labels and order for both: top folders ``train``, ``val`` ... are
+splits, the next level's sorted names the classes, keys the paths without extension.
+Images shardex cannot export, and what a scan cannot take in, are left out with the reason.
 """
 
 from __future__ import annotations
@@ -50,14 +38,11 @@ from shardex.storage.fetch.objects import is_url, register
 
 
 class FolderSource(Source):
-    """Images in a directory tree, local or below an object-store prefix (see the module
-    docstring for the layout).
+    """Images in a directory tree, local or below an object-store prefix.
 
     Args:
-        root: the folder, or the prefix's URL (``s3://bucket/images``; a trailing ``/``
-            is optional).
-        storage_options: a prefix's storage options (endpoint, region, profile,
-            credentials; see :class:`shardex.storage.ObjectStorage`).
+        root: the folder, or the prefix's URL (``s3://bucket/images``).
+        storage_options: a prefix's storage options (see :class:`shardex.storage.ObjectStorage`).
         batch_size: samples per batch of :meth:`stream`.
     """
 
@@ -75,7 +60,6 @@ class FolderSource(Source):
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         text = os.fspath(root)
-        #: whether it is a prefix on object storage (else a local folder, ``uri`` absolute)
         self.is_url = is_url(text)
         self.uri = text.rstrip("/") if self.is_url else str(Path(text).expanduser().absolute())
         self.storage_options = storage_options
@@ -85,8 +69,7 @@ class FolderSource(Source):
         return self._stream(None)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """:meth:`stream`, with a ``runner`` a prefix's folders probed and listed by its
-        tasks (the LIST answers never reach this process; the batches are the same)."""
+        """:meth:`stream`, a prefix's folders probed and listed by ``runner``'s tasks."""
         return self.stream() if runner is None else self._stream(runner)
 
     def _stream(self, runner: MapRunner | None) -> SampleStream:
@@ -100,13 +83,11 @@ class FolderSource(Source):
 
     def scan(self) -> ScanResult:
         scan = super().scan()
-        # as one list, in path order (each batch's are; a folder's may come after files)
         left_out = tuple(sorted(scan.left_out, key=lambda x: x.original_path))
         return ScanResult(scan.table, scan.label_names, left_out)
 
     def _in_batches(self, entries: Iterable[File | LeftOut], layout: Layout) -> Iterator[ScanBatch]:
-        """The image files found (and what is left out) in batches of ``batch_size``
-        files; a source in which nothing was found is an error."""
+        """The files found (and what is left out) in batches; nothing found is an error."""
         files: list[File] = []
         left_out: list[LeftOut] = []
         found_any = False

@@ -1,30 +1,7 @@
-"""The scan of an image folder below an object-store prefix:
-``s3://bucket/prefix/[split/][class/]name.ext``.
-
-The same layout, keys, labels and order as :mod:`~shardex.sources.folderwalk` finds on a
-local copy: keys in sorted order (a folder sorting as its name and a ``/``), which is the
-order of the local walk. No object is read while scanning: sizes come from the
-listing, bytes are fetched when the shards are written (one GET each, see
-:mod:`shardex.storage.fetch.objects`).
-
-The listing is cut at the split and class folders and the folders are listed at once
-(see :mod:`shardex.sources.listing`): LISTs with a delimiter find the folders below the
-prefix and below each split folder (one request per 1,000 folders), a probe of each
-folder's first page finds whether it holds an image (a class) or images directly in it,
-then every folder is listed page by page (one LIST request per 1,000 objects) by
-threads, or by the tasks of a runner (Ray), which hand back compact key tables instead of
-the LIST answers' XML. Samples come in batches as the listing is read, in key order
-whatever lists them; memory holds a few pages per folder being listed, never a listing.
-
-A prefix holding images directly (a flat folder, or images beside class folders) cannot
-be cut by folders: its layout is found by listings that jump past a folder once it is
-known to hold an image (one LIST request per class folder; the images in the prefix are
-listed through), then it is listed from one process, page by page. A split folder
-holding images directly is listed likewise, as one part.
-
-Objects whose names are not images' are not samples; an image format shardex does not
-export (``.heic`` ...) and a name with an empty, ``.`` or ``..`` part are left out with
-the reason.
+"""The scan of an image folder below an object-store prefix, with the keys, labels and order
+:mod:`~shardex.sources.folderwalk` finds locally. Split and class folders are probed and
+listed at once (:mod:`~shardex.sources.listing`); a prefix holding images directly is
+laid out by listings that jump past each class folder, then listed from one process.
 """
 
 from __future__ import annotations
@@ -49,23 +26,14 @@ from shardex.sources.folderwalk import (
     left_out,
     unexported,
 )
-from shardex.sources.listing import (
-    LIST_THREADS,
-    Entry,
-    Part,
-    encode_table,
-    listed,
-    parts_in_order,
-)
+from shardex.sources.listing import LIST_THREADS, Entry, Part, encode_table, listed, parts_in_order
 from shardex.storage import Storage
 
 
 def scan(
     uri: str, storage: Storage, runner: MapRunner | None
 ) -> tuple[Layout, Iterator[File | LeftOut]]:
-    """The layout of the prefix ``uri`` (opened: ``storage``), and its image files in key
-    order with what is left out; its folders probed and listed by ``runner``'s tasks, or
-    threads (see the module docstring)."""
+    """The layout of the prefix ``uri`` and its image files in key order, with what is left out."""
     plan = _plan(uri, storage, runner)
     if plan is None:
         layout = _layout_by_jumps(uri, storage)
@@ -76,12 +44,11 @@ def scan(
     return layout, _objects(uri, entries)
 
 
-#: The most keys a LIST page holds (S3's limit, which every store listed here keeps).
-_PAGE: Final = 1000
+_PAGE: Final = 1000  # keys per LIST page (S3's limit)
 
 
 def _image_path(parts: list[str]) -> bool:
-    """Whether a path (split at its ``/``) is an image a sample can be made of."""
+    """Whether a path (split at ``/``) is an image a sample can be made of."""
     return (
         extension(parts[-1]) in IMAGE_EXTENSIONS
         and "" not in parts
@@ -92,11 +59,9 @@ def _image_path(parts: list[str]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Probe:
-    """What the first pages below a folder say: whether an image lies below it, whether
-    its first page holds an image directly in the folder (it cannot be cut into
-    subfolders: its own images may be many), and the folder's listing when that first
-    page was all of it (a :func:`~shardex.sources.listing.folder_table`: not listed
-    again)."""
+    """A folder's first pages: an image below it, one directly in it (not cut into subfolders),
+    and its whole listing when one page held it.
+    """
 
     holds_image: bool
     flat: bool
@@ -104,8 +69,7 @@ class _Probe:
 
 
 def _probe(job: tuple[Storage, str]) -> _Probe:
-    """Read the listing below a folder up to its first image (and its first page whole);
-    a task of a runner, or a thread."""
+    """Read the listing below a folder up to its first image (a runner's task, or a thread)."""
     storage, folder = job
     depth = folder.count("/") + 1 if folder else 0
     pages: Iterator[list[Entry]] = iter(storage.list_pages(folder))
@@ -128,7 +92,6 @@ def _probe(job: tuple[Storage, str]) -> _Probe:
 
 
 def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) -> list[_Probe]:
-    """The probes of some folders, made at once (by ``runner``'s tasks, or threads)."""
     jobs = [(storage, folder) for folder in folders]
     if runner is not None:
         return list(runner.imap(_probe, jobs))
@@ -139,9 +102,7 @@ def _probes(storage: Storage, folders: Sequence[str], runner: MapRunner | None) 
 
 
 def _classes_by_jumps(storage: Storage, folder: str) -> set[str]:
-    """The subfolders of ``folder`` that hold images, found by listings that jump past
-    one once it is known to hold an image (the images directly in ``folder`` are listed
-    through)."""
+    """The subfolders of ``folder`` holding images, listing past each once it is known to."""
     classes: set[str] = set()
     depth = folder.count("/") + 1
     after: str | None = None
@@ -177,8 +138,7 @@ def _found(rel: str, size: int) -> File | LeftOut | None:
 
 
 def _next_folder(storage: Storage, after: str | None, found: _Found) -> str | None:
-    """Read the listing after ``after`` into ``found`` until a folder to jump past; return
-    where to list from next (None: the listing is done)."""
+    """Read the listing after ``after`` into ``found`` up to a folder to jump past (None: done)."""
     for page in storage.list_pages("", after):
         for rel, _ in page:
             parts = rel.split("/")
@@ -198,16 +158,14 @@ def _next_folder(storage: Storage, after: str | None, found: _Found) -> str | No
 
 @dataclass(slots=True)
 class _Found:
-    """The folders holding images (a top folder -> its subfolders holding images, known
-    for split folders) and whether images lie in the prefix itself."""
+    """Top folders holding images (-> their class folders, for splits); images in the prefix."""
 
     folders: dict[str, set[str]] = field(default_factory=dict)
     top_files: bool = False
 
 
 def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout, list[Part]] | None:
-    """The layout and the parts of the listing (see the module docstring); None for
-    a prefix holding images directly (or none at all), listed as one."""
+    """The layout and the parts of the listing; None for a prefix holding images directly."""
     (root,) = _probes(storage, [""], runner)
     if root.flat or not root.holds_image:
         return None
@@ -217,9 +175,6 @@ def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout,
     top_files = any(_image_path(rel.split("/")) for rel, _ in objects)
     check_splits(uri, set(holding), top_files)
     split_dirs = sorted(holding & SPLIT_DIRS)
-    if not split_dirs:
-        parts = parts_in_order([(f, [Part(f, table=probes[f].table)]) for f in folders], objects)
-        return Layout(False, tuple(sorted(holding))), parts
     classes: set[str] = set()
     inside: dict[str, list[Part]] = {}
     for split in split_dirs:
@@ -237,11 +192,12 @@ def _plan(uri: str, storage: Storage, runner: MapRunner | None) -> tuple[Layout,
     parts = parts_in_order(
         [(f, inside.get(f, [Part(f, table=probes[f].table)])) for f in folders], objects
     )
+    if not split_dirs:
+        return Layout(False, tuple(sorted(holding))), parts
     return Layout(True, tuple(sorted(classes))), parts
 
 
 def _layout_by_jumps(uri: str, storage: Storage) -> Layout:
-    """Split folders and class names, as the local folder source finds them."""
     found = _Found()
     after = _next_folder(storage, None, found)
     while after is not None:
@@ -255,7 +211,6 @@ def _layout_by_jumps(uri: str, storage: Storage) -> Layout:
 
 
 def _objects(uri: str, entries: Iterable[Entry]) -> Iterator[File | LeftOut]:
-    """The image files and left-out objects of a listing, in key order."""
     last = ""
     for rel, size in entries:
         if rel < last:  # the order of keys is the order of the samples

@@ -1,14 +1,6 @@
-"""An image folder's layout rules (:class:`Layout`: split folders, classes; what is left
-out), and its local scan: a depth-first walk with ``os.scandir``, one listing per folder
-level held, each entry looked at (one ``stat``) only when reached. A local folder also
-leaves out (see :mod:`shardex.sources.folder`):
-
-* a symlink (to a file or a folder) that leads outside the source folder: an export must
-  not take in files from elsewhere; symlinks inside the source folder are followed;
-* a symlinked folder that leads back to a folder above it (a loop), a symlink loop, a
-  broken symlink (when its name is an image's or has no extension, as a folder's);
-* a folder that cannot be read, a name that is not valid UTF-8 (keys are UTF-8 text),
-  something that is not a regular file (a FIFO or a device named ``x.jpg``).
+"""An image folder's layout rules (:class:`Layout`, kept by folderlist too) and its local
+scan: a sorted depth-first ``os.scandir`` walk. Symlinks out of the folder (an export must
+not take in files from elsewhere), loops, unreadable or non-UTF-8 names are left out.
 """
 
 from __future__ import annotations
@@ -26,26 +18,21 @@ from shardex.errors import SourceError, SourceNotFoundError
 from shardex.refs.scan import LeftOut
 from shardex.sources.base import check_utf8_path, key_from_relpath, printable, quoted
 
-# The layout rules, which the listing of a prefix (folderlist) keeps too.
-
 SPLIT_DIRS: Final = frozenset({"train", "val", "validation", "valid", "test", "predict"})
 
-#: An image file found: its path relative to the root, and its size.
-File = tuple[str, int]
+File = tuple[str, int]  # (path relative to the root, size)
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """What a folder's first levels say: whether its top folders are splits, and the
-    class names (sorted), known before any sample is yielded."""
+    """Whether a folder's top folders are splits, and the sorted class names."""
 
     splits: bool
     classes: tuple[str, ...]
 
 
 def check_splits(uri: str, top: set[str], top_files: bool) -> None:
-    """Refuse split folders beside other folders (``top``: the top-level folder names) or
-    beside images at the top level (``top_files``)."""
+    """Refuse split folders beside other folders (``top``) or beside top-level images."""
     split_dirs = top & SPLIT_DIRS
     if split_dirs and (top - SPLIT_DIRS or top_files):
         others = sorted(top - SPLIT_DIRS) or ["(files at the top level)"]
@@ -65,15 +52,13 @@ def extension(name: str) -> str:
 
 
 def unexported(rel: str, ext: str) -> LeftOut | None:
-    """A file whose extension ``ext`` is not an exported image's: left out when it names
-    an image format shardex does not export, else None (not an image: not a sample)."""
+    """A file of an image format shardex does not export, left out; else None (not a sample)."""
     why = unexported_image_reason(ext) if ext else None
     return None if why is None else left_out(rel, why)
 
 
 def scan(uri: str) -> tuple[Layout, Iterator[File | LeftOut]]:
-    """The layout of the local folder ``uri`` (absolute) and its image files in sorted
-    order of their paths, with what is left out (SourceNotFoundError: no such folder)."""
+    """The layout of the local folder ``uri``; its images in path order, and what is left out."""
     if not Path(uri).is_dir():
         raise SourceNotFoundError(f"source folder {uri} does not exist")
     check_utf8_path(uri)
@@ -84,9 +69,7 @@ def scan(uri: str) -> tuple[Layout, Iterator[File | LeftOut]]:
 
 @dataclass(frozen=True, slots=True)
 class _Folder:
-    """A folder to walk: its path, its path relative to the root (with a trailing "/"),
-    its real path, and the real paths of it and the folders above it (a symlink to one
-    of them is a loop)."""
+    """A folder to walk; ``above``: real paths of it and its parents (a link to one is a loop)."""
 
     path: str
     rel: str
@@ -102,8 +85,7 @@ def _inside(real_root: str, target: str) -> bool:
 
 
 def _matters(name: str) -> bool:
-    """Whether an entry that cannot be looked at matters: an image's name, or a folder's
-    (no extension)."""
+    """Whether an entry that cannot be looked at would be an image or a folder."""
     ext = extension(name)
     return not ext or ext in IMAGE_EXTENSIONS or unexported_image_reason(ext) is not None
 
@@ -117,8 +99,7 @@ def _unfollowable(path: str, exc: OSError) -> str:
 
 
 def _order(entry: os.DirEntry[str]) -> str:
-    """An entry's place among its siblings such that a depth-first walk yields paths in
-    sorted order: a folder sorts as its name plus "/", as the paths below it do."""
+    """Sort key making a depth-first walk yield sorted paths: a folder sorts as ``name/``."""
     try:
         return f"{entry.name}/" if entry.is_dir() else entry.name
     except OSError:  # (is_dir reports most failures as False)
@@ -126,8 +107,7 @@ def _order(entry: os.DirEntry[str]) -> str:
 
 
 def _entries(folder: _Folder) -> list[os.DirEntry[str]] | OSError:
-    """A folder's entries in walk order, or why it cannot be read (the source's own folder
-    unreadable is a SourceError)."""
+    """A folder's entries in walk order, or why it cannot be read (a SourceError for the root)."""
     try:
         with os.scandir(folder.path) as listing:
             return sorted(listing, key=_order)
@@ -140,8 +120,7 @@ def _entries(folder: _Folder) -> list[os.DirEntry[str]] | OSError:
 
 
 def _listing(real_root: str, folder: _Folder) -> Iterator[_Found]:
-    """The entries of one folder, in sorted order, each looked at only when reached (a
-    caller that stops early does not stat the rest)."""
+    """The entries of one folder, in order, each looked at only when reached."""
     entries = _entries(folder)
     if isinstance(entries, OSError):
         yield left_out(folder.rel.rstrip("/"), f"cannot read folder: {entries.strerror}")
@@ -153,8 +132,6 @@ def _listing(real_root: str, folder: _Folder) -> Iterator[_Found]:
 
 
 def _walk(real_root: str, top: _Folder) -> Iterator[File | LeftOut]:
-    """Every image file under ``top`` in sorted order of their paths, and what is left
-    out (see the module docstring), holding one listing per folder level."""
     stack = [_listing(real_root, top)]
     while stack:
         found = next(stack[-1], None)
@@ -166,14 +143,8 @@ def _walk(real_root: str, top: _Folder) -> Iterator[File | LeftOut]:
             yield found
 
 
-def _holds_images(real_root: str, folder: _Folder) -> bool:
-    """Whether a folder holds an image file somewhere below it (stops at the first)."""
-    return any(not isinstance(found, LeftOut) for found in _walk(real_root, folder))
-
-
 def _visit(real_root: str, entry: os.DirEntry[str], rel: str, parent: _Folder) -> _Found | None:
-    """Sort one folder entry: an image, a folder to walk, left out, or not an image
-    (None)."""
+    """One folder entry: an image, a folder to walk, left out, or not an image (None)."""
     name = entry.name
     link = entry.is_symlink()
     try:
@@ -204,8 +175,7 @@ def _visit(real_root: str, entry: os.DirEntry[str], rel: str, parent: _Folder) -
 
 
 def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
-    """The folders in ``folder`` that hold images, and whether it holds an image file
-    itself; only folders and the first image file are looked at."""
+    """The folders in ``folder`` holding images, and whether it holds an image file itself."""
     holding: list[_Folder] = []
     has_file = False
     entries = _entries(folder)
@@ -216,7 +186,7 @@ def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
             continue
         found = _visit(real_root, entry, f"{folder.rel}{entry.name}", folder)
         if isinstance(found, _Folder):
-            if _holds_images(real_root, found):
+            if any(not isinstance(f, LeftOut) for f in _walk(real_root, found)):
                 holding.append(found)
         elif isinstance(found, tuple):
             has_file = True
@@ -224,11 +194,7 @@ def _subfolders(real_root: str, folder: _Folder) -> tuple[list[_Folder], bool]:
 
 
 def _layout(uri: str, real_root: str, root: _Folder) -> Layout:
-    """Split folders and class names from the first levels (see :mod:`shardex.sources.folder`).
-
-    Raises:
-        SourceError: split folders are mixed with other folders or files.
-    """
+    """Split folders and class names from the first levels (SourceError: splits mixed in)."""
     top, top_files = _subfolders(real_root, root)
     names = {f.rel.rstrip("/") for f in top}
     check_splits(uri, names, top_files)

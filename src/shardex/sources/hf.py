@@ -1,21 +1,7 @@
-"""A Hugging Face ``datasets.Dataset`` / ``DatasetDict`` (in memory or a ``save_to_disk``
-folder) as a source.
-
-* the ``Image`` column (else a column of ``{bytes, path}`` structs: what ``datasets``
-  writes for images given without features): its original encoded bytes (read as Arrow,
-  never decoded and re-encoded), or the file it names when the dataset holds only a path;
-* a ``ClassLabel`` column (the one named ``label`` first), else an integer column named
-  ``label``: the labels, with the ClassLabel's names;
-* the splits of a ``DatasetDict``: the splits (a saved split of no rows is left out);
-* a column named ``key``: the keys, as the table sources take theirs (an unsafe one is
-  refused or skipped as any source's is);
-* every other column: typed metadata (its Arrow type as ``datasets`` stores it); a column
-  named like one that shardex fills (``original_path``, ``split``, ``label`` when it is not
-  the labels) is kept as ``hf_<name>``, as tar ``.json`` fields are kept as ``json_<name>``.
-
-Without a ``key`` column, keys are ``{split}/{row:08d}`` (``{row:08d}`` for a single
-Dataset): stable for a given dataset, unique across splits. Needs ``pip install
-datasets``; importing shardex does not.
+"""A Hugging Face ``Dataset``/``DatasetDict`` (or ``save_to_disk`` folder) as a source: the
+``Image`` column's encoded bytes (never decoded), ``ClassLabel`` labels, its splits, and
+the other columns as metadata (``hf_<name>`` where shardex uses the name). Needs
+``pip install datasets``; importing shardex does not.
 """
 
 from __future__ import annotations
@@ -36,12 +22,8 @@ from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, batch_table, mem
 from shardex.sources.base import Source, check_batch_size, check_metadata_names, quoted, safe_key
 from shardex.sources.probe import SourceSpec
 
-#: Inline bytes per batch at most: the member ``data`` column has 32-bit offsets.
-_BATCH_BYTES: Final = 1 << 30
-#: ``sniff`` names -> member extensions.
+_BATCH_BYTES: Final = 1 << 30  # the member data column has 32-bit offsets
 _EXT: Final = {"jpeg": "jpg", "tiff": "tif"}
-#: Metadata columns named like a column shardex fills, kept as ``hf_<name>`` (the other
-#: reserved names are refused by check_metadata_names; ``key`` gives the keys).
 _RENAMED: Final = ("original_path", "split", "label")
 
 
@@ -121,11 +103,8 @@ class HFSource(Source):
         keys = [f"{prefix}{i:08d}" for i in rows]
         origin = [f"{self.uri}[{split or ''}][{i}]" for i in rows]
         left_out: list[LeftOut] = []
-        # the dataset's own keys, taken as a table source takes them (None: row numbers)
         given = table.column(self.key).to_pylist() if self.key else [None] * len(keys)
-        ext: list[str] = []
-        path: list[str | None] = []
-        data: list[bytes | None] = []
+        found: list[tuple[str, str | None, bytes | None]] = []
         offsets = [0]
         for i, image in enumerate(table.column(self.image).to_pylist()):
             if given[i] is not None:
@@ -134,20 +113,17 @@ class HFSource(Source):
             if isinstance(member, str):
                 left_out.append(LeftOut(origin[i], member, key=keys[i]))
             elif member is not None:
-                ext.append(member[0])
-                path.append(member[1])
-                data.append(member[2])
-                if member[1]:
-                    origin[i] = member[1]
-            offsets.append(len(ext))
+                found.append(member)
+                origin[i] = member[1] or origin[i]
+            offsets.append(len(found))
         kept = [i for i in range(len(keys)) if offsets[i + 1] > offsets[i]]
         if len(kept) < len(keys):  # rows left out have no member: drop them from the table
             table = table.take(pa.array(kept, pa.int64()))
             keys, origin = [keys[i] for i in kept], [origin[i] for i in kept]
             offsets = [0, *[offsets[i + 1] for i in kept]]
-        member_offset = [-1] * len(ext)
-        size = [len(d) if d is not None else _file_size(p) for d, p in zip(data, path, strict=True)]
-        members = members_array(offsets, ext, path, member_offset, size, data)
+        ext, path, data = (list(c) for c in zip(*found, strict=True)) if found else ([], [], [])
+        size = [os.path.getsize(p) if d is None and p else len(d or b"") for _, p, d in found]
+        members = members_array(offsets, ext, path, [-1] * len(found), size, data)
         labels = None
         if self.label:
             # datasets writes -1 for "no label" (unlabelled test splits): shardex's null
@@ -169,9 +145,8 @@ class HFSource(Source):
 def _roles(
     features: Any, datasets: Any, uri: str
 ) -> tuple[str, str | None, tuple[str, ...] | None]:
-    """The image column, the label column and its names."""
     images = [n for n, f in features.items() if isinstance(f, datasets.Image)]
-    if not images:  # images given without features: datasets stores {bytes, path} structs
+    if not images:
         images = [n for n, f in features.items() if _is_image_struct(f, datasets)]
     if not images:
         raise SourceError(
@@ -192,7 +167,6 @@ def _roles(
 
 
 def _is_image_struct(feature: Any, datasets: Any) -> bool:
-    """Whether a feature is the ``{bytes, path}`` struct of an image without features."""
     return (
         isinstance(feature, dict)
         and set(feature) == {"bytes", "path"}
@@ -202,8 +176,7 @@ def _is_image_struct(feature: Any, datasets: Any) -> bool:
 
 
 def _load_saved(datasets: Any, path: Path) -> Any:
-    """``datasets.load_from_disk``, but a saved split of no rows is left out: ``datasets``
-    writes it without a data file, then fails to load it (IndexError)."""
+    """``datasets.load_from_disk``, leaving out saved splits of no rows (which it fails to load)."""
     try:
         if (path / "dataset_dict.json").is_file():
             names = json.loads((path / "dataset_dict.json").read_text())["splits"]
@@ -235,10 +208,6 @@ def _member(image: dict[str, Any] | None) -> tuple[str, str | None, bytes | None
             return f"{quoted(path)} is not a known image format"
         return _EXT.get(kind, kind), path, None
     return f"the image file {quoted(str(path))} does not exist"
-
-
-def _file_size(path: str | None) -> int:
-    return os.path.getsize(path) if path else 0
 
 
 def _within_bytes(table: pa.Table, image: str | None) -> pa.Table:

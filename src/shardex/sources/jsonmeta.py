@@ -1,13 +1,6 @@
-"""``.json`` members of WebDataset tars as typed metadata columns.
-
-Each member must be a JSON object that Arrow and Parquet can store: nested at most
-:data:`MAX_JSON_DEPTH` levels, without empty objects below the top (Parquet cannot store a
-struct without fields). The columns are the union of every sample's fields, null where a
-sample lacks one; ints and floats widen to float. A field whose values have two types is
-refused with one line naming the field, both types and a sample. Fields named like a column
-shardex fills itself (``key``, ``label``, ``original_path``, ...) are kept as
-``json_<name>``: img2dataset, for one, writes ``key`` into every member. ``split`` is the
-sample's split.
+"""``.json`` members of WebDataset tars as typed metadata columns: objects Parquet can
+store, the union of the samples' fields, one type a field (ints widen to float), fields
+named like shardex's own kept as ``json_<name>`` (img2dataset writes ``key``).
 """
 
 from __future__ import annotations
@@ -23,8 +16,7 @@ from shardex.refs.scan import RESERVED
 #: Deepest JSON nesting kept (the member's object is level 1). Parquet refuses schemas
 #: nested past 100 levels, and each JSON list costs it up to three.
 MAX_JSON_DEPTH: Final = 20
-#: JSON fields that would collide with a column shardex fills: kept as ``json_<name>``.
-#: ``split`` is not renamed: it is the sample's split (checked like every split name).
+#: Kept as ``json_<name>``; ``split`` is the sample's split.
 RENAMED_JSON_FIELDS: Final = RESERVED - {"split"}
 _ARROW_ERRORS: Final = (pa.ArrowException, ValueError, TypeError, OverflowError)
 
@@ -46,8 +38,7 @@ def json_member(data: bytes, name: str) -> tuple[dict[str, Any], str | None]:
 
 
 def _shape_problem(value: dict[str, Any]) -> str | None:
-    """Why Arrow and Parquet cannot store a parsed JSON object, or None (no recursion:
-    the value may be deep)."""
+    """Why Parquet cannot store a JSON object, or None (no recursion: it may be deep)."""
     stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
         item, depth, where = stack.pop()
@@ -81,7 +72,7 @@ def _rename_reserved(value: dict[str, Any], name: str) -> tuple[dict[str, Any], 
 def metadata_columns(
     meta: list[dict[str, Any]], keys: list[str], originals: list[str], where: str
 ) -> pa.Table | None:
-    """The samples' JSON fields as typed columns: the union of every sample's fields.
+    """The samples' JSON fields as typed columns.
 
     Raises:
         SourceError: a field holds values of two types, or a value Arrow cannot store.
@@ -106,10 +97,9 @@ def metadata_columns(
 
 
 class MetadataTypes:
-    """The type each JSON field took in the batches so far: a later batch's column is
-    cast to it where that loses nothing (ints to an established float, all-null to
-    anything); floats after ints make the field a float (earlier batches widen when
-    joined); anything else is refused in one line naming the field."""
+    """The type each JSON field took so far: later batches are cast to it where nothing is lost
+    (ints to float, nulls to anything); floats after ints make it float; else refused.
+    """
 
     def __init__(self, where: str, batch_size: int) -> None:
         self.where = where
@@ -138,11 +128,10 @@ class MetadataTypes:
                 except _ARROW_ERRORS:  # an int too large for a float: refused below
                     pass
             if pa.types.is_integer(known) and pa.types.is_floating(column.type):
-                # floats after a batch of ints: the field is a float from now on; the
-                # earlier batches' ints widen when batches are joined (see SampleStream)
                 self.types[name] = column.type
                 continue
-            at = _first_valid(column)
+            valid = column.is_valid().to_pylist()
+            at = valid.index(True) if True in valid else 0
             sample = f"{keys[at]!r} ({originals[at]!r})"
             if _widens_to(known, column.type):  # one JSON type, narrower in the first batch
                 raise SourceError(
@@ -161,8 +150,7 @@ class MetadataTypes:
 
 
 def _widens_to(found: pa.DataType, known: pa.DataType) -> bool:
-    """Whether values of type ``found`` fit ``known`` as one list of them would (ints
-    widen to float)."""
+    """Whether values of type ``found`` fit ``known`` (ints widen to float)."""
     try:
         merged = pa.unify_schemas(
             [pa.schema([("x", known)]), pa.schema([("x", found)])], promote_options="permissive"
@@ -172,13 +160,7 @@ def _widens_to(found: pa.DataType, known: pa.DataType) -> bool:
     return bool(merged.field("x").type == known)
 
 
-def _first_valid(column: pa.ChunkedArray) -> int:
-    valid = column.is_valid().to_pylist()
-    return valid.index(True) if True in valid else 0
-
-
 def _type_error(name: str, values: list[Any], i: int, sample: str, where: str) -> SourceError:
-    """Why ``values[i]`` does not fit the values before it."""
     try:
         alone = pa.array([values[i]]).type
     except _ARROW_ERRORS as exc:  # too large an int, a list of mixed types, ...
@@ -195,7 +177,7 @@ def _type_error(name: str, values: list[Any], i: int, sample: str, where: str) -
 
 def _first_unconvertible(values: list[Any]) -> int:
     """The index of the first value that makes ``values[: i + 1]`` fail to convert."""
-    lo, hi = 0, len(values) - 1  # a prefix that fails is at most hi + 1 long
+    lo, hi = 0, len(values) - 1
     while lo < hi:
         mid = (lo + hi) // 2
         try:

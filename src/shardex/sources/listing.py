@@ -1,17 +1,7 @@
-"""An object-store listing cut into parts listed at once, read back in key order.
-
-A LIST request returns at most 1,000 keys, and asks for the next page with a token from
-this one: one listing of ten million objects is ten thousand requests one after the
-other. A folder's keys are a contiguous range of the listing, so a listing cut at its
-folders (:class:`Part`: every object below one folder, or objects listed already) can
-list the parts at once and still be read in key order, part after part.
-
-Parts are listed by threads (:func:`listed`, a few parts ahead of the reader, each
-holding a few pages, so memory does not grow with the listing) or, given a runner (Ray),
-by its tasks: each task lists one folder and hands back a compact key table (names below
-the folder and sizes, an Arrow stream compressed with zstd: a few bytes a key, where the
-LIST answers' XML is ~250), so the listing's XML never reaches the process that reads
-the parts.
+"""An object-store listing cut at its folders into parts listed at once, read back in key
+order: a LIST returns 1,000 keys and needs the last page's token, so one listing is many
+requests in a row. Parts are listed by threads a few ahead, or by a runner's tasks handing
+back zstd Arrow key tables (a few bytes a key, against ~250 of LIST XML).
 """
 
 from __future__ import annotations
@@ -38,20 +28,14 @@ __all__ = [
     "table_entries",
 ]
 
-#: An object listed: its path below the storage root, and its size.
-Entry = tuple[str, int]
-#: Folders listed at once by threads (each LIST waits on the store, not on this process).
-LIST_THREADS: Final = 16
-#: Pages a listing thread holds for the reader (and waits once it holds them).
+Entry = tuple[str, int]  # (path below the storage root, size)
+LIST_THREADS: Final = 16  # each LIST waits on the store, not on this process
 _HELD_PAGES: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """A contiguous range of a listing: every object below ``folder`` (listed when its
-    turn comes, unless ``table`` holds its listing already: a :func:`folder_table`), or
-    ``objects`` already listed (the objects directly in a folder, found beside its
-    subfolders)."""
+    """A run of a listing: all objects below ``folder`` (its ``table`` if known), or ``objects``."""
 
     folder: str | None = None
     objects: tuple[Entry, ...] = ()
@@ -61,9 +45,7 @@ class Part:
 def parts_in_order(
     folders: Iterable[tuple[str, Sequence[Part]]], objects: Iterable[Entry]
 ) -> list[Part]:
-    """The parts of one folder's listing in key order: each subfolder (its path and its
-    parts) sorts as its path and a ``/``, as the keys below it do; runs of objects
-    between subfolders become one part each."""
+    """The parts of a folder's listing in key order (a subfolder sorts as its path and ``/``)."""
     items: list[tuple[str, Part | Entry]] = [(path, (path, size)) for path, size in objects]
     for path, parts in folders:
         items += [(f"{path}/", part) for part in parts]
@@ -84,14 +66,12 @@ def parts_in_order(
 
 
 def folder_table(job: tuple[Storage, str]) -> bytes:
-    """Every object below a folder as a compressed Arrow stream of (name below the
-    folder, size), in listing order: what a task hands back (see the module docstring)."""
+    """Every object below a folder as a zstd Arrow stream of (name below it, size)."""
     storage, folder = job
     return encode_table(folder, [e for page in storage.list_pages(folder) for e in page])
 
 
 def encode_table(folder: str, entries: Sequence[Entry]) -> bytes:
-    """Objects below ``folder`` as a :func:`folder_table`."""
     cut = len(folder) + 1
     names = pa.array([path[cut:] for path, _ in entries], pa.string())
     table = pa.table({"name": names, "size": pa.array([n for _, n in entries], pa.int64())})
@@ -103,7 +83,7 @@ def encode_table(folder: str, entries: Sequence[Entry]) -> bytes:
 
 
 def table_entries(folder: str, data: bytes) -> list[Entry]:
-    """The objects of a :func:`folder_table`, with their paths below the storage root."""
+    """The objects of a :func:`folder_table`, with paths below the storage root."""
     table = pa.ipc.open_stream(data).read_all()
     prefix = f"{folder}/"
     sizes = table.column("size").to_pylist()
@@ -114,8 +94,7 @@ def table_entries(folder: str, data: bytes) -> list[Entry]:
 
 
 def listed(storage: Storage, parts: Sequence[Part], runner: MapRunner | None) -> Iterator[Entry]:
-    """Every object of the parts, part after part, each part's in listing order: folders
-    listed by ``runner``'s tasks, or without one by :data:`LIST_THREADS` threads."""
+    """Every object of the parts, in order: folders listed by ``runner``'s tasks, or threads."""
     if runner is not None:
         jobs = [(storage, p.folder) for p in parts if p.folder is not None and p.table is None]
         tables = runner.imap(folder_table, jobs)
@@ -133,15 +112,12 @@ def listed(storage: Storage, parts: Sequence[Part], runner: MapRunner | None) ->
 def _pages_ahead(
     storage: Storage, parts: Sequence[Part], threads: int
 ) -> Iterator[Iterator[list[Entry]]]:
-    """Each part's pages, in order, while the folders of the next parts (``threads`` at
-    most) are listed by threads, each holding a few pages. The caller reads each part's
-    pages before the next part's."""
+    """Each part's pages, in order, while the next ``threads`` folders are listed by threads."""
     stop = threading.Event()
     started: deque[Part | queue.Queue[tuple[str, Any]]] = deque()
     rest = iter(parts)
 
     def start_next() -> None:
-        """Start listing the next folder (the parts of objects before it queued as they are)."""
         for part in rest:
             if part.folder is None or part.table is not None:
                 started.append(part)
@@ -158,7 +134,10 @@ def _pages_ahead(
         while started:
             head = started.popleft()
             if isinstance(head, Part):
-                held = head.objects if head.table is None else _entries_of(head)
+                held = head.objects
+                if head.table is not None:
+                    assert head.folder is not None
+                    held = tuple(table_entries(head.folder, head.table))
                 yield iter([list(held)])
             else:
                 yield handed_over(head)
@@ -167,17 +146,9 @@ def _pages_ahead(
         stop.set()  # threads still listing stop at their next handover
 
 
-def _entries_of(part: Part) -> list[Entry]:
-    assert part.folder is not None
-    assert part.table is not None
-    return table_entries(part.folder, part.table)
-
-
 def _list_into(
     storage: Storage, folder: str, handed: queue.Queue[tuple[str, Any]], stop: threading.Event
 ) -> None:
-    """List one folder in a thread, handing its pages over, then its end (or what it
-    raised)."""
 
     try:
         for page in storage.list_pages(folder):
@@ -186,7 +157,3 @@ def _list_into(
         hand_over(handed, ("end", None), stop)
     except BaseException as exc:  # raised again in the reader
         hand_over(handed, ("error", exc), stop)
-
-
-def _handed_over(handed: queue.Queue[tuple[str, Any]]) -> Iterator[list[Entry]]:
-    return handed_over(handed)

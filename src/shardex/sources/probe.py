@@ -1,10 +1,5 @@
-"""What a user names as a source, and the built-in sources' probes of it.
-
-A :class:`SourceSpec` is asked facts (is it a folder, does it hold ``config.yaml``, does
-the first page of its listing hold only tars ...) by one probe after another; each fact
-is found once, however many probes ask it, so picking a source costs what the sniffing
-chain it replaces did (one HEAD and one LIST for a URL at most). The probes are plain
-functions here, so picking a built-in source imports none but the one picked.
+"""What a user names as a source, and the built-in sources' probes of it: a
+:class:`SourceSpec` finds each fact once (one HEAD and one LIST for a URL at most).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ TABLE_SUFFIXES: Final = (".parquet", ".pq", ".csv", ".tsv")
 
 
 def check_utf8_path(uri: str) -> None:
-    """Refuse a source path that is not valid UTF-8: it is recorded in config.yaml and
-    in each sample's member path, both UTF-8 text."""
+    """Refuse a source path that is not UTF-8 (config.yaml and member paths are UTF-8 text)."""
     if printable(uri) != uri:
         raise SourceError(
             f"source path {quoted(uri)} is not valid UTF-8: rename it, or point a symlink "
@@ -46,16 +40,14 @@ def is_saved_dataset(path: Path) -> bool:
 
 class SourceSpec:
     """A source as the user named it: ``value`` (a path, URL, glob, ``demo[:N]``, or an
-    object such as a mapping of arrays) and the ``storage_options`` of a source on object
-    storage. A URL holding credentials is refused here, before it is shown anywhere."""
+    object) and its ``storage_options``. A URL holding credentials is refused here.
+    """
 
     def __init__(self, value: object, storage_options: dict[str, Any] | None = None) -> None:
         self.value = value
         self.storage_options = storage_options
         text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
-        #: the path, URL, glob or name as text (None for an object)
         self.text: str | None = text if isinstance(text, str) else None
-        #: whether it is an object-store URL (``s3://`` ...)
         self.is_url = self.text is not None and is_url(self.text)
         if self.is_url:
             refuse_credentials_in_url(self.text or "")
@@ -88,7 +80,7 @@ class SourceSpec:
 
     @cached_property
     def object_name(self) -> str:
-        """A URL's last part, lower case, when it names one object (no trailing ``/``)."""
+        """A URL's last part, lower case, when it names one object."""
         text = self.text or ""
         return "" if text.endswith("/") else text.rpartition("/")[2].lower()
 
@@ -98,7 +90,7 @@ class SourceSpec:
         return open_storage((self.text or "").rstrip("/"), self.storage_options)
 
     def in_folder(self, look: Any) -> Any:
-        """``look()`` at a local folder, its failure to read it a SourceError."""
+        """``look()`` at a local folder, its failure a SourceError."""
         try:
             return look()
         except OSError as exc:
@@ -115,8 +107,7 @@ class SourceSpec:
 
     @property
     def location(self) -> str | Path:
-        """What a source at a path, glob or URL is made with: the text of a URL or a glob,
-        else the local path."""
+        """What a stored source is made with: the text of a URL or glob, else the local path."""
         return (self.text or "") if self.is_url or self.glob else self.path
 
     def nothing_matched(self) -> Exception:
@@ -147,61 +138,46 @@ def _holds_only_tars(root: Path) -> bool:
     return has_tar
 
 
-def _first_page_only_tars(storage: Storage) -> bool:
-    first = next(storage.list_pages(""), [])
-    names = [p.rpartition("/")[2] for p, _ in first if not p.rpartition("/")[2].startswith(".")]
-    return bool(names) and all(n.lower().endswith(".tar") for n in names)
-
-
-def _is_hf_dataset(value: object) -> bool:
-    """Whether ``value`` is a ``datasets.Dataset``/``DatasetDict`` (without importing it)."""
-    return type(value).__module__.split(".")[0] == "datasets" and type(value).__name__ in (
-        "Dataset",
-        "DatasetDict",
-    )
-
-
 # The built-in probes, in the order the registry asks them (see shardex.sources.registry).
 
 
 def demo(spec: SourceSpec) -> bool:
-    """``demo`` or ``demo:N``."""
     return spec.text is not None and (spec.text == "demo" or spec.text.startswith("demo:"))
 
 
 def table(spec: SourceSpec) -> bool:
-    """A ``.parquet``/``.csv``/``.tsv`` file or object."""
     if spec.is_url:
         return not spec.glob and spec.object_name.endswith(TABLE_SUFFIXES)
     return spec.is_file and spec.path.suffix.lower() in TABLE_SUFFIXES
 
 
 def export(spec: SourceSpec) -> bool:
-    """A folder or prefix holding ``config.yaml``."""
     if spec.is_url and (spec.glob or spec.object_name.endswith(".tar")):
         return False
     return (spec.is_url or spec.is_dir) and spec.has_config
 
 
 def hf(spec: SourceSpec) -> bool:
-    """A ``datasets.Dataset``/``DatasetDict``, or a folder ``save_to_disk`` wrote."""
-    if _is_hf_dataset(spec.value):
+    kind = type(spec.value)  # a datasets.Dataset/DatasetDict, without importing datasets
+    if kind.__module__.split(".")[0] == "datasets" and kind.__name__ in ("Dataset", "DatasetDict"):
         return True
     return spec.is_dir and bool(spec.in_folder(lambda: is_saved_dataset(spec.path)))
 
 
 def arrays(spec: SourceSpec) -> bool:
-    """A mapping of names to arrays."""
     return isinstance(spec.value, Mapping)
 
 
 def tars(spec: SourceSpec) -> bool:
-    """A glob, a ``.tar``, or a folder or prefix of only tars (a local folder is walked;
-    a prefix's first page is read)."""
+    """A glob, a ``.tar``, or a folder or prefix of only tars."""
     if spec.glob:
         return True
     if spec.is_url:
-        return spec.object_name.endswith(".tar") or _first_page_only_tars(spec.storage)
+        if spec.object_name.endswith(".tar"):
+            return True
+        first = next(spec.storage.list_pages(""), [])
+        names = [n for p, _ in first if not (n := p.rpartition("/")[2]).startswith(".")]
+        return bool(names) and all(n.lower().endswith(".tar") for n in names)
     if spec.is_dir:
         spec.in_folder(lambda: os.listdir(spec.path))  # (os.walk ignores an unreadable folder)
         return _holds_only_tars(spec.path)

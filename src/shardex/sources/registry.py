@@ -1,17 +1,6 @@
-"""The source registry: which source reads what a user names, the same for built-ins and
-plugins.
-
-An entry is ``(name, "module:Class", probe)``: the probe, a cheap test of the user's
-:class:`~shardex.sources.probe.SourceSpec`, says whether the source reads it, and the
-class, imported only when picked, is made with ``Class.from_spec(spec)``. Entries are
-probed in order and the first yes wins; nothing matching is a one-line error.
-
-Third-party sources register through the ``shardex.sources`` entry-point group
-(``name = module:Class``, a :class:`~shardex.sources.base.Source` with the classmethods
-``probe(spec) -> bool`` and ``from_spec(spec) -> Source``) or :func:`register_source`.
-They are probed **before** the built-ins, in name order: the built-in image folder takes
-any folder and any URL, so a plugin after them could never claim one (a plugin format
-kept in a folder, or a scheme of its own). The entry points are read on the first pick.
+"""The source registry: entries ``(name, "module:Class", probe)`` probed in order, the first
+yes wins (its class imported only then). Plugins (``shardex.sources`` entry points or
+:func:`register_source`) are probed first: the built-in folder takes any folder or URL.
 """
 
 from __future__ import annotations
@@ -66,13 +55,14 @@ class Registry:
         self, name: str, target: str, probe: Probe | None = None, *, origin: str = "register_source"
     ) -> None:
         """Add a source by ``"module:Class"``, probed before the built-ins (with ``probe``,
-        else the class's ``probe`` classmethod). Raises SourceError if the name is taken."""
+        else the class's). Raises SourceError if the name is taken.
+        """
         self._plugins.check_new(name, target, self._entries)
         self._entries[name] = SourceEntry(name, target, probe, origin)
         self._plugin_names.append(name)
 
     def entries(self) -> list[SourceEntry]:
-        """Every registered source, in the order they are probed."""
+        """Every registered source, in probe order."""
         for name, target, origin in self._plugins.entry_points():
             self.register(name, target, origin=origin)
         plugins = [self._entries[n] for n in self._plugin_names]
@@ -91,8 +81,8 @@ class Registry:
         """The source of the first entry whose probe takes ``spec``.
 
         Raises:
-            SourceError: no source reads it (SourceNotFoundError: a path that does not
-                exist), or a plugin fails to import.
+            SourceError: no source reads it (SourceNotFoundError: a missing path), or a plugin
+                fails to import.
         """
         for entry in self.entries():
             probe = entry.probe or self.source_class(entry).probe
@@ -110,8 +100,7 @@ def register_source(name: str, target: str, probe: Probe | None = None) -> None:
 
 
 def open_source(
-    spec: str | Any | Source | Mapping[str, Any],
-    storage_options: dict[str, Any] | None = None,
+    spec: str | Any | Source | Mapping[str, Any], storage_options: dict[str, Any] | None = None
 ) -> Source:
     """The source a user names (``storage_options``: those of a source on object
     storage, see :class:`shardex.storage.ObjectStorage`).

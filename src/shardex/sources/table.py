@@ -1,27 +1,7 @@
-"""A Parquet or CSV table: one row per sample, an image path or bytes column, metadata.
-
-Columns are recognised by name (override with the constructor arguments):
-
-* image path: ``image_path``, ``path``, ``file_name``, ``filename``, ``file``, ``image``
-  (a string column; relative paths are resolved against the table's folder);
-* image bytes: ``image_bytes``, ``image``, ``bytes``, ``jpg``, ``png``, ``webp`` (binary);
-* key: ``key``, ``__key__``, ``id``, ``image_id`` (else derived from the path, or the row
-  number for bytes; when a path is absolute or climbs out with ``..``, keys are the paths
-  relative to the common parent folder of all the rows' files, without extension);
-* label: ``label`` (integers, or strings mapped to sorted ``label_names``);
-* split: ``split``.
-
-Every other column is metadata and keeps its type.
-
-A row that cannot be exported is left out with the reason (refused by default, recorded in
-errors.parquet under ``on_error="skip"``): a missing file, a folder, a file that is no
-image (by its extension or, for other names, its first bytes), bytes that are no image,
-an empty path or no bytes. Bytes and files are then checked like any image (``validate``).
-
-The table and the files its rows name may be on object storage (``s3://`` URLs, or paths
-relative to a table that is itself there). A URL is worked on as a pseudo absolute path
-(``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``), so the path rules above apply unchanged; each
-row's object is looked at with one HEAD (its size), :data:`MAX_IN_FLIGHT` at a time.
+"""A Parquet or CSV table as a source: one row per sample, an image path or bytes column
+(names in ``*_COLUMNS``), keys, labels, and metadata. Rows that cannot be exported are
+left out with the reason. Table and files may be on object storage: a URL is worked on as
+a pseudo absolute path (``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``), so the path rules apply.
 """
 
 from __future__ import annotations
@@ -73,7 +53,7 @@ MISSING: Final = "does not exist"
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """A row's one member: a whole file, an object (``path`` its URL), or inline bytes."""
+    """A row's member: a whole file, an object (``path`` its URL), or inline bytes."""
 
     ext: str
     size: int
@@ -82,15 +62,13 @@ class Member:
 
 
 def pseudo_path(url: str) -> str:
-    """The absolute path that stands for a URL while keys and relative paths are worked
-    out with path functions: ``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``."""
+    """The absolute path standing for a URL: ``s3://b/x.jpg`` -> ``/s3:/b/x.jpg``."""
     scheme, _, rest = url.partition("://")
     return f"/{scheme}:/{rest}"
 
 
 def url_of(pseudo: str) -> str | None:
-    """The URL a pseudo path stands for (None when a relative path climbed out of its
-    bucket with ``..``)."""
+    """The URL a pseudo path stands for (None when it climbed out of its bucket)."""
     scheme, _, rest = pseudo.lstrip("/").partition(":/")
     url = f"{scheme}://{rest}"
     return url if is_url(url) and "/" in rest and "/" not in scheme else None
@@ -98,8 +76,7 @@ def url_of(pseudo: str) -> str | None:
 
 @dataclass
 class _Rows:
-    """The rows of a batch a table source keeps (by row number in the batch), and the
-    rows it leaves out."""
+    """The rows of a batch a table source keeps (by row number), and those it leaves out."""
 
     kept: list[int] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
@@ -122,7 +99,6 @@ class _Rows:
             self.data.append(member.data)
 
     def members(self) -> pa.Array:
-        """The ``_members`` column: one member per kept row."""
         n = len(self.kept)
         return members_array(
             np.arange(n + 1, dtype=np.int32),
@@ -145,14 +121,8 @@ class _Rows:
 
 
 def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | None:
-    """Where keys of rows without a key column start: None when every path is relative
-    and stays below the table's folder (keys are the paths as written,
-    ``imgs/a.jpg`` -> ``imgs/a``), else the common parent folder of all the rows' files.
-
-    When a path is absolute or climbs out with ``..`` (which would make an unsafe key),
-    every key is the path relative to that common parent instead, as a folder source
-    would name them: the same table always gives the same keys. ``rels`` starts a pass
-    over the path column.
+    """None when every path is relative and stays below the table's folder, else the common
+    parent of all the rows' files: keys never climb out, and one table always gives one set.
     """
 
     def norm() -> Iterator[str]:
@@ -171,7 +141,6 @@ def _key_base(folder: Path, rels: Callable[[], Iterator[pa.Array]]) -> str | Non
 
 
 def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> list[str]:
-    """Keys for rows without a key column (see :func:`_key_base`)."""
     norm = [os.path.normpath(r) if r else "" for r in rels]
     if base is None:
         return [key_from_relpath(printable(n)) if n else "" for n in norm]
@@ -180,8 +149,7 @@ def _keys_from_paths(folder: Path, rels: list[str | None], base: str | None) -> 
 
 
 def _member(ext: str, size: int, path: str, head: Callable[[], bytes]) -> tuple[Member | None, str]:
-    """The member of a file or object named ``ext`` (else by its first bytes, ``head()``:
-    not ``KEY.bin``), or None and why it cannot be one."""
+    """The member of a file or object named ``ext`` (else sniffed: ``head()``), or None and why."""
     if ext not in IMAGE_EXTENSIONS:
         why = unexported_image_reason(ext)
         if why is not None:
@@ -199,7 +167,6 @@ def _head(full: Path) -> bytes:
 
 
 def _file_member(full: Path) -> tuple[Member | None, str]:
-    """The member of an image file, or None and why it cannot be one."""
     try:
         st = full.stat()
     except FileNotFoundError:
@@ -220,9 +187,7 @@ def _file_member(full: Path) -> tuple[Member | None, str]:
 def _object_members(
     urls: dict[int, str | None], options: dict[str, Any] | None
 ) -> dict[int, tuple[Member | None, str]]:
-    """The members of rows that name objects (by row number), or why each cannot be one:
-    their sizes asked concurrently (one HEAD each), the first bytes of those whose names
-    are not images' read to tell their format."""
+    """The members of rows naming objects (one HEAD each, concurrently), or why not."""
     if not urls:
         return {}
     stores: dict[str, Storage] = {}
@@ -273,16 +238,13 @@ def _is_string(t: pa.DataType) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """How a table's rows become samples: the columns used and what the first pass over
-    the label or path column found."""
-
     bcol: str | None
     pcol: str | None
     kcol: str | None
-    label: str | None  # the label column, when it holds labels
+    label: str | None
     label_names: tuple[str, ...] | None
-    key_base: str | None  # see _key_base
-    width: int  # digits of the row numbers that key rows of bytes without a key column
+    key_base: str | None
+    width: int  # digits of the row-number keys of bytes rows
 
 
 class TableSource(Source):
@@ -307,8 +269,6 @@ class TableSource(Source):
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         text = os.fspath(path)
-        #: the table's URL when it is on object storage (its path is then the pseudo path
-        #: that stands for the URL, see pseudo_path), else None
         self.url = text if is_url(text) else None
         self.path = Path(pseudo_path(text)) if self.url else Path(text).expanduser().absolute()
         self.uri = self.url or str(self.path)
@@ -334,7 +294,6 @@ class TableSource(Source):
         return SampleStream(self._batches(table, plan), plan.label_names)
 
     def _object_table(self, url: str) -> TableFile:
-        """The table at ``url``, fetched whole (one GET)."""
         folder, _, name = url.rpartition("/")
         storage = open_storage(folder, self.storage_options)
         try:
@@ -364,8 +323,7 @@ class TableSource(Source):
         return _Plan(bcol, pcol, kcol, label, names, key_base, width)
 
     def _label_plan(self, table: TableFile) -> tuple[str | None, tuple[str, ...] | None]:
-        """The label column (None when absent) and the label names: given, or every
-        string label of the table, sorted (one pass over that column alone)."""
+        """The label column (or None) and its names: given, or the sorted string labels."""
         col = self._label_column
         if not col or col not in table.schema.names:
             return None, self._label_names
@@ -391,7 +349,7 @@ class TableSource(Source):
             start += batch.num_rows
 
     def _batch(self, table: pa.Table, plan: _Plan, start: int) -> ScanBatch:
-        used = {c for c in (plan.bcol, plan.pcol, plan.kcol) if c}
+        used = {c for c in (plan.bcol, plan.pcol, plan.kcol, plan.label) if c}
         raw_keys = (
             None if plan.kcol is None else [str(k) for k in table.column(plan.kcol).to_pylist()]
         )
@@ -410,8 +368,6 @@ class TableSource(Source):
             # a null stays null (refused as "no split"), not a split named "None"
             splits = [None if s is None else str(s) for s in table.column("split").to_pylist()]
             used.add("split")
-        if plan.label is not None:
-            used.add(plan.label)
         meta = table.drop_columns(sorted(used))
         check_metadata_names(meta.column_names, self.uri)
         samples = batch_table(
@@ -422,13 +378,12 @@ class TableSource(Source):
     def _blob_rows(
         self, blobs: list[bytes | None], plan: _Plan, raw_keys: list[str] | None, start: int
     ) -> _Rows:
-        """_Rows whose image is inline bytes: the format is sniffed from them, and bytes
-        that are no image are left out (they would be exported as ``KEY.bin``)."""
+        """Rows of inline bytes; bytes that are no image are left out (not made ``KEY.bin``)."""
         rows = _Rows()
         bcol = plan.bcol
         keys = raw_keys or [str(start + i).zfill(plan.width) for i in range(len(blobs))]
         for i, blob in enumerate(blobs):
-            if blob is None or not blob:
+            if not blob:
                 rows.leave_out(keys[i], f"row {start + i}: no image bytes in column {bcol!r}")
                 continue
             fmt = sniff(blob[:16])
@@ -446,8 +401,6 @@ class TableSource(Source):
     def _path_rows(
         self, rels: list[str | None], plan: _Plan, raw_keys: list[str] | None, start: int
     ) -> _Rows:
-        """_Rows naming an image file: missing files, folders and files that are no image
-        are left out."""
         rows = _Rows()
         written = rels
         rels = [pseudo_path(r) if r and is_url(r) else r for r in rels]
@@ -466,20 +419,18 @@ class TableSource(Source):
                 continue
             member, why = found[i] if i in found else _file_member(full)
             if member is None:
-                missing = why == MISSING
                 kind = "object" if i in urls else "image file"
                 rows.leave_out(
                     keys[i],
                     f"row {start + i}: {kind} {quoted(urls.get(i) or str(full))} {why}",
                     printable(rel),
-                    SourceNotFoundError if missing else BadSampleError,
+                    SourceNotFoundError if why == MISSING else BadSampleError,
                 )
                 continue
             rows.add(i, safe_key(keys[i]) if raw_keys else keys[i], printable(rel), member)
         return rows
 
     def _labels(self, values: pa.ChunkedArray, plan: _Plan) -> pa.Array:
-        """A batch's class numbers."""
         if pa.types.is_integer(values.type):
             return values.combine_chunks().cast(pa.int64())
         assert plan.label_names is not None

@@ -1,8 +1,5 @@
-"""A Parquet or CSV file read in batches, a pass at a time: the rows of a table source.
-
-Parquet is read through the fragment reader ``pq.read_table`` uses, so the types and the
-messages are the same as reading it whole; CSV through ``pyarrow.csv.open_csv``, a block at
-a time, each column in the type inferred from the first block.
+"""A Parquet or CSV file read in batches, a pass at a time: Parquet through the fragment
+reader ``pq.read_table`` uses (same types and messages), CSV typed from its first block.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ __all__ = ["TableFile"]
 
 
 class TableFile:
-    """A Parquet or CSV file read in batches, a pass at a time; ``data``: the file's
-    bytes, when it is not a local file (a table on object storage, fetched whole)."""
+    """A Parquet or CSV file read in batches; ``data``: its bytes if fetched from object storage."""
 
     def __init__(self, path: Path | str, batch_size: int, data: bytes | None = None) -> None:
         self.path = path
@@ -49,7 +45,7 @@ class TableFile:
             else:
                 with self._csv(None) as reader:
                     self.schema = reader.schema
-                    self.num_rows = None if _has_rows(reader) else 0
+                    self.num_rows = None if any(b.num_rows for b in reader) else 0
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -82,11 +78,6 @@ class TableFile:
                         yield block.slice(start, self.batch_size)
 
     def count(self) -> int:
-        """The number of rows."""
         if self.num_rows is None:
             self.num_rows = sum(b.num_rows for b in self.batches([self.schema.names[0]]))
         return self.num_rows
-
-
-def _has_rows(reader: Any) -> bool:
-    return any(block.num_rows for block in reader)

@@ -1,22 +1,7 @@
-"""The scan of one WebDataset tar: its members grouped into samples by key (the name up
-to the first dot of its last path component), in tar order, as references to their bytes
-(:class:`TarSample`); only ``.cls`` and ``.json`` members are read.
-
-Hostile or damaged tars never lose samples silently. What cannot be used marks its sample
-invalid (``_invalid``), so the export refuses it, or skips it and records it in
-``errors.parquet`` under ``--on-error skip``:
-
-* a member that is not a regular file (hard or symbolic link, device, fifo, sparse file);
-  directory entries hold no data and are ignored;
-* a tar that ends early (cut at a block boundary, inside a header or inside a member),
-  holds a bad header, or has data after its end-of-archive blocks (tars joined with
-  ``cat``): its last sample may be incomplete and any later ones are lost, so the last
-  sample read is marked with the tar, the byte offset and what was found (a tar damaged
-  before its first sample is a :class:`SourceError`);
-* a member named twice in one sample, a name that is not UTF-8 or has no extension;
-* a ``.json`` member that is not valid JSON, not an object, nested too deep, or holds an
-  empty object somewhere (see :mod:`shardex.sources.jsonmeta`, which also makes the
-  metadata columns).
+"""The scan of one WebDataset tar: members grouped into samples by key, as references to
+their bytes (only ``.cls`` and ``.json`` are read). Damage never loses samples silently:
+what cannot be used marks its sample ``_invalid`` with the reason (for a damaged tar, the
+last sample read).
 """
 
 from __future__ import annotations
@@ -38,7 +23,6 @@ from shardex.storage.fetch.tars import RangedTar, TarCopies, TarCopy, open_objec
 
 _ZERO_BLOCK: Final = bytes(BLOCK)
 _SCAN_CHUNK: Final = 1 << 20
-# Types tarfile reports that hold no sample data: directories are structure, not samples.
 _IGNORED_TYPES: Final = (tarfile.DIRTYPE,)
 _TYPE_NAMES: Final = {
     tarfile.LNKTYPE: "a hard link",
@@ -54,33 +38,28 @@ class TarSample:
     """The sample being read: consecutive members with one key."""
 
     key: str
-    #: its members: (extension, data offset, size, copy) in its tar: their bytes stay in
-    #: the tar, read when the shard is written (a scan never holds them), or in a local
-    #: copy of what the scan read of a tar on object storage (``copy``: its path)
+    #: (ext, data offset, size, path of the local copy holding it or None)
     members: list[tuple[str, int, int, str | None]] = field(default_factory=list)
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
-    seen: set[str] = field(default_factory=set)  # extensions read
+    seen: set[str] = field(default_factory=set)
 
     def refuse(self, reason: str) -> None:
         """Mark the sample unusable (the first reason wins)."""
         self.problem = self.problem or reason
 
     def done(self) -> TarSample:
-        """The sample read whole (what it no longer needs dropped: it may be pickled)."""
+        """The sample read whole (``seen`` dropped: it may be pickled)."""
         self.seen = set()
         return self
 
 
 @dataclass(frozen=True, slots=True)
 class TarRef:
-    """One tar of a source: a local file (``storage`` None, ``path`` absolute) or an
-    object (``path`` below the ``storage``'s root), ``size`` bytes, named ``rel`` in
-    its samples' ``original_path``. Pickles (with its storage's options) to the process
-    that scans it; ``copies``: where a scan in this process keeps what it reads (see
-    :mod:`shardex.storage.fetch.tars`; never for a scan by a remote task); ``hold``:
-    whether a Ray task's scan keeps what it reads (see :mod:`shardex.storage.fetch.held`)."""
+    """One tar: a local file (``storage`` None) or an object below ``storage``; pickles to its
+    scanning process. ``copies``/``hold``: where a local or Ray scan keeps what it reads.
+    """
 
     path: str
     rel: str
@@ -91,16 +70,12 @@ class TarRef:
 
     @property
     def where(self) -> str:
-        """The local path or object URL: what its members name."""
+        """The local path or object URL."""
         return self.path if self.storage is None else self.storage.join(self.path)
 
 
 def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[TarSample, None, None]:
-    """The samples of one tar, in order, as references to its members' bytes (only
-    ``.cls`` and ``.json`` members are read); a damaged tar's last sample is marked.
-    ``hold``: where a Ray task's scan keeps the members it read (a tar on object storage).
-
-    A tar that cannot be opened at all is one sample named by the tar, marked unusable.
+    """The samples of one tar, in order; a tar that cannot be opened is one unusable sample.
 
     Raises:
         SourceError: the local tar cannot be opened as a file.
@@ -122,8 +97,6 @@ def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[TarSample
         except (tarfile.TarError, OSError) as exc:
             if _store_failed(exc):
                 raise
-            # one unreadable tar (0 or 1 byte, no tar at all) is one bad sample, named by
-            # the tar: refused, or skipped and recorded while the other tars are exported
             unreadable = TarSample(tar.rel)
             unreadable.refuse(f"not a readable tar at byte 0: {printable(str(exc))}")
             yield unreadable
@@ -139,8 +112,7 @@ def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[TarSample
 
 
 def _in_copy(sample: TarSample, copy: TarCopy) -> TarSample:
-    """The sample, its members whose bytes the scan read named in the tar's copy (the
-    scan is past them: it has read the next sample's header, or the tar's end)."""
+    """The sample with the members the scan read named in the tar's copy."""
     members = sample.members
     for i, (ext, offset, size, _) in enumerate(members):
         if copy.holds(offset, size):
@@ -152,21 +124,16 @@ def _in_copy(sample: TarSample, copy: TarCopy) -> TarSample:
 
 
 def tar_sample_list(tar: TarRef) -> tuple[TarRef, list[TarSample]]:
-    """Every sample of one tar (what a runner's task hands back: references only)."""
+    """Every sample of one tar (what a runner's task hands back)."""
     return tar, list(tar_samples(tar))
 
 
-#: What a Ray task's scan of one tar hands back last: the tar, its samples (references
-#: only) and the tar range of each part it yielded before.
 HeldScan = tuple[TarRef, list[TarSample], list[tuple[int, int]]]
 
 
 def tar_scan_held(tar: TarRef) -> Iterator[Part | HeldScan]:
-    """A task's scan of one tar that keeps, where ``tar.hold``, the members it read in
-    parts (see :mod:`shardex.storage.fetch.held`): yields each part as it fills (Ray stores each
-    as an object on the task's node), then the tar's :data:`HeldScan`."""
-    # no ``yield from``: Ray's generator tasks send values in, which a list's iterator
-    # cannot take
+    """A Ray task's scan of one tar: its held parts as they fill, then its :data:`HeldScan`."""
+    # no ``yield from``: Ray's generator tasks send values in
     hold = TarHold() if tar.hold else None
     samples: list[TarSample] = []
     with contextlib.closing(tar_samples(tar, hold)) as scan:
@@ -228,18 +195,13 @@ def scan_members(
 
 
 def _store_failed(exc: BaseException) -> bool:
-    """Whether a tar on object storage could not be read because its store failed
-    (after the storage layer's retries: down, access denied): that stops the export. A
-    tar gone since it was listed reads as damaged, as any object gone before it is read."""
+    """Whether the store itself failed (not a tar gone since listed): that stops the export."""
     return isinstance(exc, StorageError) and not isinstance(exc, ObjectNotFoundError)
 
 
 def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
-    """Why the tar does not end properly at ``offset``, or None.
-
-    tarfile stops quietly at end of file, at a short header and at a bad header after the
-    first one, so a cut tar would read as a shorter one: a well-formed tar has a zero block
-    where its members end.
+    """Why the tar does not end properly at ``offset``, or None (tarfile stops quietly at
+    a cut, so a cut tar would read as a shorter one).
     """
     raw.seek(offset)
     block = raw.read(BLOCK)
@@ -255,8 +217,7 @@ def _end_problem(raw: IO[bytes], offset: int, size: int) -> str | None:
 
 
 def _data_after_end(raw: IO[bytes], offset: int) -> str | None:
-    """Why bytes after the end-of-archive block matter (tars joined with ``cat``: tarfile
-    and GNU tar stop at the first tar's end), or None when only zero padding follows."""
+    """Where non-zero bytes follow the end-of-archive block (tars joined with ``cat``), or None."""
     raw.seek(offset)
     while chunk := raw.read(_SCAN_CHUNK):
         if chunk.count(0) != len(chunk):
@@ -267,7 +228,7 @@ def _data_after_end(raw: IO[bytes], offset: int) -> str | None:
 
 
 def _utf8(name: str) -> str:
-    """A member name as text that Arrow can store (tarfile keeps bad UTF-8 as surrogates)."""
+    """A member name Arrow can store (tarfile keeps bad UTF-8 as surrogates)."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -282,7 +243,11 @@ def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: 
     if problem is not None:
         s.refuse(problem)
     elif ext == "cls":
-        s.label = _read_label(raw, info, name, s)
+        text = _read(raw, info).strip()
+        try:
+            s.label = int(text)
+        except ValueError:
+            s.refuse(f"member {name!r} is not an integer class ({text[:40]!r})")
     elif ext == "json":
         s.meta, problem = json_member(_read(raw, info), name)
         if problem is not None:
@@ -292,7 +257,6 @@ def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: 
 
 
 def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) -> str | None:
-    """Why a member cannot be exported, or None."""
     if not info.isreg() or info.sparse is not None:
         kind = "a sparse file" if info.isreg() else _TYPE_NAMES.get(info.type)
         kind = kind or f"an entry of tar type {info.type!r}"
@@ -310,12 +274,3 @@ def _member_problem(info: tarfile.TarInfo, name: str, ext: str, seen: set[str]) 
 def _read(raw: IO[bytes], info: tarfile.TarInfo) -> bytes:
     raw.seek(info.offset_data)
     return raw.read(info.size)
-
-
-def _read_label(raw: IO[bytes], info: tarfile.TarInfo, name: str, s: TarSample) -> int | None:
-    text = _read(raw, info).strip()
-    try:
-        return int(text)
-    except ValueError:
-        s.refuse(f"member {name!r} is not an integer class ({text[:40]!r})")
-        return None

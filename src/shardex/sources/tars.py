@@ -1,14 +1,7 @@
-"""Existing WebDataset tars: a folder of ``.tar`` files, a glob, or one tar.
-
-Members are grouped into samples by key (the name up to the first dot of its last path
-component), in tar order. ``.cls`` members become the ``label`` column and ``.json``
-members become metadata columns; every other member is kept byte for byte, as a
-reference (its tar, offset and size: read when its shard is written). Tars on object
-storage are scanned by ranged GETs (see :mod:`shardex.storage.fetch.tars`), many at a
-time; :meth:`TarSource.stream_on` scans each tar in a task of a runner (on Ray, the task
-keeps what it read for the shards' tasks: see :mod:`shardex.storage.fetch.held`).
-
-Hostile or damaged tars never lose samples silently (see :mod:`shardex.sources.tar_scan`).
+"""Existing WebDataset tars (a folder, a glob or one tar) as a source: ``.cls`` members are
+labels, ``.json`` metadata, others references (tar, offset, size) read when shards are
+written. Tars on object storage are scanned by ranged GETs a few at a time, or by a
+runner's tasks; damage handling: :mod:`shardex.sources.tar_scan`.
 """
 
 from __future__ import annotations
@@ -37,6 +30,7 @@ from shardex.sources.base import (
     StoredSource,
     check_metadata_names,
     hand_over,
+    handed_over,
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, metadata_columns
@@ -75,7 +69,6 @@ class _Batcher:
         self.where = where
         self.batch_size = batch_size
         self.types = MetadataTypes(where, batch_size)
-        #: whether batches have a label column: decided by the first batch
         self.with_label: bool | None = None
         self.samples = 0
         self._clear()
@@ -92,8 +85,8 @@ class _Batcher:
         self.meta: list[dict[str, Any]] = []
         self.invalid: list[str | None] = []
 
-    def add(self, sample: TarSample, path: str, original: str, key_prefix: str) -> None:
-        self.keys.append(safe_key(key_prefix + sample.key))
+    def add(self, sample: TarSample, path: str, original: str) -> None:
+        self.keys.append(safe_key(sample.key))
         self.originals.append(original)
         for ext, offset, size, copy in sample.members:
             self.ext.append(ext)
@@ -107,11 +100,7 @@ class _Batcher:
         self.invalid.append(sample.problem)
         self.samples += 1
 
-    def full(self) -> bool:
-        return len(self.keys) >= self.batch_size
-
     def flush(self) -> pa.Table:
-        """The scan table of the samples collected since the last flush."""
         meta = metadata_columns(self.meta, self.keys, self.originals, self.where)
         if meta is not None:
             check_metadata_names(meta.column_names, self.where)
@@ -144,32 +133,24 @@ class TarSource(StoredSource):
     kind: ClassVar[str] = "webdataset-tars"
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """The samples in batches (see :meth:`Source.stream`); with a ``runner``, each
-        tar is scanned by one of its tasks (``runner.imap``, in order), which hands back
-        the tar's sample references; the batches are the same whatever the runner.
-        Without one, tars on object storage are scanned by threads, a few ahead."""
+        """The samples in batches; with a ``runner`` each tar is scanned by one of its tasks."""
         tars = self._tars()
         scanned: Iterator[tuple[TarRef, Iterable[TarSample]]]
-        held = held_tars()
+        held, remote = held_tars(), tars[0].storage is not None
         if runner is not None:  # its tasks may run on other machines: no local copies
             tars = [dataclasses.replace(tar, copies=None) for tar in tars]
-            if (
-                held is not None
-                and isinstance(runner, KeepingRunner)
-                and tars[0].storage is not None
-            ):
+            if held is not None and remote and isinstance(runner, KeepingRunner):
                 scanned = _scanned_held(runner, held, tars)
             else:
                 scanned = runner.imap(tar_sample_list, tars)
-        elif tars[0].storage is not None:
+        elif remote:
             scanned = _scanned_ahead(tars, SCAN_THREADS)
         else:
             scanned = ((tar, tar_samples(tar)) for tar in tars)
         return SampleStream(self._batches(scanned))
 
     def _tars(self) -> list[TarRef]:
-        """The source's tars, in order (a store on object storage registered to serve
-        their members' bytes, see :mod:`shardex.storage.fetch.objects`)."""
+        """The source's tars, in order (an object store registered to serve their bytes)."""
         if not is_url(self.uri):
             paths = _tar_paths(self.uri)
             root = os.path.commonpath([str(p.parent) for p in paths])
@@ -194,8 +175,8 @@ class TarSource(StoredSource):
             where = tar.where
             for sample in samples:
                 whole = not sample.members and sample.key == tar.rel  # an unreadable tar
-                out.add(sample, where, tar.rel if whole else f"{tar.rel}:{sample.key}", "")
-                if out.full():
+                out.add(sample, where, tar.rel if whole else f"{tar.rel}:{sample.key}")
+                if len(out.keys) >= out.batch_size:
                     yield ScanBatch(out.flush())
         if not out.samples:
             raise EmptySourceError(f"the tars at {self.uri!r} hold no samples")
@@ -206,9 +187,7 @@ class TarSource(StoredSource):
 def _scanned_held(
     runner: KeepingRunner, held: HeldTars, tars: list[TarRef]
 ) -> Iterator[tuple[TarRef, list[TarSample]]]:
-    """Each tar and its samples, in order, scanned by the runner's tasks, which keep what
-    they read for the shards' tasks (the tars that fit in :data:`HOLD_SHARE` of its
-    object store memory); their parts' refs are registered in ``held``."""
+    """Each tar and its samples, scanned by tasks that keep what they read (up to HOLD_SHARE)."""
     room = int(HOLD_SHARE * runner.store_bytes())
     marked = []
     for tar in tars:
@@ -233,18 +212,14 @@ def _scanned_held(
         yield tar, samples
 
 
-#: Tars on object storage scanned at once (by threads: the scan waits on requests).
-SCAN_THREADS: Final = 16
-#: Samples a scanning thread hands over at a time (and holds at most twice, waiting).
-_HANDOVER: Final = 1024
+SCAN_THREADS: Final = 16  # tars scanned at once: a scan waits on requests
+_HANDOVER: Final = 1024  # samples per handover (a thread holds two at most)
 
 
 def _scanned_ahead(
     tars: list[TarRef], threads: int
 ) -> Iterator[tuple[TarRef, Iterator[TarSample]]]:
-    """Each tar and its samples, in order, while the next ``threads - 1`` tars are
-    scanned by threads (each holding at most a few handovers of samples: memory does
-    not grow with the tars). The caller reads each tar's samples before the next tar's."""
+    """Each tar and its samples, in order, the next ``threads - 1`` tars scanned by threads."""
     stop = threading.Event()
     copies = tars[0].copies
     if copies is not None:  # their end (the export's scan over, or failed) stops the threads
@@ -266,7 +241,7 @@ def _scanned_ahead(
             start_next()
         while started:
             tar, handed = started.popleft()
-            yield tar, _handed_over(handed, stop)
+            yield tar, (s for chunk in handed_over(handed, stop) for s in chunk)
             start_next()
     finally:
         stop.set()  # threads still scanning stop at their next sample
@@ -275,8 +250,6 @@ def _scanned_ahead(
 
 
 def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
-    """Scan one tar in a thread, handing its samples over in lists, then its end (or
-    what it raised)."""
 
     try:
         chunk: list[TarSample] = []
@@ -293,22 +266,3 @@ def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threadin
             hand_over(handed, ("end", None), stop)
     except BaseException as exc:  # raised again in the consumer
         hand_over(handed, ("error", exc), stop)
-
-
-def _handed_over(
-    handed: queue.Queue[tuple[str, Any]], stop: threading.Event
-) -> Iterator[TarSample]:
-    """A tar's samples as its thread hands them over; an error, not a wait for good, if
-    its scan was stopped (its copies closed: read after the export's scan ended)."""
-    while True:
-        try:
-            kind, value = handed.get(timeout=0.2)
-        except queue.Empty:
-            if stop.is_set() and handed.empty():
-                raise RuntimeError("a tar's samples were read after its scan was stopped") from None
-            continue
-        if kind == "error":
-            raise value
-        if kind == "end":
-            return
-        yield from value
