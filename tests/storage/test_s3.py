@@ -26,7 +26,7 @@ from shardex.storage.direct import STREAM_PIECE
 from shardex.storage.paged import PAGE
 from shardex.testing import StorageTests
 from tests.support.interop import read_with_webdataset
-from tests.support.proxy import RequestRecord
+from tests.support.proxy import RequestHead, RequestRecord
 from tests.support.s3data import S3Location
 
 FRACTIONS = {"train": 0.8, "val": 0.2}
@@ -224,6 +224,43 @@ def test_a_stream_holds_small_chunks_in_one_get(s3: S3Location) -> None:
     assert all(STREAM_PIECE <= n < 2 << 20 for n in sizes)
     s3.proxy.wait_idle()
     assert [(r.method, r.range) for r in s3.proxy.requests] == [("GET", None)] * 2
+
+
+def test_a_stalled_request_of_a_batch_is_hedged_on_the_server(s3: S3Location) -> None:
+    """The proxy holds one sample's GET for 20 s: the batch answers long before, with the
+    same samples, through a second GET of the same range; hedges are counted."""
+    from shardex.storage.batch import read_stats
+
+    _export_s3(s3)
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
+    want = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
+    rng = random.Random(4)
+    read_stats.reset(latencies=True)
+    while len(read_stats.latencies) < 128:  # latencies seen: a threshold to hedge at
+        ds.get_many(rng.sample(range(len(ds)), 20))
+    picks = rng.sample(range(len(ds)), 20)
+    offset, _, shard, _ = ds.index.record(picks[7])  # type: ignore[attr-defined]
+    path = shardex.read_config(ObjectStorage(s3.url, s3.direct)).splits["train"].shards[shard].path
+
+    def stalled(head: RequestHead | RequestRecord) -> bool:  # the GET holding that sample
+        if head.range is None or not head.path.endswith(path):
+            return False
+        first, last = (int(x) for x in head.range.removeprefix("bytes=").split("-"))
+        return first <= offset <= last
+
+    s3.proxy.reset()
+    s3.proxy.delay_next(1, 20, when=stalled)
+    read_stats.reset()
+    began = time.monotonic()
+    try:
+        assert ds.get_many(picks) == want.get_many(picks)
+        assert time.monotonic() - began < 10
+    finally:
+        s3.proxy.clear_faults()
+    assert read_stats.hedged >= 1
+    assert read_stats.hedges_won >= 1
+    # the hedge answered (the held GET is recorded when the proxy answers it, 20 s on)
+    assert len([r for r in s3.proxy.requests if stalled(r)]) == 1
 
 
 def test_get_many_runs_bounded_ranged_gets(s3: S3Location) -> None:

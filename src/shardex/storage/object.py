@@ -51,7 +51,9 @@ class ObjectStorage(Storage):
             (batched reads, ``get_many``, fetch two ranges of a shard in one request
             when at most this many bytes lie between them: ``0`` fetches only the bytes
             asked for, a larger gap makes fewer requests; bytes or ``"64KiB"``, default
-            ``"64KiB"``), and any obstore
+            0), ``read_concurrency`` (ranged GETs of a batch in flight, default 64) and
+            ``hedge`` (a second GET for a slow request, default true; see
+            docs/storage.md), and any obstore
             store or client option (``access_key_id``, ``secret_access_key``,
             ``session_token``, ``virtual_hosted_style_request``, ``allow_http``, ...);
             an unknown name is a :class:`ConfigError`. Unset options come from the

@@ -124,8 +124,8 @@ class ShardDataset(SampleRanges):
         """Samples in the order asked, read as one batch.
 
         Reads are sorted per shard, two merged when at most ``coalesce_gap`` bytes apart
-        (default: 0 locally, where reads go one by one; the storage's option, 64 KiB,
-        remotely, where reads run concurrently).
+        (default: 0, only touching samples merge; on object storage the storage option
+        ``coalesce_gap``, where the reads run concurrently and hedged).
         """
         gap = coalesce_gap if coalesce_gap is not None else self.storage.coalesce_gap
         return self._access.get_many(indices, DEFAULT_COALESCE_GAP if gap is None else gap)
