@@ -2,9 +2,10 @@
 
 A batch waits for its slowest request, and on S3 the slowest 1-5% of requests take several
 times the median, so nearly every batch of 64 meets one. A request that has waited 1.2x
-the 95th percentile of the latencies seen so far gets a second, identical ranged GET;
-the first answer wins and the other is cancelled. Hedges are capped at ``budget`` of the
-requests sent (5% by default), and counted in :data:`read_stats`.
+the 95th percentile of the latencies seen so far gets a second, identical ranged GET, and
+a third if both wait as long again (a hedge can meet the tail too); the first answer wins
+and the others are cancelled. Hedges are capped at ``budget`` of the requests sent (5% by
+default), and counted in :data:`read_stats`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ DEFAULT_CONCURRENCY: Final = 64
 _WINDOW: Final = 512
 #: Latencies needed before any request is hedged.
 _WARMUP: Final = 64
+#: Requests sent for one range at most: the first and two hedges.
+_ATTEMPTS: Final = 3
 
 Fetch = Callable[[str, int, int], Awaitable[bytes]]
 
@@ -91,48 +94,50 @@ async def fetch_all(
     """Every ``(path, start, length)`` through ``fetch``, at most ``policy.concurrency``
     at a time, slow ones hedged; the results in the order asked."""
     limit = asyncio.Semaphore(max(1, policy.concurrency))
-    stats = read_stats
 
     async def one(path: str, start: int, length: int) -> bytes:
         async with limit:
             began = time.perf_counter()
-            stats.requests += 1
-            first = asyncio.ensure_future(fetch(path, start, length))
-            wait = stats.threshold() if policy.hedge else None
-            if wait is not None:
-                done, _ = await asyncio.wait({first}, timeout=wait)
-                if not done and stats.hedged < policy.budget * stats.requests:
-                    data = await _hedged(first, fetch, (path, start, length))
-                    stats.record(time.perf_counter() - began)
-                    return data
-            data = await first
-            stats.record(time.perf_counter() - began)
+            read_stats.requests += 1
+            wait = read_stats.threshold() if policy.hedge else None
+            if wait is None:
+                data = await fetch(path, start, length)
+            else:
+                data = await _hedged(fetch, (path, start, length), wait, policy.budget)
+            read_stats.record(time.perf_counter() - began)
             return data
 
     return list(await asyncio.gather(*(one(*r) for r in requests)))
 
 
-async def _hedged(
-    first: asyncio.Future[bytes], fetch: Fetch, request: tuple[str, int, int]
-) -> bytes:
-    """The first good answer of ``first`` and a second request for the same bytes."""
-    read_stats.requests += 1
-    read_stats.hedged += 1
-    second = asyncio.ensure_future(fetch(*request))
-    pending = {first, second}
-    error: BaseException | None = None
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+async def _hedged(fetch: Fetch, request: tuple[str, int, int], wait: float, budget: float) -> bytes:
+    """The first good answer among a request and up to two hedges, each sent once the
+    requests before it have waited ``wait`` seconds (a hedge can meet the tail too)."""
+    stats = read_stats
+    first = asyncio.ensure_future(fetch(*request))
+    tasks, sent, error = {first}, 1, None
+    while True:
+        done, tasks = await asyncio.wait(
+            tasks, timeout=wait if sent < _ATTEMPTS else None, return_when=asyncio.FIRST_COMPLETED
+        )
         for task in done:
             if task.exception() is None:
-                for other in pending:
+                for other in tasks:
                     other.cancel()
-                if task is second:
-                    read_stats.hedges_won += 1
+                if task is not first:
+                    stats.hedges_won += 1
                 return task.result()
             error = error or task.exception()
-    assert error is not None
-    raise error
+        if not done and stats.hedged < budget * stats.requests:  # waited too long: hedge
+            stats.requests += 1
+            stats.hedged += 1
+            sent += 1
+            tasks.add(asyncio.ensure_future(fetch(*request)))
+        elif not done:  # no budget left: wait for what was sent
+            sent = _ATTEMPTS
+        elif not tasks:
+            assert error is not None
+            raise error
 
 
 class _Loop:
