@@ -8,8 +8,7 @@ from shardex.errors import ConfigError
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: those given, else torch.distributed's when it is
-    initialised, else ``(0, 1)``.
+    """``(rank, world_size)``: those given, else torch.distributed's, else ``(0, 1)``.
 
     Raises:
         ConfigError: the rank is outside ``range(world_size)``.
@@ -31,11 +30,7 @@ def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def rank_share(num_samples: int, world_size: int, *, drop_last: bool) -> int:
-    """Samples every rank gets per epoch: the same number on every rank.
-
-    Without ``drop_last`` the epoch is padded up to a multiple of ``world_size`` by
-    repeating samples from its start; with it, the tail is dropped.
-    """
+    """Samples every rank gets per epoch: padded up without ``drop_last``, else cut down."""
     if drop_last:
         return num_samples // world_size
     return -(-num_samples // world_size)

@@ -1,18 +1,9 @@
 """A seeded bijective permutation of ``range(n)`` in O(1) memory and O(1) time per index.
 
-A balanced Feistel network over the smallest even number of bits that covers ``n``
-(a domain below ``4 * n``), with *cycle walking*: an index whose image falls outside
-``range(n)`` is encrypted again until it lands inside. A Feistel network is a bijection
-of its domain whatever its round function, and cycle walking restricts a bijection of the
-domain to a bijection of ``range(n)`` (each orbit enters and leaves ``range(n)``), so the
-result is a true permutation for every ``n >= 1``; the expected number of walks is below 4.
-
-The round function is the SplitMix64 finaliser of ``half + round key``; round keys come from
-``(seed, epoch)``, so each epoch gets a new, reproducible order. Nothing of size ``n`` is
-ever stored: 10M-sample epochs cost no permutation array per worker.
-
-Scalar evaluation uses Python integers (numpy scalars warn on the intended uint64
-wrap-around); :meth:`IndexPermutation.map` evaluates whole arrays with numpy.
+A balanced Feistel network (a bijection whatever its round function, SplitMix64 here) over
+the smallest even bit width covering ``n`` (domain < ``4 * n``), with cycle walking to
+restrict it to ``range(n)`` (expected walks < 4). Round keys come from ``(seed, epoch)``.
+Scalars use Python ints because numpy scalars warn on the intended uint64 wrap-around.
 """
 
 from __future__ import annotations
@@ -61,10 +52,8 @@ def derive_key(*parts: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class IndexPermutation:
-    """The permutation of ``range(n)`` for one ``(seed, epoch)``.
-
-    ``perm(i)`` is the index at position ``i``; ``perm.inverse(j)`` the position of index
-    ``j``. Both take O(1) time and memory; ``perm.map(array)`` evaluates many at once.
+    """The permutation of ``range(n)`` for one ``(seed, epoch)``: ``perm(i)`` is the index
+    at position ``i``, ``perm.inverse(j)`` the position of ``j``; ``perm.map`` vectorises.
 
     Args:
         n: the number of indices (at least 1).
@@ -105,10 +94,6 @@ class IndexPermutation:
             left, right = right ^ (mix64(left + key) & mask), left
         return (left << half) | right
 
-    def _check(self, i: int) -> None:
-        if not 0 <= i < self.n:
-            raise IndexError(f"index {i} is out of range for a permutation of {self.n}")
-
     def __call__(self, i: int) -> int:
         """The index at position ``i`` of the shuffled order."""
         return self._walk(i, self._encrypt)
@@ -118,8 +103,8 @@ class IndexPermutation:
         return self._walk(j, self._decrypt)
 
     def _walk(self, i: int, step: Callable[[int], int]) -> int:
-        """``step`` (the cipher or its inverse) of ``i``, walked until it is in ``range(n)``."""
-        self._check(i)
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} is out of range for a permutation of {self.n}")
         y = step(i)
         while y >= self.n:
             y = step(y)
@@ -129,8 +114,7 @@ class IndexPermutation:
         half = np.uint64(self._half)
         mask = np.uint64((1 << self._half) - 1)
         left, right = x >> half, x & mask
-        keys = reversed(self._keys) if inverse else self._keys
-        for key in keys:
+        for key in reversed(self._keys) if inverse else self._keys:
             k = np.uint64(key)
             if inverse:
                 left, right = right ^ (mix64_array(left + k) & mask), left

@@ -1,10 +1,8 @@
 """A bounded shuffle buffer that can be replayed on positions alone.
 
-The buffer's choices come from a counter-based generator: choice number ``step`` is a hash
-of ``(key, step)``, so the same key and input give the same output order, and the state
-after any number of outputs is rebuilt by running the buffer over sample *positions*
-(integers, no bytes read): that is how a stream resumes mid-epoch, reading only the samples
-the buffer held and the ones not yet reached.
+Choice ``step`` is a hash of ``(key, step)``, so the state after any number of outputs
+is rebuilt by running the buffer over positions alone: a mid-epoch resume reads only the
+samples the buffer held and the ones not yet reached.
 """
 
 from __future__ import annotations
@@ -28,11 +26,7 @@ class ShuffleBuffer(Generic[T]):
     """Holds up to ``size`` items; once full, each new item takes the place of a randomly
     chosen held one, which is given out. ``size <= 1`` gives items out in input order.
 
-    Args:
-        size: the most items held.
-        key: the seed of the choices (from seed, epoch, rank and worker).
-        items: the held items, to continue from a replayed state.
-        step: the number of items given out so far, likewise.
+    ``items`` and ``step`` (items given out) continue a replayed state.
     """
 
     def __init__(self, size: int, key: int, *, items: list[T] | None = None, step: int = 0):

@@ -1,26 +1,13 @@
 """``TensorShardsLoader``: batches from a window of whole shards, prefetched.
 
-For backends whose shards are runs of whole samples (``capabilities.shard_windows``; their
-datasets are :class:`~shardex.dataset.ShardWindows`): shards are read whole, a few at a
-time. An epoch is:
+For backends with ``capabilities.shard_windows``. An epoch: the shards in a seeded order
+as one sample sequence; rank ``r`` takes the ``r``-th of ``world_size`` equal contiguous
+shares (the ``N % world_size`` tail is left out); the share is cut into windows of
+``shards_per_window`` shard pieces, loaded ahead by threads and shuffled within; the
+windows' samples, back to back, are cut into batches (a batch may span two windows).
 
-1. the split's shards in a seeded order (``shuffle_shards``; new every epoch), read as
-   one sequence of samples;
-2. that sequence cut into ``world_size`` equal contiguous shares: rank ``r`` reads
-   ``N // world_size`` samples (the last ``N % world_size`` samples of the epoch's order
-   are left out that epoch, a different few each epoch), so ranks never wait on each
-   other;
-3. a rank's share cut into *windows* of ``shards_per_window`` shard pieces; each window is
-   loaded by ``prefetch_workers`` threads, ``prefetch_windows`` windows ahead, and its
-   samples shuffled together (``shuffle_samples``);
-4. the windows' samples, back to back, cut into batches of ``batch_size``: a batch may
-   span two windows, so batch size and shard size are independent; only the epoch's last
-   batch may be short (``drop_last`` drops it).
-
-A batch is a dict: ``"__key__"`` (list of keys), fixed-shape fields as tensors
-``(B, ...)`` (labels: int64 ``(B,)``), other fields as lists (bytes, arrays). The loader
-holds its own position: ``state_dict()`` after k batches, ``load_state_dict()`` in a
-fresh process, and iteration continues with batch k + 1 of the same epoch.
+A batch is a dict: ``"__key__"`` (keys), fixed-shape fields as ``(B, ...)`` tensors,
+other fields as lists.
 """
 
 from __future__ import annotations
@@ -42,6 +29,7 @@ from shardex.bfloat16 import is_bfloat16
 from shardex.dataset import ShardWindows
 from shardex.errors import ConfigError
 from shardex.fields import is_fixed
+from shardex.torch.distributed import resolve_ranks
 from shardex.torch.order import EpochOrder
 from shardex.torch.permutation import derive_key
 
@@ -125,23 +113,14 @@ class TensorShardsLoader:
             )
         if prefetch_windows < 0:
             raise ConfigError(f"prefetch_windows must be >= 0, got {prefetch_windows}")
-        if rank is None or world_size is None:
-            dist = torch.distributed
-            ready = dist.is_available() and dist.is_initialized()
-            rank = dist.get_rank() if ready else 0
-            world_size = dist.get_world_size() if ready else 1
-        if not 0 <= rank < world_size:
-            raise ConfigError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.rank, self.world_size = resolve_ranks(rank, world_size)
         self.dataset: ShardWindows = dataset
         self.batch_size, self.drop_last, self.pin_memory = batch_size, drop_last, pin_memory
         self.shards_per_window, self.prefetch_windows = shards_per_window, prefetch_windows
         self.prefetch_workers = prefetch_workers
         self.shuffle_shards, self.shuffle_samples, self.seed = shuffle_shards, shuffle_samples, seed
-        self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self._batches = 0  # batches of this epoch delivered
-
-    # -- the epoch's plan ----------------------------------------------------------------
 
     def _windows(self) -> list[_Window]:
         counts = list(self.dataset.shard_sizes)
@@ -164,13 +143,12 @@ class TensorShardsLoader:
         full, rest = divmod(share, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    # -- loading -------------------------------------------------------------------------
-
     def _load(self, window: _Window, number: int) -> tuple[ColumnReader, npt.NDArray[np.int64]]:
         """A window's columns, and the order its samples are read in."""
-        parts = []
-        for shard, start, count in window.pieces:
-            parts.append(slice_columns(self.dataset.shard_columns(shard), start, count))
+        parts = [
+            slice_columns(self.dataset.shard_columns(shard), start, count)
+            for shard, start, count in window.pieces
+        ]
         joined = ColumnReader(self.dataset.layout, concat_columns(parts))
         order = np.arange(window.size, dtype=np.int64)
         if self.shuffle_samples:
@@ -246,12 +224,10 @@ class TensorShardsLoader:
                 ]
         return out
 
-    # -- resume ----------------------------------------------------------------------------
-
     def set_epoch(self, epoch: int) -> None:
-        """Use this epoch's orders for the next pass (a new epoch forgets a resume point;
-        setting the epoch a resume point belongs to keeps it). A full pass moves to the
-        next epoch by itself."""
+        """Use this epoch's orders for the next pass (a new epoch forgets a resume point).
+
+        A full pass moves to the next epoch by itself."""
         if epoch != self.epoch:
             self.epoch, self._batches = epoch, 0
 
