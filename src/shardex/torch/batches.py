@@ -1,15 +1,13 @@
 """Batches assembled in place and passed from DataLoader workers through reused memory.
 
-torch's ``default_collate`` stacks each worker batch into fresh shared memory (about
-140 µs of page faults per 224×224 image); see docs/torch.md. A buffer's life::
+torch's ``default_collate`` stacks each worker batch into fresh shared memory (~140 µs of
+page faults per 224×224 image; docs/torch.md). A buffer's life::
 
     worker: take a FREE buffer, mark it BUSY, fill the batch's rows, send (token, id)
     main:   view the buffer (mapped once per worker), hand out tensors over that view
     main:   the last tensor viewing it is freed  ->  mark it FREE   (weakref.finalize)
 
-The flag is the buffer's first byte, so no message flows back to the worker. Past
-:data:`MAX_BUFFERS` a worker falls back to torch's fresh memory, so a loop that keeps
-batches never sees memory a worker overwrites.
+Past :data:`MAX_BUFFERS` a worker uses torch's fresh memory: kept batches are never reused.
 """
 
 from __future__ import annotations
@@ -107,12 +105,9 @@ class _Rows:
 class RowPacker:
     """Copies each item's tensors into rows of batch tensors as the items are made.
 
-    ``pack(item)`` replaces each tensor of a dict item by its row of a batch tensor, which
-    :func:`collate` then returns as is. A value whose shape or dtype differs from its
-    batch's first is left alone, and that batch collates the ordinary way.
-
-    Args:
-        rows: items per batch.
+    ``pack(item)`` replaces each tensor of a dict item by its row of a batch tensor of
+    ``rows`` rows, which :func:`collate` returns as is. A value whose shape or dtype differs
+    from its batch's first is left alone, and that batch collates the ordinary way.
     """
 
     def __init__(self, rows: int) -> None:
@@ -419,9 +414,8 @@ def _rebuild_staged(
         if storage is not None:
             buffers[ident] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
         whole = buffers[ident]
-    count = _nbytes(shape, dtype)
     # A fresh array per batch: its finalizer runs when the last tensor viewing it goes.
-    data = whole[HEADER : HEADER + count]
+    data = whole[HEADER : HEADER + _nbytes(shape, dtype)]
     weakref.finalize(data, _release, whole)
     return torch.from_numpy(data).view(dtype).view(shape)
 

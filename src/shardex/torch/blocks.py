@@ -1,7 +1,5 @@
-"""Reading runs of consecutive samples of a shard, one request each, one run ahead.
-
-A block is at most ``block_bytes`` (or one larger sample), fetched with one ``pread`` or
-ranged GET; at most two blocks are held.
+"""Reading runs of consecutive samples of a shard (at most ``block_bytes``, or one larger
+sample), one ``pread`` or ranged GET each, one run ahead.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Which worker's samples a DataLoader has handed out, given how many were handed out.
-
-A DataLoader over an IterableDataset hands worker batches out round-robin, skipping
-exhausted workers, so the samples taken fix how many came from each worker.
+"""Which worker's samples a DataLoader has handed out: it hands worker batches out
+round-robin, skipping exhausted workers, so the samples taken fix each worker's count.
 """
 
 from __future__ import annotations
@@ -25,14 +23,9 @@ def deliverable(remaining: int, batch_size: int, drop_last: bool) -> int:
 def deliver(
     consumed: int, remaining: Sequence[int], batch_size: int, drop_last: bool
 ) -> tuple[list[int], int]:
-    """Samples taken from each worker once ``consumed`` samples were handed out, and the id
-    of the worker whose batch comes next.
-
-    ``remaining`` is what each worker (by id) yields in this pass.
-
-    Raises:
-        ConfigError: ``consumed`` does not end on a batch boundary, or is more than the
-            workers yield.
+    """Samples taken from each worker (``remaining``: what each yields this pass) once
+    ``consumed`` were handed out, and the id of the worker whose batch comes next; a
+    ConfigError when ``consumed`` is off a batch boundary or more than the workers yield.
     """
     workers = len(remaining)
     shape = [batch_sizes(r, batch_size, drop_last) for r in remaining]

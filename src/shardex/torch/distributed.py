@@ -8,11 +8,7 @@ from shardex.errors import ConfigError
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: those given, else torch.distributed's, else ``(0, 1)``.
-
-    Raises:
-        ConfigError: the rank is outside ``range(world_size)``.
-    """
+    """``(rank, world_size)``: those given, else torch.distributed's, else ``(0, 1)``."""
     if rank is None or world_size is None:
         import torch.distributed as dist
 
@@ -37,11 +33,8 @@ def rank_share(num_samples: int, world_size: int, *, drop_last: bool) -> int:
 
 
 def check_state(state: dict[str, Any], kind: str, expected: dict[str, Any]) -> None:
-    """Refuse a state dict made by another kind of object or for another setup.
-
-    Raises:
-        ConfigError: naming the first field that differs, what was saved and what is here.
-    """
+    """Raise ConfigError for a state dict of another kind, or naming the first field
+    whose saved value differs from ``expected``."""
     if not isinstance(state, dict) or state.get("kind") != kind:
         found = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(f"not a {kind} state dict (its kind is {found!r})")

@@ -1,7 +1,5 @@
-"""An export split opened lazily, once per process, that pickles as a few names.
-
-A forked DataLoader worker keeps the opened split (storage remakes its handles per
-process); a spawned one unpickles the names and reopens it (the index is cached locally).
+"""An export split opened lazily, once per process, that pickles as a few names (a
+spawned worker reopens it; the index is cached locally).
 """
 
 from __future__ import annotations
@@ -16,10 +14,7 @@ from shardex.storage import Storage, open_storage
 
 
 class DatasetHandle:
-    """Opens ``split`` of the export at ``uri`` on first use in each process.
-
-    Args as for :class:`~shardex.torch.MapDataset`.
-    """
+    """Opens ``split`` of the export at ``uri`` on first use in each process."""
 
     def __init__(
         self,
@@ -60,11 +55,7 @@ class DatasetHandle:
         return self._dataset
 
     def shards(self) -> SampleRanges:
-        """The opened split as byte ranges of its shards.
-
-        Raises:
-            ConfigError: the dataset is not a :class:`~shardex.dataset.SampleRanges`.
-        """
+        """The opened split as byte ranges of its shards, or a ConfigError."""
         ds = self.dataset()
         if not isinstance(ds, SampleRanges):
             raise ConfigError(

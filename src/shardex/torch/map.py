@@ -24,7 +24,7 @@ class MapDataset(Dataset[Any]):
 
     Args:
         uri: the export's folder or URL (or a Storage).
-        split: the split; may be left out when the export has only one.
+        split: may be left out when the export has only one.
         decode: True: items are ``{"__key__", "image", "label", *keys}`` (image an
             (H, W, C) uint8 tensor, or ``transform(pixels)``); False: the raw sample plus
             ``keys`` (passed to ``transform`` if given).

@@ -1,9 +1,6 @@
-"""The sample sequence of a streaming epoch, and how it is cut among ranks and workers.
-
-The *sequence* is every shard in a seeded order, each front to back; positions past its
-end wrap to its start (padding ranks equal). A *plan* is the ``[start, stop)`` segments a
-rank reads in a pass (its share, or what a resume left), cut into one contiguous *piece*
-per DataLoader worker.
+"""The sample sequence of a streaming epoch (shards in a seeded order, positions past the
+end wrapping to its start), and how a rank's *plan* of segments is cut into one
+contiguous *piece* per DataLoader worker.
 """
 
 from __future__ import annotations

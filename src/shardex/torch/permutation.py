@@ -1,9 +1,7 @@
 """A seeded bijective permutation of ``range(n)`` in O(1) memory and O(1) time per index.
 
-A balanced Feistel network (a bijection whatever its round function, SplitMix64 here) over
-the smallest even bit width covering ``n`` (domain < ``4 * n``), with cycle walking to
-restrict it to ``range(n)`` (expected walks < 4). Round keys come from ``(seed, epoch)``.
-Scalars use Python ints because numpy scalars warn on the intended uint64 wrap-around.
+A balanced Feistel network over the smallest even bit width covering ``n``, with cycle
+walking into ``range(n)`` (expected walks < 4); round keys come from ``(seed, epoch)``.
 """
 
 from __future__ import annotations

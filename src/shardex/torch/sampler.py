@@ -34,9 +34,8 @@ class ShardexSampler(Sampler[int]):
     The state is independent of ``num_workers``, batch size and rank.
 
     Args:
-        dataset_len: the number of samples in the dataset (``len(dataset)``).
-        rank: this process's rank; default torch.distributed's, or 0.
-        world_size: the number of ranks; default torch.distributed's, or 1.
+        dataset_len: ``len(dataset)``.
+        rank, world_size: default torch.distributed's, else 0 of 1.
         shuffle: shuffle each epoch; if False the order is ``0, 1, 2, ...``.
         seed: the shuffle seed; the same on every rank.
         drop_last: drop the tail instead of padding.
@@ -74,11 +73,7 @@ class ShardexSampler(Sampler[int]):
             self.epoch, self._resume_at, self._consumed = epoch, 0, 0
 
     def advance(self, n: int) -> None:
-        """Record that the training loop has taken ``n`` more samples of this epoch.
-
-        Raises:
-            ConfigError: ``n`` is negative or would pass the end of the rank's share.
-        """
+        """Record that the training loop has taken ``n`` more samples of this epoch."""
         if n < 0 or self._consumed + n > self.num_samples:
             raise ConfigError(
                 f"advance({n}) after {self._consumed} consumed samples would pass the end of "
@@ -102,11 +97,8 @@ class ShardexSampler(Sampler[int]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch.
-
-        Raises:
-            ConfigError: the state was saved with other settings.
-        """
+        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch
+        (a ConfigError if it was saved with other settings)."""
         check_state(state, STATE_KIND, self._setup())
         consumed = int(state["consumed"])
         if not 0 <= consumed <= self.num_samples:
@@ -162,11 +154,7 @@ class SamplerIterator(Iterator[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at a saved position, unless ``set_epoch`` chose another epoch
-        (StatefulDataLoader loads state after the loop's ``set_epoch``): then its start.
-
-        Raises:
-            ConfigError: the state is not a sampler iterator's or is outside the share.
-        """
+        (StatefulDataLoader loads state after the loop's ``set_epoch``): then its start."""
         check_state(state, ITERATOR_KIND, {})
         epoch, yielded = int(state["epoch"]), int(state["yielded"])
         if not 0 <= yielded <= self.sampler.num_samples:

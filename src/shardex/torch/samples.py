@@ -25,17 +25,9 @@ Transform = Callable[[Any], Any]
 
 @dataclass(frozen=True, slots=True)
 class SampleSpec:
-    """How a raw sample becomes the item a loader yields.
-
-    Attributes:
-        decode: True: ``{"__key__", "image", "label", *keys}`` (image an (H, W, C) uint8
-            tensor or ``transform(pixels)``, label from ``cls``); False: the raw sample plus
-            ``keys``, passed to ``transform`` if given.
-        transform: see ``decode``; must pickle for spawned DataLoader workers.
-        decode_size: ``(width, height)`` the transform resizes to (JPEGs decode smaller).
-        keys: ``metadata.parquet`` columns to add: numbers as scalars, fixed-size lists as
-            tensors, anything else its Python value.
-    """
+    """How a raw sample becomes the item a loader yields: the fields are the arguments of
+    :class:`~shardex.torch.MapDataset`. ``keys`` columns come as Python scalars or values,
+    fixed-size lists as tensors."""
 
     decode: bool = True
     transform: Transform | None = None

@@ -1,8 +1,5 @@
-"""A bounded shuffle buffer that can be replayed on positions alone.
-
-Choice ``step`` is a hash of ``(key, step)``, so the state after any number of outputs
-is rebuilt by running the buffer over positions alone: a mid-epoch resume reads only the
-samples the buffer held and the ones not yet reached.
+"""A bounded shuffle buffer that can be replayed on positions alone: choice ``step`` is a
+hash of ``(key, step)``, so a resume reads only the samples held and those not reached.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A streaming PyTorch dataset: shard order, bounded shuffle, exactly equal ranks, resume.
 
-Rank ``r`` of ``W`` takes positions ``[r * L, (r + 1) * L)`` of the epoch's shard-ordered
-sequence (see :mod:`shardex.torch.order`), wrapping past ``N``; each worker reads one
-contiguous piece of that in runs of at most ``block_bytes`` (the next read ahead) through
-a seeded shuffle buffer. Memory per worker: ``2 * block_bytes`` and ``buffer_size`` samples.
+Each worker reads its piece of the rank's share (:mod:`shardex.torch.order`) in runs of
+at most ``block_bytes``, one ahead, through a seeded shuffle buffer.
 """
 
 from __future__ import annotations
@@ -38,6 +36,8 @@ from shardex.torch.shuffle import ShuffleBuffer, leftovers, replay
 
 STATE_KIND: Final = "shardex.StreamDataset"
 ITERATOR_KIND: Final = "shardex.StreamDataset.iterator"
+#: The settings a state records besides ``num_samples``, and must match when loaded.
+_SETUP: Final = ("world_size", "rank", "shuffle", "seed", "buffer_size", "drop_last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +69,14 @@ class StreamDataset(IterableDataset[Any]):
     otherwise. A plain DataLoader with workers iterates correctly but has no state.
 
     Args:
-        uri: the export's folder or URL (or a Storage).
-        split: the split; may be left out when the export has only one.
+        uri, split, decode, transform, decode_size, keys, storage_options, verify: as for
+            :class:`~shardex.torch.MapDataset`.
         shuffle: shuffle the shard order per epoch and mix samples in a buffer.
         seed: the shuffle seed; the same on every rank.
         buffer_size: samples held by each worker's shuffle buffer.
-        decode, transform, decode_size, keys: what each item is, as for
-            :class:`~shardex.torch.MapDataset`.
-        rank: this process's rank; default torch.distributed's, or 0.
-        world_size: the number of ranks; default torch.distributed's, or 1.
+        rank, world_size: default torch.distributed's, else 0 of 1.
         drop_last: give every rank ``N // world_size`` samples instead of padding.
         block_bytes: the most bytes read with one request (and held twice per worker).
-        storage_options: options for object storage.
-        verify: check each sample's checksum as it is read.
     """
 
     def __init__(
@@ -178,22 +173,11 @@ class StreamDataset(IterableDataset[Any]):
         return _Start(tuple(merge(rest)), start.generation + 1, (), 0)
 
     def _setup(self) -> dict[str, Any]:
-        return {
-            "num_samples": len(self._handle),
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "buffer_size": self.buffer_size,
-            "drop_last": self.drop_last,
-        }
+        return {"num_samples": len(self._handle), **{n: getattr(self, n) for n in _SETUP}}
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able record of how far this rank got in the current epoch.
-
-        Raises:
-            ConfigError: samples came from workers of a loader not made by :meth:`dataloader`.
-        """
+        """A JSON-able record of how far this rank got in the current epoch (a ConfigError
+        if samples came from workers of a loader not made by :meth:`dataloader`)."""
         start = self._pass or self._pending or self._fresh()
         given, rotation = list(start.given), start.rotation
         if self._consumed:
@@ -233,11 +217,8 @@ class StreamDataset(IterableDataset[Any]):
         return given, roles[next_id]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch.
-
-        Raises:
-            ConfigError: the state was saved with other settings or for another split.
-        """
+        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch
+        (a ConfigError if it was saved with other settings or for another split)."""
         check_state(state, STATE_KIND, self._setup())
         plan = tuple((int(a), int(b)) for a, b in state["plan"])
         given = tuple(int(g) for g in state["given"])
@@ -326,11 +307,7 @@ class StreamIterator(Iterator[Any]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at a saved position of the dataset's loaded pass, unless ``set_epoch``
         chose another epoch (StatefulDataLoader loads state after the loop's ``set_epoch``):
-        then that epoch from its start.
-
-        Raises:
-            ConfigError: the state belongs to another pass or worker, or lies outside
-                this worker's piece.
+        then that epoch from its start. A ConfigError for another pass's or worker's state.
         """
         check_state(state, ITERATOR_KIND, {})
         ds = self.dataset

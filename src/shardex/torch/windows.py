@@ -1,13 +1,8 @@
-"""``TensorShardsLoader``: batches from a window of whole shards, prefetched.
+"""``TensorShardsLoader``: batches from prefetched windows of whole shards.
 
-For backends with ``capabilities.shard_windows``. An epoch: the shards in a seeded order
-as one sample sequence; rank ``r`` takes the ``r``-th of ``world_size`` equal contiguous
-shares (the ``N % world_size`` tail is left out); the share is cut into windows of
-``shards_per_window`` shard pieces, loaded ahead by threads and shuffled within; the
-windows' samples, back to back, are cut into batches (a batch may span two windows).
-
-A batch is a dict: ``"__key__"`` (keys), fixed-shape fields as ``(B, ...)`` tensors,
-other fields as lists.
+For backends with ``capabilities.shard_windows``: each rank takes an equal contiguous
+share of the seeded shard sequence (the tail is left out), cut into windows shuffled
+within; a batch may span two windows.
 """
 
 from __future__ import annotations
@@ -62,18 +57,14 @@ class TensorShardsLoader:
 
     Args:
         uri: a ``tensor_shards`` (or ``torch``) export.
-        batch_size: samples per batch, independent of the shard size.
-        split: the split to read.
         shards_per_window: shard pieces loaded and shuffled together.
         prefetch_windows: windows loaded ahead of the one being batched.
         prefetch_workers: threads loading shards.
-        shuffle_shards: seeded shard order, new each epoch.
-        shuffle_samples: seeded sample order within each window, new each epoch.
+        shuffle_shards, shuffle_samples: seeded shard order, and sample order within each
+            window, new each epoch.
         pin_memory: pin batch tensors (when CUDA is available).
-        drop_last: drop the epoch's short last batch.
-        seed: the seed; each epoch derives its own orders from it (``set_epoch``).
-        rank, world_size: this process's share (default: torch.distributed's, else 0 of 1).
-        storage_options: options for object storage.
+        seed: each epoch derives its own orders from it (``set_epoch``).
+        rank, world_size: default torch.distributed's, else 0 of 1.
     """
 
     def __init__(
@@ -217,7 +208,8 @@ class TensorShardsLoader:
                 tensor = torch.from_numpy(stacked)
                 if is_bfloat16(spec):  # bit patterns: numpy has no bfloat16
                     tensor = tensor.view(torch.int16).view(torch.bfloat16)
-                out[spec.name] = tensor.pin_memory() if self.pin_memory and _cuda() else tensor
+                pin = self.pin_memory and torch.cuda.is_available()
+                out[spec.name] = tensor.pin_memory() if pin else tensor
             else:
                 out[spec.name] = [
                     r.native(int(i)).get(spec.name) for r, rows in parts for i in rows
@@ -248,7 +240,3 @@ class TensorShardsLoader:
                     f"{getattr(self, name)}; resume with the same {name}"
                 )
         self.epoch, self._batches = int(state["epoch"]), int(state["batches"])
-
-
-def _cuda() -> bool:
-    return bool(torch.cuda.is_available())
