@@ -49,7 +49,6 @@ class LocalObjectWriter(CountingWriter):
         self._final = final = root / path
         self._name = final.name
         self._tmp_name = f".{final.name}{_TMP_MARK}{os.urandom(4).hex()}"
-        self._tmp = final.with_name(self._tmp_name)
         self._dir = -1
         try:
             self._dir = folder_fd(root, path.split("/")[:-1], create=True)
@@ -122,7 +121,6 @@ class LocalObjectWriter(CountingWriter):
 
 #: A new file, never an existing one nor through a link (the temporary name is random).
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-#: A folder below an output's root, never through a link.
 _FOLDER: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -171,7 +169,6 @@ def _close(fds: Sequence[int]) -> None:
         os.close(fd)
 
 
-#: Buffers one ``writev`` takes at most.
 _IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
@@ -335,9 +332,7 @@ class LocalStorage(Storage):
         return self._path(path).is_file()
 
     def _walk(self, prefix: str, *, temporary: bool) -> builtins.list[str]:
-        if not self.root.is_dir():
-            return []
-        found = []
+        found = []  # os.walk yields nothing for a missing root
         for dirpath, _dirs, files in os.walk(self.root):
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in files:
@@ -446,9 +441,8 @@ def _sync_soon(path: Path) -> None:
 
     def sync() -> None:
         try:
-            _fsync(path)
-        except OSError:
-            pass  # renamed, deleted, or failing: the sync pass reports what matters
+            with contextlib.suppress(OSError):  # renamed, deleted, failing: the pass reports
+                _fsync(path)
         finally:
             pending.release()
 
@@ -472,8 +466,7 @@ def _fsync_all(paths: builtins.list[Path]) -> None:
 
     with ThreadPoolExecutor(min(_SYNC_THREADS, len(paths))) as pool:
         for at in range(0, len(paths), 1024):  # a bounded number of futures at a time
-            for _ in pool.map(_fsync, paths[at : at + 1024]):
-                pass
+            list(pool.map(_fsync, paths[at : at + 1024]))
 
 
 def _fsync(path: Path) -> None:

@@ -121,8 +121,7 @@ class LocalLock(OutputLock):
                 os.close(fd)
                 self._remove_root()
                 raise _locked(str(self._root), _shown(holder)) from None
-            # The previous holder unlinks the file as it releases: a lock on a file no
-            # longer at the path locks nothing.
+            # The last holder unlinks the file as it releases: a lock on it locks nothing.
             try:
                 same = os.stat(self._path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -170,8 +169,7 @@ class LeaseLock(OutputLock):
     """A lease on ``.shardex-lock`` in an object store, renewed by a thread."""
 
     def __init__(self, storage: Leased, holder: str, lease: float | None = None) -> None:
-        self._storage = storage
-        self._holder = holder
+        self._storage, self._holder = storage, holder
         self._lease = lease_seconds() if lease is None else lease
         self._lost: str | None = None
         self._stop = threading.Event()
@@ -181,8 +179,7 @@ class LeaseLock(OutputLock):
         self._thread.start()
 
     def _body(self) -> bytes:
-        expires = time.time() + self._lease
-        return json.dumps({"holder": self._holder, "expires": expires}).encode()
+        return json.dumps({"holder": self._holder, "expires": time.time() + self._lease}).encode()
 
     def _take(self) -> str:
         tag = self._storage.put_if(LOCK_FILE, self._body(), None)

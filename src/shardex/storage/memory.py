@@ -34,14 +34,10 @@ _buckets: dict[str, _Bucket] = {}
 
 
 class MemoryStorage(Storage):
-    """Objects under ``memory://NAME/PREFIX`` in this process's memory.
+    """Objects under ``memory://NAME/PREFIX`` in this process's memory; ``storage_options``
+    are ignored (a source may get its output's S3 options)."""
 
-    Args:
-        url: the root URL.
-        storage_options: ignored (a source may get its output's S3 options).
-    """
-
-    page_size: int = 1000
+    page_size: int = 1000  # of list_pages, as S3's; tests make it smaller
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         name, _, prefix = url[len(SCHEME) :].rstrip("/").partition("/")

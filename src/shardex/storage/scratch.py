@@ -65,8 +65,7 @@ def locked_folder(root: Path, prefix: str, kind: str) -> tuple[Path, int]:
     """A new folder ``root/{prefix}{pid}-{kind}-...`` and its locked ``.lock``'s descriptor
     (close it to release); made under a dot name, locked, then renamed."""
     draft = Path(tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-{kind}-", dir=root))
-    # The lock file gets its name only once locked: another export that finds ``.lock``
-    # free between its creation and the flock would take the folder for stale
+    # Named ``.lock`` only once locked, or another export could find it free: stale
     new = draft / f"{LOCK_FILE}.new"
     fd = os.open(new, os.O_RDWR | os.O_CREAT, 0o600)
     path = draft.with_name(draft.name[1:])

@@ -39,7 +39,6 @@ FREE: Final = 0
 BUSY: Final = 1
 #: Buffers one worker (or the main process) may hold; a batch takes one per tensor field.
 MAX_BUFFERS: Final = 32
-#: Free batch blocks the main process keeps for its next batches.
 KEEP_FREE: Final = 8
 #: glibc's ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD`` in workers; see keep_freed_heap.
 WORKER_TRIM_BYTES: Final = 64 << 20
@@ -49,11 +48,8 @@ CollateMap = dict[type | tuple[type, ...], Callable[..., Any]]
 
 
 def collate(batch: list[Any]) -> Any:
-    """``default_collate`` (same batches), with worker batches in reused shared memory.
-
-    Items made by a :class:`RowPacker` are already rows of their batch: nothing is
-    copied. Fits any DataLoader's ``collate_fn`` (``StatefulDataLoader`` included).
-    """
+    """``default_collate`` (same batches), with worker batches in reused shared memory;
+    rows a :class:`RowPacker` made are not copied again. Fits any DataLoader."""
     _check_shapes(batch)
     if get_worker_info() is None:
         return _collate(batch, collate_fn_map=_MAIN_MAP)
@@ -80,9 +76,6 @@ def _check_shapes(batch: list[Any], prefix: str = "") -> None:
                     "that gives every item one shape (images: resize them, see "
                     "docs/torch.md), or a collate_fn that takes items as they are"
                 )
-
-
-# ---------------------------------------------------------------- rows packed in place
 
 
 @dataclass(eq=False, slots=True)
@@ -210,11 +203,8 @@ def _fits(nbytes: int, capacity: int) -> bool:
 
 
 class _LocalPool:
-    """Batch memory of the main process (``num_workers=0``), reused once released.
-
-    malloc maps big blocks anew, faulting every page in; reused blocks stay in place. A
-    batch views a fresh array whose finalizer frees its block when the last view is gone.
-    """
+    """Batch memory of the main process, reused once released (malloc maps big blocks
+    anew, faulting every page in): a batch views a fresh array whose finalizer frees it."""
 
     def __init__(self) -> None:
         self.free: list[npt.NDArray[np.uint8]] = []
@@ -248,9 +238,6 @@ class _LocalPool:
 _local_pool: Final = PerProcess(_LocalPool)
 
 
-# ---------------------------------------------------------------- the worker side
-
-
 class _Staged(torch.Tensor):
     """A batch tensor in a worker's buffer; it pickles as (worker token, buffer id)."""
 
@@ -282,10 +269,8 @@ def glibc() -> bool:
 def keep_freed_heap() -> bool:
     """Makes glibc keep freed heap memory of this process for reuse; False if not glibc.
 
-    glibc trims the heap top past ~256 KB free, so a worker decoding images faults its
-    pages in again per image (11k-29k faults per 2,500 images; ~9k with this). Called in
-    each DataLoader worker that uses :func:`collate` or a :class:`RowPacker`.
-    """
+    glibc trims the heap top past ~256 KB free, so a worker decoding images faulted its
+    pages in again per image (11k-29k faults per 2,500 images; ~9k with this)."""
     if not glibc():
         return False
     try:
@@ -391,10 +376,7 @@ def _reduce_staged(tensor: _Staged) -> tuple[Any, ...]:
     return (_rebuild_staged, (token, buffer.ident, storage, plain.dtype, tuple(plain.shape)))
 
 
-# ---------------------------------------------------------------- the main process side
-
-# token -> buffer id -> bytes. A handed-out tensor keeps its memory alive, so dropping an
-# exited worker's entry never invalidates a batch.
+# token -> buffer id -> bytes; a handed-out tensor keeps its own memory alive.
 _MAPPED: dict[str, dict[int, npt.NDArray[np.uint8]]] = {}
 _MAPPED_LOCK = threading.Lock()  # the pin_memory thread unpickles batches too
 

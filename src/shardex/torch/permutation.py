@@ -21,7 +21,6 @@ _M64: Final = (1 << 64) - 1
 _GOLDEN: Final = 0x9E3779B97F4A7C15
 _C1: Final = 0xBF58476D1CE4E5B9
 _C2: Final = 0x94D049BB133111EB
-#: Indices evaluated per numpy pass by :meth:`IndexPermutation.__iter__`.
 _CHUNK: Final = 1 << 16
 
 
@@ -52,12 +51,7 @@ def derive_key(*parts: int) -> int:
 class IndexPermutation:
     """The permutation of ``range(n)`` for one ``(seed, epoch)``: ``perm(i)`` is the index
     at position ``i``, ``perm.inverse(j)`` the position of ``j``; ``perm.map`` vectorises.
-
-    Args:
-        n: the number of indices (at least 1).
-        seed: the shuffle seed.
-        epoch: the epoch; each one gets a new order.
-    """
+    ``n`` is at least 1; each epoch gets a new order."""
 
     n: int
     seed: int = 0

@@ -16,7 +16,6 @@ STATE_KIND: Final = "shardex.ShardexSampler"
 ITERATOR_KIND: Final = "shardex.ShardexSampler.iterator"
 #: The settings a state records, and must match when it is loaded.
 _SETUP: Final = ("dataset_len", "world_size", "shuffle", "seed", "drop_last")
-#: Indices computed per numpy pass while iterating.
 _CHUNK: Final = 4096
 
 

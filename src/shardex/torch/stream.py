@@ -294,15 +294,12 @@ class StreamIterator(Iterator[Any]):
         self.given += 1
         return item if self._packer is None else self._packer.pack(item)
 
+    def _pass_id(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "generation": self.generation, "role": self.role}
+
     def state_dict(self) -> dict[str, Any]:
         """``{"kind", "epoch", "generation", "role", "given"}``: this worker's position."""
-        return {
-            "kind": ITERATOR_KIND,
-            "epoch": self.epoch,
-            "generation": self.generation,
-            "role": self.role,
-            "given": self.given,
-        }
+        return {"kind": ITERATOR_KIND, **self._pass_id(), "given": self.given}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at a saved position of the dataset's loaded pass, unless ``set_epoch``
@@ -318,8 +315,7 @@ class StreamIterator(Iterator[Any]):
             ds.epoch, ds._pending = chosen, None
             self._seek(ds._begin_pass(self.workers))
             return
-        expected = {"epoch": self.epoch, "generation": self.generation, "role": self.role}
-        check_state(state, ITERATOR_KIND, expected)
+        check_state(state, ITERATOR_KIND, self._pass_id())
         given = int(state["given"])
         if not 0 <= given <= plan_length(self._piece):
             raise ConfigError(f"the state's given={given} is outside this worker's piece")

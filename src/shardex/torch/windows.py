@@ -114,10 +114,8 @@ class TensorShardsLoader:
         self._batches = 0  # batches of this epoch delivered
 
     def _windows(self) -> list[_Window]:
-        counts = list(self.dataset.shard_sizes)
-        order = EpochOrder.make(
-            counts, shuffle=self.shuffle_shards, seed=self.seed, epoch=self.epoch
-        )
+        sizes, shuffle = self.dataset.shard_sizes, self.shuffle_shards
+        order = EpochOrder.make(sizes, shuffle=shuffle, seed=self.seed, epoch=self.epoch)
         share = order.num_samples // self.world_size
         start = self.rank * share
         first = [int(f) for f in order.first]

@@ -23,8 +23,7 @@ MIN_PART: Final = 256 << 10
 #: Object store share for held tars (by listed size); the rest is the export's.
 HOLD_SHARE: Final = 0.5
 
-#: A part: ``index`` rows (tar offset, size, place in ``data``) of its members, in tar
-#: order, and ``data``, their bytes one after another.
+#: ``index`` rows (tar offset, size, place in ``data``) in tar order, and the bytes.
 Part = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
 
 
@@ -71,8 +70,7 @@ class TarHold:
         end = -1
         for _, offset, size, _ in members:
             end = offset + size
-            gathered = size > 0 and self._gather(offset, size)
-            if gathered and len(self._filling.data) >= PART_BYTES:
+            if size > 0 and self._gather(offset, size) and len(self._filling.data) >= PART_BYTES:
                 self._seal()
         if end >= 0:
             self._forget(end)

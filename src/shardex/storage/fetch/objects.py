@@ -29,7 +29,6 @@ __all__ = [
     "split_url",
 ]
 
-#: Per shard writer.
 MAX_IN_FLIGHT: Final = 16
 MAX_AHEAD_BYTES: Final = 64 << 20
 #: Bytes between two members (tar headers, small members) one GET reads through.
@@ -93,12 +92,8 @@ class _Run:
 
 
 class ObjectReads:
-    """Member bytes of objects, fetched concurrently ahead of the reader.
-
-    Args:
-        stores: storages by root URL; a URL uses the longest matching root, else its
-            bucket with the environment's options.
-    """
+    """Member bytes of objects, fetched concurrently ahead of the reader. ``stores``: by
+    root URL; a URL uses the longest matching root, else its bucket with default options."""
 
     def __init__(self, stores: Iterable[tuple[str, Storage]] = ()) -> None:
         self._roots = sorted(dict(stores).items(), key=lambda kv: -len(kv[0]))
@@ -124,14 +119,16 @@ class ObjectReads:
         run = self._ahead.pop(number, None)
         if run is None:
             self._queued.discard(number)  # read now: never fetched ahead after this
-            data = self._fetch(url, offset, size)
+            self.requests += 1
+            data = self._get(url, offset, size)
         else:
             try:
                 whole = run.future.result()
             finally:  # only then: the last member read cancels what is not running yet
                 self._done_with(run)
             data = whole if offset < 0 else whole[offset - run.start : offset - run.start + size]
-            data = sized(data, size, url)
+        # a short or long answer (a whole object read whole) shows it changed
+        data = sized(data, size, url)
         # read in order: earlier ones never read (a bad sample's rest) free their places
         for stale in [n for n in self._ahead if n < number]:
             self._done_with(self._ahead.pop(stale))
@@ -191,11 +188,6 @@ class ObjectReads:
                 reason=f"cannot read {quoted(url)}: it does not exist",
             ) from exc
 
-    def _fetch(self, url: str, offset: int, size: int) -> bytes:
-        # a whole object is read whole: a short or long answer shows it changed
-        self.requests += 1
-        return sized(self._get(url, offset, size), size, url)
-
     def _storage(self, url: str) -> tuple[Storage, str]:
         for root, storage in self._roots:
             if url.startswith(root + "/"):
@@ -209,9 +201,7 @@ class ObjectReads:
         """Stop fetching ahead (requests in flight end on their own)."""
         self._queue.clear()
         self._queued.clear()
-        for run in self._runs:
-            run.future.cancel()
-        self._runs.clear()
+        self._runs.clear()  # their futures are the pool's, cancelled with it
         self._ahead.clear()
         self._ahead_bytes = 0
         if self._pool is not None:

@@ -43,8 +43,7 @@ _LOOKBACK: Final = 1 << 16
 _TRIM: Final = 4 << 20
 #: Free scratch space tar copies never take (the export's spills and others need some).
 COPY_RESERVE: Final = 1 << 30
-#: The export's own scratch files' upper share of the tars' bytes (8 % measured for
-#: ~2.5 KB samples; a member takes at least 1 KiB of tar).
+#: The export's own scratch files' share of the tars' bytes (8 % measured at worst).
 SCRATCH_SHARE: Final = 0.25
 #: Whether an export keeps copies of what the scan read (benchmarks compare both).
 KEEP_COPIES = True
@@ -160,8 +159,7 @@ class TarCopy:
     def __init__(self, copies: TarCopies, path: Path, size: int) -> None:
         self._copies, self.path, self._size = copies, path, size
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        # freeze() closes from another thread: a descriptor closed under a write could be
-        # reused by another file, and written
+        # freeze() closes from another thread: a reused descriptor must not be written
         self._lock = threading.Lock()
         self._starts: list[int] = []  # the ranges held: [start, end), sorted, apart
         self._ends: list[int] = []
@@ -387,12 +385,8 @@ def _matches(path: str, pattern: str) -> bool:
 
 
 def object_tars(url: str, options: dict[str, Any] | None) -> tuple[Storage, list[tuple[str, int]]]:
-    """The storage and the tars (path below its root, size) a URL names, in path order.
-
-    Raises:
-        SourceNotFoundError: a ``.tar`` URL that does not exist.
-        EmptySourceError: no tar below the prefix or matching the glob.
-    """
+    """The storage and the tars (path below its root, size) a URL names, in path order;
+    SourceNotFoundError for a missing ``.tar`` URL, EmptySourceError for no tar at all."""
     cut = min((url.find(c) for c in _GLOB if c in url), default=-1)
     if cut >= 0:
         base, _, pattern = url[:cut].rpartition("/")
