@@ -39,10 +39,8 @@ def temporary_target(path: str) -> str | None:
 
 
 class LocalObjectWriter(CountingWriter):
-    """Writes ``.NAME.tmp-RANDOM`` beside the target ``ROOT/PATH``, then renames it.
-
-    Everything is relative to folder descriptors opened without following links, so a
-    link planted in the output (``out/train -> /etc``) cannot redirect the write."""
+    """Writes ``.NAME.tmp-RANDOM`` beside ``ROOT/PATH``, then renames it, relative to folder
+    descriptors opened without following links (so ``out/train -> /etc`` cannot redirect)."""
 
     def __init__(self, root: Path, path: str, *, buffer_size: int = 1 << 20) -> None:
         super().__init__()
@@ -399,10 +397,8 @@ class LocalStorage(Storage):
         return self.root if path == "" else self._path(path)
 
     def sync(self, paths: Iterable[str]) -> None:
-        """fsync the files and then their folders, so that they survive a power loss.
-
-        Threads share each journal commit (~5 ms; ext4/xfs group commit), so many files
-        sync in the time of a few fsyncs."""
+        """fsync the files and then their folders, so that they survive a power loss; threads
+        share each journal commit (~5 ms; ext4/xfs group commit)."""
         files = [self._path(path) for path in paths]
         _fsync_all(files)
         _fsync_all([self.root, *dict.fromkeys(full.parent for full in files)])
@@ -424,9 +420,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def _sync_soon(path: Path) -> None:
-    """fsync ``path`` in the background; errors are left to the export's sync pass.
-
-    Skipped while :data:`_EARLY_PENDING` files wait."""
+    """fsync ``path`` in the background (not while :data:`_EARLY_PENDING` files wait);
+    errors are left to the export's sync pass."""
     global _early
     if _early is None:
         from concurrent.futures import ThreadPoolExecutor  # writers only: not on import

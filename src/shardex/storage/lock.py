@@ -52,12 +52,10 @@ def holder_text(what: str) -> str:
 
 
 def lease_seconds() -> float:
-    text = os.environ.get("SHARDEX_LOCK_LEASE", "")
     try:
-        value = float(text) if text else DEFAULT_LEASE
+        return max(float(os.environ.get("SHARDEX_LOCK_LEASE") or DEFAULT_LEASE), 1.0)
     except ValueError:
-        value = DEFAULT_LEASE
-    return max(value, 1.0)
+        return DEFAULT_LEASE
 
 
 class OutputLock:
@@ -98,8 +96,7 @@ class LocalLock(OutputLock):
     """``flock`` on ``ROOT/.shardex-lock``; a folder it made is removed if left empty."""
 
     def __init__(self, root: Path, holder: str) -> None:
-        self._root = root
-        self._path = root / LOCK_FILE
+        self._root, self._path = root, root / LOCK_FILE
         self._made_root = False
         try:
             self._made_root = not root.exists()

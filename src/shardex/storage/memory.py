@@ -138,9 +138,8 @@ class MemoryStorage(Storage):
         """Atomic, as an object store's conditional put."""
         key = self._writable(path)
         with self._bucket.lock:
-            found = self._bucket.objects.get(key)
-            now = None if found is None else xxhash.xxh3_64_hexdigest(found)
-            if now != tag:
+            found = self.get_tagged(path)
+            if (None if found is None else found[1]) != tag:
                 return None
             self._bucket.objects[key] = bytes(data)
         return xxhash.xxh3_64_hexdigest(data)

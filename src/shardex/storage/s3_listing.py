@@ -57,17 +57,8 @@ def _signed(url: str, options: dict[str, Any], now: datetime.datetime) -> dict[s
         headers["x-amz-security-token"] = token
     names = ";".join(sorted(headers))
     query = "&".join(sorted(parts.query.split("&"))) if parts.query else ""
-    canonical = "\n".join(
-        [
-            "GET",
-            parts.path or "/",
-            query,
-            *(f"{k}:{headers[k]}" for k in sorted(headers)),
-            "",
-            names,
-            _EMPTY_SHA256,
-        ]
-    )
+    signed = [f"{k}:{headers[k]}" for k in sorted(headers)]
+    canonical = "\n".join(["GET", parts.path or "/", query, *signed, "", names, _EMPTY_SHA256])
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = "\n".join(
         ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]

@@ -96,10 +96,8 @@ def read_part(storage: Storage, name: str, *, table: bool = True) -> Part:
 def read_parts(
     storage: Storage, names: Iterable[str], *, table: bool = True
 ) -> Iterator[Iterator[Part]]:
-    """The parts in order, :data:`_AHEAD` fetched at once.
-
-    A context, not a generator owning the threads: a held error's traceback would keep
-    the generator, and its idle threads, alive."""
+    """The parts in order, :data:`_AHEAD` fetched at once. A context, not a generator owning
+    the threads: a held error's traceback would keep the generator and its threads alive."""
     pool = ThreadPoolExecutor(_AHEAD)
     try:
         yield _ahead(pool, storage, names, table)
@@ -127,12 +125,8 @@ def remove_staging(storage: Storage, staging: str) -> None:
 def remove_killed_parts(storage: Storage, *, rows: bool = True) -> None:
     """Delete the parts killed runs left (the caller holds the lock) and, with ``rows``,
     what killed ``write_shardex`` runs staged; foreign files stay."""
-    killed = [
-        p
-        for p in _staged(storage)
-        if STAGED_PART.fullmatch(p) or (rows and STAGED_ROWS.fullmatch(p))
-    ]
-    _delete(storage, killed)
+    wanted = (STAGED_PART, STAGED_ROWS) if rows else (STAGED_PART,)
+    _delete(storage, [p for p in _staged(storage) if any(r.fullmatch(p) for r in wanted)])
 
 
 def _staged(storage: Storage) -> list[str]:

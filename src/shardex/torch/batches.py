@@ -96,12 +96,9 @@ class _Rows:
 
 
 class RowPacker:
-    """Copies each item's tensors into rows of batch tensors as the items are made.
-
-    ``pack(item)`` replaces each tensor of a dict item by its row of a batch tensor of
-    ``rows`` rows, which :func:`collate` returns as is. A value whose shape or dtype differs
-    from its batch's first is left alone, and that batch collates the ordinary way.
-    """
+    """Copies each item's tensors into rows of batch tensors of ``rows`` rows as the items
+    are made (``pack(item)``), which :func:`collate` returns as they are. A value whose
+    shape or dtype differs from its batch's first is left alone."""
 
     def __init__(self, rows: int) -> None:
         self.rows, self.position = rows, 0
@@ -292,8 +289,8 @@ class _WorkerPool:
             **default_collate_fn_map,
             torch.Tensor: self._tensors,
             np.ndarray: _arrays,
-            int: self._ints,  # and bool, by isinstance
-            float: self._floats,
+            int: self._numbers,  # and bool, by isinstance
+            float: self._numbers,
         }
 
     def stage(self, size: tuple[int, ...], dtype: torch.dtype) -> _Staged | None:
@@ -303,8 +300,7 @@ class _WorkerPool:
         if buffer is None:
             return None
         whole = torch.empty(0, dtype=torch.uint8).set_(buffer.storage)
-        out = whole[HEADER : HEADER + nbytes].view(dtype).view(size)
-        staged = out.as_subclass(_Staged)
+        staged = whole[HEADER : HEADER + nbytes].view(dtype).view(size).as_subclass(_Staged)
         staged._shardex_buffer = buffer
         return staged
 
@@ -334,13 +330,9 @@ class _WorkerPool:
         torch.stack(batch, 0, out=out.as_subclass(torch.Tensor))
         return out
 
-    def _ints(self, batch: list[int], *, collate_fn_map: CollateMap) -> Any:
-        return self._values(torch.tensor(batch))
-
-    def _floats(self, batch: list[float], *, collate_fn_map: CollateMap) -> Any:
-        return self._values(torch.tensor(batch, dtype=torch.float64))
-
-    def _values(self, values: torch.Tensor) -> torch.Tensor:
+    def _numbers(self, batch: list[float], *, collate_fn_map: CollateMap) -> Any:
+        float64 = isinstance(batch[0], float)  # as default_collate: ints and bools as they are
+        values = torch.tensor(batch, dtype=torch.float64 if float64 else None)
         out = self.stage(tuple(values.shape), values.dtype)
         if out is None:
             return values

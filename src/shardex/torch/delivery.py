@@ -25,8 +25,7 @@ def deliver(
 ) -> tuple[list[int], int]:
     """Samples taken from each worker (``remaining``: what each yields this pass) once
     ``consumed`` were handed out, and the id of the worker whose batch comes next; a
-    ConfigError when ``consumed`` is off a batch boundary or more than the workers yield.
-    """
+    ConfigError when ``consumed`` is off a batch boundary or more than the workers yield."""
     workers = len(remaining)
     shape = [batch_sizes(r, batch_size, drop_last) for r in remaining]
     batches = [full + (short > 0) for full, short in shape]

@@ -19,12 +19,10 @@ from shardex.torch.samples import SampleMaker, SampleSpec, Transform
 class MapDataset(Dataset[Any]):
     """True random access for PyTorch: ``ds[i]`` is one read, a batch one
     :meth:`~shardex.Dataset.get_many`. Pair it with :class:`~shardex.torch.ShardexSampler`.
-
-    The split opens lazily in each process, so it pickles small for any worker start method.
+    The split opens lazily in each process, so it pickles small for any start method.
 
     Args:
-        uri: the export's folder or URL (or a Storage).
-        split: may be left out when the export has only one.
+        uri, split: the export's folder, URL or Storage, and its split (optional if one).
         decode: True: items are ``{"__key__", "image", "label", *keys}`` (image an
             (H, W, C) uint8 tensor, or ``transform(pixels)``); False: the raw sample plus
             ``keys`` (passed to ``transform`` if given).
@@ -32,8 +30,7 @@ class MapDataset(Dataset[Any]):
         decode_size: ``(width, height)`` that ``transform`` resizes to, so JPEGs decode
             at a reduced scale that stays at least that large.
         keys: metadata columns to add to each item; ``label`` replaces the ``cls`` label.
-        storage_options: options for object storage.
-        verify: check each sample's checksum as it is read.
+        storage_options, verify: object storage options; check each sample's checksum.
     """
 
     def __init__(
@@ -86,12 +83,10 @@ class MapDataset(Dataset[Any]):
         num_workers: int = 0,
         **kwargs: Any,
     ) -> DataLoader[Any]:
-        """A DataLoader over this dataset, by default with a :class:`ShardexSampler`.
+        """A DataLoader over this dataset, by default with ``ShardexSampler(len(self))``.
 
-        ``sampler`` defaults to ``ShardexSampler(len(self))`` (``loader.sampler``).
-        ``kwargs`` go to the DataLoader. Without a ``collate_fn`` it is
-        :func:`shardex.torch.collate`, and ``loader.dataset`` a copy that packs rows.
-        """
+        Without a ``collate_fn`` it is :func:`shardex.torch.collate`, and
+        ``loader.dataset`` a copy that packs rows."""
         reader = copy.copy(self)
         batched = batch_size is not None or kwargs.get("batch_sampler") is not None
         reader._pack = batched and kwargs.get("collate_fn") is None

@@ -6,7 +6,7 @@ walking into ``range(n)`` (expected walks < 4); round keys come from ``(seed, ep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -70,36 +70,31 @@ class IndexPermutation:
     def __len__(self) -> int:
         return self.n
 
-    def _encrypt(self, x: int) -> int:
+    def _encrypt(self, x: int, inverse: bool) -> int:
         half = self._half
         mask = (1 << half) - 1
         left, right = x >> half, x & mask
-        for key in self._keys:
-            left, right = right, left ^ (mix64(right + key) & mask)
-        return (left << half) | right
-
-    def _decrypt(self, y: int) -> int:
-        half = self._half
-        mask = (1 << half) - 1
-        left, right = y >> half, y & mask
-        for key in reversed(self._keys):
-            left, right = right ^ (mix64(left + key) & mask), left
+        for key in reversed(self._keys) if inverse else self._keys:
+            if inverse:
+                left, right = right ^ (mix64(left + key) & mask), left
+            else:
+                left, right = right, left ^ (mix64(right + key) & mask)
         return (left << half) | right
 
     def __call__(self, i: int) -> int:
         """The index at position ``i`` of the shuffled order."""
-        return self._walk(i, self._encrypt)
+        return self._walk(i, inverse=False)
 
     def inverse(self, j: int) -> int:
         """The position of index ``j`` in the shuffled order (``perm.inverse(perm(i)) == i``)."""
-        return self._walk(j, self._decrypt)
+        return self._walk(j, inverse=True)
 
-    def _walk(self, i: int, step: Callable[[int], int]) -> int:
+    def _walk(self, i: int, *, inverse: bool) -> int:
         if not 0 <= i < self.n:
             raise IndexError(f"index {i} is out of range for a permutation of {self.n}")
-        y = step(i)
+        y = self._encrypt(i, inverse)
         while y >= self.n:
-            y = step(y)
+            y = self._encrypt(y, inverse)
         return y
 
     def _encrypt_array(self, x: npt.NDArray[np.uint64], inverse: bool) -> npt.NDArray[np.uint64]:

@@ -26,17 +26,14 @@ class ShardexSampler(Sampler[int]):
     (:class:`~shardex.torch.permutation.IndexPermutation`), the same on every rank; rank
     ``r`` takes positions ``r, r + world_size, ...``, so every rank gets ``len(sampler)``
     indices. Without ``drop_last`` the order is padded by repeating its first samples;
-    with it, the last ``dataset_len % world_size`` positions are left out.
-
-    To resume, save and load a ``torchdata`` ``StatefulDataLoader``'s state, or call
-    :meth:`advance` after each batch of a plain DataLoader and save :meth:`state_dict`.
-    The state is independent of ``num_workers``, batch size and rank.
+    with it, the last ``dataset_len % world_size`` positions are left out. To resume, save
+    and load a ``torchdata`` ``StatefulDataLoader``'s state, or call :meth:`advance` after
+    each batch of a plain DataLoader and save :meth:`state_dict` (any rank's, any workers).
 
     Args:
         dataset_len: ``len(dataset)``.
         rank, world_size: default torch.distributed's, else 0 of 1.
-        shuffle: shuffle each epoch; if False the order is ``0, 1, 2, ...``.
-        seed: the shuffle seed; the same on every rank.
+        shuffle, seed: shuffle each epoch (else ``0, 1, 2, ...``), seeded alike on all ranks.
         drop_last: drop the tail instead of padding.
     """
 
@@ -109,11 +106,8 @@ class ShardexSampler(Sampler[int]):
 
 
 class SamplerIterator(Iterator[int]):
-    """One pass of a :class:`ShardexSampler`, counting the indices it gave out.
-
-    ``StatefulDataLoader`` saves this position per batch, so a resume lands right after
-    the last batch received, with no :meth:`ShardexSampler.advance` calls.
-    """
+    """One pass of a :class:`ShardexSampler`, counting the indices it gave out:
+    ``StatefulDataLoader`` saves the count per batch, so no ``advance`` calls are needed."""
 
     def __init__(self, sampler: ShardexSampler, start: int) -> None:
         self.sampler = sampler

@@ -20,11 +20,8 @@ def draw(key: int, step: int, bound: int) -> int:
 
 
 class ShuffleBuffer(Generic[T]):
-    """Holds up to ``size`` items; once full, each new item takes the place of a randomly
-    chosen held one, which is given out. ``size <= 1`` gives items out in input order.
-
-    ``items`` and ``step`` (items given out) continue a replayed state.
-    """
+    """Holds up to ``size`` items; once full, each new item takes the place of a random
+    held one, given out (``size <= 1``: input order). ``items``, ``step``: a replayed state."""
 
     def __init__(self, size: int, key: int, *, items: list[T] | None = None, step: int = 0):
         self.size, self.key = size, key

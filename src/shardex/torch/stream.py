@@ -71,8 +71,7 @@ class StreamDataset(IterableDataset[Any]):
     Args:
         uri, split, decode, transform, decode_size, keys, storage_options, verify: as for
             :class:`~shardex.torch.MapDataset`.
-        shuffle: shuffle the shard order per epoch and mix samples in a buffer.
-        seed: the shuffle seed; the same on every rank.
+        shuffle, seed: shuffle shards and mix samples in a buffer, seeded alike on all ranks.
         buffer_size: samples held by each worker's shuffle buffer.
         rank, world_size: default torch.distributed's, else 0 of 1.
         drop_last: give every rank ``N // world_size`` samples instead of padding.
@@ -140,11 +139,8 @@ class StreamDataset(IterableDataset[Any]):
     def dataloader(
         self, batch_size: int | None = 1, *, num_workers: int = 0, **kwargs: Any
     ) -> StreamLoader:
-        """A DataLoader over this dataset that can report and restore its state.
-
-        ``kwargs`` go to :class:`torch.utils.data.DataLoader`; the default ``collate_fn``
-        is :func:`shardex.torch.collate`, with items packed into their batch's rows.
-        """
+        """A DataLoader over this dataset that can report and restore its state; the
+        default ``collate_fn`` is :func:`shardex.torch.collate`, items packed into rows."""
         return StreamLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
 
     def _fresh(self) -> _Start:
@@ -263,11 +259,8 @@ class StreamDataset(IterableDataset[Any]):
 
 
 class StreamIterator(Iterator[Any]):
-    """One worker's pass over its piece of a :class:`StreamDataset`, counting what it gave.
-
-    ``StatefulDataLoader`` saves this count per batch, so a resume continues each worker
-    where its last delivered batch ended, with no :meth:`StreamDataset.advance` calls.
-    """
+    """One worker's pass over its piece of a :class:`StreamDataset`, counting what it gave:
+    ``StatefulDataLoader`` saves the count per batch, so no ``advance`` calls are needed."""
 
     def __init__(self, dataset: StreamDataset, start: _Start, workers: int, worker: int) -> None:
         self.dataset, self.workers, self.worker = dataset, workers, worker
@@ -304,8 +297,7 @@ class StreamIterator(Iterator[Any]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at a saved position of the dataset's loaded pass, unless ``set_epoch``
         chose another epoch (StatefulDataLoader loads state after the loop's ``set_epoch``):
-        then that epoch from its start. A ConfigError for another pass's or worker's state.
-        """
+        then that epoch from its start. A ConfigError for another pass's or worker's state."""
         check_state(state, ITERATOR_KIND, {})
         ds = self.dataset
         if self._items is not None:

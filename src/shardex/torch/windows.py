@@ -29,6 +29,7 @@ from shardex.torch.order import EpochOrder
 from shardex.torch.permutation import derive_key
 
 _SAMPLE_SALT = 0x77D0
+_Loaded = tuple[ColumnReader, npt.NDArray[np.int64]]  # a window's columns and read order
 #: Settings that define the epoch's batches: a saved state only fits the same ones.
 _ORDER_SETTINGS = (
     "seed",
@@ -57,9 +58,8 @@ class TensorShardsLoader:
 
     Args:
         uri: a ``tensor_shards`` (or ``torch``) export.
-        shards_per_window: shard pieces loaded and shuffled together.
-        prefetch_windows: windows loaded ahead of the one being batched.
-        prefetch_workers: threads loading shards.
+        shards_per_window, prefetch_windows, prefetch_workers: shard pieces loaded and
+            shuffled together, windows loaded ahead, and the threads loading them.
         shuffle_shards, shuffle_samples: seeded shard order, and sample order within each
             window, new each epoch.
         pin_memory: pin batch tensors (when CUDA is available).
@@ -132,7 +132,7 @@ class TensorShardsLoader:
         full, rest = divmod(share, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def _load(self, window: _Window, number: int) -> tuple[ColumnReader, npt.NDArray[np.int64]]:
+    def _load(self, window: _Window, number: int) -> _Loaded:
         """A window's columns, and the order its samples are read in."""
         parts = [
             slice_columns(self.dataset.shard_columns(shard), start, count)
@@ -152,10 +152,10 @@ class TensorShardsLoader:
         while first < len(windows) and at + windows[first].size <= skip:
             at += windows[first].size
             first += 1
-        carry: list[tuple[ColumnReader, npt.NDArray[np.int64]]] = []
+        carry: list[_Loaded] = []
         offset = skip - at
         with ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="shardex-window") as pool:
-            futures: list[Future[tuple[ColumnReader, npt.NDArray[np.int64]]]] = [
+            futures: list[Future[_Loaded]] = [
                 pool.submit(self._load, windows[w], w)
                 for w in range(first, min(first + 1 + self.prefetch_windows, len(windows)))
             ]
@@ -168,12 +168,9 @@ class TensorShardsLoader:
                 carry.append((reader, order[offset:]))
                 offset = 0
                 yield from self._emit(carry, final=not futures)
-        self.epoch += 1
-        self._batches = 0
+        self.epoch, self._batches = self.epoch + 1, 0
 
-    def _emit(
-        self, carry: list[tuple[ColumnReader, npt.NDArray[np.int64]]], final: bool
-    ) -> Iterator[dict[str, Any]]:
+    def _emit(self, carry: list[_Loaded], final: bool) -> Iterator[dict[str, Any]]:
         """Batches from the loaded samples not yet batched (``carry``, consumed in place)."""
         while True:
             available = sum(len(o) for _, o in carry)
@@ -196,7 +193,7 @@ class TensorShardsLoader:
             self._batches += 1
             yield batch
 
-    def _collate(self, parts: list[tuple[ColumnReader, npt.NDArray[np.int64]]]) -> dict[str, Any]:
+    def _collate(self, parts: list[_Loaded]) -> dict[str, Any]:
         out: dict[str, Any] = {"__key__": [r.key(int(i)) for r, rows in parts for i in rows]}
         for spec in self.dataset.layout:
             if is_fixed(spec) and not spec.optional:
@@ -215,9 +212,8 @@ class TensorShardsLoader:
         return out
 
     def set_epoch(self, epoch: int) -> None:
-        """Use this epoch's orders for the next pass (a new epoch forgets a resume point).
-
-        A full pass moves to the next epoch by itself."""
+        """Use this epoch's orders for the next pass (a new epoch forgets a resume point);
+        a full pass moves to the next epoch by itself."""
         if epoch != self.epoch:
             self.epoch, self._batches = epoch, 0
 

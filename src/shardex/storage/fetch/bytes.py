@@ -71,7 +71,7 @@ class _Files:
     def read(self, path: str, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file); a
         BadSampleError if it cannot be read or its size changed."""
-        data = self._get(path, offset, size, None)
+        data = self.get(path, offset, size, None)
         assert isinstance(data, bytes)  # read into no buffer
         return data
 
@@ -80,15 +80,10 @@ class _Files:
         into = None
         if self._arena is not None:  # a whole file: one byte more shows if it grew
             into = self._arena.take(size + 1 if offset < 0 else size)
-        return self._get(path, offset, size, into)
+        return self.get(path, offset, size, into)
 
-    def read_into(self, path: str, offset: int, size: int, into: memoryview) -> None:
-        """:meth:`read` into ``into`` (``size`` bytes; one more for a whole file)."""
-        self._get(path, offset, size, into)
-
-    def _get(
-        self, path: str, offset: int, size: int, into: memoryview | None
-    ) -> bytes | memoryview:
+    def get(self, path: str, offset: int, size: int, into: memoryview | None) -> bytes | memoryview:
+        """:meth:`read`, into ``into`` if given (one byte more for a whole file)."""
         try:
             if offset < 0:  # a whole file: one read of one byte more shows if it grew
                 whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -162,8 +157,6 @@ class ByteSource:
         return bool(code >= 0 and self._is_url[code])
 
     def _held_bytes(self, j: int, url: str) -> memoryview | None:
-        if not self._held:
-            return None
         return self._held.read(url, int(self._m.offset[j]), int(self._m.size[j]))
 
     def expect(self, js: Iterable[int]) -> None:
@@ -227,7 +220,7 @@ class ByteSource:
         try:
             for code, lo, hi in zip(codes.tolist(), at, ends, strict=True):
                 # a byte more shows if the file grew
-                self._files.read_into(names[code], -1, hi - lo, view[lo : hi + 1])
+                self._files.get(names[code], -1, hi - lo, view[lo : hi + 1])
         except BadSampleError:
             return None
         views = list(map(view.__getitem__, map(slice, at, ends)))

@@ -161,8 +161,6 @@ class HeldTars:
 
     def named(self, paths: Iterable[str | None]) -> tuple[HeldTar, ...]:
         """The held tars among ``paths``."""
-        if not self._by_url:
-            return ()
         return tuple(self._by_url[p] for p in paths if p is not None and p in self._by_url)
 
 

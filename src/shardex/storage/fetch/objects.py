@@ -52,10 +52,8 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def register(storage: Storage) -> None:
-    """Make ``storage`` the one that serves member URLs of its bucket.
-
-    An earlier store of the bucket goes: a longer root (``s3://b/imgs`` then ``s3://b``)
-    would keep serving this source's URLs with the other's credentials."""
+    """Make ``storage`` the one that serves member URLs of its bucket; an earlier store of
+    the bucket goes, as its longer root would serve these URLs with its credentials."""
     root = storage.uri.rstrip("/")
     bucket = split_url(root)[0]
     with _lock:

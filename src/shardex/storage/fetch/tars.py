@@ -63,8 +63,7 @@ class TarCopies:
         self._open: set[TarCopy] = set()
         self._stops: set[threading.Event] = set()  # of the scans under way
         self.frozen = False  # no copy is made or written any more
-        self.kept = 0  # bytes the copies hold; refused: tars not copied for want of space
-        self.refused = 0
+        self.kept, self.refused = 0, 0  # bytes the copies hold; tars not copied (no room)
 
     def start(self, url: str, size: int) -> TarCopy | None:
         """A new copy of the tar at ``url``, or None (warned once) if the scratch has no room."""
@@ -234,8 +233,7 @@ def kept_copies() -> TarCopies | None:
 
 
 class RangedTar:
-    """A tar on object storage as a file read by ranged GETs, holding the last window.
-
+    """A tar on object storage as a file read by ranged GETs, holding the last window;
     ``requests`` and ``fetched`` count what it asked for."""
 
     def __init__(
