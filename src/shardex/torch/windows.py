@@ -1,8 +1,6 @@
-"""``TensorShardsLoader``: batches from prefetched windows of whole shards.
-
-For backends with ``capabilities.shard_windows``: each rank takes an equal contiguous
-share of the seeded shard sequence (the tail is left out), cut into windows shuffled
-within; a batch may span two windows.
+"""``TensorShardsLoader``: batches from prefetched windows of whole shards (backends with
+``capabilities.shard_windows``). Each rank takes an equal contiguous share of the seeded
+shard sequence, cut into windows shuffled within; a batch may span two windows.
 """
 
 from __future__ import annotations
