@@ -1,13 +1,7 @@
 """obstore's errors as one line a user can act on, mapped once at the storage boundary.
 
-obstore's messages run to dozens of lines of Rust debug output and name what went wrong
-only deep inside (``Connection refused`` under ``ConnectError`` under ``HttpError``), or
-name the wrong thing: with no credentials configured, obstore asks the cloud instance-
-metadata service for some, and a user off the cloud sees an error about
-``PUT http://169.254.169.254/latest/api/token``. Here each becomes one line naming the
-URL and the cause: the server cannot be reached (and why), no credentials, credentials
-refused (with the server's code), a missing bucket, or an endpoint that is not S3.
-Messages never hold credentials: obstore's text never does, and nothing here adds any.
+obstore's messages run to dozens of lines of Rust debug output, or name the wrong thing
+(missing credentials show as an error about ``169.254.169.254``).
 """
 
 from __future__ import annotations
@@ -25,11 +19,9 @@ _REQUEST: Final = re.compile(
 _ELAPSED: Final = re.compile(r"in ([\d.]+)(µs|ms|s)(?:, after (\d+) retries)?")
 _S3_CODE: Final = re.compile(r"<Code>([A-Za-z]+)</Code>")
 _OS_MESSAGE: Final = re.compile(r'message: "([^"]+)"')
-#: obstore refuses to list a key it cannot parse as a path (control characters, empty,
-#: '.' or '..' parts): the whole listing fails on that one object.
+#: One key obstore cannot parse as a path fails the whole listing.
 _BAD_KEY: Final = re.compile(r'invalid path: Error parsing Path "(.*?)": (.*?) whilst', re.S)
 _DNS: Final = re.compile(r'"dns error",\s*Custom \{[^}]*error: "([^"]+)"', re.S)
-#: Where obstore looks for credentials when none are given (AWS EC2 / ECS metadata).
 _METADATA: Final = ("169.254.169.254", "169.254.170.2", "/latest/api/token")
 
 
@@ -100,7 +92,6 @@ def _is_denied(exc: BaseException) -> bool:
 
 
 def _not_s3(text: str) -> bool:
-    """Whether the server answered with a page that is not an S3 error document."""
     head = text.split("Debug source", 1)[0].lower()
     return "<html" in head or "<!doctype" in head
 

@@ -30,8 +30,7 @@ def is_temporary(name: str) -> bool:
 
 
 def temporary_target(path: str) -> str | None:
-    """The file an in-progress write ``[DIR/].NAME.tmp-RANDOM`` becomes (``[DIR/]NAME``);
-    None for any other name."""
+    """``[DIR/]NAME`` for an in-progress write ``[DIR/].NAME.tmp-RANDOM``; else None."""
     folder, _, name = path.rpartition("/")
     if not is_temporary(name):
         return None
@@ -40,18 +39,14 @@ def temporary_target(path: str) -> str | None:
 
 
 class LocalObjectWriter(CountingWriter):
-    """Writes ``.NAME.tmp-RANDOM`` beside the target ``ROOT/PATH``, then renames it.
-
-    The folders below ``root`` are opened one by one without following a link, and the
-    file is made and renamed relative to its folder's descriptor: a link planted in the
-    output (``out/train -> /etc``) can never turn the write into one outside it."""
+    """Writes ``.NAME.tmp-RANDOM`` beside ``ROOT/PATH``, then renames it, relative to folder
+    descriptors opened without following links (so ``out/train -> /etc`` cannot redirect)."""
 
     def __init__(self, root: Path, path: str, *, buffer_size: int = 1 << 20) -> None:
         super().__init__()
         self._final = final = root / path
         self._name = final.name
         self._tmp_name = f".{final.name}{_TMP_MARK}{os.urandom(4).hex()}"
-        self._tmp = final.with_name(self._tmp_name)
         self._dir = -1
         try:
             self._dir = folder_fd(root, path.split("/")[:-1], create=True)
@@ -71,14 +66,18 @@ class LocalObjectWriter(CountingWriter):
             os.close(self._dir)
             self._dir = -1
 
+    def _failed(self, exc: OSError) -> StorageError:
+        # ENOSPC, EIO, EDQUOT ...: nothing partial is left behind
+        self.abort()
+        return StorageError(
+            f"cannot write {self._final}: {exc.strerror or exc}; the file was not created"
+        )
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             self._file.write(data)
-        except OSError as exc:  # ENOSPC, EIO, EDQUOT ...: nothing partial is left behind
-            self.abort()
-            raise StorageError(
-                f"cannot write {self._final}: {exc.strerror or exc}; the file was not created"
-            ) from exc
+        except OSError as exc:
+            raise self._failed(exc) from exc
         self._pos += len(data)
 
     def write_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
@@ -87,15 +86,11 @@ class LocalObjectWriter(CountingWriter):
             self._file.flush()  # what write() buffered goes first
             self._pos += _writev(self._file.fileno(), parts)
         except OSError as exc:
-            self.abort()
-            raise StorageError(
-                f"cannot write {self._final}: {exc.strerror or exc}; the file was not created"
-            ) from exc
+            raise self._failed(exc) from exc
 
     def commit(self) -> None:
-        # No fsync here: an export syncs all of its files in one pass before it commits
-        # (Storage.sync). The file's write-back starts now on a background thread, while
-        # the next shards are made, so that the pass before the commit finds little left.
+        # No fsync here: the export's Storage.sync pass does it; starting write-back now
+        # in the background leaves that pass little to wait for.
         if self._done:
             return
         try:
@@ -124,7 +119,6 @@ class LocalObjectWriter(CountingWriter):
 
 #: A new file, never an existing one nor through a link (the temporary name is random).
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-#: A folder below an output's root, never through a link.
 _FOLDER: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -138,42 +132,46 @@ def refuse_link(folder: int, name: str, where: Path) -> None:
         raise link_refused(where)
 
 
-def folder_fd(root: Path, parts: Sequence[str], *, create: bool = False) -> int:
-    """A descriptor of the folder ``ROOT/PARTS...``: each folder below ``root`` opened
-    relative to the one above it and never through a link (a link, the one-line
-    :func:`link_refused`), made first when ``create``. ``root`` itself is the user's
-    choice and may be a link."""
+def _open_folders(root: Path, parts: Sequence[str], *, create: bool = False) -> list[int]:
+    """Descriptors of ``root`` (which may be a link) and of each folder ``ROOT/PARTS...``,
+    each opened relative to the one above and never through a link; made if ``create``."""
     if create:
         root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    where = root
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
     try:
-        for name in parts:
-            where = where / name
+        for depth, name in enumerate(parts):
             if create:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, dir_fd=fd)
+                    os.mkdir(name, dir_fd=fds[-1])
             try:
-                below = os.open(name, _FOLDER, dir_fd=fd)
+                fds.append(os.open(name, _FOLDER, dir_fd=fds[-1]))
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    refuse_link(fd, name, where)
+                    refuse_link(fds[-1], name, root.joinpath(*parts[: depth + 1]))
                 raise
-            os.close(fd)
-            fd = below
     except BaseException:
-        os.close(fd)
+        _close(fds)
         raise
-    return fd
+    return fds
 
 
-#: Buffers one ``writev`` takes at most.
+def folder_fd(root: Path, parts: Sequence[str], *, create: bool = False) -> int:
+    """A descriptor of the folder ``ROOT/PARTS...`` (see :func:`_open_folders`)."""
+    fds = _open_folders(root, parts, create=create)
+    _close(fds[:-1])
+    return fds[-1]
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 _IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _writev(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
-    """Write every part (bytes, or a view of single bytes) to ``fd`` in order
-    (``writev``, resumed after a short write); the bytes written."""
+    """``writev`` every part to ``fd`` in order, resumed after short writes; bytes written."""
     total = 0
     pending = list(parts)
     while pending:
@@ -196,9 +194,8 @@ def _writev(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
 
 
 def check_output_folder(root: Path) -> None:
-    """Refuse an output folder that cannot be created or written, before any work: a
-    file on its path (``file.txt/out``), or a nearest existing folder without write
-    permission."""
+    """Refuse, before any work, an output folder with a file on its path or whose nearest
+    existing folder is not writable."""
     probe = root
     while True:
         try:
@@ -227,9 +224,8 @@ def check_output_folder(root: Path) -> None:
 
 
 def _refuse_links(folder: Path) -> None:
-    """Refuse an output that holds a symbolic link (the first found, in one line): an
-    export replaces and deletes names inside its output, and a link planted there by
-    whoever can write into a shared folder must not make it touch the link's target."""
+    """Refuse an output holding a symbolic link: an export deletes and replaces names in
+    it, and a link planted in a shared folder must not make it touch the link's target."""
     try:
         entries = os.scandir(folder)
     except (FileNotFoundError, NotADirectoryError):  # gone meanwhile (another writer's)
@@ -271,8 +267,7 @@ class LocalStorage(Storage):
         self.root = Path(root).expanduser().absolute()
         self.uri = str(self.root)
         self._fds = _Descriptors()
-        # closed when the storage is dropped, or at exit while modules still work (a
-        # __del__ at interpreter shutdown finds the module globals gone)
+        # not __del__: at interpreter shutdown it would find the module globals gone
         weakref.finalize(self, self._fds.close)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -289,8 +284,7 @@ class LocalStorage(Storage):
         return self.root / checked_path(path, self.uri)
 
     def _fd(self, path: str) -> int:
-        # Descriptors are cached per process: after a fork (DataLoader workers) the
-        # parent's descriptors share a file offset, harmless for pread but closed on exec.
+        # Cached per process: a forked child must not close or reuse the parent's.
         if os.getpid() != self._fds.pid:
             self._fds.forget()
         fd = self._fds.get(path)
@@ -310,8 +304,7 @@ class LocalStorage(Storage):
         self._fds.close()
 
     def _forget(self, path: str) -> None:
-        """Close the cached descriptor of ``path`` (deleted or replaced: a descriptor
-        left open would leak, and keep a deleted file's disk space)."""
+        """Close ``path``'s cached descriptor (it would keep a deleted file's space)."""
         fd = self._fds.pop(path, None)
         if fd is not None and os.getpid() == self._fds.pid:
             os.close(fd)
@@ -337,9 +330,7 @@ class LocalStorage(Storage):
         return self._path(path).is_file()
 
     def _walk(self, prefix: str, *, temporary: bool) -> builtins.list[str]:
-        if not self.root.is_dir():
-            return []
-        found = []
+        found = []  # os.walk yields nothing for a missing root
         for dirpath, _dirs, files in os.walk(self.root):
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in files:
@@ -360,20 +351,13 @@ class LocalStorage(Storage):
     def delete(self, path: str) -> None:
         self._forget(path)
         *folders, name = checked_path(path, self.uri).split("/")
-        opened: builtins.list[int] = []
         try:
-            opened.append(os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            for depth, folder in enumerate(folders):
-                try:
-                    opened.append(os.open(folder, _FOLDER, dir_fd=opened[-1]))
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        refuse_link(opened[-1], folder, self.root.joinpath(*folders[: depth + 1]))
-                    raise
-            # unlink removes a link itself, never its target
-            os.unlink(name, dir_fd=opened[-1])
-            # Folders left empty go too (an object store has no folders): the shard
-            # folders of a replaced export, a split it no longer has.
+            opened = _open_folders(self.root, folders)
+        except FileNotFoundError:
+            return
+        try:
+            os.unlink(name, dir_fd=opened[-1])  # removes a link itself, never its target
+            # Folders left empty go too, as an object store has no folders.
             for depth in range(len(folders), 0, -1):
                 try:
                     os.rmdir(folders[depth - 1], dir_fd=opened[depth - 1])
@@ -382,8 +366,7 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             return
         finally:
-            for fd in opened:
-                os.close(fd)
+            _close(opened)
 
     def rename(self, source: str, target: str) -> None:
         self._forget(source)
@@ -414,13 +397,8 @@ class LocalStorage(Storage):
         return self.root if path == "" else self._path(path)
 
     def sync(self, paths: Iterable[str]) -> None:
-        """fsync the files and then their folders, so that they survive a power loss.
-
-        The fsyncs run on a few threads at once: each one waits for a journal commit
-        (~5 ms on a VM disk), and concurrent ones share it (ext4, xfs: group commit), so
-        an export of many shard files syncs in the time of a few fsyncs instead of one
-        per file. Every file is still synced before any folder, and all before this
-        returns."""
+        """fsync the files and then their folders, so that they survive a power loss; threads
+        share each journal commit (~5 ms; ext4/xfs group commit)."""
         files = [self._path(path) for path in paths]
         _fsync_all(files)
         _fsync_all([self.root, *dict.fromkeys(full.parent for full in files)])
@@ -442,9 +420,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def _sync_soon(path: Path) -> None:
-    """fsync ``path`` on a background thread (its errors are left to the sync pass that
-    an export makes before it commits, which fsyncs every file again: cheap once the
-    kernel has written it back). Skipped while :data:`_EARLY_PENDING` files wait."""
+    """fsync ``path`` in the background (not while :data:`_EARLY_PENDING` files wait);
+    errors are left to the export's sync pass."""
     global _early
     if _early is None:
         from concurrent.futures import ThreadPoolExecutor  # writers only: not on import
@@ -459,9 +436,8 @@ def _sync_soon(path: Path) -> None:
 
     def sync() -> None:
         try:
-            _fsync(path)
-        except OSError:
-            pass  # renamed, deleted, or failing: the sync pass reports what matters
+            with contextlib.suppress(OSError):  # renamed, deleted, failing: the pass reports
+                _fsync(path)
         finally:
             pending.release()
 
@@ -476,8 +452,7 @@ _SYNC_THREADS: Final = 16
 
 
 def _fsync_all(paths: builtins.list[Path]) -> None:
-    """fsync each path (up to 1,024 at once); an error is raised once those beside it
-    have ended."""
+    """fsync each path (up to 1,024 at once); an error is raised once the others end."""
     if len(paths) <= 1:
         for path in paths:
             _fsync(path)
@@ -486,8 +461,7 @@ def _fsync_all(paths: builtins.list[Path]) -> None:
 
     with ThreadPoolExecutor(min(_SYNC_THREADS, len(paths))) as pool:
         for at in range(0, len(paths), 1024):  # a bounded number of futures at a time
-            for _ in pool.map(_fsync, paths[at : at + 1024]):
-                pass
+            list(pool.map(_fsync, paths[at : at + 1024]))
 
 
 def _fsync(path: Path) -> None:

@@ -1,17 +1,8 @@
 """One writer per output: an exclusive lock taken before an export looks at its output.
 
-Local folders use ``flock`` on ``ROOT/.shardex-lock``: the kernel drops the lock when its
-process dies, so a killed export never leaves a lock that blocks the next one (the file
-may stay; the next export takes it over and removes it when it ends). ``flock`` works
-across the clients of an NFS mount (Linux emulates it with byte-range locks there).
-
-Object stores have no locks, so the lock is a lease: ``.shardex-lock`` is created with a
-conditional put (``If-None-Match: *``), holds its holder and the time it expires, and is
-renewed every ``lease / 4`` seconds with a conditional put on its ETag (``If-Match``) while
-the export runs. A lease that a killed export left expires after ``lease`` seconds
-(``SHARDEX_LOCK_LEASE``, default 60); the next export then takes it over with the same
-conditional put, so that of two exports taking it over at once only one wins. An export
-that cannot renew its lease (it lost it) stops before it commits.
+Local folders use ``flock`` (dropped by the kernel when the process dies; works on NFS).
+Object stores get a lease made with ``If-None-Match: *``, renewed every ``lease / 4`` s
+with ``If-Match`` and taken over the same way once expired, so one racing export wins.
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ from shardex.storage.failures import link_refused
 
 
 class Leased(Protocol):
-    """What a lease needs of a storage (any :class:`~shardex.storage.base.Storage`: this
-    module does not import it, which imports this one)."""
+    """What a lease needs of a storage (base.py imports this module, not the reverse)."""
 
     uri: str
 
@@ -48,11 +38,8 @@ class Leased(Protocol):
     def delete(self, path: str) -> None: ...
 
 
-#: The lock's name under the output's root (never part of an export).
 LOCK_FILE: Final = ".shardex-lock"
-#: The local lock file: made if missing, never opened through a link (O_NOFOLLOW).
 _LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: Seconds an object-store lease lasts unless renewed.
 DEFAULT_LEASE: Final = 60.0
 #: A lease expiring further ahead than this is unreadable (taken over like a garbled one).
 _LONGEST_LEASE: Final = 7 * 24 * 3600.0
@@ -65,12 +52,10 @@ def holder_text(what: str) -> str:
 
 
 def lease_seconds() -> float:
-    text = os.environ.get("SHARDEX_LOCK_LEASE", "")
     try:
-        value = float(text) if text else DEFAULT_LEASE
+        return max(float(os.environ.get("SHARDEX_LOCK_LEASE") or DEFAULT_LEASE), 1.0)
     except ValueError:
-        value = DEFAULT_LEASE
-    return max(value, 1.0)
+        return DEFAULT_LEASE
 
 
 class OutputLock:
@@ -94,7 +79,6 @@ _HOLDER_CHARS: Final = 200
 
 
 def _shown(holder: str) -> str:
-    """A lock holder's text as a message shows it: cut to a bounded length."""
     holder = holder.strip() or "unknown holder"
     if len(holder) > _HOLDER_CHARS:
         holder = f"{holder[:_HOLDER_CHARS]}... ({len(holder):,} characters)"
@@ -109,12 +93,10 @@ def _locked(uri: str, holder: str) -> OutputLockedError:
 
 
 class LocalLock(OutputLock):
-    """``flock`` on ``ROOT/.shardex-lock``; the folder is made if needed (and removed
-    again on release when this lock made it and it stayed empty)."""
+    """``flock`` on ``ROOT/.shardex-lock``; a folder it made is removed if left empty."""
 
     def __init__(self, root: Path, holder: str) -> None:
-        self._root = root
-        self._path = root / LOCK_FILE
+        self._root, self._path = root, root / LOCK_FILE
         self._made_root = False
         try:
             self._made_root = not root.exists()
@@ -136,8 +118,7 @@ class LocalLock(OutputLock):
                 os.close(fd)
                 self._remove_root()
                 raise _locked(str(self._root), _shown(holder)) from None
-            # The holder before us removes the file as it releases: a lock on a file that
-            # is no longer at the path locks nothing, so take the new file.
+            # The last holder unlinks the file as it releases: a lock on it locks nothing.
             try:
                 same = os.stat(self._path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -147,9 +128,8 @@ class LocalLock(OutputLock):
             os.close(fd)
 
     def _open(self) -> int:
-        """The lock file, opened without following a link planted at its name (the lock
-        is truncated: through a link it would destroy the link's target) and refused when
-        it is not a plain file of its own (a hard link shares its bytes with another)."""
+        """The lock file, never through a link (truncating would destroy its target) and
+        refused unless a plain file of its own (a hard link shares its bytes)."""
         try:
             fd = os.open(self._path, _LOCK_FLAGS, 0o644)
         except OSError as exc:
@@ -186,8 +166,7 @@ class LeaseLock(OutputLock):
     """A lease on ``.shardex-lock`` in an object store, renewed by a thread."""
 
     def __init__(self, storage: Leased, holder: str, lease: float | None = None) -> None:
-        self._storage = storage
-        self._holder = holder
+        self._storage, self._holder = storage, holder
         self._lease = lease_seconds() if lease is None else lease
         self._lost: str | None = None
         self._stop = threading.Event()
@@ -197,8 +176,7 @@ class LeaseLock(OutputLock):
         self._thread.start()
 
     def _body(self) -> bytes:
-        expires = time.time() + self._lease
-        return json.dumps({"holder": self._holder, "expires": expires}).encode()
+        return json.dumps({"holder": self._holder, "expires": time.time() + self._lease}).encode()
 
     def _take(self) -> str:
         tag = self._storage.put_if(LOCK_FILE, self._body(), None)

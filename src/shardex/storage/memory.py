@@ -1,15 +1,7 @@
 """In-memory storage: ``memory://NAME/PREFIX``, objects held by this process.
 
-For tests (shardex's and its users'): an export, its reads and its sources without a disk
-or a server, e.g. ``shardex.export("demo:20", "memory://t/out", workers=1)``. It behaves
-as an object store: a write is invisible until committed, there are no folders and no
-leftovers, conditional puts are atomic, listings come in pages of
-:attr:`MemoryStorage.page_size`.
-
-Every storage whose URL names the same NAME shares one bucket in a process. The process
-that made a bucket owns it. A storage pickled to another process (an export's workers)
-takes along a copy of the objects under its root, which it reads there but never
-writes: a write there would be lost to the owner, so it is refused.
+For tests without a disk or server; it behaves as an object store. A pickled copy in
+another process is read-only: its writes would be lost to the owner.
 """
 
 from __future__ import annotations
@@ -42,16 +34,10 @@ _buckets: dict[str, _Bucket] = {}
 
 
 class MemoryStorage(Storage):
-    """Objects under ``memory://NAME/PREFIX`` in this process's memory.
+    """Objects under ``memory://NAME/PREFIX`` in this process's memory; ``storage_options``
+    are ignored (a source may get its output's S3 options)."""
 
-    Args:
-        url: the root URL.
-        storage_options: ignored (an export hands its output's options to a source that
-            has none of its own: ``memory://`` beside ``s3://`` takes the S3 options).
-    """
-
-    #: Entries of one :meth:`list_pages` page (S3's 1,000; smaller to test paging).
-    page_size: int = 1000
+    page_size: int = 1000  # of list_pages, as S3's; tests make it smaller
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         name, _, prefix = url[len(SCHEME) :].rstrip("/").partition("/")
@@ -83,7 +69,7 @@ class MemoryStorage(Storage):
         return self._prefix + checked_path(path, self.uri)
 
     def _mine(self) -> dict[str, bytes]:
-        """The objects under the root, by key (a copy: threads may write meanwhile)."""
+        # a copy: threads may write meanwhile
         with self._bucket.lock:
             return {k: v for k, v in self._bucket.objects.items() if k.startswith(self._prefix)}
 
@@ -152,9 +138,8 @@ class MemoryStorage(Storage):
         """Atomic, as an object store's conditional put."""
         key = self._writable(path)
         with self._bucket.lock:
-            found = self._bucket.objects.get(key)
-            now = None if found is None else xxhash.xxh3_64_hexdigest(found)
-            if now != tag:
+            found = self.get_tagged(path)
+            if (None if found is None else found[1]) != tag:
                 return None
             self._bucket.objects[key] = bytes(data)
         return xxhash.xxh3_64_hexdigest(data)

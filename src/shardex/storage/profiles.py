@@ -1,11 +1,7 @@
 """Named AWS profiles (``--s3-profile``) read from the shared files, without boto3.
 
-``pip install 'shardex[s3]'`` installs obstore, not boto3, so a profile with static keys
-(``aws_access_key_id`` ...) is read here, as the AWS CLI reads it: the credentials file
-(``AWS_SHARED_CREDENTIALS_FILE``, default ``~/.aws/credentials``, sections ``[name]``)
-before the config file (``AWS_CONFIG_FILE``, default ``~/.aws/config``, sections
-``[profile name]`` and ``[default]``). Profiles whose credentials come from elsewhere
-(a role, SSO, a ``credential_process``) need boto3's resolvers.
+Static keys are read here as the AWS CLI reads them; roles, SSO and
+``credential_process`` need boto3.
 """
 
 from __future__ import annotations
@@ -17,16 +13,13 @@ from typing import Any, Final
 
 from shardex.errors import ConfigError, MissingDependencyError
 
-#: Profile keys -> storage option names. Credentials first: a named profile is an explicit
-#: choice, so its keys replace credentials taken from the environment.
+#: A named profile is an explicit choice: its keys replace the environment's.
 _CREDENTIALS: Final = {
     "aws_access_key_id": "access_key_id",
     "aws_secret_access_key": "secret_access_key",
     "aws_session_token": "session_token",
 }
-#: Settings the profile gives only where the options do not.
 _SETTINGS: Final = {"region": "region", "endpoint_url": "endpoint_url"}
-#: Keys of a profile whose credentials only boto3 can resolve.
 _NEEDS_BOTO3: Final = ("role_arn", "sso_session", "sso_start_url", "credential_process")
 
 
@@ -54,22 +47,17 @@ def _section(path: Path, name: str) -> dict[str, str] | None:
 
 
 def profile_options(profile: str, options: dict[str, Any], *, now: bool = False) -> dict[str, Any]:
-    """``options`` with what the named profile holds: its keys, and its region and
-    endpoint where ``options`` has none. ``now``: where the storage is made, so that
-    worker processes (whose environment may be older) get the files' keys; a profile
-    that needs boto3 keeps its name (each process makes its own provider).
+    """``options`` with the named profile's keys, and its region and endpoint where unset.
 
-    Raises:
-        ConfigError: neither file has the profile.
-        MissingDependencyError: the profile has no keys of its own (a role, SSO, a
-            credential process) and boto3 is not installed.
+    ``now``: a boto3 profile keeps its name (each process makes its own provider). Raises
+    ConfigError when neither file has the profile, MissingDependencyError when it needs
+    boto3 and that is not installed.
     """
     found: dict[str, str] = {}
     looked: list[str] = []
     for path, prefix in _files():
         name = profile if profile == "default" else prefix + profile
         looked.append(str(path))
-        # the credentials file first: its keys win over the config file's
         for key, value in (_section(path, name) or {}).items():
             found.setdefault(key, value)
     if not found:

@@ -1,13 +1,8 @@
 """An S3 listing that goes past keys obstore cannot read as paths.
 
-obstore refuses a whole LIST page that holds one key with a control character (written by
-another S3 client: ``cls/new\\nline.jpg``), so one such object blocks every listing of
-its prefix. This module lists the rest of the prefix itself: ListObjectsV2 with
-``encoding-type=url`` (every key arrives exactly, whatever its characters), signed with
-AWS Signature V4, for stores reached with static credentials (keys and a token given as
-options, the ``AWS_*`` variables or a profile's keys) or unsigned (``skip_signature``).
-The names it hands back may hold any character: the source they feed records such an
-object as left out (or refuses it in one line) instead of listing nothing.
+obstore refuses a whole LIST page with one key holding a control character, so this
+lists the prefix itself: ListObjectsV2 with ``encoding-type=url`` (keys arrive exactly),
+SigV4-signed with static credentials, or unsigned (``skip_signature``).
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from typing import Any, Final
 
 from shardex.storage.profiles import profile_options
 
-#: The S3 XML namespace of ListObjectsV2 answers.
 _NS: Final = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _EMPTY_SHA256: Final = hashlib.sha256(b"").hexdigest()
 
@@ -63,17 +57,8 @@ def _signed(url: str, options: dict[str, Any], now: datetime.datetime) -> dict[s
         headers["x-amz-security-token"] = token
     names = ";".join(sorted(headers))
     query = "&".join(sorted(parts.query.split("&"))) if parts.query else ""
-    canonical = "\n".join(
-        [
-            "GET",
-            parts.path or "/",
-            query,
-            *(f"{k}:{headers[k]}" for k in sorted(headers)),
-            "",
-            names,
-            _EMPTY_SHA256,
-        ]
-    )
+    signed = [f"{k}:{headers[k]}" for k in sorted(headers)]
+    canonical = "\n".join(["GET", parts.path or "/", query, *signed, "", names, _EMPTY_SHA256])
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = "\n".join(
         ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
@@ -91,9 +76,8 @@ def _signed(url: str, options: dict[str, Any], now: datetime.datetime) -> dict[s
 def raw_pages(
     uri: str, options: dict[str, Any], folder: str, after: str | None
 ) -> Iterator[list[tuple[str, int]]] | None:
-    """The pages of ``(name below the root, size)`` under ``folder`` of the S3 storage at
-    ``uri``, after ``after``, names exact whatever their characters; None when this store
-    cannot be listed so (not S3, or its credentials are not static)."""
+    """Pages of ``(name below the root, size)`` under ``folder`` after ``after``; None
+    unless S3 with static credentials (or unsigned)."""
     scheme, _, rest = uri.partition("://")
     if scheme not in ("s3", "s3a"):
         return None
@@ -111,12 +95,7 @@ def raw_pages(
 
 
 def _pages(
-    base: str,
-    bucket_path: str,
-    options: dict[str, Any],
-    prefix: str,
-    start: str | None,
-    cut: int,
+    base: str, bucket_path: str, options: dict[str, Any], prefix: str, start: str | None, cut: int
 ) -> Iterator[list[tuple[str, int]]]:
     token: str | None = None
     while True:

@@ -1,15 +1,7 @@
-"""Local scratch space: an export's spilled references of pass 1 and the sorted runs of
-its key checks and index, and the locked folders of downloads (the cache, tensordict's
-runs, DALI's staging). Nothing here is part of an output.
+"""Local scratch folders (an export's spills and sorted runs; locked download folders).
 
-A scratch folder lives under the system's temporary folder and is named after the
-process that made it (``shardex-export-{pid}-...``). It is removed when the export ends,
-also on an error; a process killed outright cannot remove it, so every export first
-removes the folders of exports that are gone. An export holds a lock on its folder's
-``.lock`` file (``flock``: the kernel drops it when the process dies, however it dies),
-and a folder is stale when that lock is free: a process ID alone would misjudge a live
-export in another PID namespace (containers sharing a temporary folder) and keep the
-folder of a killed one whose ID was reused.
+Each export first removes folders whose ``.lock`` (``flock``, dropped by the kernel when
+the process dies) is free: a PID alone misjudges other PID namespaces and reused IDs.
 """
 
 from __future__ import annotations
@@ -42,8 +34,7 @@ def _gone(pid: int) -> bool:
 
 
 def _stale(entry: Path, prefix: str) -> bool:
-    """Whether no process holds the folder ``entry`` (its lock is free; a folder without
-    a lock file, an earlier shardex's or one being renamed: its process is gone)."""
+    """Whether no process holds ``entry`` (without a lock file: judged by its PID)."""
     try:
         fd = os.open(entry / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
@@ -61,8 +52,7 @@ def _stale(entry: Path, prefix: str) -> bool:
 
 
 def remove_stale(root: Path | None = None, prefix: str = PREFIX) -> None:
-    """Remove the folders under ``root`` named ``prefix...`` (by :func:`locked_folder`)
-    whose processes no longer run (killed): by default, the scratch folders of exports."""
+    """Remove the :func:`locked_folder` folders under ``root`` whose processes are gone."""
     root = Path(root or tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for entry in root.iterdir():
@@ -72,13 +62,10 @@ def remove_stale(root: Path | None = None, prefix: str = PREFIX) -> None:
 
 
 def locked_folder(root: Path, prefix: str, kind: str) -> tuple[Path, int]:
-    """A new folder ``root/{prefix}{pid}-{kind}-...`` and the descriptor of its locked
-    ``.lock`` (close it to release the folder; :func:`remove_stale` removes the folder
-    once its process is gone): made under a name ``remove_stale`` judges by the process
-    ID, locked, then renamed (never seen without its lock)."""
+    """A new folder ``root/{prefix}{pid}-{kind}-...`` and its locked ``.lock``'s descriptor
+    (close it to release); made under a dot name, locked, then renamed."""
     draft = Path(tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-{kind}-", dir=root))
-    # The lock file gets its name only once locked: another export that finds ``.lock``
-    # free between its creation and the flock would take the folder for stale
+    # Named ``.lock`` only once locked, or another export could find it free: stale
     new = draft / f"{LOCK_FILE}.new"
     fd = os.open(new, os.O_RDWR | os.O_CREAT, 0o600)
     path = draft.with_name(draft.name[1:])
@@ -93,8 +80,7 @@ def locked_folder(root: Path, prefix: str, kind: str) -> tuple[Path, int]:
     return path, fd
 
 
-#: Failures of a scratch folder's file system, not of the export's input or output (the
-#: storages map theirs to StorageError, a ShardexError, before they get here).
+#: Scratch file system failures (input and output ones arrive as ShardexError).
 _FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -108,8 +94,7 @@ def _scratch_error(exc: OSError, where: str) -> StorageError:
 
 
 def _is_scratch_failure(exc: BaseException, path: Path) -> bool:
-    """Whether ``exc`` is a failure to write ``path`` (a source's unreadable file is not:
-    it names another file)."""
+    """Whether ``exc`` is a failure to write under ``path``."""
     if not isinstance(exc, OSError) or isinstance(exc, ShardexError):
         return False
     if exc.filename is not None:
@@ -120,12 +105,8 @@ def _is_scratch_failure(exc: BaseException, path: Path) -> bool:
 
 @contextlib.contextmanager
 def scratch(kind: str = "run") -> Iterator[Path]:
-    """A new, empty scratch folder, removed on the way out whatever happens.
-
-    Raises:
-        StorageError: the temporary folder is not writable or is full (one line, that
-            says to set TMPDIR).
-    """
+    """A new, empty scratch folder, removed on the way out whatever happens (a
+    StorageError if the temporary folder is not writable or is full)."""
     remove_stale()
     root = tempfile.gettempdir()
     try:

@@ -1,13 +1,7 @@
-"""What a writer stages inside the output (``OUT/.shardex-staging/RUN/``): never part of
-an export, and neither counted nor deleted by an export's checks.
-
-A remote runner's (Ray's) shard tasks stage each shard's metadata rows and index arrays
-there as one part (``part-*.npz``) and return only a summary (counts, sizes, checksums,
-the part's name); tasks merge the parts into each split's index files and into
-metadata.parquet, so no per-sample byte of them passes through the driver, and no file
-system needs to be shared when the output is on object storage. The driver removes the
-run's staging when the run ends (committed or undone); parts a killed run left are
-removed by the next run on the output (it holds the lock: no live run stages).
+"""What a writer stages inside the output (``OUT/.shardex-staging/RUN/``), never part of
+an export: a remote runner's shard tasks stage metadata rows and index arrays as parts
+that other tasks merge, so no per-sample byte passes through the driver. A killed run's
+parts are removed by the next run (which holds the lock).
 """
 
 from __future__ import annotations
@@ -31,25 +25,19 @@ from shardex.errors import FormatError
 from shardex.storage.base import Storage
 
 _TABLE: Final = "table"
-#: Parts deleted at once when a run's staging goes.
 _DELETES: Final = 16
-#: Parts a merge task fetches ahead.
 _AHEAD: Final = 8
 #: Parts are read once or twice, by tasks: lz4 keeps them small for little CPU.
 _IPC: Final = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None)
 
 
-#: Where a writer stages its input inside the output before it exports it (the Ray
-#: datasink, :mod:`shardex.ray.write`, and a remote runner's shard tasks, which remove
-#: it): what they stage there is never part of an export.
 STAGING: Final = ".shardex-staging/"
 
 #: A staged part, or its temporary file while it is written (a local output's).
 STAGED_PART: Final = re.compile(
     re.escape(STAGING) + r"[0-9a-f]{12}/\.?part-[0-9a-f]{16}\.npz(?:\.tmp-[0-9a-f]+)?"
 )
-#: What a write task of ``write_shardex`` stages (see :mod:`shardex.ray.write`), or its
-#: temporary file while it writes it.
+#: What a ``write_shardex`` task stages (:mod:`shardex.ray.write`), or its temporary file.
 STAGED_ROWS: Final = re.compile(
     re.escape(STAGING)
     + r"[0-9a-f]{12}/\.?task-[0-9]{6,}-[0-9a-f]{8}\.(bin|parquet)(\.tmp-[0-9a-f]+)?"
@@ -57,21 +45,18 @@ STAGED_ROWS: Final = re.compile(
 
 
 def is_staged(path: str) -> bool:
-    """Whether ``path`` is a file our staging layout names (a user's own folder called
-    ``.shardex-staging`` holds other names: those are foreign files)."""
+    """Whether ``path`` is a name our staging layout makes (others there are foreign)."""
     return STAGED_PART.fullmatch(path) is not None or STAGED_ROWS.fullmatch(path) is not None
 
 
 def new_staging() -> str:
-    """A prefix of its own for this run's parts."""
     return f"{STAGING}{secrets.token_hex(6)}/"
 
 
 def put_part(
     storage: Storage, staging: str, table: pa.Table, arrays: dict[str, npt.NDArray[Any]]
 ) -> str:
-    """Stage one shard's metadata rows and named arrays; returns the part's name. Each
-    attempt gets a new name, so a retried task never mixes with one that died."""
+    """Stage one shard's metadata rows and arrays; the part's name, new per attempt."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=_IPC) as writer:
         writer.write_table(table)
@@ -85,8 +70,6 @@ def put_part(
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """A staged part read back: the metadata rows and the arrays."""
-
     table: pa.Table
     arrays: dict[str, npt.NDArray[Any]]
 
@@ -113,12 +96,8 @@ def read_part(storage: Storage, name: str, *, table: bool = True) -> Part:
 def read_parts(
     storage: Storage, names: Iterable[str], *, table: bool = True
 ) -> Iterator[Iterator[Part]]:
-    """The parts in order, :data:`_AHEAD` fetched at once (one GET each: a 10,000-shard
-    split's merge would otherwise wait on 10,000 round trips one after the other).
-
-    A context: its threads end when it does. (A generator that owned them kept them alive,
-    idle, while a caller held the error of a merge that failed part-way: the error's
-    traceback holds the frame that holds the generator.)"""
+    """The parts in order, :data:`_AHEAD` fetched at once. A context, not a generator owning
+    the threads: a held error's traceback would keep the generator and its threads alive."""
     pool = ThreadPoolExecutor(_AHEAD)
     try:
         yield _ahead(pool, storage, names, table)
@@ -144,16 +123,10 @@ def remove_staging(storage: Storage, staging: str) -> None:
 
 
 def remove_killed_parts(storage: Storage, *, rows: bool = True) -> None:
-    """Delete the parts that killed runs left (the caller holds the output's lock, so no
-    run that is alive stages any) and, with ``rows``, what killed ``write_shardex`` runs
-    staged (not when a ``write_shardex`` run that is alive calls: its rows are staged
-    there). Other files under the staging folder are left alone."""
-    killed = [
-        p
-        for p in _staged(storage)
-        if STAGED_PART.fullmatch(p) or (rows and STAGED_ROWS.fullmatch(p))
-    ]
-    _delete(storage, killed)
+    """Delete the parts killed runs left (the caller holds the lock) and, with ``rows``,
+    what killed ``write_shardex`` runs staged; foreign files stay."""
+    wanted = (STAGED_PART, STAGED_ROWS) if rows else (STAGED_PART,)
+    _delete(storage, [p for p in _staged(storage) if any(r.fullmatch(p) for r in wanted)])
 
 
 def _staged(storage: Storage) -> list[str]:
@@ -164,10 +137,8 @@ def _staged(storage: Storage) -> list[str]:
 
 
 def _delete(storage: Storage, paths: list[str]) -> None:
-    # one request each on object storage: a 10,000-shard export's parts at 16 at once
     with ThreadPoolExecutor(min(_DELETES, max(1, len(paths)))) as pool:
         list(pool.map(storage.delete, paths))
-    # a local output: the run folders left empty, and the staging folder if it is too
     root = storage.local_path(STAGING.rstrip("/"))
     if root is None or not root.is_dir():
         return

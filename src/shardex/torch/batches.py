@@ -1,31 +1,13 @@
 """Batches assembled in place and passed from DataLoader workers through reused memory.
 
-torch's ``default_collate``, run in a DataLoader worker, stacks every tensor of a batch
-into *fresh* shared memory, and the loader passes each one to the main process as a file
-descriptor (a socket round trip per tensor). On the benchmark machine the fresh pages
-alone cost about 140 µs per 224×224 uint8 image, a third of decoding it, and the 64
-decoded images a batch keeps alive until it is stacked make the worker's heap grow and
-shrink by 10 MB a batch, faulting every page in again. Two remedies, used together by
-:meth:`StreamDataset.dataloader` and :meth:`MapDataset.dataloader`:
-
-* :class:`RowPacker`: a dataset copies each item's tensors into one row of its batch's
-  tensors as soon as the item is made (while it is still in the cache), so only one
-  item's temporaries are alive at a time and collating the batch copies nothing.
-* :func:`collate`: each worker keeps a few shared buffers that it reuses. A buffer's
-  memory goes to the main process once; after that a batch refers to it by number, and
-  the buffer is written again only once the main process has dropped every tensor that
-  views it.
-
-The lifecycle of one buffer::
+torch's ``default_collate`` stacks each worker batch into fresh shared memory (~140 µs of
+page faults per 224×224 image; docs/torch.md). A buffer's life::
 
     worker: take a FREE buffer, mark it BUSY, fill the batch's rows, send (token, id)
     main:   view the buffer (mapped once per worker), hand out tensors over that view
     main:   the last tensor viewing it is freed  ->  mark it FREE   (weakref.finalize)
 
-The flag is the buffer's first byte, in the shared memory itself, so no message flows
-back to the worker. A worker that finds no free buffer makes a new one, up to
-:data:`MAX_BUFFERS`, and past that falls back to torch's fresh shared memory, so a training
-loop that keeps batches is never handed memory that a worker overwrites.
+Past :data:`MAX_BUFFERS` a worker uses torch's fresh memory: kept batches are never reused.
 """
 
 from __future__ import annotations
@@ -51,18 +33,14 @@ import torch
 from shardex.errors import ConfigError
 from shardex.per_process import PerProcess
 
-#: Bytes before a buffer's data: the FREE/BUSY flag, padded to a cache line so that the
-#: data stays aligned for every dtype.
+#: The FREE/BUSY flag, padded to a cache line so the data is aligned for every dtype.
 HEADER: Final = 64
 FREE: Final = 0
 BUSY: Final = 1
 #: Buffers one worker (or the main process) may hold; a batch takes one per tensor field.
 MAX_BUFFERS: Final = 32
-#: Free batch blocks the main process keeps for its next batches.
 KEEP_FREE: Final = 8
-#: Freed memory at the top of a DataLoader worker's heap that glibc keeps for reuse
-#: (``M_TRIM_THRESHOLD``), and the size from which a block is mapped on its own
-#: (``M_MMAP_THRESHOLD``, glibc's largest); see :func:`keep_freed_heap`.
+#: glibc's ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD`` in workers; see keep_freed_heap.
 WORKER_TRIM_BYTES: Final = 64 << 20
 WORKER_MMAP_BYTES: Final = 32 << 20
 
@@ -70,16 +48,8 @@ CollateMap = dict[type | tuple[type, ...], Callable[..., Any]]
 
 
 def collate(batch: list[Any]) -> Any:
-    """``torch.utils.data.default_collate``, with worker batches in reused shared memory.
-
-    The same batches as ``default_collate``: dicts, tuples, lists, tensors, numpy arrays,
-    numbers and strings collate the same way. In a DataLoader worker, tensors, arrays and
-    numbers are stacked into shared buffers that the worker reuses once the main process
-    has dropped every tensor of an earlier batch that used them. Items made by a
-    :class:`RowPacker` are already rows of their batch: nothing is copied. Use it as the
-    ``collate_fn`` of any DataLoader (``torchdata``'s ``StatefulDataLoader`` included);
-    :meth:`StreamDataset.dataloader` and :meth:`MapDataset.dataloader` use it by default.
-    """
+    """``default_collate`` (same batches), with worker batches in reused shared memory;
+    rows a :class:`RowPacker` made are not copied again. Fits any DataLoader."""
     _check_shapes(batch)
     if get_worker_info() is None:
         return _collate(batch, collate_fn_map=_MAIN_MAP)
@@ -87,11 +57,8 @@ def collate(batch: list[Any]) -> Any:
 
 
 def _check_shapes(batch: list[Any], prefix: str = "") -> None:
-    """A one-line ConfigError, naming the field, for dict items whose tensors or arrays
-    differ in shape (torch's own error is a 40-line traceback saying "stack expects each
-    tensor to be equal size", naming no field): images of different sizes without a
-    transform that resizes them. Nested dicts (``{"features": {...}}``) are looked into;
-    the field is then named by its path (``features.image``)."""
+    """Raise a ConfigError naming the (dotted) field whose items differ in shape; torch's
+    own error names no field."""
     if not batch or not isinstance(batch[0], dict):
         return
     for name, first in batch[0].items():
@@ -111,9 +78,6 @@ def _check_shapes(batch: list[Any], prefix: str = "") -> None:
                 )
 
 
-# ---------------------------------------------------------------- rows packed in place
-
-
 @dataclass(eq=False, slots=True)
 class _Rows:
     """One tensor field of one batch: ``plain`` (rows, *shape), ``staged`` its worker view."""
@@ -124,8 +88,7 @@ class _Rows:
     dtype: torch.dtype
 
     def views(self) -> tuple[torch.Tensor, ...]:
-        """Every row, tagged (one ``unbind`` is cheaper than n indexings). The rows refer
-        to this record and it not to them: no cycle, so a batch is freed by refcount."""
+        """Every row, tagged; rows refer to this record, not back, so refcount frees it."""
         rows = self.plain.unbind(0)
         for position, row in enumerate(rows):
             row._shardex_rows = (self, position)  # type: ignore[attr-defined]
@@ -133,18 +96,9 @@ class _Rows:
 
 
 class RowPacker:
-    """Copies each item's tensors into rows of batch tensors as the items are made.
-
-    ``pack(item)`` replaces every tensor value of a dict item by row ``position`` of a
-    batch tensor of ``rows`` rows (a new one at position 0, in a reused shared buffer
-    inside a DataLoader worker), and tags it so that :func:`collate` returns the batch
-    tensor itself. A value whose shape or dtype differs from its batch's first is left
-    as it is, and that batch collates the ordinary way (stacked, or torch's error for
-    unequal sizes).
-
-    Args:
-        rows: items per batch.
-    """
+    """Copies each item's tensors into rows of batch tensors of ``rows`` rows as the items
+    are made (``pack(item)``), which :func:`collate` returns as they are. A value whose
+    shape or dtype differs from its batch's first is left alone."""
 
     def __init__(self, rows: int) -> None:
         self.rows, self.position = rows, 0
@@ -219,9 +173,7 @@ def _main_tensors(batch: list[torch.Tensor], *, collate_fn_map: CollateMap) -> A
 
 
 def _arrays(batch: list[np.ndarray], *, collate_fn_map: CollateMap) -> Any:
-    """numpy arrays as torch's collate takes them (each made a tensor, then stacked), less
-    its warning for a read-only array (an export's mapped file): the items are only read,
-    and the batch is a new tensor."""
+    """torch's array collate, less its warning for read-only (mapped) arrays: only read."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
         return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
@@ -243,19 +195,13 @@ def _page_round(nbytes: int) -> int:
 
 
 def _fits(nbytes: int, capacity: int) -> bool:
-    """A buffer of ``capacity`` may hold ``nbytes``: a small field (labels) must not take
-    a big buffer (images) away from its batch."""
+    """A small field (labels) must not take a big buffer (images) away from its batch."""
     return nbytes <= capacity <= 2 * nbytes + 4096
 
 
 class _LocalPool:
-    """Batch memory of the main process (``num_workers=0``), reused once released.
-
-    malloc maps a fresh batch-sized block anew now and then, and every page of it faults
-    in again; a few reused blocks stay in place. A batch is handed out as a view of a
-    fresh numpy array whose finalizer frees its block exactly when the last tensor
-    viewing it is gone. At most :data:`KEEP_FREE` free blocks are kept.
-    """
+    """Batch memory of the main process, reused once released (malloc maps big blocks
+    anew, faulting every page in): a batch views a fresh array whose finalizer frees it."""
 
     def __init__(self) -> None:
         self.free: list[npt.NDArray[np.uint8]] = []
@@ -289,9 +235,6 @@ class _LocalPool:
 _local_pool: Final = PerProcess(_LocalPool)
 
 
-# ---------------------------------------------------------------- the worker side
-
-
 class _Staged(torch.Tensor):
     """A batch tensor in a worker's buffer; it pickles as (worker token, buffer id)."""
 
@@ -321,20 +264,10 @@ def glibc() -> bool:
 
 
 def keep_freed_heap() -> bool:
-    """Makes glibc keep freed heap memory of this process for reuse; False where the C
-    library is not glibc.
+    """Makes glibc keep freed heap memory of this process for reuse; False if not glibc.
 
-    By default glibc gives the top of the heap back to the kernel whenever more than
-    twice its mmap threshold is free there: 256 KB at first, and it moves as blocks come
-    and go. A worker that decodes and resizes images grows and shrinks its heap by about
-    that much for every image, and faults each page in again: on the benchmark machine
-    11 000 to 29 000 page faults per 2 500 images, a few percent of the worker's time.
-    With up to :data:`WORKER_TRIM_BYTES` kept, it stays near 9 000 (most of them the first
-    touch of its batch buffers). Blocks up to :data:`WORKER_MMAP_BYTES` then come from the
-    heap too, so a decode buffer of a large image is not mapped and faulted in anew each
-    time. Called once in each DataLoader worker that uses :func:`collate` or a
-    :class:`RowPacker`; never in the main process.
-    """
+    glibc trims the heap top past ~256 KB free, so a worker decoding images faulted its
+    pages in again per image (11k-29k faults per 2,500 images; ~9k with this)."""
     if not glibc():
         return False
     try:
@@ -356,8 +289,8 @@ class _WorkerPool:
             **default_collate_fn_map,
             torch.Tensor: self._tensors,
             np.ndarray: _arrays,
-            int: self._ints,  # and bool, by isinstance
-            float: self._floats,
+            int: self._numbers,  # and bool, by isinstance
+            float: self._numbers,
         }
 
     def stage(self, size: tuple[int, ...], dtype: torch.dtype) -> _Staged | None:
@@ -367,8 +300,7 @@ class _WorkerPool:
         if buffer is None:
             return None
         whole = torch.empty(0, dtype=torch.uint8).set_(buffer.storage)
-        out = whole[HEADER : HEADER + nbytes].view(dtype).view(size)
-        staged = out.as_subclass(_Staged)
+        staged = whole[HEADER : HEADER + nbytes].view(dtype).view(size).as_subclass(_Staged)
         staged._shardex_buffer = buffer
         return staged
 
@@ -398,13 +330,9 @@ class _WorkerPool:
         torch.stack(batch, 0, out=out.as_subclass(torch.Tensor))
         return out
 
-    def _ints(self, batch: list[int], *, collate_fn_map: CollateMap) -> Any:
-        return self._values(torch.tensor(batch))
-
-    def _floats(self, batch: list[float], *, collate_fn_map: CollateMap) -> Any:
-        return self._values(torch.tensor(batch, dtype=torch.float64))
-
-    def _values(self, values: torch.Tensor) -> torch.Tensor:
+    def _numbers(self, batch: list[float], *, collate_fn_map: CollateMap) -> Any:
+        float64 = isinstance(batch[0], float)  # as default_collate: ints and bools as they are
+        values = torch.tensor(batch, dtype=torch.float64 if float64 else None)
         out = self.stage(tuple(values.shape), values.dtype)
         if out is None:
             return values
@@ -440,11 +368,7 @@ def _reduce_staged(tensor: _Staged) -> tuple[Any, ...]:
     return (_rebuild_staged, (token, buffer.ident, storage, plain.dtype, tuple(plain.shape)))
 
 
-# ---------------------------------------------------------------- the main process side
-
-# Each worker's buffers, mapped once: token -> buffer id -> the buffer's bytes. Entries of
-# exited workers are dropped when a new worker shows up; a tensor handed out keeps its
-# memory alive by itself, so dropping an entry never invalidates a batch.
+# token -> buffer id -> bytes; a handed-out tensor keeps its own memory alive.
 _MAPPED: dict[str, dict[int, npt.NDArray[np.uint8]]] = {}
 _MAPPED_LOCK = threading.Lock()  # the pin_memory thread unpickles batches too
 
@@ -464,10 +388,8 @@ def _rebuild_staged(
         if storage is not None:
             buffers[ident] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
         whole = buffers[ident]
-    count = _nbytes(shape, dtype)
-    # A fresh array per batch: torch keeps exactly this object alive for as long as any
-    # tensor views the batch, so its finalizer runs when the last one is dropped.
-    data = whole[HEADER : HEADER + count]
+    # A fresh array per batch: its finalizer runs when the last tensor viewing it goes.
+    data = whole[HEADER : HEADER + _nbytes(shape, dtype)]
     weakref.finalize(data, _release, whole)
     return torch.from_numpy(data).view(dtype).view(shape)
 

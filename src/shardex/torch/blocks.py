@@ -1,9 +1,5 @@
-"""Reading runs of consecutive samples of a shard, one request each, one run ahead.
-
-A streaming worker reads its samples as *blocks*: runs of consecutive samples of one shard
-(adjacent in the tar), at most ``block_bytes`` long (or one sample when larger), each
-fetched with one ``pread`` or one ranged GET. A background thread fetches the next block
-while the current one is parsed, so at most two blocks are held.
+"""Reading runs of consecutive samples of a shard (at most ``block_bytes``, or one larger
+sample), one ``pread`` or ranged GET each, one run ahead.
 """
 
 from __future__ import annotations
@@ -59,8 +55,7 @@ def blocks(
 
 
 def read_blocks(ds: SampleRanges, runs: Iterator[Block]) -> Iterator[tuple[int, Sample]]:
-    """``(sample number, raw sample)`` of each block's samples; the next block is read by a
-    background thread meanwhile (so at most two blocks are held)."""
+    """``(sample number, raw sample)`` of each block's samples, the next block read ahead."""
     storage = ds.storage
     shards = ds.config.split(ds.split).shards
 

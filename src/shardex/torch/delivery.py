@@ -1,10 +1,5 @@
-"""Which worker's samples a DataLoader has handed out, given how many were handed out.
-
-With an IterableDataset, every DataLoader worker batches its own samples, and the loader
-hands batches out round-robin by worker id, skipping workers that have run out, each
-worker's last batch possibly short (or dropped with ``drop_last``). So the number of
-samples the training loop has taken determines, for a given number of workers and batch
-size, how many came from each worker, and which worker's batch comes next.
+"""Which worker's samples a DataLoader has handed out: it hands worker batches out
+round-robin, skipping exhausted workers, so the samples taken fix each worker's count.
 """
 
 from __future__ import annotations
@@ -28,19 +23,9 @@ def deliverable(remaining: int, batch_size: int, drop_last: bool) -> int:
 def deliver(
     consumed: int, remaining: Sequence[int], batch_size: int, drop_last: bool
 ) -> tuple[list[int], int]:
-    """Samples taken from each worker once ``consumed`` samples were handed out, and the id
-    of the worker whose batch comes next.
-
-    Args:
-        consumed: samples handed to the training loop in this pass.
-        remaining: samples each worker (by id) yields in this pass.
-        batch_size: the DataLoader's batch size (1 when it does not batch).
-        drop_last: the DataLoader's ``drop_last``.
-
-    Raises:
-        ConfigError: ``consumed`` does not end on a batch boundary, or is more than the
-            workers yield.
-    """
+    """Samples taken from each worker (``remaining``: what each yields this pass) once
+    ``consumed`` were handed out, and the id of the worker whose batch comes next; a
+    ConfigError when ``consumed`` is off a batch boundary or more than the workers yield."""
     workers = len(remaining)
     shape = [batch_sizes(r, batch_size, drop_last) for r in remaining]
     batches = [full + (short > 0) for full, short in shape]

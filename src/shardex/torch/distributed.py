@@ -8,12 +8,7 @@ from shardex.errors import ConfigError
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: those given, else torch.distributed's when it is
-    initialised, else ``(0, 1)``.
-
-    Raises:
-        ConfigError: the rank is outside ``range(world_size)``.
-    """
+    """``(rank, world_size)``: those given, else torch.distributed's, else ``(0, 1)``."""
     if rank is None or world_size is None:
         import torch.distributed as dist
 
@@ -31,22 +26,15 @@ def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 def rank_share(num_samples: int, world_size: int, *, drop_last: bool) -> int:
-    """Samples every rank gets per epoch: the same number on every rank.
-
-    Without ``drop_last`` the epoch is padded up to a multiple of ``world_size`` by
-    repeating samples from its start; with it, the tail is dropped.
-    """
+    """Samples every rank gets per epoch: padded up without ``drop_last``, else cut down."""
     if drop_last:
         return num_samples // world_size
     return -(-num_samples // world_size)
 
 
 def check_state(state: dict[str, Any], kind: str, expected: dict[str, Any]) -> None:
-    """Refuse a state dict made by another kind of object or for another setup.
-
-    Raises:
-        ConfigError: naming the first field that differs, what was saved and what is here.
-    """
+    """Raise ConfigError for a state dict of another kind, or naming the first field
+    whose saved value differs from ``expected``."""
     if not isinstance(state, dict) or state.get("kind") != kind:
         found = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(f"not a {kind} state dict (its kind is {found!r})")

@@ -1,10 +1,5 @@
-"""An export split opened lazily, once per process, that pickles as a few names.
-
-DataLoader workers receive datasets by fork (a copy of the parent's memory) or by spawn
-(a pickle). A forked worker keeps the opened split: its file descriptors and object-store
-client are remade per process by the storage layer. A spawned worker gets only the
-storage, the split name and the flags, and opens the split itself (the index is read from
-the local cache, so this costs one small GET on object storage).
+"""An export split opened lazily, once per process, that pickles as a few names (a
+spawned worker reopens it; the index is cached locally).
 """
 
 from __future__ import annotations
@@ -19,14 +14,7 @@ from shardex.storage import Storage, open_storage
 
 
 class DatasetHandle:
-    """Opens ``split`` of the export at ``uri`` on first use in each process.
-
-    Args:
-        uri: the export's folder or URL (or a Storage).
-        split: the split; may be left out when the export has only one.
-        storage_options: options for object storage.
-        verify: check each sample's checksum as it is read.
-    """
+    """Opens ``split`` of the export at ``uri`` on first use in each process."""
 
     def __init__(
         self,
@@ -67,12 +55,7 @@ class DatasetHandle:
         return self._dataset
 
     def shards(self) -> SampleRanges:
-        """The opened split as byte ranges of its shards (streaming reads runs of them).
-
-        Raises:
-            ConfigError: the export's backend does not store samples as byte ranges of
-                shards (its dataset is not a :class:`~shardex.dataset.SampleRanges`).
-        """
+        """The opened split as byte ranges of its shards, or a ConfigError."""
         ds = self.dataset()
         if not isinstance(ds, SampleRanges):
             raise ConfigError(

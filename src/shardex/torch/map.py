@@ -17,30 +17,20 @@ from shardex.torch.samples import SampleMaker, SampleSpec, Transform
 
 
 class MapDataset(Dataset[Any]):
-    """True random access for PyTorch: ``ds[i]`` is one ``pread`` locally, one ranged GET
-    on object storage; a DataLoader batch is one :meth:`~shardex.Dataset.get_many` (reads
-    sorted per shard, concurrent on object storage).
-
-    Pair it with :class:`~shardex.torch.ShardexSampler` for an exactly equal share per rank,
-    a global shuffle per epoch and mid-epoch resume. The split is opened lazily in each
-    process, so the dataset pickles as a few names and works with forked and spawned
-    DataLoader workers alike; decoding happens in the workers.
+    """True random access for PyTorch: ``ds[i]`` is one read, a batch one
+    :meth:`~shardex.Dataset.get_many`. Pair it with :class:`~shardex.torch.ShardexSampler`.
+    The split opens lazily in each process, so it pickles small for any start method.
 
     Args:
-        uri: the export's folder or URL (or a Storage).
-        split: the split; may be left out when the export has only one.
-        decode: True (default): items are ``{"__key__", "image", "label", *keys}`` with the
-            image an (H, W, C) uint8 tensor, or ``transform(pixels)`` of the decoded numpy
-            array; False: the raw sample ``{"__key__", ext: bytes ...}`` plus ``keys``
-            (passed to ``transform`` when one is given).
+        uri, split: the export's folder, URL or Storage, and its split (optional if one).
+        decode: True: items are ``{"__key__", "image", "label", *keys}`` (image an
+            (H, W, C) uint8 tensor, or ``transform(pixels)``); False: the raw sample plus
+            ``keys`` (passed to ``transform`` if given).
         transform: see ``decode``; must pickle for spawned workers.
-        decode_size: ``(width, height)`` that ``transform`` resizes to: JPEGs are decoded
-            at a reduced scale (1/2, 1/4, 1/8) that stays at least that large, several
-            times faster on large photos.
-        keys: metadata columns to add to each item (e.g. ``("label", "score")``); a
-            column named ``label`` replaces the label of the ``cls`` member.
-        storage_options: options for object storage.
-        verify: check each sample's checksum as it is read.
+        decode_size: ``(width, height)`` that ``transform`` resizes to, so JPEGs decode
+            at a reduced scale that stays at least that large.
+        keys: metadata columns to add to each item; ``label`` replaces the ``cls`` label.
+        storage_options, verify: object storage options; check each sample's checksum.
     """
 
     def __init__(
@@ -60,8 +50,7 @@ class MapDataset(Dataset[Any]):
             decode=decode, transform=transform, keys=tuple(keys or ()), decode_size=decode_size
         )
         self._make = SampleMaker(spec, self._handle)
-        # decode=False without keys or transform: an item is the sample as read (a fresh
-        # dict each read), handed over without the SampleMaker call (~5 % of a read)
+        # The sample as read is already a fresh dict: skip SampleMaker (~5 % of a read).
         self._plain = not decode and not spec.keys and transform is None
         self._pack = False  # the copy a dataloader() reads packs each batch's rows
 
@@ -76,7 +65,7 @@ class MapDataset(Dataset[Any]):
         return self._make(self._handle.dataset()[index], index)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch as one batched read (the DataLoader calls this with a batch's indices)."""
+        """A batch as one batched read."""
         n = len(self._handle)
         wanted = [i + n if i < 0 else i for i in indices]
         raws = self._handle.dataset().get_many(wanted)
@@ -94,17 +83,10 @@ class MapDataset(Dataset[Any]):
         num_workers: int = 0,
         **kwargs: Any,
     ) -> DataLoader[Any]:
-        """A DataLoader over this dataset, by default with a :class:`ShardexSampler`.
+        """A DataLoader over this dataset, by default with ``ShardexSampler(len(self))``.
 
-        ``sampler`` defaults to ``ShardexSampler(len(self))`` (seed 0, rank and world size
-        from torch.distributed): reach it as ``loader.sampler`` for ``set_epoch``,
-        ``advance`` and ``state_dict``. ``kwargs`` go to the DataLoader (``drop_last``,
-        ``pin_memory``, ``collate_fn``, ``batch_sampler`` ...). Without a ``collate_fn``,
-        batches are those of ``default_collate``, but each item's tensors are written
-        straight into its batch and workers pass batches through shared memory they
-        reuse (see :func:`shardex.torch.collate`); ``loader.dataset`` is then a shallow
-        copy of this dataset that packs them.
-        """
+        Without a ``collate_fn`` it is :func:`shardex.torch.collate`, and
+        ``loader.dataset`` a copy that packs rows."""
         reader = copy.copy(self)
         batched = batch_size is not None or kwargs.get("batch_sampler") is not None
         reader._pack = batched and kwargs.get("collate_fn") is None

@@ -1,14 +1,6 @@
-"""The sample sequence of a streaming epoch, and how it is cut among ranks and workers.
-
-An epoch's *sequence* is every shard in a seeded order (new per epoch), each shard's
-samples in file order, so reading it in order reads each shard front to back. Positions
-past its end wrap around to its start: that is how every rank gets the same number of
-samples (the padded positions repeat the epoch's first samples).
-
-A *plan* is the list of ``[start, stop)`` position segments a rank reads in one pass: at
-first its one contiguous share of the sequence; after a resume with a different number of
-workers, what was left of the epoch (see :mod:`shardex.torch.shuffle`). A plan is cut into
-one contiguous *piece* per DataLoader worker, the sizes differing by at most one.
+"""The sample sequence of a streaming epoch (shards in a seeded order, positions past the
+end wrapping to its start), and how a rank's *plan* of segments is cut into one
+contiguous *piece* per DataLoader worker.
 """
 
 from __future__ import annotations

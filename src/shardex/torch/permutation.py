@@ -1,23 +1,12 @@
 """A seeded bijective permutation of ``range(n)`` in O(1) memory and O(1) time per index.
 
-A balanced Feistel network over the smallest even number of bits that covers ``n``
-(a domain below ``4 * n``), with *cycle walking*: an index whose image falls outside
-``range(n)`` is encrypted again until it lands inside. A Feistel network is a bijection
-of its domain whatever its round function, and cycle walking restricts a bijection of the
-domain to a bijection of ``range(n)`` (each orbit enters and leaves ``range(n)``), so the
-result is a true permutation for every ``n >= 1``; the expected number of walks is below 4.
-
-The round function is the SplitMix64 finaliser of ``half + round key``; round keys come from
-``(seed, epoch)``, so each epoch gets a new, reproducible order. Nothing of size ``n`` is
-ever stored: 10M-sample epochs cost no permutation array per worker.
-
-Scalar evaluation uses Python integers (numpy scalars warn on the intended uint64
-wrap-around); :meth:`IndexPermutation.map` evaluates whole arrays with numpy.
+A balanced Feistel network over the smallest even bit width covering ``n``, with cycle
+walking into ``range(n)`` (expected walks < 4); round keys come from ``(seed, epoch)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -32,7 +21,6 @@ _M64: Final = (1 << 64) - 1
 _GOLDEN: Final = 0x9E3779B97F4A7C15
 _C1: Final = 0xBF58476D1CE4E5B9
 _C2: Final = 0x94D049BB133111EB
-#: Indices evaluated per numpy pass by :meth:`IndexPermutation.__iter__`.
 _CHUNK: Final = 1 << 16
 
 
@@ -61,16 +49,9 @@ def derive_key(*parts: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class IndexPermutation:
-    """The permutation of ``range(n)`` for one ``(seed, epoch)``.
-
-    ``perm(i)`` is the index at position ``i``; ``perm.inverse(j)`` the position of index
-    ``j``. Both take O(1) time and memory; ``perm.map(array)`` evaluates many at once.
-
-    Args:
-        n: the number of indices (at least 1).
-        seed: the shuffle seed.
-        epoch: the epoch; each one gets a new order.
-    """
+    """The permutation of ``range(n)`` for one ``(seed, epoch)``: ``perm(i)`` is the index
+    at position ``i``, ``perm.inverse(j)`` the position of ``j``; ``perm.map`` vectorises.
+    ``n`` is at least 1; each epoch gets a new order."""
 
     n: int
     seed: int = 0
@@ -89,48 +70,38 @@ class IndexPermutation:
     def __len__(self) -> int:
         return self.n
 
-    def _encrypt(self, x: int) -> int:
+    def _encrypt(self, x: int, inverse: bool) -> int:
         half = self._half
         mask = (1 << half) - 1
         left, right = x >> half, x & mask
-        for key in self._keys:
-            left, right = right, left ^ (mix64(right + key) & mask)
+        for key in reversed(self._keys) if inverse else self._keys:
+            if inverse:
+                left, right = right ^ (mix64(left + key) & mask), left
+            else:
+                left, right = right, left ^ (mix64(right + key) & mask)
         return (left << half) | right
-
-    def _decrypt(self, y: int) -> int:
-        half = self._half
-        mask = (1 << half) - 1
-        left, right = y >> half, y & mask
-        for key in reversed(self._keys):
-            left, right = right ^ (mix64(left + key) & mask), left
-        return (left << half) | right
-
-    def _check(self, i: int) -> None:
-        if not 0 <= i < self.n:
-            raise IndexError(f"index {i} is out of range for a permutation of {self.n}")
 
     def __call__(self, i: int) -> int:
         """The index at position ``i`` of the shuffled order."""
-        return self._walk(i, self._encrypt)
+        return self._walk(i, inverse=False)
 
     def inverse(self, j: int) -> int:
         """The position of index ``j`` in the shuffled order (``perm.inverse(perm(i)) == i``)."""
-        return self._walk(j, self._decrypt)
+        return self._walk(j, inverse=True)
 
-    def _walk(self, i: int, step: Callable[[int], int]) -> int:
-        """``step`` (the cipher or its inverse) of ``i``, walked until it is in ``range(n)``."""
-        self._check(i)
-        y = step(i)
+    def _walk(self, i: int, *, inverse: bool) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} is out of range for a permutation of {self.n}")
+        y = self._encrypt(i, inverse)
         while y >= self.n:
-            y = step(y)
+            y = self._encrypt(y, inverse)
         return y
 
     def _encrypt_array(self, x: npt.NDArray[np.uint64], inverse: bool) -> npt.NDArray[np.uint64]:
         half = np.uint64(self._half)
         mask = np.uint64((1 << self._half) - 1)
         left, right = x >> half, x & mask
-        keys = reversed(self._keys) if inverse else self._keys
-        for key in keys:
+        for key in reversed(self._keys) if inverse else self._keys:
             k = np.uint64(key)
             if inverse:
                 left, right = right ^ (mix64_array(left + k) & mask), left

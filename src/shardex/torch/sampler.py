@@ -16,43 +16,25 @@ STATE_KIND: Final = "shardex.ShardexSampler"
 ITERATOR_KIND: Final = "shardex.ShardexSampler.iterator"
 #: The settings a state records, and must match when it is loaded.
 _SETUP: Final = ("dataset_len", "world_size", "shuffle", "seed", "drop_last")
-#: Indices computed per numpy pass while iterating.
 _CHUNK: Final = 4096
 
 
 class ShardexSampler(Sampler[int]):
     """Indices of one rank's share of an epoch, for a map-style dataset.
 
-    The epoch's order is a seeded bijective permutation of ``range(dataset_len)`` (see
-    :class:`~shardex.torch.permutation.IndexPermutation`), new for each epoch and the same on
-    every rank; nothing of size ``dataset_len`` is ever built. Rank ``r`` takes positions
-    ``r, r + world_size, r + 2 * world_size, ...`` of that order, so every rank gets exactly
-    ``len(sampler)`` indices:
-
-    * ``drop_last=False`` (default): the order is padded to a multiple of ``world_size`` by
-      repeating its first samples (at most ``world_size - 1`` repeats per epoch);
-    * ``drop_last=True``: the last ``dataset_len % world_size`` positions of the order are
-      left out (different samples each epoch, since the order changes).
-
-    Resuming with ``torchdata``'s ``StatefulDataLoader``: save and load the loader's
-    state; nothing else is needed (each pass's :class:`SamplerIterator` counts the indices
-    it gives out, and the loader records that count with each batch it hands over).
-
-    Resuming with a plain DataLoader: the sampler does not know how many of the indices it
-    gave out have reached the training loop (the DataLoader fetches ahead), so the loop
-    tells it with :meth:`advance` after each batch. :meth:`state_dict` then records the
-    epoch and the number of samples consumed on this rank; after :meth:`load_state_dict`
-    (in a fresh process) the next pass starts right after them, in the same order. The
-    state does not depend on ``num_workers`` or the batch size, and every rank consumes
-    the same number, so the state of any rank can be loaded on every rank.
+    The epoch's order is a seeded O(1)-memory permutation
+    (:class:`~shardex.torch.permutation.IndexPermutation`), the same on every rank; rank
+    ``r`` takes positions ``r, r + world_size, ...``, so every rank gets ``len(sampler)``
+    indices. Without ``drop_last`` the order is padded by repeating its first samples;
+    with it, the last ``dataset_len % world_size`` positions are left out. To resume, save
+    and load a ``torchdata`` ``StatefulDataLoader``'s state, or call :meth:`advance` after
+    each batch of a plain DataLoader and save :meth:`state_dict` (any rank's, any workers).
 
     Args:
-        dataset_len: the number of samples in the dataset (``len(dataset)``).
-        rank: this process's rank; default torch.distributed's, or 0.
-        world_size: the number of ranks; default torch.distributed's, or 1.
-        shuffle: shuffle each epoch; if False the order is ``0, 1, 2, ...``.
-        seed: the shuffle seed; the same on every rank.
-        drop_last: drop the tail instead of padding (see above).
+        dataset_len: ``len(dataset)``.
+        rank, world_size: default torch.distributed's, else 0 of 1.
+        shuffle, seed: shuffle each epoch (else ``0, 1, 2, ...``), seeded alike on all ranks.
+        drop_last: drop the tail instead of padding.
     """
 
     def __init__(
@@ -81,18 +63,13 @@ class ShardexSampler(Sampler[int]):
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the order of this epoch for the next pass (a new epoch forgets any resume
-        point; setting the epoch a resume point belongs to keeps it)."""
+        """Use this epoch's order for the next pass (a new epoch forgets a resume point)."""
         self._epoch_set = epoch
         if epoch != self.epoch:
             self.epoch, self._resume_at, self._consumed = epoch, 0, 0
 
     def advance(self, n: int) -> None:
-        """Record that the training loop has taken ``n`` more samples of this epoch.
-
-        Raises:
-            ConfigError: ``n`` is negative or would pass the end of the rank's share.
-        """
+        """Record that the training loop has taken ``n`` more samples of this epoch."""
         if n < 0 or self._consumed + n > self.num_samples:
             raise ConfigError(
                 f"advance({n}) after {self._consumed} consumed samples would pass the end of "
@@ -107,22 +84,17 @@ class ShardexSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able record of the epoch and the samples consumed on this rank."""
-        setup = self._setup()
         return {
             "kind": STATE_KIND,
             "version": 1,
-            **setup,
+            **self._setup(),
             "epoch": self.epoch,
             "consumed": self._consumed,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch.
-
-        Raises:
-            ConfigError: the state belongs to another dataset length, seed, shuffle,
-                drop_last or world size.
-        """
+        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch
+        (a ConfigError if it was saved with other settings)."""
         check_state(state, STATE_KIND, self._setup())
         consumed = int(state["consumed"])
         if not 0 <= consumed <= self.num_samples:
@@ -134,13 +106,8 @@ class ShardexSampler(Sampler[int]):
 
 
 class SamplerIterator(Iterator[int]):
-    """One pass of a :class:`ShardexSampler`, which knows how many indices it has given out.
-
-    ``torchdata``'s ``StatefulDataLoader`` saves this position with the sampler's state at
-    the moment it draws each batch's indices, and restores both in the new loader, so a
-    resume lands exactly after the last batch the training loop received, with no
-    :meth:`ShardexSampler.advance` calls.
-    """
+    """One pass of a :class:`ShardexSampler`, counting the indices it gave out:
+    ``StatefulDataLoader`` saves the count per batch, so no ``advance`` calls are needed."""
 
     def __init__(self, sampler: ShardexSampler, start: int) -> None:
         self.sampler = sampler
@@ -168,8 +135,6 @@ class SamplerIterator(Iterator[int]):
         return self._chunk[self._at - 1]
 
     def _indices(self) -> list[int]:
-        """The next chunk of indices, from ``position`` on (rank ``r`` takes positions
-        ``r, r + W, ...`` of the epoch's order)."""
         sampler = self.sampler
         stop = min(self.position + _CHUNK, sampler.num_samples)
         at = np.arange(self.position, stop, dtype=np.int64) * sampler.world_size + sampler.rank
@@ -181,15 +146,8 @@ class SamplerIterator(Iterator[int]):
         return {"kind": ITERATOR_KIND, "epoch": self.epoch, "yielded": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at a saved position: the rest of the saved epoch, unless
-        :meth:`ShardexSampler.set_epoch` chose another epoch (a StatefulDataLoader loads
-        its state when iterated, after the loop's ``set_epoch``): then that epoch from its
-        start, as ``set_epoch`` after :meth:`ShardexSampler.load_state_dict` would give.
-
-        Raises:
-            ConfigError: the state is not a sampler iterator's or lies outside this rank's
-                share.
-        """
+        """Continue at a saved position, unless ``set_epoch`` chose another epoch
+        (StatefulDataLoader loads state after the loop's ``set_epoch``): then its start."""
         check_state(state, ITERATOR_KIND, {})
         epoch, yielded = int(state["epoch"]), int(state["yielded"])
         if not 0 <= yielded <= self.sampler.num_samples:

@@ -25,21 +25,9 @@ Transform = Callable[[Any], Any]
 
 @dataclass(frozen=True, slots=True)
 class SampleSpec:
-    """How a raw sample becomes the item a loader yields.
-
-    Attributes:
-        decode: True: ``{"__key__", "image", "label", *keys}`` with the image decoded to an
-            (H, W, C) uint8 tensor (or whatever ``transform`` makes of the decoded
-            (H, W[, C]) numpy array) and the label an int from the ``cls`` member; False:
-            the raw sample (``{"__key__", ext: bytes ...}``) plus ``keys``, passed to
-            ``transform`` when one is given.
-        transform: see ``decode``; must pickle for spawned DataLoader workers.
-        decode_size: ``(width, height)`` the transform resizes to: JPEGs decode at a
-            reduced scale that stays at least that large (see ``codecs.images.decode``).
-        keys: metadata columns (of ``metadata.parquet``) to add to each item, e.g.
-            ``("label", "score", "embedding")``: numbers become Python scalars, fixed-size
-            lists tensors, anything else its Python value.
-    """
+    """How a raw sample becomes the item a loader yields: the fields are the arguments of
+    :class:`~shardex.torch.MapDataset`. ``keys`` columns come as Python scalars or values,
+    fixed-size lists as tensors."""
 
     decode: bool = True
     transform: Transform | None = None
@@ -66,7 +54,6 @@ class SampleMaker:
         return self._columns
 
     def __call__(self, raw: Sample, index: int) -> Any:
-        """The item for sample number ``index`` of the split, whose raw fields are ``raw``."""
         spec = self.spec
         out: dict[str, Any]
         if spec.decode:
@@ -103,11 +90,7 @@ def to_tensor(pixels: npt.NDArray[np.generic]) -> torch.Tensor:
 
 
 class MetadataColumns:
-    """Some columns of ``metadata.parquet`` for one split, in sample order.
-
-    Only the named columns are read; on object storage the file is cached locally once
-    and shared by every process.
-    """
+    """Some columns of ``metadata.parquet`` for one split, in sample order (cached locally)."""
 
     def __init__(self, handle: DatasetHandle, names: Sequence[str]) -> None:
         ds = handle.dataset()

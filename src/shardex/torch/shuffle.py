@@ -1,10 +1,5 @@
-"""A bounded shuffle buffer that can be replayed on positions alone.
-
-The buffer's choices come from a counter-based generator: choice number ``step`` is a hash
-of ``(key, step)``, so the same key and input give the same output order, and the state
-after any number of outputs is rebuilt by running the buffer over sample *positions*
-(integers, no bytes read): that is how a stream resumes mid-epoch, reading only the samples
-the buffer held and the ones not yet reached.
+"""A bounded shuffle buffer that can be replayed on positions alone: choice ``step`` is a
+hash of ``(key, step)``, so a resume reads only the samples held and those not reached.
 """
 
 from __future__ import annotations
@@ -25,15 +20,8 @@ def draw(key: int, step: int, bound: int) -> int:
 
 
 class ShuffleBuffer(Generic[T]):
-    """Holds up to ``size`` items; once full, each new item takes the place of a randomly
-    chosen held one, which is given out. ``size <= 1`` gives items out in input order.
-
-    Args:
-        size: the most items held.
-        key: the seed of the choices (from seed, epoch, rank and worker).
-        items: the held items, to continue from a replayed state.
-        step: the number of items given out so far, likewise.
-    """
+    """Holds up to ``size`` items; once full, each new item takes the place of a random
+    held one, given out (``size <= 1``: input order). ``items``, ``step``: a replayed state."""
 
     def __init__(self, size: int, key: int, *, items: list[T] | None = None, step: int = 0):
         self.size, self.key = size, key

@@ -1,16 +1,7 @@
 """A streaming PyTorch dataset: shard order, bounded shuffle, exactly equal ranks, resume.
 
-How an epoch is cut (see :mod:`shardex.torch.order`): the epoch's sequence is every shard
-in a seeded order, each front to back; rank ``r`` of ``W`` takes positions
-``[r * L, (r + 1) * L)`` of it, ``L = ceil(N / W)`` (or ``N // W`` with ``drop_last``),
-positions past ``N`` wrapping around to the epoch's first samples, so every rank yields
-exactly ``L`` samples. Each DataLoader worker takes one contiguous piece of its rank's
-share (sizes differ by at most one) and reads it in runs of consecutive samples, one
-``pread`` or ranged GET per run of at most ``block_bytes``, the next run read by a
-background thread while the current one is used. A shuffle buffer of ``buffer_size``
-samples, seeded by (seed, epoch, rank, worker), mixes the run order.
-
-Memory per worker: two runs (``2 * block_bytes``) and ``buffer_size`` samples.
+Each worker reads its piece of the rank's share (:mod:`shardex.torch.order`) in runs of
+at most ``block_bytes``, one ahead, through a seeded shuffle buffer.
 """
 
 from __future__ import annotations
@@ -45,6 +36,8 @@ from shardex.torch.shuffle import ShuffleBuffer, leftovers, replay
 
 STATE_KIND: Final = "shardex.StreamDataset"
 ITERATOR_KIND: Final = "shardex.StreamDataset.iterator"
+#: The settings a state records besides ``num_samples``, and must match when loaded.
+_SETUP: Final = ("world_size", "rank", "shuffle", "seed", "buffer_size", "drop_last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +45,13 @@ class _Start:
     """Where a pass over an epoch starts: the rank's plan and each worker's position."""
 
     plan: tuple[Segment, ...]
-    generation: int  # how many times the plan was remade for another number of workers
+    generation: int  # times the plan was remade for another number of workers
     given: tuple[int, ...]  # samples each worker (by role) has given out; () = none
-    rotation: int  # the role of DataLoader worker 0 (the worker whose batch comes next)
+    rotation: int  # the role of DataLoader worker 0 (whose batch comes next)
 
 
 @dataclass(frozen=True, slots=True)
 class _Geometry:
-    """What a StreamLoader tells its dataset about the loader."""
-
     workers: int
     batch_size: int
     drop_last: bool
@@ -68,43 +59,23 @@ class _Geometry:
 
 class StreamDataset(IterableDataset[Any]):
     """Streams a split in shard order with a seeded shard shuffle and a bounded buffer
-    shuffle, every rank yielding exactly the same number of samples.
+    shuffle, every rank yielding exactly ``len(ds)`` samples (padded by wrapping around).
 
-    Each rank yields ``len(ds)`` samples per epoch: its contiguous share of the epoch's
-    shard-ordered sequence, padded (without ``drop_last``) by wrapping around to the
-    sequence's first samples. Call :meth:`set_epoch` before each epoch for a new order.
-
-    Resuming with ``torchdata``'s ``StatefulDataLoader``: save and load the loader's
-    state, with the same ``num_workers``; nothing else is needed (each worker's
-    :class:`StreamIterator` counts what it gives out, and the loader records that with
-    each batch it hands over).
-
-    Resuming otherwise: iterate through :meth:`dataloader` and call :meth:`advance` with
-    each batch's size; :meth:`state_dict` then says how far each worker got. After
-    :meth:`load_state_dict`, the next pass yields exactly the rest of that epoch: with the
-    same number of workers and batch size, in the same order as an uninterrupted run
-    (another batch size keeps each worker's order but interleaves the batches otherwise);
-    with another number of workers, in a new order: what each old worker had not given
-    out (its buffer, then what it had not read) is cut afresh among the new workers.
-    States are per rank: save one per rank.
-    Iterating in the main process (``num_workers=0`` or a plain ``for``) needs no
-    :meth:`dataloader`; a plain DataLoader with workers iterates correctly but cannot
-    report its state.
+    Call :meth:`set_epoch` before each epoch. To resume, save and load a ``torchdata``
+    ``StatefulDataLoader``'s state (same ``num_workers``), or iterate :meth:`dataloader`,
+    call :meth:`advance` per batch and save :meth:`state_dict` (one per rank). After
+    :meth:`load_state_dict` the next pass yields exactly the rest of the epoch: in the
+    uninterrupted order with the same workers and batch size, re-cut among the workers
+    otherwise. A plain DataLoader with workers iterates correctly but has no state.
 
     Args:
-        uri: the export's folder or URL (or a Storage).
-        split: the split; may be left out when the export has only one.
-        shuffle: shuffle the shard order per epoch and mix samples in a buffer.
-        seed: the shuffle seed; the same on every rank.
-        buffer_size: samples held by each worker's shuffle buffer.
-        decode, transform, decode_size, keys: what each item is, as for
+        uri, split, decode, transform, decode_size, keys, storage_options, verify: as for
             :class:`~shardex.torch.MapDataset`.
-        rank: this process's rank; default torch.distributed's, or 0.
-        world_size: the number of ranks; default torch.distributed's, or 1.
+        shuffle, seed: shuffle shards and mix samples in a buffer, seeded alike on all ranks.
+        buffer_size: samples held by each worker's shuffle buffer.
+        rank, world_size: default torch.distributed's, else 0 of 1.
         drop_last: give every rank ``N // world_size`` samples instead of padding.
         block_bytes: the most bytes read with one request (and held twice per worker).
-        storage_options: options for object storage.
-        verify: check each sample's checksum as it is read.
     """
 
     def __init__(
@@ -168,17 +139,9 @@ class StreamDataset(IterableDataset[Any]):
     def dataloader(
         self, batch_size: int | None = 1, *, num_workers: int = 0, **kwargs: Any
     ) -> StreamLoader:
-        """A DataLoader over this dataset that can report and restore its state.
-
-        ``kwargs`` go to :class:`torch.utils.data.DataLoader` (``drop_last``,
-        ``collate_fn``, ``pin_memory``, ``multiprocessing_context`` ...). Without a
-        ``collate_fn``, batches are those of ``default_collate``, but each worker writes
-        an item's tensors straight into its batch and passes batches through shared
-        memory it reuses (see :func:`shardex.torch.collate`).
-        """
+        """A DataLoader over this dataset that can report and restore its state; the
+        default ``collate_fn`` is :func:`shardex.torch.collate`, items packed into rows."""
         return StreamLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
-
-    # -- passes and state -------------------------------------------------------------
 
     def _fresh(self) -> _Start:
         share = len(self)
@@ -206,23 +169,11 @@ class StreamDataset(IterableDataset[Any]):
         return _Start(tuple(merge(rest)), start.generation + 1, (), 0)
 
     def _setup(self) -> dict[str, Any]:
-        return {
-            "num_samples": len(self._handle),
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "buffer_size": self.buffer_size,
-            "drop_last": self.drop_last,
-        }
+        return {"num_samples": len(self._handle), **{n: getattr(self, n) for n in _SETUP}}
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able record of how far this rank got in the current epoch.
-
-        Raises:
-            ConfigError: samples were consumed from workers of a loader that was not made
-                by :meth:`dataloader` (their share cannot be known).
-        """
+        """A JSON-able record of how far this rank got in the current epoch (a ConfigError
+        if samples came from workers of a loader not made by :meth:`dataloader`)."""
         start = self._pass or self._pending or self._fresh()
         given, rotation = list(start.given), start.rotation
         if self._consumed:
@@ -262,12 +213,8 @@ class StreamDataset(IterableDataset[Any]):
         return given, roles[next_id]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch.
-
-        Raises:
-            ConfigError: the state was saved for another split size, rank, world size,
-                seed, shuffle, buffer size or drop_last.
-        """
+        """Continue from a :meth:`state_dict`: the next pass yields the rest of its epoch
+        (a ConfigError if it was saved with other settings or for another split)."""
         check_state(state, STATE_KIND, self._setup())
         plan = tuple((int(a), int(b)) for a, b in state["plan"])
         given = tuple(int(g) for g in state["given"])
@@ -275,13 +222,10 @@ class StreamDataset(IterableDataset[Any]):
         self._pending = _Start(plan, int(state["generation"]), given, int(state["rotation"]))
         self._pass, self._consumed = None, 0
 
-    # -- iteration --------------------------------------------------------------------
-
     def __iter__(self) -> StreamIterator:
         info = get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        # A StreamLoader has begun the pass (its workers hold a copy of it); otherwise the
-        # main process begins one, and each worker of a plain DataLoader its own copy.
+        # A StreamLoader began the pass before forking; a plain DataLoader's workers begin theirs.
         start = self._pass if self._armed else None
         if start is None or len(start.given) != workers:
             start = self._begin_pass(workers)
@@ -315,14 +259,8 @@ class StreamDataset(IterableDataset[Any]):
 
 
 class StreamIterator(Iterator[Any]):
-    """One worker's pass over its piece of a :class:`StreamDataset`, which knows how many
-    samples it has given out.
-
-    ``torchdata``'s ``StatefulDataLoader`` asks each worker for this count (with the
-    dataset's state: where the pass started) after every batch, and hands both back to the
-    workers of the new loader, so a resume continues each worker exactly where its last
-    delivered batch ended, with no :meth:`StreamDataset.advance` calls.
-    """
+    """One worker's pass over its piece of a :class:`StreamDataset`, counting what it gave:
+    ``StatefulDataLoader`` saves the count per batch, so no ``advance`` calls are needed."""
 
     def __init__(self, dataset: StreamDataset, start: _Start, workers: int, worker: int) -> None:
         self.dataset, self.workers, self.worker = dataset, workers, worker
@@ -336,9 +274,8 @@ class StreamIterator(Iterator[Any]):
         self._piece = worker_piece(start.plan, self.workers, self.role)
         self._key = ds._key(self.role, start.generation)
         self._items: Generator[Any, None, None] | None = None  # made on the first next()
-        rows = ds._pack_rows
         # Batches start afresh at every (re)start: a loader takes whole batches from here.
-        self._packer = RowPacker(rows) if rows else None
+        self._packer = RowPacker(ds._pack_rows) if ds._pack_rows else None
 
     def __iter__(self) -> StreamIterator:
         return self
@@ -350,27 +287,17 @@ class StreamIterator(Iterator[Any]):
         self.given += 1
         return item if self._packer is None else self._packer.pack(item)
 
+    def _pass_id(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "generation": self.generation, "role": self.role}
+
     def state_dict(self) -> dict[str, Any]:
         """``{"kind", "epoch", "generation", "role", "given"}``: this worker's position."""
-        return {
-            "kind": ITERATOR_KIND,
-            "epoch": self.epoch,
-            "generation": self.generation,
-            "role": self.role,
-            "given": self.given,
-        }
+        return {"kind": ITERATOR_KIND, **self._pass_id(), "given": self.given}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at a saved position of the pass the dataset's state (loaded just
-        before) describes, unless :meth:`StreamDataset.set_epoch` chose another epoch (a
-        StatefulDataLoader loads its state when iterated, after the loop's ``set_epoch``):
-        then that epoch from its start, as ``set_epoch`` after
-        :meth:`StreamDataset.load_state_dict` would give.
-
-        Raises:
-            ConfigError: the state belongs to another pass or worker, or lies outside
-                this worker's piece.
-        """
+        """Continue at a saved position of the dataset's loaded pass, unless ``set_epoch``
+        chose another epoch (StatefulDataLoader loads state after the loop's ``set_epoch``):
+        then that epoch from its start. A ConfigError for another pass's or worker's state."""
         check_state(state, ITERATOR_KIND, {})
         ds = self.dataset
         if self._items is not None:
@@ -380,8 +307,7 @@ class StreamIterator(Iterator[Any]):
             ds.epoch, ds._pending = chosen, None
             self._seek(ds._begin_pass(self.workers))
             return
-        expected = {"epoch": self.epoch, "generation": self.generation, "role": self.role}
-        check_state(state, ITERATOR_KIND, expected)
+        check_state(state, ITERATOR_KIND, self._pass_id())
         given = int(state["given"])
         if not 0 <= given <= plan_length(self._piece):
             raise ConfigError(f"the state's given={given} is outside this worker's piece")
@@ -391,10 +317,8 @@ class StreamIterator(Iterator[Any]):
 
 
 class StreamLoader(DataLoader[Any]):
-    """A DataLoader over a :class:`StreamDataset` (made by :meth:`StreamDataset.dataloader`)
-    that tells the dataset its number of workers and batch size, so that the dataset's
-    :meth:`~StreamDataset.state_dict` can say how far each worker got, and that starts
-    each pass where a loaded state left off."""
+    """A DataLoader that tells its :class:`StreamDataset` its workers and batch size, so
+    :meth:`~StreamDataset.state_dict` knows how far each worker got."""
 
     dataset: StreamDataset
 

@@ -1,26 +1,6 @@
-"""``TensorShardsLoader``: batches from a window of whole shards, prefetched.
-
-For backends whose shards are runs of whole samples (``capabilities.shard_windows``; their
-datasets are :class:`~shardex.dataset.ShardWindows`): shards are read whole, a few at a
-time. An epoch is:
-
-1. the split's shards in a seeded order (``shuffle_shards``; new every epoch), read as
-   one sequence of samples;
-2. that sequence cut into ``world_size`` equal contiguous shares: rank ``r`` reads
-   ``N // world_size`` samples (the last ``N % world_size`` samples of the epoch's order
-   are left out that epoch, a different few each epoch), so ranks never wait on each
-   other;
-3. a rank's share cut into *windows* of ``shards_per_window`` shard pieces; each window is
-   loaded by ``prefetch_workers`` threads, ``prefetch_windows`` windows ahead, and its
-   samples shuffled together (``shuffle_samples``);
-4. the windows' samples, back to back, cut into batches of ``batch_size``: a batch may
-   span two windows, so batch size and shard size are independent; only the epoch's last
-   batch may be short (``drop_last`` drops it).
-
-A batch is a dict: ``"__key__"`` (list of keys), fixed-shape fields as tensors
-``(B, ...)`` (labels: int64 ``(B,)``), other fields as lists (bytes, arrays). The loader
-holds its own position: ``state_dict()`` after k batches, ``load_state_dict()`` in a
-fresh process, and iteration continues with batch k + 1 of the same epoch.
+"""``TensorShardsLoader``: batches from prefetched windows of whole shards (backends with
+``capabilities.shard_windows``). Each rank takes an equal contiguous share of the seeded
+shard sequence, cut into windows shuffled within; a batch may span two windows.
 """
 
 from __future__ import annotations
@@ -42,10 +22,12 @@ from shardex.bfloat16 import is_bfloat16
 from shardex.dataset import ShardWindows
 from shardex.errors import ConfigError
 from shardex.fields import is_fixed
+from shardex.torch.distributed import resolve_ranks
 from shardex.torch.order import EpochOrder
 from shardex.torch.permutation import derive_key
 
 _SAMPLE_SALT = 0x77D0
+_Loaded = tuple[ColumnReader, npt.NDArray[np.int64]]  # a window's columns and read order
 #: Settings that define the epoch's batches: a saved state only fits the same ones.
 _ORDER_SETTINGS = (
     "seed",
@@ -74,18 +56,13 @@ class TensorShardsLoader:
 
     Args:
         uri: a ``tensor_shards`` (or ``torch``) export.
-        batch_size: samples per batch, independent of the shard size.
-        split: the split to read.
-        shards_per_window: shard pieces loaded and shuffled together.
-        prefetch_windows: windows loaded ahead of the one being batched.
-        prefetch_workers: threads loading shards.
-        shuffle_shards: seeded shard order, new each epoch.
-        shuffle_samples: seeded sample order within each window, new each epoch.
+        shards_per_window, prefetch_windows, prefetch_workers: shard pieces loaded and
+            shuffled together, windows loaded ahead, and the threads loading them.
+        shuffle_shards, shuffle_samples: seeded shard order, and sample order within each
+            window, new each epoch.
         pin_memory: pin batch tensors (when CUDA is available).
-        drop_last: drop the epoch's short last batch.
-        seed: the seed; each epoch derives its own orders from it (``set_epoch``).
-        rank, world_size: this process's share (default: torch.distributed's, else 0 of 1).
-        storage_options: options for object storage.
+        seed: each epoch derives its own orders from it (``set_epoch``).
+        rank, world_size: default torch.distributed's, else 0 of 1.
     """
 
     def __init__(
@@ -125,29 +102,18 @@ class TensorShardsLoader:
             )
         if prefetch_windows < 0:
             raise ConfigError(f"prefetch_windows must be >= 0, got {prefetch_windows}")
-        if rank is None or world_size is None:
-            dist = torch.distributed
-            ready = dist.is_available() and dist.is_initialized()
-            rank = dist.get_rank() if ready else 0
-            world_size = dist.get_world_size() if ready else 1
-        if not 0 <= rank < world_size:
-            raise ConfigError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.rank, self.world_size = resolve_ranks(rank, world_size)
         self.dataset: ShardWindows = dataset
         self.batch_size, self.drop_last, self.pin_memory = batch_size, drop_last, pin_memory
         self.shards_per_window, self.prefetch_windows = shards_per_window, prefetch_windows
         self.prefetch_workers = prefetch_workers
         self.shuffle_shards, self.shuffle_samples, self.seed = shuffle_shards, shuffle_samples, seed
-        self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self._batches = 0  # batches of this epoch delivered
 
-    # -- the epoch's plan ----------------------------------------------------------------
-
     def _windows(self) -> list[_Window]:
-        counts = list(self.dataset.shard_sizes)
-        order = EpochOrder.make(
-            counts, shuffle=self.shuffle_shards, seed=self.seed, epoch=self.epoch
-        )
+        sizes, shuffle = self.dataset.shard_sizes, self.shuffle_shards
+        order = EpochOrder.make(sizes, shuffle=shuffle, seed=self.seed, epoch=self.epoch)
         share = order.num_samples // self.world_size
         start = self.rank * share
         first = [int(f) for f in order.first]
@@ -164,13 +130,12 @@ class TensorShardsLoader:
         full, rest = divmod(share, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    # -- loading -------------------------------------------------------------------------
-
-    def _load(self, window: _Window, number: int) -> tuple[ColumnReader, npt.NDArray[np.int64]]:
+    def _load(self, window: _Window, number: int) -> _Loaded:
         """A window's columns, and the order its samples are read in."""
-        parts = []
-        for shard, start, count in window.pieces:
-            parts.append(slice_columns(self.dataset.shard_columns(shard), start, count))
+        parts = [
+            slice_columns(self.dataset.shard_columns(shard), start, count)
+            for shard, start, count in window.pieces
+        ]
         joined = ColumnReader(self.dataset.layout, concat_columns(parts))
         order = np.arange(window.size, dtype=np.int64)
         if self.shuffle_samples:
@@ -185,10 +150,10 @@ class TensorShardsLoader:
         while first < len(windows) and at + windows[first].size <= skip:
             at += windows[first].size
             first += 1
-        carry: list[tuple[ColumnReader, npt.NDArray[np.int64]]] = []
+        carry: list[_Loaded] = []
         offset = skip - at
         with ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="shardex-window") as pool:
-            futures: list[Future[tuple[ColumnReader, npt.NDArray[np.int64]]]] = [
+            futures: list[Future[_Loaded]] = [
                 pool.submit(self._load, windows[w], w)
                 for w in range(first, min(first + 1 + self.prefetch_windows, len(windows)))
             ]
@@ -201,12 +166,9 @@ class TensorShardsLoader:
                 carry.append((reader, order[offset:]))
                 offset = 0
                 yield from self._emit(carry, final=not futures)
-        self.epoch += 1
-        self._batches = 0
+        self.epoch, self._batches = self.epoch + 1, 0
 
-    def _emit(
-        self, carry: list[tuple[ColumnReader, npt.NDArray[np.int64]]], final: bool
-    ) -> Iterator[dict[str, Any]]:
+    def _emit(self, carry: list[_Loaded], final: bool) -> Iterator[dict[str, Any]]:
         """Batches from the loaded samples not yet batched (``carry``, consumed in place)."""
         while True:
             available = sum(len(o) for _, o in carry)
@@ -229,7 +191,7 @@ class TensorShardsLoader:
             self._batches += 1
             yield batch
 
-    def _collate(self, parts: list[tuple[ColumnReader, npt.NDArray[np.int64]]]) -> dict[str, Any]:
+    def _collate(self, parts: list[_Loaded]) -> dict[str, Any]:
         out: dict[str, Any] = {"__key__": [r.key(int(i)) for r, rows in parts for i in rows]}
         for spec in self.dataset.layout:
             if is_fixed(spec) and not spec.optional:
@@ -239,19 +201,17 @@ class TensorShardsLoader:
                 tensor = torch.from_numpy(stacked)
                 if is_bfloat16(spec):  # bit patterns: numpy has no bfloat16
                     tensor = tensor.view(torch.int16).view(torch.bfloat16)
-                out[spec.name] = tensor.pin_memory() if self.pin_memory and _cuda() else tensor
+                pin = self.pin_memory and torch.cuda.is_available()
+                out[spec.name] = tensor.pin_memory() if pin else tensor
             else:
                 out[spec.name] = [
                     r.native(int(i)).get(spec.name) for r, rows in parts for i in rows
                 ]
         return out
 
-    # -- resume ----------------------------------------------------------------------------
-
     def set_epoch(self, epoch: int) -> None:
-        """Use this epoch's orders for the next pass (a new epoch forgets a resume point;
-        setting the epoch a resume point belongs to keeps it). A full pass moves to the
-        next epoch by itself."""
+        """Use this epoch's orders for the next pass (a new epoch forgets a resume point);
+        a full pass moves to the next epoch by itself."""
         if epoch != self.epoch:
             self.epoch, self._batches = epoch, 0
 
@@ -272,7 +232,3 @@ class TensorShardsLoader:
                     f"{getattr(self, name)}; resume with the same {name}"
                 )
         self.epoch, self._batches = int(state["epoch"]), int(state["batches"])
-
-
-def _cuda() -> bool:
-    return bool(torch.cuda.is_available())

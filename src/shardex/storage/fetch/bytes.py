@@ -1,7 +1,5 @@
-"""Reading the bytes of sample members, once each: local files (kept open, read into
-reused memory), objects (ranged GETs, fetched ahead), tars a remote runner holds, and
-inline bytes (:class:`ByteSource` over :class:`~shardex.refs.members.Members`;
-:class:`MemberReader` over a scan table's rows)."""
+"""Reading sample members' bytes once each: local files, objects (fetched ahead), held
+tars and inline bytes (:class:`ByteSource` over Members; :class:`MemberReader` over rows)."""
 
 from __future__ import annotations
 
@@ -12,26 +10,21 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
-from shardex.refs.members import JSON_COLUMN, LABEL_FIELD, Members
-from shardex.refs.scan import MEMBERS, MemberRow
+from shardex.refs.members import Members
+from shardex.refs.scan import MemberRow
 from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldReads
 from shardex.storage.fetch.objects import ObjectReads, registered, sized
 
-#: Files a reader keeps open at most (a tar source reads many members of few files).
 _OPEN_FILES: Final = 64
 
 
 class _Arena:
-    """Reused memory for the bytes read from files: slices of a few large buffers, each
-    reused once no view of it is left (the shard writer drops its views when it writes
-    them out). A fresh ``bytes`` per file costs the kernel's page faults on memory the
-    allocator took back: measured 22 µs a 16 KB file read into new bytes, 11-14 µs into
-    reused memory, 9-11 µs for the system calls alone (the 2-core VM, load 8)."""
+    """Slices of a few large buffers, each reused once no view of it is left: a fresh
+    ``bytes`` per 16 KB file took 22 µs (page faults), reused memory 11-14 µs."""
 
     def __init__(self) -> None:
         self._buffers: list[bytearray] = []
@@ -49,7 +42,6 @@ class _Arena:
         return self._view[at : at + size]
 
     def _next(self) -> None:
-        """A buffer no view holds any more, or a new one."""
         if self._view is not None:
             self._view.release()  # its slices still hold the buffer while they live
         for buffer in self._buffers:
@@ -65,46 +57,33 @@ class _Arena:
         self._view, self._at = memoryview(buffer), 0
 
 
-#: Bytes of one arena buffer (a shard writer holds about two while it gathers 4 MiB).
+#: A shard writer holds about two while it gathers 4 MiB.
 _ARENA_BYTES: Final = 8 << 20
 
 
 class _Files:
-    """Byte ranges of local files, recently used files kept open. ``reuse``: the bytes
-    come back as views of reused memory (see :class:`_Arena`), else as ``bytes``."""
+    """Byte ranges of local files, recent ones kept open; ``reuse``: into an :class:`_Arena`."""
 
     def __init__(self, reuse: bool = False) -> None:
         self._fds: dict[str, int] = {}
         self._arena = _Arena() if reuse else None
 
     def read(self, path: str, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file).
-
-        Raises:
-            BadSampleError: the file cannot be read, or its size changed.
-        """
-        data = self._get(path, offset, size, None)
+        """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file); a
+        BadSampleError if it cannot be read or its size changed."""
+        data = self.get(path, offset, size, None)
         assert isinstance(data, bytes)  # read into no buffer
         return data
 
     def read_reused(self, path: str, offset: int, size: int) -> bytes | memoryview:
-        """:meth:`read`, the bytes as a view of reused memory (see :class:`_Arena`)."""
+        """:meth:`read`, into reused memory."""
         into = None
         if self._arena is not None:  # a whole file: one byte more shows if it grew
             into = self._arena.take(size + 1 if offset < 0 else size)
-        return self._get(path, offset, size, into)
+        return self.get(path, offset, size, into)
 
-    def read_into(self, path: str, offset: int, size: int, into: memoryview) -> None:
-        """:meth:`read` into ``into`` (``size`` bytes; one more for a whole file).
-
-        Raises:
-            BadSampleError: the file cannot be read, or its size changed.
-        """
-        self._get(path, offset, size, into)
-
-    def _get(
-        self, path: str, offset: int, size: int, into: memoryview | None
-    ) -> bytes | memoryview:
+    def get(self, path: str, offset: int, size: int, into: memoryview | None) -> bytes | memoryview:
+        """:meth:`read`, into ``into`` if given (one byte more for a whole file)."""
         try:
             if offset < 0:  # a whole file: one read of one byte more shows if it grew
                 whole = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -136,27 +115,23 @@ class _Files:
 
 
 def _read(fd: int, size: int, into: memoryview | None) -> bytes | memoryview:
-    """Up to ``size`` bytes of ``fd`` (one read), into ``into`` when given."""
     if into is None:
         return os.read(fd, size)
     return into[: os.readv(fd, [into])]
 
 
 def _pread(fd: int, size: int, offset: int, into: memoryview | None) -> bytes | memoryview:
-    """Up to ``size`` bytes of ``fd`` at ``offset`` (one read), into ``into`` when given."""
     if into is None or not hasattr(os, "preadv"):
         return os.pread(fd, size, offset)
     return into[: os.preadv(fd, [into], offset)]
 
 
 class ByteSource:
-    """Reads members' bytes: inline ones as views of their Arrow buffer, file ones with
-    ``pread`` (keeping recently used files open), objects with a GET each (fetched ahead,
-    concurrently, once :meth:`expect` says which will be read)."""
+    """Reads members' bytes: inline ones as views of their Arrow buffer, files with
+    ``pread``, objects with a GET each (fetched ahead once :meth:`expect` names them)."""
 
     def __init__(self, members: Members) -> None:
         self._m = members
-        #: Per chunk of ``members.data``: its value offsets and its bytes (a view).
         self._offsets: list[npt.NDArray[np.int64]] = []
         self._values: list[memoryview] = []
         ends = [0]
@@ -167,18 +142,14 @@ class ByteSource:
             # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
             self._values.append(memoryview(buffers[2] if buffers[2] is not None else b"").cast("B"))
             ends.append(ends[-1] + len(chunk))
-        #: Member numbers where each chunk starts (a chunk per source batch: few).
-        self._chunk_starts = ends
-        # the writer drops its views as it writes them out: file bytes go to reused memory
+        self._chunk_starts = ends  # member numbers where each chunk starts
         self._files = _Files(reuse=True)
         self._objects = ObjectReads(members.stores)
         self._held = HeldReads(members.held)
         self._is_url: npt.NDArray[np.bool_] | None = None  # per path name, when first needed
-        #: Members :meth:`read_files` read, by number: :meth:`read` takes them from there.
         self._read_ahead: dict[int, memoryview] = {}
 
     def _url(self, j: int) -> bool:
-        """Whether member ``j`` (not inline) is an object named by URL."""
         if self._is_url is None:
             names = self._m.path_names
             self._is_url = np.fromiter(("://" in n for n in names), bool, len(names))
@@ -186,20 +157,14 @@ class ByteSource:
         return bool(code >= 0 and self._is_url[code])
 
     def _held_bytes(self, j: int, url: str) -> memoryview | None:
-        """Member ``j`` (of the object ``url``) as a Ray task's scan held it, if it did."""
-        if not self._held:
-            return None
         return self._held.read(url, int(self._m.offset[j]), int(self._m.size[j]))
 
     def expect(self, js: Iterable[int]) -> None:
-        """The members that will be read, in that order: those on object storage are
-        fetched ahead (call it only with members that will be read, or their bytes are
-        fetched for nothing)."""
+        """The members that will be read, in order: objects among them are fetched ahead."""
         self._objects.expect(self._fetched(js))
 
     def _fetched(self, js: Iterable[int]) -> Iterator[tuple[int, str, int, int]]:
-        """Of members ``js``, those to fetch from object storage (number, URL, offset,
-        size): not inline, and not held."""
+        """(number, URL, offset, size) of the members in ``js`` to fetch: not inline, not held."""
         m = self._m
         for j in js:
             if m.inline[j] or not self._url(j):
@@ -234,13 +199,10 @@ class ByteSource:
     def read_files(
         self, js: npt.NDArray[np.int64], limit: int
     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], list[memoryview]] | None:
-        """Members ``js``, all whole local files (an image folder's), read back to back
-        into one buffer: its bytes, where each member starts in it, and each member's view
-        (:meth:`read` then gives them from there: a caller that falls back to reading them
-        one by one reads no file twice). None when one is not a whole local file (a tar's
-        members are read one by one into reused memory), they hold more than ``limit``
-        bytes, or one cannot be read as listed (the caller then reads them one by one,
-        which refuses or records that member)."""
+        """Members ``js``, all whole local files, read back to back into one buffer: its
+        bytes, each member's start and view (kept for :meth:`read`, so no file is read
+        twice). None when one is not a whole local file, they pass ``limit`` bytes, or
+        one cannot be read as listed (the caller then reads them one by one)."""
         m = self._m
         codes = m.path_codes[js]
         if m.inline[js].any() or (codes < 0).any() or (m.offset[js] >= 0).any():
@@ -258,7 +220,7 @@ class ByteSource:
         try:
             for code, lo, hi in zip(codes.tolist(), at, ends, strict=True):
                 # a byte more shows if the file grew
-                self._files.read_into(names[code], -1, hi - lo, view[lo : hi + 1])
+                self._files.get(names[code], -1, hi - lo, view[lo : hi + 1])
         except BadSampleError:
             return None
         views = list(map(view.__getitem__, map(slice, at, ends)))
@@ -272,13 +234,11 @@ class ByteSource:
 
 
 class MemberReader:
-    """Reads the bytes of members given as dicts (a scan table's rows), keeping recently
-    used files open; objects with a GET each, from the stores registered in this
-    process (see :mod:`shardex.storage.fetch.objects`)."""
+    """Reads the bytes of a scan table's member rows: files kept open, objects a GET each."""
 
     def __init__(self, stores: tuple[tuple[str, Storage], ...] | None = None) -> None:
         self._files = _Files()
-        # stores: those registered where the job was made (a worker has none of its own)
+        # a worker has no stores of its own: those registered where the job was made
         self._objects = ObjectReads(registered() if stores is None else stores)
 
     def read(self, member: MemberRow) -> bytes:
@@ -294,22 +254,3 @@ class MemberReader:
     def close(self) -> None:
         self._files.close()
         self._objects.close()
-
-
-def iter_fields(
-    rows: pa.Table, with_label: bool, reader: MemberReader
-) -> Iterator[list[tuple[str, bytes]]]:
-    """Each row's fields in member order: source members, ``cls``, ``json``."""
-    n = rows.num_rows
-    members = rows.column(MEMBERS).to_pylist()
-    labels = rows.column("label").to_pylist() if with_label else [None] * n
-    has_json = JSON_COLUMN in rows.column_names
-    jsons: list[bytes | None] = rows.column(JSON_COLUMN).to_pylist() if has_json else [None] * n
-    for i in range(n):
-        fields = [(m["ext"], reader.read(m)) for m in members[i]]
-        if labels[i] is not None:
-            fields.append((LABEL_FIELD, str(labels[i]).encode()))
-        text = jsons[i]
-        if text is not None:
-            fields.append(("json", text))
-        yield fields

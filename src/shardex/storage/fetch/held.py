@@ -1,33 +1,7 @@
-"""Members of tars on object storage that a Ray task's scan read, held in Ray's object
-store for the tasks that write their shards (``--executor ray``).
-
-A scan reads small members through (see :mod:`shardex.storage.fetch.tars`); writing
-their shards would fetch them again. A local export keeps a copy on its scratch disk;
-with Ray, the scan runs in a task on any node and the shards are written by other tasks
-on any node, so the scan task keeps them in Ray's object store instead: as it reads,
-:class:`TarHold` gathers the bytes of every member it read whole (no headers, no
-``.cls`` or ``.json``: the scan table holds those) into parts of about
-:data:`PART_BYTES`, which the task yields one by one (a streaming generator task: Ray
-stores each part on the task's node, owned by the driver, and spills it to that node's
-disk when memory runs short). The task never holds a whole tar: a part, the one before
-(kept back so that a small last part joins it) and the scan's window.
-
-The driver keeps only the parts' object refs and the tar ranges they cover
-(:class:`HeldTar`, registered in the :func:`tars_held` context of the export), next to
-the reference rows: each record batch of rows that pass 1 puts in the object store
-names the held tars its members come from, and a shard task gets the refs of those
-(:class:`shardex.refs.rows.SpillSlice`). The task reads a member from its part
-(:class:`HeldReads`: Ray brings the part to the task's node, never through the driver)
-when the part holds it, else fetches it from the store as before. Rows still name the
-tar's URL: what is written is the same with or without the parts.
-
-Bounds: a part is at least :data:`MIN_PART` (Ray hands a task's smaller results to the
-caller inline: into the driver's memory), so a tar with less read through than that is
-not held; the tars held are at most :data:`HOLD_SHARE` of the cluster's object store
-memory (their listed sizes, in order); the others are fetched again, after one
-:class:`~shardex.errors.RefetchWarning`. Parts live until the export ends (its driver
-drops the refs), or with the driver: a killed export's parts go with it, and its resume
-scans again.
+"""Members of object-storage tars that a Ray scan task read, held in Ray's object store
+for the shard tasks (``--executor ray``) so they are not fetched twice. Parts under
+:data:`MIN_PART` are dropped (Ray would inline them into the driver); held tars take at
+most :data:`HOLD_SHARE` of the object store; parts die with the driver.
 """
 
 from __future__ import annotations
@@ -42,25 +16,20 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-#: Bytes of members gathered into one part (one object in Ray's object store): a shard
-#: task brings whole parts to its node, so a part is about what a few shards read.
+#: A shard task brings whole parts to its node: about what a few shards read.
 PART_BYTES: Final = 16 << 20
-#: The smallest part kept: Ray hands task results under 100 KiB (its default
-#: ``max_direct_call_object_size``) to the caller inline, into the driver's memory.
+#: Ray inlines results under 100 KiB (``max_direct_call_object_size``) into the driver.
 MIN_PART: Final = 256 << 10
-#: The share of the cluster's object store memory that held tars may take (by their
-#: listed sizes): the rest is for the reference rows and the export's other objects.
+#: Object store share for held tars (by listed size); the rest is the export's.
 HOLD_SHARE: Final = 0.5
 
-#: A part: ``index`` rows (tar offset, size, place in ``data``) of its members, in tar
-#: order, and ``data``, their bytes one after another.
+#: ``index`` rows (tar offset, size, place in ``data``) in tar order, and the bytes.
 Part = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
 
 
 @dataclass(frozen=True, slots=True)
 class HeldTar:
-    """The parts of one tar in Ray's object store: ``parts[i]`` (an object ref) holds
-    whole members lying in tar bytes ``[starts[i], ends[i])``."""
+    """One tar's parts: ``parts[i]`` (a ref) holds members within ``[starts[i], ends[i])``."""
 
     url: str
     parts: tuple[Any, ...]
@@ -70,8 +39,6 @@ class HeldTar:
 
 @dataclass(slots=True)
 class _Gathering:
-    """A part being filled."""
-
     index: list[tuple[int, int, int]] = field(default_factory=list)
     data: bytearray = field(default_factory=bytearray)
 
@@ -80,10 +47,8 @@ class _Gathering:
 
 
 class TarHold:
-    """What one tar's scan fetched (:meth:`put`, by :class:`~shardex.storage.fetch.tars.RangedTar`),
-    made into parts: after each sample (:meth:`take`), the bytes of its members read
-    whole go into the part being filled; :meth:`ready` and :meth:`finish` hand the parts
-    over, and :attr:`spans` says which tar bytes each covers."""
+    """What one tar's scan fetched (:meth:`put`), made into parts per sample (:meth:`take`)
+    and handed over by :meth:`ready` and :meth:`finish`; :attr:`spans` are their ranges."""
 
     def __init__(self) -> None:
         self._starts: list[int] = []  # what was fetched and not taken yet, by tar offset
@@ -91,25 +56,21 @@ class TarHold:
         self._filling = _Gathering()
         self._kept: _Gathering | None = None  # full, kept back: a small last part joins it
         self._ready: list[Part] = []
-        #: The tar range of each part handed over, in order.
         self.spans: list[tuple[int, int]] = []
 
     def put(self, start: int, data: bytes) -> None:
-        """Bytes ``start`` on of the tar, as fetched."""
         if data:
             i = bisect.bisect_right(self._starts, start)
             self._starts.insert(i, start)
             self._data.insert(i, data)
 
     def take(self, members: Iterable[tuple[str, int, int, str | None]]) -> None:
-        """The members of a sample the scan is past (ext, offset, size, copy): those
-        whose bytes were all fetched go into the part; what was fetched before their
-        end is dropped (the scan never asks back past a sample it handed over)."""
+        """A finished sample's members (ext, offset, size, copy): those wholly fetched go
+        into the part; fetched bytes before their end are dropped."""
         end = -1
         for _, offset, size, _ in members:
             end = offset + size
-            gathered = size > 0 and self._gather(offset, size)
-            if gathered and len(self._filling.data) >= PART_BYTES:
+            if size > 0 and self._gather(offset, size) and len(self._filling.data) >= PART_BYTES:
                 self._seal()
         if end >= 0:
             self._forget(end)
@@ -134,8 +95,6 @@ class TarHold:
         return False
 
     def _forget(self, before: int) -> None:
-        # the first few only: fetches mostly follow each other (a hop back is rare, and
-        # what it fetched goes once the scan is past it)
         while self._starts and self._starts[0] + len(self._data[0]) <= before:
             del self._starts[0], self._data[0]
 
@@ -150,7 +109,7 @@ class TarHold:
         self.spans.append((int(index[0, 0]), int(index[-1, 0] + index[-1, 1])))
 
     def close(self) -> None:
-        """The scan is over (its parts are handed over by :meth:`finish`)."""
+        """No-op: :meth:`finish` hands the parts over."""
 
     def ready(self) -> list[Part]:
         """The parts made since the last call."""
@@ -158,8 +117,7 @@ class TarHold:
         return ready
 
     def finish(self) -> list[Part]:
-        """The last parts (the tar's scan is over): one under :data:`MIN_PART` joins
-        the part before it, or is dropped (its members are fetched again)."""
+        """The last parts; one under :data:`MIN_PART` joins the one before, or is dropped."""
         tail, kept = self._filling, self._kept
         self._filling, self._kept = _Gathering(), None
         if kept is not None and tail.index and len(tail.data) < MIN_PART:
@@ -179,26 +137,21 @@ class HeldTars:
 
     def __init__(self) -> None:
         self._by_url: dict[str, HeldTar] = {}
-        #: Whether a tar was left out for want of room (said once per export).
-        self.warned = False
+        self.warned = False  # a tar was left out for want of room (said once)
 
     def __bool__(self) -> bool:
         return bool(self._by_url)
 
     def add(self, url: str, parts: tuple[Any, ...], spans: list[tuple[int, int]]) -> None:
-        """The parts a task kept of the tar at ``url`` (with those kept of it before)."""
+        """Add the parts a task kept of the tar at ``url``."""
         if not parts:
             return
         had = self._by_url.get(url)
-        every = sorted(
-            zip(spans, parts, strict=True)
-            if had is None
-            else [
-                *zip(zip(had.starts, had.ends, strict=True), had.parts, strict=True),
-                *zip(spans, parts, strict=True),
-            ],
-            key=lambda kept: kept[0],
-        )
+        every = []
+        if had is not None:
+            every = list(zip(zip(had.starts, had.ends, strict=True), had.parts, strict=True))
+        every += zip(spans, parts, strict=True)
+        every.sort(key=lambda kept: kept[0])
         self._by_url[url] = HeldTar(
             url,
             tuple(part for _, part in every),
@@ -207,9 +160,7 @@ class HeldTars:
         )
 
     def named(self, paths: Iterable[str | None]) -> tuple[HeldTar, ...]:
-        """The held tars among ``paths`` (the distinct member paths of some rows)."""
-        if not self._by_url:
-            return ()
+        """The held tars among ``paths``."""
         return tuple(self._by_url[p] for p in paths if p is not None and p in self._by_url)
 
 
@@ -220,9 +171,7 @@ _HELD: contextvars.ContextVar[HeldTars | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def tars_held() -> Iterator[HeldTars]:
-    """Tar sources scanned in this context by a runner that keeps objects (Ray) hold
-    what their scans read (see the module docstring) until the context ends: around
-    an export's scan and the writing of its shards."""
+    """Tar scans by Ray in this context hold what they read until it ends."""
     held = HeldTars()
     token = _HELD.set(held)
     try:
@@ -237,8 +186,7 @@ def held_tars() -> HeldTars | None:
 
 
 class HeldReads:
-    """Members read from held tars' parts, in a shard task (parts fetched from Ray's
-    object store when first needed, then kept for the task's job)."""
+    """Members read from held tars' parts in a shard task (each part fetched once)."""
 
     def __init__(self, held: Iterable[HeldTar]) -> None:
         self._tars = {tar.url: tar for tar in held}
@@ -269,8 +217,8 @@ class HeldReads:
 
             try:
                 got = ray.get(tar.parts[i])
-            except ray.exceptions.ObjectLostError:  # its node lost, and Ray could not make
-                got = _NO_PART  # it again: its members are fetched from the store
+            except ray.exceptions.ObjectLostError:  # node lost: fetch from the store
+                got = _NO_PART
             self._parts[(tar.url, i)] = got
         return got
 

@@ -1,37 +1,11 @@
-"""WebDataset tars on object storage: a prefix (every ``.tar`` below it), a glob
-(``s3://bucket/shards/train-*.tar``, ``**`` for any folders) or one ``.tar`` URL.
+"""WebDataset tars on object storage: a prefix, a glob (``**`` for any folders) or one URL.
 
-A tar is scanned for its member headers (the same parser and the same damage checks as
-a local tar, see :mod:`shardex.sources.tars`) through :class:`RangedTar`: ranged GETs
-that hop from header to header, each of a small window (:data:`MIN_WINDOW`) that holds
-the header and the small members after it (``.cls``, ``.json``: read while scanning), so
-a large member's bytes are skipped. Where headers follow each other closely (a tar of
-tiny members) the window doubles at each read, up to :data:`MAX_WINDOW` (2 MiB): such a tar is read
-through in few requests, as a stream would read it. Members are kept as references
-(object URL, offset, size): their bytes are fetched when the shards are written, by the
-workers writing them (see :mod:`shardex.storage.fetch.objects`), never held by the scan.
-
-What the scan reads through (the members of a tar of small samples) would then be
-fetched twice. An export whose shards are written on this machine keeps instead a copy
-of every byte the scan fetched, at its place in a sparse file on the export's local
-scratch (:class:`TarCopies`, made by :func:`copies_kept`): a member whose bytes are all
-in the copy names the copy, and its shard reads it from there; one the scan hopped over
-names the object, fetched by its shard. Where the scan reads through small samples, a
-member it would hop over is read on into the copy instead, up to a window's size
-(:data:`READ_ON`): its first bytes, fetched already, are not fetched again. A copy takes its tar's size from the scratch's
-free space before the scan starts it (leaving :data:`COPY_RESERVE` free, the room the
-export's own scratch files will take, :data:`SCRATCH_SHARE` of the tars' size, and on the
-disk of a local output, the room its shards will take: the size of every tar); a tar that
-does not fit is not copied (its members are fetched again, after one
-:class:`~shardex.errors.RefetchWarning`). Copies go with the scratch folder when the
-export ends (or, killed, when the next export starts). With ``--executor ray`` the scan
-runs in a task on any node: it keeps what it read in Ray's object store instead (see
-:mod:`shardex.storage.fetch.held`).
-
-The copies are written only while their :func:`copies_kept` context lasts (the export's
-scan): leaving it, also on an error, stops the scans still under way (each within a
-sample) and closes every copy; no copy is made or written after that, so the scratch
-folder removed next holds every copy's last byte and no thread writes into a deleted one.
+:class:`RangedTar` scans member headers with ranged GETs that hop from header to header
+(a window from :data:`MIN_WINDOW`, doubling up to :data:`MAX_WINDOW` where headers are
+close); members stay references, fetched by the shard writers. So that nothing is
+fetched twice, an export writing locally keeps what the scan read in sparse files on
+scratch (:func:`copies_kept`), room permitting (else one RefetchWarning); Ray holds it
+in its object store instead (:mod:`shardex.storage.fetch.held`).
 """
 
 from __future__ import annotations
@@ -55,76 +29,55 @@ from shardex.storage import Storage, open_storage
 from shardex.storage.fetch.held import TarHold
 
 _GLOB: Final = "*?["
-#: The first (and smallest) read of a hop to a header: the header and, in a WebDataset
-#: tar, the small members that follow it (``.cls``, ``.json``: 1.5 KiB with headers).
+#: A hop's read: a header and the small members after it (``.cls``, ``.json``).
 MIN_WINDOW: Final = 4 << 10
-#: The largest read: where headers follow closely, each read doubles up to this.
 MAX_WINDOW: Final = 2 << 20
-#: A member smaller than this is read through rather than hopped over (one more request
-#: costs more time than these bytes; see docs/storage.md for what each costs).
+#: A member smaller than this is read through: a request costs more (docs/storage.md).
 READ_THROUGH: Final = 64 << 10
-#: Where the scan keeps a copy and reads through (its window grew past
-#: :data:`MIN_WINDOW`, or holds more than that of the member it would skip), a member it
-#: would hop over is read on through instead, into the copy, when it is at most this
-#: many windows (or bytes of it held) long, and at most :data:`MAX_WINDOW`: no fetch is
-#: larger than before. Hopped over, its first bytes were fetched again with it, and the
-#: small samples around it too when its shard's GET merged it with its neighbours
-#: (1.12-1.26x the bytes of tars mixing tiny and ~100 KB samples); read on, it is
-#: fetched once. After a fresh hop (a tar of large members only) the window stays
-#: small: those are hopped over as before.
+#: With a copy and a grown window, a member up to this many windows (and MAX_WINDOW) is
+#: read on into the copy, not hopped over: hopping refetched 1.12-1.26x the bytes of
+#: tars mixing tiny and ~100 KB samples.
 READ_ON: Final = 49
-#: Bytes of a tar kept behind the parser by a stream: tarfile and the header reader step
-#: back at most a block or two (to where the previous member's data ended).
+#: Bytes a stream keeps behind the parser, which steps back a block or two at most.
 _LOOKBACK: Final = 1 << 16
 _TRIM: Final = 4 << 20
-#: Free space a scratch folder keeps that tar copies never take (the spills, the key
-#: and index runs of the export need some; other programs too).
+#: Free scratch space tar copies never take (the export's spills and others need some).
 COPY_RESERVE: Final = 1 << 30
-#: The export's own scratch files (pass 1's spill, the index runs) take up to about this
-#: share of the tars' bytes, when their members are tiny: 8 % measured for samples of two
-#: members in 2.5 KB of tar (~200 bytes a sample); a member takes at least 1 KiB of tar.
+#: The export's own scratch files' share of the tars' bytes (8 % measured at worst).
 SCRATCH_SHARE: Final = 0.25
 #: Whether an export keeps copies of what the scan read (benchmarks compare both).
 KEEP_COPIES = True
 
 
 class TarCopies:
-    """Copies of what tar scans read, in a folder of an export's local scratch (see the
-    module docstring); shared by the threads that scan."""
+    """Copies of what tar scans read, in an export's local scratch; shared by scan threads."""
 
     def __init__(self, folder: Path, output: Path | None = None) -> None:
         self.folder = folder
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._pending = 0  # bytes claimed by copies being written
-        # a local output on the copies' disk: its shards will take what the tars hold
         self._shared = output is not None and _same_disk(folder, output)
         self._owed = 0  # bytes the export's scratch files (and such an output) will take
         self._warned = False
         self._open: set[TarCopy] = set()
         self._stops: set[threading.Event] = set()  # of the scans under way
-        #: No copy is made or written any more (see :meth:`freeze`).
-        self.frozen = False
-        #: Bytes the copies hold, and tars not copied for want of space.
-        self.kept = 0
-        self.refused = 0
+        self.frozen = False  # no copy is made or written any more
+        self.kept, self.refused = 0, 0  # bytes the copies hold; tars not copied (no room)
 
     def start(self, url: str, size: int) -> TarCopy | None:
-        """A new copy of the tar at ``url`` (``size`` bytes), or None when the scratch
-        cannot take it (said once per export)."""
+        """A new copy of the tar at ``url``, or None (warned once) if the scratch has no room."""
         with self._lock:  # made under the lock: never after freeze() (the folder's end)
             if self.frozen:
                 return None
             free = _free_space(self.folder) - self._pending - self._owed
             if free - size < COPY_RESERVE:
-                self.refused += 1
                 self._warn(url, size, free)
                 return None
             path = self.folder / f"{next(self._numbers):08d}.tar"
             try:
                 copy = TarCopy(self, path, size)
             except OSError as exc:
-                self.refused += 1
                 self._warn(url, size, free, exc.strerror)
                 return None
             self._pending += size
@@ -143,9 +96,7 @@ class TarCopies:
             self._stops.discard(stop)
 
     def freeze(self) -> None:
-        """The scans are over (or the export failed): stop those still under way, close
-        every copy (a thread's write under way ends first), and make or write none
-        after this."""
+        """Stop the scans under way and close every copy; none is made or written after."""
         with self._lock:
             self.frozen = True
             for stop in self._stops:
@@ -155,9 +106,8 @@ class TarCopies:
             copy.close()
 
     def expect(self, total: int) -> None:
-        """The tars to scan hold ``total`` bytes: the room the export's scratch files
-        will take for them (and on a disk shared with the output, the room their shards
-        will take) is not the copies' to take."""
+        """Reserve the room the export's files (and a same-disk output) take for ``total``
+        bytes of tars."""
         with self._lock:
             self._owed += int(total * SCRATCH_SHARE) + (total if self._shared else 0)
 
@@ -169,6 +119,7 @@ class TarCopies:
             self.kept += kept
 
     def _warn(self, url: str, size: int, free: int, why: str | None = None) -> None:
+        self.refused += 1
         if self._warned:
             return
         self._warned = True
@@ -202,14 +153,12 @@ def _free_space(folder: Path) -> int:
 
 
 class TarCopy:
-    """One tar's copy: a sparse file holding, at their places, the bytes fetched (the
-    ranges held are known: a member is read from the copy only if all its bytes are)."""
+    """One tar's copy: a sparse file of the fetched bytes at their places, ranges tracked."""
 
     def __init__(self, copies: TarCopies, path: Path, size: int) -> None:
         self._copies, self.path, self._size = copies, path, size
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        # put() and close() by the scan's thread, close() also by freeze() in another:
-        # a descriptor closed under a write could be reused by another file, and written
+        # freeze() closes from another thread: a reused descriptor must not be written
         self._lock = threading.Lock()
         self._starts: list[int] = []  # the ranges held: [start, end), sorted, apart
         self._ends: list[int] = []
@@ -266,10 +215,8 @@ _COPIES: contextvars.ContextVar[TarCopies | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def copies_kept(folder: Path, output: Path | None = None) -> Iterator[TarCopies]:
-    """Tar sources on object storage opened in this context (their tars listed) keep
-    copies of what their scans read under ``folder`` (see the module docstring): for an
-    export whose shards are written by processes that see this machine's disk (into
-    ``output``, a local output's folder: on the same disk, the copies leave its room)."""
+    """Tar sources on object storage opened in this context keep copies of what their
+    scans read under ``folder``; ``output`` is a local output whose room copies leave."""
     folder.mkdir(exist_ok=True)
     copies = TarCopies(folder, output)
     token = _COPIES.set(copies if KEEP_COPIES else None)
@@ -286,10 +233,8 @@ def kept_copies() -> TarCopies | None:
 
 
 class RangedTar:
-    """A tar on object storage as a file read by ranged GETs of what is asked: a read
-    outside the bytes held fetches a window from there (see the module docstring); the
-    bytes held are the last window, at most :data:`MAX_WINDOW` (or one member read
-    whole: a ``.json``). ``requests`` and ``fetched`` count what it asked for."""
+    """A tar on object storage as a file read by ranged GETs, holding the last window;
+    ``requests`` and ``fetched`` count what it asked for."""
 
     def __init__(
         self, storage: Storage, path: str, size: int, copy: TarCopy | TarHold | None = None
@@ -323,8 +268,7 @@ class RangedTar:
         if held:
             pass
         elif follows:
-            # what follows the bytes held, or a little past them: read on (the skipped
-            # bytes cost less than a request), each read twice the last, up to MAX_WINDOW
+            # just past the bytes held: read on (cheaper than a request), window doubling
             self._window = min(2 * self._window, MAX_WINDOW)
             more = self._get(end, max(self._pos + n - end, self._window))
             keep = self._buf[self._pos - self._start :] if self._pos < end else b""
@@ -339,9 +283,7 @@ class RangedTar:
         return data
 
     def _reach(self, end: int) -> int:
-        """How far past the bytes held (up to ``end``) a read still reads on rather
-        than hops: :data:`READ_THROUGH`, or further where the scan reads through (see
-        :data:`READ_ON`)."""
+        """How far past ``end`` a read still reads on rather than hops (see READ_ON)."""
         fetched = end - self._done  # of what the parser skipped since its last read
         grown = max(fetched, self._window)
         if self.copy is None or grown <= MIN_WINDOW:  # without a copy: fetched again
@@ -364,9 +306,8 @@ class RangedTar:
 
 
 class TarStream:
-    """A tar read as one GET, as a file that seeks forward (and back a little): the
-    other way to scan a tar, kept to measure against :class:`RangedTar` (it reads every
-    byte of the tar, so members are fetched twice: here and when written)."""
+    """A tar read as one GET, seeking forward (and back a little); kept to measure
+    :class:`RangedTar` against (members are fetched twice)."""
 
     def __init__(self, storage: Storage, path: str, size: int) -> None:
         self._chunks = storage.iter_chunks(path)
@@ -407,8 +348,7 @@ class TarStream:
         self._chunks.close()  # type: ignore[attr-defined]  # a generator: ends the GET
 
 
-#: How tars on object storage are scanned: "ranged" (:class:`RangedTar`) or "stream"
-#: (:class:`TarStream`; benchmarks and tests compare both).
+#: How tars on object storage are scanned (benchmarks and tests compare both).
 SCAN: Literal["ranged", "stream"] = "ranged"
 
 
@@ -419,8 +359,7 @@ def open_object_tar(
     copies: TarCopies | None = None,
     hold: TarHold | None = None,
 ) -> RangedTar | TarStream:
-    """The tar at ``path`` as a file to scan (see :data:`SCAN`), what it reads kept in a
-    new copy among ``copies`` if they have room, or in ``hold`` (a Ray task's scan)."""
+    """The tar at ``path`` as a file to scan, its reads kept in ``hold`` or a new copy."""
     if SCAN == "stream":
         return TarStream(storage, path, size)
     if hold is not None:
@@ -430,8 +369,7 @@ def open_object_tar(
 
 
 def _matches(path: str, pattern: str) -> bool:
-    """Whether a '/'-separated path matches a glob (``*`` within a folder name, ``**``
-    any number of folders), as :func:`glob.glob` with ``recursive=True``."""
+    """Whether a path matches a glob as :func:`glob.glob` with ``recursive=True``."""
     parts, pats = path.split("/"), pattern.split("/")
 
     def match(i: int, j: int) -> bool:
@@ -445,12 +383,8 @@ def _matches(path: str, pattern: str) -> bool:
 
 
 def object_tars(url: str, options: dict[str, Any] | None) -> tuple[Storage, list[tuple[str, int]]]:
-    """The storage and the tars (path below its root, size) a URL names, in path order.
-
-    Raises:
-        SourceNotFoundError: a ``.tar`` URL that does not exist.
-        EmptySourceError: no tar below the prefix or matching the glob.
-    """
+    """The storage and the tars (path below its root, size) a URL names, in path order;
+    SourceNotFoundError for a missing ``.tar`` URL, EmptySourceError for no tar at all."""
     cut = min((url.find(c) for c in _GLOB if c in url), default=-1)
     if cut >= 0:
         base, _, pattern = url[:cut].rpartition("/")
