@@ -250,15 +250,15 @@ def test_a_stalled_request_of_a_batch_is_hedged_on_the_server(s3: S3Location) ->
 
     s3.proxy.reset()
     s3.proxy.delay_next(1, 20, when=stalled)
-    read_stats.reset()
-    began = time.monotonic()
+    hedged, won = read_stats.hedged, read_stats.hedges_won  # (the warm-up's count too:
+    began = time.monotonic()  # the budget is 5% of every request sent)
     try:
         assert ds.get_many(picks) == want.get_many(picks)
         assert time.monotonic() - began < 10
     finally:
         s3.proxy.clear_faults()
-    assert read_stats.hedged >= 1
-    assert read_stats.hedges_won >= 1
+    assert read_stats.hedged > hedged
+    assert read_stats.hedges_won > won
     # the hedge answered (the held GET is recorded when the proxy answers it, 20 s on)
     assert len([r for r in s3.proxy.requests if stalled(r)]) == 1
 
