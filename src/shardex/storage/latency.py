@@ -71,23 +71,17 @@ class LatencyStorage(Storage):
         tail = self.tail_delay if self._random.random() < self.tail else 0.0
         return self.delay + tail
 
-    def get_range(self, path: str, start: int, length: int) -> bytes:
-        time.sleep(self._wait())
-        data = self.inner.get_range(path, start, length)
+    def _counted(self, data: bytes) -> bytes:
         self.bytes_read += len(data)
         return data
 
-    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
+    def get_range(self, path: str, start: int, length: int) -> bytes:
         time.sleep(self._wait())
-        data, size = self.inner.get_head(path, length)
-        self.bytes_read += len(data)
-        return data, size
+        return self._counted(self.inner.get_range(path, start, length))
 
     def get(self, path: str) -> bytes:
         time.sleep(self._wait())
-        data = self.inner.get(path)
-        self.bytes_read += len(data)
-        return data
+        return self._counted(self.inner.get(path))
 
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
@@ -98,9 +92,7 @@ class LatencyStorage(Storage):
 
         async def fetch(path: str, start: int, length: int) -> bytes:
             await asyncio.sleep(self._wait())
-            data = self.inner.get_range(path, start, length)
-            self.bytes_read += len(data)
-            return data
+            return self._counted(self.inner.get_range(path, start, length))
 
         return run(fetch_all(fetch, requests, self.policy))
 

@@ -257,13 +257,14 @@ def batch_policy(options: dict[str, Any]) -> BatchPolicy:
             f"storage option 'read_concurrency' must be a whole number of requests such as "
             f"64, not {concurrency!r}"
         )
-    if hedge is None:
-        hedge = True
-    elif str(hedge).strip().lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-        hedge = str(hedge).strip().lower() in ("true", "1", "yes", "on")
-    else:
+    flag = True if hedge is None else _FLAGS.get(str(hedge).strip().lower())
+    if flag is None:
         raise ConfigError(f"storage option 'hedge' must be true or false, not {hedge!r}")
-    return BatchPolicy(concurrency=max(1, int(concurrency)), hedge=bool(hedge))
+    return BatchPolicy(concurrency=max(1, int(concurrency)), hedge=flag)
+
+
+_FLAGS: Final = {"true": True, "1": True, "yes": True, "on": True}
+_FLAGS.update({"false": False, "0": False, "no": False, "off": False})
 
 
 _ENVIRONMENT: Final = {

@@ -129,6 +129,9 @@ class Access:
     def whole(self) -> None:
         """Make the whole index local (Ranged reads it by pages)."""
 
+    def _want(self, numbers: Sequence[int]) -> None:
+        """Make the index records and rows of samples ``numbers`` local (Ranged)."""
+
     def _load_members(self) -> None:
         """Map index-members.npy (remote: fetched once into the cache)."""
         assert self._members_file is not None  # pending only when config.yaml names one
@@ -268,6 +271,7 @@ class Access:
             index = self._number(index)
         if self._pending:
             self._load_members()
+        self._want((index,))
         return self._checked(index, *self._unpack(self._raw, index * 24))
 
     def _checked(self, index: int, offset: int, checksum: int, shard: int, length: int) -> Sample:
@@ -290,6 +294,7 @@ class Access:
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.min() < 0 or idx.max() >= self._n:
             raise IndexError(f"indices out of range for a split of {self._n} samples")
+        self._want(idx.tolist())
         rec = self.index.samples[idx]
         order = np.lexsort((rec["offset"], rec["shard"]))
         shards, offs = rec["shard"][order].tolist(), rec["offset"][order].tolist()

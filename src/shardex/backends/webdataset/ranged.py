@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from xxhash import xxh3_64_intdigest as _xxh3
@@ -65,18 +65,17 @@ class Ranged(Access):
         return copy.path
 
     def _want(self, numbers: Sequence[int]) -> None:
-        """The index pages of samples ``numbers`` made local, in one batch."""
-        wanted = [(self._records, self._records.rows(numbers, 24))]
-        if self.members is not None:
-            rows = self._copies[self._members_file]  # type: ignore[index]
-            wanted.append((rows, rows.rows(numbers, self._msize)))
-        fetch_pages(wanted)
+        self._pages(lambda copy, width: copy.rows(numbers, width))
 
     def _want_range(self, lo: int, hi: int) -> None:
-        wanted = [(self._records, [self._records.span(lo, hi, 24)])]
+        self._pages(lambda copy, width: [copy.span(lo, hi, width)])
+
+    def _pages(self, spans: Callable[[PagedCopy, int], list[tuple[int, int]]]) -> None:
+        """The records' and the members rows' ``spans`` made local, in one batch."""
+        wanted = [(self._records, spans(self._records, 24))]
         if self.members is not None:
             rows = self._copies[self._members_file]  # type: ignore[index]
-            wanted.append((rows, [rows.span(lo, hi, self._msize)]))
+            wanted.append((rows, spans(rows, self._msize)))
         fetch_pages(wanted)
 
     def whole(self) -> None:
@@ -84,21 +83,6 @@ class Ranged(Access):
             self._load_members()
         for copy in self._copies.values():
             copy.whole()
-
-    def get(self, index: int) -> Sample:
-        if not 0 <= index < self._n:
-            index = self._number(index)
-        if self._pending:
-            self._load_members()
-        self._want((index,))
-        return self._checked(index, *self._unpack(self._raw, index * 24))
-
-    def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
-        if self._pending:
-            self._load_members()
-        n = self._n
-        self._want([i + n if i < 0 else i for i in indices if -n <= i < n])
-        return super().get_many(indices, gap)
 
     def iterate(self, read_chunk: int, stream_chunk: int) -> Iterator[Sample]:
         """Samples in shard order, holding one chunk of the stream (~1 MiB) and the
