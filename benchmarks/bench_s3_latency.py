@@ -5,8 +5,9 @@ every ranged read answers after ``delay`` (10 and 40 ms), and with a tail, 2% of
 300 ms later still. For each setting, in one run:
 
 * a PyTorch DataLoader over ``MapDataset`` (2 workers, batches of 64 in a uniformly random
-  order, raw bytes): samples/s against the ideal of the same setting, every request of a
-  batch in flight at once and no tail (workers x 64 / delay);
+  order, raw bytes), made by ``MapDataset.dataloader()`` and as a plain ``DataLoader``:
+  samples/s against the ideal of the same setting, every request of a batch in flight at
+  once and no tail (workers x 64 / delay);
 * batches of 64 read in this process with ``get_many``, hedging on and off: p50 and p99
   batch time, the extra requests hedging sent, GETs and bytes per sample;
 * ``ds[i]`` one at a time (``batch_size=None``): GETs per sample;
@@ -50,8 +51,10 @@ def _export(samples: int, size_kb: int) -> MemoryStorage:
     return MemoryStorage("memory://bench/export")
 
 
-def _loader_rate(slow: LatencyStorage, batches: int) -> float:
-    """Samples/s of a DataLoader over ``MapDataset`` (after one warm-up batch a worker)."""
+def _loader_rate(slow: LatencyStorage, batches: int, lookahead: bool) -> float:
+    """Samples/s of a DataLoader over ``MapDataset`` (after one warm-up batch a worker):
+    ``MapDataset.dataloader()`` (each worker's next batch requested while one is made), or
+    a plain ``DataLoader`` (each batch requested when it is asked)."""
     from torch.utils.data import DataLoader, RandomSampler
 
     from shardex.torch import MapDataset
@@ -59,15 +62,21 @@ def _loader_rate(slow: LatencyStorage, batches: int) -> float:
     ds = MapDataset(slow, decode=False)
     n = len(ds)
     sampler = RandomSampler(range(n), num_samples=BATCH * (batches + 2 * WORKERS))
-    loader = DataLoader(
-        ds, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, collate_fn=lambda b: b
-    )
+    settings: dict[str, Any] = {"sampler": sampler, "num_workers": WORKERS}
+    if lookahead:
+        loader = ds.dataloader(BATCH, collate_fn=_as_is, **settings)
+    else:
+        loader = DataLoader(ds, batch_size=BATCH, collate_fn=_as_is, **settings)
     it = iter(loader)
     for _ in range(2 * WORKERS):  # workers started, their index pages fetched
         next(it)
     start = time.perf_counter()
     got = sum(len(batch) for batch in it)
     return got / (time.perf_counter() - start)
+
+
+def _as_is(batch: list[Any]) -> list[Any]:
+    return batch
 
 
 def _batches(slow: LatencyStorage, batches: int, hedge: bool) -> dict[str, float]:
@@ -137,17 +146,18 @@ def main() -> None:
                 )
                 slow = LatencyStorage(mem, delay, tail=tail, tail_delay=TAIL_DELAY)
                 ideal = WORKERS * BATCH / delay
-                rate = _loader_rate(slow, args.batches)
+                plain = _loader_rate(slow, args.batches, lookahead=False)
+                rate = _loader_rate(slow, args.batches, lookahead=True)
                 row: dict[str, Any] = {"loader_samples_per_s": rate, "ideal": ideal}
-                row["vs_ideal"] = rate / ideal
+                row["vs_ideal"], row["plain_vs_ideal"] = rate / ideal, plain / ideal
                 for hedge in (False, True):
                     row[f"hedge_{hedge}"] = _batches(slow, args.batches, hedge)
                 row["one_at_a_time_gets_per_sample"] = _one_at_a_time(slow, 200)
                 results[name] = row
                 off, on = row["hedge_False"], row["hedge_True"]
                 print(
-                    f"{name:>20}: DataLoader {rate:7.0f} samples/s = {rate / ideal:.2f} of ideal "
-                    f"{ideal:.0f}; batch p50/p99 {off['p50_ms']:.0f}/{off['p99_ms']:.0f} ms "
+                    f"{name:>20}: dataloader() {rate:7.0f} samples/s = {rate / ideal:.2f} of "
+                    f"ideal {ideal:.0f} (plain DataLoader {plain / ideal:.2f}); batch p50/p99 {off['p50_ms']:.0f}/{off['p99_ms']:.0f} ms "
                     f"unhedged, {on['p50_ms']:.0f}/{on['p99_ms']:.0f} ms hedged "
                     f"(p99 x{off['p99_ms'] / on['p99_ms']:.2f}, +{on['extra_requests']:.1%} "
                     f"requests); {on['gets_per_sample']:.3f} GETs and "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -44,6 +44,12 @@ class Dataset(ABC):
     def get_many(self, indices: Sequence[int]) -> list[Sample]:
         """Several samples, in the order asked; backends batch the reads."""
         return [self[i] for i in indices]
+
+    def start_many(self, indices: Sequence[int]) -> Callable[[], list[Sample]]:
+        """:meth:`get_many` started now: backends on object storage send the requests at
+        once, so the caller can work while they travel. Calling the result returns the
+        samples (raising what ``get_many`` would)."""
+        return lambda: self.get_many(indices)
 
     def __iter__(self) -> Iterator[Sample]:
         for i in range(len(self)):

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 import xxhash
 
 if TYPE_CHECKING:
+    import concurrent.futures
+
     from shardex.storage.lock import OutputLock
 
 from shardex.errors import StorageError
@@ -163,6 +165,23 @@ class Storage(ABC):
         Remote stores run them concurrently; each range is still one request.
         """
         return [self.get_range(path, start, n) for path, start, n in requests]
+
+    def submit_range_batch(
+        self, requests: Sequence[tuple[str, int, int]]
+    ) -> concurrent.futures.Future[builtins.list[bytes]]:
+        """:meth:`get_range_batch` started now, for a caller with work to do meanwhile.
+
+        Object stores send the requests at once and answer in the future; other storages
+        read before returning.
+        """
+        import concurrent.futures  # here: only batches from object storage start early
+
+        future: concurrent.futures.Future[builtins.list[bytes]] = concurrent.futures.Future()
+        try:
+            future.set_result(self.get_range_batch(requests))
+        except Exception as exc:  # raised where the result is asked, as a remote read's
+            future.set_exception(exc)
+        return future
 
     @abstractmethod
     def size(self, path: str) -> int:

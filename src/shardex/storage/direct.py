@@ -200,9 +200,21 @@ class DirectObjectStorage(Storage):
         """
         if len(requests) <= 1:
             return [self.get_range(*r) for r in requests]
+        from shardex.storage.batch import run
+
+        return run(self._batch(requests))
+
+    def submit_range_batch(
+        self, requests: Sequence[tuple[str, int, int]]
+    ) -> concurrent.futures.Future[list[bytes]]:
+        from shardex.storage.batch import event_loop
+
+        return event_loop().submit(self._batch(requests))
+
+    async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         for path in {r[0] for r in requests}:
             checked_path(path, self.uri)
-        from shardex.storage.batch import fetch_all, run
+        from shardex.storage.batch import fetch_all
 
         obstore, store = _obstore(), self._client()
 
@@ -210,7 +222,7 @@ class DirectObjectStorage(Storage):
             return bytes(await obstore.get_range_async(store, path, start=start, length=length))
 
         try:
-            return run(fetch_all(fetch, requests, batch_policy(self._options)))
+            return await fetch_all(fetch, requests, batch_policy(self._options))
         except Exception as exc:
             where = f"{self.uri} (one of {len(requests)} ranged reads)"
             raise storage_error(exc, where, self._options) from exc

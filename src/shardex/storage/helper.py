@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import atexit
 import builtins
+import concurrent.futures
 import contextlib
 import itertools
 import os
@@ -27,6 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from shardex.errors import StorageError
+from shardex.per_process import PerProcess
 from shardex.storage.base import CountingWriter, ObjectWriter, Storage
 from shardex.storage.direct import DirectObjectStorage as _Direct
 
@@ -38,6 +40,10 @@ _BOOT = (
     "import sys; sys.path.insert(0, {root!r}); from shardex.storage.helper import serve; serve()"
 )
 
+#: Threads that send batches started early (each has its own connection to the helper).
+_senders: PerProcess[concurrent.futures.ThreadPoolExecutor] = PerProcess(
+    lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="shardex-helper-io")
+)
 _client: _Client | None = None
 _client_lock = threading.Lock()
 
@@ -160,6 +166,12 @@ class HelperObjectStorage(Storage):
 
     def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         return self._run(_Direct.get_range_batch, list(requests))  # type: ignore[no-any-return]
+
+    def submit_range_batch(
+        self, requests: Sequence[tuple[str, int, int]]
+    ) -> concurrent.futures.Future[list[bytes]]:
+        """Sent by a thread of this process, on its own connection to the helper."""
+        return _senders().submit(self.get_range_batch, list(requests))
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         stream = self._run(_Direct.stream_chunks, path, chunk_size, keep=True)

@@ -16,6 +16,7 @@ count this process's reads (whole and ranged).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import random
 import time
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardex.storage.base import Storage
-from shardex.storage.batch import BatchPolicy, fetch_all, run
+from shardex.storage.batch import BatchPolicy, event_loop, fetch_all, run
 
 __all__ = ["LatencyStorage"]
 
@@ -89,12 +90,19 @@ class LatencyStorage(Storage):
     def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         if len(requests) <= 1:
             return [self.get_range(*r) for r in requests]
+        return run(self._batch(requests))
 
+    def submit_range_batch(
+        self, requests: Sequence[tuple[str, int, int]]
+    ) -> concurrent.futures.Future[list[bytes]]:
+        return event_loop().submit(self._batch(requests))
+
+    async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         async def fetch(path: str, start: int, length: int) -> bytes:
             await asyncio.sleep(self._wait())
             return self._counted(self.inner.get_range(path, start, length))
 
-        return run(fetch_all(fetch, requests, self.policy))
+        return await fetch_all(fetch, requests, self.policy)
 
     # everything but ranged and whole reads: the wrapped storage's own, on time
     iter_chunks = _forward("iter_chunks")

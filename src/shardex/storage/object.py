@@ -15,6 +15,7 @@ Fork-safety is this one wrapper, chosen per process; neither implementation know
 from __future__ import annotations
 
 import builtins
+import concurrent.futures
 import os
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -123,6 +124,11 @@ class ObjectStorage(Storage):
 
     def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         return self._io.get_range_batch(requests)
+
+    def submit_range_batch(
+        self, requests: Sequence[tuple[str, int, int]]
+    ) -> concurrent.futures.Future[list[bytes]]:
+        return self._io.submit_range_batch(requests)
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         return self._io.iter_chunks(path, chunk_size)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from shardex.storage import Storage
 from shardex.torch.batches import RowPacker, collate
@@ -53,6 +55,11 @@ class MapDataset(Dataset[Any]):
         # The sample as read is already a fresh dict: skip SampleMaker (~5 % of a read).
         self._plain = not decode and not spec.keys and transform is None
         self._pack = False  # the copy a dataloader() reads packs each batch's rows
+        # (pid, indices, finish) of the batch this process reads next, already requested
+        self._ahead: tuple[int, list[int], Callable[[], list[Any]]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ahead": None}
 
     def __len__(self) -> int:
         return len(self._handle)
@@ -68,7 +75,17 @@ class MapDataset(Dataset[Any]):
         """A batch as one batched read."""
         n = len(self._handle)
         wanted = [i + n if i < 0 else i for i in indices]
-        raws = self._handle.dataset().get_many(wanted)
+        ds, ahead, self._ahead = self._handle.dataset(), self._ahead, None
+        if ahead is not None and ahead[0] == os.getpid() and ahead[1] == wanted:
+            finish = ahead[2]
+        else:
+            finish = ds.start_many(wanted)
+        nxt = getattr(indices, "ahead", None)
+        if nxt:  # the batch this worker reads next: its requests travel while this one is made
+            nxt = [i + n if i < 0 else i for i in nxt]
+            with contextlib.suppress(Exception):  # raised again when that batch is asked
+                self._ahead = (os.getpid(), nxt, ds.start_many(nxt))
+        raws = finish()
         make = self._make
         if not self._pack:
             return [make(raw, i) for raw, i in zip(raws, wanted, strict=True)]
@@ -88,19 +105,62 @@ class MapDataset(Dataset[Any]):
         Without a ``collate_fn`` it is :func:`shardex.torch.collate`, and
         ``loader.dataset`` a copy that packs rows."""
         reader = copy.copy(self)
+        reader._ahead = None
         batched = batch_size is not None or kwargs.get("batch_sampler") is not None
         reader._pack = batched and kwargs.get("collate_fn") is None
         if reader._pack:
             kwargs["collate_fn"] = collate
-        if kwargs.get("batch_sampler") is not None:  # it replaces batch_size and sampler
-            return DataLoader(reader, num_workers=num_workers, **kwargs)
-        return DataLoader(
-            reader,
-            batch_size=batch_size,
-            sampler=ShardexSampler(len(self)) if sampler is None else sampler,
-            num_workers=num_workers,
-            **kwargs,
-        )
+        sampler = ShardexSampler(len(self)) if sampler is None else sampler
+        if not batched:
+            return DataLoader(
+                reader, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs
+            )
+        batches = kwargs.pop("batch_sampler", None)  # it replaces batch_size and sampler
+        if batches is None:
+            drop_last = kwargs.pop("drop_last", False)
+            batches = BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]
+        lookahead = Lookahead(batches, max(num_workers, 1))
+        loader = DataLoader(reader, batch_sampler=lookahead, num_workers=num_workers, **kwargs)
+        # reachable as loader.sampler, as without a batch sampler (DataLoader forbids setting it)
+        object.__setattr__(loader, "sampler", getattr(batches, "sampler", sampler))
+        return loader
 
     def __repr__(self) -> str:
         return f"MapDataset({self._handle.storage.uri!r}, split={self._handle.split!r})"
+
+
+class _Batch(list[int]):
+    """A batch's indices, with ``ahead``: those of the batch its worker gets next."""
+
+    ahead: list[int] | None = None
+
+
+class Lookahead(Sampler[list[int]]):
+    """``batches``, each telling its reader the batch that reader gets next.
+
+    A DataLoader hands batch ``b`` to worker ``b % workers``, so a worker's next batch is
+    ``b + workers``: :class:`MapDataset` sends its requests while batch ``b`` is made
+    (decoded, transformed, packed). A guess that turns out wrong costs one batch's reads,
+    never a wrong sample: the dataset compares the indices asked with those it started.
+    """
+
+    def __init__(self, batches: Iterable[list[int]], workers: int) -> None:
+        self.batches, self.workers = batches, workers
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        queue: deque[list[int]] = deque()
+        for batch in self.batches:
+            queue.append(batch)
+            if len(queue) > self.workers:
+                yield _ahead(queue.popleft(), batch)
+        while queue:
+            yield _ahead(queue.popleft(), None)
+
+
+def _ahead(batch: list[int], ahead: list[int] | None) -> _Batch:
+    out = _Batch(batch)
+    out.ahead = None if ahead is None else list(ahead)
+    return out

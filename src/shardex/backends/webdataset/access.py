@@ -26,6 +26,7 @@ from shardex.format.tar import parse_sample
 from shardex.storage.cache import local_copy
 
 if TYPE_CHECKING:  # numpy loads on first use: opening and reads need none
+    import concurrent.futures
     import mmap
     from pathlib import Path
 
@@ -284,13 +285,17 @@ class Access:
 
     def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
         """Samples in the order asked, read in per-shard blocks merged across ``gap``."""
+        return self.start_many(indices, gap)()
+
+    def start_many(self, indices: Sequence[int], gap: int) -> Callable[[], list[Sample]]:
+        """:meth:`get_many` with its reads sent now; calling the result waits for them."""
         if self._pending:
             self._load_members()
         import numpy as np  # here: a batch from object storage sorts its reads with it
 
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
-            return []
+            return list
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.min() < 0 or idx.max() >= self._n:
             raise IndexError(f"indices out of range for a split of {self._n} samples")
@@ -308,29 +313,43 @@ class Access:
                 j += 1
             blocks.append((shards[i], offs[i], end - offs[i], j))
             i = j
-        out: list[Sample | None] = [None] * len(idx)
-        pos, first, numbers = order.tolist(), 0, idx[order].tolist()
+        pos, numbers = order.tolist(), idx[order].tolist()
         try:
-            datas = self._read_blocks([(b[0], b[1], b[2]) for b in blocks])
-            for (shard, start, _length, stop), data in zip(blocks, datas, strict=True):
-                for k in range(first, stop):
-                    at = offs[k] - start
-                    out[pos[k]] = self._sample(
-                        data[at : at + lens[k]], sums[k], shard, offs[k], numbers[k]
-                    )
-                first = stop
+            reads = self._send_blocks([(b[0], b[1], b[2]) for b in blocks])
         except (FormatError, ObjectNotFoundError) as exc:
             self.check_replaced(exc)
             raise
-        return out  # type: ignore[return-value]
 
-    def _read_blocks(self, blocks: list[tuple[int, int, int]]) -> list[bytes]:
-        """(shard, offset, length) blocks as one concurrent batch of ranged GETs."""
+        def finish() -> list[Sample]:
+            out: list[Sample | None] = [None] * len(pos)
+            first = 0
+            try:
+                datas = self._received(blocks, reads.result())
+                for (shard, start, _length, stop), data in zip(blocks, datas, strict=True):
+                    for k in range(first, stop):
+                        at = offs[k] - start
+                        out[pos[k]] = self._sample(
+                            data[at : at + lens[k]], sums[k], shard, offs[k], numbers[k]
+                        )
+                    first = stop
+            except (FormatError, ObjectNotFoundError) as exc:
+                self.check_replaced(exc)
+                raise
+            return out  # type: ignore[return-value]
+
+        return finish
+
+    def _send_blocks(
+        self, blocks: list[tuple[int, int, int]]
+    ) -> concurrent.futures.Future[list[bytes]]:
+        """(shard, offset, length) blocks sent as one concurrent batch of ranged GETs."""
         for shard, off, n in blocks:
             if off + n > self._sizes[shard]:
                 self._read(shard, off, n)  # raises the out-of-shard error
-        datas = self.storage.get_range_batch([(self._paths[s], o, n) for s, o, n in blocks])
-        for (shard, _off, n), data in zip(blocks, datas, strict=True):
+        return self.storage.submit_range_batch([(self._paths[s], o, n) for s, o, n in blocks])
+
+    def _received(self, blocks: list[tuple[int, int, int, int]], datas: list[bytes]) -> list[bytes]:
+        for (shard, _off, n, _stop), data in zip(blocks, datas, strict=True):
             if len(data) != n:
                 raise FormatError(
                     f"{self.storage.join(self._paths[shard])} is shorter than "

@@ -7,8 +7,8 @@ import contextlib
 import mmap
 import os
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from xxhash import xxh3_64_intdigest as _xxh3
 
@@ -17,6 +17,9 @@ from shardex.codecs.fields import decode_fields
 from shardex.dataset import Sample
 from shardex.errors import FormatError, ObjectNotFoundError, ShardexError, StorageError
 from shardex.format.mapped import ABSENT
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 _pread = os.pread
 
@@ -73,8 +76,14 @@ class Pread(Access):
         fd = self._fds[shard] if self._pid == PROCESS[0] else None
         return _pread(self._open(shard) if fd is None else fd, length, offset)
 
-    def _read_blocks(self, blocks: list[tuple[int, int, int]]) -> list[bytes]:
-        return [self._read(shard, off, n) for shard, off, n in blocks]
+    def _send_blocks(
+        self, blocks: list[tuple[int, int, int]]
+    ) -> concurrent.futures.Future[list[bytes]]:
+        import concurrent.futures  # here: a batch with a gap only
+
+        done: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
+        done.set_result([self._read(shard, off, n) for shard, off, n in blocks])
+        return done
 
     def get(self, index: int) -> Sample:
         """Sample ``index`` the short way, else the checked way (which raises)."""
@@ -93,6 +102,11 @@ class Pread(Access):
                     except FormatError:
                         pass  # the checked way raises it (suppress() costs)
         return self._checked(index, offset, checksum, shard, length)
+
+    def start_many(self, indices: Sequence[int], gap: int) -> Callable[[], list[Sample]]:
+        if gap:
+            return super().start_many(indices, gap)
+        return lambda: self.get_many(indices, 0)  # a local read gains nothing from starting early
 
     def get_many(self, indices: Sequence[int], gap: int) -> list[Sample]:
         if gap:

@@ -3,7 +3,7 @@ once at open, and ``ds[i]`` calls its ``get`` straight away."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -127,8 +127,18 @@ class ShardDataset(SampleRanges):
         (default: 0, only touching samples merge; on object storage the storage option
         ``coalesce_gap``, where the reads run concurrently and hedged).
         """
+        return self._access.get_many(indices, self._gap(coalesce_gap))
+
+    def start_many(
+        self, indices: Sequence[int], *, coalesce_gap: int | None = None
+    ) -> Callable[[], list[Sample]]:
+        """:meth:`get_many` with its requests sent now (on object storage); calling the
+        result waits for them and returns the samples."""
+        return self._access.start_many(indices, self._gap(coalesce_gap))
+
+    def _gap(self, coalesce_gap: int | None) -> int:
         gap = coalesce_gap if coalesce_gap is not None else self.storage.coalesce_gap
-        return self._access.get_many(indices, DEFAULT_COALESCE_GAP if gap is None else gap)
+        return DEFAULT_COALESCE_GAP if gap is None else gap
 
     def __iter__(self) -> Iterator[Sample]:
         """Samples in shard order (remote shards streamed, one GET each)."""
