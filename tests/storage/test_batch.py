@@ -12,14 +12,16 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 import shardex
-from shardex.errors import ChecksumError, ConfigError
+from shardex.errors import ChecksumError, ConfigError, ObjectNotFoundError
 from shardex.storage import LocalStorage, ObjectStorage
 from shardex.storage.batch import BatchPolicy, fetch_all, read_stats, run
 from shardex.storage.latency import LatencyStorage
@@ -164,6 +166,56 @@ def test_stalled_reads_of_a_real_export_are_hedged_to_the_same_samples(
     assert ds.get_many(picks) == direct.get_many(picks)
     assert time.monotonic() - began < 20  # not the 30 s of the stalled requests
     assert read_stats.hedges_won >= 2
+
+
+class _Held(LatencyStorage):
+    """Ranged batches are sent (counted in ``sent``) but answer only once ``release`` is set."""
+
+    def __init__(self, inner: MemoryStorage) -> None:
+        super().__init__(inner)
+        self.release, self.sent = threading.Event(), 0
+
+    async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        self.sent += len(requests)
+        await asyncio.get_running_loop().run_in_executor(None, self.release.wait)
+        return await super()._batch(requests)
+
+
+def _until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline, "the requests were never sent"
+        time.sleep(0.01)
+
+
+def test_start_many_sends_the_requests_before_the_samples_are_asked(
+    export: MemoryStorage,
+) -> None:
+    direct = shardex.open_dataset(export)
+    held = _Held(export)
+    held.release.set()
+    ds = shardex.open_dataset(held)
+    assert len(ds.records) == len(ds)  # the whole index local: only the batch follows
+    held.release.clear()
+    picks = random.Random(3).sample(range(0, len(ds), 90), 64)  # no two samples touch
+    sent = held.sent
+    finish = ds.start_many(picks)  # returns while every request waits on the storage
+    _until(lambda: held.sent == sent + 64)  # all of the batch in flight, none answered yet
+    held.release.set()
+    assert finish() == direct.get_many(picks) == ds.get_many(picks)
+    with pytest.raises(IndexError):
+        ds.start_many([len(ds)])
+
+
+def test_a_storage_without_concurrent_reads_starts_a_batch_that_raises_when_asked(
+    export: MemoryStorage,
+) -> None:
+    future = export.submit_range_batch([("config.yaml", 0, 10), ("missing", 0, 1)])
+    with pytest.raises(ObjectNotFoundError):
+        future.result()
+    assert export.submit_range_batch([("config.yaml", 0, 10)]).result() == [
+        export.get("config.yaml")[:10]
+    ]
 
 
 def test_the_index_is_read_by_pages_as_reads_need_them(export: MemoryStorage) -> None:

@@ -33,6 +33,8 @@ import shardex  # noqa: E402
 from helpers import small_export  # noqa: E402
 from shardex.codecs.images import decode  # noqa: E402
 from shardex.errors import ConfigError  # noqa: E402
+from shardex.storage.latency import LatencyStorage  # noqa: E402
+from shardex.storage.memory import MemoryStorage  # noqa: E402
 from shardex.torch import (  # noqa: E402
     IndexPermutation,
     MapDataset,
@@ -40,6 +42,7 @@ from shardex.torch import (  # noqa: E402
     StreamDataset,
     TensorShardsLoader,
 )
+from shardex.torch.map import Lookahead  # noqa: E402
 from tests.support.s3data import S3Location  # noqa: E402
 
 # torch advises against more workers than cores; CI machines may have a single core.
@@ -219,6 +222,53 @@ def test_map_style_sees_every_sample_once_per_epoch(export: Path, workers: int) 
     assert len({tuple(o) for o in orders}) == 3  # a new order every epoch
     again = [map_keys(export, rank=r, world=2, workers=workers, epoch=1) for r in (0, 1)]
     assert again[0] + again[1] == orders[1]  # the same seed gives the same order
+
+
+class _Recorded(LatencyStorage):
+    """Records each batch of ranged reads when it is sent (by this process)."""
+
+    def __init__(self, inner: MemoryStorage) -> None:
+        super().__init__(inner)
+        self.batches: list[int] = []
+
+    def submit_range_batch(self, requests: Any) -> Any:
+        self.batches.append(len(requests))
+        return super().submit_range_batch(requests)
+
+
+def test_lookahead_tells_each_batch_the_one_its_worker_gets_next() -> None:
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
+    got = list(Lookahead(batches, 2))
+    assert got == batches
+    assert len(Lookahead(batches, 2)) == 5
+    assert [b.ahead for b in got] == [[4, 5], [6, 7], [8], None, None]  # type: ignore[attr-defined]
+    sent = [pickle.loads(pickle.dumps(b)) for b in got]  # as a worker receives them
+    assert [b.ahead for b in sent] == [b.ahead for b in got]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_next_batch_is_requested_while_one_is_made_and_every_batch_is_right(
+    workers: int,
+) -> None:
+    url = f"memory://lookahead-{workers}/export"
+    data = {"key": [f"k{i:03d}" for i in range(96)], "bin": [bytes([i]) * 200 for i in range(96)]}
+    shardex.export(data, url, workers=1, samples_per_shard=16)
+    slow = _Recorded(MemoryStorage(url))
+    ds = MapDataset(slow, decode=False)
+    order = [int(i) for i in np.random.default_rng(0).permutation(96)]
+    loader = ds.dataloader(8, sampler=order, num_workers=workers, collate_fn=keep)
+    assert isinstance(MapDataset(slow).dataloader(8).sampler, ShardexSampler)
+    it = iter(loader)
+    first = next(it)
+    if workers == 0:  # the reads are this process's: the second batch is already sent
+        assert len(slow.batches) == 2
+    keys = [s["__key__"] for batch in [first, *it] for s in batch]
+    assert keys == [f"k{i:03d}" for i in order]
+    if workers == 0:
+        assert len(slow.batches) == 12  # no batch was requested twice
+    wrong = Lookahead([order[:8], order[8:16], order[16:24]], 1)
+    made = [ds.__getitems__(b) for b in [next(iter(wrong)), order[16:24]]]  # a wrong guess
+    assert [s["__key__"] for s in made[1]] == [f"k{i:03d}" for i in order[16:24]]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
