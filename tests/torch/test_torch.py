@@ -410,6 +410,46 @@ def test_workers_fork_or_spawn_on_local_and_s3(
     assert _left_in_shm(before) == set()
 
 
+_COUNT_THEN_FORK = """
+import json, sys
+from torch.utils.data import DataLoader
+from shardex.storage.direct import forked_after_io, runtime_started
+from shardex.torch import MapDataset, ShardexSampler
+
+def where(sample):
+    return sample["__key__"], forked_after_io()
+
+ds = MapDataset(sys.argv[1], decode=False, transform=where, storage_options=json.loads(sys.argv[2]))
+if sys.argv[3] == "read first":
+    ds[0]
+sampler = ShardexSampler(len(ds))
+print(json.dumps([runtime_started(), *ds.dataloader(4, sampler=sampler, num_workers=2, collate_fn=list)]))
+"""
+
+
+@pytest.mark.parametrize("first", ["count only", "read first"])
+def test_forked_workers_request_directly_when_the_main_process_only_counted(
+    first: str, export: Path, s3: S3Location
+) -> None:
+    shardex.export(
+        str(export), s3.url, storage_options=s3.direct, samples_per_shard=SHARD, workers=1
+    )
+    args = [s3.url, json.dumps(s3.direct), first]
+    run = subprocess.run(
+        [sys.executable, "-c", _COUNT_THEN_FORK, *args], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    started, *batches = json.loads(run.stdout)
+    items = [item for batch in batches for item in batch]
+    assert sorted(key for key, _ in items) == sorted(
+        s["__key__"] for s in shardex.open_dataset(export)
+    )
+    # counting went through a helper process, so the forked workers use obstore themselves;
+    # after a read in the main process they must send their requests to helpers
+    assert started == (first == "read first")
+    assert {helper for _, helper in items} == {first == "read first"}
+
+
 def test_streaming_reads_one_ranged_get_per_run_and_resumes_without_rereading(
     s3: S3Location, export: Path
 ) -> None:

@@ -69,6 +69,12 @@ def forked_after_io() -> bool:
     return _runtime_pid is not None and _runtime_pid != os.getpid()
 
 
+def runtime_started() -> bool:
+    """Whether this process (or the one it was forked from) has started obstore's runtime:
+    until it has, children it forks can request directly."""
+    return _runtime_pid is not None
+
+
 def _obstore() -> Any:
     try:
         import obstore

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import concurrent.futures
+import copy
 import os
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -23,7 +24,7 @@ from typing import Any
 
 from shardex.errors import ConfigError
 from shardex.storage.base import ObjectWriter, Storage
-from shardex.storage.direct import DirectObjectStorage, forked_after_io
+from shardex.storage.direct import DirectObjectStorage, forked_after_io, runtime_started
 from shardex.storage.helper import HelperObjectStorage
 from shardex.storage.options import (
     DEFAULT_COALESCE_GAP,
@@ -129,6 +130,20 @@ class ObjectStorage(Storage):
         self, requests: Sequence[tuple[str, int, int]]
     ) -> concurrent.futures.Future[list[bytes]]:
         return self._io.submit_range_batch(requests)
+
+    def before_fork(self) -> ObjectStorage:
+        """This storage, for a process about to fork workers that read it (a DataLoader's).
+
+        Until this process has requested through obstore itself, the copy's requests go to
+        a helper process, so the workers it forks later request directly instead of each
+        through a helper of its own (a local socket's round trip and ~0.3 ms of CPU a
+        request); afterwards it is this storage.
+        """
+        if runtime_started():
+            return self
+        twin = copy.copy(self)
+        twin._impl, twin._impl_pid = HelperObjectStorage(self.uri, self._options), os.getpid()
+        return twin
 
     def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
         return self._io.iter_chunks(path, chunk_size)

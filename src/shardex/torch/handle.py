@@ -67,6 +67,11 @@ class DatasetHandle:
 
     def __len__(self) -> int:
         if self._num_samples is None:
-            self.dataset()
+            before_fork = getattr(self.storage, "before_fork", None)  # ObjectStorage's
+            if before_fork is not None:  # the DataLoader workers forked next request directly
+                counted = open_dataset(before_fork(), self.split, verify=False)
+                self.split, self._num_samples = counted.split, len(counted)
+            else:
+                self.dataset()
         assert self._num_samples is not None
         return self._num_samples
