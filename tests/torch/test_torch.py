@@ -463,7 +463,9 @@ def test_streaming_reads_one_ranged_get_per_run_and_resumes_without_rereading(
         proxy.reset()
         keys = [sample["__key__"] for sample in ds]
         proxy.wait_idle()
-        return keys, proxy.requests
+        # len() counted through a helper process (see MapDataset): the reading process
+        # opens the export itself, reading config.yaml again
+        return keys, [r for r in proxy.requests if not r.key.endswith("/config.yaml")]
 
     def stream(**kw: Any) -> StreamDataset:
         return StreamDataset(s3.url, decode=False, storage_options=s3.counted, seed=1, **kw)
