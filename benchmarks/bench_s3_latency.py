@@ -125,12 +125,84 @@ def _cold_open(mem: MemoryStorage) -> dict[str, int]:
         return {"gets": slow.gets, "bytes": slow.bytes_read}
 
 
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _helper_hop(samples: int, size_kb: int, batches: int, repeats: int = 3) -> dict[str, Any]:
+    """On SeaweedFS: reads through this process's obstore against the same reads through a
+    helper process (what a DataLoader worker forked after its parent's first request
+    uses), batches of 64 and ``ds[i]`` one at a time: samples/s and CPU per sample (this
+    process plus the helper), medians of ``repeats`` alternated runs."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from shardex.storage import ObjectStorage
+    from shardex.storage.helper import HelperObjectStorage, _helper
+    from tests.support.seaweedfs import SeaweedFS, loopback_only_environment
+
+    loopback_only_environment()
+    rng = random.Random(0)
+    data = {
+        "key": [f"s{i:07d}" for i in range(samples)],
+        "bin": [rng.randbytes(size_kb * 1000) for _ in range(samples)],
+    }
+    picks = [rng.sample(range(samples), BATCH) for _ in range(batches)]
+    out: dict[str, Any] = {}
+    with SeaweedFS(bucket="hop") as server:
+        options = {
+            "endpoint_url": server.endpoint,
+            "region": server.region,
+            "access_key_id": server.access_key,
+            "secret_access_key": server.secret_key,
+        }
+        url = server.url("hop/export")
+        shardex.export(data, url, workers=1, storage_options=options)
+        for mode in ("batch", "one at a time"):
+            runs: dict[str, list[tuple[float, float]]] = {"direct": [], "helper": []}
+            for _ in range(repeats):
+                for kind, rows in runs.items():
+                    storage = ObjectStorage(url, options)
+                    if kind == "helper":
+                        storage._impl = HelperObjectStorage(storage.uri, storage._options)
+                        storage._impl_pid = os.getpid()
+                    ds = shardex.open_dataset(storage)
+                    _ = ds.records
+                    ds.get_many(picks[0])
+                    helper = _helper()._proc.pid if kind == "helper" else None  # type: ignore[union-attr]
+                    aside = _cpu_seconds(helper) if helper else 0.0
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    for batch in picks:
+                        if mode == "batch":
+                            ds.get_many(batch)
+                        else:
+                            for i in batch[:16]:
+                                ds[i]
+                    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    rows.append((wall, cpu + (_cpu_seconds(helper) - aside if helper else 0.0)))
+            count = len(picks) * (BATCH if mode == "batch" else 16)
+            for kind, rows in runs.items():
+                walls, cpus = sorted(r[0] for r in rows), sorted(r[1] for r in rows)
+                out[f"{mode}, {kind}"] = {
+                    "samples_per_s": count / walls[len(walls) // 2],
+                    "cpu_us_per_sample": 1e6 * cpus[len(cpus) // 2] / count,
+                }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--size-kb", type=int, default=16)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--seaweedfs",
+        action="store_true",
+        help="also on a SeaweedFS server on loopback: the helper process's hop, and random "
+        "reads against MosaicML Streaming and LitData (benchmarks/_s3_peers.py)",
+    )
+    parser.add_argument("--peer-seconds", type=float, default=60.0)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs", flush=True)
     mem = _export(args.samples, args.size_kb)
@@ -164,6 +236,17 @@ def main() -> None:
                     f"{row['one_at_a_time_gets_per_sample']:.2f} GETs a sample",
                     flush=True,
                 )
+    if args.seaweedfs:
+        results["helper_hop"] = _helper_hop(min(args.samples, 3000), args.size_kb, 20)
+        for name, row in results["helper_hop"].items():
+            print(
+                f"SeaweedFS, {name:>20}: {row['samples_per_s']:6.0f} samples/s, "
+                f"{row['cpu_us_per_sample']:4.0f} us of CPU a sample",
+                flush=True,
+            )
+        from _s3_peers import run_peers
+
+        results["peers"] = run_peers(20_000, [0, 40], args.peer_seconds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
