@@ -19,7 +19,13 @@ construction, index downloads and worker start count), then is stopped: a torch
   shuffle (a global permutation of the samples);
 * LitData: ``StreamingDataset(input_dir, cache_dir=tmp, max_cache_size="64MB",
   shuffle=True)``: its only shuffle, chunks in a random order and samples shuffled
-  within them (not uniformly random: it favours LitData).
+  within them (not uniformly random: each chunk is read whole once an epoch);
+* LitData ``ds[i]``: the same dataset (``shuffle=False``) read with ``ds[i]`` in a
+  ``RandomSampler``'s order (uniformly random, as shardex), through a map-style wrapper.
+
+LitData's chunk GETs go through obstore with client options that refuse ``http://``; the
+child allows it (real S3 is https). MosaicML is imported without ``streaming/__init__``
+(which imports torchvision, whose CUDA build fails to load beside a CPU torch).
 
 The peers' local caches are limited to 64 MB, smaller than the ~320 MB dataset. A row:
 samples/s, GETs and bytes fetched per sample (at the proxy, over the whole run), the
@@ -60,11 +66,13 @@ PEER_SHARD_BYTES = 8 << 20
 SEED = 36
 STARTUP_GRACE = 60.0  # a child that has not reported this long after its time box is killed
 
-READERS = ("shardex", "mosaicml-streaming", "litdata")
+READERS = ("shardex", "mosaicml-streaming", "litdata", "litdata ds[i]")
 INSTALL = {
     "mosaicml-streaming": ("streaming", "pip install mosaicml-streaming"),
     "litdata": ("litdata", "pip install litdata==0.2.76"),
+    "litdata ds[i]": ("litdata", "pip install litdata==0.2.76"),
 }
+COPY = {"litdata ds[i]": "litdata"}  # readers that read another reader's copy
 
 
 # ---------------------------------------------------------------- data, once per run
@@ -146,7 +154,7 @@ def write_all(server: Any, folder: Path, count: int, scratch: Path, readers: lis
         _upload(server, out, "mds")
         urls["mosaicml-streaming"] = server.url("mds")
         print(f"  MDSWriter + upload: {time.perf_counter() - t0:.1f} s", flush=True)
-    if "litdata" in readers:
+    if any(r.startswith("litdata") for r in readers):
         import litdata
 
         t0 = time.perf_counter()
@@ -196,7 +204,7 @@ def _loader(spec: dict[str, Any]) -> tuple[Any, str]:
             shuffle_algo="naive", shuffle_seed=SEED, batch_size=BATCH,
         )  # fmt: skip
         return DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=_as_list), "jpg"
-    if reader == "litdata":
+    if reader in ("litdata", "litdata ds[i]"):
         import litdata.streaming.downloader as downloader
         from litdata import StreamingDataset
 
@@ -206,16 +214,38 @@ def _loader(spec: dict[str, Any]) -> tuple[Any, str]:
             **downloader._OBSTORE_CLIENT_OPTIONS,  # type: ignore[attr-defined]
             "allow_http": True,
         }
+        shuffle = reader == "litdata"
         ds = StreamingDataset(
-            input_dir=url, cache_dir=cache, max_cache_size=CACHE, shuffle=True, seed=SEED,
+            input_dir=url, cache_dir=cache, max_cache_size=CACHE, shuffle=shuffle, seed=SEED,
             storage_options=spec["boto_options"],
         )  # fmt: skip
+        if not shuffle:  # random access: ds[i] in a uniformly random order
+            indexed = _Indexed(ds)
+            sampler = RandomSampler(range(len(indexed)), num_samples=100 * len(indexed))
+            return DataLoader(
+                indexed, batch_size=BATCH, sampler=sampler, num_workers=WORKERS,
+                collate_fn=_as_list,
+            ), "jpg"  # fmt: skip
         return DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=_as_list), "jpg"
     raise ValueError(reader)
 
 
 def _as_list(batch: list[Any]) -> list[Any]:
     return batch
+
+
+class _Indexed:
+    """A map-style view of an iterable dataset with ``__getitem__`` (LitData's), for a
+    sampler: the DataLoader refuses a sampler over an IterableDataset."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.ds[i]
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -257,7 +287,7 @@ def child(spec: dict[str, Any]) -> None:
                 state["samples"] += len(batch)
                 if state["first_batch_s"] is None:
                     state["first_batch_s"] = time.perf_counter() - start
-    except BaseException as exc:  # noqa: BLE001 (one line of why, in the row)
+    except BaseException as exc:  # one line of why, in the row
         import traceback
 
         traceback.print_exc()  # to the child's log
@@ -278,10 +308,8 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
         stdout=subprocess.DEVNULL,
         stderr=open(spec["out"] + ".log", "w"),  # noqa: SIM115 (the child's to write)
     )
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a hung child: killed below
         proc.wait(timeout=spec["seconds"] + STARTUP_GRACE)
-    except subprocess.TimeoutExpired:
-        pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # the child's DataLoader workers too
     proc.wait()
@@ -309,7 +337,9 @@ def _version(dist: str) -> str:
         return "-"
 
 
-def run_peers(samples: int, delays: list[int], seconds: float) -> list[dict[str, Any]]:
+def run_peers(
+    samples: int, delays: list[int], seconds: float, readers: tuple[str, ...] = READERS
+) -> list[dict[str, Any]]:
     """One row per (reader, delay in ms): samples/s of random reads in a DataLoader, GETs
     and bytes fetched per sample, the local cache used, and a status."""
     from tests.support.proxy import CountingProxy
@@ -317,8 +347,8 @@ def run_peers(samples: int, delays: list[int], seconds: float) -> list[dict[str,
 
     loopback_only_environment()
     folder = build_folder(DEFAULT_WORKDIR, samples, SIZE_KB)
-    missing = {r: _not_installed(r) for r in READERS}
-    present = [r for r in READERS if missing[r] is None]
+    missing = {r: _not_installed(r) for r in readers}
+    present = [r for r in readers if missing[r] is None]
     rows: list[dict[str, Any]] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-s3-peers-"))
     try:
@@ -330,7 +360,7 @@ def run_peers(samples: int, delays: list[int], seconds: float) -> list[dict[str,
                 "S3_ENDPOINT_URL": proxy.endpoint,  # MosaicML Streaming's boto3
             }
             for delay in delays:
-                for reader in READERS:
+                for reader in readers:
                     row: dict[str, Any] = {"reader": reader, "delay_ms": delay}
                     if missing[reader]:
                         rows.append({**row, "status": missing[reader]})
@@ -340,7 +370,7 @@ def run_peers(samples: int, delays: list[int], seconds: float) -> list[dict[str,
                     cache.mkdir()
                     spec = {
                         "reader": reader,
-                        "url": urls[reader],
+                        "url": urls[COPY.get(reader, reader)],
                         "cache": str(cache),
                         "seconds": seconds,
                         "out": str(scratch / f"result-{reader}-{delay}.json"),
@@ -412,6 +442,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--delays", default="0,40", help="ms each request is held, e.g. 0,10,40")
     parser.add_argument("--seconds", type=float, default=60.0, help="each reader's time box")
+    parser.add_argument("--readers", default=",".join(READERS), help="a comma-separated subset")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -421,12 +452,13 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs", flush=True)
     delays = [int(d) for d in args.delays.split(",")]
     started = time.perf_counter()
-    rows = run_peers(args.samples, delays, args.seconds)
+    readers = tuple(r.strip() for r in args.readers.split(","))
+    if unknown := set(readers) - set(READERS):
+        parser.error(f"unknown readers {sorted(unknown)}: choose from {', '.join(READERS)}")
+    rows = run_peers(args.samples, delays, args.seconds, readers)
     print(f"total {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
     if args.json:
-        versions = {
-            d: _version(d) for d in ("shardex", "torch", "mosaicml-streaming", "litdata")
-        }
+        versions = {d: _version(d) for d in ("shardex", "torch", "mosaicml-streaming", "litdata")}
         doc = {
             "samples": args.samples,
             "size_kb": SIZE_KB,
