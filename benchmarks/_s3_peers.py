@@ -21,7 +21,10 @@ construction, index downloads and worker start count), then is stopped: a torch
   shuffle=True)``: its only shuffle, chunks in a random order and samples shuffled
   within them (not uniformly random: each chunk is read whole once an epoch);
 * LitData ``ds[i]``: the same dataset (``shuffle=False``) read with ``ds[i]`` in a
-  ``RandomSampler``'s order (uniformly random, as shardex), through a map-style wrapper.
+  ``RandomSampler``'s order (uniformly random, as shardex), through a map-style wrapper,
+  whole chunks fetched into the 64 MB cache (``on_demand_bytes`` off, as its iterator);
+* LitData ``ds[i] ranged``: the same with ``ds[i]``'s default, two ranged GETs a sample
+  (its offsets, then its bytes) and no cache.
 
 LitData's chunk GETs go through obstore with client options that refuse ``http://``; the
 child allows it (real S3 is https). MosaicML is imported without ``streaming/__init__``
@@ -66,13 +69,18 @@ PEER_SHARD_BYTES = 8 << 20
 SEED = 36
 STARTUP_GRACE = 60.0  # a child that has not reported this long after its time box is killed
 
-READERS = ("shardex", "mosaicml-streaming", "litdata", "litdata ds[i]")
+READERS = ("shardex", "mosaicml-streaming", "litdata", "litdata ds[i]", "litdata ds[i] ranged")
+_LITDATA = ("litdata", "pip install 'shardex[bench]'")
 INSTALL = {
-    "mosaicml-streaming": ("streaming", "pip install mosaicml-streaming"),
-    "litdata": ("litdata", "pip install litdata==0.2.76"),
-    "litdata ds[i]": ("litdata", "pip install litdata==0.2.76"),
+    "mosaicml-streaming": (
+        "streaming",
+        "pip install --no-deps mosaicml-streaming==0.13.0 (see benchmarks/README.md)",
+    ),
+    "litdata": _LITDATA,
+    "litdata ds[i]": _LITDATA,
+    "litdata ds[i] ranged": _LITDATA,
 }
-COPY = {"litdata ds[i]": "litdata"}  # readers that read another reader's copy
+COPY = {"litdata ds[i]": "litdata", "litdata ds[i] ranged": "litdata"}  # another's copy
 
 
 # ---------------------------------------------------------------- data, once per run
@@ -204,7 +212,7 @@ def _loader(spec: dict[str, Any]) -> tuple[Any, str]:
             shuffle_algo="naive", shuffle_seed=SEED, batch_size=BATCH,
         )  # fmt: skip
         return DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=_as_list), "jpg"
-    if reader in ("litdata", "litdata ds[i]"):
+    if reader.startswith("litdata"):
         import litdata.streaming.downloader as downloader
         from litdata import StreamingDataset
 
@@ -220,6 +228,10 @@ def _loader(spec: dict[str, Any]) -> tuple[Any, str]:
             storage_options=spec["boto_options"],
         )  # fmt: skip
         if not shuffle:  # random access: ds[i] in a uniformly random order
+            # ds[i] fetches just the sample's bytes (two ranged GETs, nothing cached) by
+            # default; "litdata ds[i]" makes it fetch whole chunks into its cache, as its
+            # iterator does. The property's setter needs the cache: set its field.
+            ds._on_demand_bytes = reader.endswith("ranged")
             indexed = _Indexed(ds)
             sampler = RandomSampler(range(len(indexed)), num_samples=100 * len(indexed))
             return DataLoader(
@@ -292,7 +304,10 @@ def child(spec: dict[str, Any]) -> None:
 
         traceback.print_exc()  # to the child's log
         lines = str(exc).strip().splitlines()  # a worker's error: its last line says why
-        finish(f"failed: {type(exc).__name__}: {lines[-1] if lines else ''}"[:240])
+        line = lines[-1] if lines else ""
+        if not line.partition(" ")[0].endswith(":"):  # not "IndexError: ..." already
+            line = f"{type(exc).__name__}: {line}"
+        finish(f"failed: {line}"[:240])
 
 
 # ---------------------------------------------------------------- the parent
