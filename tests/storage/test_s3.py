@@ -812,3 +812,19 @@ def test_shardex_options_take_every_spelling_of_their_name(s3: S3Location, name:
     assert len(s3.proxy.gets()) == 2 * len(every_other)  # get_many's, then ds[i]'s
     storage = ObjectStorage(s3.url, {**s3.direct, "AWS_RETRY_TIMEOUT": "3s"})
     assert storage.retry_timeout == timedelta(seconds=3)
+
+
+def test_proxy_latency_holds_every_request(s3: S3Location) -> None:
+    storage = ObjectStorage(s3.url, s3.counted)
+    storage.put("a.bin", b"x" * 10)
+    s3.proxy.reset()
+    s3.proxy.latency = 0.2
+    try:
+        start = time.perf_counter()
+        for _ in range(3):
+            assert storage.get("a.bin") == b"x" * 10
+        took = time.perf_counter() - start
+    finally:
+        s3.proxy.latency = 0.0
+    assert len(s3.proxy.gets()) == 3
+    assert took >= 3 * 0.2

@@ -360,10 +360,13 @@ class CountingProxy(Service):
     each finished request appends a :class:`RequestRecord` to :attr:`requests` before the
     last byte of its response reaches the client, so a client call that returned is
     already counted. Faults (:meth:`fail_next`, :meth:`delay_next`, :meth:`drop_next`)
-    apply, in the order they were queued, to the next requests they match.
+    apply, in the order they were queued, to the next requests they match. ``latency``
+    holds every request that many seconds before forwarding it, as a distant server would.
     """
 
-    def __init__(self, upstream: str, *, port: int = 0, timeout: float = 120.0) -> None:
+    def __init__(
+        self, upstream: str, *, port: int = 0, timeout: float = 120.0, latency: float = 0.0
+    ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"upstream must look like http://127.0.0.1:PORT, not {upstream!r}")
@@ -372,6 +375,9 @@ class CountingProxy(Service):
         self._up_port = parts.port
         self._port = port
         self._timeout = timeout
+        #: seconds every request is held before it is forwarded (a network's round trip);
+        #: may be changed while the proxy runs. Added to a ``delay_next`` fault's delay.
+        self.latency = latency
         self._lock = threading.Lock()
         self._records: list[RequestRecord] = []
         self._faults: list[_Fault] = []
@@ -667,6 +673,8 @@ class CountingProxy(Service):
             return False
         if fault is not None and fault.kind == "delay" and forget.wait(fault.seconds):
             return False  # the proxy stops, or was reset: the client's answer is not wanted
+        if self.latency > 0 and forget.wait(self.latency):
+            return False
 
         # Forward the request; retry once on a fresh connection if a reused one was stale.
         for attempt in range(2):
