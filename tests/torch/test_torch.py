@@ -266,9 +266,12 @@ def test_the_next_batch_is_requested_while_one_is_made_and_every_batch_is_right(
     assert keys == [f"k{i:03d}" for i in order]
     if workers == 0:
         assert len(slow.batches) == 12  # no batch was requested twice
-    wrong = Lookahead([order[:8], order[8:16], order[16:24]], 1)
-    made = [ds.__getitems__(b) for b in [next(iter(wrong)), order[16:24]]]  # a wrong guess
-    assert [s["__key__"] for s in made[1]] == [f"k{i:03d}" for i in order[16:24]]
+    guesses = list(Lookahead([order[:8], order[8:16], order[16:24], order[24:32]], 1))
+    sent = len(slow.batches)
+    ds.__getitems__(guesses[0])  # guesses that order[8:16] comes next
+    made = ds.__getitems__(guesses[2])  # a wrong guess: this process gets batches otherwise
+    assert [s["__key__"] for s in made] == [f"k{i:03d}" for i in order[16:24]]
+    assert len(slow.batches) == sent + 3  # the wrong guess, then no more guessing
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -57,6 +57,7 @@ class MapDataset(Dataset[Any]):
         self._pack = False  # the copy a dataloader() reads packs each batch's rows
         # (pid, indices, finish) of the batch this process reads next, already requested
         self._ahead: tuple[int, list[int], Callable[[], list[Any]]] | None = None
+        self._guess = True
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ahead": None}
@@ -79,9 +80,11 @@ class MapDataset(Dataset[Any]):
         if ahead is not None and ahead[0] == os.getpid() and ahead[1] == wanted:
             finish = ahead[2]
         else:
+            if ahead is not None and ahead[0] == os.getpid():  # batches go out another way
+                self._guess = False  # (``in_order=False``): no more reads wasted on guesses
             finish = ds.start_many(wanted)
         nxt = getattr(indices, "ahead", None)
-        if nxt:  # the batch this worker reads next: its requests travel while this one is made
+        if nxt and self._guess:  # the batch this worker reads next: sent while this one is made
             nxt = [i + n if i < 0 else i for i in nxt]
             with contextlib.suppress(Exception):  # raised again when that batch is asked
                 self._ahead = (os.getpid(), nxt, ds.start_many(nxt))
