@@ -11,12 +11,16 @@ every ranged read answers after ``delay`` (10 and 40 ms), and with a tail, 2% of
 * batches of 64 read in this process with ``get_many``, hedging on and off: p50 and p99
   batch time, the extra requests hedging sent, GETs and bytes per sample;
 * ``ds[i]`` one at a time (``batch_size=None``): GETs per sample;
-* opening the export with an empty index cache and reading one sample: GETs and bytes.
+* opening the export with an empty index cache and reading one sample: GETs and bytes;
+* with ``--seaweedfs``, on a SeaweedFS server on loopback: reads through this process's
+  obstore against the same reads through a helper process (the hop of a DataLoader worker
+  forked after its parent's first request), and random reads in a DataLoader against
+  MosaicML Streaming and LitData with caches smaller than the dataset (``_s3_peers.py``).
 
 Usage::
 
     .venv/bin/python benchmarks/bench_s3_latency.py [--samples 10000] [--size-kb 16]
-        [--batches 60] [--json PATH]
+        [--batches 60] [--json PATH] [--seaweedfs [--peer-seconds 60]]
 """
 
 from __future__ import annotations

@@ -5,13 +5,17 @@ times the median, so nearly every batch of 64 meets one. A request that has wait
 the 95th percentile of the latencies seen so far gets a second, identical ranged GET, and
 a third if both wait as long again (a hedge can meet the tail too); the first answer wins
 and the others are cancelled. Hedges are capped at ``budget`` of the requests sent (5% by
-default), and counted in :data:`read_stats`.
+default), and counted in :data:`read_stats`. A full garbage collection (tens of ms for a
+large heap) stops every thread, the I/O loop's too: a request it overlapped waits once
+more before it is hedged, and its latency is not recorded, or one collection would look
+like a slow batch, spend the budget and raise the threshold.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 import time
 from collections import deque
@@ -32,6 +36,16 @@ _WINDOW: Final = 512
 _WARMUP: Final = 64
 #: Requests sent for one range at most: the first and two hedges.
 _ATTEMPTS: Final = 3
+#: Full garbage collections this process has started (the younger ones take microseconds).
+_collections = [0]
+
+
+def _count_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start" and info["generation"] == 2:
+        _collections[0] += 1
+
+
+gc.callbacks.append(_count_collection)
 
 Fetch = Callable[[str, int, int], Awaitable[bytes]]
 
@@ -97,14 +111,15 @@ async def fetch_all(
 
     async def one(path: str, start: int, length: int) -> bytes:
         async with limit:
-            began = time.perf_counter()
+            began, collected = time.perf_counter(), _collections[0]
             read_stats.requests += 1
             wait = read_stats.threshold() if policy.hedge else None
             if wait is None:
                 data = await fetch(path, start, length)
             else:
                 data = await _hedged(fetch, (path, start, length), wait, policy.budget)
-            read_stats.record(time.perf_counter() - began)
+            if _collections[0] == collected:  # else its time was partly the collection's
+                read_stats.record(time.perf_counter() - began)
             return data
 
     return list(await asyncio.gather(*(one(*r) for r in requests)))
@@ -117,6 +132,7 @@ async def _hedged(fetch: Fetch, request: tuple[str, int, int], wait: float, budg
     first = asyncio.ensure_future(fetch(*request))
     tasks, sent, error = {first}, 1, None
     while True:
+        collected = _collections[0]
         done, tasks = await asyncio.wait(
             tasks, timeout=wait if sent < _ATTEMPTS else None, return_when=asyncio.FIRST_COMPLETED
         )
@@ -128,6 +144,8 @@ async def _hedged(fetch: Fetch, request: tuple[str, int, int], wait: float, budg
                     stats.hedges_won += 1
                 return task.result()
             error = error or task.exception()
+        if not done and _collections[0] != collected:  # the process stood still: wait again
+            continue
         if not done and stats.hedged < budget * stats.requests:  # waited too long: hedge
             stats.requests += 1
             stats.hedged += 1
