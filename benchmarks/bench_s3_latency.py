@@ -20,7 +20,7 @@ every ranged read answers after ``delay`` (10 and 40 ms), and with a tail, 2% of
 Usage::
 
     .venv/bin/python benchmarks/bench_s3_latency.py [--samples 10000] [--size-kb 16]
-        [--batches 60] [--json PATH] [--seaweedfs [--peer-seconds 60]]
+        [--batches 200] [--json PATH] [--seaweedfs [--peer-seconds 60]]
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--size-kb", type=int, default=16)
-    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--json", default=None)
     parser.add_argument(
         "--seaweedfs",

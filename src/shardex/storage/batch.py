@@ -6,9 +6,10 @@ the 95th percentile of the latencies seen so far gets a second, identical ranged
 a third if both wait as long again (a hedge can meet the tail too); the first answer wins
 and the others are cancelled. Hedges are capped at ``budget`` of the requests sent (5% by
 default), and counted in :data:`read_stats`. A full garbage collection (tens of ms for a
-large heap) stops every thread, the I/O loop's too: a request it overlapped waits once
-more before it is hedged, and its latency is not recorded, or one collection would look
-like a slow batch, spend the budget and raise the threshold.
+large heap) stops every thread, the I/O loop's too: a request it overlapped waits 10 ms
+more before it is hedged (its answer may have come meanwhile), and its latency is not
+recorded, or one collection would look like a slow batch, spend the budget and raise
+the threshold.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ _WINDOW: Final = 512
 _WARMUP: Final = 64
 #: Requests sent for one range at most: the first and two hedges.
 _ATTEMPTS: Final = 3
+#: Seconds a request waits after a full collection before it is hedged.
+_GRACE: Final = 0.01
 #: Full garbage collections this process has started (the younger ones take microseconds).
 _collections = [0]
 
@@ -130,11 +133,13 @@ async def _hedged(fetch: Fetch, request: tuple[str, int, int], wait: float, budg
     requests before it have waited ``wait`` seconds (a hedge can meet the tail too)."""
     stats = read_stats
     first = asyncio.ensure_future(fetch(*request))
-    tasks, sent, error = {first}, 1, None
+    tasks, sent, error, timeout = {first}, 1, None, wait
     while True:
         collected = _collections[0]
         done, tasks = await asyncio.wait(
-            tasks, timeout=wait if sent < _ATTEMPTS else None, return_when=asyncio.FIRST_COMPLETED
+            tasks,
+            timeout=timeout if sent < _ATTEMPTS else None,
+            return_when=asyncio.FIRST_COMPLETED,
         )
         for task in done:
             if task.exception() is None:
@@ -144,8 +149,10 @@ async def _hedged(fetch: Fetch, request: tuple[str, int, int], wait: float, budg
                     stats.hedges_won += 1
                 return task.result()
             error = error or task.exception()
-        if not done and _collections[0] != collected:  # the process stood still: wait again
+        if not done and _collections[0] != collected:  # the process stood still: answers that
+            timeout = min(wait, _GRACE)  # came meanwhile are let in before any hedge
             continue
+        timeout = wait
         if not done and stats.hedged < budget * stats.requests:  # waited too long: hedge
             stats.requests += 1
             stats.hedged += 1
