@@ -21,6 +21,7 @@ Usage::
 
     .venv/bin/python benchmarks/bench_s3_latency.py [--samples 10000] [--size-kb 16]
         [--batches 200] [--json PATH] [--seaweedfs [--peer-seconds 60]]
+        [--cold-open-samples 2000000]
 """
 
 from __future__ import annotations
@@ -120,6 +121,16 @@ def _one_at_a_time(slow: LatencyStorage, reads: int) -> float:
     return (slow.gets - gets) / reads
 
 
+def _cold_open_at(samples: int) -> dict[str, int]:
+    """:func:`_cold_open` of an export of ``samples`` tiny samples (the index's size)."""
+    url = f"memory://bench-cold-{samples}/export"
+    data = {"key": [f"k{i:09d}" for i in range(samples)], "bin": [b"x"] * samples}
+    shardex.export(data, url, workers=1, samples_per_shard=100_000)
+    mem = MemoryStorage(url)
+    index = sum(mem.size(p) for p in mem.list() if "/index-" in f"/{p}")
+    return {"samples": samples, "index_bytes": index, **_cold_open(mem)}
+
+
 def _cold_open(mem: MemoryStorage) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as cache:
         os.environ["SHARDEX_CACHE_DIR"] = cache
@@ -207,11 +218,20 @@ def main() -> None:
         "reads against MosaicML Streaming and LitData (benchmarks/_s3_peers.py)",
     )
     parser.add_argument("--peer-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--cold-open-samples",
+        type=int,
+        default=0,
+        help="also open an export of this many tiny samples cold and read one (~30 s a 2M)",
+    )
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs", flush=True)
     mem = _export(args.samples, args.size_kb)
     results: dict[str, Any] = {"cold_open": _cold_open(mem)}
     print(f"cold open + one sample: {results['cold_open']}", flush=True)
+    if args.cold_open_samples:
+        results["cold_open_large"] = _cold_open_at(args.cold_open_samples)
+        print(f"cold open + one sample: {results['cold_open_large']}", flush=True)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["SHARDEX_CACHE_DIR"] = cache
         for delay in (0.010, 0.040):
