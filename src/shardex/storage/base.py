@@ -293,3 +293,30 @@ class Storage(ABC):
     def join(self, path: str) -> str:
         """The full URI of an object, for messages."""
         return f"{self.uri.rstrip('/')}/{path}"
+
+
+class BatchedStorage(Storage):
+    """A storage whose batches of ranged reads run concurrently and hedged on this
+    process's I/O loop (:mod:`shardex.storage.batch`): it supplies :meth:`_batch`."""
+
+    async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> builtins.list[bytes]:
+        raise NotImplementedError
+
+    def get_ranges(
+        self, path: str, starts: Sequence[int], lengths: Sequence[int]
+    ) -> builtins.list[bytes]:
+        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
+
+    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> builtins.list[bytes]:
+        if len(requests) <= 1:
+            return [self.get_range(*r) for r in requests]
+        from shardex.storage.batch import run
+
+        return run(self._batch(requests))
+
+    def submit_range_batch(
+        self, requests: Sequence[tuple[str, int, int]]
+    ) -> concurrent.futures.Future[builtins.list[bytes]]:
+        from shardex.storage.batch import event_loop
+
+        return event_loop().submit(self._batch(requests))

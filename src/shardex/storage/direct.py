@@ -23,7 +23,12 @@ from datetime import timedelta
 from typing import Any, Final
 
 from shardex.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
-from shardex.storage.base import CountingWriter, ObjectWriter, Storage, checked_path
+from shardex.storage.base import (
+    BatchedStorage,
+    CountingWriter,
+    ObjectWriter,
+    checked_path,
+)
 from shardex.storage.failures import storage_error
 from shardex.storage.options import (
     CLIENT_OPTIONS,
@@ -85,7 +90,7 @@ def _obstore() -> Any:
     return obstore
 
 
-class DirectObjectStorage(Storage):
+class DirectObjectStorage(BatchedStorage):
     """Objects under ``uri``, requested by this process through obstore.
 
     Args:
@@ -194,30 +199,13 @@ class DirectObjectStorage(Storage):
         got = self._call(self.join(path), _obstore().get, path, options={"range": (0, length)})
         return bytes(got.bytes()), int(got.meta["size"])
 
-    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
-
-    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Ranged GETs of several objects, concurrent and hedged (:mod:`.batch`; storage
         options ``read_concurrency`` and ``hedge``).
 
         Each range is its own request: obstore's ``get_ranges`` would merge ranges up to
         1 MiB apart into one GET, fetching far more than asked.
         """
-        if len(requests) <= 1:
-            return [self.get_range(*r) for r in requests]
-        from shardex.storage.batch import run
-
-        return run(self._batch(requests))
-
-    def submit_range_batch(
-        self, requests: Sequence[tuple[str, int, int]]
-    ) -> concurrent.futures.Future[list[bytes]]:
-        from shardex.storage.batch import event_loop
-
-        return event_loop().submit(self._batch(requests))
-
-    async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         for path in {r[0] for r in requests}:
             checked_path(path, self.uri)
         from shardex.storage.batch import fetch_all

@@ -16,15 +16,14 @@ count this process's reads (whole and ranged).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import os
 import random
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from shardex.storage.base import Storage
-from shardex.storage.batch import BatchPolicy, event_loop, fetch_all, run
+from shardex.storage.base import BatchedStorage, Storage
+from shardex.storage.batch import BatchPolicy, fetch_all
 
 __all__ = ["LatencyStorage"]
 
@@ -37,7 +36,7 @@ def _forward(name: str) -> Any:
     return method
 
 
-class LatencyStorage(Storage):
+class LatencyStorage(BatchedStorage):
     """``inner``, its ranged reads answering after ``delay`` (+ ``tail_delay`` for a
     ``tail`` fraction of them) seconds; batches run by ``policy``."""
 
@@ -83,19 +82,6 @@ class LatencyStorage(Storage):
     def get(self, path: str) -> bytes:
         time.sleep(self._wait())
         return self._counted(self.inner.get(path))
-
-    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-        return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
-
-    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        if len(requests) <= 1:
-            return [self.get_range(*r) for r in requests]
-        return run(self._batch(requests))
-
-    def submit_range_batch(
-        self, requests: Sequence[tuple[str, int, int]]
-    ) -> concurrent.futures.Future[list[bytes]]:
-        return event_loop().submit(self._batch(requests))
 
     async def _batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         async def fetch(path: str, start: int, length: int) -> bytes:
