@@ -232,7 +232,8 @@ def test_a_stalled_request_of_a_batch_is_hedged_on_the_server(s3: S3Location) ->
     from shardex.storage.batch import read_stats
 
     _export_s3(s3)
-    ds = shardex.open_dataset(s3.url, split="train", storage_options=s3.counted)
+    hedged_options = {**s3.counted, "hedge": True}
+    ds = shardex.open_dataset(s3.url, split="train", storage_options=hedged_options)
     want = shardex.open_dataset(s3.url, split="train", storage_options=s3.direct)
     rng = random.Random(4)
     read_stats.reset(latencies=True)
