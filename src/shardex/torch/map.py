@@ -113,19 +113,20 @@ class MapDataset(Dataset[Any]):
         reader._pack = batched and kwargs.get("collate_fn") is None
         if reader._pack:
             kwargs["collate_fn"] = collate
-        sampler = ShardexSampler(len(self)) if sampler is None else sampler
-        if not batched:
-            return DataLoader(
-                reader, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs
-            )
         batches = kwargs.pop("batch_sampler", None)  # it replaces batch_size and sampler
         if batches is None:
+            sampler = ShardexSampler(len(self)) if sampler is None else sampler
+            if not batched:
+                return DataLoader(
+                    reader, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs
+                )
             drop_last = kwargs.pop("drop_last", False)
             batches = BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]
         lookahead = Lookahead(batches, max(num_workers, 1))
         loader = DataLoader(reader, batch_sampler=lookahead, num_workers=num_workers, **kwargs)
-        # reachable as loader.sampler, as without a batch sampler (DataLoader forbids setting it)
-        object.__setattr__(loader, "sampler", getattr(batches, "sampler", sampler))
+        # loader.sampler as without a batch sampler (DataLoader forbids setting it)
+        if getattr(batches, "sampler", None) is not None:
+            object.__setattr__(loader, "sampler", batches.sampler)
         return loader
 
     def __repr__(self) -> str:
