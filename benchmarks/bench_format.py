@@ -8,6 +8,10 @@ folders, exports it with shardex and measures, in one run and with a warm page c
 * the same JPEGs as an in-memory source (default options and ``workers=1``), the folder
   source with default options, and MosaicML Streaming's ``MDSWriter`` (a peer), each against
   the write limit: the same bytes written to one file plus an offsets index, fsynced;
+* the same, each run followed by a timed ``os.sync()`` so every writer's data is on disk
+  (``--synced-only``): the in-memory export against ``MDSWriter`` given the same lists, and
+  ``shardex export-dataset DIR`` (process start included) against ``MDSWriter`` reading
+  each file;
 * random ``ds[i]`` (verify on/off) and ``get_many`` against ``os.pread`` of the same image
   bytes, in the same order, from ONE concatenated file;
 * sequential iteration (shardex and stock ``webdataset``) against ``os.pread`` of every
@@ -21,6 +25,7 @@ Usage::
 
     .venv/bin/python benchmarks/bench_format.py [--images 20000] [--size-kb 16]
         [--workdir DIR] [--repeats 3] [--json PATH] [--profile]
+        [--write-only | --synced-only | --fresh-only]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import os
 import pstats
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -429,6 +435,124 @@ def bench_in_memory(folder: Path, concat: Concat, out_root: Path, repeats: int) 
     return rows + cpu_rows({k: statistics.median(v) for k, v in cpu.items()})
 
 
+def mds_write_files(writer: Any, folder: Path, out: Path) -> None:
+    """``MDSWriter`` fed from the image folder: each file read, then written (jpg + label)."""
+    with writer(out=str(out), columns={"jpg": "bytes", "label": "int"}) as w:
+        for rel in sorted(image_relpath(i) for i in range(_count(folder))):
+            label = int(rel.split("/", 1)[0].removeprefix("class_"))
+            w.write({"jpg": (folder / rel).read_bytes(), "label": label})
+
+
+def _count(folder: Path) -> int:
+    return sum(1 for _ in folder.glob("class_*/*.jpg"))
+
+
+def cli_export(folder: Path, out: Path) -> None:
+    """``shardex export-dataset DIR -o OUT -q`` as a user runs it (process start included)."""
+    cli = Path(sys.executable).with_name("shardex")
+    command = [str(cli), "export-dataset", str(folder), "-o", str(out), "-q"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def bench_synced(folder: Path, concat: Concat, out_root: Path, repeats: int) -> list[Row]:
+    """Issue 35's measure: each writer given the same inputs in this process, each run
+    followed by ``os.sync()`` (its time counted: the data is on disk), interleaved, medians.
+    """
+    data = load_in_memory(concat)
+    count = len(data.jpgs)
+    writer = mds_writer()
+    trash = out_root / "trash-synced"
+    shutil.rmtree(trash, ignore_errors=True)
+    trash.mkdir()
+
+    def fresh(name: str) -> Path:
+        path = out_root / f"synced-{name}"
+        if path.exists():
+            path.rename(trash / f"{name}-{time.monotonic_ns()}")
+        return path
+
+    def limit() -> None:
+        target = fresh("limit")
+        target.mkdir()
+        write_limit(data.jpgs, target / "data.bin")
+
+    runs: dict[str, Callable[[], object]] = {
+        "memory": lambda: shardex.export(data.source(), fresh("memory")),
+        "cli": lambda: cli_export(folder, fresh("cli")),
+        "limit": limit,
+    }
+    if writer is not None:
+        runs["mds"] = lambda: mds_write(writer, data, fresh("mds"))
+        runs["mds_files"] = lambda: mds_write_files(writer, folder, fresh("mds_files"))
+    returned: dict[str, list[float]] = {name: [] for name in runs}
+
+    def synced(name: str, fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            t0 = time.perf_counter()
+            fn()
+            returned[name].append(time.perf_counter() - t0)
+            os.sync()
+
+        return run
+
+    def empty_trash() -> None:  # timed, unused: the deletions are paid outside the rows
+        shutil.rmtree(trash)
+        trash.mkdir()
+        os.sync()
+
+    os.sync()
+    fns = [synced(name, fn) for name, fn in runs.items()]
+    times = dict(zip(runs, median_times([*fns, empty_trash], repeats), strict=False))
+    check_in_memory(out_root / "synced-memory", data)
+    shutil.rmtree(trash)
+    rate = {k: count / t for k, t in times.items()}
+    back = {k: count / statistics.median(v) for k, v in returned.items()}
+    note = "each run followed by os.sync(), timed: the data on disk"
+    limit = rate["limit"]
+    rows = [
+        Row("synced: write limit (bare synced write)", "images/s", limit, note=note),
+        Row(
+            "synced: export in-memory (baseline: write limit)",
+            "images/s",
+            rate["memory"],
+            limit,
+            0.6,
+            note=note,
+        ),
+    ]
+    if writer is None:
+        return [*rows, Row("synced: MDSWriter", "images/s", math.nan, note=MDS_NOT_INSTALLED)]
+    return [
+        *rows,
+        Row("synced: MDSWriter", "images/s", rate["mds"], note=note),
+        Row("synced: MDSWriter reading each file", "images/s", rate["mds_files"], note=note),
+        Row(
+            "synced: export in-memory (baseline: MDSWriter)",
+            "images/s",
+            rate["memory"],
+            rate["mds"],
+            1.2,
+            note=note,
+        ),
+        Row(
+            "synced: CLI folder export, process start included (baseline: MDSWriter reading "
+            "each file)",
+            "images/s",
+            rate["cli"],
+            rate["mds_files"],
+            1.0,
+            note=note,
+        ),
+        Row(
+            "time to return: export in-memory (baseline: MDSWriter)",
+            "images/s",
+            back["memory"],
+            back["mds"],
+            note="the same runs, timed until the call returns",
+        ),
+    ]
+
+
 def _cpu_counted(fn: Callable[[], object], into: list[float]) -> Callable[[], None]:
     """``fn`` that also appends the CPU seconds (user + system) this process spent in it."""
 
@@ -792,6 +916,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only the write rows: in-memory and folder exports, MDSWriter, the write limit",
     )
+    p.add_argument(
+        "--synced-only",
+        action="store_true",
+        help="only the synced write rows: each writer's data on disk, MDSWriter beside",
+    )
     return p.parse_args(argv)
 
 
@@ -817,11 +946,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh_only:
         print(render(fresh_rows(out_root, folder, concat)))
         return 0
+    if args.synced_only:
+        print(render(bench_synced(folder, concat, out_root, args.repeats)))
+        return 0
     if args.write_only:
-        print(render(bench_in_memory(folder, concat, out_root, args.repeats)))
+        rows = bench_in_memory(folder, concat, out_root, args.repeats)
+        print(render([*rows, *bench_synced(folder, concat, out_root, args.repeats)]))
         return 0
     export_rows, main_out, nolabels = bench_export(folder, out_root, count, args.repeats)
     memory_rows = bench_in_memory(folder, concat, out_root, args.repeats)
+    memory_rows += bench_synced(folder, concat, out_root, args.repeats)
     reads = max(args.repeats, READ_REPEATS)
     rows = [
         *export_rows,
