@@ -36,7 +36,7 @@ from shardex.refs.candidates import Candidates
 from shardex.refs.members import Members
 from shardex.refs.scan import MEMBER_TYPE
 from shardex.sample_check import SampleCheck, image_problem
-from shardex.storage.local import LocalStorage
+from shardex.storage.local import LocalObjectWriter, LocalStorage
 
 
 def _jpeg(i: int, side: int = 24) -> bytes:
@@ -301,3 +301,53 @@ def test_dali_index_is_the_one_the_tar_gives(tmp_path: Path, odd: bool) -> None:
         want.add(start or 0, sample)
         assert idx.read_bytes() == want.to_bytes()
         assert idx.read_bytes().startswith(b"v1.1" if odd else b"v1.2")
+
+
+def test_in_memory_bytes_are_written_from_the_callers_objects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Byte strings of an in-memory source are not copied before the write: the parts
+    handed to the kernel are views of the caller's own objects."""
+    jpgs: list[bytes | bytearray] = [_jpeg(i) for i in range(40)]
+    jpgs[7] = bytearray(jpgs[7])
+    written: set[int] = set()
+    write_parts = LocalObjectWriter.write_parts
+
+    def spied(self: LocalObjectWriter, parts: Any) -> None:
+        written.update(id(p.obj) for p in parts if isinstance(p, memoryview))
+        write_parts(self, parts)
+
+    monkeypatch.setattr(LocalObjectWriter, "write_parts", spied)
+    taken = _counted(monkeypatch)
+    source = {"jpg": jpgs, "seg": [b"s" * i for i in range(40)], "txt": ["t"] * 40}
+    shardex.export(source, tmp_path / "fast", workers=1, samples_per_shard=16)
+    assert taken == [True] * 3
+    assert {id(j) for j in jpgs} <= written
+    _sample_by_sample(monkeypatch)
+    shardex.export(source, tmp_path / "slow", workers=1, samples_per_shard=16)
+    assert files_of(tmp_path / "fast") == files_of(tmp_path / "slow")
+
+
+def _jpeg_far_header(i: int, side: int) -> bytes:
+    """A JPEG whose frame header lies past the first few KB (a large comment before it)."""
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (i, 0, 0)).save(out, "JPEG", comment=b"c" * 6000)
+    return out.getvalue()
+
+
+def test_jpeg_headers_past_the_gathered_heads_are_checked_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the heads of in-memory images are gathered for the vectorised check: an image
+    whose size lies further is still checked, with what the sample-by-sample path says."""
+    jpgs = [_jpeg_far_header(i, 20) for i in range(30)]
+    jpgs[12] = _jpeg_far_header(12, 40)  # 1,600 pixels: over the limit below
+    source = {"key": [f"{i:03d}" for i in range(30)], "jpg": jpgs}
+    options: dict[str, Any] = {"workers": 1, "samples_per_shard": 10, "on_error": "skip"}
+    taken = _counted(monkeypatch)
+    shardex.export(source, tmp_path / "fast", max_pixels=1_000, **options)
+    assert taken.count(True) == 2  # the shard holding the large image falls back
+    _sample_by_sample(monkeypatch)
+    shardex.export(source, tmp_path / "slow", max_pixels=1_000, **options)
+    assert files_of(tmp_path / "fast") == files_of(tmp_path / "slow")
+    assert len(shardex.open_dataset(tmp_path / "fast")) == 29

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shardex.refs.pinned import is_pinned
 from shardex.refs.scan import MEMBER_TYPE
 from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldTar
@@ -99,9 +100,16 @@ class Members:
         code = self.path_codes[j]
         return None if code < 0 else self.path_names[code]
 
+    def pinned(self, js: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.bool_]:
+        """Which members (``js``, default all) are the caller's own buffers (see
+        :mod:`shardex.refs.pinned`)."""
+        codes = self.path_codes if js is None else self.path_codes[js]
+        pinned = [c for c, name in enumerate(self.path_names) if is_pinned(name)]
+        return np.isin(codes, pinned) if pinned else np.zeros(len(codes), bool)
+
     def inline_bytes(self) -> int:
-        """Bytes held inline (in this process's memory)."""
-        return int(self.size[self.inline].sum())
+        """Bytes held inline or pinned (in this process's memory)."""
+        return int(self.size[self.inline | self.pinned()].sum())
 
     def mostly_inline(self) -> bool:
         """Whether most of the bytes are inline (an in-memory source)."""

@@ -6,7 +6,6 @@ a field: arrays (or ragged ones) as ``NAME.npy``, bytes kept as ``NAME``, str as
 from __future__ import annotations
 
 import io
-import mmap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -16,13 +15,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardex.errors import SourceError
+from shardex.refs.pinned import Pinned, buffers
 from shardex.refs.scan import SampleStream, ScanBatch, batch_table, members_array
-from shardex.sources.base import DEFAULT_BATCH_SIZE, Source, check_batch_size
+from shardex.sources.base import DEFAULT_BATCH_SIZE, MapRunner, Source, check_batch_size
 from shardex.sources.probe import SourceSpec
 
 _BATCH_BYTES: Final = 1 << 30  # Arrow's binary offsets are 32-bit
-_BINARY_MAX: Final = (1 << 31) - 1
-_HUGE_PAGE: Final = 1 << 21  # below this, a mapping of our own gains nothing
 
 
 class ArraySource(Source):
@@ -56,6 +54,14 @@ class ArraySource(Source):
         return next(iter(lengths.values()))
 
     def stream(self) -> SampleStream:
+        return self._stream(pin=False)
+
+    def stream_on(self, runner: MapRunner | None) -> SampleStream:
+        """An export's stream: in this process (no remote ``runner``), byte strings are
+        pinned, written from the caller's own objects (see :mod:`shardex.refs.pinned`)."""
+        return self._stream(pin=runner is None)
+
+    def _stream(self, pin: bool) -> SampleStream:
         n = self._length()
         if self.metadata is not None and self.metadata.num_rows != n:
             raise SourceError(
@@ -67,7 +73,9 @@ class ArraySource(Source):
         labels = data.pop("label", None)
         splits = data.pop("split", None)
         # encoded up front: fails early, in one line
-        fields = [_encode(name, values) for name, values in data.items()]
+        fields = [_encode(name, values, pin) for name, values in data.items()]
+        # the caller's byte strings, pinned while this source lives (its export's length)
+        self._pinned = [f.pinned for f in fields if f.pinned is not None]
         return SampleStream(self._batches(n, fields, keys, labels, splits), self.label_names)
 
     def _batches(
@@ -76,12 +84,11 @@ class ArraySource(Source):
         label_column = None if labels is None else _labels(labels)
         sizes = sum((f.sizes for f in fields), np.zeros(n, np.int64))
         for start, stop in _bounds(sizes, self.batch_size):
-            blobs = [f.blobs(start, stop) for f in fields]
             count = stop - start
             table = batch_table(
                 _keys(keys, start, stop),
                 [f"{self.uri}[{i}]" for i in range(start, stop)],
-                _members([f.ext for f in fields], blobs, count),
+                _members(fields, start, stop),
                 splits=None if splits is None else [str(s) for s in splits[start:stop]],
                 labels=None if label_column is None else label_column.slice(start, count),
                 metadata=None if self.metadata is None else self.metadata.slice(start, count),
@@ -117,58 +124,40 @@ def _labels(labels: Any) -> pa.Array:
     return pa.array([int(v) for v in labels], pa.int64())
 
 
-def _members(exts: list[str], blobs: list[pa.Array], count: int) -> pa.Array:
-    """Each sample's members (one per field, in field order)."""
-    if not blobs:
+def _members(fields: list[_Field], start: int, stop: int) -> pa.Array:
+    """Each sample's members (one per field, in field order): pinned byte strings point
+    into the caller's list, the others' bytes are made here."""
+    count = stop - start
+    if not fields:
         return members_array(np.zeros(count + 1, np.int32), [], [], [], [])
-    width = len(blobs)
-    if width == 1:
-        data = blobs[0]
-    else:
-        order = np.arange(count * width).reshape(width, count).T.ravel()
-        data = pa.concat_arrays(blobs).take(pa.array(order))
-    data = data.combine_chunks() if isinstance(data, pa.ChunkedArray) else data
+    width = len(fields)
+    columns = [_columns(f, start, stop) for f in fields]
+    order = (
+        None if width == 1 else pa.array(np.arange(count * width).reshape(width, count).T.ravel())
+    )
+
+    def interleaved(parts: tuple[pa.Array, ...]) -> pa.Array:
+        return parts[0] if order is None else pa.concat_arrays(parts).take(order)
+
     return members_array(
         np.arange(0, count * width + 1, width, dtype=np.int32),
-        exts * count if width > 1 else [exts[0]] * count,
-        None,
-        np.full(count * width, -1, np.int64),
-        pc.binary_length(data),
-        data,
+        *map(interleaved, zip(*columns, strict=True)),
     )
 
 
-def binary_array(values: Sequence[bytes], sizes: np.ndarray) -> pa.Array:
-    """A ``binary`` array of ``values`` copied into one anonymous mapping in huge pages: Arrow's
-    pool faults a page per 4 KiB (2.3-2.5 CPU s for 324 MB of JPEGs, against 0.1-0.5 s). Under
-    one huge page Arrow's pool serves (a mapping per tiny batch would waste memory).
-    """
-    offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    total = int(offsets[-1])
-    if total > _BINARY_MAX or total < _HUGE_PAGE:
-        return pa.array(values, pa.binary())
-    memory = _anonymous(total)
-    view = memoryview(memory)
-    at = offsets.tolist()
-    for i, value in enumerate(values):
-        view[at[i] : at[i + 1]] = value
-    view.release()
-    return pa.Array.from_buffers(
-        pa.binary(),
-        len(values),
-        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(memory)],
-    )
-
-
-def _anonymous(size: int) -> mmap.mmap:
-    """Private anonymous memory, in huge pages where the kernel gives them on request."""
-    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    memory = mmap.mmap(-1, max(size, 1), **({"flags": private} if private else {}))
-    hugepage = getattr(mmap, "MADV_HUGEPAGE", None)
-    if hugepage is not None and size >= _HUGE_PAGE:
-        memory.madvise(hugepage)
-    return memory
+def _columns(f: _Field, start: int, stop: int) -> tuple[pa.Array, ...]:
+    """A field's member columns (ext, path, offset, size, data) for samples ``start:stop``."""
+    count = stop - start
+    ext = pa.array([f.ext]).take(np.zeros(count, np.int64))
+    if f.pinned is not None:
+        path = pa.array([f.pinned.name]).take(np.zeros(count, np.int64))
+        at = pa.array(np.arange(start, stop, dtype=np.int64))
+        return ext, path, at, pa.array(f.sizes[start:stop]), pa.nulls(count, pa.binary())
+    assert f.blobs is not None
+    blob = f.blobs(start, stop)
+    blob = blob.combine_chunks() if isinstance(blob, pa.ChunkedArray) else blob
+    size = pc.binary_length(blob).cast(pa.int64())
+    return ext, pa.nulls(count, pa.string()), pa.array(np.full(count, -1)), size, blob
 
 
 def npy_bytes(array: Any) -> bytes:
@@ -186,10 +175,11 @@ class _Field:
 
     ext: str
     sizes: np.ndarray
-    blobs: Callable[[int, int], pa.Array]
+    blobs: Callable[[int, int], pa.Array] | None
+    pinned: Pinned | None = None
 
 
-def _encode(name: str, values: Any) -> _Field:
+def _encode(name: str, values: Any, pin: bool) -> _Field:
     if isinstance(values, np.ndarray):
         if values.dtype.hasobject:
             raise SourceError(f"array source: {name!r} holds Python objects; use a numeric dtype")
@@ -205,9 +195,11 @@ def _encode(name: str, values: Any) -> _Field:
     first = values[0] if len(values) else None
     if isinstance(first, bytes | bytearray | memoryview):
         if not all(type(v) is bytes for v in values):
-            values = [bytes(v) for v in values]
+            values = buffers(values)
         sizes = np.fromiter(map(len, values), np.int64, len(values))
-        return _Field(name, sizes, lambda a, b: binary_array(values[a:b], sizes[a:b]))
+        if pin:
+            return _Field(name, sizes, None, Pinned(values))
+        return _Field(name, sizes, lambda a, b: pa.array(values[a:b], pa.binary()))
     if isinstance(first, str):
         text = pa.array([v if type(v) is str else str(v) for v in values], pa.string())
         data = text.cast(pa.binary())  # UTF-8 already: no copy

@@ -4,6 +4,10 @@ checked with numpy, and each sample's pieces and checksum, all samples at once."
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import repeat
+from operator import eq
 from typing import Final
 
 import numpy as np
@@ -13,14 +17,32 @@ import xxhash
 from shardex.backends.webdataset.layout import Bytes, Ints, ShardLayout, binary_buffers
 from shardex.format.tar import BLOCK
 from shardex.refs.members import Members
+from shardex.refs.pinned import pinned_views as pinned
 from shardex.sample_check import SampleCheck, image_problem
 from shardex.storage.fetch.bytes import ByteSource
 
-#: A buffer's bytes, and its members' numbers and byte ranges.
-Spot = tuple[Bytes, Ints, Ints, Ints]
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """Members whose heads only are in a spot's buffer: whether each ends as a JPEG does,
+    and whether its head is cut short (``HEAD_BYTES``)."""
+
+    ends: npt.NDArray[np.bool_]
+    cut: npt.NDArray[np.bool_]
+
+    def pick(self, mask: npt.NDArray[np.bool_]) -> Heads:
+        return Heads(self.ends[mask], self.cut[mask])
+
+
+#: A buffer's bytes, and its members' numbers and byte ranges (or heads).
+Spot = tuple[Bytes, Ints, Ints, Ints, Heads | None]
 Views = tuple[list[memoryview], list[Spot]]
 
 FILES_BYTES: Final = 64 << 20
+#: Bytes of each pinned member gathered for the JPEG test: the frame header is near the
+#: start (an image whose header lies further is checked on its own, in place).
+HEAD_BYTES: Final = 1024
+_JPEG_END: Final = b"\xff\xd9"
 
 
 def file_views(source: ByteSource, js: Ints, sizes: Ints) -> Views | None:
@@ -29,7 +51,34 @@ def file_views(source: ByteSource, js: Ints, sizes: Ints) -> Views | None:
     if read is None:
         return None
     data, lo, views = read
-    return views, [(data, np.arange(len(js)), lo, lo + sizes)]
+    return views, [(data, np.arange(len(js)), lo, lo + sizes, None)]
+
+
+def pinned_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
+    """Views of pinned members in the caller's buffers (no copy), and their heads gathered
+    for the JPEG test; None on a size mismatch."""
+    codes = members.path_codes[js]
+    lists = np.unique(codes).tolist()
+    if len(lists) == 1:  # one field's list: the common case
+        views = pinned(members.path_names[lists[0]], members.offset[js].tolist())
+    else:
+        views = [memoryview(b"")] * len(js)
+        for code in lists:
+            at = np.flatnonzero(codes == code)
+            got = pinned(members.path_names[code], members.offset[js[at]].tolist())
+            for t, v in zip(at.tolist(), got, strict=True):
+                views[t] = v
+    if not np.array_equal(np.fromiter(map(len, views), np.int64, len(views)), sizes):
+        return None
+    cut: Callable[[memoryview, slice], memoryview] = memoryview.__getitem__
+    data = np.frombuffer(b"".join(map(cut, views, repeat(slice(HEAD_BYTES)))), np.uint8)
+    head = np.minimum(sizes, HEAD_BYTES)
+    hi = np.cumsum(head)
+    tails = map(cut, views, repeat(slice(-2, None)))
+    heads = Heads(
+        np.fromiter(map(eq, tails, repeat(_JPEG_END)), np.bool_, len(views)), sizes > head
+    )
+    return views, [(data, np.arange(len(js)), hi - head, hi, heads)]
 
 
 def member_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
@@ -56,7 +105,27 @@ def member_views(members: Members, js: Ints, sizes: Ints) -> Views | None:
         else:
             for t, v in zip(at.tolist(), got, strict=True):
                 views[t] = v
-        spots.append((data, at, lo, hi))
+        spots.append((data, at, lo, hi, None))
+    return views, spots
+
+
+def resident_views(source: ByteSource, js: Ints, sizes: Ints) -> Views | None:
+    """Views of members inline or pinned, in any mix (None: a size mismatch)."""
+    inline = source.members.inline[js]
+    if inline.all():
+        return member_views(source.members, js, sizes)
+    views: list[memoryview] = [memoryview(b"")] * len(js)
+    spots: list[Spot] = []
+    for at in (np.flatnonzero(inline), np.flatnonzero(~inline)):
+        if not len(at):
+            continue
+        view = member_views if inline[at[0]] else pinned_views
+        got = view(source.members, js[at], sizes[at])
+        if got is None:
+            return None
+        for t, v in zip(at.tolist(), got[0], strict=True):
+            views[t] = v
+        spots += [(data, at[a], lo, hi, heads) for data, a, lo, hi, heads in got[1]]
     return views, spots
 
 
@@ -67,14 +136,16 @@ def images_good(
     one by one."""
     mask = np.zeros(len(views), bool)
     mask[images] = True
-    for data, at, lo, hi in spots:
+    for data, at, lo, hi, heads in spots:
         pick = mask[at]
         lo_i, hi_i = lo[pick], hi[pick]
         if check.validate == "none":
             if (hi_i == lo_i).any():
                 return False
             continue
-        ok = jpegs_good(data, lo_i, hi_i, check.max_pixels)
+        ok = jpegs_good(
+            data, lo_i, hi_i, check.max_pixels, None if heads is None else heads.pick(pick)
+        )
         for t in at[pick][~ok].tolist():
             if image_problem(views[t], check) is not None:
                 return False
@@ -87,9 +158,12 @@ _FRAMES: Final = np.array(
 )
 
 
-def jpegs_good(data: Bytes, lo: Ints, hi: Ints, limit: int) -> npt.NDArray[np.bool_]:
+def jpegs_good(
+    data: Bytes, lo: Ints, hi: Ints, limit: int, heads: Heads | None = None
+) -> npt.NDArray[np.bool_]:
     """Per image ``data[lo:hi]``: whether :func:`~shardex.sample_check.image_problem`'s
-    fast JPEG test passes (False: check it one by one)."""
+    fast JPEG test passes (False: check it one by one). ``heads``: ``data`` holds the
+    images' heads only (one cut before its frame header is checked one by one)."""
     size = hi - lo
     ok = size > 4
     if len(data) < 5:  # the stand-in indices of too-short images must exist
@@ -97,7 +171,10 @@ def jpegs_good(data: Bytes, lo: Ints, hi: Ints, limit: int) -> npt.NDArray[np.bo
     safe_lo = np.where(ok, lo, 0)
     safe_hi = np.where(ok, hi, 5)
     ok &= (data[safe_lo] == 0xFF) & (data[safe_lo + 1] == 0xD8) & (data[safe_lo + 2] == 0xFF)
-    ok &= (data[safe_hi - 2] == 0xFF) & (data[safe_hi - 1] == 0xD9)
+    if heads is None:
+        ok &= (data[safe_hi - 2] == 0xFF) & (data[safe_hi - 1] == 0xD9)
+    else:
+        ok &= heads.ends
     # the marker walk, for every image still open at once
     live = np.flatnonzero(ok)
     pos = np.full(len(live), 2, np.int64)
@@ -105,6 +182,8 @@ def jpegs_good(data: Bytes, lo: Ints, hi: Ints, limit: int) -> npt.NDArray[np.bo
         if not len(live):
             break
         room = pos + 9 <= size[live]
+        if heads is not None:  # past a cut head: unknown, not a JPEG without a frame header
+            ok[live[~room & heads.cut[live]]] = False
         live, pos = live[room], pos[room]  # no frame header before the end: size unknown
         at = lo[live] + pos
         marker = data[at] == 0xFF

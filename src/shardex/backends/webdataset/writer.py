@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,7 +25,7 @@ from shardex.backends.webdataset.shard_index import member_indexes
 from shardex.backends.webdataset.vectorised import (
     file_views,
     images_good,
-    member_views,
+    resident_views,
     sample_pieces,
     sample_sums,
 )
@@ -95,11 +96,14 @@ class ShardWritten:
 
 class _TarOut:
     """The shard's parts gathered into large uncopied writes (one ``writev`` locally) and
-    hashed; the object opens with the first write. ``writing=False`` only hashes."""
+    hashed; the object opens with the first write. A write runs in a thread while the next
+    parts are gathered (one at a time, in order). ``writing=False`` only hashes."""
 
     def __init__(self, job: ShardJob, stack: contextlib.ExitStack, writing: bool) -> None:
         self._job, self._stack, self.writing = job, stack, writing
         self._out: Any = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._write: Future[None] | None = None
         self.whole = xxhash.xxh3_64()
         self.parts: list[bytes | bytearray | memoryview] = []
         self.pending = 0
@@ -111,9 +115,20 @@ class _TarOut:
                 self._out = self._stack.enter_context(
                     self._job.storage.open_writer(self._job.tar_path)
                 )
-            self._out.write_parts(self.parts)
+                # entered after the writer, so left before it commits or aborts
+                self._thread = self._stack.enter_context(ThreadPoolExecutor(1, "shardex-tar"))
+                self._stack.callback(self.written)
+            self.written()
+            assert self._thread is not None
+            self._write = self._thread.submit(self._out.write_parts, self.parts)
         self.parts = []
         self.pending = 0
+
+    def written(self) -> None:
+        """Wait for the write in flight (its error raised here)."""
+        if self._write is not None:
+            write, self._write = self._write, None
+            write.result()
 
 
 @dataclass(slots=True)
@@ -202,7 +217,7 @@ def _bad(job: ShardJob, layout: ShardLayout, i: int, reason: str, got: _Picked) 
 
 
 def _fill_inline(
-    job: ShardJob, layout: ShardLayout, out: _TarOut, source: ByteSource | None, k: int
+    job: ShardJob, layout: ShardLayout, out: _TarOut, source: ByteSource, k: int
 ) -> _Picked | None:
     """:func:`_fill` over all samples at once (no Python frame per sample), for members
     all in memory or all whole local files. None, nothing written, when a candidate is
@@ -213,12 +228,10 @@ def _fill_inline(
     ts = layout.own_members[: layout.own_from[k]]
     js = layout.source[ts]
     members = job.candidates.members
-    if members.inline[js].all():
-        got = member_views(members, js, layout.sizes[ts])
-    elif source is not None:
-        got = file_views(source, js, layout.sizes[ts])
+    if (members.inline[js] | members.pinned(js)).all():
+        got = resident_views(source, js, layout.sizes[ts])
     else:
-        return None
+        got = file_views(source, js, layout.sizes[ts])
     if got is None:
         return None
     views, spots = got

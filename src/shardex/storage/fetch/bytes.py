@@ -14,6 +14,7 @@ import numpy.typing as npt
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
 from shardex.refs.members import Members
+from shardex.refs.pinned import is_pinned, pinned_view
 from shardex.refs.scan import MemberRow
 from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldReads
@@ -131,7 +132,7 @@ class ByteSource:
     ``pread``, objects with a GET each (fetched ahead once :meth:`expect` names them)."""
 
     def __init__(self, members: Members) -> None:
-        self._m = members
+        self._m = self.members = members
         self._offsets: list[npt.NDArray[np.int64]] = []
         self._values: list[memoryview] = []
         ends = [0]
@@ -189,6 +190,8 @@ class ByteSource:
         path = m.path(j)
         if path is None:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
+        if is_pinned(path):
+            return pinned_view(path, int(m.offset[j]), int(m.size[j]))
         if self._url(j):
             held = self._held_bytes(j, path)
             if held is not None:
