@@ -6,8 +6,10 @@ one folder, to compare two versions of shardex byte for byte:
     diff -r /tmp/old /tmp/new && echo identical
 
 Inputs (made here, the same each run): the demo images, a folder of images with
-``[split/][class/]`` names and two broken files (``--on-error skip``), and a Parquet table
-of the same images' paths with a score and an embedding column. config.yaml records the
+``[split/][class/]`` names and two broken files (``--on-error skip``), a Parquet table
+of the same images' paths with a score and an embedding column, and in-memory arrays
+(``shardex.export`` of a mapping, in batches of 25: JPEG bytes with two broken ones and a
+repeated key, a 2-d float32 array, strings and labels). config.yaml records the
 shardex version, which this script blanks so that two versions can compare, and the
 inputs' path, which stays the same (``--inputs``).
 """
@@ -63,10 +65,41 @@ def _inputs(root: Path) -> dict[str, list[str]]:
         table,
     )
     return {
+        "arrays": [],  # see _ARRAYS
         "demo": ["demo:120", "--split-fractions", "train=0.7,val=0.3"],
         "folder": [str(folder), "--on-error", "skip"],
         "table": [str(table), "--x-key", "image", "--x-key", "embedding"],
     }
+
+
+#: The in-memory input, exported through the API: argv OUT BACKEND WORKERS [ray].
+_ARRAYS = """
+import sys
+import numpy as np
+import shardex
+from shardex.sources import ArraySource
+from shardex.testing import make_image
+n = 60
+jpg = [make_image(i) for i in range(n)]
+jpg[5] = b"\\xff\\xd8 broken"
+jpg[33] = bytearray(b"not an image")
+keys = [f"k{i:03d}" for i in range(n)]
+keys[20] = keys[19]
+data = {
+    "key": keys,
+    "jpg": jpg,
+    "x": np.arange(n * 4, dtype=np.float32).reshape(n, 4),
+    "txt": [f"caption {i}" for i in range(n)],
+    "label": [i % 3 for i in range(n)],
+}
+out, backend, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+shardex.export(
+    ArraySource(data, batch_size=25), out, backend=backend, workers=workers,
+    samples_per_shard=17, on_error="skip", split_fractions={"train": 0.7, "val": 0.3},
+    executor="ray" if sys.argv[4:] else "local",
+)
+print(f"exported to {out}")
+"""
 
 
 def main() -> None:
@@ -93,9 +126,13 @@ def main() -> None:
                 if extra and backend != "webdataset":
                     continue
                 target = out / f"{name}-{backend}-{workers}{'-ray' if extra else ''}"
-                cmd = [sys.executable, "-m", "shardex.cli", "export-dataset", *source]
-                cmd += ["-o", str(target), "--backend", backend, "--workers", str(workers)]
-                cmd += ["--samples-per-shard", "17", "-q", *extra]
+                if name == "arrays":
+                    cmd = [sys.executable, "-c", _ARRAYS, str(target), backend, str(workers)]
+                    cmd += ["ray"] if extra else []
+                else:
+                    cmd = [sys.executable, "-m", "shardex.cli", "export-dataset", *source]
+                    cmd += ["-o", str(target), "--backend", backend, "--workers", str(workers)]
+                    cmd += ["--samples-per-shard", "17", "-q", *extra]
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode:
                     print(f"{target.name}: {done.stderr.strip().splitlines()[-1]}")

@@ -5,6 +5,7 @@ specs, member names and the label range gathered on the way, one batch at a time
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,8 +162,8 @@ def finish(
                 out = out or FinalSpill(folder, f"final{k:04d}", rows.schema, put, budget)
                 out.append(rows, sizes)
         spill.remove()
-        if out is not None:
-            spilled[name] = out.close()
+        if out is not None:  # pinned bytes: written in this process
+            spilled[name] = dataclasses.replace(out.close(), pinned=scanned.pin)
     assert schema is not None  # scan_stream refused an export of no sample
     formats = final.formats
     order = tuple(sorted(formats, key=formats.__getitem__)) if formats is not None else None

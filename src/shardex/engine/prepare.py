@@ -39,6 +39,7 @@ from shardex.planning import (
 )
 from shardex.progress import Progress
 from shardex.refs.members import JSON_COLUMN, Members
+from shardex.refs.pinned import Pinned
 from shardex.refs.rows import SpilledRows
 from shardex.refs.scan import MEMBERS, SampleStream
 from shardex.sources import Source
@@ -69,9 +70,13 @@ class Prepared:
     spilled: dict[str, SpilledRows] | None = None
     #: The images' real encodings when one member name holds them all (``image_member``).
     image_formats: tuple[str, ...] | None = None
+    #: The batches' bytes the rows point into (kept while they are written).
+    pinned: tuple[Pinned, ...] = ()
 
     def in_memory(self) -> bool:
         """Whether most bytes are in this process (then written here: pickling costs more)."""
+        if self.spilled is not None:
+            return any(rows.inline() for rows in self.spilled.values())
         m = self.members
         return m is not None and m.inline_bytes() * 2 > int(m.size.sum())
 
@@ -185,11 +190,13 @@ def prepare_streamed(
     taken: frozenset[str] = frozenset(),
     previous: ExportConfig | None = None,
     put: Callable[[bytes], Any] | None = None,
+    pin: bool = False,
 ) -> Prepared:
     """Pass 1 over a stream, then the planning pass; the splits' rows end in spill files
-    under ``folder``, or in a remote runner's object store (``put``)."""
+    under ``folder``, or in a remote runner's object store (``put``). ``pin``: the bytes
+    are in memory: left there, and written in this process."""
     scanning = bars.task(f"scanning {uri}", None)
-    scanned = scan_stream(stream, opts, folder, uri, taken, remote=put is not None)
+    scanned = scan_stream(stream, opts, folder, uri, taken, remote=put is not None, pin=pin)
     scanning.done()
     splits = ordered_splits(set(scanned.counts), opts)
     with_label = scanned.with_label
@@ -230,6 +237,7 @@ def prepare_streamed(
         stored=member_keys_of(done.exts),
         spilled=done.spilled,
         image_formats=done.image_formats if opts.image_member else None,
+        pinned=scanned.pinned,
     )
 
 

@@ -204,11 +204,11 @@ def _prepare_first(
             itertools.chain([first] if first is not None else [], batches), stream.label_names
         )
         inline = first is not None and Members.of(first.table.column(MEMBERS)).mostly_inline()
-        if inline and job.src.bytes_in_memory:
-            return prepare(_Replay(job.src, replay), job.out.opts, bars, job.out.previous, taken)
-        if remote is None:
+        # bytes in this process stay where they are, and are written here
+        pin = inline and job.src.bytes_in_memory
+        if remote is None and not pin:
             start_workers()
-        put = remote.put if remote is not None else None  # rows kept in its object store
+        put = remote.put if remote is not None and not pin else None  # rows in its store
         return prepare_streamed(
             replay,
             job.src.uri,
@@ -219,6 +219,7 @@ def _prepare_first(
             taken,
             job.out.previous,
             put,
+            pin,
         )
 
 

@@ -29,6 +29,8 @@ from shardex.image_member import one_image_member
 from shardex.options import ExportOptions
 from shardex.planning import assign_splits
 from shardex.quoting import quoted
+from shardex.refs.members import pin_inline
+from shardex.refs.pinned import Pinned
 from shardex.refs.scan import INVALID, MEMBERS, LeftOut, SampleStream, batch_types_error
 
 #: The source row number of each spilled row (the order of samples).
@@ -61,6 +63,9 @@ class Scanned:
     counts: dict[str, int]
     #: Member names in the order first seen.
     exts: tuple[str, ...]
+    #: Whether the rows' bytes are pinned (in this process); those pass 1 pinned.
+    pin: bool = False
+    pinned: tuple[Pinned, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -73,9 +78,10 @@ class Scanned:
 
 class _Pass:
     def __init__(
-        self, opts: ExportOptions, folder: Path, taken: frozenset[str], remote: bool
+        self, opts: ExportOptions, folder: Path, taken: frozenset[str], remote: bool, pin: bool
     ) -> None:
-        self.opts, self.folder, self.taken = opts, folder, taken
+        self.opts, self.folder, self.taken, self.pin = opts, folder, taken, pin
+        self.pinned: list[Pinned] = []
         self.spills: dict[str, Spill] = {}
         self.memory = memory_budget(remote)
         self.schemas: list[pa.Schema] = []
@@ -90,6 +96,11 @@ class _Pass:
 
     def add(self, table: pa.Table) -> None:
         table = one_image_member(table, self.opts.image_member)
+        if self.pin:  # before any filter: rows then hold references only
+            column, pinned = pin_inline(table.column(MEMBERS))
+            if pinned is not None:
+                self.pinned.append(pinned)
+                table = table.set_column(table.column_names.index(MEMBERS), MEMBERS, column)
         first = self.rows
         self.rows += table.num_rows
         # labels seen in any batch are kept (null in batches without them)
@@ -233,9 +244,11 @@ def scan_stream(
     taken: frozenset[str] = frozenset(),
     *,
     remote: bool = False,
+    pin: bool = False,
 ) -> Scanned:
-    """Pass 1 over ``stream``, refusing as the whole-table path does."""
-    work = _Pass(opts, folder, taken, remote)
+    """Pass 1 over ``stream``, refusing as the whole-table path does; ``pin``: inline bytes
+    stay where the batches hold them (written in this process), not spilled."""
+    work = _Pass(opts, folder, taken, remote, pin)
     try:
         return _scan(stream, opts, uri, work)
     except BaseException:
@@ -276,6 +289,8 @@ def _scan(stream: SampleStream, opts: ExportOptions, uri: str, work: _Pass) -> S
         split_method=method,
         counts=counts,
         exts=tuple(work.exts),
+        pin=work.pin,
+        pinned=tuple(work.pinned),
     )
 
 

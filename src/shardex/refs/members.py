@@ -13,8 +13,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.refs.pinned import is_pinned
-from shardex.refs.scan import MEMBER_TYPE
+from shardex.refs.pinned import ArrowBytes, Pinned, is_pinned
+from shardex.refs.scan import MEMBER_TYPE, members_array
 from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldTar
 from shardex.storage.fetch.objects import registered
@@ -143,6 +143,25 @@ class Members:
             stores=self.stores,
             held=self.held,
         )
+
+
+def pin_inline(column: pa.ChunkedArray) -> tuple[pa.ChunkedArray | pa.Array, Pinned | None]:
+    """A ``_members`` column whose inline bytes are pinned where they lie (none copied): the
+    rows then hold references only. None when no member is inline."""
+    m = Members.of(column)
+    if not m.inline.any():
+        return column, None
+    pinned = Pinned(ArrowBytes(m.data))
+    n = len(m.size)
+    codes = np.where(m.inline, len(m.path_names), m.path_codes)
+    names = pa.array([*m.path_names, pinned.name], pa.string())
+    return members_array(
+        m.starts.astype(np.int32),
+        pa.array(m.ext_names, pa.string()).take(pa.array(m.ext_codes)),
+        names.take(pa.array(codes, mask=codes < 0)),
+        np.where(m.inline, np.arange(n, dtype=np.int64), m.offset),
+        m.size,
+    ), pinned
 
 
 def _joined(values: pa.ChunkedArray | pa.Array) -> pa.Array:

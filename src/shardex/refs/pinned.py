@@ -8,11 +8,15 @@ so rows with pinned members are written in that process (they count as in memory
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Final
+
+import numpy as np
+import pyarrow as pa
 
 from shardex.errors import BadSampleError
 
@@ -33,6 +37,33 @@ class Pinned:
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("pinned bytes stay in the process that holds them")
+
+
+class ArrowBytes(Sequence[memoryview]):
+    """The values of a binary Arrow column, by number, as views of its buffers."""
+
+    def __init__(self, data: pa.ChunkedArray) -> None:
+        self._chunks = [binary_views(chunk) for chunk in data.chunks]
+        self._starts = np.cumsum([0, *(len(c) for c in data.chunks)]).tolist()
+        self._one = len(self._chunks) == 1
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, j: int) -> memoryview:  # type: ignore[override]
+        c = 0 if self._one else bisect.bisect_right(self._starts, j) - 1
+        view, offsets = self._chunks[c]
+        k = j - self._starts[c]
+        return view[offsets[k] : offsets[k + 1]]
+
+
+def binary_views(chunk: pa.Array) -> tuple[memoryview, list[int]]:
+    """A (large) binary array's bytes as one view, and each value's offsets in it."""
+    buffers = chunk.buffers()
+    width = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
+    offsets = np.frombuffer(buffers[1], width)[chunk.offset : chunk.offset + len(chunk) + 1]
+    values = buffers[2] if buffers[2] is not None else b""
+    return memoryview(values).cast("B"), offsets.tolist()
 
 
 def buffers(values: Sequence[object]) -> list[Buffer]:

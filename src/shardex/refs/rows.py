@@ -129,14 +129,17 @@ class SpilledRows:
     digest: str
     refs: tuple[Any, ...] = ()
     held: tuple[tuple[HeldTar, ...], ...] = ()
+    #: Whether members are pinned (bytes only this process holds: it writes them).
+    pinned: bool = False
 
     @property
     def num_samples(self) -> int:
         return int(self.starts[-1])
 
     def inline(self) -> bool:
-        """Spilled samples are references to files: workers read them."""
-        return False
+        """Whether this process writes the split: its pinned bytes are here; references to
+        files are read by workers."""
+        return self.pinned
 
     def slice(self, start: int, stop: int) -> SpillSlice:
         first = int(np.searchsorted(self.starts, start, side="right")) - 1

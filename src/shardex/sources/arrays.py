@@ -57,9 +57,10 @@ class ArraySource(Source):
         return self._stream(pin=False)
 
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
-        """An export's stream: in this process (no remote ``runner``), byte strings are
-        pinned, written from the caller's own objects (see :mod:`shardex.refs.pinned`)."""
-        return self._stream(pin=runner is None)
+        """An export's stream: byte strings pinned, written from the caller's own objects
+        in this process (see :mod:`shardex.refs.pinned`)."""
+        del runner  # in-memory bytes are written where they are
+        return self._stream(pin=True)
 
     def _stream(self, pin: bool) -> SampleStream:
         n = self._length()
