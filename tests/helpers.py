@@ -20,9 +20,14 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+
+from shardex.refs.scan import MEMBERS, SampleStream, ScanBatch
+from shardex.sources.base import Source
+from shardex.storage.fetch.bytes import MemberReader
 
 _FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -286,3 +291,34 @@ def serving(server: socketserver.BaseServer) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class Inlined(Source):
+    """``source`` with each member's bytes read into its batch, as an in-memory source
+    holds them: an export of it must write the same files as one of ``source``."""
+
+    kind = "inlined"
+
+    def __init__(self, source: Source) -> None:
+        self.uri, self._source = source.uri, source
+        self.kind = source.kind  # type: ignore[misc]  # config.yaml records the source's
+
+    def stream(self) -> SampleStream:
+        stream = self._source.stream()
+        return SampleStream(map(_inlined, stream.batches), stream.label_names)
+
+
+def _inlined(batch: ScanBatch) -> ScanBatch:
+    table = batch.table
+    reader = MemberReader()
+    rows = table.column(MEMBERS).to_pylist()
+    for row in rows:
+        for m in row or ():
+            if m["data"] is None:
+                m["data"] = bytes(reader.read(m))
+                m["path"], m["offset"], m["size"] = None, -1, len(m["data"])
+    reader.close()
+    column = pa.array(rows, table.schema.field(MEMBERS).type)
+    return ScanBatch(
+        table.set_column(table.column_names.index(MEMBERS), MEMBERS, column), batch.left_out
+    )

@@ -17,18 +17,12 @@ import xxhash
 
 from shardex.errors import BadSampleError, DuplicateKeyError
 from shardex.names import split_name_problem
-from shardex.options import ExportOptions
 from shardex.quoting import quoted
-from shardex.refs.members import JSON_COLUMN
 from shardex.refs.scan import INVALID, MEMBERS, LeftOut
 from shardex.sample_check import refusal
 
 # A control character, a backslash, a leading "/", or an empty, "." or ".." path part.
 _UNSAFE_KEY: Final = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)")
-#: :data:`_UNSAFE_KEY` over keys joined by newlines.
-_UNSAFE_KEYS: Final = re.compile(
-    r"[\x00-\x09\x0b-\x1f\x7f\\]|^/|(?:^|/)\.{0,2}(?:/|$)", re.MULTILINE
-)
 
 
 def _null_non_finite(rows: pa.Table) -> pa.Table:
@@ -70,46 +64,12 @@ def unsafe_key(key: str) -> str | None:
     return f"unsafe key {key!r} (control character)"
 
 
-def _all_safe(keys: list[str], taken: frozenset[str]) -> bool:
-    """Whether no key has a :func:`key_problem`, in one regex pass over the keys joined by
-    newlines (False for a key holding a newline itself)."""
-    if not keys:
-        return True
-    if not taken.isdisjoint(keys):
-        return False
-    joined = "\n".join(keys)
-    if joined.count("\n") != len(keys) - 1:
-        return False
-    return _UNSAFE_KEYS.search(joined) is None
-
-
 def key_problem(key: str, taken: frozenset[str] = frozenset()) -> str | None:
     """Why a key alone cannot be exported (unsafe, or already in the export), or None."""
     reason = unsafe_key(key)
     if reason is None and key in taken:
         reason = f"duplicate key {key!r}: already in the export"
     return reason
-
-
-def _check_keys(
-    keys: list[str],
-    reasons: list[str | None],
-    originals: pa.ChunkedArray,
-    taken: frozenset[str] = frozenset(),
-) -> None:
-    """Mark unsafe keys, duplicates, and keys that differ only by case (they collide on
-    case-insensitive file systems). Case-folded hashes in one array first (a dict of every
-    key cost hundreds of bytes per sample); only repeated hashes are compared as strings."""
-    hashes = folded_hashes(keys)
-    order = np.argsort(hashes, kind="stable")
-    repeats = np.zeros(len(keys), bool)
-    same = hashes[order[1:]] == hashes[order[:-1]]
-    repeats[order[1:][same]] = repeats[order[:-1][same]] = True
-    if not _all_safe(keys, taken):
-        for i, key in enumerate(keys):
-            if reasons[i] is None and not repeats[i]:
-                reasons[i] = key_problem(key, taken)
-    check_repeated(keys, np.flatnonzero(repeats).tolist(), reasons, originals, taken)
 
 
 def folded_hashes(keys: list[str]) -> npt.NDArray[np.uint64]:
@@ -156,47 +116,6 @@ def check_splits(splits: list[object], keys: list[str], reasons: list[str | None
             problems[seen] = "no split (null)" if split is None else split_name_problem(split)
         if problems[seen] is not None:
             reasons[i] = f"sample {keys[i]!r}: {problems[seen]}"
-
-
-def check_samples(
-    table: pa.Table,
-    opts: ExportOptions,
-    taken: frozenset[str] = frozenset(),
-    left_out: tuple[LeftOut, ...] = (),
-) -> tuple[pa.Table, list[dict[str, str]]]:
-    """Drop (or refuse) bad samples and duplicate keys; add the ``.json`` member text.
-
-    ``taken`` holds keys already exported (appending); ``left_out`` is what the source
-    found but cannot export, refused or recorded first.
-    """
-    if left_out and opts.on_error == "error":
-        refuse_left_out(left_out)
-    json_cols = json_columns(table.schema)
-    reasons: list[str | None] = [None] * table.num_rows
-    if INVALID in table.column_names:
-        for i, found in enumerate(table.column(INVALID).to_pylist()):
-            reasons[i] = found or reasons[i]
-        table = table.drop_columns([INVALID])
-    keys = table.column("key").to_pylist()
-    originals = table.column("original_path")
-    if "split" in table.column_names:
-        check_splits(table.column("split").to_pylist(), keys, reasons)
-    _check_keys(keys, reasons, originals, taken)
-    bad = [i for i, r in enumerate(reasons) if r is not None]
-    skipped = [
-        {"key": keys[i], "original_path": originals[i].as_py(), "reason": str(reasons[i])}
-        for i in bad
-    ]
-    if skipped and opts.on_error == "error":
-        refuse(skipped)
-    skipped = [x.record() for x in left_out] + skipped
-    if json_cols:
-        table = table.append_column(JSON_COLUMN, json_texts(table.select(json_cols)))
-    if bad:
-        keep = np.ones(table.num_rows, dtype=bool)
-        keep[bad] = False
-        table = table.filter(pa.array(keep))
-    return table, skipped
 
 
 def refuse_left_out(left_out: list[LeftOut] | tuple[LeftOut, ...]) -> NoReturn:

@@ -162,15 +162,6 @@ class FieldMerger:
         return tuple(specs)
 
 
-def field_specs(
-    rows: pa.Table, with_label: bool, members: Members | None = None
-) -> tuple[FieldSpec, ...]:
-    """The specs of every field of ``rows``, in first-seen member order."""
-    merger = FieldMerger()
-    merger.add(rows, members)
-    return merger.specs(with_label)
-
-
 def _check_dtype(array: npt.NDArray[Any], key: str, name: str) -> None:
     """Array fields hold numbers or booleans (what every array backend can store)."""
     if array.dtype.kind not in "biufc" or array.dtype.fields is not None:

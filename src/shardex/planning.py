@@ -38,28 +38,6 @@ SPLIT_ORDER: Final = ("train", "val", "validation", "valid", "test", "predict")
 _CHUNK: Final = 1 << 16
 
 
-def fixed_lists(table: pa.Table) -> pa.Table:
-    """List columns of one length become fixed-size lists, every list type with Arrow's
-    default child name (a Parquet round trip renames it, changing the bytes written)."""
-    for i, f in enumerate(table.schema):
-        if f.name == MEMBERS:
-            continue
-        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
-            col = table.column(i)
-            lengths = pc.unique(pc.list_value_length(col)).to_pylist()
-            # not for empty lists: Parquet cannot read back fixed-size lists of size 0
-            if len(lengths) == 1 and lengths[0] and col.null_count == 0:
-                table = table.set_column(
-                    i, f.name, col.cast(pa.list_(f.type.value_type, lengths[0]))
-                )
-            else:
-                table = table.set_column(i, f.name, col.cast(pa.list_(f.type.value_type)))
-        elif pa.types.is_fixed_size_list(f.type):
-            plain = pa.list_(f.type.value_type, f.type.list_size)
-            table = table.set_column(i, f.name, table.column(i).cast(plain))
-    return table
-
-
 def assign_splits(table: pa.Table, opts: ExportOptions) -> tuple[pa.Table, str]:
     if "split" in table.column_names:
         if opts.split_fractions:
@@ -84,11 +62,6 @@ def assign_splits(table: pa.Table, opts: ExportOptions) -> tuple[pa.Table, str]:
     )
     picks = np.searchsorted(bounds, u, side="right")
     return table.append_column("split", pa.array(np.array(names)[picks].tolist())), "fractions"
-
-
-def split_names(table: pa.Table, opts: ExportOptions) -> list[str]:
-    """The splits to write, in order, each checked as it names a folder of the output."""
-    return ordered_splits(set(pc.unique(table.column("split")).to_pylist()), opts)
 
 
 def ordered_splits(present: set[str], opts: ExportOptions) -> list[str]:
@@ -133,13 +106,6 @@ def plan_bounds(
     return tuple(out)
 
 
-def content_digest(rows: pa.Table, sizes: np.ndarray) -> str:
-    h = xxhash.xxh3_128()
-    h.update("\n".join(rows.column("key").to_pylist()).encode())
-    h.update(sizes.astype("<i8").tobytes())
-    return str(h.hexdigest())
-
-
 def name_hash(opts: ExportOptions, split: str, digest: str) -> str:
     if not opts.deterministic_name:
         return secrets.token_hex(6)
@@ -170,12 +136,6 @@ def _dtype_of(t: pa.DataType) -> tuple[str, tuple[int | None, ...]]:
     if pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
         return t.to_pandas_dtype().__name__ if hasattr(t, "to_pandas_dtype") else str(t), ()
     return str(t), ()
-
-
-def member_keys(table: pa.Table) -> dict[str, set[str]]:
-    """Logical key -> member names (image extensions are ``image``, ``x.npy`` is ``x``)."""
-    exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext")).to_pylist()
-    return member_keys_of(exts)
 
 
 def member_keys_of(exts: Iterable[str]) -> dict[str, set[str]]:

@@ -1,7 +1,8 @@
 """The streamed export (pass 1 batch by batch, splits spilled to local scratch, index files
-streamed) writes exactly what the whole-table export writes, also when batches differ in
-their columns, keys repeat across batches and samples are left out; and its scratch space
-goes away, also after a kill."""
+streamed) writes the same files whether the batches name files or hold their bytes in
+memory, also when batches differ in their columns, keys repeat across batches and samples
+are left out; its memory does not grow with the samples; and its scratch space goes away,
+also after a kill."""
 
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardex
-import shardex.engine.run as run_module
-from helpers import files_but_the_lock, kill_once_shards_appear, labelled_tar, peak_rss_kb
+from helpers import (
+    Inlined,
+    files_but_the_lock,
+    kill_once_shards_appear,
+    labelled_tar,
+    peak_rss_kb,
+)
 from shardex.backends.webdataset.index_sink import IndexSink
 from shardex.errors import BadSampleError, DuplicateKeyError, SourceError
 from shardex.format.index import build_keys_from_hashes, build_samples, to_npy_bytes
@@ -88,15 +94,13 @@ _KEYS = [
 ]
 
 
-def _both(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: list[list[str]], **opts: object
-) -> tuple[Path, Path]:
-    streamed, whole = tmp_path / "streamed", tmp_path / "whole"
-    shardex.export(_Batches(tmp_path / "s1", keys), streamed, **opts)  # type: ignore[arg-type]
-    with monkeypatch.context() as m:
-        m.setattr(run_module, "streamable", lambda *a: False)
-        shardex.export(_Batches(tmp_path / "s1", keys), whole, **opts)  # type: ignore[arg-type]
-    return streamed, whole
+def _both(tmp_path: Path, keys: list[list[str]], **opts: object) -> tuple[Path, Path]:
+    """The batches exported as files, and with their bytes in memory (pinned)."""
+    files, inline = tmp_path / "files", tmp_path / "inline"
+    shardex.export(_Batches(tmp_path / "s1", keys), files, **opts)  # type: ignore[arg-type]
+    src = Inlined(_Batches(tmp_path / "s1", keys))
+    shardex.export(src, inline, **opts)  # type: ignore[arg-type]
+    return files, inline
 
 
 @pytest.fixture(autouse=True)
@@ -114,11 +118,11 @@ def _sources(tmp_path: Path) -> None:
     ],
     ids=["single", "fractions-2-workers", "by-bytes-no-labels"],
 )
-def test_streamed_export_writes_what_the_whole_table_export_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opts: dict[str, object]
+def test_batches_of_files_or_of_bytes_in_memory_give_the_same_export(
+    tmp_path: Path, opts: dict[str, object]
 ) -> None:
-    streamed, whole = _both(tmp_path, monkeypatch, _KEYS, on_error="skip", **opts)
-    assert files_but_the_lock(streamed) == files_but_the_lock(whole)
+    streamed, inline = _both(tmp_path, _KEYS, on_error="skip", **opts)
+    assert files_but_the_lock(streamed) == files_but_the_lock(inline)
     errors = pa.parquet.read_table(streamed / "errors.parquet").to_pylist()
     reasons = [(e["key"], e["reason"].split(" (")[0].split(":")[0]) for e in errors]
     assert reasons == [
@@ -149,23 +153,16 @@ def test_streamed_export_writes_what_the_whole_table_export_writes(
         ([["a", "b"], ["c", "x/../y"]], BadSampleError, "unsafe key 'x/../y'"),
     ],
 )
-def test_streamed_export_refuses_as_the_whole_table_export_does(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    keys: list[list[str]],
-    error: type[Exception],
-    message: str,
+def test_batches_of_files_or_of_bytes_in_memory_are_refused_alike(
+    tmp_path: Path, keys: list[list[str]], error: type[Exception], message: str
 ) -> None:
     messages = []
-    for path in (True, False):
-        with monkeypatch.context() as m:
-            if not path:
-                m.setattr(run_module, "streamable", lambda *a: False)
-            src = _Batches(tmp_path / "s1", keys, left_out=keys is _KEYS)
-            with pytest.raises(error) as info:
-                shardex.export(src, tmp_path / f"out{path}")
-            messages.append(str(info.value))
-            assert not (tmp_path / f"out{path}" / "config.yaml").exists()
+    for inline in (False, True):
+        src: Source = _Batches(tmp_path / "s1", keys, left_out=keys is _KEYS)
+        with pytest.raises(error) as info:
+            shardex.export(Inlined(src) if inline else src, tmp_path / f"out{inline}")
+        messages.append(str(info.value))
+        assert not (tmp_path / f"out{inline}" / "config.yaml").exists()
     assert messages[0] == messages[1]
     assert message in messages[0]
 
@@ -225,8 +222,8 @@ def test_an_export_holds_memory_flat_whatever_the_source_size(tmp_path: Path) ->
         finally:
             tracemalloc.stop()
         assert len(shardex.open_dataset(tmp_path / name)) == n
-    # ten times the samples, the same peak (the whole-table path: 1.2x, its Python
-    # objects alone; its Arrow buffers are not traced)
+    # ten times the samples, the same peak (a whole-table pass once took 1.2x, its
+    # Python objects alone)
     assert peaks["large"] < 1.1 * peaks["small"], peaks
 
 
@@ -318,20 +315,17 @@ class _Columns(Source):
     ],
     ids=["labels-late", "labels-missing", "splits-missing"],
 )
-def test_batches_lacking_labels_or_splits_export_as_the_whole_table(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    batches: list[tuple[list[int] | None, list[str] | None]],
+def test_batches_lacking_labels_or_splits_export_alike_from_files_or_memory(
+    tmp_path: Path, batches: list[tuple[list[int] | None, list[str] | None]]
 ) -> None:
     out = {}
-    for streamed in (True, False):
-        with monkeypatch.context() as m:
-            if not streamed:
-                m.setattr(run_module, "streamable", lambda *a: False)
-            target = tmp_path / f"out{streamed}"
-            src = _Columns(tmp_path / "s1", batches)
-            shardex.export(src, target, samples_per_shard=2, on_error="skip")
-            out[streamed] = files_but_the_lock(target)
+    for inline in (False, True):
+        target = tmp_path / f"out{inline}"
+        src: Source = _Columns(tmp_path / "s1", batches)
+        shardex.export(
+            Inlined(src) if inline else src, target, samples_per_shard=2, on_error="skip"
+        )
+        out[inline] = files_but_the_lock(target)
     assert out[True] == out[False]
     ds = shardex.open_dataset(
         tmp_path / "outTrue", split=next(iter(shardex.read_config(tmp_path / "outTrue").splits))
@@ -486,29 +480,23 @@ class _Typed(_Columns):
             yield ScanBatch(batch.table.append_column("m", pa.array(values)), ())
 
 
-@pytest.mark.parametrize("streamed", [True, False])
+@pytest.mark.parametrize("inline", [False, True])
 def test_a_column_of_other_types_in_other_batches_is_a_source_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool
+    tmp_path: Path, inline: bool
 ) -> None:
-    if not streamed:
-        monkeypatch.setattr(run_module, "streamable", lambda *a: False)
-    src = _Typed(tmp_path / "s1", [(None, None), (None, None)])
+    src: Source = _Typed(tmp_path / "s1", [(None, None), (None, None)])
     with pytest.raises(SourceError, match="different types in different batches") as info:
-        shardex.export(src, tmp_path / "out")
+        shardex.export(Inlined(src) if inline else src, tmp_path / "out")
     assert "string vs int64" in str(info.value)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "out" / "config.yaml").exists()
 
 
-def _peak_rss_kb(tar: Path, out: Path, whole: bool) -> int:
+def _peak_rss_kb(tar: Path, out: Path) -> int:
     """Peak resident memory (VmHWM) of a fresh process that exports ``tar`` (a local
     export holds none of its pass-1 scratch in memory: only a Ray driver does)."""
-    code = (
-        "import sys, shardex, shardex.engine.run as r\n"
-        "if sys.argv[3] == 'whole': r.streamable = lambda *a: False\n"
-        "shardex.export(sys.argv[1], sys.argv[2], workers=1)"
-    )
-    return peak_rss_kb(code, [str(tar), str(out), "whole" if whole else "streamed"])
+    code = "import sys, shardex\nshardex.export(sys.argv[1], sys.argv[2], workers=1)"
+    return peak_rss_kb(code, [str(tar), str(out)])
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc VmHWM")
@@ -516,12 +504,11 @@ def test_peak_rss_of_a_tar_export_does_not_grow_with_its_samples(tmp_path: Path)
     """Peak RSS (not traced Python memory) of exports of 20k and 100k tiny tar samples:
     the streamed export's stays within 20 MB (measured: 174 MB at 20k, 172 MB at 120k;
     197-202 MB and 199-200 MB in session 12, once 210 and 227 MB at a load of 6, the
-    allocators' timing; the whole-table export's grows about 0.45 KB a sample: 149 MB,
-    then 194 MB, 36 MB over these 80k samples)."""
+    allocators' timing; a whole-table pass once grew about 0.45 KB a sample)."""
     peaks = {}
     for n in (20_000, 100_000):
         tar = labelled_tar(tmp_path / f"{n}.tar", n, make_image(1))
-        peaks[n] = _peak_rss_kb(tar, tmp_path / f"out{n}", whole=False)
+        peaks[n] = _peak_rss_kb(tar, tmp_path / f"out{n}")
     assert peaks[100_000] - peaks[20_000] < 20_000, peaks
 
 
@@ -542,10 +529,10 @@ def test_pass_one_scratch_in_memory_or_on_disk_writes_the_same_export(
     monkeypatch.setattr(spill, "MEMORY_BYTES", spill_bytes)
     monkeypatch.setattr(spill, "HELD_LOCALLY", True)  # as a Ray driver holds them
     monkeypatch.setattr(runs, "MEMORY_RECORDS", hash_records)
-    streamed, whole = _both(
-        tmp_path, monkeypatch, _KEYS, on_error="skip", samples_per_shard=2, max_shard_bytes=3000
+    files, inline = _both(
+        tmp_path, _KEYS, on_error="skip", samples_per_shard=2, max_shard_bytes=3000
     )
-    assert files_but_the_lock(streamed) == files_but_the_lock(whole)
+    assert files_but_the_lock(files) == files_but_the_lock(inline)
 
 
 def test_hash_runs_held_in_memory_come_back_as_those_on_disk(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 import shardex
+from shardex.sources import open_source
 from shardex.storage import ObjectStorage
 from shardex.testing.data import make_image
 from tests.conftest import S3Location
-from tests.helpers import peak_rss_kb
+from tests.helpers import Inlined, peak_rss_kb
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc VmHWM")
 
@@ -161,40 +162,30 @@ _OPTIONS = {
 }
 
 
-def _export_twice(
-    source: Path, out: Path, more: Path | None, monkeypatch: pytest.MonkeyPatch, **opts: object
-) -> tuple[Path, Path]:
-    """``source`` exported (then ``more`` appended) on the streamed path (which must not
-    call the whole-table ``prepare``) and on the whole-table path."""
-    import shardex.engine.run as run_module
-
-    streamed, whole = out / "streamed", out / "whole"
-    with monkeypatch.context() as m:
-        m.setattr(run_module, "prepare", None)  # called: a TypeError
-        shardex.export(source, streamed, samples_per_shard=4, **opts)  # type: ignore[arg-type]
+def _export_twice(source: Path, out: Path, more: Path | None, **opts: object) -> tuple[Path, Path]:
+    """``source`` exported (then ``more`` appended) as it is, and with its bytes read into
+    memory first (pinned members)."""
+    files, inline = out / "files", out / "inline"
+    for target, wrap in ((files, open_source), (inline, lambda s: Inlined(open_source(s)))):
+        shardex.export(wrap(source), target, samples_per_shard=4, **opts)  # type: ignore[arg-type]
         if more is not None:
-            shardex.export(more, streamed, mode="append", samples_per_shard=4)
-    with monkeypatch.context() as m:
-        m.setattr(run_module, "streamable", lambda *a: False)
-        shardex.export(source, whole, samples_per_shard=4, **opts)  # type: ignore[arg-type]
-        if more is not None:
-            shardex.export(more, whole, mode="append", samples_per_shard=4)
-    return streamed, whole
+            shardex.export(wrap(more), target, mode="append", samples_per_shard=4)
+    return files, inline
 
 
 @pytest.mark.parametrize("case", list(_OPTIONS))
 @pytest.mark.parametrize("append", [False, True], ids=["export", "append"])
-def test_options_and_appends_stream_and_write_what_the_whole_table_path_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, append: bool
+def test_options_and_appends_write_the_same_from_files_or_bytes_in_memory(
+    tmp_path: Path, case: str, append: bool
 ) -> None:
     """x/y keys naming metadata columns, ``dtype``, ``image_member``, and appends to such
     exports (the appended samples' labels are a subset: their numbers follow the
-    export's names) go through the streamed pass 1 and give the same files, byte for
-    byte, as the whole-table path."""
+    export's names) give the same files, byte for byte, whether the source's members
+    name files or hold their bytes in memory."""
     source = _table_source(tmp_path / "src", 14)
     more = _table_source(tmp_path / "src", 5, first=40, labels="b") if append else None
-    streamed, whole = _export_twice(source, tmp_path, more, monkeypatch, **_OPTIONS[case])
-    _same_files(streamed, whole)
+    streamed, inline = _export_twice(source, tmp_path, more, **_OPTIONS[case])
+    _same_files(streamed, inline)
     assert shardex.verify(streamed).ok
     config = shardex.read_config(streamed)
     assert config.num_samples == 14 + (5 if append else 0)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # for writing only: opening an export imports neither
     Ints = npt.NDArray[np.int64]
     from shardex.refs.candidates import Candidates
     from shardex.refs.members import Members
-    from shardex.refs.rows import SpilledRows, SplitRows
+    from shardex.refs.rows import SpilledRows
     from shardex.sample_check import SampleCheck
     from shardex.sources.base import MapRunner
     from shardex.verify_report import VerifyReport
@@ -59,7 +59,7 @@ class SplitPlan:
     """
 
     split: str
-    candidates: SplitRows | SpilledRows
+    candidates: SpilledRows
     name_hash: str
     with_label: bool
     fields: tuple[FieldSpec, ...] = ()

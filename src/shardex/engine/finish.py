@@ -66,7 +66,7 @@ class _Final:
                 lengths = stats.lengths if stats is not None else set()
                 one = next(iter(lengths)) if len(lengths) == 1 else 0
                 fixed = one and stats is not None and not stats.missing
-                # as planning.fixed_lists: Parquet reads no fixed-size lists of size 0 back
+                # Parquet reads no fixed-size lists of size 0 back
                 self.casts[f.name] = (
                     pa.list_(t.value_type, one) if fixed else pa.list_(t.value_type)
                 )

@@ -10,48 +10,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from shardex.backends.base import Backend
 from shardex.bfloat16 import BFLOAT16, mark
-from shardex.checks import check_samples
 from shardex.contract import LABEL_PREFIX, ExportConfig, FieldSpec
 from shardex.engine.finish import finish
 from shardex.engine.stream import scan_stream
 from shardex.engine.taken import TakenKeys
-from shardex.errors import ConfigError, EmptySourceError
-from shardex.fields import add_members, cast_members, column_members, field_specs, with_columns
+from shardex.errors import ConfigError
+from shardex.fields import with_columns
 from shardex.format.tables import check_local_file, metadata_errors
-from shardex.image_member import IMAGE_FORMAT, one_image_member
 from shardex.options import ExportOptions
 from shardex.planning import (
-    assign_splits,
-    drop_members,
-    fixed_lists,
-    member_keys,
     member_keys_of,
     ordered_splits,
     select_keys,
-    split_names,
     unselected_members,
 )
 from shardex.progress import Progress
-from shardex.refs.members import JSON_COLUMN, Members
+from shardex.refs.members import JSON_COLUMN
 from shardex.refs.pinned import Pinned
 from shardex.refs.rows import SpilledRows
 from shardex.refs.scan import MEMBERS, SampleStream
-from shardex.sources import Source
 from shardex.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """The checked, split samples and the decisions made about them, as one ``table`` or
-    each split's rows ``spilled`` to local scratch."""
+    """The checked, split samples and the decisions made about them: each split's rows
+    ``spilled`` to local scratch (or a remote runner's object store)."""
 
-    table: pa.Table | None
     fields: tuple[FieldSpec, ...]
     skipped: list[dict[str, str]]
     split_method: str
@@ -64,75 +53,17 @@ class Prepared:
     schema: pa.Schema
     num_rows: int
     label_max: int | None
-    #: Logical key -> member names of the samples (see :func:`member_keys`).
+    #: Logical key -> member names of the samples (see :func:`member_keys_of`).
     stored: dict[str, set[str]]
-    members: Members | None = None
-    spilled: dict[str, SpilledRows] | None = None
+    spilled: dict[str, SpilledRows]
     #: The images' real encodings when one member name holds them all (``image_member``).
     image_formats: tuple[str, ...] | None = None
     #: The batches' bytes the rows point into (kept while they are written).
     pinned: tuple[Pinned, ...] = ()
 
     def in_memory(self) -> bool:
-        """Whether most bytes are in this process (then written here: pickling costs more)."""
-        if self.spilled is not None:
-            return any(rows.inline() for rows in self.spilled.values())
-        m = self.members
-        return m is not None and m.inline_bytes() * 2 > int(m.size.sum())
-
-
-def prepare(
-    src: Source,
-    opts: ExportOptions,
-    bars: Progress,
-    previous: ExportConfig | None = None,
-    taken: frozenset[str] = frozenset(),
-) -> Prepared:
-    """Scan, check, split and select keys over the source's whole table; nothing is
-    written and no image read. ``previous``: the export appended to (``taken``: its keys).
-    """
-    scanning = bars.task(f"scanning {src.uri}", None)
-    scan = src.scan()
-    scanning.done()
-    table = one_image_member(fixed_lists(scan.table), opts.image_member)
-    table, skipped = check_samples(table, opts, taken, scan.left_out)
-    if table.num_rows == 0:
-        raise EmptySourceError(f"every sample of {src.uri} was skipped; nothing to export")
-    with_label = opts.labels and "label" in table.column_names
-    if not with_label and "label" in table.column_names:
-        table = table.drop_columns(["label"])
-    label_names = scan.label_names if with_label else None
-    if previous is not None and with_label:
-        table, label_names = relabel(table, label_names, previous)
-    table, split_method = assign_splits(table, opts)
-    start = previous.num_samples if previous is not None else 0
-    table = table.append_column("export_index", pa.array(np.arange(start, start + table.num_rows)))
-    members = member_keys(table)
-    keys = _Keys.of(opts, members, with_label, table.column_names)
-    table = drop_members(table, unselected_members(members, keys.x, keys.y))
-    if keys.as_fields:
-        table = add_members(table, [column_members(table.column(k), k) for k in keys.as_fields])
-    if opts.dtype not in (None, BFLOAT16):  # bfloat16: cast by the array backends
-        table = cast_members(table, opts.dtype)
-    held = Members.of(table.column(MEMBERS))
-    return Prepared(
-        table=table,
-        schema=table.schema,
-        num_rows=table.num_rows,
-        label_max=pc.max(table.column("label")).as_py() if with_label else None,
-        stored=member_keys(table),
-        fields=keys.fields(field_specs(table, keys.write_label, held), opts, previous),
-        image_formats=image_formats(table) if opts.image_member else None,
-        skipped=skipped,
-        split_method=previous.split_method if previous is not None else split_method,
-        splits=split_names(table, opts),
-        x_keys=keys.x,
-        y_keys=keys.y,
-        with_label=with_label,
-        write_label=keys.write_label,
-        label_names=label_names,
-        members=held,
-    )
+        """Whether the bytes are in this process (then written here)."""
+        return any(rows.inline() for rows in self.spilled.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,19 +96,6 @@ class _Keys:
         """The field specs as config.yaml records them."""
         prefix = previous.label_prefix if previous is not None else LABEL_PREFIX
         return with_columns(mark(fields) if opts.dtype == BFLOAT16 else fields, self.y, prefix)
-
-
-def image_formats(table: pa.Table) -> tuple[str, ...] | None:
-    """The images' real encodings (``image_member``'s ``image_format`` column)."""
-    if IMAGE_FORMAT not in table.column_names:
-        return None
-    return tuple(f for f in pc.unique(table.column(IMAGE_FORMAT)).to_pylist() if f)
-
-
-def streamable(opts: ExportOptions) -> bool:
-    """Whether pass 1 can stream: every option does (tests patch this seam)."""
-    del opts
-    return True
 
 
 def prepare_streamed(
@@ -221,7 +139,6 @@ def prepare_streamed(
     )
     fields = done.merger.specs(keys.write_label, order=scanned.exts)
     return Prepared(
-        table=None,
         fields=keys.fields(fields, opts, previous),
         skipped=scanned.skipped,
         split_method=previous.split_method if previous is not None else scanned.split_method,
@@ -269,18 +186,6 @@ def label_mapping(
             f"(its labels: {', '.join(previous.label_names)})"
         )
     return previous.label_names, pa.array([number[name] for name in names], pa.int64())
-
-
-def relabel(
-    table: pa.Table, names: tuple[str, ...] | None, previous: ExportConfig
-) -> tuple[pa.Table, tuple[str, ...] | None]:
-    """Label numbers of appended samples follow the export's label names."""
-    names, mapping = label_mapping(names, previous)
-    if mapping is None:
-        return table, names
-    column = table.column_names.index("label")
-    labels = pc.take(mapping, table.column(column).cast(pa.int64()))
-    return table.set_column(column, "label", labels), names
 
 
 def exported_keys(storage: Storage, previous: ExportConfig | None, folder: Path) -> frozenset[str]:

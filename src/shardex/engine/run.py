@@ -19,7 +19,7 @@ from shardex.backends.registry import check_options, get_backend
 from shardex.contract import ExportConfig
 from shardex.engine.commit import combined_digest, contract, write_errors
 from shardex.engine.output import check_root, command_digest
-from shardex.engine.prepare import Prepared, exported_keys, prepare, prepare_streamed, streamable
+from shardex.engine.prepare import Prepared, exported_keys, prepare_streamed
 from shardex.engine.transaction import Transaction
 from shardex.engine.write import Written, write_splits
 from shardex.errors import ConfigError, EmptySourceError, SourceError, mode_hint
@@ -185,10 +185,8 @@ def _prepare_first(
     folder: Path,
     start_workers: Callable[[], None],
 ) -> Prepared:
-    """Pass 1: streamed, the splits spilled under ``folder``, unless the first batch shows
-    the bytes are in memory; else ``start_workers`` is called once the first batch is in."""
-    if not streamable(job.out.opts):
-        return prepare(job.src, job.out.opts, bars, job.out.previous, taken)
+    """Pass 1, streamed, the splits spilled under ``folder``; ``start_workers`` is called
+    once the first batch shows the bytes are not in this process."""
     # remote tasks scan the source's files too, else every tar's bytes would pass here
     remote = job.runner if job.runner is not None and job.runner.remote else None
     with contextlib.ExitStack() as stack:
@@ -221,18 +219,6 @@ def _prepare_first(
             put,
             pin,
         )
-
-
-class _Replay(Source):
-    """A begun stream with its first batch put back."""
-
-    kind = "replay"
-
-    def __init__(self, src: Source, stream: SampleStream) -> None:
-        self.uri, self._stream = src.uri, stream
-
-    def stream(self) -> SampleStream:
-        return self._stream
 
 
 def _config(

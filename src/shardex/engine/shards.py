@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from shardex.parallel import Runner
 from shardex.planning import plan_bounds
-from shardex.refs.candidates import Candidates, candidates, inline_candidates
-from shardex.refs.rows import SpilledRows, SplitRows
+from shardex.refs.candidates import Candidates, spilled_candidates
+from shardex.refs.rows import SpilledRows
 
 if TYPE_CHECKING:
     from shardex.backends.base import Backend, SplitPlan, StagedRows
@@ -89,7 +89,7 @@ def _jobs(
 
 
 def write_shards(
-    split: SplitRows | SpilledRows,
+    split: SpilledRows,
     make_job: MakeJob[J],
     runner: Runner,
     samples_per_shard: int,
@@ -135,14 +135,14 @@ def write_shards(
             pos = n
 
 
-def writes_inline(split: SplitRows | SpilledRows, runner: Runner) -> bool:
+def writes_inline(split: SpilledRows, runner: Runner) -> bool:
     """Whether this process writes the split's shards itself."""
     return split.inline() or (runner.workers == 1 and not runner.remote)
 
 
 def write_plan(
     plan: SplitPlan,
-    split: SplitRows | SpilledRows,
+    split: SpilledRows,
     make_job: Callable[[Candidates, int, int], J],
     runner: Runner,
     *,
@@ -151,10 +151,9 @@ def write_plan(
     write: Callable[[J], D],
 ) -> Iterator[D]:
     """:func:`write_shards` of ``plan``; skipped samples go to ``plan.on_skip`` first."""
-    pick = inline_candidates if inline else candidates
 
     def job(start: int, stop: int, first_sample: int, k: int) -> J:
-        return make_job(pick(split, start, stop), first_sample, k)
+        return make_job(spilled_candidates(split, start, stop), first_sample, k)
 
     for done in write_shards(
         split,

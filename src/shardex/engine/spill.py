@@ -197,7 +197,7 @@ class FinalSpill:
         return self._tars.named(pc.unique(paths).to_pylist())
 
     def close(self) -> SpilledRows:
-        """The split's rows, with :func:`shardex.planning.content_digest`'s digest."""
+        """The split's rows, with their digest (keys and planned sizes: the shards' names)."""
         if self._writer is not None:
             self._writer.close()
         n = self._starts[-1]

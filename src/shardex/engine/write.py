@@ -13,7 +13,7 @@ from shardex.backends.base import Backend, StagedRows, unused_name
 from shardex.contract import METADATA_FILE, ExportConfig, SplitInfo
 from shardex.engine.commit import MetadataSink, old_metadata
 from shardex.engine.parts import MetadataJob, write_metadata
-from shardex.engine.plan import plan_split, split_rows
+from shardex.engine.plan import plan_split
 from shardex.engine.prepare import Prepared
 from shardex.engine.shards import write_split
 from shardex.options import ExportOptions
@@ -128,12 +128,14 @@ def write_splits(
     written: dict[str, SplitInfo] = {}
     digests: list[str] = []
     try:
-        for split, rows in zip(names, split_rows(prep, names, backend), strict=True):
+        for split in names:
+            rows = prep.spilled.get(split)  # none: an appended split without new samples
             before = previous.splits.get(split) if previous else None
             if before is not None:
                 sink.old(split)
-            if rows.num_samples == 0 and before is not None:
-                written[split] = before
+            if rows is None or rows.num_samples == 0:
+                if before is not None:
+                    written[split] = before
                 continue
             plan, digest = plan_split(rows, split, backend, prep, opts, before, committed, previous)
             digests.append(digest)

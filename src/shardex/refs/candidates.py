@@ -1,5 +1,5 @@
-"""A shard job's candidate samples: views of the split in this process, compact copies
-pickled to a worker, or a spill-file slice the writer reads (:meth:`Candidates.loaded`).
+"""A shard job's candidate samples: a slice of a split's spill file, which the writer
+reads itself (:meth:`Candidates.loaded`), or its rows carried to a remote worker.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shardex.refs.members import Members
-from shardex.refs.rows import SpilledRows, SpillSlice, SplitRows
+from shardex.refs.rows import SpilledRows, SpillSlice
 
 _NO_ROWS: Final = pa.table({})
 _NO_MEMBERS: Final = Members.empty()
@@ -59,31 +59,4 @@ def spilled_candidates(split: SpilledRows, start: int, stop: int) -> Candidates:
         _NO_SIZES if split.refs else np.asarray(split.sizes[start:stop]),
         stop >= split.num_samples,
         split.slice(start, stop),
-    )
-
-
-def candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> Candidates:
-    """The candidates ``[start, stop)`` as compact copies of their references (for a worker)."""
-    if isinstance(split, SpilledRows):
-        return spilled_candidates(split, start, stop)
-    index = np.arange(start, stop, dtype=np.int64)
-    return Candidates(
-        split.rows.take(pa.array(index)),
-        split.members.subset(split.member_rows[start:stop]),
-        np.arange(stop - start, dtype=np.int64),
-        split.sizes[start:stop],
-        stop >= split.num_samples,
-    )
-
-
-def inline_candidates(split: SplitRows | SpilledRows, start: int, stop: int) -> Candidates:
-    """The candidates ``[start, stop)`` as views (written in this process: no copy)."""
-    if isinstance(split, SpilledRows):
-        return spilled_candidates(split, start, stop)
-    return Candidates(
-        split.rows.slice(start, stop - start),
-        split.members,
-        split.member_rows[start:stop],
-        split.sizes[start:stop],
-        stop >= split.num_samples,
     )

@@ -115,35 +115,6 @@ class Members:
         """Whether most of the bytes are inline (an in-memory source)."""
         return self.inline_bytes() * 2 > int(self.size.sum())
 
-    def subset(self, rows: npt.NDArray[np.int64]) -> Members:
-        """The members of the given samples, in that order (only a job's own references travel)."""
-        counts = self.starts[rows + 1] - self.starts[rows]
-        starts = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(counts, out=starts[1:])
-        picks = (
-            np.arange(int(starts[-1]), dtype=np.int64)
-            - np.repeat(starts[:-1], counts)
-            + np.repeat(self.starts[rows], counts)
-        )
-        paths = self.path_codes[picks]
-        used, path_codes = np.unique(paths, return_inverse=True)
-        names = tuple(self.path_names[c] for c in used.tolist() if c >= 0)
-        if len(used) and used[0] < 0:  # -1 (no file) stays -1
-            path_codes = path_codes - 1
-        return Members(
-            starts=starts,
-            ext_codes=self.ext_codes[picks],
-            ext_names=self.ext_names,
-            path_codes=path_codes.astype(np.int32),
-            path_names=names,
-            offset=self.offset[picks],
-            size=self.size[picks],
-            inline=self.inline[picks],
-            data=self.data.take(pa.array(picks, pa.int64())),
-            stores=self.stores,
-            held=self.held,
-        )
-
 
 def pin_inline(column: pa.ChunkedArray) -> tuple[pa.ChunkedArray | pa.Array, Pinned | None]:
     """A ``_members`` column whose inline bytes are pinned where they lie (none copied): the

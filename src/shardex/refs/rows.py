@@ -1,6 +1,6 @@
-"""A split's rows as pass 2 gets them: candidates over shared members (:class:`SplitRows`),
-or spilled (:class:`SpilledRows`, read a :class:`SpillSlice` at a time), with their
-planned sizes in memory or in a file (:class:`SizesFile`).
+"""A split's rows as pass 2 gets them: spilled (:class:`SpilledRows`, read a
+:class:`SpillSlice` at a time), with their planned sizes in memory or in a file
+(:class:`SizesFile`).
 """
 
 from __future__ import annotations
@@ -158,23 +158,3 @@ class SpilledRows:
             refs=refs,
             held=tuple(held.values()),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class SplitRows:
-    """A split's candidates, in order: metadata ``rows``, their members (candidate ``i`` is
-    sample ``member_rows[i]``) and planned tar sizes.
-    """
-
-    rows: pa.Table
-    members: Members
-    member_rows: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.rows.num_rows)
-
-    def inline(self) -> bool:
-        """Whether most bytes are in memory (then written in this process)."""
-        return self.members.mostly_inline()
