@@ -1,6 +1,7 @@
-"""The planning pass of a streamed export: each split's spilled rows read back, made final
-as the whole-table path has them, sized by the backend and written to a final spill; field
-specs, member names and the label range gathered on the way, one batch at a time.
+"""The planning pass of an export: each split's spilled rows read back and made final (the
+types joined over every batch, options applied), sized by the backend and written to a
+final spill; field specs, member names and the label range gathered on the way, one batch
+at a time.
 """
 
 from __future__ import annotations

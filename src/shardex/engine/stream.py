@@ -1,7 +1,7 @@
 """Pass 1 over a streaming source in memory that does not grow with the dataset: each
 batch checked, split and spilled to scratch; repeated keys found across batches from hash
 runs at the end. What needs every batch is applied as the spills are read back
-(:mod:`shardex.engine.finish`), so rows match the whole-table path's exactly.
+(:mod:`shardex.engine.finish`), so rows match those of a check over every sample at once.
 """
 
 from __future__ import annotations
@@ -246,8 +246,8 @@ def scan_stream(
     remote: bool = False,
     pin: bool = False,
 ) -> Scanned:
-    """Pass 1 over ``stream``, refusing as the whole-table path does; ``pin``: inline bytes
-    stay where the batches hold them (written in this process), not spilled."""
+    """Pass 1 over ``stream``, refusing as a check of every sample at once would;
+    ``pin``: inline bytes stay where the batches hold them (written in this process)."""
     work = _Pass(opts, folder, taken, remote, pin)
     try:
         return _scan(stream, opts, uri, work)
