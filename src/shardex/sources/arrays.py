@@ -24,7 +24,8 @@ _BATCH_BYTES: Final = 1 << 30  # Arrow's binary offsets are 32-bit
 
 
 class ArraySource(Source):
-    """Samples made of in-memory arrays, byte strings and strings."""
+    """Samples made of in-memory arrays, byte strings and strings. An export writes byte
+    strings from the caller's own objects (no copy): leave them unchanged until it returns."""
 
     kind: ClassVar[str] = "arrays"
 
