@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from shardex.backends.webdataset.layout import zeroed
 from shardex.backends.webdataset.vectorised import jpegs_good
 from shardex.backends.webdataset.writer import ShardJob, write_shard
 from shardex.codecs.images import MAX_PIXELS
+from shardex.errors import BadSampleError
 from shardex.format.dali_index import DaliIndex
 from shardex.format.tar import (
     BLOCK,
@@ -351,3 +353,35 @@ def test_jpeg_headers_past_the_gathered_heads_are_checked_in_place(
     shardex.export(source, tmp_path / "slow", max_pixels=1_000, **options)
     assert files_of(tmp_path / "fast") == files_of(tmp_path / "slow")
     assert len(shardex.open_dataset(tmp_path / "fast")) == 29
+
+
+@pytest.mark.parametrize("on_error", ["error", "skip"])
+def test_a_bytearray_resized_during_the_export_refuses_its_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str
+) -> None:
+    """In-memory bytes are read where the caller holds them: one whose size changed
+    between the scan and the write is refused, never written short or long."""
+    import shardex.engine.run as run_module
+
+    jpgs: list[bytes | bytearray] = [_jpeg(i) for i in range(20)]
+    jpgs[6] = bytearray(jpgs[6])
+    write_splits = run_module.write_splits
+
+    def resized_first(*args: Any, **kwargs: Any) -> Any:
+        jpgs[6] += b"\x00"  # type: ignore[operator]  # bytearray: resized in place
+        return write_splits(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "write_splits", resized_first)
+    source = {"key": [f"{i:02d}" for i in range(20)], "jpg": jpgs}
+    if on_error == "error":
+        with pytest.raises(BadSampleError, match="changed size while exported"):
+            shardex.export(source, tmp_path / "out", workers=1)
+        return
+    shardex.export(source, tmp_path / "out", workers=1, on_error="skip")
+    errors = pa.parquet.read_table(tmp_path / "out" / "errors.parquet").to_pylist()
+    assert [(e["key"], e["reason"].split(" (")[0]) for e in errors] == [
+        ("06", "changed size while exported")
+    ]
+    ds = shardex.open_dataset(tmp_path / "out")
+    assert len(ds) == 19
+    assert ds.get("07")["jpg"] == jpgs[7]  # type: ignore[attr-defined]
