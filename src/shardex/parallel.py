@@ -85,6 +85,14 @@ _SERVER = forkserver.ForkServer()
 _SERVER.set_forkserver_preload(["shardex.parallel"])
 
 
+def start_server(preload: tuple[str, ...]) -> None:
+    """Start the fork server now, importing ``preload``: the workers a pool starts later
+    are forked ready, and this start-up overlaps the caller's own (a CLI export's imports)."""
+    _SERVER.set_forkserver_preload(["shardex.parallel", *preload])
+    with contextlib.suppress(Exception):  # none here: the pool says so when it starts
+        _SERVER.ensure_running()
+
+
 class _Popen(popen_forkserver.Popen):
     """popen_forkserver.Popen on :data:`_SERVER`, less the step that runs ``__main__``."""
 

@@ -236,6 +236,11 @@ def export_dataset(
     meaning here; defaults that may differ from yours: --backend webdataset,
     --samples-per-shard 1000, and config.yaml's format_version 3 (shardex's own).
     """
+    from shardex.parallel import default_workers, start_server
+
+    workers = option_params["workers"] or default_workers()
+    if workers > 1 and executor in (None, "local"):  # workers start as this process imports
+        start_server(("shardex.engine.shards",))
     from shardex.backends.registry import check_options
     from shardex.pipeline.spec import find_scenario
 
