@@ -438,3 +438,15 @@ def test_tar_json_floats_after_a_batch_of_ints_make_the_field_float(tmp_path: Pa
     ds = shardex.open_dataset(out)
     assert [json.loads(ds[i]["json"])["score"] for i in range(6)] == [0, 1, 2, 3, 4.5, 5.5]
     assert ds.metadata.column("score").to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.5, 5.5]
+
+
+def test_an_array_source_pickles_after_an_export_pinned_its_bytes(tmp_path: Path) -> None:
+    """Its pinned bytes stay in this process; the source itself still travels (a pipeline
+    stage's, say) and streams its bytes inline there."""
+    import pickle
+
+    source = ArraySource({"bin": [b"ab", b"cd"]})
+    shardex.export(source, tmp_path / "out")
+    again = pickle.loads(pickle.dumps(source))
+    members = [m for b in again.stream().batches for m in b.table.column(MEMBERS).to_pylist()]
+    assert [m[0]["data"] for m in members] == [b"ab", b"cd"]

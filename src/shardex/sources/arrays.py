@@ -57,6 +57,9 @@ class ArraySource(Source):
     def stream(self) -> SampleStream:
         return self._stream(pin=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_pinned"}  # this process's
+
     def stream_on(self, runner: MapRunner | None) -> SampleStream:
         """An export's stream: byte strings pinned, written from the caller's own objects
         in this process (see :mod:`shardex.refs.pinned`)."""
