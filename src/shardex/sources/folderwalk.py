@@ -157,8 +157,8 @@ def _visit(real_root: str, entry: os.DirEntry[str], rel: str, parent: _Folder) -
         return unexported(rel, ext)
     if printable(name) != name:
         return left_out(rel, "its name is not valid UTF-8 (keys are UTF-8): rename it")
-    real = os.path.realpath(entry.path) if link else os.path.join(parent.real, name)
-    if link and not _inside(real_root, real):
+    real = os.path.realpath(entry.path) if link else None
+    if real is not None and not _inside(real_root, real):
         kind = "folder" if is_dir else "file"
         return left_out(
             rel,
@@ -166,6 +166,7 @@ def _visit(real_root: str, entry: os.DirEntry[str], rel: str, parent: _Folder) -
             f"(export that {kind} itself, or copy it into the source)",
         )
     if is_dir:
+        real = real or os.path.join(parent.real, name)  # a plain file's is never needed
         if real in parent.above:
             return left_out(rel, f"symlink loop: it leads back to the folder {quoted(real)}")
         return _Folder(entry.path, f"{rel}/", real, parent.above | {real})
