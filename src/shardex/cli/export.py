@@ -236,16 +236,9 @@ def export_dataset(
     meaning here; defaults that may differ from yours: --backend webdataset,
     --samples-per-shard 1000, and config.yaml's format_version 3 (shardex's own).
     """
-    from shardex.parallel import default_workers, start_server
-
-    workers = option_params["workers"] or default_workers()
-    if workers > 1 and executor in (None, "local"):  # workers start as this process imports
-        start_server(("shardex.engine.shards",))
-    from shardex.backends.registry import check_options
     from shardex.pipeline.spec import find_scenario
 
-    opts = _export_options(**option_params)
-    check_options(opts)  # before the source is looked at
+    opts = _checked_options(executor, **option_params)
     storage_options = location_options()
     spec_file = find_scenario(source)
     if spec_file is None:
@@ -273,6 +266,20 @@ def export_dataset(
     click.echo(_summary(output, config))
     if config.num_skipped:
         click.echo(_skipped_summary(output, config, storage_options))
+
+
+def _checked_options(executor: str | None, **option_params: Any) -> ExportOptions:
+    """export-dataset's options, checked before the source is looked at. The workers' fork
+    server starts first: their start-up then overlaps this process's imports."""
+    from shardex.parallel import default_workers, start_server
+
+    if (option_params["workers"] or default_workers()) > 1 and executor in (None, "local"):
+        start_server(("shardex.engine.shards",))
+    from shardex.backends.registry import check_options
+
+    opts = _export_options(**option_params)
+    check_options(opts)
+    return opts
 
 
 def _export_options(
