@@ -183,6 +183,9 @@ def test_iteration_asks_for_the_next_shard_while_one_is_read(s3: S3Location) -> 
     s3.proxy.reset()
     samples = iter(ds)
     assert next(samples) == first
+    deadline = time.monotonic() + 10  # shard 1's GET is sent by a thread: under load, later
+    while len(s3.proxy.gets()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     s3.proxy.wait_idle()
     # shard 0 read, and shard 1's request already sent
     assert sorted(r.key.rpartition("/")[2] for r in s3.proxy.gets()) == sorted(names[:2])
