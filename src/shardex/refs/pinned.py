@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from shardex.errors import BadSampleError
@@ -40,7 +41,7 @@ class Pinned:
 
 
 class ArrowBytes(Sequence[memoryview]):
-    """The values of a binary Arrow column, by number, as views of its buffers."""
+    """The values of a binary Arrow column, by number, as views of its buffers (no copy)."""
 
     def __init__(self, data: pa.ChunkedArray) -> None:
         self._chunks = [binary_views(chunk) for chunk in data.chunks]
@@ -57,13 +58,14 @@ class ArrowBytes(Sequence[memoryview]):
         return view[offsets[k] : offsets[k + 1]]
 
 
-def binary_views(chunk: pa.Array) -> tuple[memoryview, list[int]]:
+def binary_views(chunk: pa.Array) -> tuple[memoryview, npt.NDArray[np.int64]]:
     """A (large) binary array's bytes as one view, and each value's offsets in it."""
     buffers = chunk.buffers()
     width = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
     offsets = np.frombuffer(buffers[1], width)[chunk.offset : chunk.offset + len(chunk) + 1]
+    # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
     values = buffers[2] if buffers[2] is not None else b""
-    return memoryview(values).cast("B"), offsets.tolist()
+    return memoryview(values).cast("B"), offsets.astype(np.int64, copy=False)
 
 
 def buffers(values: Sequence[object]) -> list[Buffer]:

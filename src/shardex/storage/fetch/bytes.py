@@ -3,7 +3,6 @@ tars and inline bytes (:class:`ByteSource` over Members; :class:`MemberReader` o
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Iterable, Iterator
 from typing import Final
@@ -14,7 +13,7 @@ import numpy.typing as npt
 from shardex.errors import BadSampleError
 from shardex.quoting import quoted
 from shardex.refs.members import Members
-from shardex.refs.pinned import is_pinned, pinned_view
+from shardex.refs.pinned import ArrowBytes, is_pinned, pinned_view
 from shardex.refs.scan import MemberRow
 from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldReads
@@ -133,17 +132,7 @@ class ByteSource:
 
     def __init__(self, members: Members) -> None:
         self._m = self.members = members
-        self._offsets: list[npt.NDArray[np.int64]] = []
-        self._values: list[memoryview] = []
-        ends = [0]
-        for chunk in members.data.chunks:
-            buffers = chunk.buffers()
-            at = chunk.offset
-            self._offsets.append(np.frombuffer(buffers[1], np.int64)[at : at + len(chunk) + 1])
-            # Arrow's buffers are signed chars to memoryview: unsigned, they compare as bytes
-            self._values.append(memoryview(buffers[2] if buffers[2] is not None else b"").cast("B"))
-            ends.append(ends[-1] + len(chunk))
-        self._chunk_starts = ends  # member numbers where each chunk starts
+        self._inline = ArrowBytes(members.data)
         self._files = _Files(reuse=True)
         self._objects = ObjectReads(members.stores)
         self._held = HeldReads(members.held)
@@ -182,11 +171,7 @@ class ByteSource:
                 return ahead
         m = self._m
         if m.inline[j]:
-            starts = self._chunk_starts
-            c = 0 if len(starts) == 2 else bisect.bisect_right(starts, j) - 1
-            k = j - starts[c]
-            offsets = self._offsets[c]
-            return self._values[c][offsets[k] : offsets[k + 1]]
+            return self._inline[j]
         path = m.path(j)
         if path is None:
             raise BadSampleError(f"member {j} has neither bytes nor a file", reason="no data")
