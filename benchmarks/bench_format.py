@@ -316,6 +316,17 @@ def load_in_memory(concat: Concat) -> InMemory:
     return InMemory([f"{i:07d}" for i in range(len(jpgs))], jpgs, labels)
 
 
+def fresh_target(root: Path, trash: Path, name: str, *, folder: bool = False) -> Path:
+    """``root/name`` made free for a run (an earlier one moved to ``trash``): every run
+    writes a fresh target, as a user's export does (see bench_export)."""
+    path = root / name
+    if path.exists():
+        path.rename(trash / f"{name}-{time.monotonic_ns()}")
+    if folder:
+        path.mkdir()
+    return path
+
+
 def write_limit(jpgs: Sequence[bytes], target: Path) -> None:
     """The write limit: every sample's bytes into one file (``writev``, no copy) and their
     offsets as an index file beside it, both fsynced: the least any writer must do.
@@ -396,16 +407,10 @@ def bench_in_memory(folder: Path, concat: Concat, out_root: Path, repeats: int) 
     writer = mds_writer()
 
     def fresh(name: str) -> Path:
-        # every run writes a fresh target, as a user's export does (see bench_export)
-        path = out_root / name
-        if path.exists():
-            path.rename(trash / f"{name}-{time.monotonic_ns()}")
-        return path
+        return fresh_target(out_root, trash, name)
 
     def limit() -> None:
-        target = fresh("limit")
-        target.mkdir()
-        write_limit(data.jpgs, target / "data.bin")
+        write_limit(data.jpgs, fresh_target(out_root, trash, "limit", folder=True) / "data.bin")
 
     def mds() -> None:
         mds_write(writer, data, fresh("mds"))
@@ -466,14 +471,10 @@ def bench_synced(folder: Path, concat: Concat, out_root: Path, repeats: int) -> 
     trash.mkdir()
 
     def fresh(name: str) -> Path:
-        path = out_root / f"synced-{name}"
-        if path.exists():
-            path.rename(trash / f"{name}-{time.monotonic_ns()}")
-        return path
+        return fresh_target(out_root, trash, f"synced-{name}")
 
     def limit() -> None:
-        target = fresh("limit")
-        target.mkdir()
+        target = fresh_target(out_root, trash, "synced-limit", folder=True)
         write_limit(data.jpgs, target / "data.bin")
 
     runs: dict[str, Callable[[], object]] = {
