@@ -236,9 +236,9 @@ def export_dataset(
     meaning here; defaults that may differ from yours: --backend webdataset,
     --samples-per-shard 1000, and config.yaml's format_version 3 (shardex's own).
     """
+    opts = _checked_options(executor, **option_params)  # first: it starts the workers
     from shardex.pipeline.spec import find_scenario
 
-    opts = _checked_options(executor, **option_params)
     storage_options = location_options()
     spec_file = find_scenario(source)
     if spec_file is None:
