@@ -18,13 +18,13 @@ import atexit
 import builtins
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from shardex.errors import StorageError
@@ -139,6 +139,17 @@ class _Client:
             self._proc.wait()
 
 
+class _Remote:
+    """An operation of :class:`HelperObjectStorage`: the helper runs
+    :class:`~shardex.storage.direct.DirectObjectStorage`'s operation of the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._op = getattr(_Direct, name)
+
+    def __get__(self, storage: HelperObjectStorage | None, owner: type | None = None) -> Any:
+        return self if storage is None else functools.partial(storage._run, self._op)
+
+
 class HelperObjectStorage(Storage):
     """The same storage as ``DirectObjectStorage(uri, options)``, run by the helper."""
 
@@ -152,14 +163,16 @@ class HelperObjectStorage(Storage):
     def _run(self, op: Callable[..., Any], *args: Any, keep: bool = False) -> Any:
         return _helper().call((self.uri, self._options, op, args, keep))
 
-    def get(self, path: str) -> bytes:
-        return self._run(_Direct.get, path)  # type: ignore[no-any-return]
-
-    def get_range(self, path: str, start: int, length: int) -> bytes:
-        return self._run(_Direct.get_range, path, start, length)  # type: ignore[no-any-return]
-
-    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
-        return self._run(_Direct.get_head, path, length)  # type: ignore[no-any-return]
+    # run there as DirectObjectStorage runs them
+    get = _Remote()
+    get_range = _Remote()
+    get_head = _Remote()
+    size = _Remote()
+    exists = _Remote()
+    delete = _Remote()
+    rename = _Remote()
+    get_tagged = _Remote()
+    presign = _Remote()
 
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         return self.get_range_batch([(path, s, n) for s, n in zip(starts, lengths, strict=True)])
@@ -184,12 +197,6 @@ class HelperObjectStorage(Storage):
             if not finished:  # stopped early: let the helper drop the response
                 _helper().call((None, None, _close, (stream,), False))
 
-    def size(self, path: str) -> int:
-        return int(self._run(_Direct.size, path))
-
-    def exists(self, path: str) -> bool:
-        return bool(self._run(_Direct.exists, path))
-
     def list(self, prefix: str = "") -> Iterator[str]:
         return iter(self._run(_list, prefix))
 
@@ -203,23 +210,11 @@ class HelperObjectStorage(Storage):
     ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
         return self._run(_list_folder, folder)  # type: ignore[no-any-return]
 
-    def delete(self, path: str) -> None:
-        self._run(_Direct.delete, path)
-
-    def rename(self, source: str, target: str) -> None:
-        self._run(_Direct.rename, source, target)
-
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
         self._run(_Direct.put, path, bytes(data))
 
-    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
-        return self._run(_Direct.get_tagged, path)  # type: ignore[no-any-return]
-
     def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
         return self._run(_Direct.put_if, path, bytes(data), tag)  # type: ignore[no-any-return]
-
-    def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
-        return str(self._run(_Direct.presign, path, expires_in))
 
     def open_writer(self, path: str) -> ObjectWriter:
         return _HelperWriter(self._run(_Direct.open_writer, path, keep=True))

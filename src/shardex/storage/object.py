@@ -14,16 +14,13 @@ Fork-safety is this one wrapper, chosen per process; neither implementation know
 
 from __future__ import annotations
 
-import builtins
-import concurrent.futures
 import copy
 import os
-from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 from shardex.errors import ConfigError
-from shardex.storage.base import ObjectWriter, Storage
+from shardex.storage.base import Storage
 from shardex.storage.direct import DirectObjectStorage, forked_after_io, runtime_started
 from shardex.storage.helper import HelperObjectStorage
 from shardex.storage.options import (
@@ -38,6 +35,17 @@ from shardex.storage.options import (
 from shardex.storage.profiles import profile_options
 
 __all__ = ["SCHEMES", "ObjectStorage"]
+
+
+class _Forwarded:
+    """A storage operation of :class:`ObjectStorage`, run by the implementation for the
+    calling process (its ``_io``), found by the attribute's name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, storage: ObjectStorage | None, owner: type | None = None) -> Any:
+        return self if storage is None else getattr(storage._io, self._name)
 
 
 class ObjectStorage(Storage):
@@ -108,28 +116,11 @@ class ObjectStorage(Storage):
             self._impl, self._impl_pid = kind(self.uri, self._options), pid
         return self._impl
 
-    def get(self, path: str) -> bytes:
-        return self._io.get(path)
-
     def get_range(self, path: str, start: int, length: int) -> bytes:
         impl = self._impl  # ds[i]'s path: the property only when a fork may have happened
         if impl is None or self._impl_pid != os.getpid():
             impl = self._io
         return impl.get_range(path, start, length)
-
-    def get_head(self, path: str, length: int) -> tuple[bytes, int]:
-        return self._io.get_head(path, length)
-
-    def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-        return self._io.get_ranges(path, starts, lengths)
-
-    def get_range_batch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        return self._io.get_range_batch(requests)
-
-    def submit_range_batch(
-        self, requests: Sequence[tuple[str, int, int]]
-    ) -> concurrent.futures.Future[list[bytes]]:
-        return self._io.submit_range_batch(requests)
 
     def before_fork(self) -> ObjectStorage:
         """This storage, for a process about to fork workers that read it (a DataLoader's).
@@ -145,53 +136,26 @@ class ObjectStorage(Storage):
         twin._impl, twin._impl_pid = HelperObjectStorage(self.uri, self._options), os.getpid()
         return twin
 
-    def iter_chunks(self, path: str, chunk_size: int = 4 << 20) -> Iterator[bytes]:
-        return self._io.iter_chunks(path, chunk_size)
-
-    def iter_objects(
-        self, paths: Sequence[str], chunk_size: int = 4 << 20
-    ) -> Iterator[Iterator[bytes]]:
-        return self._io.iter_objects(paths, chunk_size)
-
-    def iter_views(self, path: str, chunk_size: int = 4 << 20) -> Iterator[memoryview]:
-        return self._io.iter_views(path, chunk_size)
-
-    def size(self, path: str) -> int:
-        return self._io.size(path)
-
-    def exists(self, path: str) -> bool:
-        return self._io.exists(path)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        return self._io.list(prefix)
-
-    def list_pages(
-        self, folder: str = "", after: str | None = None
-    ) -> Iterator[builtins.list[tuple[str, int]]]:
-        return self._io.list_pages(folder, after)
-
-    def list_folder(
-        self, folder: str = ""
-    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
-        return self._io.list_folder(folder)
-
-    def delete(self, path: str) -> None:
-        self._io.delete(path)
-
-    def rename(self, source: str, target: str) -> None:
-        self._io.rename(source, target)
-
-    def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
-        self._io.put(path, data)
-
-    def get_tagged(self, path: str) -> tuple[bytes, str] | None:
-        return self._io.get_tagged(path)
-
-    def put_if(self, path: str, data: bytes, tag: str | None) -> str | None:
-        return self._io.put_if(path, data, tag)
-
-    def open_writer(self, path: str) -> ObjectWriter:
-        return self._io.open_writer(path)
+    # the rest as the implementation for this process does them
+    get = _Forwarded()
+    get_head = _Forwarded()
+    get_ranges = _Forwarded()
+    get_range_batch = _Forwarded()
+    submit_range_batch = _Forwarded()
+    iter_chunks = _Forwarded()
+    iter_objects = _Forwarded()
+    iter_views = _Forwarded()
+    size = _Forwarded()
+    exists = _Forwarded()
+    list = _Forwarded()
+    list_pages = _Forwarded()
+    list_folder = _Forwarded()
+    delete = _Forwarded()
+    rename = _Forwarded()
+    put = _Forwarded()
+    get_tagged = _Forwarded()
+    put_if = _Forwarded()
+    open_writer = _Forwarded()
 
     def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
         """A presigned HTTPS/HTTP GET URL of an object, for tools that read plain URLs
