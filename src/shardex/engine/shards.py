@@ -135,41 +135,6 @@ def write_shards(
             pos = n
 
 
-def writes_inline(split: SpilledRows, runner: Runner) -> bool:
-    """Whether this process writes the split's shards itself."""
-    return split.inline() or (runner.workers == 1 and not runner.remote)
-
-
-def write_plan(
-    plan: SplitPlan,
-    split: SpilledRows,
-    make_job: Callable[[Candidates, int, int], J],
-    runner: Runner,
-    *,
-    inline: bool,
-    on_discard: Callable[[D], None],
-    write: Callable[[J], D],
-) -> Iterator[D]:
-    """:func:`write_shards` of ``plan``; skipped samples go to ``plan.on_skip`` first."""
-
-    def job(start: int, stop: int, first_sample: int, k: int) -> J:
-        return make_job(spilled_candidates(split, start, stop), first_sample, k)
-
-    for done in write_shards(
-        split,
-        job,
-        runner,
-        plan.samples_per_shard,
-        plan.max_shard_bytes,
-        inline=inline,
-        on_discard=on_discard,
-        write=write,
-    ):
-        if done.skipped and plan.on_skip is not None:
-            plan.on_skip(list(done.skipped))
-        yield done
-
-
 def write_split(
     storage: Storage,
     backend: Backend,
@@ -177,13 +142,23 @@ def write_split(
     runner: Runner,
     on_shard: Callable[[pa.Table | StagedRows, int], None],
 ) -> SplitInfo:
-    """Write a split through the backend's :class:`~shardex.backends.base.SplitWriter`."""
+    """Write a split through the backend's :class:`~shardex.backends.base.SplitWriter`;
+    skipped samples go to ``plan.on_skip`` before their shard is added."""
     split = plan.candidates
-    inline = writes_inline(split, runner)
+    # this process writes in-memory bytes itself, and everything with one local worker
+    inline = split.inline() or (runner.workers == 1 and not runner.remote)
     with backend.split_writer(storage, plan, remote=runner.remote and not inline) as out:
-        for done in write_plan(
-            plan, split, out.job, runner, inline=inline, on_discard=out.discard, write=out.write
-        ):
+
+        def job(start: int, stop: int, first_sample: int, k: int) -> Any:
+            return out.job(spilled_candidates(split, start, stop), first_sample, k)
+
+        sizes = plan.samples_per_shard, plan.max_shard_bytes
+        shards = write_shards(
+            split, job, runner, *sizes, inline=inline, on_discard=out.discard, write=out.write
+        )
+        for done in shards:
+            if done.skipped and plan.on_skip is not None:
+                plan.on_skip(list(done.skipped))
             if done.num_samples:  # not the split's last candidates, all of them skipped
                 on_shard(*out.add(done))
         return out.finish(runner)

@@ -9,16 +9,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.backends.base import Backend, StagedRows, unused_name
-from shardex.contract import METADATA_FILE, ExportConfig, SplitInfo
+from shardex.backends.base import Backend, SplitPlan, StagedRows, unused_name
+from shardex.contract import FORMAT_VERSION, METADATA_FILE, ExportConfig, SplitInfo
 from shardex.engine.commit import MetadataSink, old_metadata
 from shardex.engine.parts import MetadataJob, write_metadata
-from shardex.engine.plan import plan_split
 from shardex.engine.prepare import Prepared
 from shardex.engine.shards import write_split
 from shardex.options import ExportOptions
 from shardex.parallel import Runner
+from shardex.planning import name_hash
 from shardex.progress import Progress
+from shardex.refs.rows import SpilledRows
+from shardex.sample_check import SampleCheck
 from shardex.storage import Storage
 from shardex.storage.staging import put_part
 
@@ -137,9 +139,12 @@ def write_splits(
                 if before is not None:
                     written[split] = before
                 continue
-            plan, digest = plan_split(rows, split, backend, prep, opts, before, committed, previous)
-            digests.append(digest)
-            plan = dataclasses.replace(plan, on_skip=on_skip, staging=staging)
+            digests.append(rows.digest)
+            plan = dataclasses.replace(
+                _plan(rows, split, prep, opts, before, committed, previous),
+                on_skip=on_skip,
+                staging=staging,
+            )
             info = write_split(storage, backend, plan, runner, on_shard)
             if info.num_samples or before is not None:
                 written[split] = info
@@ -148,3 +153,30 @@ def write_splits(
         sink.abort()
         raise
     return Written(written, digests, metadata_file, sink.checksum, skipped)
+
+
+def _plan(
+    rows: SpilledRows,
+    split: str,
+    prep: Prepared,
+    opts: ExportOptions,
+    before: SplitInfo | None,
+    committed: frozenset[str],
+    previous: ExportConfig | None,
+) -> SplitPlan:
+    """A split's plan: its candidates, their exact sizes in a shard and its name hash."""
+    return SplitPlan(
+        split,
+        rows,
+        name_hash(opts, split, rows.digest),
+        prep.write_label,
+        prep.fields,
+        resume=opts.mode in ("resume", "overwrite", "append"),
+        previous=before,
+        existing=committed,
+        format_version=previous.format_version if previous else FORMAT_VERSION,
+        samples_per_shard=opts.samples_per_shard,
+        max_shard_bytes=opts.max_shard_bytes,
+        check=SampleCheck(opts.validate, opts.max_pixels, opts.on_error),
+        flat=opts.layout == "flat",
+    )
