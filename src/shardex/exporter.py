@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
+from shardex.backends.ownership import INTENT_FILE
 from shardex.contract import ExportConfig
 from shardex.engine.commit import export_files
-from shardex.engine.output import INTENT_FILE
 from shardex.engine.run import export_options, run_export
 from shardex.errors import ConfigError
 from shardex.options import ExportOptions, parse_split_fractions

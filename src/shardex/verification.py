@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from shardex.backends.base import Check
+from shardex.backends.ownership import INTENT_FILE
 from shardex.backends.registry import backend_for
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.errors import ShardexError
@@ -23,10 +24,6 @@ from shardex.storage import Storage, open_storage
 from shardex.verify_report import Problem, VerifyReport, verify_key_table
 
 __all__ = ["Problem", "VerifyReport", "check_file_checksum", "verify", "verify_key_table"]
-
-
-#: :data:`shardex.engine.output.INTENT_FILE` (not imported: it loads the export engine).
-_INTENT_FILE = ".shardex-intent.json"
 
 
 def verify(
@@ -42,14 +39,14 @@ def verify(
     try:
         config = ExportConfig.read(storage)
     except ShardexError as exc:
-        report.problems.append(Problem(CONFIG_FILE, "config", str(exc)))
+        report.add(CONFIG_FILE, "config", str(exc))
         return report
     with Progress(progress) as bars:
         bar = bars.task("verifying samples", config.num_samples)
         try:
             backend = backend_for(config)
         except ShardexError as exc:  # not installed, or unknown: its files cannot be read
-            report.problems.append(Problem(CONFIG_FILE, "backend", str(exc)))
+            report.add(CONFIG_FILE, "backend", str(exc))
             return report
         for name in config.splits:
             backend.verify_split(storage, config, name, Check(report, deep, bar))
@@ -74,18 +71,16 @@ def _verify_derived(storage: Storage, files: dict[str, bytes], report: VerifyRep
         try:
             found = storage.get(path)
         except ShardexError as exc:
-            report.problems.append(Problem(path, "missing", f"cannot be read ({exc})"))
+            report.add(path, "missing", f"cannot be read ({exc})")
             continue
         # A writer at work or killed just after its commit (its intent file is there) has
         # not replaced the lists yet; they name the old tars, which are still there.
-        if found != want and not storage.exists(_INTENT_FILE):
-            report.problems.append(
-                Problem(
-                    path,
-                    "list",
-                    "does not list the shards config.yaml names; export again with the "
-                    "same options (it rewrites it) or delete it and rerun the export",
-                )
+        if found != want and not storage.exists(INTENT_FILE):
+            report.add(
+                path,
+                "list",
+                "does not list the shards config.yaml names; export again with the "
+                "same options (it rewrites it) or delete it and rerun the export",
             )
 
 
@@ -97,11 +92,7 @@ def check_file_checksum(
         return
     found = f"xxh3_64:{xxhash.xxh3_64_hexdigest(data)}"
     if found != expected:
-        report.problems.append(
-            Problem(
-                path, kind, f"whole-file checksum {found} differs from config.yaml's {expected}"
-            )
-        )
+        report.add(path, kind, f"whole-file checksum {found} differs from config.yaml's {expected}")
 
 
 def _verify_table_file(
@@ -120,10 +111,8 @@ def _verify_table_file(
         data = storage.get(path)
         rows = pq.read_metadata(arrow_reader(data)).num_rows
     except (ShardexError, pa.ArrowException, OSError) as exc:
-        report.problems.append(Problem(path, kind, f"cannot be read: {exc}"))
+        report.add(path, kind, f"cannot be read: {exc}")
         return
     check_file_checksum(path, kind, data, checksum, report)
     if rows != rows_expected:
-        report.problems.append(
-            Problem(path, kind, f"has {rows} rows, config.yaml says {rows_expected} {what}")
-        )
+        report.add(path, kind, f"has {rows} rows, config.yaml says {rows_expected} {what}")

@@ -13,7 +13,7 @@ from shardex.contract import ExportConfig, ShardInfo, SplitInfo
 from shardex.errors import ShardexError
 from shardex.format.tables import shard_checksum
 from shardex.storage import Storage
-from shardex.verify_report import Problem, VerifyReport, verify_key_table
+from shardex.verify_report import VerifyReport, verify_key_table
 
 
 def verify_array_split(
@@ -38,13 +38,11 @@ def verify_array_split(
             report.samples += 1
             bar.advance(1)
     except ShardexError as exc:
-        report.problems.append(Problem(name, "sample", f"cannot be read: {exc}"))
+        report.add(name, "sample", f"cannot be read: {exc}")
         return
     if report.samples - before != split.num_samples:
         found = report.samples - before
-        report.problems.append(
-            Problem(name, "sample", f"read {found} samples, config.yaml says {split.num_samples}")
-        )
+        report.add(name, "sample", f"read {found} samples, config.yaml says {split.num_samples}")
 
 
 def _run_files(
@@ -75,12 +73,10 @@ def _verify_run(
                 digest.update(chunk)
                 report.bytes += len(chunk)
         except ShardexError as exc:
-            report.problems.append(Problem(path, "missing", str(exc)))
+            report.add(path, "missing", str(exc))
             return False
     if shard_checksum(digest) != shard.checksum:
-        report.problems.append(
-            Problem(shard.path, "checksum", f"{shard_checksum(digest)} != {shard.checksum}")
-        )
+        report.add(shard.path, "checksum", f"{shard_checksum(digest)} != {shard.checksum}")
         return False
     return True
 
@@ -88,4 +84,4 @@ def _verify_run(
 def _check_decoded(sample: dict[str, Any], report: VerifyReport) -> None:
     for name, value in sample.items():
         if name.rpartition(".")[2] in IMAGE_EXTENSIONS and getattr(value, "ndim", 0) < 2:
-            report.problems.append(Problem(name, "image", "did not decode", sample["__key__"]))
+            report.add(name, "image", "did not decode", sample["__key__"])

@@ -58,7 +58,7 @@ def load_npy(storage: Storage, path: str, report: VerifyReport) -> np.ndarray | 
     try:
         return np.load(io.BytesIO(storage.get(path)), allow_pickle=False)  # type: ignore[no-any-return]
     except (ShardexError, ValueError, OSError) as exc:
-        report.problems.append(Problem(path, "index", f"cannot be read: {exc}"))
+        report.add(path, "index", f"cannot be read: {exc}")
         return None
 
 
@@ -70,18 +70,12 @@ def verify_key_table(
     if keys is None:
         return None
     if keys.dtype != np.uint64 or keys.shape != (2, n):
-        report.problems.append(
-            Problem(path, "index", f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}")
-        )
+        report.add(path, "index", f"expected uint64 (2, {n}), found {keys.dtype} {keys.shape}")
         return None
     if n and np.any(keys[0][1:] < keys[0][:-1]):
-        report.problems.append(
-            Problem(path, "index", "key hashes are not sorted: lookups by key would miss")
-        )
+        report.add(path, "index", "key hashes are not sorted: lookups by key would miss")
         return None
     if n and not np.array_equal(np.sort(keys[1]), np.arange(n, dtype=np.uint64)):
-        report.problems.append(
-            Problem(path, "index", "the key table's sample numbers do not cover every sample")
-        )
+        report.add(path, "index", "the key table's sample numbers do not cover every sample")
         return None
     return keys

@@ -12,8 +12,8 @@ import pytest
 
 import shardex
 from helpers import files_of, kill_once_shards_appear
+from shardex.backends.ownership import INTENT_FILE
 from shardex.contract import ERRORS_FILE
-from shardex.engine.output import INTENT_FILE
 from shardex.errors import ShardexError
 from shardex.storage.local import LocalStorage
 from shardex.storage.lock import LOCK_FILE

@@ -97,7 +97,8 @@ def _owned(storage: Storage, rest: list[str], owners: list[str] | None) -> list[
     return rest
 
 
-#: See :func:`shardex.engine.output.record_intent`.
+#: What a writer records before it writes anything (see
+#: :func:`shardex.engine.output.record_intent`).
 INTENT_FILE: Final = ".shardex-intent.json"
 
 

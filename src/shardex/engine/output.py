@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import xxhash
 
-from shardex.backends.ownership import foreign_files, run_owns, shardex_files, writers
+from shardex.backends.ownership import INTENT_FILE, foreign_files, run_owns, shardex_files, writers
 from shardex.contract import CONFIG_FILE, ExportConfig
 from shardex.engine.commit import (
     commit,
@@ -33,9 +33,6 @@ from shardex.storage import Storage
 from shardex.storage.local import check_output_folder, temporary_target
 from shardex.storage.lock import LOCK_FILE
 from shardex.storage.staging import STAGING, is_staged
-
-#: What a writer records before it writes anything (see :func:`_intent`).
-INTENT_FILE: Final = ".shardex-intent.json"
 
 #: Files of a writer at work, never part of an export.
 CONTROL: Final = frozenset({INTENT_FILE, LOCK_FILE})

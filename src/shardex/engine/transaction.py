@@ -7,11 +7,10 @@ import contextlib
 from types import TracebackType
 
 from shardex.backends.base import Backend
-from shardex.backends.ownership import committed_is_flat
+from shardex.backends.ownership import INTENT_FILE, committed_is_flat
 from shardex.contract import ExportConfig
 from shardex.engine.commit import commit
 from shardex.engine.output import (
-    INTENT_FILE,
     check_output,
     committed_files,
     finish_committed,

@@ -7,7 +7,6 @@ sample or shard gives no file (DALI then scans the tar).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Final
 
 VERSION: Final = "v1.2"
@@ -33,39 +32,26 @@ class DaliIndex:
         self._samples.append((start, components))
 
     def to_bytes(self) -> bytes | None:
-        """The file's bytes; None when a member cannot be described in the format."""
+        """The file's bytes, one string per member and no loop per line; None when a
+        member cannot be described in the format."""
         counts = [len(parts) for _, parts in self._samples]
+        if not counts or min(counts) == 0:
+            return None
         flat = [
             (e, start + at, n, name) for start, parts in self._samples for e, at, n, name in parts
         ]
-        exts, offsets, sizes, names = zip(*flat, strict=True) if flat else ((), (), (), ())
-        return dali_index_bytes(counts, exts, offsets, sizes, names)
-
-
-def dali_index_bytes(
-    counts: Sequence[int],
-    exts: Sequence[str],
-    offsets: Sequence[int],
-    sizes: Sequence[int],
-    names: Sequence[str],
-) -> bytes | None:
-    """The ``.idx`` bytes of samples of ``counts[i]`` members each, their (extension, data
-    offset in the tar, size, name) given flat: one string per member, no loop per line;
-    None when a member cannot be described in the format.
-    """
-    if not counts or min(counts) == 0:
-        return None
-    if any(not e or WHITESPACE.search(e) for e in set(exts)):
-        return None
-    ends = [" "] * len(exts)
-    at = -1
-    for count in counts:  # the last member of each sample ends its line
-        at += count
-        ends[at] = "\n"
-    if WHITESPACE.search("".join(names)) is None:
-        body = map("{} {} {} {}{}".format, exts, offsets, sizes, names, ends)
-        version = VERSION
-    else:
-        body = map("{} {} {}{}".format, exts, offsets, sizes, ends)
-        version = VERSION_WITHOUT_NAMES
-    return f"{version} {len(counts)}\n{''.join(body)}".encode()
+        exts, offsets, sizes, names = zip(*flat, strict=True)
+        if any(not e or WHITESPACE.search(e) for e in set(exts)):
+            return None
+        ends = [" "] * len(exts)
+        at = -1
+        for count in counts:  # the last member of each sample ends its line
+            at += count
+            ends[at] = "\n"
+        if WHITESPACE.search("".join(names)) is None:
+            body = map("{} {} {} {}{}".format, exts, offsets, sizes, names, ends)
+            version = VERSION
+        else:
+            body = map("{} {} {}{}".format, exts, offsets, sizes, ends)
+            version = VERSION_WITHOUT_NAMES
+        return f"{version} {len(counts)}\n{''.join(body)}".encode()

@@ -181,11 +181,6 @@ class Member:
     data_offset: int
     size: int
 
-    @property
-    def end(self) -> int:
-        """Offset just past the member's data padding."""
-        return self.data_offset + self.size + padding(self.size)
-
 
 def _octal(field: bytes, where: str) -> int:
     text = field.rstrip(b"\0 ").lstrip(b" ")

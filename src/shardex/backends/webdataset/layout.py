@@ -208,7 +208,6 @@ class ShardLayout:
         for where, data, start in placed:
             size = sizes[where]
             skeleton[spread(bstart[where] * BLOCK + hlen[where], size)] = data[spread(start, size)]
-        self.skeleton = skeleton
         self.view: memoryview = skeleton.data
         #: Skeleton positions of each member's block, header end and padding.
         self.block_start = bstart
@@ -218,7 +217,6 @@ class ShardLayout:
         before = np.zeros(self.total + 1, np.int64)
         np.cumsum(length, out=before[1:])
         firsts = self.firsts
-        self.header_len = hlen
         self.data_at = before[:-1] - before[firsts[:-1]][self.owner] + hlen
         self.sample_bytes = before[firsts[1:]] - before[firsts[:-1]]
 

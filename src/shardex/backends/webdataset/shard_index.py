@@ -55,7 +55,7 @@ def _components(layout: ShardLayout, taken: Ints) -> list[list[Component]]:
 
 
 def _dali_index(layout: ShardLayout, offsets: list[int], counts: Ints, flat: Ints) -> bytes | None:
-    """:func:`~shardex.format.dali_index.dali_index_bytes` built by Arrow (None: cannot)."""
+    """:meth:`~shardex.format.dali_index.DaliIndex.to_bytes` built by Arrow (None: cannot)."""
     if not len(counts) or int(counts.min()) == 0:
         return None
     exts = [layout.ext_names[c] for c in np.unique(layout.ext_codes[flat]).tolist()]

@@ -59,11 +59,10 @@ class TarSplit(SplitWriter):
         committed = second if f"{second}.tar" in plan.existing else usual
         other = second if committed == usual else usual
         held = f"{committed}.tar" in plan.existing
-        stem = committed if held else usual
         return ShardJob(
             self.storage,
-            f"{stem}.tar",
-            f"{stem}.parquet",
+            f"{committed}.tar",
+            f"{committed}.parquet",
             candidates,
             with_label=plan.with_label,
             samples_per_shard=plan.samples_per_shard,
@@ -71,7 +70,7 @@ class TarSplit(SplitWriter):
             first_sample=self._base + first_sample,
             check=plan.check,
             resume=plan.resume,
-            dali_index_path=f"{stem}.idx",
+            dali_index_path=f"{committed}.idx",
             alternate=(f"{other}.tar", f"{other}.parquet", f"{other}.idx") if held else None,
             seeded=checksum_seeds(plan.format_version),
         )
