@@ -10,6 +10,7 @@ import queue
 import re
 import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Final, Protocol, TypeVar, runtime_checkable
 
@@ -206,7 +207,73 @@ def check_metadata_names(names: list[str], where: str) -> None:
         )
 
 
-def hand_over(
+def produced_ahead(
+    items: Iterable[_T],
+    produce: Callable[[_T], Iterator[Any] | None],
+    stop: threading.Event,
+    *,
+    threads: int,
+    chunk: int,
+    name: str,
+) -> Iterator[tuple[_T, Iterator[Any] | None]]:
+    """Each item and the values ``produce(item)`` yields, in order, while threads iterate
+    the next ``threads`` items' values ahead (handed over ``chunk`` at a time, two chunks
+    held at most; ``produce`` runs here, the thread iterates what it returns); an item
+    ``produce`` gives None for comes with None, made by no thread.
+    ``stop`` (set once this ends) stops the threads at their next value."""
+    started: deque[tuple[_T, queue.Queue[tuple[str, Any]] | None]] = deque()
+    rest = iter(items)
+
+    def start_next() -> None:
+        for item in rest:
+            values = produce(item)
+            if values is None:
+                started.append((item, None))
+                continue
+            handed: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=2)
+            work = (values, chunk, handed, stop)
+            threading.Thread(target=_produce_into, args=work, name=name, daemon=True).start()
+            started.append((item, handed))
+            return
+
+    try:
+        for _ in range(threads):
+            start_next()
+        while started:
+            item, handed = started.popleft()
+            if handed is None:
+                yield item, None
+                continue
+            yield item, (value for part in _handed_over(handed, stop) for value in part)
+            start_next()
+    finally:
+        stop.set()  # threads still at work stop at their next value
+
+
+def _produce_into(
+    values: Iterator[Any], chunk: int, handed: queue.Queue[tuple[str, Any]], stop: threading.Event
+) -> None:
+    try:
+        part: list[Any] = []
+        for value in values:
+            if stop.is_set():  # the reader gave up (the export is over): no more requests
+                return
+            part.append(value)
+            if len(part) >= chunk:
+                if not _hand_over(handed, ("part", part), stop):
+                    return
+                part = []
+        if _hand_over(handed, ("part", part), stop):
+            _hand_over(handed, ("end", None), stop)
+    except BaseException as exc:  # raised again in the reader
+        _hand_over(handed, ("error", exc), stop)
+    finally:
+        close = getattr(values, "close", None)
+        if close is not None:  # a tar scan's: its local copy too
+            close()
+
+
+def _hand_over(
     handed: queue.Queue[tuple[str, Any]], item: tuple[str, Any], stop: threading.Event
 ) -> bool:
     """Put ``item`` on ``handed``; False once ``stop`` is set (the reader gave up)."""
@@ -219,16 +286,14 @@ def hand_over(
     return False
 
 
-def handed_over(
-    handed: queue.Queue[tuple[str, Any]], stop: threading.Event | None = None
-) -> Iterator[Any]:
-    """What a producer thread hands over with :func:`hand_over`, raising what it raised;
-    an error, not a wait for good, once ``stop`` is set and nothing is left."""
+def _handed_over(handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> Iterator[Any]:
+    """What a producer thread hands over, raising what it raised; an error, not a wait for
+    good, once ``stop`` is set and nothing is left."""
     while True:
         try:
             kind, value = handed.get(timeout=0.2)
         except queue.Empty:
-            if stop is not None and stop.is_set() and handed.empty():
+            if stop.is_set() and handed.empty():
                 raise RuntimeError(
                     "a thread's items were read after its scan was stopped"
                 ) from None

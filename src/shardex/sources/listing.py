@@ -6,16 +6,14 @@ back zstd Arrow key tables (a few bytes a key, against ~250 of LIST XML).
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import pyarrow as pa
 
-from shardex.sources.base import MapRunner, hand_over, handed_over
+from shardex.sources.base import MapRunner, produced_ahead
 from shardex.storage import Storage
 
 __all__ = [
@@ -30,7 +28,6 @@ __all__ = [
 
 Entry = tuple[str, int]  # (path below the storage root, size)
 LIST_THREADS: Final = 16  # each LIST waits on the store, not on this process
-_HELD_PAGES: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,56 +101,26 @@ def listed(storage: Storage, parts: Sequence[Part], runner: MapRunner | None) ->
             else:
                 yield from table_entries(part.folder, part.table or next(tables))
         return
-    for pages in _pages_ahead(storage, parts, LIST_THREADS):
-        for page in pages:
-            yield from page
+
+    def pages(part: Part) -> Iterator[list[Entry]] | None:
+        if part.folder is None or part.table is not None:
+            return None  # listed already
+        return _pages(storage, part.folder)
+
+    listing = produced_ahead(
+        parts, pages, threading.Event(), threads=LIST_THREADS, chunk=1, name="shardex-list"
+    )
+    for part, part_pages in listing:
+        if part_pages is not None:
+            for page in part_pages:
+                yield from page
+        elif part.table is not None:
+            assert part.folder is not None
+            yield from table_entries(part.folder, part.table)
+        else:
+            yield from part.objects
 
 
-def _pages_ahead(
-    storage: Storage, parts: Sequence[Part], threads: int
-) -> Iterator[Iterator[list[Entry]]]:
-    """Each part's pages, in order, while the next ``threads`` folders are listed by threads."""
-    stop = threading.Event()
-    started: deque[Part | queue.Queue[tuple[str, Any]]] = deque()
-    rest = iter(parts)
-
-    def start_next() -> None:
-        for part in rest:
-            if part.folder is None or part.table is not None:
-                started.append(part)
-                continue
-            handed: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_HELD_PAGES)
-            work = (storage, part.folder, handed, stop)
-            threading.Thread(target=_list_into, args=work, name="shardex-list", daemon=True).start()
-            started.append(handed)
-            return
-
-    try:
-        for _ in range(threads):
-            start_next()
-        while started:
-            head = started.popleft()
-            if isinstance(head, Part):
-                held = head.objects
-                if head.table is not None:
-                    assert head.folder is not None
-                    held = tuple(table_entries(head.folder, head.table))
-                yield iter([list(held)])
-            else:
-                yield handed_over(head)
-                start_next()
-    finally:
-        stop.set()  # threads still listing stop at their next handover
-
-
-def _list_into(
-    storage: Storage, folder: str, handed: queue.Queue[tuple[str, Any]], stop: threading.Event
-) -> None:
-
-    try:
-        for page in storage.list_pages(folder):
-            if not hand_over(handed, ("page", page), stop):
-                return
-        hand_over(handed, ("end", None), stop)
-    except BaseException as exc:  # raised again in the reader
-        hand_over(handed, ("error", exc), stop)
+def _pages(storage: Storage, folder: str) -> Iterator[list[Entry]]:
+    """A folder's pages; a generator, so the thread that iterates it makes the requests."""
+    yield from storage.list_pages(folder)

@@ -6,15 +6,12 @@ runner's tasks; damage handling: :mod:`shardex.sources.tar_scan`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import os
 import posixpath
-import queue
 import threading
 import warnings
-from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Final, cast
@@ -29,8 +26,7 @@ from shardex.sources.base import (
     MapRunner,
     StoredSource,
     check_metadata_names,
-    hand_over,
-    handed_over,
+    produced_ahead,
     safe_key,
 )
 from shardex.sources.jsonmeta import MetadataTypes, metadata_columns
@@ -144,7 +140,7 @@ class TarSource(StoredSource):
             else:
                 scanned = runner.imap(tar_sample_list, tars)
         elif remote:
-            scanned = _scanned_ahead(tars, SCAN_THREADS)
+            scanned = _scanned_ahead(tars)
         else:
             scanned = ((tar, tar_samples(tar)) for tar in tars)
         return SampleStream(self._batches(scanned))
@@ -216,53 +212,18 @@ SCAN_THREADS: Final = 16  # tars scanned at once: a scan waits on requests
 _HANDOVER: Final = 1024  # samples per handover (a thread holds two at most)
 
 
-def _scanned_ahead(
-    tars: list[TarRef], threads: int
-) -> Iterator[tuple[TarRef, Iterator[TarSample]]]:
-    """Each tar and its samples, in order, the next ``threads - 1`` tars scanned by threads."""
+def _scanned_ahead(tars: list[TarRef]) -> Iterator[tuple[TarRef, Iterator[TarSample]]]:
+    """Each tar and its samples, in order, the next tars scanned by threads."""
     stop = threading.Event()
     copies = tars[0].copies
     if copies is not None:  # their end (the export's scan over, or failed) stops the threads
         copies.watch(stop)
-    started: deque[tuple[TarRef, queue.Queue[tuple[str, Any]]]] = deque()
-    rest = iter(tars)
-
-    def start_next() -> None:
-        tar = next(rest, None)
-        if tar is not None:
-            handed: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=2)
-            threading.Thread(
-                target=_scan_into, args=(tar, handed, stop), name="shardex-tar-scan", daemon=True
-            ).start()
-            started.append((tar, handed))
-
     try:
-        for _ in range(threads):
-            start_next()
-        while started:
-            tar, handed = started.popleft()
-            yield tar, (s for chunk in handed_over(handed, stop) for s in chunk)
-            start_next()
+        scans = produced_ahead(
+            tars, tar_samples, stop, threads=SCAN_THREADS, chunk=_HANDOVER, name="shardex-tar-scan"
+        )
+        yield from cast(Iterator[tuple[TarRef, Iterator[TarSample]]], scans)
     finally:
-        stop.set()  # threads still scanning stop at their next sample
+        stop.set()
         if copies is not None:
             copies.unwatch(stop)
-
-
-def _scan_into(tar: TarRef, handed: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
-
-    try:
-        chunk: list[TarSample] = []
-        with contextlib.closing(tar_samples(tar)) as samples:  # closed: its copy too
-            for sample in samples:
-                if stop.is_set():  # the export is over (failed): no more requests
-                    return
-                chunk.append(sample)
-                if len(chunk) >= _HANDOVER:
-                    if not hand_over(handed, ("samples", chunk), stop):
-                        return
-                    chunk = []
-        if hand_over(handed, ("samples", chunk), stop):
-            hand_over(handed, ("end", None), stop)
-    except BaseException as exc:  # raised again in the consumer
-        hand_over(handed, ("error", exc), stop)

@@ -314,18 +314,11 @@ class DirectObjectStorage(BatchedStorage):
         return True
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        def walk() -> list[str]:
-            names: list[str] = []
-            for batch in _obstore().list(self._client(), prefix=prefix or None):
-                names.extend(str(meta["path"]) for meta in batch)
-            return names
+        def walk(client: Any) -> list[str]:
+            batches = _obstore().list(client, prefix=prefix or None)
+            return [str(meta["path"]) for batch in batches for meta in batch]
 
-        try:
-            return iter(sorted(walk()))
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise storage_error(exc, f"{self.uri}/{prefix}", self._options) from exc
+        return iter(sorted(self._call(f"{self.uri}/{prefix}", walk)))
 
     def list_pages(
         self, folder: str = "", after: str | None = None
@@ -421,15 +414,10 @@ class DirectObjectStorage(BatchedStorage):
 
     def open_writer(self, path: str) -> ObjectWriter:
         checked_path(path, self.uri)
-        try:
-            writer = _obstore().open_writer(
-                self._client(), path, buffer_size=PART_SIZE, max_concurrency=MAX_PARTS_IN_FLIGHT
-            )
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise storage_error(exc, self.join(path), self._options) from exc
-        return _MultipartWriter(writer, self.join(path), self._options)
+        open_writer, where = _obstore().open_writer, self.join(path)
+        sizes = {"buffer_size": PART_SIZE, "max_concurrency": MAX_PARTS_IN_FLIGHT}
+        writer = self._call(where, open_writer, path, **sizes)
+        return _MultipartWriter(writer, where, self._options)
 
 
 class _MultipartWriter(CountingWriter):

@@ -172,6 +172,7 @@ class HelperObjectStorage(Storage):
     delete = _Remote()
     rename = _Remote()
     get_tagged = _Remote()
+    list_folder = _Remote()
     presign = _Remote()
 
     def get_ranges(self, path: str, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
@@ -205,11 +206,6 @@ class HelperObjectStorage(Storage):
     ) -> Iterator[builtins.list[tuple[str, int]]]:
         yield self._run(_list_all, folder, after)  # one page: the helper lists every page
 
-    def list_folder(
-        self, folder: str = ""
-    ) -> tuple[builtins.list[str], builtins.list[tuple[str, int]]]:
-        return self._run(_list_folder, folder)  # type: ignore[no-any-return]
-
     def put(self, path: str, data: bytes | bytearray | memoryview) -> None:
         self._run(_Direct.put, path, bytes(data))
 
@@ -226,10 +222,6 @@ def _list(storage: Storage, prefix: str) -> list[str]:
 
 def _list_all(storage: Storage, folder: str, after: str | None) -> list[tuple[str, int]]:
     return [entry for page in storage.list_pages(folder, after) for entry in page]
-
-
-def _list_folder(storage: Storage, folder: str) -> tuple[list[str], list[tuple[str, int]]]:
-    return storage.list_folder(folder)
 
 
 def _next(stream: Iterator[bytes]) -> bytes | None:
