@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardex.contract import FieldSpec
-from shardex.errors import MissingDependencyError
+from shardex.errors import imported
 
 if TYPE_CHECKING:
     import torch
@@ -25,13 +25,10 @@ BITS: Final = np.dtype(np.uint16)
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "bfloat16 fields need PyTorch (its cast and its tensors): pip install 'shardex[torch]'"
-        ) from exc
-    return torch
+    return imported(
+        "torch",
+        "bfloat16 fields need PyTorch (its cast and its tensors): pip install 'shardex[torch]'",
+    )
 
 
 def mark(specs: Iterable[FieldSpec]) -> tuple[FieldSpec, ...]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from shardex.api import read_config, resolve_split
 from shardex.backends.registry import backend_for
 from shardex.contract import ExportConfig, ShardInfo
-from shardex.errors import ConfigError, MissingDependencyError
+from shardex.errors import ConfigError, imported
 from shardex.storage import Storage, open_storage
 from shardex.storage.cache import local_copy
 
@@ -315,12 +315,8 @@ def _check_endpoint(args: ReaderArguments, storage_options: dict[str, Any] | Non
 
 
 def _dali() -> tuple[Any, Any]:
-    try:
-        fn = importlib.import_module("nvidia.dali.fn")
-        pipeline_class = importlib.import_module("nvidia.dali.pipeline").Pipeline
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "shardex.dali.pipeline needs NVIDIA DALI: pip install 'shardex[dali]' (DALI for "
-            "CUDA 12; for CUDA 13 install nvidia-dali-cuda130)"
-        ) from exc
-    return fn, pipeline_class
+    missing = (
+        "shardex.dali.pipeline needs NVIDIA DALI: pip install 'shardex[dali]' (DALI for "
+        "CUDA 12; for CUDA 13 install nvidia-dali-cuda130)"
+    )
+    return imported("nvidia.dali.fn", missing), imported("nvidia.dali.pipeline", missing).Pipeline

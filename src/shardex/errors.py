@@ -38,6 +38,9 @@ Warnings::
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 def mode_hint(mode: str) -> str:
     """How to ask for an export mode in a message that command-line and Python users
@@ -146,6 +149,15 @@ class BackendError(ShardexError, LookupError):
 
 class MissingDependencyError(BackendError, ImportError):
     """An optional dependency is not installed."""
+
+
+def imported(module: str, missing: str) -> Any:
+    """``module``, imported; a :class:`MissingDependencyError` saying ``missing`` if it is
+    not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(missing) from exc
 
 
 class ShardexWarning(UserWarning):

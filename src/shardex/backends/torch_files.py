@@ -12,17 +12,11 @@ from shardex.backends.array_dataset import ArrayDataset
 from shardex.backends.columns import Columns, Layout
 from shardex.backends.one_file import OneFileBackend, OneFileDataset
 from shardex.bfloat16 import bfloat16_columns, from_tensor
-from shardex.errors import FormatError, MissingDependencyError
+from shardex.errors import FormatError, imported
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "the torch backend needs PyTorch: pip install 'shardex[torch]'"
-        ) from exc
-    return torch
+    return imported("torch", "the torch backend needs PyTorch: pip install 'shardex[torch]'")
 
 
 def load_pt(data: bytes, where: str) -> dict[str, np.ndarray]:

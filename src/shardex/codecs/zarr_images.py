@@ -14,7 +14,7 @@ from zarr.codecs.numcodecs import _NumcodecsArrayBytesCodec
 from zarr.errors import ZarrUserWarning
 from zarr.registry import get_numcodec
 
-from shardex.errors import ConfigError, MissingDependencyError
+from shardex.errors import ConfigError, imported
 
 IMAGE_CODECS: Final[tuple[str, ...]] = ("none", "png", "webp", "jpeg")
 #: Channel counts each codec stores exactly as given (None: a 2-d grey image).
@@ -64,14 +64,11 @@ _CLASSES: Final[dict[str, type[_ImageCodec]]] = {
 
 def _register_numcodecs() -> None:
     """Make numcodecs know imagecodecs' image codecs (idempotent)."""
-    try:
-        import imagecodecs.numcodecs
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "zarr image codecs need imagecodecs: pip install 'shardex[zarr]'"
-        ) from exc
+    codecs = imported(
+        "imagecodecs.numcodecs", "zarr image codecs need imagecodecs: pip install 'shardex[zarr]'"
+    )
     # Skips codecs numcodecs already knows (quietly), so calling again is cheap.
-    imagecodecs.numcodecs.register_codecs([f"imagecodecs_{n}" for n in _CLASSES], verbose=False)
+    codecs.register_codecs([f"imagecodecs_{n}" for n in _CLASSES], verbose=False)
 
 
 def register_image_codecs() -> None:

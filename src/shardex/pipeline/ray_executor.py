@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Self, TypeVar
 
-from shardex.errors import MissingDependencyError
+from shardex.errors import imported
 from shardex.parallel import Runner
 from shardex.pipeline.executors import Executor, run_stages
 from shardex.pipeline.readers import BatchJob
@@ -22,11 +22,7 @@ R = TypeVar("R")
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingDependencyError("RayExecutor needs Ray: pip install 'shardex[ray]'") from exc
-    return ray
+    return imported("ray", "RayExecutor needs Ray: pip install 'shardex[ray]'")
 
 
 class _StageActor:

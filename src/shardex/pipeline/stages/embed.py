@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from shardex.errors import ConfigError, MissingDependencyError
+from shardex.errors import ConfigError, MissingDependencyError, imported
 from shardex.pipeline.stage import Batch, Resources, Sample, Stage
 from shardex.pipeline.stages._common import require, sample_name
 from shardex.pipeline.stages.pixels import (
@@ -106,11 +106,7 @@ class EmbedStage(Stage):
 
     def setup(self) -> None:
         """Import torch, set its threads to ``cpus``, build the model, load the weights."""
-        try:
-            import torch
-        except ImportError as exc:
-            raise MissingDependencyError(_TORCH_HINT) from exc
-
+        torch = imported("torch", _TORCH_HINT)
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.cpus)
         built = load_factory(self.model)()
@@ -272,12 +268,8 @@ def _read_state(file: Path) -> Any:
     import torch
 
     if file.suffix == ".safetensors":
-        try:
-            safetensors_torch = importlib.import_module("safetensors.torch")
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"reading {file.name} needs safetensors: pip install safetensors"
-            ) from exc
+        missing = f"reading {file.name} needs safetensors: pip install safetensors"
+        safetensors_torch = imported("safetensors.torch", missing)
         return safetensors_torch.load_file(str(file), device="cpu")
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
