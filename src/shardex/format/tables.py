@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -140,3 +140,18 @@ class _WriterFile:
 def parquet_file(writer: Any) -> Any:
     """Wrap an ObjectWriter for ``pq.write_table`` (its ``checksum``: of what was written)."""
     return _WriterFile(writer)
+
+
+#: Spilled and carried rows are mostly repeated paths: zstd 1 makes them ~5x smaller
+#: (2.3x smaller than lz4, as fast; measured on object-store references).
+ZSTD_1: Final = pa.ipc.IpcWriteOptions(
+    compression=pa.Codec("zstd", 1) if pa.Codec.is_available("zstd") else None
+)
+
+
+def ipc_bytes(data: pa.Table | pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> bytes:
+    """``data`` as the bytes of an Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema, options=options) as writer:
+        writer.write(data)
+    return bytes(sink.getvalue().to_pybytes())

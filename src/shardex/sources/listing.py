@@ -13,6 +13,7 @@ from typing import Final
 
 import pyarrow as pa
 
+from shardex.format.tables import ipc_bytes
 from shardex.sources.base import MapRunner, produced_ahead
 from shardex.storage import Storage
 
@@ -72,11 +73,7 @@ def encode_table(folder: str, entries: Sequence[Entry]) -> bytes:
     cut = len(folder) + 1
     names = pa.array([path[cut:] for path, _ in entries], pa.string())
     table = pa.table({"name": names, "size": pa.array([n for _, n in entries], pa.int64())})
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+    return ipc_bytes(table, pa.ipc.IpcWriteOptions(compression="zstd"))
 
 
 def table_entries(folder: str, data: bytes) -> list[Entry]:

@@ -149,6 +149,10 @@ class _Remote:
     def __get__(self, storage: HelperObjectStorage | None, owner: type | None = None) -> Any:
         return self if storage is None else functools.partial(storage._run, self._op)
 
+    def __call__(self, storage: HelperObjectStorage, *args: Any) -> Any:
+        """Called on the class, as a plain method is."""
+        return storage._run(self._op, *args)
+
 
 class HelperObjectStorage(Storage):
     """The same storage as ``DirectObjectStorage(uri, options)``, run by the helper."""

@@ -47,6 +47,10 @@ class _Forwarded:
     def __get__(self, storage: ObjectStorage | None, owner: type | None = None) -> Any:
         return self if storage is None else getattr(storage._io, self._name)
 
+    def __call__(self, storage: ObjectStorage, *args: Any, **kwargs: Any) -> Any:
+        """Called on the class, as a plain method is: ``ObjectStorage.get(storage, path)``."""
+        return getattr(storage._io, self._name)(*args, **kwargs)
+
 
 class ObjectStorage(Storage):
     """Objects under ``s3://bucket/prefix`` (or ``gs://``, ``az://``, ``http(s)://``).

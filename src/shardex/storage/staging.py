@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from shardex.errors import FormatError
+from shardex.format.tables import ipc_bytes
 from shardex.storage.base import Storage
 
 _TABLE: Final = "table"
@@ -57,11 +58,8 @@ def put_part(
     storage: Storage, staging: str, table: pa.Table, arrays: dict[str, npt.NDArray[Any]]
 ) -> str:
     """Stage one shard's metadata rows and arrays; the part's name, new per attempt."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_IPC) as writer:
-        writer.write_table(table)
     out = io.BytesIO()
-    named: dict[str, Any] = {_TABLE: np.frombuffer(sink.getvalue(), np.uint8), **arrays}
+    named: dict[str, Any] = {_TABLE: np.frombuffer(ipc_bytes(table, _IPC), np.uint8), **arrays}
     np.savez(out, **named)
     name = f"{staging}part-{secrets.token_hex(8)}.npz"
     storage.put(name, out.getvalue())
