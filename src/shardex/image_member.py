@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, encoding_of_extension
+from shardex.codecs.images import EXTENSION_OF, IMAGE_EXTENSIONS, encoding_of_extension
 from shardex.errors import ConfigError
 from shardex.quoting import quoted
 from shardex.refs.scan import MEMBER_TYPE, MEMBERS
@@ -96,13 +96,9 @@ def _rename(
     return renamed, pa.array(fmt, pa.string()), counts
 
 
-#: The member extension a re-export gives back to each image format.
-_EXTENSION_OF: Final = {"jpeg": "jpg", "tiff": "tif"}
-
-
 def original_extension(image_format: str | None, member: str) -> str:
     """The extension an image takes back when re-exported (``png`` for a PNG as ``KEY.jpg``)."""
     if not image_format:
         return member
-    ext = _EXTENSION_OF.get(image_format, image_format)
+    ext = EXTENSION_OF.get(image_format, image_format)
     return ext if ext in IMAGE_EXTENSIONS else member

@@ -73,6 +73,16 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
+#: The member extension of each image format (others: the format's name).
+EXTENSION_OF: Final = {"jpeg": "jpg", "tiff": "tif"}
+
+
+def sniffed_extension(head: bytes) -> str | None:
+    """The member extension of the image format named by the first bytes, or None."""
+    fmt = sniff(head)
+    return None if fmt is None else EXTENSION_OF.get(fmt, fmt)
+
+
 ReadAt = Callable[[int, int], bytes]
 #: 0xFF, kind, length; in a frame header then precision (skipped), height, width.
 _MARKER: Final = struct.Struct(">BBHxHH")

@@ -25,7 +25,7 @@ from shardex.contract import (
 )
 from shardex.engine.prepare import Prepared
 from shardex.errors import ExportError, UnverifiedOutputError, mode_hint
-from shardex.format.tables import parquet_file, read_checked_table
+from shardex.format.tables import ParquetFile, read_checked_table
 from shardex.options import ExportOptions
 from shardex.planning import key_specs
 from shardex.quoting import quoted
@@ -68,7 +68,7 @@ def write_errors(
     )
     name = unused_name(ERRORS_FILE, taken)
     with storage.open_writer(name) as out:
-        pq.write_table(table, sink := parquet_file(out))
+        pq.write_table(table, sink := ParquetFile(out))
     return name, sink.checksum
 
 
@@ -81,7 +81,7 @@ class MetadataSink:
 
     def __init__(self, storage: Storage, name: str = METADATA_FILE) -> None:
         self._out = storage.open_writer(name)
-        self._file = parquet_file(self._out)
+        self._file = ParquetFile(self._out)
         self._writer: pq.ParquetWriter | None = None
         self.num_rows = 0
         self.checksum: str | None = None

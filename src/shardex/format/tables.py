@@ -103,8 +103,9 @@ def shard_checksum(hasher: Any) -> str:
     return f"xxh3_64:{hasher.hexdigest()}"
 
 
-class _WriterFile:
-    """The file face of an ObjectWriter for pyarrow, hashing what passes (no read-back)."""
+class ParquetFile:
+    """An ObjectWriter as the file ``pq.write_table`` writes, hashing what passes (its
+    ``checksum``: of what was written, with no read-back)."""
 
     def __init__(self, writer: Any) -> None:
         self._w = writer
@@ -135,11 +136,6 @@ class _WriterFile:
 
     def seekable(self) -> bool:
         return False
-
-
-def parquet_file(writer: Any) -> Any:
-    """Wrap an ObjectWriter for ``pq.write_table`` (its ``checksum``: of what was written)."""
-    return _WriterFile(writer)
 
 
 #: Spilled and carried rows are mostly repeated paths: zstd 1 makes them ~5x smaller

@@ -16,14 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.codecs.images import sniff
+from shardex.codecs.images import sniffed_extension
 from shardex.errors import EmptySourceError, MissingDependencyError, SourceError
 from shardex.refs.scan import LeftOut, SampleStream, ScanBatch, batch_table, members_array
 from shardex.sources.base import Source, check_batch_size, check_metadata_names, quoted, safe_key
 from shardex.sources.probe import SourceSpec
 
 _BATCH_BYTES: Final = 1 << 30  # the member data column has 32-bit offsets
-_EXT: Final = {"jpeg": "jpg", "tiff": "tif"}
 _RENAMED: Final = ("original_path", "split", "label")
 
 
@@ -197,16 +196,16 @@ def _member(image: dict[str, Any] | None) -> tuple[str, str | None, bytes | None
         return "the row has no image (null)"
     data, path = image.get("bytes"), image.get("path")
     if data is not None:
-        kind = sniff(data[:16])
-        if kind is None:
+        ext = sniffed_extension(data[:16])
+        if ext is None:
             return "the image bytes are not a known image format"
-        return _EXT.get(kind, kind), None, data
+        return ext, None, data
     if path and Path(path).is_file():
         with open(path, "rb") as f:
-            kind = sniff(f.read(16))
-        if kind is None:
+            ext = sniffed_extension(f.read(16))
+        if ext is None:
             return f"{quoted(path)} is not a known image format"
-        return _EXT.get(kind, kind), path, None
+        return ext, path, None
     return f"the image file {quoted(str(path))} does not exist"
 
 

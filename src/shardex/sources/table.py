@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardex.codecs.images import IMAGE_EXTENSIONS, sniff, unexported_image_reason
+from shardex.codecs.images import IMAGE_EXTENSIONS, sniffed_extension, unexported_image_reason
 from shardex.errors import (
     BadSampleError,
     EmptySourceError,
@@ -154,10 +154,10 @@ def _member(ext: str, size: int, path: str, head: Callable[[], bytes]) -> tuple[
         why = unexported_image_reason(ext)
         if why is not None:
             return None, f"is not exported: {why}"
-        fmt = sniff(head())
-        if fmt is None:
+        sniffed = sniffed_extension(head())
+        if sniffed is None:
             return None, "is not a recognised image (JPEG, PNG, WebP, GIF, BMP or TIFF)"
-        ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
+        ext = sniffed
     return Member(ext, size, path=path), ""
 
 
@@ -386,15 +386,14 @@ class TableSource(Source):
             if not blob:
                 rows.leave_out(keys[i], f"row {start + i}: no image bytes in column {bcol!r}")
                 continue
-            fmt = sniff(blob[:16])
-            if fmt is None:
+            ext = sniffed_extension(blob[:16])
+            if ext is None:
                 rows.leave_out(
                     keys[i],
                     f"row {start + i}: the bytes in column {bcol!r} are not a recognised image "
                     f"(they begin {blob[:8]!r})",
                 )
                 continue
-            ext = {"jpeg": "jpg", "tiff": "tif"}.get(fmt, fmt)
             rows.add(i, safe_key(keys[i]), keys[i], Member(ext, len(blob), data=blob))
         return rows
 
