@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import math
 import os
@@ -349,6 +350,7 @@ def write_limit(jpgs: Sequence[bytes], target: Path) -> None:
         os.fsync(f.fileno())
 
 
+@functools.cache  # once: a second import would find the stand-in packages made below
 def mds_writer() -> Any | None:
     """MosaicML Streaming's ``MDSWriter`` class, or None when mosaicml-streaming is missing.
 
