@@ -32,11 +32,11 @@ _UNWRAPPED: Final = 1 << 20
 
 
 def size_text(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    return f"{n:.1f} TiB"
 
 
 if TYPE_CHECKING:

@@ -220,28 +220,29 @@ def check_options(uri: str, options: dict[str, Any]) -> None:
                 f"unknown storage option {name!r} for {uri}; {hint}known options: "
                 f"{', '.join(sorted(known))}"
             )
-        if bare in seen and value is not None:
+        if value is None:  # unset: the default
+            continue
+        if bare in seen:
             raise ConfigError(
                 f"storage options {seen[bare]!r} and {name!r} name the same setting; "
                 "give one of them"
             )
-        if value is not None:
-            seen[bare] = name
+        seen[bare] = name
         allowed = (
             (str, bool, int, float, timedelta)
             if bare in DURATION_OPTIONS
             else (str, bool, int, float)
         )
-        if value is not None and not isinstance(value, allowed):
+        if not isinstance(value, allowed):
             raise ConfigError(
                 f"storage option {name!r} must be text, a number or a bool, not "
                 f"{type(value).__name__}"
             )
-        if bare in DURATION_OPTIONS and value is not None:
+        if bare in DURATION_OPTIONS:
             duration(value, name)
-        if bare == "coalesce_gap" and value is not None:
+        if bare == "coalesce_gap":
             byte_size(value, name)
-        if bare in ("read_concurrency", "hedge") and value is not None:
+        if bare in ("read_concurrency", "hedge"):
             batch_policy({bare: value})
 
 

@@ -283,6 +283,7 @@ class _WorkerPool:
 
     def __init__(self) -> None:
         keep_freed_heap()
+        ForkingPickler.register(_Staged, _reduce_staged)
         self.token = f"{os.getpid()}-{os.urandom(6).hex()}"
         self.buffers: list[_Buffer] = []
         self.collate_map: CollateMap = {
@@ -340,16 +341,8 @@ class _WorkerPool:
         return out
 
 
-_POOL: _WorkerPool | None = None
-
-
-def _worker_pool() -> _WorkerPool:
-    """This process's pool, made on first use (a forked worker never inherits one)."""
-    global _POOL
-    if _POOL is None or not _POOL.token.startswith(f"{os.getpid()}-"):
-        ForkingPickler.register(_Staged, _reduce_staged)
-        _POOL = _WorkerPool()
-    return _POOL
+#: This process's pool, made on first use (a forked worker never inherits one).
+_worker_pool: Final = PerProcess(_WorkerPool)
 
 
 def _reduce_staged(tensor: _Staged) -> tuple[Any, ...]:

@@ -15,7 +15,6 @@ from shardex.quoting import quoted
 from shardex.refs.members import Members
 from shardex.refs.pinned import ArrowBytes, is_pinned, pinned_view
 from shardex.refs.scan import MemberRow
-from shardex.storage import Storage
 from shardex.storage.fetch.held import HeldReads
 from shardex.storage.fetch.objects import ObjectReads, registered, sized
 
@@ -68,15 +67,9 @@ class _Files:
         self._fds: dict[str, int] = {}
         self._arena = _Arena() if reuse else None
 
-    def read(self, path: str, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file); a
-        BadSampleError if it cannot be read or its size changed."""
-        data = self.get(path, offset, size, None)
-        assert isinstance(data, bytes)  # read into no buffer
-        return data
-
-    def read_reused(self, path: str, offset: int, size: int) -> bytes | memoryview:
-        """:meth:`read`, into reused memory."""
+    def read(self, path: str, offset: int, size: int) -> bytes | memoryview:
+        """``size`` bytes at ``offset`` of ``path`` (``offset`` -1: the whole file), into
+        reused memory if asked; a BadSampleError if it cannot be read or its size changed."""
         into = None
         if self._arena is not None:  # a whole file: one byte more shows if it grew
             into = self._arena.take(size + 1 if offset < 0 else size)
@@ -182,7 +175,7 @@ class ByteSource:
             if held is not None:
                 return held
             return self._objects.read(j, path, int(m.offset[j]), int(m.size[j]))
-        return self._files.read_reused(path, int(m.offset[j]), int(m.size[j]))
+        return self._files.read(path, int(m.offset[j]), int(m.size[j]))
 
     def read_files(
         self, js: npt.NDArray[np.int64], limit: int
@@ -224,10 +217,10 @@ class ByteSource:
 class MemberReader:
     """Reads the bytes of a scan table's member rows: files kept open, objects a GET each."""
 
-    def __init__(self, stores: tuple[tuple[str, Storage], ...] | None = None) -> None:
+    def __init__(self) -> None:
         self._files = _Files()
         # a worker has no stores of its own: those registered where the job was made
-        self._objects = ObjectReads(registered() if stores is None else stores)
+        self._objects = ObjectReads(registered())
 
     def read(self, member: MemberRow) -> bytes:
         data = member["data"]
@@ -237,7 +230,7 @@ class MemberReader:
         assert path is not None  # a member without bytes names where they are
         if "://" in path:
             return self._objects.read(-1, path, member["offset"], member["size"])
-        return self._files.read(path, member["offset"], member["size"])
+        return bytes(self._files.read(path, member["offset"], member["size"]))  # no arena: bytes
 
     def close(self) -> None:
         self._files.close()
