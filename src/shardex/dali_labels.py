@@ -2,7 +2,7 @@
 
 DALI gives a label as ASCII codes; :func:`ascii_label` parses them with arithmetic only
 (right-pad with ``"0"``, weigh by powers of ten, sum, divide out the padding). The ops that
-differ come from a :class:`LabelOps`, so tests run the same expression on numpy.
+differ come from a :class:`LabelOps`, so the tests run the same expression on numpy.
 """
 
 from __future__ import annotations
@@ -40,30 +40,6 @@ def ascii_label(text: Any, ops: LabelOps) -> Any:
     digits = ops.int64(ops.pad(text, MAX_DIGITS, _ZERO)) - _ZERO
     value = ops.total(ops.weigh(digits)) // ops.pow10(MAX_DIGITS - length)
     return value - ops.int64(length == 0)
-
-
-class NumpyOps:
-    """:class:`LabelOps` on numpy arrays (one sample), for tests."""
-
-    def pad(self, text: Any, width: int, fill: int) -> Any:
-        return np.pad(
-            np.asarray(text, dtype=np.uint8), (0, width - len(text)), constant_values=fill
-        )
-
-    def int64(self, x: Any) -> Any:
-        return np.asarray(x).astype(np.int64)
-
-    def weigh(self, digits: Any) -> Any:
-        return digits * WEIGHTS
-
-    def total(self, x: Any) -> Any:
-        return np.sum(x, dtype=np.int64)
-
-    def length(self, text: Any) -> Any:
-        return np.int64(len(text))
-
-    def pow10(self, exponent: Any) -> Any:
-        return np.int64(10) ** np.int64(exponent)
 
 
 class DaliOps:

@@ -30,11 +30,36 @@ from hypothesis import strategies as st
 
 import shardex
 import shardex.dali
-from shardex.dali_labels import MAX_DIGITS, NumpyOps, ascii_label
+from shardex.dali_labels import MAX_DIGITS, WEIGHTS, ascii_label
 from shardex.errors import ConfigError, MissingDependencyError
 from shardex.storage import LocalStorage
 from shardex.testing.data import make_image
 from tests.support.s3data import S3Location
+
+
+class NumpyOps:
+    """:class:`~shardex.dali_labels.LabelOps` on numpy arrays (one sample): DaliOps' twin."""
+
+    def pad(self, text: Any, width: int, fill: int) -> Any:
+        return np.pad(
+            np.asarray(text, dtype=np.uint8), (0, width - len(text)), constant_values=fill
+        )
+
+    def int64(self, x: Any) -> Any:
+        return np.asarray(x).astype(np.int64)
+
+    def weigh(self, digits: Any) -> Any:
+        return digits * WEIGHTS
+
+    def total(self, x: Any) -> Any:
+        return np.sum(x, dtype=np.int64)
+
+    def length(self, text: Any) -> Any:
+        return np.int64(len(text))
+
+    def pow10(self, exponent: Any) -> Any:
+        return np.int64(10) ** np.int64(exponent)
+
 
 Component = tuple[str, int, int, str | None]
 

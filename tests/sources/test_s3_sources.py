@@ -265,11 +265,7 @@ def test_a_flat_prefix_and_a_flat_split_export_as_the_local_folder(
         same_export(tmp_path / f"{name}-local", tmp_path / f"{name}-remote", url)
 
 
-@pytest.mark.parametrize("scan", ["ranged", "stream"])
-def test_webdataset_tars_export_as_their_local_twins(
-    s3: S3Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scan: str
-) -> None:
-    monkeypatch.setattr(objecttars, "SCAN", scan)
+def test_webdataset_tars_export_as_their_local_twins(s3: S3Location, tmp_path: Path) -> None:
     tars = {
         f"shards/part-{t}.tar": tar_of(
             [(f"s{t}_{i}", image_bytes(10 * t + i), i % 3) for i in range(8)]

@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from shardex.errors import EmptySourceError, RefetchWarning, SourceNotFoundError
 from shardex.quoting import quoted
@@ -38,9 +38,6 @@ READ_THROUGH: Final = 64 << 10
 #: read on into the copy, not hopped over: hopping refetched 1.12-1.26x the bytes of
 #: tars mixing tiny and ~100 KB samples.
 READ_ON: Final = 49
-#: Bytes a stream keeps behind the parser, which steps back a block or two at most.
-_LOOKBACK: Final = 1 << 16
-_TRIM: Final = 4 << 20
 #: Free scratch space tar copies never take (the export's spills and others need some).
 COPY_RESERVE: Final = 1 << 30
 #: The export's own scratch files' share of the tars' bytes (8 % measured at worst).
@@ -305,63 +302,14 @@ class RangedTar:
             self.copy.close()
 
 
-class TarStream:
-    """A tar read as one GET, seeking forward (and back a little); kept to measure
-    :class:`RangedTar` against (members are fetched twice)."""
-
-    def __init__(self, storage: Storage, path: str, size: int) -> None:
-        self._chunks = storage.iter_chunks(path)
-        self._buf = bytearray()
-        self._start = 0  # the tar offset of _buf[0]
-        self._pos = 0
-        self._size = size
-        self.name = storage.join(path)
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        target = offset + (self._pos if whence == 1 else self._size if whence == 2 else 0)
-        if target < self._start:
-            raise OSError(f"cannot go back to byte {target} of a tar read as a stream")
-        self._pos = target
-        return target
-
-    def read(self, n: int | None = -1) -> bytes:
-        n = max(self._size - self._pos, 0) if n is None or n < 0 else n
-        end = self._pos + n
-        while self._start + len(self._buf) < end:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                break
-            self._buf += chunk
-        lo = self._pos - self._start
-        data = bytes(self._buf[lo : lo + n])
-        self._pos += len(data)
-        dead = self._pos - _LOOKBACK - self._start
-        if dead > _TRIM:  # rarely: dropping the front of a bytearray moves the rest
-            del self._buf[:dead]
-            self._start += dead
-        return data
-
-    def close(self) -> None:
-        self._chunks.close()  # type: ignore[attr-defined]  # a generator: ends the GET
-
-
-#: How tars on object storage are scanned (benchmarks and tests compare both).
-SCAN: Literal["ranged", "stream"] = "ranged"
-
-
 def open_object_tar(
     storage: Storage,
     path: str,
     size: int,
     copies: TarCopies | None = None,
     hold: TarHold | None = None,
-) -> RangedTar | TarStream:
+) -> RangedTar:
     """The tar at ``path`` as a file to scan, its reads kept in ``hold`` or a new copy."""
-    if SCAN == "stream":
-        return TarStream(storage, path, size)
     if hold is not None:
         return RangedTar(storage, path, size, hold)
     copy = copies.start(storage.join(path), size) if copies is not None else None
