@@ -3,7 +3,7 @@ backend, metadata.parquet streamed as shards complete, skipped samples collected
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -140,11 +140,7 @@ def write_splits(
                     written[split] = before
                 continue
             digests.append(rows.digest)
-            plan = dataclasses.replace(
-                _plan(rows, split, prep, opts, before, committed, previous),
-                on_skip=on_skip,
-                staging=staging,
-            )
+            plan = _plan(rows, split, prep, opts, before, committed, previous, on_skip, staging)
             info = write_split(storage, backend, plan, runner, on_shard)
             if info.num_samples or before is not None:
                 written[split] = info
@@ -163,6 +159,8 @@ def _plan(
     before: SplitInfo | None,
     committed: frozenset[str],
     previous: ExportConfig | None,
+    on_skip: Callable[[list[dict[str, str]]], None],
+    staging: str | None,
 ) -> SplitPlan:
     """A split's plan: its candidates, their exact sizes in a shard and its name hash."""
     return SplitPlan(
@@ -179,4 +177,6 @@ def _plan(
         max_shard_bytes=opts.max_shard_bytes,
         check=SampleCheck(opts.validate, opts.max_pixels, opts.on_error),
         flat=opts.layout == "flat",
+        on_skip=on_skip,
+        staging=staging,
     )
