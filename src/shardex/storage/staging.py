@@ -10,6 +10,7 @@ import contextlib
 import io
 import re
 import secrets
+import threading
 import zipfile
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -66,6 +67,12 @@ def put_part(
     return name
 
 
+#: numpy parses each ``.npy`` header with ``ast.literal_eval``, which CPython 3.11 cannot
+#: run in two threads at once: "SystemError: AST constructor recursion depth mismatch"
+#: (CPython gh-106905), seen once in a Ray task merging a split's index.
+_DECODING: Final = threading.Lock()
+
+
 @dataclass(frozen=True, slots=True)
 class Part:
     table: pa.Table
@@ -75,8 +82,8 @@ class Part:
 def read_part(storage: Storage, name: str, *, table: bool = True) -> Part:
     """A part as :func:`put_part` staged it (``table=False``: its arrays only)."""
     raw_part = storage.get(name)  # a part gone, a store failing: its storage error
-    try:
-        with np.load(io.BytesIO(raw_part), allow_pickle=False) as data:
+    try:  # fetched at once by read_parts' threads, decoded one at a time
+        with _DECODING, np.load(io.BytesIO(raw_part), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files if k != _TABLE or table}
     except (ValueError, OSError, KeyError, zipfile.BadZipFile) as exc:
         raise FormatError(
