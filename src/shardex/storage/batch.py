@@ -15,8 +15,10 @@ the threshold.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import gc
+import os
 import threading
 import time
 from collections import deque
@@ -39,6 +41,10 @@ _WARMUP: Final = 64
 _ATTEMPTS: Final = 3
 #: Seconds a request waits after a full collection before it is hedged.
 _GRACE: Final = 0.01
+#: Seconds a process waits at exit for its requests in flight to end (see :class:`_Loop`).
+_SETTLE: Final = 10.0
+#: Seconds after a request's answer for the native thread that gave it to leave Python.
+_AFTER: Final = 0.05
 #: Full garbage collections this process has started (the younger ones take microseconds).
 _collections = [0]
 
@@ -166,16 +172,51 @@ async def _hedged(fetch: Fetch, request: tuple[str, int, int], wait: float, budg
 
 
 class _Loop:
-    """One event loop per process on a daemon thread, for batches of concurrent reads."""
+    """One event loop per process on a daemon thread, for batches of concurrent reads.
+
+    obstore's requests end on its own threads, which then call into Python to hand the
+    answer over; one doing so while the interpreter is torn down at exit aborted the
+    process (SIGABRT) or printed a panic. So each request is :meth:`held` until it ends,
+    even when its awaiter gave it up (a hedge that lost, a read-ahead not wanted), and at
+    exit the process waits for those in flight (:meth:`settle`).
+    """
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.in_flight: set[asyncio.Future[Any]] = set()  # changed on the loop's thread only
+        self.last_end = 0.0
+        self.pid = os.getpid()
         threading.Thread(
             target=self.loop.run_forever, daemon=True, name="shardex-object-io"
         ).start()
+        atexit.register(self.settle)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def held(self, request: Awaitable[T]) -> Awaitable[T]:
+        """``request`` (a future of a native library's, on this loop) awaited so that
+        cancelling the awaiter leaves the request to end on its own."""
+        future = asyncio.ensure_future(request)
+        self.in_flight.add(future)
+        future.add_done_callback(self._ended)
+        return asyncio.shield(future)
+
+    def _ended(self, future: asyncio.Future[Any]) -> None:
+        self.in_flight.discard(future)
+        self.last_end = time.monotonic()
+        if not future.cancelled():
+            future.exception()  # retrieved: an error no one awaits any more is not logged
+
+    def settle(self) -> None:
+        """At exit: wait for the requests in flight (up to :data:`_SETTLE` seconds), then
+        :data:`_AFTER` past the last answer for its thread to leave Python."""
+        if os.getpid() != self.pid:  # a forked child's copy: its requests are not here
+            return
+        deadline = time.monotonic() + _SETTLE
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(max(0.0, self.last_end + _AFTER - time.monotonic()))
 
 
 event_loop: Final = PerProcess(_Loop)

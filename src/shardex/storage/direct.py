@@ -208,12 +208,13 @@ class DirectObjectStorage(BatchedStorage):
         """
         for path in {r[0] for r in requests}:
             checked_path(path, self.uri)
-        from shardex.storage.batch import fetch_all
+        from shardex.storage.batch import event_loop, fetch_all
 
-        obstore, store = _obstore(), self._client()
+        obstore, store, loop = _obstore(), self._client(), event_loop()
 
         async def fetch(path: str, start: int, length: int) -> bytes:
-            return bytes(await obstore.get_range_async(store, path, start=start, length=length))
+            got = obstore.get_range_async(store, path, start=start, length=length)
+            return bytes(await loop.held(got))
 
         try:
             return await fetch_all(fetch, requests, batch_policy(self._options))
@@ -254,7 +255,7 @@ class DirectObjectStorage(BatchedStorage):
         obstore, store, loop = _obstore(), self._client(), event_loop()
 
         async def get(path: str) -> Any:
-            return await obstore.get_async(store, path)
+            return await loop.held(obstore.get_async(store, path))
 
         ahead: concurrent.futures.Future[Any] | None = None
         try:
