@@ -4,7 +4,7 @@ A batch waits for its slowest request, and on S3 the slowest 1-5% of requests ta
 times the median, so nearly every batch of 64 meets one. A request that has waited 1.2x
 the 95th percentile of the latencies seen so far gets a second, identical ranged GET, and
 a third if both wait as long again (a hedge can meet the tail too); the first answer wins
-and the others are cancelled. Hedges are capped at ``budget`` of the requests sent (5% by
+and the others are no longer awaited (obstore's end on their own: see :class:`_Loop`). Hedges are capped at ``budget`` of the requests sent (5% by
 default), and counted in :data:`read_stats`. A full garbage collection (tens of ms for a
 large heap) stops every thread, the I/O loop's too: a request it overlapped waits 10 ms
 more before it is hedged (its answer may have come meanwhile), and its latency is not
