@@ -168,9 +168,9 @@ class _Columns:
             operand = self.evaluate(node.operand)
             if isinstance(node.op, ast.Not):
                 return pc.invert(_truth(operand))
-            return pc.negate_checked(operand) if isinstance(node.op, ast.USub) else operand
+            return _value(pc.negate_checked(operand)) if isinstance(node.op, ast.USub) else operand
         if isinstance(node, ast.BinOp):
-            return self._arithmetic(node)
+            return _value(self._arithmetic(node))
         if isinstance(node, ast.Compare):
             return self._compare(node)
         if isinstance(node, ast.Tuple | ast.List | ast.Set):
@@ -233,6 +233,12 @@ class _Columns:
         if isinstance(container, pa.ChunkedArray) and isinstance(item, str):
             return pc.match_substring(container, item)  # "cat" in caption: a substring
         raise self.refuse("'in' other than COLUMN in (...) or 'TEXT' in COLUMN")
+
+
+def _value(result: Any) -> Any:
+    """An Arrow scalar as its Python value: arithmetic on constants alone then goes on by
+    Python's rules (``-8 / -7`` divides as floats, ``not (1 - 1)`` is true)."""
+    return result.as_py() if isinstance(result, pa.Scalar) else result
 
 
 def _widened(column: pa.ChunkedArray) -> pa.ChunkedArray:
