@@ -199,12 +199,9 @@ class _Columns:
                 f"filter {self.expr!r} divides by zero for some samples (the pipeline's "
                 "filter stage stops there too)"
             )
-        quotient = pc.divide(_float(left), divisor)
         if isinstance(node.op, ast.Div):
-            return quotient
-        if isinstance(node.op, ast.FloorDiv):
-            return pc.floor(quotient)
-        return pc.subtract(_float(left), pc.multiply(pc.floor(quotient), _float(right)))
+            return pc.divide(_float(left), divisor)
+        return _floor_or_mod(left, right, isinstance(node.op, ast.Mod))
 
     def _compare(self, node: ast.Compare) -> Any:
         left = self.evaluate(node.left)
@@ -233,6 +230,20 @@ class _Columns:
         if isinstance(container, pa.ChunkedArray) and isinstance(item, str):
             return pc.match_substring(container, item)  # "cat" in caption: a substring
         raise self.refuse("'in' other than COLUMN in (...) or 'TEXT' in COLUMN")
+
+
+def _floor_or_mod(left: Any, right: Any, mod: bool) -> Any:
+    """Python's ``//`` (``mod``: ``%``) of columns, as floats, through numpy's, which
+    rounds as Python's does (Arrow's ``x - floor(x / y) * y`` differs in the last bits)."""
+    columns = [v for v in (left, right) if isinstance(v, pa.ChunkedArray | pa.Array)]
+    if not columns:  # constants alone: Python's own
+        return left % right if mod else left // right
+    valid = np.logical_and.reduce([_numpy(pc.is_valid(c)) for c in columns])
+    a, b = (
+        pc.cast(v, pa.float64()).to_numpy() if isinstance(v, pa.ChunkedArray | pa.Array) else v
+        for v in (left, right)
+    )
+    return pa.array((np.remainder if mod else np.floor_divide)(a, b), mask=~valid)
 
 
 def _value(result: Any) -> Any:
