@@ -11,6 +11,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from shardex.errors import SourceError
+from shardex.quoting import one_line
 from shardex.refs.scan import RESERVED
 
 #: Deepest JSON nesting kept (the member's object is level 1). Parquet refuses schemas
@@ -135,15 +136,15 @@ class MetadataTypes:
             sample = f"{keys[at]!r} ({originals[at]!r})"
             if _widens_to(known, column.type):  # one JSON type, narrower in the first batch
                 raise SourceError(
-                    f"{self.where}: json field {name!r} holds {printable(str(column.type))} "
-                    f"in sample {sample}, but only {printable(str(known))} in the batch of "
+                    f"{self.where}: json field {name!r} holds {one_line(str(column.type))} "
+                    f"in sample {sample}, but only {one_line(str(known))} in the batch of "
                     f"{self.batch_size} samples where it first appears, which set its type "
                     "(sources are read in batches); read more samples as one batch "
                     "(the source's batch_size) or give the first ones values of the wider type"
                 )
             raise SourceError(
-                f"{self.where}: json field {name!r} holds {printable(str(column.type))} in "
-                f"sample {sample} but {printable(str(known))} in earlier samples; give the "
+                f"{self.where}: json field {name!r} holds {one_line(str(column.type))} in "
+                f"sample {sample} but {one_line(str(known))} in earlier samples; give the "
                 "field one type in every .json member"
             )
         return meta
@@ -166,11 +167,11 @@ def _type_error(name: str, values: list[Any], i: int, sample: str, where: str) -
     except _ARROW_ERRORS as exc:  # too large an int, a list of mixed types, ...
         return SourceError(
             f"{where}: json field {name!r} of sample {sample} cannot be stored as a column "
-            f"({printable(str(exc))}); fix the member"
+            f"({one_line(str(exc))}); fix the member"
         )
     return SourceError(
-        f"{where}: json field {name!r} holds {printable(str(alone))} in sample {sample} but "
-        f"{printable(str(pa.array(values[:i]).type))} in earlier samples; give the field one "
+        f"{where}: json field {name!r} holds {one_line(str(alone))} in sample {sample} but "
+        f"{one_line(str(pa.array(values[:i]).type))} in earlier samples; give the field one "
         "type in every .json member"
     )
 
@@ -187,8 +188,3 @@ def _first_unconvertible(values: list[Any]) -> int:
         else:
             lo = mid + 1
     return lo
-
-
-def printable(text: str) -> str:
-    """``text`` on one line: Arrow's and tarfile's texts quote names from the input raw."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

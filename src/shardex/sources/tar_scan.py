@@ -15,8 +15,9 @@ from typing import IO, Any, Final, cast
 
 from shardex.errors import ObjectNotFoundError, SourceError, StorageError
 from shardex.format.tar import BLOCK, split_name
+from shardex.quoting import one_line, printable
 from shardex.sources import tarheaders
-from shardex.sources.jsonmeta import json_member, printable
+from shardex.sources.jsonmeta import json_member
 from shardex.storage import Storage
 from shardex.storage.fetch.held import Part, TarHold
 from shardex.storage.fetch.tars import RangedTar, TarCopies, TarCopy, open_object_tar
@@ -98,7 +99,7 @@ def tar_samples(tar: TarRef, hold: TarHold | None = None) -> Generator[TarSample
             if _store_failed(exc):
                 raise
             unreadable = TarSample(tar.rel)
-            unreadable.refuse(f"not a readable tar at byte 0: {printable(str(exc))}")
+            unreadable.refuse(f"not a readable tar at byte 0: {one_line(str(exc))}")
             yield unreadable
             return
         size = os.fstat(raw.fileno()).st_size if tar.storage is None else tar.size
@@ -161,14 +162,14 @@ def scan_members(
                 # or a GNU sparse map that is not numbers (tarfile lets int() raise)
                 if _store_failed(exc):
                     raise
-                damage = f"bad tar header at byte {tf.offset} ({printable(str(exc))})"
+                damage = f"bad tar header at byte {tf.offset} ({one_line(str(exc))})"
                 break
             if info is None:
                 damage = _end_problem(raw, tf.offset, size)
                 break
             if info.type in _IGNORED_TYPES:
                 continue
-            name = _utf8(info.name)
+            name = printable(info.name)  # tarfile keeps bad UTF-8 as surrogates
             key, ext = split_name(name)
             if sample is None or key != sample.key:
                 if sample is not None:
@@ -225,15 +226,6 @@ def _data_after_end(raw: IO[bytes], offset: int) -> str | None:
             return f"data follows its end-of-archive blocks at byte {at} (tars joined with cat?)"
         offset += len(chunk)
     return None
-
-
-def _utf8(name: str) -> str:
-    """A member name Arrow can store (tarfile keeps bad UTF-8 as surrogates)."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return name
 
 
 def _read_member(raw: IO[bytes], info: tarfile.TarInfo, name: str, ext: str, s: TarSample) -> None:
