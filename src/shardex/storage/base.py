@@ -11,7 +11,7 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import xxhash
 
@@ -99,6 +99,23 @@ class CountingWriter(ObjectWriter):
     @property
     def tell(self) -> int:
         return self._pos
+
+
+class Forwarded:
+    """A storage operation run by another storage, the instance's attribute ``to``, under
+    the same name (on the class, a plain function: ``ObjectStorage.get(storage, path)``)."""
+
+    def __init__(self, to: str) -> None:
+        self._to = to
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, storage: Storage | None, owner: type | None = None) -> Any:
+        return self if storage is None else getattr(getattr(storage, self._to), self._name)
+
+    def __call__(self, storage: Storage, *args: Any, **kwargs: Any) -> Any:
+        return getattr(getattr(storage, self._to), self._name)(*args, **kwargs)
 
 
 class Storage(ABC):

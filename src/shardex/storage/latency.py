@@ -22,18 +22,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shardex.storage.base import BatchedStorage, Storage
+from shardex.storage.base import BatchedStorage, Forwarded, Storage
 from shardex.storage.batch import BatchPolicy, fetch_all
 
 __all__ = ["LatencyStorage"]
-
-
-def _forward(name: str) -> Any:
-    def method(self: LatencyStorage, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.inner, name)(*args, **kwargs)
-
-    method.__name__ = name
-    return method
 
 
 class LatencyStorage(BatchedStorage):
@@ -91,16 +83,16 @@ class LatencyStorage(BatchedStorage):
         return await fetch_all(fetch, requests, self.policy)
 
     # everything but ranged and whole reads: the wrapped storage's own, on time
-    iter_chunks = _forward("iter_chunks")
-    size = _forward("size")
-    exists = _forward("exists")
-    list = _forward("list")
-    list_pages = _forward("list_pages")
-    delete = _forward("delete")
-    put = _forward("put")
-    open_writer = _forward("open_writer")
-    get_tagged = _forward("get_tagged")
-    put_if = _forward("put_if")
+    iter_chunks = Forwarded("inner")
+    size = Forwarded("inner")
+    exists = Forwarded("inner")
+    list = Forwarded("inner")
+    list_pages = Forwarded("inner")
+    delete = Forwarded("inner")
+    put = Forwarded("inner")
+    open_writer = Forwarded("inner")
+    get_tagged = Forwarded("inner")
+    put_if = Forwarded("inner")
 
     def local_path(self, path: str) -> Any:
         return None  # read as object storage is, whatever the wrapped storage

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from shardex.errors import ConfigError
-from shardex.storage.base import Storage
+from shardex.storage.base import Forwarded, Storage
 from shardex.storage.direct import DirectObjectStorage, forked_after_io, runtime_started
 from shardex.storage.helper import HelperObjectStorage
 from shardex.storage.options import (
@@ -35,21 +35,6 @@ from shardex.storage.options import (
 from shardex.storage.profiles import profile_options
 
 __all__ = ["SCHEMES", "ObjectStorage"]
-
-
-class _Forwarded:
-    """A storage operation of :class:`ObjectStorage`, run by the implementation for the
-    calling process (its ``_io``), found by the attribute's name."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    def __get__(self, storage: ObjectStorage | None, owner: type | None = None) -> Any:
-        return self if storage is None else getattr(storage._io, self._name)
-
-    def __call__(self, storage: ObjectStorage, *args: Any, **kwargs: Any) -> Any:
-        """Called on the class, as a plain method is: ``ObjectStorage.get(storage, path)``."""
-        return getattr(storage._io, self._name)(*args, **kwargs)
 
 
 class ObjectStorage(Storage):
@@ -141,25 +126,25 @@ class ObjectStorage(Storage):
         return twin
 
     # the rest as the implementation for this process does them
-    get = _Forwarded()
-    get_head = _Forwarded()
-    get_ranges = _Forwarded()
-    get_range_batch = _Forwarded()
-    submit_range_batch = _Forwarded()
-    iter_chunks = _Forwarded()
-    iter_objects = _Forwarded()
-    iter_views = _Forwarded()
-    size = _Forwarded()
-    exists = _Forwarded()
-    list = _Forwarded()
-    list_pages = _Forwarded()
-    list_folder = _Forwarded()
-    delete = _Forwarded()
-    rename = _Forwarded()
-    put = _Forwarded()
-    get_tagged = _Forwarded()
-    put_if = _Forwarded()
-    open_writer = _Forwarded()
+    get = Forwarded("_io")
+    get_head = Forwarded("_io")
+    get_ranges = Forwarded("_io")
+    get_range_batch = Forwarded("_io")
+    submit_range_batch = Forwarded("_io")
+    iter_chunks = Forwarded("_io")
+    iter_objects = Forwarded("_io")
+    iter_views = Forwarded("_io")
+    size = Forwarded("_io")
+    exists = Forwarded("_io")
+    list = Forwarded("_io")
+    list_pages = Forwarded("_io")
+    list_folder = Forwarded("_io")
+    delete = Forwarded("_io")
+    rename = Forwarded("_io")
+    put = Forwarded("_io")
+    get_tagged = Forwarded("_io")
+    put_if = Forwarded("_io")
+    open_writer = Forwarded("_io")
 
     def presign(self, path: str, expires_in: timedelta = timedelta(hours=1)) -> str:
         """A presigned HTTPS/HTTP GET URL of an object, for tools that read plain URLs
