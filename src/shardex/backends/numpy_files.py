@@ -4,7 +4,6 @@ field (a folder per shard keeps folders small); see docs/backends.md."""
 from __future__ import annotations
 
 import copy
-import io
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,7 +14,8 @@ from shardex.backends.arrays import ArrayBackend, shard_numbers
 from shardex.backends.base import Capabilities
 from shardex.backends.columns import KEY_COLUMN, ColumnReader, Columns, Layout, native_value
 from shardex.contract import ExportConfig, ShardInfo, SplitInfo
-from shardex.errors import FormatError, ObjectNotFoundError
+from shardex.errors import ObjectNotFoundError
+from shardex.format.tables import read_npy
 from shardex.storage.base import Storage
 
 
@@ -23,7 +23,10 @@ class _SampleFiles(ColumnReader):
     """One shard folder: keys read at open, fields read on demand."""
 
     def __init__(self, layout: Layout, storage: Storage, folder: str) -> None:
-        keys = {n: _load(storage, f"{folder}/{KEY_COLUMN}.{n}.npy") for n in ("data", "offsets")}
+        keys = {
+            n: read_npy(storage, f"{folder}/{KEY_COLUMN}.{n}.npy", ".npy")
+            for n in ("data", "offsets")
+        }
         super().__init__(layout, {f"{KEY_COLUMN}.{n}": a for n, a in keys.items()})
         self.storage, self.folder = storage, folder
         self.first = 0  # sample i of this reader is sample first + i of the shard
@@ -41,23 +44,13 @@ class _SampleFiles(ColumnReader):
         out: dict[str, Any] = {}
         for spec in self.layout:
             try:
-                value = _load(self.storage, f"{self.folder}/{i:06d}.{spec.column}.npy")
+                value = read_npy(self.storage, f"{self.folder}/{i:06d}.{spec.column}.npy", ".npy")
             except ObjectNotFoundError:
                 if spec.optional:
                     continue
                 raise
             out[spec.name] = native_value(spec, value)
         return out
-
-
-def _load(storage: Storage, path: str) -> np.ndarray:
-    try:
-        array = np.load(io.BytesIO(storage.get(path)), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        if isinstance(exc, ObjectNotFoundError):
-            raise
-        raise FormatError(f"{storage.join(path)}: not a readable .npy file ({exc})") from exc
-    return array  # type: ignore[no-any-return]
 
 
 class NumpyDataset(ArrayDataset):

@@ -5,6 +5,7 @@ to shardex's; and checksummed Parquet writing. Reads through any :class:`Files`.
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -25,6 +26,17 @@ class Files(Protocol):
     def join(self, path: str) -> str:
         """``path`` as the user knows it (for messages)."""
         ...
+
+
+def read_npy(files: Files, path: str, what: str) -> Any:
+    """A ``.npy`` file, not mapped; a hostile header is a one-line FormatError."""
+    import numpy as np
+
+    data = files.get(path)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # numpy raises what it meets: ValueError, TokenError, ...
+        raise FormatError(f"{files.join(path)}: not a valid {what} file ({exc})") from exc
 
 
 def arrow_reader(data: bytes) -> pa.BufferReader:

@@ -4,7 +4,6 @@ task from parts remote shard tasks staged (:func:`merge_index`); the same bytes 
 from __future__ import annotations
 
 import dataclasses
-import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from shardex.format.index import (
     spans_of_rows,
 )
 from shardex.format.mapped import MEMBERS_VERSION
+from shardex.format.tables import read_npy
 from shardex.storage.base import Storage
 from shardex.storage.staging import put_part, read_parts
 
@@ -179,8 +179,8 @@ def _members_of(
     if before.index.members is None:
         return None
     where = storage.join(before.index.members)
-    rows = _load_npy(storage, before.index.members, "member index")
-    records = _load_npy(storage, before.index.samples, "sample index")
+    rows = read_npy(storage, before.index.members, "member index")
+    records = read_npy(storage, before.index.samples, "sample index")
     check_member_rows(rows, where, before.num_samples)
     if records.dtype != SAMPLE_DTYPE or records.shape != (before.num_samples,):
         raise FormatError(
@@ -198,23 +198,14 @@ def _members_of(
     return [(spans_of_rows(rows), records["checksum"])]
 
 
-def _load_npy(storage: Storage, path: str, what: str) -> npt.NDArray[Any]:
-    """A committed ``.npy`` file; a hostile header is a one-line FormatError."""
-    data = storage.get(path)
-    try:
-        return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
-    except Exception as exc:  # numpy raises what it meets: ValueError, TokenError, ...
-        raise FormatError(f"{storage.join(path)}: not a valid {what} file ({exc})") from exc
-
-
 def _old_index(
     storage: Storage, index: IndexInfo
 ) -> tuple[npt.NDArray[np.void], npt.NDArray[np.uint64]]:
     """The committed records and key hashes in sample order, refused unless one of each
     per sample (an append would carry damage into the new index)."""
     where = storage.join(index.keys)
-    samples = _load_npy(storage, index.samples, "sample index")
-    table = _load_npy(storage, index.keys, "key index")
+    samples = read_npy(storage, index.samples, "sample index")
+    table = read_npy(storage, index.keys, "key index")
     repair = "`shardex verify` reports it, an export with mode='overwrite' repairs it"
     if samples.dtype != SAMPLE_DTYPE or samples.ndim != 1:
         raise FormatError(
