@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +19,9 @@ from shardex.api import open_dataset
 from shardex.dataset import Dataset, Sample
 from shardex.errors import ConfigError
 from shardex.fields import field_key
+
+if TYPE_CHECKING:
+    from shardex.contract import ExportConfig
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class ExportedDataset:
         return self.label_keys if self.label_keys is not None else self._config.y_keys
 
     @cached_property
-    def _config(self) -> Any:
+    def _config(self) -> ExportConfig:
         from shardex.api import read_config
         from shardex.storage import open_storage
 

@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 class _Places(Protocol):
     """What :func:`key_specs` asks of a backend (not imported: the backends import us)."""
 
-    name: str
-    key_storage: str | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def key_storage(self) -> str | None: ...
 
     def field_storage(self, field: FieldSpec) -> str: ...
 

@@ -32,8 +32,8 @@ def machine_state() -> str:
     try:
         parts.append("load " + " ".join(Path("/proc/loadavg").read_text().split()[:3]))
         memory = Path("/proc/meminfo").read_text()
-        free = next(line for line in memory.splitlines() if line.startswith("MemAvailable:"))
-        parts.append(f"memory free {int(free.split()[1]) // 1024} MiB")
+        line = next(line for line in memory.splitlines() if line.startswith("MemAvailable:"))
+        parts.append(f"memory free {int(line.split()[1]) // 1024} MiB")
     except (OSError, StopIteration):
         pass
     free = shutil.disk_usage(tempfile.gettempdir()).free
@@ -102,6 +102,7 @@ class Watch:
     def __init__(self, budget_s: float | None) -> None:
         self.budget_s = budget_s
         self.started = time.monotonic()
+        self._started_ticks: float | None
         try:
             self._started_ticks = _boot_ticks_now()
         except OSError:
