@@ -4,7 +4,7 @@ A batch waits for its slowest request, and on S3 the slowest 1-5% of requests ta
 times the median, so nearly every batch of 64 meets one. A request that has waited 1.2x
 the 95th percentile of the latencies seen so far gets a second, identical ranged GET, and
 a third if both wait as long again (a hedge can meet the tail too); the first answer wins
-and the others are no longer awaited (obstore's end on their own: see :class:`_Loop`). Hedges are capped at ``budget`` of the requests sent (5% by
+and the others are cancelled. Hedges are capped at ``budget`` of the requests sent (5% by
 default), and counted in :data:`read_stats`. A full garbage collection (tens of ms for a
 large heap) stops every thread, the I/O loop's too: a request it overlapped waits 10 ms
 more before it is hedged (its answer may have come meanwhile), and its latency is not
@@ -43,7 +43,8 @@ _ATTEMPTS: Final = 3
 _GRACE: Final = 0.01
 #: Seconds a process waits at exit for its requests in flight to end (see :class:`_Loop`).
 _SETTLE: Final = 10.0
-#: Seconds after a request's answer for the native thread that gave it to leave Python.
+#: Seconds after a request ended (or was cancelled) for the native thread that ran it to
+#: leave Python.
 _AFTER: Final = 0.05
 #: Full garbage collections this process has started (the younger ones take microseconds).
 _collections = [0]
@@ -175,10 +176,10 @@ class _Loop:
     """One event loop per process on a daemon thread, for batches of concurrent reads.
 
     obstore's requests end on its own threads, which then call into Python to hand the
-    answer over; one doing so while the interpreter is torn down at exit aborted the
-    process (SIGABRT) or printed a panic. So each request is :meth:`held` until it ends,
-    even when its awaiter gave it up (a hedge that lost, a read-ahead not wanted), and at
-    exit the process waits for those in flight (:meth:`settle`).
+    answer over (or to see that it was cancelled); one doing so while the interpreter is
+    torn down at exit aborted the process (SIGABRT) or printed a panic. So each request is
+    :meth:`tracked` until it ends or is cancelled, and at exit the process waits for those
+    in flight (:meth:`settle`).
     """
 
     def __init__(self) -> None:
@@ -194,13 +195,13 @@ class _Loop:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def held(self, request: Awaitable[T]) -> Awaitable[T]:
-        """``request`` (a future of a native library's, on this loop) awaited so that
-        cancelling the awaiter leaves the request to end on its own."""
+    def tracked(self, request: Awaitable[T]) -> asyncio.Future[T]:
+        """``request`` (a future of a native library's, on this loop), counted in flight
+        until it ends or is cancelled."""
         future = asyncio.ensure_future(request)
         self.in_flight.add(future)
         future.add_done_callback(self._ended)
-        return asyncio.shield(future)
+        return future
 
     def _ended(self, future: asyncio.Future[Any]) -> None:
         self.in_flight.discard(future)
@@ -210,7 +211,8 @@ class _Loop:
 
     def settle(self) -> None:
         """At exit: wait for the requests in flight (up to :data:`_SETTLE` seconds), then
-        :data:`_AFTER` past the last answer for its thread to leave Python."""
+        :data:`_AFTER` past the last one to end or be cancelled, for its thread to leave
+        Python."""
         if os.getpid() != self.pid:  # a forked child's copy: its requests are not here
             return
         deadline = time.monotonic() + _SETTLE

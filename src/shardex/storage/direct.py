@@ -214,7 +214,7 @@ class DirectObjectStorage(BatchedStorage):
 
         async def fetch(path: str, start: int, length: int) -> bytes:
             got = obstore.get_range_async(store, path, start=start, length=length)
-            return bytes(await loop.held(got))
+            return bytes(await loop.tracked(got))
 
         try:
             return await fetch_all(fetch, requests, batch_policy(self._options))
@@ -255,7 +255,7 @@ class DirectObjectStorage(BatchedStorage):
         obstore, store, loop = _obstore(), self._client(), event_loop()
 
         async def get(path: str) -> Any:
-            return await loop.held(obstore.get_async(store, path))
+            return await loop.tracked(obstore.get_async(store, path))
 
         ahead: concurrent.futures.Future[Any] | None = None
         try:
