@@ -12,7 +12,7 @@ import xxhash
 
 from shardex.errors import FormatError
 from shardex.fields import npy_bytes
-from shardex.format.tables import shard_checksum
+from shardex.format.tables import read_npy, shard_checksum
 from shardex.storage.base import Storage
 
 
@@ -21,7 +21,7 @@ def load_npy(storage: Storage, path: str) -> np.ndarray:
     local = storage.local_path(path)
     if local is not None:
         return np.load(local, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
-    return np.load(io.BytesIO(storage.get(path)), allow_pickle=False)  # type: ignore[no-any-return]
+    return read_npy(storage, path, ".npy")  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
