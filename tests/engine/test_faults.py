@@ -17,6 +17,7 @@ import pytest
 
 import shardex
 from helpers import files_of
+from shardex.backends.webdataset import writer as shard_writer
 from shardex.errors import NotAnExportError, OutputExistsError, OutputLockedError, StorageError
 from shardex.exporter import export_files
 from shardex.sources import DemoSource
@@ -158,6 +159,49 @@ def test_disk_full_keeps_shards_and_resumes(clean: dict[str, bytes], tmp_path: P
     assert not (out / "config.yaml").exists()
     shardex.export(SOURCE, out, mode="resume", **OPTIONS)
     assert files_of(out) == clean
+
+
+class FailingWrite(LocalStorage):
+    """A disk whose ``fail_at``-th shard write fails after the writes before it are queued
+    (each slow, so several wait behind it)."""
+
+    def __init__(self, root: Path, fail_at: int) -> None:
+        super().__init__(root)
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def open_writer(self, path: str) -> LocalObjectWriter:
+        disk = self
+
+        class Writer(LocalObjectWriter):
+            def write_parts(self, parts: Any) -> None:
+                disk.calls += 1
+                time.sleep(0.01)
+                if disk.calls == disk.fail_at:
+                    raise StorageError(f"cannot write {path}: Input/output error")
+                super().write_parts(parts)
+
+        return Writer(self.root, path)
+
+
+def test_a_failed_write_with_others_queued_behind_it_loses_nothing(
+    clean: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a write per sample, so that each shard queues many: the third fails while the
+    # writes after it wait; the export stops with it, leaves no half shard, and resumes
+    monkeypatch.setattr(shard_writer, "_FLUSH", 1)
+    disk = FailingWrite(tmp_path / "out", fail_at=3)
+    with pytest.raises(StorageError, match="Input/output error"):
+        shardex.export(SOURCE, disk, **OPTIONS)
+    assert disk.calls < 2 * shard_writer._IN_FLIGHT  # it stopped at the failure
+    left = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not any(is_temporary(n) or n.endswith(".tar") for n in left)
+    shardex.export(SOURCE, tmp_path / "out", mode="resume", **OPTIONS)
+    assert files_of(tmp_path / "out") == clean
+    # many writes in flight at once write the same bytes as one at a time
+    monkeypatch.setattr(shard_writer, "_IN_FLIGHT", 1)
+    shardex.export(SOURCE, tmp_path / "one", **OPTIONS)
+    assert files_of(tmp_path / "one") == clean
 
 
 def test_s3_requests_that_time_out_are_retried(s3: S3Location) -> None:

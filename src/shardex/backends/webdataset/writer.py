@@ -96,14 +96,15 @@ class ShardWritten:
 
 class _TarOut:
     """The shard's parts gathered into large uncopied writes (one ``writev`` locally) and
-    hashed; the object opens with the first write. A write runs in a thread while the next
-    parts are gathered (one at a time, in order). ``writing=False`` only hashes."""
+    hashed; the object opens with the first write. Writes run in order in one thread while
+    the next parts are gathered, up to :data:`_IN_FLIGHT` at once. ``writing=False`` only
+    hashes."""
 
     def __init__(self, job: ShardJob, stack: contextlib.ExitStack, writing: bool) -> None:
         self._job, self._stack, self.writing = job, stack, writing
         self._out: Any = None
         self._thread: ThreadPoolExecutor | None = None
-        self._write: Future[None] | None = None
+        self._writes: collections.deque[Future[None]] = collections.deque()
         self.whole = xxhash.xxh3_64()
         self.parts: list[bytes | bytearray | memoryview] = []
         self.pending = 0
@@ -118,17 +119,25 @@ class _TarOut:
                 # entered after the writer, so left before it commits or aborts
                 self._thread = self._stack.enter_context(ThreadPoolExecutor(1, "shardex-tar"))
                 self._stack.callback(self.written)
-            self.written()
+            self._wait(_IN_FLIGHT - 1)
             assert self._thread is not None
-            self._write = self._thread.submit(self._out.write_parts, self.parts)
+            self._writes.append(self._thread.submit(self._out.write_parts, self.parts))
         self.parts = []
         self.pending = 0
 
+    def _wait(self, most: int) -> None:
+        """Wait until at most ``most`` writes are in flight (the first error raised here)."""
+        while len(self._writes) > most:
+            self._writes.popleft().result()
+
     def written(self) -> None:
-        """Wait for the write in flight (its error raised here)."""
-        if self._write is not None:
-            write, self._write = self._write, None
-            write.result()
+        """Wait for the writes in flight (the first error raised here)."""
+        try:
+            self._wait(0)
+        finally:
+            for write in self._writes:  # after an error: the rest is not written
+                write.cancel()
+            self._writes.clear()
 
 
 @dataclass(slots=True)
@@ -272,6 +281,9 @@ def _put(out: _TarOut, pieces: list[memoryview], lengths: npt.NDArray[np.int64])
 
 _FLUSH: Final = 4 << 20  # bytes gathered before one write
 _FLUSH_PARTS: Final = 4096
+#: Writes queued at once (32 MiB): the next parts are gathered, checked and hashed while
+#: the kernel takes these (1 at once: 0.70 s against 0.60 s for the benchmark's 20,000).
+_IN_FLIGHT: Final = 8
 
 
 def write_shard(job: ShardJob) -> ShardWritten:
