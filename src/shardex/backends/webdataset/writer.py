@@ -31,7 +31,7 @@ from shardex.backends.webdataset.vectorised import (
 )
 from shardex.errors import BadSampleError, ShardexError
 from shardex.format.index import MemberSpans
-from shardex.format.tables import ParquetFile, arrow_reader, shard_checksum
+from shardex.format.tables import PARQUET_WRITE, ParquetFile, arrow_reader, shard_checksum
 from shardex.format.tar import END_OF_ARCHIVE
 from shardex.planning import plan_bounds
 from shardex.refs.candidates import Candidates
@@ -336,7 +336,7 @@ def write_shard(job: ShardJob) -> ShardWritten:
         job.storage.put(index_path, index)
     with job.storage.open_writer(job.parquet_path) as out_parquet:
         sidecar = ParquetFile(out_parquet)
-        pq.write_table(done.table, sidecar, compression="zstd")
+        pq.write_table(done.table, sidecar, **PARQUET_WRITE)
     return dataclasses.replace(done, metadata_checksum=sidecar.checksum)
 
 
