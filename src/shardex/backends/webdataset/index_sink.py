@@ -37,7 +37,9 @@ class IndexSink:
         self._keys = HashRuns(folder, "keys", _KEY, 0)  # in files: memory flat locally
         self._folder: Path = folder
         self.num_samples = 0
-        self._members: list[tuple[tuple[str, ...], Path, int]] = []
+        self._members_path = folder / "members.bin"
+        self._members_out: BinaryIO = open(self._members_path, "wb")  # noqa: SIM115
+        self._members: list[tuple[tuple[str, ...], int]] = []  # each part's columns and rows
 
     def __enter__(self) -> IndexSink:
         return self
@@ -47,6 +49,7 @@ class IndexSink:
 
     def close(self) -> None:
         self._samples.close()
+        self._members_out.close()
         self._keys.close()
         self._scratch.__exit__(None, None, None)
 
@@ -60,25 +63,24 @@ class IndexSink:
 
     def add_members(self, spans: MemberSpans, checksums: npt.NDArray[np.uint64]) -> None:
         """The next samples' member spans and checksums (which seed the rows' checks)."""
-        path = self._folder / f"members-{len(self._members)}.bin"
-        with open(path, "wb") as f:
-            f.write(np.ascontiguousarray(checksums, np.uint64).tobytes())
-            f.write(np.ascontiguousarray(spans.spans, np.uint32).tobytes())
-        self._members.append((spans.exts, path, len(spans.spans)))
+        self._members_out.write(np.ascontiguousarray(checksums, np.uint64).tobytes())
+        self._members_out.write(np.ascontiguousarray(spans.spans, np.uint32).tobytes())
+        self._members.append((spans.exts, len(spans.spans)))
 
     def member_columns(self) -> list[str]:
-        return member_columns([exts for exts, _, _ in self._members])
+        return member_columns([exts for exts, _ in self._members])
 
     def put_members(self, storage: Storage, members_path: str) -> None:
         """Write ``index-members.npy`` part by part."""
         exts = self.member_columns()
-        total = sum(n for _, _, n in self._members)
-        with storage.open_writer(members_path) as out:
+        total = sum(n for _, n in self._members)
+        self._members_out.flush()
+        with storage.open_writer(members_path) as out, open(self._members_path, "rb") as f:
             out.write(npy_header_bytes(members_dtype(exts), (total,)))
-            for part_exts, path, n in self._members:
-                raw = np.fromfile(path, np.uint8)
-                checksums = raw[: 8 * n].view(np.uint64)
-                spans = raw[8 * n :].view(np.uint32).reshape(n, 2 + 2 * len(part_exts))
+            for part_exts, n in self._members:
+                width = 2 + 2 * len(part_exts)
+                checksums = np.frombuffer(f.read(8 * n), np.uint64)
+                spans = np.frombuffer(f.read(4 * n * width), np.uint32).reshape(n, width)
                 part = MemberSpans(part_exts, spans)
                 out.write(build_members([part], checksums, exts).tobytes())
 
