@@ -64,6 +64,15 @@ def unsafe_key(key: str) -> str | None:
     return f"unsafe key {key!r} (control character)"
 
 
+def unsafe_keys(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """Which of a string column's keys :func:`unsafe_key` refuses, all at once (Arrow's
+    regex; null and empty keys refused too)."""
+    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+        return np.ones(len(keys), bool)  # asked one by one
+    bad = pc.or_(pc.match_substring_regex(keys, _UNSAFE_KEY.pattern), pc.equal(keys, ""))
+    return pc.fill_null(bad, True).to_numpy(zero_copy_only=False)  # type: ignore[no-any-return]
+
+
 def key_problem(key: str, taken: frozenset[str] = frozenset()) -> str | None:
     """Why a key alone cannot be exported (unsafe, or already in the export), or None."""
     reason = unsafe_key(key)

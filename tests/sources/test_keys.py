@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import shardex
 from helpers import make_tree
-from shardex.checks import unsafe_key
+from shardex.checks import unsafe_key, unsafe_keys
 from shardex.engine.stream import scan_stream
 from shardex.errors import EmptySourceError
 from shardex.options import ExportOptions
@@ -84,6 +84,14 @@ def test_key_checks_match_comparing_every_pair(keys: list[str], taken: frozenset
         assert all(r is not None for r in expected)
     else:
         assert [_kind(r) for r in reasons] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(alphabet="a/.\\\x00\x1f\x7f\n ß", max_size=6))))
+def test_keys_checked_all_at_once_are_refused_as_one_by_one(keys: list[str | None]) -> None:
+    expected = [unsafe_key(k) is not None for k in keys]  # type: ignore[arg-type]
+    for column in (pa.array(keys, pa.string()), pa.chunked_array([keys], pa.large_string())):
+        assert unsafe_keys(column).tolist() == expected
 
 
 def test_a_duplicate_names_the_first_sample_with_its_key() -> None:

@@ -21,6 +21,7 @@ from shardex.checks import (
     key_problem,
     refuse,
     refuse_left_out,
+    unsafe_keys,
 )
 from shardex.engine.spill import Spill, holds, memory_budget
 from shardex.errors import EmptySourceError, SourceError
@@ -119,11 +120,14 @@ class _Pass:
         keys = table.column("key").to_pylist()
         if "split" in table.column_names:
             check_splits(table.column("split").to_pylist(), keys, reasons)
-        # an append's keys: the batch's matches confirmed at once, then asked one by one
-        self.taken.isdisjoint(keys)
-        for i, key in enumerate(keys):
+        # the unsafe keys found at once; an append's matches confirmed at once, then each
+        # key found unsafe or taken is asked why
+        ask = unsafe_keys(table.column("key"))
+        if not self.taken.isdisjoint(keys):
+            ask = np.ones(len(keys), bool)
+        for i in np.flatnonzero(ask).tolist():
             if reasons[i] is None:
-                reasons[i] = key_problem(key, self.taken)
+                reasons[i] = key_problem(keys[i], self.taken)
         table, keys, rows = self._drop_bad(table, keys, reasons, first)
         self._add_keys(keys, rows)
         exts = pc.unique(pc.struct_field(pc.list_flatten(table.column(MEMBERS)), "ext"))
