@@ -162,8 +162,8 @@ def test_disk_full_keeps_shards_and_resumes(clean: dict[str, bytes], tmp_path: P
 
 
 class FailingWrite(LocalStorage):
-    """A disk whose ``fail_at``-th shard write fails after the writes before it are queued
-    (each slow, so several wait behind it)."""
+    """A disk whose ``fail_at``-th shard write fails, aborting its file as a real write
+    does, while the writes after it are queued (each slow, so several wait behind it)."""
 
     def __init__(self, root: Path, fail_at: int) -> None:
         super().__init__(root)
@@ -178,6 +178,7 @@ class FailingWrite(LocalStorage):
                 disk.calls += 1
                 time.sleep(0.01)
                 if disk.calls == disk.fail_at:
+                    self.abort()
                     raise StorageError(f"cannot write {path}: Input/output error")
                 super().write_parts(parts)
 
@@ -193,7 +194,7 @@ def test_a_failed_write_with_others_queued_behind_it_loses_nothing(
     disk = FailingWrite(tmp_path / "out", fail_at=3)
     with pytest.raises(StorageError, match="Input/output error"):
         shardex.export(SOURCE, disk, **OPTIONS)
-    assert disk.calls < 2 * shard_writer._IN_FLIGHT  # it stopped at the failure
+    assert disk.calls == 3  # the writes queued behind the failed one were dropped
     left = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert not any(is_temporary(n) or n.endswith(".tar") for n in left)
     shardex.export(SOURCE, tmp_path / "out", mode="resume", **OPTIONS)

@@ -97,7 +97,8 @@ class ShardWritten:
 class _TarOut:
     """The shard's parts gathered into large uncopied writes (one ``writev`` locally) and
     hashed; the object opens with the first write. Writes run in order in one thread while
-    the next parts are gathered, up to :data:`_IN_FLIGHT` at once. ``writing=False`` only
+    the next parts are gathered, up to :data:`_IN_FLIGHT` at once; after a failed one, the
+    rest are dropped unwritten and the first error is raised. ``writing=False`` only
     hashes."""
 
     def __init__(self, job: ShardJob, stack: contextlib.ExitStack, writing: bool) -> None:
@@ -105,6 +106,7 @@ class _TarOut:
         self._out: Any = None
         self._thread: ThreadPoolExecutor | None = None
         self._writes: collections.deque[Future[None]] = collections.deque()
+        self._failed = False
         self.whole = xxhash.xxh3_64()
         self.parts: list[bytes | bytearray | memoryview] = []
         self.pending = 0
@@ -118,26 +120,46 @@ class _TarOut:
                 )
                 # entered after the writer, so left before it commits or aborts
                 self._thread = self._stack.enter_context(ThreadPoolExecutor(1, "shardex-tar"))
-                self._stack.callback(self.written)
+                self._stack.push(self._left)
             self._wait(_IN_FLIGHT - 1)
             assert self._thread is not None
-            self._writes.append(self._thread.submit(self._out.write_parts, self.parts))
+            self._writes.append(self._thread.submit(self._write, self.parts))
         self.parts = []
         self.pending = 0
 
-    def _wait(self, most: int) -> None:
-        """Wait until at most ``most`` writes are in flight (the first error raised here)."""
-        while len(self._writes) > most:
-            self._writes.popleft().result()
-
-    def written(self) -> None:
-        """Wait for the writes in flight (the first error raised here)."""
+    def _write(self, parts: list[bytes | bytearray | memoryview]) -> None:
+        if self._failed:  # a write before this one failed: the writer is being aborted
+            return
         try:
+            self._out.write_parts(parts)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _wait(self, most: int) -> None:
+        """Wait until at most ``most`` writes are in flight (the first error raised here,
+        the writes queued behind it dropped)."""
+        try:
+            while len(self._writes) > most:
+                self._writes.popleft().result()
+        except BaseException:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        self._failed = True
+        for write in self._writes:
+            write.cancel()
+        self._writes.clear()
+
+    def _left(self, kind: object, error: BaseException | None, trace: object) -> bool:
+        """Leaving the shard: wait for its writes, or, on an error already raised, drop
+        them (a write's own error then does not replace it)."""
+        if error is None:
             self._wait(0)
-        finally:
-            for write in self._writes:  # after an error: the rest is not written
-                write.cancel()
-            self._writes.clear()
+        else:
+            self._drop()
+        return False
 
 
 @dataclass(slots=True)

@@ -56,7 +56,8 @@ class _Arena:
         self._view, self._at = memoryview(buffer), 0
 
 
-#: A shard writer holds about two while it gathers 4 MiB.
+#: A shard writer holds about two while it gathers 4 MiB, and up to five more while its
+#: queued writes (8 of 4 MiB) wait for the disk.
 _ARENA_BYTES: Final = 8 << 20
 
 
