@@ -304,8 +304,8 @@ def _put(out: _TarOut, pieces: list[memoryview], lengths: npt.NDArray[np.int64])
 _FLUSH: Final = 4 << 20  # bytes gathered before one write
 _FLUSH_PARTS: Final = 4096
 #: Writes queued at once (32 MiB): the next parts are gathered, checked and hashed while
-#: the kernel takes these (against 1 at once: 0.86x to 0.95x the time of an in-memory
-#: export, the most when write-back holds the writes; benchmarks/RESULTS.md, session 23).
+#: the kernel takes these (an in-memory export against 1 at once: 0.95x the time over 20
+#: interleaved runs, 0.78x to 1.13x over rounds of 8; benchmarks/RESULTS.md, session 23).
 _IN_FLIGHT: Final = 8
 
 
