@@ -120,10 +120,11 @@ class _Pass:
         keys = table.column("key").to_pylist()
         if "split" in table.column_names:
             check_splits(table.column("split").to_pylist(), keys, reasons)
-        # the unsafe keys found at once; an append's matches confirmed at once, then each
-        # key found unsafe or taken is asked why
-        ask = unsafe_keys(table.column("key"))
-        if not self.taken.isdisjoint(keys):
+        # each key found unsafe at once is asked why; all are when an append's (confirmed
+        # at once) are taken
+        if self.taken.isdisjoint(keys):
+            ask = unsafe_keys(table.column("key"))
+        else:
             ask = np.ones(len(keys), bool)
         for i in np.flatnonzero(ask).tolist():
             if reasons[i] is None:
