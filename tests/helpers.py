@@ -243,13 +243,23 @@ def copy_of(export: Path, tmp_path: Path) -> Path:
     return copy
 
 
+def listed_now(root: Path, pattern: str) -> list[Path]:
+    """``root.glob(pattern)`` while an export writes under ``root``: a folder that goes
+    away while it is listed (the staging folder, a temporary one) is listed again."""
+    while True:
+        try:
+            return list(root.glob(pattern))
+        except FileNotFoundError:
+            continue
+
+
 def kill_once_shards_appear(code: str, args: list[str], out: Path, limit: float = 120) -> None:
     """Run ``python -c code *args`` (an export into ``out``), SIGKILL it as soon as ``out``
     holds a shard, and check the kill landed before its commit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env)
     deadline = time.monotonic() + limit
-    while not list(out.glob("*/images-*.tar")) and time.monotonic() < deadline:
+    while not listed_now(out, "*/images-*.tar") and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import shardex
-from helpers import files_of
+from helpers import files_of, listed_now
 from shardex.backends.webdataset import writer as shard_writer
 from shardex.errors import NotAnExportError, OutputExistsError, OutputLockedError, StorageError
 from shardex.exporter import export_files
@@ -71,10 +71,10 @@ def _kill_when(out: Path, ready: Any) -> None:
 
 
 KILL_POINTS = {
-    "first shard": lambda out: len(list(out.glob("*/*.tar"))) >= 1,
-    "third shard": lambda out: len(list(out.glob("*/*.tar"))) >= 3,
-    "sixth shard": lambda out: len(list(out.glob("*/*.tar"))) >= 6,
-    "val split": lambda out: len(list(out.glob("val/*.tar"))) >= 1,
+    "first shard": lambda out: len(listed_now(out, "*/*.tar")) >= 1,
+    "third shard": lambda out: len(listed_now(out, "*/*.tar")) >= 3,
+    "sixth shard": lambda out: len(listed_now(out, "*/*.tar")) >= 6,
+    "val split": lambda out: len(listed_now(out, "val/*.tar")) >= 1,
     "before commit": lambda out: (out / "metadata.parquet").exists(),
 }
 

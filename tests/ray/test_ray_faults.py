@@ -31,7 +31,7 @@ import pytest
 from click.testing import CliRunner
 
 import shardex
-from helpers import files_of, make_tree, write_image
+from helpers import files_of, listed_now, make_tree, write_image
 from shardex.cli import main
 from shardex.errors import NotAnExportError, OutputExistsError, UnverifiedOutputError
 from shardex.storage import open_storage
@@ -176,20 +176,21 @@ def _kill_a_writing_worker(source: Path, out: Path, ray_address: str) -> list[Pa
     try:
 
         def writing() -> list[Path]:
-            if len(list(out.glob("*/*.parquet"))) < 2:
+            if len(listed_now(out, "*/*.parquet")) < 2:
                 return []
-            return [p for p in out.glob("*/.*") if is_temporary(p.name)] and _task_workers()
+            return [p for p in listed_now(out, "*/.*") if is_temporary(p.name)] and _task_workers()
 
         workers = _wait_for("a shard being written", writing, child)
         for worker in workers:  # every task running now, the one writing that shard too
             worker.send_signal(signal.SIGKILL)
         for worker in workers:
             worker.wait(timeout=30)
-        killed_mid_write = [p for p in out.glob("*/.*") if is_temporary(p.name)]
+        killed_mid_write = [p for p in listed_now(out, "*/.*") if is_temporary(p.name)]
         assert child.wait(timeout=LIMIT) == 0
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait()
     return killed_mid_write
 
 
@@ -227,6 +228,7 @@ def test_a_ray_worker_killed_while_it_scans_a_tar_is_retried_to_the_same_bytes(
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait()
     assert files_of(out) == files_of(tmp_path / "whole")
     assert shardex.verify(out).ok
 
@@ -264,7 +266,7 @@ def _lose_the_second_node_mid_export(
     child = subprocess.Popen([*CLI, *args], env=env)
 
     def second_node_writing() -> list[psutil.Process]:
-        if len(list(out.glob("*/*.parquet"))) < 2:
+        if len(listed_now(out, "*/*.parquet")) < 2:
             return []
         ours = {p.pid for p in raylet.children(recursive=True)}
         return [w for w in _task_workers() if w.pid in ours]
@@ -276,6 +278,7 @@ def _lose_the_second_node_mid_export(
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait()
     assert not raylet.is_running()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import shardex
+from helpers import listed_now
 from shardex.errors import OutputLockedError, ShardexError, StorageError
 from shardex.exporter import export_files
 from shardex.storage import LocalStorage, ObjectStorage
@@ -45,7 +46,7 @@ def test_a_second_export_into_the_same_output_is_refused(tmp_path: Path) -> None
     out = tmp_path / "out"
     first = subprocess.Popen([sys.executable, "-c", SLOW_EXPORT, "demo:80", str(out)])
     deadline = time.monotonic() + 60
-    while not list(out.glob("*/*.tar")):
+    while not listed_now(out, "*/*.tar"):
         assert first.poll() is None, "the first export ended before the second started"
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -206,7 +207,7 @@ def test_a_killed_export_leaves_no_process_running(tmp_path: Path) -> None:
     )
     child = subprocess.Popen([sys.executable, "-c", script, str(out)])
     deadline = time.monotonic() + 60
-    while len(list(out.glob("*/*.tar"))) < 2:
+    while len(listed_now(out, "*/*.tar")) < 2:
         assert child.poll() is None
         assert time.monotonic() < deadline
         time.sleep(0.01)
