@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import signal
 import socket
@@ -265,6 +266,31 @@ def kill_once_shards_appear(code: str, args: list[str], out: Path, limit: float 
     proc.wait()
     assert list(out.glob("*/images-*.tar")), "the export never reached its shards"
     assert not (out / "config.yaml").exists(), "killed after its commit: nothing to test"
+
+
+def shm_entries() -> set[str]:
+    """The names in /dev/shm now."""
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def shm_left_behind(before: set[str]) -> set[str]:
+    """Entries of /dev/shm made since ``before`` that no live process maps: left behind.
+
+    /dev/shm is shared by the whole machine, so entries other programs are using at the
+    time (mapped by their processes) do not count.
+    """
+    deadline = time.monotonic() + 5
+    while True:
+        new = shm_entries() - before
+        in_use: set[str] = set()
+        for maps in Path("/proc").glob("[0-9]*/maps"):
+            try:
+                in_use.update(re.findall(r"/dev/shm/(\S+)", maps.read_text()))
+            except OSError:  # gone, or another user's
+                continue
+        if not new - in_use or time.monotonic() > deadline:
+            return new - in_use
+        time.sleep(0.1)
 
 
 def peak_rss_kb(code: str, args: list[str]) -> int:

@@ -322,7 +322,7 @@ def test_a_ray_node_lost_holding_scanned_tar_parts_is_retried_to_the_same_bytes(
 def _finished_shards(location: str, s3: S3Location | None) -> set[str]:
     """Shards whose tar and sidecar are both out (the sidecar is written last)."""
     names = (
-        [p.relative_to(location).as_posix() for p in Path(location).rglob("*")]
+        [p.relative_to(location).as_posix() for p in listed_now(Path(location), "**/*")]
         if s3 is None
         else list(open_storage(location, s3.direct).list())
     )

@@ -9,12 +9,10 @@ from __future__ import annotations
 import collections
 import gc
 import json
-import os
 import pickle
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ from hypothesis import strategies as st  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import shardex  # noqa: E402
-from helpers import small_export  # noqa: E402
+from helpers import shm_entries, shm_left_behind, small_export  # noqa: E402
 from shardex.codecs.images import decode  # noqa: E402
 from shardex.errors import ConfigError  # noqa: E402
 from shardex.storage.latency import LatencyStorage  # noqa: E402
@@ -357,36 +355,12 @@ def test_datasets_pickle_small_and_read_after_unpickling(export: Path) -> None:
 # -- fork, spawn, object storage, shared memory ------------------------------------------
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def _left_in_shm(before: set[str]) -> set[str]:
-    """Entries of /dev/shm made since ``before`` that no live process maps: left behind.
-
-    /dev/shm is shared by the whole machine, so entries other programs are using at the
-    time (mapped by their processes) do not count.
-    """
-    deadline = time.monotonic() + 5
-    while True:
-        new = _shm() - before
-        in_use: set[str] = set()
-        for maps in Path("/proc").glob("[0-9]*/maps"):
-            try:
-                in_use.update(re.findall(r"/dev/shm/(\S+)", maps.read_text()))
-            except OSError:  # gone, or another user's
-                continue
-        if not new - in_use or time.monotonic() > deadline:
-            return new - in_use
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_workers_fork_or_spawn_on_local_and_s3(
     where: str, context: str, export: Path, request: pytest.FixtureRequest
 ) -> None:
-    before = _shm()
+    before = shm_entries()
     uri: Any = export
     options: dict[str, Any] | None = None
     if where == "s3":
@@ -410,7 +384,7 @@ def test_workers_fork_or_spawn_on_local_and_s3(
         streamed.update(zip(batch["__key__"], batch["label"].tolist(), strict=True))
     assert streamed == collections.Counter(expected.items())
     gc.collect()  # the loaders' queues (named semaphores under spawn) go with their iterators
-    assert _left_in_shm(before) == set()
+    assert shm_left_behind(before) == set()
 
 
 _COUNT_THEN_FORK = """
